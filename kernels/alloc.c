@@ -1,0 +1,239 @@
+/*
+** alloc.c — the CUDA caching allocator.
+**
+** cudaMalloc and cudaFree are slow and synchronise the device, so device
+** memory is taken from the driver in segments and kept: a freed block goes
+** back to a free list and the next request of a size it fits takes it, with
+** no driver call. Two pools:
+**
+**   small: requests up to 1 MiB, rounded up to 512 bytes, cut from 2 MiB
+**          segments;
+**   large: bigger requests, rounded up to 2 MiB, each first given its own
+**          segment of that size.
+**
+** A request takes the smallest free block of its pool that fits (best fit,
+** searched in bins by powers of two) and the rest is split off as a free
+** block when it is at least one rounding unit; a freed block merges with
+** free neighbours of its segment. So after the first step of a training
+** loop, whose sizes repeat, every request is served from the cache.
+**
+** Reuse is stream-ordered: every launch goes to one stream, so a block the
+** host frees while a queued kernel still reads it is only written again by
+** a kernel queued later, after that read. (A second stream would need
+** events here.)
+**
+** Out of memory: the cache goes back to the driver and the request is
+** tried once more; then NULL, and dm_alloc raises with the statistics.
+** dm.cuda.empty_cache() returns every segment with nothing in use.
+** With DM_POISON=1 every block handed out is filled with 0xff bytes (NaN in
+** every float type), so a kernel that leaves an output element unwritten is
+** caught. Not thread-safe: the core allocates from one thread.
+*/
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "internal.h"
+#include "alloc.h"
+
+#define GRAIN ((size_t)512)
+#define SMALL_MAX ((size_t)1 << 20)
+#define SMALL_SEGMENT ((size_t)2 << 20)
+#define LARGE_GRAIN ((size_t)2 << 20)
+#define NBINS 64
+
+typedef struct block {
+  char *ptr;
+  size_t size;
+  size_t segment;                   /* on a segment's first block: its size; else 0 */
+  struct block *prev, *next;        /* neighbours by address in the segment */
+  struct block *fprev, *fnext;      /* the free list of its bin, while free */
+  bool free, small;
+} block;
+
+typedef struct pool { block *bins[NBINS]; } pool;
+static pool small_pool, large_pool;
+
+static size_t round_up(size_t n, size_t unit) { return (n + unit - 1) / unit * unit; }
+static int bin_of(size_t size) { return 63 - __builtin_clzll((unsigned long long)size); }
+static pool *pool_of(const block *b) { return b->small ? &small_pool : &large_pool; }
+
+static void *xmalloc(size_t n) {
+  void *p = calloc(1, n);
+  if (!p) dm_error("out of host memory for the CUDA allocator's bookkeeping");
+  return p;
+}
+
+/* ---- free lists --------------------------------------------------------------------- */
+
+static void push_free(block *b) {
+  block **head = &pool_of(b)->bins[bin_of(b->size)];
+  b->free = true;
+  b->fprev = NULL;
+  b->fnext = *head;
+  if (*head) (*head)->fprev = b;
+  *head = b;
+}
+
+static void unlink_free(block *b) {
+  block **head = &pool_of(b)->bins[bin_of(b->size)];
+  if (b->fprev) b->fprev->fnext = b->fnext; else *head = b->fnext;
+  if (b->fnext) b->fnext->fprev = b->fprev;
+  b->fprev = b->fnext = NULL;
+  b->free = false;
+}
+
+/* the smallest free block of at least size bytes */
+static block *best_fit(pool *p, size_t size) {
+  for (int bin = bin_of(size); bin < NBINS; bin++) {
+    block *best = NULL;
+    for (block *b = p->bins[bin]; b; b = b->fnext)
+      if (b->size >= size && (!best || b->size < best->size)) best = b;
+    if (best) return best;
+  }
+  return NULL;
+}
+
+/* ---- the blocks in use, by address ------------------------------------------------------ */
+
+static block **table;             /* open addressing; TOMB marks a removed entry */
+static size_t table_cap, table_used;
+static block tomb_;
+#define TOMB (&tomb_)
+
+static size_t slot_of(const void *p) {
+  uint64_t h = (uint64_t)(uintptr_t)p >> 9;
+  h *= 0x9e3779b97f4a7c15ull;
+  return (size_t)(h >> 20) & (table_cap - 1);
+}
+
+static void table_put(block *b);
+
+static void table_grow(void) {
+  block **old = table;
+  size_t old_cap = table_cap;
+  table_cap = table_cap ? table_cap * 2 : 1024;
+  table = xmalloc(table_cap * sizeof *table);
+  table_used = 0;
+  for (size_t i = 0; i < old_cap; i++) if (old[i] && old[i] != TOMB) table_put(old[i]);
+  free(old);
+}
+
+static void table_put(block *b) {
+  if (2 * (table_used + 1) > table_cap) table_grow();
+  size_t i = slot_of(b->ptr);
+  while (table[i] && table[i] != TOMB) i = (i + 1) & (table_cap - 1);
+  if (!table[i]) table_used++;
+  table[i] = b;
+}
+
+static block *table_take(const void *p) {
+  if (!table_cap) return NULL;
+  for (size_t i = slot_of(p);; i = (i + 1) & (table_cap - 1)) {
+    if (!table[i]) return NULL;
+    if (table[i] != TOMB && table[i]->ptr == p) {
+      block *b = table[i];
+      table[i] = TOMB;
+      return b;
+    }
+  }
+}
+
+/* ---- segments ------------------------------------------------------------------------ */
+
+/* give every segment with nothing in use back to the driver */
+static void release_cached(dm_mem_stats *st) {
+  DM_CU(cudaStreamSynchronize(dm_cuda_stream()));     /* queued kernels may still read them */
+  pool *pools[2] = {&small_pool, &large_pool};
+  for (int k = 0; k < 2; k++)
+    for (int bin = 0; bin < NBINS; bin++)
+      for (block *b = pools[k]->bins[bin], *next; b; b = next) {
+        next = b->fnext;
+        if (!b->segment || b->size != b->segment) continue;
+        unlink_free(b);
+        DM_CU(cudaFree(b->ptr));
+        st->reserved -= (int64_t)b->size;
+        free(b);
+      }
+}
+
+static block *new_segment(size_t size, bool small, dm_mem_stats *st) {
+  void *p = NULL;
+  cudaError_t e = cudaMalloc(&p, size);
+  if (e == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    release_cached(st);
+    e = cudaMalloc(&p, size);
+  }
+  if (e == cudaErrorMemoryAllocation) { cudaGetLastError(); return NULL; }
+  DM_CU(e);
+  st->reserved += (int64_t)size;
+  st->sys_allocs++;
+  block *b = xmalloc(sizeof *b);
+  b->ptr = p;
+  b->size = b->segment = size;
+  b->small = small;
+  return b;
+}
+
+/* ---- the allocator ---------------------------------------------------------------------- */
+
+static void *cuda_alloc(size_t nbytes, dm_mem_stats *st) {
+  dm_cuda_init();
+  bool small = nbytes <= SMALL_MAX;
+  size_t size = small ? round_up(nbytes ? nbytes : 1, GRAIN) : round_up(nbytes, LARGE_GRAIN);
+  block *b = best_fit(small ? &small_pool : &large_pool, size);
+  if (b) unlink_free(b);
+  else if (!(b = new_segment(small ? SMALL_SEGMENT : size, small, st))) return NULL;
+  if (b->size - size >= (small ? GRAIN : LARGE_GRAIN)) {      /* split off the rest */
+    block *rest = xmalloc(sizeof *rest);
+    rest->ptr = b->ptr + size;
+    rest->size = b->size - size;
+    rest->small = small;
+    rest->prev = b;
+    rest->next = b->next;
+    if (b->next) b->next->prev = rest;
+    b->next = rest;
+    b->size = size;
+    push_free(rest);
+  }
+  table_put(b);
+  if (dm_poison_enabled()) DM_CU(cudaMemsetAsync(b->ptr, 0xff, b->size, dm_cuda_stream()));
+  return b->ptr;
+}
+
+/* a absorbs its next neighbour b (both out of the free lists) */
+static void merge(block *a, block *b) {
+  a->size += b->size;
+  a->next = b->next;
+  if (b->next) b->next->prev = a;
+  free(b);
+}
+
+static void cuda_free(void *p, size_t nbytes, dm_mem_stats *st) {
+  block *b = table_take(p);
+  if (!b) {
+    fprintf(stderr, "dormouse: cuda allocator: freeing %p, which it did not hand out\n", p);
+    return;
+  }
+  if (b->prev && b->prev->free) {
+    block *a = b->prev;
+    unlink_free(a);
+    merge(a, b);
+    b = a;
+  }
+  if (b->next && b->next->free) {
+    unlink_free(b->next);
+    merge(b, b->next);
+  }
+  push_free(b);
+}
+
+static void cuda_empty_cache(dm_mem_stats *st) {
+  if (dm_cuda_available()) release_cached(st);
+}
+
+static const dm_allocator cuda_allocator = {cuda_alloc, cuda_free, cuda_empty_cache, dm_cuda_available};
+
+__attribute__((constructor)) static void register_allocator(void) {
+  dm_allocator_register(DM_CUDA, &cuda_allocator);
+}

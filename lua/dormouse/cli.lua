@@ -1,0 +1,134 @@
+--[[
+The command line: `dormouse run|repl|test|version|help`. main.c hands argv
+here (argv[0] is the binary) with the folder that holds lua/.
+]]
+local core = require "dormouse.core"
+
+local cli = {}
+
+local usage = [[
+usage: dormouse <command> [arguments]
+
+  run FILE.lua [args...]   run a script with the library loaded (arg as in lua)
+  repl [FILE.lua]          an interactive session (FILE is run in it first)
+  test [busted args...]    run the Lua test suite (tests/lua/*_spec.lua) with Busted
+  version                  print the version
+  help                     this text
+
+With no command, dormouse opens the REPL.
+Environment: DM_DEBUG=1..4 (debug ladder, docs/debugging.md), DORMOUSE_HOME
+(the folder holding lua/), LUA_PATH (searched before the library when set).]]
+
+-- The runtime's own frames (this file, xpcall, the C entry) are noise in a user's traceback.
+local function clean_traceback(tb)
+  local out = {}
+  for line in tb:gmatch("[^\n]+") do
+    if not (line:find("dormouse/cli%.lua") or line:find("%[C%]: in %?")
+            or line:find("in function 'xpcall'") or line:find("%(%.%.%.tail calls%.%.%.%)")) then
+      out[#out + 1] = line
+    end
+  end
+  if out[#out] == "stack traceback:" then out[#out] = nil end
+  return table.concat(out, "\n")
+end
+
+local function on_error(msg)
+  if type(msg) ~= "string" then msg = "(error object is a " .. type(msg) .. " value)" end
+  return clean_traceback(debug.traceback(msg, 2))
+end
+
+-- Run a chunk; print file:line: message and a traceback on error. Returns an exit code.
+function cli.protect(fn, ...)
+  local ok, err = xpcall(fn, on_error, ...)
+  if ok then return 0 end
+  io.stderr:write(err, "\n")
+  return 1
+end
+
+local function set_arg(argv, first)
+  local a = {[-1] = argv[0]}
+  for i = first, #argv do a[i - first] = argv[i] end
+  _G.arg = a
+  return table.unpack(a, 1, #a)
+end
+
+-- Further commands live in lua/dormouse/commands/NAME.lua, each returning
+-- {summary = "one line", run = function(argv, cli) ... return exit_code end}.
+function cli.command(name)
+  if not name:match("^[%w_]+$") then return nil end
+  local path = package.searchpath("dormouse.commands." .. name, package.path)
+  if not path then return nil end
+  local mod = require("dormouse.commands." .. name)
+  return function(argv) return mod.run(argv, cli) end
+end
+
+local function extra_commands()
+  local lines = {}
+  local dir = (cli.root or ".") .. "/lua/dormouse/commands"
+  local p = io.popen('ls "' .. dir .. '" 2>/dev/null')
+  if not p then return "" end
+  for file in p:lines() do
+    local name = file:match("^([%w_]+)%.lua$")
+    if name then
+      local ok, mod = pcall(require, "dormouse.commands." .. name)
+      if ok and type(mod) == "table" then
+        lines[#lines + 1] = string.format("  %-24s %s", name .. " " .. (mod.args or ""), mod.summary or "")
+      end
+    end
+  end
+  p:close()
+  return #lines > 0 and "\n" .. table.concat(lines, "\n") or ""
+end
+
+local commands = {}
+
+function commands.run(argv)
+  local file = argv[2]
+  if not file then
+    io.stderr:write("dormouse run: which file? usage: dormouse run FILE.lua [args...]\n")
+    return 2
+  end
+  local chunk, err = loadfile(file)
+  if not chunk then
+    io.stderr:write("dormouse run: ", err, "\n")
+    return 1
+  end
+  return cli.protect(chunk, set_arg(argv, 2))
+end
+
+function commands.repl(argv)
+  return require("dormouse.repl").main(argv[2], cli)
+end
+
+function commands.test(argv)
+  set_arg(argv, 2)
+  _G.arg[0] = "busted"
+  require("busted.runner")({standalone = false})
+  return 0
+end
+
+function commands.version()
+  print("dormouse " .. core.version .. " (" .. _VERSION .. ")")
+  return 0
+end
+
+function commands.help()
+  print((usage:gsub("(\n  help[^\n]*)", "%1" .. extra_commands(), 1)))
+  return 0
+end
+
+function cli.main(argv, root)
+  cli.root = root
+  local cmd = argv[1]
+  if cmd == nil then return commands.repl(argv) end
+  if cmd == "--help" or cmd == "-h" then cmd = "help" end
+  if cmd == "--version" then cmd = "version" end
+  local run = commands[cmd] or cli.command(cmd)
+  if not run then
+    io.stderr:write("dormouse: unknown command '", cmd, "'\n\n", usage, "\n")
+    return 2
+  end
+  return run(argv)
+end
+
+return cli

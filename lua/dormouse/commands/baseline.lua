@@ -1,0 +1,116 @@
+--[==[
+dormouse baseline [CORPUS] --order N[-M] [--eval-bytes N] [--seq T [--windows N]]
+
+Fits an interpolated Kneser-Ney byte n-gram model on a corpus's train split
+and prints its held-out bits per byte: the number a trained model must beat
+on the same split. Without CORPUS, the default corpus (the King James Bible)
+is used. --order 1-6 prints one row per order. --seq T scores the targets of
+the held-out windows of T+1 bytes the model is evaluated on (--windows N of
+them; all by default) instead of the whole held-out split.
+]==]
+local data = require "dormouse.data"
+
+local usage = "usage: dormouse baseline [CORPUS] --order N[-M] [--eval-bytes N] [--seq T [--windows N]]"
+
+local function commas(n)
+  local s = tostring(n)
+  repeat
+    local k
+    s, k = s:gsub("^(%d+)(%d%d%d)", "%1,%2")
+  until k == 0
+  return s
+end
+
+local function count(text, flag)
+  local n = math.tointeger(tonumber(text))
+  if not n or n < 1 then error(flag .. " takes a positive integer, got '" .. tostring(text) .. "'", 0) end
+  return n
+end
+
+local function parse(argv)
+  local args = {}
+  local i = 2
+  while i <= #argv do
+    local a = argv[i]
+    local value = argv[i + 1]
+    if a == "--order" then
+      local lo, hi = tostring(value):match("^(%d+)%-(%d+)$")
+      args.orders = lo and {count(lo, a), count(hi, a)} or {count(value, a), count(value, a)}
+      i = i + 2
+    elseif a == "--eval-bytes" then args.eval_bytes = count(value, a); i = i + 2
+    elseif a == "--seq" then args.seq = count(value, a); i = i + 2
+    elseif a == "--windows" then args.windows = count(value, a); i = i + 2
+    elseif a == "--help" or a == "-h" then args.help = true; i = i + 1
+    elseif a:sub(1, 2) == "--" then error("unknown option '" .. a .. "'", 0)
+    elseif args.target then error("one corpus at a time; got '" .. args.target .. "' and '" .. a .. "'", 0)
+    else args.target = a; i = i + 1 end
+  end
+  if not args.help and not args.orders then error("which order? give --order N (or a range, --order 1-6)", 0) end
+  if args.windows and not args.seq then error("--windows needs --seq", 0) end
+  return args
+end
+
+--[[ What to measure: the corpus, its held-out size and the scored windows.
+An experiment config (experiments/*.lua) is to resolve here too: its
+data.path (nil: the default corpus), data.eval_bytes, and the eval windows
+(seq = data.ctx or seq, n = eval.windows), each overridden by the flags. ]]
+local function resolve(args)
+  if args.target and args.target:match("%.lua$") then
+    error("experiment configs are not wired into baseline yet; give a corpus path (with --eval-bytes, --seq)", 0)
+  end
+  local defaults = require("dormouse.config").resolve({}, "defaults")
+  return {
+    path = args.target or data.default_corpus(),
+    eval_bytes = args.eval_bytes or defaults.data.eval_bytes,
+    eval_default = args.eval_bytes == nil,
+    windows = args.seq and {seq = args.seq, n = args.windows} or nil,
+  }
+end
+
+local function report(src, orders)
+  local corpus <close> = data.open(src.path, {eval_bytes = src.eval_bytes})
+  local files = #corpus:files()
+  print(string.format("corpus    %s (%s bytes in %d file%s)", src.path, commas(corpus:size()), files,
+                      files == 1 and "" or "s"))
+  print(string.format("train     %s bytes", commas(corpus:train_size())))
+  print(string.format("held out  %s bytes, the last of the corpus%s", commas(corpus:eval_size()),
+                      src.eval_default and " (the config default data.eval_bytes; --eval-bytes N to change)" or ""))
+  if src.windows then
+    local n = src.windows.n or corpus:eval_count(src.windows.seq)
+    print(string.format("scored    the targets of %d held-out windows of %d bytes", n, src.windows.seq + 1))
+  end
+  print("order  bpb      bytes scored  discounts D_1..D_n (plain KN)             fit s  score s")
+  for order = orders[1], orders[2] do
+    local t0 = os.clock()
+    local m <close> = corpus:ngram(order)
+    local t1 = os.clock()
+    local bpb, scored = m:bpb(src.windows)
+    local t2 = os.clock()
+    local d = {}
+    for i, v in ipairs(m:info().discounts) do d[i] = string.format("%.3f", v) end
+    print(string.format("%-6d %-8.4f %-13s %-40s %6.2f %8.2f", order, bpb, commas(scored),
+                        table.concat(d, " "), t1 - t0, t2 - t1))
+  end
+end
+
+local function run(argv, cli)
+  local ok, args = pcall(parse, argv)
+  if not ok then
+    io.stderr:write("dormouse baseline: ", args, "\n", usage, "\n")
+    return 2
+  end
+  if args.help then print(usage) return 0 end
+  local t0 = os.clock()
+  local code = cli.protect(function()
+    local src = resolve(args)
+    report(src, args.orders)
+  end)
+  if code == 0 then print(string.format("took %.2f s of CPU time", os.clock() - t0)) end
+  return code
+end
+
+return {
+  summary = "held-out bits per byte of an order-N Kneser-Ney byte n-gram model",
+  args = "[CORPUS] --order N",
+  run = run,
+}

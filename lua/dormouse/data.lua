@@ -1,0 +1,288 @@
+--[[
+dormouse.data — byte corpora: splits, training batches, a loader thread,
+held-out windows, and the n-gram baseline.
+
+  local data = require "dormouse.data"
+  local corpus <close> = data.open(data.default_corpus(), {eval_bytes = 400000})
+  local x, prefix = corpus:batch(k, {batch = 8, seq = 256, seed = 1, ctx = 4})
+  local loader <close> = corpus:loader {batch = 8, seq = 256, seed = 1, start = k}
+  local x, prefix, k = loader:next()
+  local ex, eprefix = corpus:eval_windows {seq = 256, n = 16}
+  print(corpus:ngram_bpb(5, {seq = 256, n = 16}))
+
+A corpus is one byte stream: a file, a list of files, or a directory (its
+regular files, recursively, each level in sorted name order, hidden names
+skipped); `.zst` files are decompressed at open. The held-out split is the
+last eval_bytes of the stream; training windows never touch it.
+
+Batch k (k = 0, 1, ...: the number of batches drawn before it) is x [B, T+1]
+(inputs x[:, 1..T], targets x[:, 2..T+1]) and prefix [B, ctx], the ctx
+bytes before each row (pad byte 0 before the corpus start). Row r's start is
+drawn from (seed, k, r) alone, so the next k is the whole data state a
+checkpoint keeps, and a loader started at k continues a run exactly.
+Held-out window i starts at train_size + i*T; consecutive windows share one
+byte, so their targets cover the held-out bytes once. Byte offsets
+(corpus:bytes) count from 0, as in a file.
+]]
+local core = require "dormouse.core"
+
+local data = {}
+
+-- An error located at the first caller outside the dormouse library.
+local function fail(fmt, ...)
+  local level = 2
+  while true do
+    local info = debug.getinfo(level, "S")
+    if not info then level = 1; break end
+    if info.what ~= "C" and not info.source:find("/dormouse/", 1, true) then break end
+    level = level + 1
+  end
+  error(string.format(fmt, ...), level)
+end
+
+local function options(opts, where, allowed)
+  if opts == nil then return {} end
+  if type(opts) ~= "table" then fail("%s: options must be a table, got a %s", where, type(opts)) end
+  for key in pairs(opts) do
+    if allowed[key] == nil then
+      local names = {}
+      for name in pairs(allowed) do names[#names + 1] = name end
+      table.sort(names)
+      fail("%s: unknown option '%s' (options: %s)", where, tostring(key), table.concat(names, ", "))
+    end
+  end
+  return opts
+end
+
+-- opts[key] as an integer >= min; default when absent (nil default: required)
+local function integer(opts, key, where, min, default)
+  local v = opts[key]
+  if v == nil then
+    if default == nil then fail("%s: option '%s' is required", where, key) end
+    return default
+  end
+  local i = type(v) == "number" and math.tointeger(v)
+  if not i or i < min then
+    fail("%s: option '%s' must be an integer >= %d, got %s", where, key, min, tostring(v))
+  end
+  return i
+end
+
+local function name(opts, key, where, choices, default)
+  local v = opts[key]
+  if v == nil then return default end
+  for _, c in ipairs(choices) do if v == c then return v end end
+  fail("%s: option '%s' must be one of %s, got %s", where, key, table.concat(choices, ", "), tostring(v))
+end
+
+local BATCH = {batch = true, seq = true, ctx = true, seed = true, dtype = true, device = true}
+local LOADER = {batch = true, seq = true, ctx = true, seed = true, dtype = true, device = true,
+                start = true, depth = true}
+local WINDOWS = {seq = true, n = true, ctx = true, dtype = true, device = true}
+local SCORED = {seq = true, n = true}
+local DTYPES = {"u8", "i32", "i64"}
+
+-- batch, seq, ctx, seed, dtype, device: the spec the core takes
+local function batch_spec(o, where)
+  local seed = o.seed == nil and 0 or type(o.seed) == "number" and math.tointeger(o.seed)
+  if not seed then fail("%s: option 'seed' must be an integer, got %s", where, tostring(o.seed)) end
+  return integer(o, "batch", where, 1), integer(o, "seq", where, 1), integer(o, "ctx", where, 0, 0),
+         seed, name(o, "dtype", where, DTYPES, "u8"), o.device
+end
+
+-- ---- the corpus ------------------------------------------------------------------------------
+
+local Corpus = {}
+local corpus_mt = core.data_metatable("corpus")
+corpus_mt.__index = Corpus
+
+--- data.open(path_or_list, {eval_bytes = N}) → a corpus; eval_bytes defaults to 0 (no held-out split)
+function data.open(paths, opts)
+  local o = options(opts, "data.open", {eval_bytes = true})
+  if type(paths) == "string" then paths = {paths} end
+  if type(paths) ~= "table" or #paths == 0 then
+    fail("data.open: expects a path or a list of paths, got %s", type(paths) == "table" and "an empty list" or type(paths))
+  end
+  for i, p in ipairs(paths) do
+    if type(p) ~= "string" then fail("data.open: path %d is a %s, not a string", i, type(p)) end
+  end
+  return core.corpus_open(paths, integer(o, "eval_bytes", "data.open", 0, 0))
+end
+
+function Corpus:size() return (core.corpus_sizes(self)) end
+function Corpus:train_size() return select(2, core.corpus_sizes(self)) end
+function Corpus:eval_size() return select(3, core.corpus_sizes(self)) end
+function Corpus:files() return core.corpus_files(self) end
+function Corpus:close() core.corpus_close(self) end
+
+--- corpus:bytes(offset, n) → n bytes from a 0-based offset, as a string
+function Corpus:bytes(offset, n)
+  return core.corpus_bytes(self, offset, n)
+end
+
+--- corpus:batch(k, {batch = B, seq = T, seed = s, ctx = c, dtype = "u8", device = "cpu"}) → x, prefix
+function Corpus:batch(k, opts)
+  local where = "corpus:batch"
+  if type(k) ~= "number" or math.tointeger(k) == nil or k < 0 then
+    fail("%s: k (the batch number, from 0) must be an integer >= 0, got %s", where, tostring(k))
+  end
+  local o = options(opts, where, BATCH)
+  return core.corpus_batch(self, math.tointeger(k), batch_spec(o, where))
+end
+
+--- corpus:loader{batch, seq, seed, ctx, dtype, device, start = k, depth = 4} → a loader
+function Corpus:loader(opts)
+  local where = "corpus:loader"
+  local o = options(opts, where, LOADER)
+  local b, t, c, seed, dtype, device = batch_spec(o, where)
+  return core.loader_new(self, b, t, c, seed, dtype, device, integer(o, "start", where, 0, 0),
+                         integer(o, "depth", where, 1, 4))
+end
+
+--- corpus:eval_count(seq) → how many held-out windows of seq+1 bytes there are
+function Corpus:eval_count(seq)
+  return core.corpus_eval_count(self, integer({seq = seq}, "seq", "corpus:eval_count", 1))
+end
+
+--- corpus:eval_windows{seq = T, n = N (default all), ctx, dtype, device} → x [N, T+1], prefix [N, ctx]
+function Corpus:eval_windows(opts)
+  local where = "corpus:eval_windows"
+  local o = options(opts, where, WINDOWS)
+  return core.corpus_eval_windows(self, integer(o, "n", where, 1, -1), integer(o, "seq", where, 1),
+                                  integer(o, "ctx", where, 0, 0), name(o, "dtype", where, DTYPES, "u8"),
+                                  o.device)
+end
+
+-- The bytes a baseline scores: the whole held-out split, or the targets of
+-- the first n eval windows of seq+1 bytes, [train + 1, train + 1 + n*seq).
+local function scored_range(corpus, opts, where)
+  local o = options(opts, where, SCORED)
+  local size, train, held = core.corpus_sizes(corpus)
+  if held == 0 then fail("%s: the corpus has no held-out split (open it with {eval_bytes = N})", where) end
+  if o.seq == nil then
+    if o.n ~= nil then fail("%s: option 'n' needs 'seq'", where) end
+    return train, size
+  end
+  local seq = integer(o, "seq", where, 1)
+  local all = core.corpus_eval_count(corpus, seq)
+  if all == 0 then
+    fail("%s: the held-out split (%d bytes) is shorter than one window of seq + 1 = %d bytes",
+         where, held, seq + 1)
+  end
+  local n = integer(o, "n", where, 1, all)
+  if n > all then
+    fail("%s: asked for %d windows of seq + 1 = %d bytes; the held-out split (%d bytes) holds %d",
+         where, n, seq + 1, held, all)
+  end
+  return train + 1, train + 1 + n * seq
+end
+
+-- ---- the n-gram baseline ------------------------------------------------------------------
+
+-- A model is a table holding the fitted userdata (freed on close or collection) and its corpus.
+local NGram = {}
+NGram.__index = NGram
+
+--- corpus:ngram(order) → an interpolated Kneser-Ney byte model fitted on the train split
+function Corpus:ngram(order)
+  local o = integer({order = order}, "order", "corpus:ngram", 1)    -- the core checks the top
+  return setmetatable({_m = core.ngram_fit(self, o), _corpus = self}, NGram)
+end
+
+--- model:bpb(opts) → held-out bits per byte and the number of bytes scored; opts as for ngram_bpb
+function NGram:bpb(opts)
+  local from, to = scored_range(self._corpus, opts, "ngram:bpb")
+  return core.ngram_bits(self._m, self._corpus, from, to) / (to - from), to - from
+end
+
+--- model:info() → {order = n, discounts = {D_1, ...}, entries = {distinct n-grams per order}}
+function NGram:info()
+  local order, d, entries = core.ngram_info(self._m)
+  return {order = order, discounts = d, entries = entries}
+end
+
+function NGram:close() core.ngram_close(self._m) end
+NGram.__close = NGram.close
+
+--- corpus:ngram_bpb(order, {seq = T, n = N}) → the order-n baseline's held-out bits per byte on
+--- the targets of the same eval windows the model is scored on (no options: the whole held-out split)
+function Corpus:ngram_bpb(order, opts)
+  scored_range(self, opts, "corpus:ngram_bpb")       -- check the options before the fit
+  local m <close> = self:ngram(order)
+  return m:bpb(opts)
+end
+
+-- ---- the loader ----------------------------------------------------------------------------
+
+local Loader = {}
+local loader_mt = core.data_metatable("loader")
+loader_mt.__index = Loader
+
+--- loader:next() → x, prefix, k (batches start, start+1, ... in order)
+function Loader:next() return core.loader_next(self) end
+--- loader:position() → the k the next call returns: the data state to checkpoint
+function Loader:position() return core.loader_position(self) end
+function Loader:close() core.loader_close(self) end
+
+-- ---- the default corpus -----------------------------------------------------------------------
+
+local function quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+
+local function cache_dir()
+  local xdg, home = os.getenv("XDG_CACHE_HOME"), os.getenv("HOME")
+  if xdg and xdg ~= "" then return xdg .. "/dormouse" end
+  if home and home ~= "" then return home .. "/.cache/dormouse" end
+  fail("data.default_corpus: neither XDG_CACHE_HOME nor HOME is set; pass {cache_dir = ...}")
+end
+
+local function exists(path)
+  local f = io.open(path, "rb")
+  if f then f:close() end
+  return f ~= nil
+end
+
+local BIBLE_RANGE = "-l0 gen1:1-rev22:21"
+
+--[[ data.default_corpus() → the path of the King James Bible as one text file.
+
+It is byte for byte what `bible -l0 gen1:1-rev22:21` prints (Debian package
+bible-kjv): a blank line and "Genesis 1" heading each chapter, then one line
+per verse, "  1 In the beginning God created ...", 4,298,239 bytes of
+ASCII. Nothing is stripped: the headings and verse numbers are part of the
+printed text and cost a model little. The file is cached under
+$XDG_CACHE_HOME/dormouse (or ~/.cache/dormouse), written to a temporary name
+and renamed. opts: cache_dir, program (the `bible` command; for tests).]]
+function data.default_corpus(opts)
+  local o = options(opts, "data.default_corpus", {cache_dir = true, program = true})
+  local dir = o.cache_dir or cache_dir()
+  local path = dir .. "/kjv.txt"
+  if exists(path) then return path end
+  local program = o.program or "bible"
+  if not os.execute("command -v " .. quote(program) .. " >/dev/null 2>&1") then
+    fail("data.default_corpus: the program '%s' was not found; it comes with the Debian package " ..
+         "bible-kjv: install it with `sudo apt-get install bible-kjv`", program)
+  end
+  local p = io.popen(quote(program) .. " " .. BIBLE_RANGE .. " 2>/dev/null")
+  local text = p:read("a")
+  p:close()
+  if text:sub(1, 35) ~= "\nGenesis 1\n\n  1 In the beginning Go" or text:sub(-6) ~= "Amen.\n" then
+    fail("data.default_corpus: `%s %s` printed %d bytes that are not the King James Bible " ..
+         "(is the Debian package bible-kjv-text installed?)", program, BIBLE_RANGE, #text)
+  end
+  if not os.execute("mkdir -p " .. quote(dir)) then
+    fail("data.default_corpus: cannot create the cache folder '%s'", dir)
+  end
+  local tmp = string.format("%s.tmp.%d.%d", path, os.time(), math.random(1 << 30))
+  local f, err = io.open(tmp, "wb")
+  if not f then fail("data.default_corpus: cannot write '%s': %s", tmp, err) end
+  local ok, werr = f:write(text)
+  f:close()
+  local renamed, rerr = ok and os.rename(tmp, path)
+  if not renamed then
+    os.remove(tmp)
+    fail("data.default_corpus: cannot write '%s': %s", path, tostring(werr or rerr))
+  end
+  return path
+end
+
+return data

@@ -1,0 +1,22 @@
+--[[
+dormouse — tensors, autograd and models in Lua over a C and CUDA core.
+
+  local dm = require "dormouse"
+  local x = dm.randn({4, 8}, {seed = 1})
+
+Positions are 1-based, as everywhere in Lua: dims (x:sum(1)), narrow starts,
+and the indices that gather, index_select, scatter_add, max and argmax take
+or return. Negative dims count from the end (-1 is the last). Byte values
+and class ids (embedding ids, cross-entropy targets) are values, 0..255.
+]]
+local core = require "dormouse.core"
+
+local dm = {core = core, version = core.version}
+local T = core.methods
+
+require("dormouse.tensor")(dm, T, core)
+for _, family in ipairs {"elementwise", "reduce", "shape", "index", "matmul"} do
+  require("dormouse.ops." .. family)(dm, T, core)
+end
+
+return dm

@@ -1,0 +1,155 @@
+--[[
+Elementwise ops.
+
+  x + y   x - y   x * y   x / y   -x   x ^ p     a number works on either side
+  x:exp() x:log() x:sqrt() x:rsqrt() x:tanh() x:sigmoid() x:silu() x:softplus()
+  x:abs() x:relu() x:square() x:sign() x:neg() x:pow(p) x:clamp(lo, hi)
+  x:add(y) x:sub(y) x:mul(y) x:div(y) x:maximum(y) x:minimum(y)
+  x:eq(y) x:ne(y) x:lt(y) x:le(y) x:gt(y) x:ge(y)     u8 tensors of 0/1
+  dm.where(cond, a, b)   dm.maximum(a, b)   dm.minimum(a, b)
+  x:add_(y, alpha)   x:mul_(y)            in place, no autograd (optimisers)
+
+Two tensors broadcast as in NumPy ([5, 1, 3] with [7, 3] gives [5, 7, 3])
+and must have the same dtype. A number stays a scalar attribute where the
+op allows (x * 2, 1 - x, 2 / x on float tensors); elsewhere, and for integer
+tensors, it becomes a 0-dim tensor of the other side's dtype and device.
+The unary ops take float tensors. x:clamp(nil, hi) leaves the low side open.
+Comparisons and sign have no gradient; where has none for its condition.
+Lua's ==, < and <= compare tensors as objects: use x:eq(y), x:lt(y), x:le(y).
+]]
+return function(dm, T, core)
+
+local FLOAT = {f32 = true, f64 = true, bf16 = true, f16 = true}
+
+local function is_tensor(x) return getmetatable(x) == core.metatable end
+
+local function check_number(v, where, what)
+  if type(v) ~= "number" then
+    error(string.format("%s: %s must be a number, got %s", where, what, type(v)), 3)
+  end
+end
+
+-- a number as a 0-dim tensor of like's dtype and device
+local function scalar_like(v, like)
+  return core.full({}, v, like.dtype, like.device)
+end
+
+-- x op y for a tensor and a tensor or number, on either side; always reached
+-- by a tail call, so error level 2 is the user's code
+local function binary(name, a, b)
+  if not is_tensor(a) then
+    if type(a) ~= "number" then
+      error(string.format("%s: expected a tensor or a number, got %s", name, type(a)), 2)
+    end
+    a = scalar_like(a, b)
+  elseif not is_tensor(b) then
+    if type(b) ~= "number" then
+      error(string.format("%s: expected a tensor or a number, got %s", name, type(b)), 2)
+    end
+    b = scalar_like(b, a)
+  end
+  return core.call(name, a, b)
+end
+
+local function affine(x, scale, shift) return core.call("affine", x, {scale, shift}) end
+
+-- the arithmetic metamethods: a number next to a float tensor is an attribute
+local mt = core.metatable
+
+function mt.__add(a, b)
+  if type(a) == "number" and FLOAT[b.dtype] then return affine(b, 1, a) end
+  if type(b) == "number" and FLOAT[a.dtype] then return affine(a, 1, b) end
+  return binary("add", a, b)
+end
+
+function mt.__sub(a, b)
+  if type(a) == "number" and FLOAT[b.dtype] then return affine(b, -1, a) end
+  if type(b) == "number" and FLOAT[a.dtype] then return affine(a, 1, -b) end
+  return binary("sub", a, b)
+end
+
+function mt.__mul(a, b)
+  if type(a) == "number" and FLOAT[b.dtype] then return affine(b, a, 0) end
+  if type(b) == "number" and FLOAT[a.dtype] then return affine(a, b, 0) end
+  return binary("mul", a, b)
+end
+
+function mt.__div(a, b)
+  if type(a) == "number" and FLOAT[b.dtype] then return core.call("rdiv", b, {a}) end
+  if type(b) == "number" and FLOAT[a.dtype] then return affine(a, 1 / b, 0) end
+  return binary("div", a, b)
+end
+
+function mt.__unm(a) return core.call("neg", a) end
+
+function mt.__pow(a, b)
+  if not is_tensor(a) or type(b) ~= "number" then
+    error("tensor ^: only tensor ^ number is supported (use x:pow(p))", 2)
+  end
+  return core.call("pow", a, {b})
+end
+
+-- unary methods
+for _, name in ipairs {"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "silu", "softplus",
+                       "abs", "relu", "square", "sign", "neg"} do
+  T[name] = function(self) return core.call(name, self) end
+end
+
+function T.pow(self, p)
+  check_number(p, "pow", "the exponent")
+  return core.call("pow", self, {p})
+end
+
+-- lo or hi nil: that side is open
+function T.clamp(self, lo, hi)
+  if lo ~= nil then check_number(lo, "clamp", "lo") end
+  if hi ~= nil then check_number(hi, "clamp", "hi") end
+  return core.call("clamp", self, {lo or -math.huge, hi or math.huge})
+end
+
+-- binary methods and comparisons: y is a tensor or a number
+T.add, T.sub, T.mul, T.div = mt.__add, mt.__sub, mt.__mul, mt.__div
+for _, name in ipairs {"maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge"} do
+  T[name] = function(self, y) return binary(name, self, y) end
+end
+
+function dm.maximum(a, b) return binary("maximum", a, b) end
+function dm.minimum(a, b) return binary("minimum", a, b) end
+
+-- a or b may be a number: it takes the other's dtype and device
+function dm.where(cond, a, b)
+  if not is_tensor(cond) then
+    error(string.format("where: the condition must be a tensor, got %s", type(cond)), 2)
+  end
+  if not is_tensor(a) and not is_tensor(b) then
+    error("where: a or b must be a tensor (with two numbers, use dm.full and the condition's shape)", 2)
+  end
+  if not is_tensor(a) then check_number(a, "where", "a"); a = scalar_like(a, b) end
+  if not is_tensor(b) then check_number(b, "where", "b"); b = scalar_like(b, a) end
+  return core.call("where", cond, a, b)
+end
+
+-- in place, no autograd: x += alpha * y (alpha defaults to 1), x *= y
+function T.add_(self, y, alpha)
+  if alpha ~= nil then check_number(alpha, "add_", "alpha") end
+  alpha = alpha or 1
+  if type(y) == "number" and FLOAT[self.dtype] then
+    core.call("affine_", self, {1, alpha * y})
+  else
+    if type(y) == "number" then y = scalar_like(y, self) end
+    core.call("add_", self, y, {alpha})
+  end
+  return self
+end
+
+function T.mul_(self, y)
+  if type(y) == "number" and FLOAT[self.dtype] then
+    core.call("affine_", self, {y, 0})
+  else
+    if type(y) == "number" then y = scalar_like(y, self) end
+    core.call("mul_", self, y)
+  end
+  return self
+end
+
+end

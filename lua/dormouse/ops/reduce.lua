@@ -1,0 +1,81 @@
+--[[
+Reductions and softmax.
+
+  x:sum()  x:sum(dim)  x:sum(dim, true)     over every dim, or over one (true keeps it, size 1)
+  x:mean(dim, keepdim)  x:logsumexp(dim, keepdim)
+  x:max()  x:min()                          the largest / smallest value, a 0-dim tensor
+  x:max(dim, keepdim)  x:min(dim, keepdim)  values, indices (1-based positions along dim, i64)
+  x:argmax(dim, keepdim)  x:argmin(...)     indices only; with no dim, the 1-based position
+                                            in the flattened tensor (row-major)
+  x:norm(p, dim, keepdim)                   (sum |x|^p)^(1/p), p > 0, default 2
+  x:softmax(dim)  x:log_softmax(dim)        dim defaults to -1 (the last)
+  dm.softmax(x, dim)  dm.log_softmax(x, dim)
+  x:sum_to(shape)                           sum a broadcast result down to shape
+
+Dims are 1-based; negative dims count from the end. logsumexp, softmax and
+log_softmax shift by the max, so large inputs do not overflow. Ties in max,
+min, argmax and argmin go to the first position; a NaN wins over numbers.
+Integer tensors: sum gives an exact i64 sum; max, min, argmax and argmin take
+them too; mean, logsumexp, norm and the softmaxes need floats. Gradients flow
+through sum, mean, max and min values (to the chosen position), logsumexp,
+norm (0 where x is 0), softmax, log_softmax and sum_to.
+]]
+return function(dm, T, core)
+
+-- Each method calls self:_dim0 itself, so a bad dim is reported at the caller's line.
+
+local function flag(v) return v and true or false end
+
+local function reducer(name)
+  return function(self, dim, keepdim)
+    return core.call(name, self, {dim == nil and -1 or self:_dim0(dim, name), flag(keepdim)})
+  end
+end
+T.sum = reducer("sum")
+T.mean = reducer("mean")
+T.logsumexp = reducer("logsumexp")
+
+-- max and min give values and indices for a dim, the value alone for all dims
+local function extreme(name)
+  return function(self, dim, keepdim)
+    if dim == nil then return (core.call(name, self, {-1, flag(keepdim), 1})) end
+    return core.call(name, self, {self:_dim0(dim, name), flag(keepdim), 1})
+  end
+end
+T.max = extreme("max")
+T.min = extreme("min")
+
+local function position(name)
+  return function(self, dim, keepdim)
+    return core.call(name, self, {dim == nil and -1 or self:_dim0(dim, name), flag(keepdim), 1})
+  end
+end
+T.argmax = position("argmax")
+T.argmin = position("argmin")
+
+function T.norm(self, p, dim, keepdim)
+  if p == nil then p = 2 end
+  if type(p) ~= "number" or not (p > 0) or p == math.huge then
+    error(string.format("norm: p must be a positive finite number, got %s", tostring(p)), 2)
+  end
+  return core.call("norm", self, {dim == nil and -1 or self:_dim0(dim, "norm"), flag(keepdim), p})
+end
+
+-- the default dim is the last (0 for a 0-dim tensor)
+function T.softmax(self, dim)
+  return core.call("softmax", self, {dim == nil and math.max(self:dim() - 1, 0) or self:_dim0(dim, "softmax")})
+end
+
+function T.log_softmax(self, dim)
+  return core.call("log_softmax", self,
+                   {dim == nil and math.max(self:dim() - 1, 0) or self:_dim0(dim, "log_softmax")})
+end
+
+dm.softmax = T.softmax
+dm.log_softmax = T.log_softmax
+
+function T.sum_to(self, shape)
+  return core.call("sum_to", self, {list = shape})
+end
+
+end

@@ -1,0 +1,123 @@
+--[[
+Shapes, views and dtype conversion.
+
+  x:reshape{4, -1}      x:view{4, -1}      the same elements in a new shape (-1: inferred)
+  x:permute{2, 1, 3}    x:transpose(1, 2)  x:t()         reorder dims (t: a 2-D tensor)
+  x:narrow(dim, start, len)               len positions from start (1-based) along dim
+  x:expand{3, -1, 4}                      size-1 dims repeated without copying (-1 keeps a dim)
+  x:squeeze()  x:squeeze(dim)  x:unsqueeze(dim)
+  x:contiguous()  x:clone()
+  x:to("bf16")  x:float()  x:double()  x:bf16()  x:half()  x:long()  x:int()
+  dm.cat({a, b, c}, dim)  dm.stack({a, b}, dim)   (dim defaults to 1)
+
+Views (reshape where the layout allows, permute, transpose, narrow, expand,
+squeeze, unsqueeze, and contiguous of a contiguous tensor) share memory
+with x: an in-place write to one shows in the other. Dims are 1-based and
+negative dims count from the end; for unsqueeze and stack, which make a new
+dim, -1 puts it last.
+]]
+return function(dm, T, core)
+
+-- dm_dtype's values, in the order of the enum in vm/dm.h
+local DTYPES = {f32 = 0, f64 = 1, bf16 = 2, f16 = 3, i32 = 4, i64 = 5, u8 = 6}
+
+-- a shape given as a table, or as numbers: x:reshape{2, 3} or x:reshape(2, 3)
+local function shape_arg(shape, ...)
+  if type(shape) == "number" then return {shape, ...} end
+  return shape
+end
+
+-- a 0-based position for a new dim among n: 1..n+1, or -1..-(n+1) from the end
+local function new_dim0(n, d, where)
+  if math.type(d) ~= "integer" then
+    error(string.format("%s: dim must be an integer, got %s", where, tostring(d)), 3)
+  end
+  local pos = d < 0 and n + 2 + d or d
+  if pos < 1 or pos > n + 1 then
+    error(string.format("%s: dim %d is out of range for a new dim among %d (1..%d, or negative)",
+                        where, d, n, n + 1), 3)
+  end
+  return pos - 1
+end
+
+function T.reshape(self, shape, ...)
+  return core.call("reshape", self, {list = shape_arg(shape, ...)})
+end
+T.view = T.reshape
+
+function T.permute(self, dims, ...)
+  dims = shape_arg(dims, ...)
+  local perm = {}
+  for i, d in ipairs(dims) do perm[i] = self:_dim0(d, "permute") end
+  return core.call("permute", self, {list = perm})
+end
+
+function T.transpose(self, d1, d2)
+  return core.call("transpose", self, {self:_dim0(d1, "transpose"), self:_dim0(d2, "transpose")})
+end
+
+function T.t(self)
+  if self:dim() ~= 2 then
+    error(string.format("t: takes a 2-D tensor, got %d dims (use transpose or permute)", self:dim()), 2)
+  end
+  return core.call("transpose", self, {0, 1})
+end
+
+function T.narrow(self, dim, start, len)
+  if math.type(start) ~= "integer" or math.type(len) ~= "integer" then
+    error(string.format("narrow: start and length must be integers, got %s and %s",
+                        tostring(start), tostring(len)), 2)
+  end
+  return core.call("narrow", self, {self:_dim0(dim, "narrow"), start - 1, len})
+end
+
+function T.expand(self, shape, ...)
+  return core.call("expand", self, {list = shape_arg(shape, ...)})
+end
+
+-- without a dim: every size-1 dim; with one: that dim if its size is 1 (else x unchanged)
+function T.squeeze(self, dim)
+  return core.call("squeeze", self, {dim == nil and -1 or self:_dim0(dim, "squeeze")})
+end
+
+function T.unsqueeze(self, dim)
+  return core.call("unsqueeze", self, {new_dim0(self:dim(), dim, "unsqueeze")})
+end
+
+function T.contiguous(self) return core.call("contiguous", self) end
+function T.clone(self) return core.call("clone", self) end
+
+-- x:to(dtype) of the base layer lands here. Casting to an integer dtype ends the graph.
+function T._cast(self, dtype)
+  local id = DTYPES[dtype]
+  if id == nil then
+    error(string.format("to: unknown dtype or device '%s' (f32 f64 bf16 f16 i32 i64 u8, cpu cuda meta)",
+                        tostring(dtype)), 3)
+  end
+  return core.call("cast", self, {id})
+end
+
+for name, dtype in pairs {float = "f32", double = "f64", bf16 = "bf16", half = "f16", long = "i64", int = "i32"} do
+  T[name] = function(self) return core.call("cast", self, {DTYPES[dtype]}) end
+end
+
+local function tensor_list(list, where)
+  if type(list) ~= "table" or not dm.is_tensor(list[1]) then
+    local got = type(list) ~= "table" and type(list)
+                or list[1] == nil and "an empty list" or "a list starting with a " .. type(list[1])
+    error(string.format("%s: takes a list of tensors such as {a, b}, got %s", where, got), 3)
+  end
+  return list
+end
+
+function dm.cat(list, dim)
+  tensor_list(list, "cat")
+  return core.call("cat", list, {list[1]:_dim0(dim or 1, "cat")})
+end
+
+function dm.stack(list, dim)
+  tensor_list(list, "stack")
+  return core.call("stack", list, {new_dim0(list[1]:dim(), dim or 1, "stack")})
+end
+
+end

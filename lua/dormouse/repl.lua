@@ -1,0 +1,102 @@
+--[[
+The REPL: readline with history in ~/.dormouse_history, expressions printed
+as they are typed, statements run, incomplete chunks continued on the next
+line. `dm` is loaded; help() lists what there is.
+]]
+local core = require "dormouse.core"
+local dm = require "dormouse"
+
+local repl = {}
+
+local function show(v, depth)
+  depth = depth or 0
+  if dm.is_tensor(v) or type(v) ~= "table" or depth > 1 then
+    return type(v) == "string" and depth > 0 and string.format("%q", v) or tostring(v)
+  end
+  local parts, n = {}, 0
+  for i, x in ipairs(v) do n = i; parts[#parts + 1] = show(x, depth + 1) end
+  local keys = {}
+  for k in pairs(v) do
+    if not (math.type(k) == "integer" and k >= 1 and k <= n) then keys[#keys + 1] = k end
+  end
+  table.sort(keys, function(a, b) return tostring(a) < tostring(b) end)
+  for _, k in ipairs(keys) do
+    local key = type(k) == "string" and k:match("^[%a_][%w_]*$") and k or "[" .. show(k, 2) .. "]"
+    parts[#parts + 1] = key .. " = " .. show(v[k], depth + 1)
+  end
+  if #parts > 40 then parts = {table.concat(parts, ", ", 1, 40), "... (" .. #parts .. " entries)"} end
+  return "{" .. table.concat(parts, ", ") .. "}"
+end
+repl.show = show
+
+local help_text = [[
+dm is the library. Try:
+  x = dm.randn({4, 8}, {seed = 1})            a tensor (printed with shape, dtype, device)
+  w = dm.zeros({8, 3}, {requires_grad = true})
+  loss = x:matmul(w):square():mean(); loss:backward(); w.grad
+  dm.ops()                                     every op with its doc
+  dm.memory()                                  host memory: current, peak, count
+Lines that are expressions print their value; an unfinished line continues.
+Ctrl-D leaves.]]
+
+local function history_path()
+  local home = os.getenv("HOME")
+  return home and home .. "/.dormouse_history"
+end
+
+local function reader(tty)
+  if tty then
+    local hist = history_path()
+    if hist then core.read_history(hist) end
+    return function(prompt) return core.readline(prompt) end, function(line)
+      if line:match("%S") then core.add_history(line) end
+    end, function() if hist then core.write_history(hist, 1000) end end
+  end
+  return function() return io.read("l") end, function() end, function() end
+end
+
+local function compile(chunk, env)
+  local fn, err = load("return " .. chunk, "=repl", "t", env)
+  if fn then return fn end
+  return load(chunk, "=repl", "t", env)
+end
+
+function repl.main(file, cli)
+  local env = setmetatable({dm = dm, help = function() print(help_text) end}, {__index = _G})
+  local tty = core.isatty(0)
+  if file then
+    local chunk, err = loadfile(file, "t", env)
+    if not chunk then io.stderr:write(err, "\n"); return 1 end
+    if cli.protect(chunk) ~= 0 then return 1 end
+  end
+  if tty then print("dormouse " .. dm.version .. " — help() for a start, Ctrl-D to leave") end
+  local read, remember, save = reader(tty)
+  local buffer = nil
+  while true do
+    local line = read(buffer and ">> " or "> ")
+    if not line then break end
+    buffer = buffer and buffer .. "\n" .. line or line
+    local fn, err = compile(buffer, env)
+    if not fn and err:match("<eof>$") then goto continue end
+    remember(buffer)
+    if not fn then
+      io.stderr:write(err, "\n")
+    else
+      local res = table.pack(xpcall(fn, function(m) return debug.traceback(m, 2) end))
+      if not res[1] then
+        io.stderr:write(tostring(res[2]):gsub("\n[^\n]*repl%.lua.*$", ""), "\n")
+      elseif res.n > 1 then
+        local out = {}
+        for i = 2, res.n do out[#out + 1] = show(res[i]) end
+        print(table.concat(out, "\t"))
+      end
+    end
+    buffer = nil
+    ::continue::
+  end
+  save()
+  if tty then print() end
+  return 0
+end
+
+return repl

@@ -1,0 +1,331 @@
+--[[
+The schema of an experiment: every key a config may hold, its type, its
+default and one line of documentation. dormouse.config checks experiment
+files against it; `dormouse config` prints it.
+
+A row is {name, type, default, doc} or, for a nested section,
+{name, doc, {rows...}}. A row marked `progress = true` says how far a run
+goes or how it is observed, not what it computes: a resume may change it.
+
+Types: integer, number, boolean, string, enum{...}, list(elem [, length]),
+optional(t). Numeric types take bounds: integer{min = 1}, number{below = 1}
+(min/max inclusive, above/below exclusive).
+]]
+local schema = {}
+
+---------------------------------------------------------------- types
+
+local Type = {}
+Type.__index = Type
+
+-- How a value shows in messages and listings: strings quoted, lists in braces.
+local function show(v)
+  if type(v) == "string" then return (string.format("%q", v):gsub("\\\n", "\\n")) end
+  if math.type(v) == "float" then
+    if v ~= v or v == math.huge or v == -math.huge then return tostring(v) end
+    for digits = 15, 17 do                       -- the shortest form that reads back exactly
+      local s = string.format("%." .. digits .. "g", v)
+      if tonumber(s) == v then
+        s = s:gsub("e([+-])0*(%d)", "e%1%2")           -- 1e-08 -> 1e-8
+        return (s:find("[%.eEn]") and s) or s .. ".0"
+      end
+    end
+  end
+  if type(v) == "table" then
+    local parts = {}
+    for i = 1, #v do parts[i] = show(v[i]) end
+    return "{" .. table.concat(parts, ", ") .. "}"
+  end
+  return tostring(v)
+end
+schema.show = show
+
+local function is_list(v)
+  if type(v) ~= "table" then return false end
+  local n = 0
+  for _ in pairs(v) do n = n + 1 end
+  return n == #v
+end
+schema.is_list = is_list
+
+-- "got ..." in a message: the Lua type and the value.
+local function got(v)
+  if v == nil then return "nil" end
+  if type(v) == "table" then
+    return is_list(v) and "list " .. show(v) or "table"
+  end
+  if type(v) == "number" or type(v) == "boolean" or type(v) == "string" then
+    return type(v) .. " " .. show(v)
+  end
+  return type(v)
+end
+schema.got = got
+
+local function new_type(fields) return setmetatable(fields, Type) end
+
+function schema.is_type(x) return getmetatable(x) == Type end
+
+-- integer{min = 1}: a copy of a numeric type with bounds.
+function Type.__call(self, bounds)
+  assert(self.kind == "integer" or self.kind == "number", "only numeric types take bounds")
+  local t = new_type({kind = self.kind})
+  for _, b in ipairs {"min", "max", "above", "below"} do t[b] = bounds[b] end
+  return t
+end
+
+local function bounds_text(t)
+  local lo = t.min and "[" .. show(t.min) or t.above and "(" .. show(t.above)
+  local hi = t.max and show(t.max) .. "]" or t.below and show(t.below) .. ")"
+  if lo and hi then return " in " .. lo .. ", " .. hi end
+  if t.min then return " >= " .. show(t.min) end
+  if t.above then return " > " .. show(t.above) end
+  if t.max then return " <= " .. show(t.max) end
+  if t.below then return " < " .. show(t.below) end
+  return ""
+end
+
+local plural = {integer = "integers", number = "numbers", string = "strings", boolean = "booleans"}
+
+-- The words for what the type accepts: "integer >= 1", "list of 2 numbers in [0, 1)".
+local function values_text(t)
+  local vals = {}
+  for i, v in ipairs(t.values) do vals[i] = show(v) end
+  return table.concat(vals, ", ")
+end
+
+function Type:describe()
+  local k = self.kind
+  if k == "integer" or k == "number" then return k .. bounds_text(self) end
+  if k == "enum" then return "one of " .. values_text(self) end
+  if k == "list" then
+    local e = self.elem
+    local words = plural[e.kind] and plural[e.kind] .. bounds_text(e) or e:describe()
+    return "list of " .. (self.length and self.length .. " " or "") .. words
+  end
+  if k == "optional" then return self.inner:describe() .. " or nil" end
+  return k
+end
+
+-- check(v) -> the value (integral floats become integers) or nil, "expected ..., got ..."
+-- For list elements the message carries the "[i]" to append to the key.
+function Type:check(v)
+  local k = self.kind
+  local function fail() return nil, "expected " .. self:describe() .. ", got " .. got(v) end
+  if k == "optional" then
+    if v == nil then return nil end
+    local out, err, at = self.inner:check(v)
+    if err and not at and err:match("^expected ") then return fail() end   -- say "or nil"
+    return out, err, at
+  elseif k == "integer" or k == "number" then
+    if type(v) ~= "number" or v ~= v or v == math.huge or v == -math.huge then return fail() end
+    if k == "integer" then
+      if math.tointeger(v) == nil then return fail() end
+      v = math.tointeger(v)
+    end
+    if (self.min and v < self.min) or (self.max and v > self.max)
+       or (self.above and v <= self.above) or (self.below and v >= self.below) then
+      return fail()
+    end
+    return v
+  elseif k == "boolean" or k == "string" then
+    if type(v) ~= k then return fail() end
+    return v
+  elseif k == "enum" then
+    for _, allowed in ipairs(self.values) do
+      if v == allowed then return v end
+    end
+    if type(v) == "string" then
+      return nil, show(v) .. " is not allowed; allowed: " .. values_text(self)
+    end
+    return fail()
+  elseif k == "list" then
+    if not is_list(v) or (self.length and #v ~= self.length) then
+      if is_list(v) then return nil, "expected " .. self:describe() .. ", got a list of " .. #v .. ": " .. show(v) end
+      local hint = type(v) == "number" and " (write {" .. show(v) .. "})" or ""
+      return nil, "expected " .. self:describe() .. ", got " .. got(v) .. hint
+    end
+    local out = {}
+    for i = 1, #v do
+      local e, err = self.elem:check(v[i])
+      if err then return nil, err, "[" .. i .. "]" end
+      out[i] = e
+    end
+    return out
+  end
+  error("unknown type kind " .. tostring(k))
+end
+
+-- A type accepts strings: a bare --set value such as name=2024 stays text.
+function Type:takes_strings()
+  local t = self.kind == "optional" and self.inner or self
+  return t.kind == "string" or t.kind == "enum"
+end
+
+local integer = new_type({kind = "integer"})
+local number = new_type({kind = "number"})
+local boolean = new_type({kind = "boolean"})
+local string_t = new_type({kind = "string"})
+local function enum(values) return new_type({kind = "enum", values = values}) end
+local function list(elem, length) return new_type({kind = "list", elem = elem, length = length}) end
+local function optional(inner) return new_type({kind = "optional", inner = inner}) end
+
+schema.integer, schema.number, schema.boolean, schema.string = integer, number, boolean, string_t
+schema.enum, schema.list, schema.optional = enum, list, optional
+
+---------------------------------------------------------------- the keys
+
+local int, num, bool, str = integer, number, boolean, string_t
+local positive = int{min = 1}
+local fraction = num{min = 0, max = 1}
+
+-- Defaults are the spec's reference values, with the shape of the `small`
+-- preset (spec/model.md) so that a file naming only a few keys is a real model.
+local rows = {
+  {"name", optional(str), nil, "run name: logs and checkpoints go to runs/NAME (nil = the experiment file's base name)"},
+  {"seed", int{min = 0}, 1, "seed of the parameter init and the data order"},
+  {"steps", positive, 2000, "optimiser steps in the whole run (the schedule spans them)", progress = true},
+  {"batch", positive, 8, "sequences per micro-batch"},
+  {"seq", positive, 512, "bytes per training sequence"},
+  {"grad_accum", positive, 1, "micro-batches accumulated into one optimiser step"},
+  {"device", enum {"auto", "cpu", "cuda"}, "auto", "where to train: auto = cuda when a GPU is found, else cpu (printed at start)"},
+  {"dtype", enum {"bf16", "f32"}, "bf16", "dtype of matrix products, f32 accumulate (masters, KDA state, gates stay f32)"},
+  {"graph", bool, false, "capture the training step as a CUDA graph and replay it"},
+  {"ce_ceiling", num{above = 0}, 100, "a training loss above this ends the run at once"},
+
+  {"model", "the model family of spec/model.md", {
+    {"d", positive, 768, "model width d"},
+    {"heads", positive, 12, "KDA heads H"},
+    {"head_dim", positive, 64, "KDA head dim dh (dk = dv = dh)"},
+    {"max_iter", positive, 2, "iterations of the weight-shared block"},
+    {"experts", positive, 64, "routed experts E"},
+    {"top_k", positive, 2, "experts chosen per token k"},
+    {"expert_rank", positive, 16, "rank r of a routed expert"},
+    {"shared_rank", positive, 64, "rank r_s of the shared expert"},
+    {"ffn", positive, 2048, "expert output space F (the ffn space)"},
+    {"kda", "Kimi Delta Attention", {
+      {"gate", enum {"bounded", "softplus"}, "bounded", "decay gate: bounded = lb*sigmoid(.), softplus = -exp(A_log)*softplus(.)"},
+      {"gate_lb", num{below = 0}, -5, "lower bound lb of the bounded gate, g in (lb, 0)"},
+      {"chunk", positive, 64, "chunk length of the chunked (WY) fast path"},
+    }},
+    {"engram", "hashed byte n-gram memory", {
+      {"orders", list(int{min = 1, max = 8}), {2, 3, 4}, "byte n-gram orders, ascending ({} turns Engram off)"},
+      {"rows", positive, 65536, "rows R per order (hashed orders round it to a prime)"},
+      {"width", positive, 32, "row width de"},
+      {"hash_heads", positive, 1, "hash heads K per hashed order"},
+      {"ram", bool, false, "keep the tables in host memory (gathered rows, host-side sparse Adam)"},
+    }},
+    {"moe", "routed low-rank experts with a shared expert", {
+      {"lfb_gamma", num{min = 0}, 1e-3, "loss-free balancing step: bias += gamma*sign(mean_load - load)"},
+      {"capacity_factor", optional(num{above = 0}), nil, "nil = dropless; else assignments over factor*T*k/E per expert are dropped and counted"},
+    }},
+  }},
+
+  {"data", "the byte corpus", {
+    {"path", optional(str), nil, "corpus file (raw bytes or .zst); nil = the embedded default corpus"},
+    {"eval_bytes", positive, 81920, "bytes held out at the corpus end for evaluation, never trained on"},
+    {"ctx", optional(positive), nil, "bytes per eval sequence (nil = seq)"},
+  }},
+
+  {"optim", "Muon for 2-D matrices, AdamW for the rest, Adam for the Engram tables", {
+    {"muon_lr", num{min = 0}, 1e-3, "Muon peak learning rate (update scaled by 0.2*sqrt(max(rows, cols)))"},
+    {"adamw_lr", num{min = 0}, 1e-3, "AdamW peak learning rate (embedding, head, gains, biases, router, scales)"},
+    {"betas", list(num{min = 0, below = 1}, 2), {0.9, 0.95}, "AdamW and Engram Adam betas {beta1, beta2}"},
+    {"eps", num{above = 0}, 1e-8, "AdamW and Engram Adam epsilon"},
+    {"weight_decay", num{min = 0}, 0.1, "decoupled weight decay of the Muon matrices"},
+    {"engram_lr_mult", num{min = 0}, 5, "Engram tables' Adam lr as a multiple of adamw_lr (no weight decay)"},
+    {"momentum", num{min = 0, below = 1}, 0.95, "Muon momentum"},
+    {"nesterov", bool, true, "Nesterov form of the Muon momentum"},
+    {"ns_steps", positive, 5, "Newton-Schulz steps per Muon update"},
+    {"ns_coeffs", enum {"quintic", "polar_express"}, "quintic", "Newton-Schulz coefficients: quintic (3.4445, -4.7750, 2.0315) or Polar Express"},
+    {"clip", num{min = 0}, 1.0, "global gradient-norm clip (0 = off)"},
+  }},
+
+  {"schedule", "the learning-rate schedule (one shape for every group)", {
+    {"kind", enum {"wsd", "cosine", "constant"}, "wsd", "wsd: warm-up, stable, 1-sqrt decay; cosine: warm-up, cosine; constant: warm-up, flat"},
+    {"warmup", int{min = 0}, 100, "linear warm-up steps"},
+    {"decay", fraction, 0.2, "wsd: fraction of the steps in the final decay"},
+    {"floor", fraction, 0.0, "learning rate at the end of wsd or cosine, as a fraction of the peak"},
+  }},
+
+  {"eval", "held-out evaluation", {
+    {"every", int{min = 0}, 250, "steps between evals (0 = only at the end)", progress = true},
+    {"windows", optional(positive), nil, "ctx-byte sequences read per eval (nil = the whole held-out split)", progress = true},
+    {"depths", list(positive), {}, "depths D < max_iter whose fin_D is reported too (fin itself always is)", progress = true},
+  }},
+
+  {"checkpoint", "checkpoints", {
+    {"every", int{min = 0}, 500, "steps between checkpoints (0 = only at the end)", progress = true},
+    {"keep", int{min = 0}, 3, "newest checkpoints kept on disk (0 = all)", progress = true},
+  }},
+
+  {"log", "the log line", {
+    {"every", positive, 10, "steps per log line (the window of its counters)", progress = true},
+  }},
+}
+
+-- Checks across keys, run once every key is valid: each returns a message or nil.
+schema.checks = {
+  function(c)
+    if c.model.top_k > c.model.experts then
+      return ("model.top_k (%d) exceeds model.experts (%d)"):format(c.model.top_k, c.model.experts)
+    end
+  end,
+  function(c)
+    local o = c.model.engram.orders
+    for i = 2, #o do
+      if o[i] <= o[i - 1] then
+        return "model.engram.orders must be strictly ascending, got " .. show(o)
+      end
+    end
+  end,
+  function(c)
+    for _, depth in ipairs(c.eval.depths) do
+      if depth > c.model.max_iter then
+        return ("eval.depths holds %d, beyond model.max_iter (%d)"):format(depth, c.model.max_iter)
+      end
+    end
+  end,
+  function(c)
+    local s = c.schedule
+    if s.warmup > c.steps then
+      return ("schedule.warmup (%d) exceeds steps (%d); lower it too (--set schedule.warmup=N)"):format(s.warmup, c.steps)
+    end
+    if s.kind == "wsd" and s.warmup + math.ceil(s.decay * c.steps) > c.steps then
+      return ("schedule.warmup (%d) and schedule.decay (%s of %d steps) overlap; lower one of them"):format(s.warmup, show(s.decay), c.steps)
+    end
+  end,
+}
+
+---------------------------------------------------------------- the tree
+
+-- root: the section tree. nodes[dotted] = a section or a leaf; leaves: every
+-- leaf in schema order. A leaf: {name, key, type, default, doc, progress, index}.
+local function build(rows_, prefix, section)
+  section.children, section.order = {}, {}
+  for _, row in ipairs(rows_) do
+    local name = row[1]
+    local key = prefix == "" and name or prefix .. "." .. name
+    local node
+    if schema.is_type(row[2]) then
+      node = {name = name, key = key, type = row[2], default = row[3], doc = row[4],
+              progress = row.progress or false, parent = section}
+      local ok, err = row[2]:check(row[3])
+      assert(err == nil and (ok ~= nil or row[3] == nil), "schema: bad default for " .. key .. ": " .. tostring(err))
+      schema.leaves[#schema.leaves + 1] = node
+      node.index = #schema.leaves
+    else
+      node = {name = name, key = key, doc = row[2], section = true, parent = section}
+      build(row[3], key, node)
+    end
+    assert(not schema.nodes[key], "schema: duplicate key " .. key)
+    section.children[name] = node
+    section.order[#section.order + 1] = node
+    schema.nodes[key] = node
+  end
+end
+
+schema.leaves, schema.nodes = {}, {}
+schema.root = {key = "", doc = "the run"}
+build(rows, "", schema.root)
+
+return schema

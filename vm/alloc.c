@@ -1,0 +1,77 @@
+/*
+** alloc.c — the allocator table and the host and meta allocators.
+*/
+#include <stdlib.h>
+#include <string.h>
+#include "alloc.h"
+
+#define DM_HOST_ALIGN 64
+
+static void *host_alloc(size_t nbytes, dm_mem_stats *st) {
+  size_t rounded = (nbytes + DM_HOST_ALIGN - 1) / DM_HOST_ALIGN * DM_HOST_ALIGN;
+  void *p = aligned_alloc(DM_HOST_ALIGN, rounded ? rounded : DM_HOST_ALIGN);
+  if (!p) return NULL;
+  st->reserved += (int64_t)nbytes;
+  st->sys_allocs++;
+  if (dm_poison_enabled()) memset(p, 0xff, rounded);     /* all-ones bytes are NaN in every float type */
+  return p;
+}
+
+static void host_free(void *p, size_t nbytes, dm_mem_stats *st) {
+  free(p);
+  st->reserved -= (int64_t)nbytes;
+}
+
+/* META memory is an address that is never dereferenced. */
+static char meta_byte;
+static void *meta_alloc(size_t nbytes, dm_mem_stats *st) { (void)nbytes; (void)st; return &meta_byte; }
+static void meta_free(void *p, size_t nbytes, dm_mem_stats *st) { (void)p; (void)nbytes; (void)st; }
+
+bool dm_poison_enabled(void) {
+  static int on = -1;
+  if (on < 0) { const char *s = getenv("DM_POISON"); on = s && *s && *s != '0'; }
+  return on;
+}
+
+static const dm_allocator host_allocator = {host_alloc, host_free, NULL};
+static const dm_allocator meta_allocator = {meta_alloc, meta_free, NULL};
+
+static const dm_allocator *allocators[DM_NDEVICE] = {
+  [DM_CPU] = &host_allocator, [DM_META] = &meta_allocator,
+};
+static dm_mem_stats stats[DM_NDEVICE];
+
+void dm_allocator_register(dm_device dev, const dm_allocator *a) { allocators[dev] = a; }
+bool dm_device_available(dm_device dev) {
+  const dm_allocator *a = allocators[dev];
+  return a && (!a->available || a->available());
+}
+
+void *dm_alloc(dm_device dev, size_t nbytes) {
+  const dm_allocator *a = allocators[dev];
+  if (!a) dm_error("device '%s' is not available in this build or on this machine", dm_device_name(dev));
+  dm_mem_stats *st = &stats[dev];
+  void *p = a->alloc(nbytes, st);
+  if (!p)
+    dm_error("out of %s memory: asked for %zu bytes with %lld allocated in %lld blocks, "
+             "%lld reserved, peak %lld", dm_device_name(dev), nbytes, (long long)st->allocated,
+             (long long)st->count, (long long)st->reserved, (long long)st->peak);
+  st->allocated += (int64_t)nbytes;
+  st->count++;
+  if (st->allocated > st->peak) st->peak = st->allocated;
+  return p;
+}
+
+void dm_free(dm_device dev, void *p, size_t nbytes) {
+  dm_mem_stats *st = &stats[dev];
+  allocators[dev]->free(p, nbytes, st);
+  st->allocated -= (int64_t)nbytes;
+  st->count--;
+}
+
+dm_mem_stats dm_memory_stats(dm_device dev) { return stats[dev]; }
+void dm_memory_reset_peak(dm_device dev) { stats[dev].peak = stats[dev].allocated; }
+
+void dm_memory_empty_cache(dm_device dev) {
+  if (allocators[dev] && allocators[dev]->empty_cache) allocators[dev]->empty_cache(&stats[dev]);
+}

@@ -1,0 +1,217 @@
+/*
+** autograd.c — recording nodes and running them backwards.
+*/
+#include <stdlib.h>
+#include <string.h>
+#include "autograd.h"
+#include "core.h"
+
+static bool grad_enabled = true;
+static int suspended;                 /* > 0 while an op's forward or a backward runs */
+static bool in_backward;
+static dm_node **tape;
+static size_t tape_len, tape_cap;
+static uint64_t epoch = 1;            /* 0 marks tensors no recorded op produced (leaves) */
+static dm_node *pending;              /* begun, not yet committed: freed if the forward fails */
+
+bool dm_grad_enabled(void) { return grad_enabled; }
+void dm_set_grad_enabled(bool on) { grad_enabled = on; }
+bool dm_recording(void) { return grad_enabled && suspended == 0; }
+void dm_suspend_recording(void) { suspended++; }
+void dm_resume_recording(void) { suspended--; }
+size_t dm_tape_size(void) { return tape_len; }
+uint64_t dm_tape_epoch(void) { return epoch; }
+
+dm_node *dm_tensor_node(const dm_tensor *t) {
+  return (t->node && t->node_epoch == epoch) ? t->node : NULL;
+}
+
+static void *xcalloc(size_t n, size_t size) {
+  void *p = calloc(n ? n : 1, size);
+  if (!p) dm_error("out of host memory for the autograd tape");
+  return p;
+}
+
+static void meta_of(dm_meta *m, const dm_tensor *t) {
+  m->ndim = t->ndim;
+  memcpy(m->shape, t->shape, sizeof m->shape);
+  m->dtype = t->dtype;
+  m->device = t->device;
+}
+
+static void node_free(dm_node *n) {
+  for (int i = 0; i < n->n_saved; i++) dm_release(n->saved[i]);
+  for (int i = 0; i < n->n_out; i++) dm_release(n->gout[i]);
+  for (int i = 0; i < n->n_in; i++) dm_release(n->in_leaf[i]);
+  free(n->in_meta);
+  free(n->needs);
+  free(n->in_node);
+  free(n->in_out);
+  free(n->in_leaf);
+  free(n);
+}
+
+dm_node *dm_node_begin(dm_ctx *c) {
+  const dm_op *op = c->op;
+  if (pending) { node_free(pending); pending = NULL; }
+  for (int i = 0; i < c->n_in; i++) {
+    dm_tensor *t = c->in[i];
+    if (t && t->requires_grad && t->node_epoch != 0 && !dm_tensor_node(t) && !(i < 32 && ((op->nondiff >> i) & 1)))
+      dm_error("%s: input %d came from a graph that backward() or dm.autograd.clear() already "
+               "freed; use :detach() to take it as a constant", op->name, i + 1);
+  }
+  dm_node *n = xcalloc(1, sizeof *n);
+  pending = n;
+  n->op = op;
+  n->n_in = c->n_in;
+  n->n_out = op->n_out;
+  n->in_meta = xcalloc((size_t)c->n_in, sizeof *n->in_meta);
+  n->in_node = xcalloc((size_t)c->n_in, sizeof *n->in_node);
+  n->in_out = xcalloc((size_t)c->n_in, sizeof *n->in_out);
+  n->in_leaf = xcalloc((size_t)c->n_in, sizeof *n->in_leaf);
+  n->needs = xcalloc((size_t)c->n_in, sizeof *n->needs);
+  for (int i = 0; i < c->n_in; i++) {
+    dm_tensor *t = c->in[i];
+    if (!t) continue;
+    meta_of(&n->in_meta[i], t);
+    if (!t->requires_grad || (i < 32 && ((op->nondiff >> i) & 1))) continue;
+    n->needs[i] = true;
+    dm_node *prod = dm_tensor_node(t);
+    if (prod) { n->in_node[i] = prod; n->in_out[i] = t->node_out; }
+    else { n->in_leaf[i] = t; dm_retain(t); }
+  }
+  return n;
+}
+
+void dm_node_commit(dm_node *n, dm_ctx *c) {
+  n->ctx = *c;
+  n->ctx.node = n;
+  memset(n->ctx.in, 0, sizeof n->ctx.in);     /* inputs are not kept: save what backward needs */
+  for (int i = 0; i < n->n_out; i++) {
+    dm_tensor *o = c->out[i];
+    meta_of(&n->out_meta[i], o);
+    if (!dm_dtype_is_float(o->dtype)) continue;
+    o->requires_grad = true;
+    o->node = n;
+    o->node_epoch = epoch;
+    o->node_out = i;
+  }
+  if (tape_len == tape_cap) {
+    size_t cap = tape_cap ? tape_cap * 2 : 256;
+    dm_node **t = realloc(tape, cap * sizeof *t);
+    if (!t) dm_error("out of host memory for the autograd tape");
+    tape = t;
+    tape_cap = cap;
+  }
+  n->index = tape_len;
+  tape[tape_len++] = n;
+  pending = NULL;
+}
+
+void dm_save(dm_ctx *c, dm_tensor *t) {
+  dm_node *n = c->node;
+  if (!n) return;
+  if (n->n_saved == DM_MAXSAVED) dm_error("%s: saves more than %d tensors", c->op->name, DM_MAXSAVED);
+  dm_retain(t);
+  n->saved_version[n->n_saved] = t->storage->version;
+  n->saved[n->n_saved++] = t;
+}
+
+dm_tensor *dm_saved(dm_ctx *c, int i) { return c->node->saved[i]; }
+bool dm_needs_grad(dm_ctx *c, int i) { return c->node->needs[i]; }
+int dm_in_ndim(dm_ctx *c, int i) { return c->node->in_meta[i].ndim; }
+const int64_t *dm_in_shape(dm_ctx *c, int i) { return c->node->in_meta[i].shape; }
+dm_dtype dm_in_dtype(dm_ctx *c, int i) { return c->node->in_meta[i].dtype; }
+
+void dm_tape_clear(void) {
+  for (size_t i = 0; i < tape_len; i++) node_free(tape[i]);
+  tape_len = 0;
+  epoch++;
+}
+
+/* acc += g, taking ownership of g */
+static void accumulate(dm_tensor **acc, dm_tensor *g) {
+  if (!*acc) { *acc = g; return; }
+  dm_tensor *sum = dm_add(*acc, g);
+  dm_release(*acc);
+  dm_release(g);
+  *acc = sum;
+}
+
+/* A leaf's .grad must be its own memory: the optimiser updates it in place. */
+static void accumulate_leaf(dm_tensor *leaf, dm_tensor *g) {
+  if (!leaf->grad && (g->refs > 1 || !dm_is_contiguous(g) || g->storage->refs > 1)) {
+    dm_tensor *own = dm_clone(g);
+    dm_release(g);
+    g = own;
+  }
+  accumulate(&leaf->grad, g);
+}
+
+static void check_grad_meta(const dm_node *n, int i, const dm_tensor *g) {
+  const dm_meta *m = &n->in_meta[i];
+  char a[128], b[128];
+  if (g->ndim != m->ndim || memcmp(g->shape, m->shape, sizeof(int64_t) * (size_t)m->ndim) != 0)
+    dm_error("backward of %s: gradient %s for input %d of shape %s", n->op->name,
+             dm_tensor_shape_str(g, a, sizeof a), i + 1, dm_shape_str(b, sizeof b, m->ndim, m->shape));
+}
+
+static void run_node(dm_node *n) {
+  for (int i = 0; i < n->n_saved; i++)
+    if (!n->saved[i]->storage || n->saved[i]->storage->version != n->saved_version[i])
+      dm_error("backward of %s: a tensor it saved was modified in place or freed after the forward",
+               n->op->name);
+  for (int i = 0; i < n->n_out; i++)
+    if (!n->gout[i]) {
+      const dm_meta *m = &n->out_meta[i];
+      n->gout[i] = dm_zeros(m->device, m->dtype, m->ndim, m->shape);
+    }
+  dm_tensor *gin[DM_MAXIN] = {0};
+  n->op->backward(&n->ctx, n->gout, gin);
+  for (int i = 0; i < n->n_in; i++) {
+    if (!n->needs[i]) { dm_release(gin[i]); continue; }
+    if (!gin[i]) dm_error("backward of %s gave no gradient for input %d", n->op->name, i + 1);
+    check_grad_meta(n, i, gin[i]);
+    if (n->in_node[i]) accumulate(&n->in_node[i]->gout[n->in_out[i]], gin[i]);
+    else accumulate_leaf(n->in_leaf[i], gin[i]);
+  }
+  for (int i = 0; i < n->n_out; i++) { dm_release(n->gout[i]); n->gout[i] = NULL; }
+}
+
+void dm_backward(dm_tensor *root, dm_tensor *grad) {
+  dm_check_live(root);
+  if (!root->requires_grad)
+    dm_error("backward: the tensor does not require grad (no input of its ops needed a gradient)");
+  if (!grad && dm_numel(root) != 1)
+    dm_error("backward: a gradient is needed for a tensor of %lld elements (only one-element "
+             "tensors default to 1)", (long long)dm_numel(root));
+  if (grad) { dm_check_shape_equal("backward", root, grad); dm_retain(grad); }
+  else { grad = dm_zeros(root->device, root->dtype, root->ndim, root->shape); dm_fill(grad, 1.0); }
+  dm_node *start = dm_tensor_node(root);
+  if (!start) {
+    if (root->node_epoch != 0) {
+      dm_release(grad);
+      dm_error("backward: the graph of this tensor was already freed by an earlier backward()");
+    }
+    accumulate_leaf(root, grad);
+    return;
+  }
+  in_backward = true;
+  suspended++;
+  accumulate(&start->gout[root->node_out], grad);
+  for (size_t i = start->index + 1; i-- > 0;) {
+    dm_node *n = tape[i];
+    bool any = false;
+    for (int k = 0; k < n->n_out; k++) any |= n->gout[k] != NULL;
+    if (any) run_node(n);
+  }
+  suspended--;
+  in_backward = false;
+  dm_tape_clear();
+}
+
+void dm_autograd_recover(void) {
+  suspended = 0;
+  if (pending) { node_free(pending); pending = NULL; }
+  if (in_backward) { in_backward = false; dm_tape_clear(); }
+}

@@ -1,0 +1,77 @@
+/*
+** iter.c — the strided walk behind every elementwise CPU kernel.
+*/
+#include "iter.h"
+
+/* Operand strides over the output's shape, right-aligned; broadcast dims get 0. */
+static void operand_strides(dm_iter *it, int k, const dm_tensor *t) {
+  size_t es = dm_dtype_size(t->dtype);
+  int off = it->ndim - t->ndim;
+  for (int d = 0; d < it->ndim; d++) {
+    int td = d - off;
+    it->stride[k][d] = (td < 0 || t->shape[td] == 1) ? 0 : t->strides[td] * (int64_t)es;
+  }
+  it->base[k] = (char *)dm_data(t);
+}
+
+/* Merge dim d into d+1 when every operand steps through them as one. */
+static void coalesce(dm_iter *it) {
+  int nd = 0;
+  for (int d = 0; d < it->ndim; d++) {
+    if (it->shape[d] == 1 && it->ndim > 1) continue;    /* size-1 dims do not move */
+    if (nd > 0) {
+      bool ok = true;
+      for (int k = 0; k < it->nops; k++)
+        if (it->stride[k][nd - 1] != it->stride[k][d] * it->shape[d]) { ok = false; break; }
+      if (ok) {
+        it->shape[nd - 1] *= it->shape[d];
+        for (int k = 0; k < it->nops; k++) it->stride[k][nd - 1] = it->stride[k][d];
+        continue;
+      }
+    }
+    it->shape[nd] = it->shape[d];
+    for (int k = 0; k < it->nops; k++) it->stride[k][nd] = it->stride[k][d];
+    nd++;
+  }
+  if (nd == 0) {                                         /* a scalar */
+    it->shape[0] = 1;
+    for (int k = 0; k < it->nops; k++) it->stride[k][0] = 0;
+    nd = 1;
+  }
+  it->ndim = nd;
+}
+
+void dm_iter_init(dm_iter *it, dm_tensor *out, int nin, dm_tensor *const *ins) {
+  it->nops = nin + 1;
+  it->ndim = out->ndim;
+  for (int d = 0; d < out->ndim; d++) it->shape[d] = out->shape[d];
+  operand_strides(it, 0, out);
+  for (int k = 0; k < nin; k++) operand_strides(it, k + 1, ins[k]);
+  coalesce(it);
+}
+
+void dm_iter_run(dm_iter *it, dm_row_fn row, void *ud) {
+  int nd = it->ndim, last = nd - 1;
+  for (int d = 0; d < nd; d++) if (it->shape[d] == 0) return;
+  int64_t idx[DM_MAXDIM] = {0};
+  char *p[DM_ITER_MAXOPS];
+  int64_t st[DM_ITER_MAXOPS];
+  for (int k = 0; k < it->nops; k++) st[k] = it->stride[k][last];
+  for (;;) {
+    for (int k = 0; k < it->nops; k++) {
+      char *q = it->base[k];
+      for (int d = 0; d < last; d++) q += idx[d] * it->stride[k][d];
+      p[k] = q;
+    }
+    row(p, st, it->shape[last], ud);
+    int d = last - 1;
+    while (d >= 0 && ++idx[d] == it->shape[d]) idx[d--] = 0;
+    if (d < 0) break;
+  }
+}
+
+void dm_iter_run1(dm_tensor *t, dm_row_fn row, void *ud) {
+  dm_iter it;
+  dm_iter_init(&it, t, 0, NULL);
+  dm_iter_run(&it, row, ud);
+}
