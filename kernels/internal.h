@@ -40,6 +40,9 @@ typedef struct dm_device_error {
 } dm_device_error;
 dm_device_error *dm_cuda_device_error(void);    /* the device's pointer to it */
 int dm_cuda_name_id(const char *what);          /* a small id for an op name */
+const char *dm_cuda_name_of(int id);
+/* the recorded error, cleared; false when there is none (the stream must be synchronised) */
+bool dm_cuda_take_device_error(dm_device_error *got);
 /* wait for the stream and raise what the device recorded meanwhile */
 void dm_cuda_sync_point(void);
 

@@ -121,18 +121,30 @@ dm_device_error *dm_cuda_device_error(void) {
   return err_dev;
 }
 
+const char *dm_cuda_name_of(int id) { return id >= 0 && id < n_names ? names[id] : "index"; }
+
+bool dm_cuda_take_device_error(dm_device_error *got) {
+  volatile dm_device_error *r = err_host;
+  if (!r || !r->flag) return false;
+  got->flag = r->flag;
+  got->what = r->what;
+  got->value = r->value;
+  got->size = r->size;
+  got->base = r->base;
+  r->flag = 0;
+  return true;
+}
+
 void dm_cuda_sync_point(void) {
   DM_CU(cudaStreamSynchronize(dm_cuda_stream()));
   /* a launch that failed to start leaves its error here until someone asks */
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) dm_cuda_fail((int)e, "an earlier kernel launch", __FILE__, __LINE__);
-  volatile dm_device_error *r = err_host;
-  if (!r->flag) return;
-  dm_device_error got = {r->flag, r->what, r->value, r->size, r->base};
-  r->flag = 0;
+  dm_device_error got;
+  if (!dm_cuda_take_device_error(&got)) return;
   dm_error("%s: index %lld is out of range for a dim of size %lld (indices count from %lld); found on "
            "the GPU after the op was queued, so its output is not valid (DM_DEBUG=1 checks at the op)",
-           got.what < n_names ? names[got.what] : "index", got.value, got.size, got.base);
+           dm_cuda_name_of(got.what), got.value, got.size, got.base);
 }
 
 void dm_cuda_synchronize(void) {

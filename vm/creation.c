@@ -82,14 +82,16 @@ void dm_fill(dm_tensor *t, double v) {
 void dm_copy_(dm_tensor *dst, const dm_tensor *src) {
   dm_check_live(dst);
   dm_check_live(src);
-  int64_t shape[DM_MAXDIM];
-  int n = dm_broadcast_shape("copy", dst->ndim, dst->shape, src->ndim, src->shape, shape);
-  for (int d = 0; d < n; d++)
-    if (n != dst->ndim || shape[d] != dst->shape[d]) {
-      char a[128], b[128];
-      dm_error("copy: a tensor of shape %s cannot be copied into one of shape %s",
-               dm_tensor_shape_str(src, a, sizeof a), dm_tensor_shape_str(dst, b, sizeof b));
-    }
+  bool fits = src->ndim <= dst->ndim;                   /* src must broadcast to dst's shape */
+  for (int d = 0; fits && d < src->ndim; d++) {
+    int64_t ss = src->shape[src->ndim - 1 - d], ds = dst->shape[dst->ndim - 1 - d];
+    fits = ss == ds || ss == 1;
+  }
+  if (!fits) {
+    char a[128], b[128];
+    dm_error("copy: a tensor of shape %s cannot be copied into one of shape %s",
+             dm_tensor_shape_str(src, a, sizeof a), dm_tensor_shape_str(dst, b, sizeof b));
+  }
   if (dst->device == src->device) DM_KERNEL(copy_k, "copy", dst->device)(dst, src);
   else {
     dm_device other = dst->device == DM_CPU ? src->device : dst->device;

@@ -46,10 +46,11 @@ bool dm_cuda_tf32(void);
 void dm_cuda_timer_start(void);
 double dm_cuda_timer_stop(void);
 
-/* benchmark baselines, each the median ms of `reps` timed runs after warm-up:
-** a device-to-device cudaMemcpyAsync of nbytes, and a row-major
-** [m, k] x [k, n] product called through cuBLASLt directly (bf16, f16 or
-** f32 inputs on random data, the algorithm chosen as dm.matmul chooses it) */
+/* benchmark baselines, in ms of device time per run: the median of `reps`
+** samples, each timing 5 runs queued back to back behind an untimed one
+** (so the GPU never waits for the host): a device-to-device cudaMemcpyAsync
+** of nbytes, and a row-major [m, k] x [k, n] product of random data called
+** through cuBLASLt directly (the algorithm chosen as dm.matmul chooses it) */
 double dm_cuda_bench_copy(size_t nbytes, int reps);
 double dm_cuda_bench_gemm(dm_dtype dt, int64_t m, int64_t n, int64_t k, int reps);
 
@@ -65,7 +66,7 @@ static inline dm_cuda_info dm_cuda_device_info(void) {
   dm_cuda_info i = {{0}, 0, 0, 0, 0, 0, 0};
   return i;
 }
-static inline void dm_cuda_synchronize(void) {}
+static inline void dm_cuda_synchronize(void) { dm_cuda_init(); }
 static inline void dm_cuda_set_tf32(bool on) { (void)on; }
 static inline bool dm_cuda_tf32(void) { return false; }
 static inline void dm_cuda_timer_start(void) { dm_cuda_init(); }

@@ -63,7 +63,10 @@ static int c_save_tensors(lua_State *L) {
     keys[i] = check_cstring(L, -2, path, "metadata key");
     if (lua_type(L, -1) != LUA_TSTRING)
       dm_error("%s: metadata value of '%s' must be a string, got a %s", path, keys[i], luaL_typename(L, -1));
-    values[i++] = check_cstring(L, -1, path, "metadata value of");
+    size_t len;
+    values[i] = lua_tolstring(L, -1, &len);
+    if (strlen(values[i]) != len) dm_error("%s: metadata value of '%s' contains a NUL byte", path, keys[i]);
+    i++;
     lua_pop(L, 1);
   }
   dm_safetensors_write(path, n, names, tensors, nmeta, keys, values);

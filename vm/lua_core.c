@@ -8,6 +8,9 @@
 #include "autograd.h"
 #include "alloc.h"
 
+/* A binding's error about its arguments, located at the user's line like a core error. */
+#define FAIL(L, ...) do { DM_ENTER(L); dm_error(__VA_ARGS__); } while (0)
+
 /* ---- calling an op ----------------------------------------------------------------------- */
 
 /* upvalue cache: name → light userdata of the dm_op */
@@ -47,11 +50,11 @@ static int c_call(lua_State *L) {
     luaL_checktype(L, 2, LUA_TTABLE);
     n_in = (int)luaL_len(L, 2);
     if (n_in < 1 || n_in > DM_MAXIN)
-      return luaL_error(L, "%s: takes 1 to %d tensors, got %d", op->name, DM_MAXIN, n_in);
+      FAIL(L, "%s: takes 1 to %d tensors, got %d", op->name, DM_MAXIN, n_in);
     for (int i = 0; i < n_in; i++) {
       lua_geti(L, 2, i + 1);
       if (!dm_lua_is(L, -1))
-        return luaL_error(L, "%s: element %d of the list is a %s, not a tensor", op->name, i + 1,
+        FAIL(L, "%s: element %d of the list is a %s, not a tensor", op->name, i + 1,
                           luaL_typename(L, -1));
       in[i] = dm_lua_check(L, -1);
       lua_pop(L, 1);
@@ -63,7 +66,7 @@ static int c_call(lua_State *L) {
       int at = i + 2;
       if (lua_isnoneornil(L, at) && ((op->optional >> i) & 1)) { in[i] = NULL; continue; }
       if (!dm_lua_is(L, at))
-        return luaL_error(L, "%s: input %d must be a tensor, got %s", op->name, i + 1, luaL_typename(L, at));
+        FAIL(L, "%s: input %d must be a tensor, got %s", op->name, i + 1, luaL_typename(L, at));
       in[i] = dm_lua_check(L, at);
     }
     attrs_at = n_in + 2;
@@ -120,7 +123,8 @@ static int c_empty(lua_State *L) {
 
 /* core.full(shape, value, dtype, device) */
 static int c_full(lua_State *L) {
-  double v = luaL_checknumber(L, 2);
+  if (lua_type(L, 2) != LUA_TNUMBER) FAIL(L, "full: the value must be a number, got %s", luaL_typename(L, 2));
+  double v = lua_tonumber(L, 2);
   lua_remove(L, 2);
   spec s = read_spec(L, 1);
   DM_ENTER(L);
@@ -129,7 +133,10 @@ static int c_full(lua_State *L) {
 }
 
 static int c_arange(lua_State *L) {
-  double start = luaL_checknumber(L, 1), stop = luaL_checknumber(L, 2), step = luaL_optnumber(L, 3, 1);
+  for (int i = 1; i <= 3; i++)
+    if (lua_type(L, i) != LUA_TNUMBER)
+      FAIL(L, "arange: start, stop and step must be numbers, got a %s", luaL_typename(L, i));
+  double start = lua_tonumber(L, 1), stop = lua_tonumber(L, 2), step = lua_tonumber(L, 3);
   dm_dtype dt = dm_lua_dtype(L, 4, DM_F32);
   dm_device dev = dm_lua_device(L, 5, DM_CPU);
   DM_ENTER(L);
@@ -142,11 +149,15 @@ static int c_rand(lua_State *L) {
   spec s = read_spec(L, 1);
   bool normal = lua_toboolean(L, 4);
   DM_ENTER(L);
-  if (lua_isnoneornil(L, 5))
+  if (lua_isnoneornil(L, 5)) {
     dm_lua_push(L, normal ? dm_randn(s.dev, s.dt, s.ndim, s.shape) : dm_rand(s.dev, s.dt, s.ndim, s.shape));
-  else
-    dm_lua_push(L, dm_rand_at(s.dev, s.dt, s.ndim, s.shape, (uint64_t)luaL_checkinteger(L, 5),
-                              (uint64_t)luaL_optinteger(L, 6, 0), normal));
+    return 1;
+  }
+  for (int i = 5; i <= 6; i++)
+    if (!lua_isinteger(L, i) && !(i == 6 && lua_isnoneornil(L, i)))
+      FAIL(L, "%s must be an integer, got %s", i == 5 ? "seed" : "offset", luaL_tolstring(L, i, NULL));
+  dm_lua_push(L, dm_rand_at(s.dev, s.dt, s.ndim, s.shape, (uint64_t)lua_tointeger(L, 5),
+                            (uint64_t)luaL_optinteger(L, 6, 0), normal));
   return 1;
 }
 
@@ -155,7 +166,7 @@ static int table_shape(lua_State *L, int idx, int64_t *shape) {
   int ndim = 0;
   lua_pushvalue(L, idx);
   while (lua_type(L, -1) == LUA_TTABLE) {
-    if (ndim == DM_MAXDIM) luaL_error(L, "tensor: nested more than %d deep", DM_MAXDIM);
+    if (ndim == DM_MAXDIM) FAIL(L, "tensor: nested more than %d deep", DM_MAXDIM);
     shape[ndim++] = (int64_t)luaL_len(L, -1);
     if (shape[ndim - 1] == 0) break;
     lua_geti(L, -1, 1);
@@ -167,16 +178,18 @@ static int table_shape(lua_State *L, int idx, int64_t *shape) {
 
 static void fill_from(lua_State *L, int idx, dm_tensor *t, int d, int64_t *flat) {
   if (d == t->ndim) {
-    int ok;
-    double v = lua_tonumberx(L, idx, &ok);
-    if (!ok) luaL_error(L, "tensor: element %d is a %s, not a number", (int)*flat + 1, luaL_typename(L, idx));
+    if (lua_type(L, idx) != LUA_TNUMBER)
+      FAIL(L, "tensor: element %d is a %s, not a number", (int)*flat + 1, luaL_typename(L, idx));
+    double v = lua_tonumber(L, idx);
     dm_store(t->dtype, (char *)dm_data(t) + (*flat)++ * (int64_t)dm_dtype_size(t->dtype), v);
     return;
   }
-  if (lua_type(L, idx) != LUA_TTABLE || luaL_len(L, idx) != t->shape[d])
-    luaL_error(L, "tensor: ragged nested table at depth %d: expected %d elements, got %s", d + 1,
-               (int)t->shape[d], lua_type(L, idx) == LUA_TTABLE ? lua_pushfstring(L, "%d", (int)luaL_len(L, idx))
-                                                                : luaL_typename(L, idx));
+  if (lua_type(L, idx) != LUA_TTABLE)
+    FAIL(L, "tensor: ragged nested table at depth %d: expected a table of %d elements, got a %s", d + 1,
+         (int)t->shape[d], luaL_typename(L, idx));
+  if (luaL_len(L, idx) != t->shape[d])
+    FAIL(L, "tensor: ragged nested table at depth %d: expected %d elements, got %d", d + 1,
+         (int)t->shape[d], (int)luaL_len(L, idx));
   luaL_checkstack(L, 2, "tensor nested too deeply");
   for (int64_t i = 0; i < t->shape[d]; i++) {
     lua_geti(L, idx, i + 1);
@@ -187,7 +200,8 @@ static void fill_from(lua_State *L, int idx, dm_tensor *t, int d, int64_t *flat)
 
 /* core.tensor(data, dtype, device) */
 static int c_tensor(lua_State *L) {
-  luaL_argexpected(L, lua_type(L, 1) == LUA_TTABLE || lua_type(L, 1) == LUA_TNUMBER, 1, "table or number");
+  if (lua_type(L, 1) != LUA_TTABLE && lua_type(L, 1) != LUA_TNUMBER)
+    FAIL(L, "tensor: takes a number or nested tables of numbers, got %s", luaL_typename(L, 1));
   dm_dtype dt = dm_lua_dtype(L, 2, DM_F32);
   dm_device dev = dm_lua_device(L, 3, DM_CPU);
   int64_t shape[DM_MAXDIM];
@@ -209,7 +223,8 @@ static int c_tape_size(lua_State *L) { lua_pushinteger(L, (lua_Integer)dm_tape_s
 static int c_tape_clear(lua_State *L) { dm_tape_clear(); return 0; }
 
 static int c_manual_seed(lua_State *L) {
-  dm_manual_seed((uint64_t)luaL_checkinteger(L, 1));
+  if (!lua_isinteger(L, 1)) FAIL(L, "manual_seed: the seed must be an integer, got %s", luaL_tolstring(L, 1, NULL));
+  dm_manual_seed((uint64_t)lua_tointeger(L, 1));
   return 0;
 }
 

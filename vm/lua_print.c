@@ -69,7 +69,12 @@ static void rows(luaL_Buffer *b, const dm_tensor *t, int d, int64_t *idx, const 
   bool skipped = false;
   for (int64_t i = 0; i < t->shape[d]; i++) {
     if (!shown(t, d, i, summary)) {
-      if (!skipped) { luaL_addstring(b, d == t->ndim - 1 ? " ...," : " ...,\n"); skipped = true; }
+      if (skipped) continue;
+      skipped = true;                       /* one "..." for the run, aligned like a number or a row */
+      if (d == t->ndim - 1) { luaL_addstring(b, "..., "); continue; }
+      for (int k = 0; k < indent + d + 1; k++) luaL_addchar(b, ' ');
+      luaL_addstring(b, "...,");
+      for (int k = d; k < t->ndim - 1; k++) luaL_addchar(b, '\n');
       continue;
     }
     idx[d] = i;

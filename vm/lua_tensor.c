@@ -2,6 +2,7 @@
 ** lua_tensor.c — the tensor userdata: its metatable, properties, the
 ** methods that need C, and the error bridge from the core to Lua.
 */
+#include <stdarg.h>
 #include <string.h>
 #include <stdio.h>
 #include <math.h>
@@ -14,18 +15,29 @@
 
 static lua_State *current;
 
+/* A chunk of the library: lua/dormouse/... in the source tree or installed
+** (share/dormouse/lua/dormouse/...). A user's folder that happens to be
+** called dormouse is not one. */
+static bool in_library(const char *source) {
+  if (*source == '@') source++;
+  for (const char *p = strstr(source, "lua/dormouse/"); p; p = strstr(p + 1, "lua/dormouse/"))
+    if (p == source || p[-1] == '/') return true;
+  return false;
+}
+
 /* The error names the first caller outside the dormouse library: a user's
-** model file, not the wrapper that called the core. */
+** model file, not the wrapper that called the core. (A user's frame that
+** tail-called the library is gone from the stack; its caller is named.) */
 static void where(lua_State *L) {
   lua_Debug ar;
   for (int level = 1; lua_getstack(L, level, &ar); level++) {
     lua_getinfo(L, "Sl", &ar);
-    if (ar.currentline > 0 && !strstr(ar.source, "/dormouse/")) {
+    if (ar.currentline > 0 && !in_library(ar.source)) {
       lua_pushfstring(L, "%s:%d: ", ar.short_src, ar.currentline);
       return;
     }
   }
-  luaL_where(L, 1);
+  lua_pushliteral(L, "");      /* only the library and C on the stack: a location would mislead */
 }
 
 static void raise_lua(const char *msg, void *ud) {
@@ -41,6 +53,28 @@ void dm_lua_enter(lua_State *L) {
   dm_set_error_handler(raise_lua, NULL);
 }
 
+/* A binding's own error (a wrong argument, a freed tensor), located like a
+** core error at the user's line rather than at the library line that called. */
+static int raisef(lua_State *L, const char *fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  current = L;
+  raise_lua(msg, NULL);
+  return 0;
+}
+
+/* core.error(msg): the library's own errors, located at the user's line too */
+static int c_error(lua_State *L) {
+  luaL_checkstring(L, 1);
+  where(L);
+  lua_pushvalue(L, 1);
+  lua_concat(L, 2);
+  return lua_error(L);
+}
+
 /* ---- the userdata ------------------------------------------------------------------ */
 
 /* ---- scopes ---------------------------------------------------------------------------------
@@ -50,6 +84,8 @@ void dm_lua_enter(lua_State *L) {
 ** parameter's .grad) returns without waiting for the garbage collector. A
 ** dropped tensor that Lua still reaches raises "tensor was freed" on use.
 ** The scopes live in the registry as a stack of arrays of userdata. */
+
+static dm_tensor **check_box(lua_State *L, int idx);
 
 static int scope_depth;
 static const char *SCOPES = "dormouse.scopes";
@@ -123,7 +159,7 @@ static int c_scope_end(lua_State *L) {
 
 /* core.keep(t): take t out of the current scope, so it outlives it */
 static int c_keep(lua_State *L) {
-  luaL_checkudata(L, 1, DM_TENSOR_MT);
+  check_box(L, 1);
   if (scope_depth == 0) { lua_settop(L, 1); return 1; }
   lua_getfield(L, LUA_REGISTRYINDEX, SCOPES);
   lua_geti(L, -1, scope_depth);
@@ -148,10 +184,22 @@ bool dm_lua_is(lua_State *L, int idx) { return luaL_testudata(L, idx, DM_TENSOR_
 
 #define FREED_MSG "tensor was freed (by :free(), a <close> variable or the end of its dm.scope)"
 
-dm_tensor *dm_lua_check(lua_State *L, int idx) {
+/* the name of the running C function as Lua called it ("copy_"), for messages */
+static const char *fname(lua_State *L) {
+  lua_Debug ar;
+  if (lua_getstack(L, 0, &ar) && lua_getinfo(L, "n", &ar) && ar.name) return ar.name;
+  return "?";
+}
+
+static dm_tensor **check_box(lua_State *L, int idx) {     /* freed ones too */
   dm_tensor **box = luaL_testudata(L, idx, DM_TENSOR_MT);
-  if (!box) luaL_typeerror(L, idx, "tensor");
-  if (!*box || !(*box)->storage) luaL_argerror(L, idx, FREED_MSG);
+  if (!box) raisef(L, "%s: expected a tensor, got %s", fname(L), luaL_typename(L, idx));
+  return box;
+}
+
+dm_tensor *dm_lua_check(lua_State *L, int idx) {
+  dm_tensor **box = check_box(L, idx);
+  if (!*box || !(*box)->storage) raisef(L, FREED_MSG);
   return *box;
 }
 
@@ -159,23 +207,19 @@ dm_tensor *dm_lua_opt(lua_State *L, int idx) {
   return lua_isnoneornil(L, idx) ? NULL : dm_lua_check(L, idx);
 }
 
-static dm_tensor **check_box(lua_State *L, int idx) {     /* freed ones too */
-  dm_tensor **box = luaL_testudata(L, idx, DM_TENSOR_MT);
-  if (!box) luaL_typeerror(L, idx, "tensor");
-  return box;
-}
-
 static int read_ints(lua_State *L, int idx, int64_t *out, bool allow_negative) {
   if (lua_isinteger(L, idx)) { out[0] = lua_tointeger(L, idx); return 1; }
-  luaL_checktype(L, idx, LUA_TTABLE);
+  if (!lua_istable(L, idx))
+    raisef(L, "a shape is a table of sizes such as {2, 3}, got %s", luaL_typename(L, idx));
   int n = (int)luaL_len(L, idx);
-  if (n > DM_MAXDIM) luaL_argerror(L, idx, lua_pushfstring(L, "at most %d dims", DM_MAXDIM));
+  if (n > DM_MAXDIM) raisef(L, "a shape has at most %d dims, got %d", DM_MAXDIM, n);
   for (int i = 0; i < n; i++) {
     lua_geti(L, idx, i + 1);
     int ok;
     lua_Integer v = lua_tointegerx(L, -1, &ok);
     if (!ok || (v < 0 && !allow_negative))
-      luaL_argerror(L, idx, lua_pushfstring(L, "shape entry %d must be a non-negative integer", i + 1));
+      raisef(L, "shape entry %d must be %s integer, got %s", i + 1, allow_negative ? "an" : "a non-negative",
+             luaL_tolstring(L, -1, NULL));
     out[i] = v;
     lua_pop(L, 1);
   }
@@ -190,19 +234,26 @@ void dm_lua_push_shape(lua_State *L, int ndim, const int64_t *shape) {
   for (int i = 0; i < ndim; i++) { lua_pushinteger(L, shape[i]); lua_rawseti(L, -2, i + 1); }
 }
 
+/* a dtype or device name: a string, else an error naming what was given */
+static const char *name_arg(lua_State *L, int idx, const char *what, const char *example) {
+  if (lua_type(L, idx) != LUA_TSTRING)
+    raisef(L, "%s must be a name such as \"%s\", got %s", what, example, luaL_typename(L, idx));
+  return lua_tostring(L, idx);
+}
+
 dm_dtype dm_lua_dtype(lua_State *L, int idx, dm_dtype dflt) {
   if (lua_isnoneornil(L, idx)) return dflt;
-  const char *name = luaL_checkstring(L, idx);
+  const char *name = name_arg(L, idx, "dtype", "f32");
   int dt = dm_dtype_from_name(name);
-  if (dt < 0) luaL_argerror(L, idx, lua_pushfstring(L, "unknown dtype '%s' (f32 f64 bf16 f16 i32 i64 u8)", name));
+  if (dt < 0) raisef(L, "unknown dtype '%s' (f32 f64 bf16 f16 i32 i64 u8)", name);
   return (dm_dtype)dt;
 }
 
 dm_device dm_lua_device(lua_State *L, int idx, dm_device dflt) {
   if (lua_isnoneornil(L, idx)) return dflt;
-  const char *name = luaL_checkstring(L, idx);
+  const char *name = name_arg(L, idx, "device", "cpu");
   int dev = dm_device_from_name(name);
-  if (dev < 0) luaL_argerror(L, idx, lua_pushfstring(L, "unknown device '%s' (cpu cuda meta)", name));
+  if (dev < 0) raisef(L, "unknown device '%s' (cpu cuda meta)", name);
   return (dm_device)dev;
 }
 
@@ -254,29 +305,34 @@ static int t_index(lua_State *L) {
   lua_pushvalue(L, 2);
   if (lua_rawget(L, lua_upvalueindex(1)) != LUA_TNIL) return 1;
   lua_pop(L, 1);
-  const char *key = lua_tostring(L, 2);
+  const char *key = lua_type(L, 2) == LUA_TSTRING ? lua_tostring(L, 2) : NULL;
   if (key) {
     dm_tensor *t = *check_box(L, 1);
-    if (!t || !t->storage) return luaL_error(L, FREED_MSG);
+    if (!t || !t->storage) return raisef(L, FREED_MSG);
     if (property(L, t, key)) return 1;
   }
-  if (lua_type(L, 2) == LUA_TSTRING) return luaL_error(L, "tensor has no method or field '%s'", key);
-  return luaL_error(L, "tensors are indexed with methods (x:narrow, x:index_select), not x[%s]",
+  if (lua_type(L, 2) == LUA_TSTRING) return raisef(L, "tensor has no method or field '%s'", key);
+  return raisef(L, "tensors are indexed with methods (x:narrow, x:index_select), not x[%s]",
                     luaL_tolstring(L, 2, NULL));
 }
 
 static int t_newindex(lua_State *L) {
   dm_tensor *t = dm_lua_check(L, 1);
-  const char *key = luaL_checkstring(L, 2);
+  if (lua_type(L, 2) != LUA_TSTRING)
+    return raisef(L, "tensors are indexed with methods (x:narrow, x:index_select), not x[%s]",
+                  luaL_tolstring(L, 2, NULL));
+  const char *key = lua_tostring(L, 2);
   DM_ENTER(L);
   if (!strcmp(key, "grad")) {
+    if (!lua_isnil(L, 3) && !dm_lua_is(L, 3))
+      return raisef(L, ".grad must be a tensor or nil, got %s", luaL_typename(L, 3));
     dm_tensor *g = dm_lua_opt(L, 3);
     if (g) { dm_check_shape_equal("setting .grad", t, g); dm_retain(g); }
     dm_release(t->grad);
     t->grad = g;
     return 0;
   }
-  return luaL_error(L, "cannot set field '%s' of a tensor (only .grad can be set)", key);
+  return raisef(L, "cannot set field '%s' of a tensor (only .grad can be set)", key);
 }
 
 /* ---- methods that need C ------------------------------------------------------------------ */
@@ -290,10 +346,11 @@ static int t_shape(lua_State *L) {
 static int t_size(lua_State *L) {
   dm_tensor *t = dm_lua_check(L, 1);
   if (lua_isnoneornil(L, 2)) { dm_lua_push_shape(L, t->ndim, t->shape); return 1; }
-  lua_Integer d = luaL_checkinteger(L, 2);
+  if (!lua_isinteger(L, 2)) return raisef(L, "size: dim must be an integer, got %s", luaL_tolstring(L, 2, NULL));
+  lua_Integer d = lua_tointeger(L, 2);
   if (d < 0) d += t->ndim + 1;
   if (d < 1 || d > t->ndim)
-    return luaL_error(L, "size: dim %d is out of range for a tensor of %d dims", (int)d, t->ndim);
+    return raisef(L, "size: dim %d is out of range for a tensor of %d dims", (int)d, t->ndim);
   lua_pushinteger(L, t->shape[d - 1]);
   return 1;
 }
@@ -326,7 +383,7 @@ static int t_item(lua_State *L) {
   DM_ENTER(L);
   if (dm_numel(t) != 1) {
     char buf[128];
-    return luaL_error(L, "item: the tensor has %d elements (shape %s); item needs exactly one",
+    return raisef(L, "item: the tensor has %d elements (shape %s); item needs exactly one",
                       (int)dm_numel(t), dm_tensor_shape_str(t, buf, sizeof buf));
   }
   dm_tensor *h = on_host(t);
@@ -366,9 +423,9 @@ static int t_requires_grad(lua_State *L) {
   if (lua_isnone(L, 2)) { lua_pushboolean(L, t->requires_grad); return 1; }
   bool on = lua_toboolean(L, 2);
   if (!on && dm_tensor_node(t))
-    return luaL_error(L, "requires_grad(false) on the output of a recorded op; use :detach()");
+    return raisef(L, "requires_grad(false) on the output of a recorded op; use :detach()");
   if (on && !dm_dtype_is_float(t->dtype))
-    return luaL_error(L, "requires_grad: only float tensors can require grad, this one is %s",
+    return raisef(L, "requires_grad: only float tensors can require grad, this one is %s",
                       dm_dtype_name(t->dtype));
   t->requires_grad = on;
   lua_settop(L, 1);
@@ -385,7 +442,7 @@ static int t_backward(lua_State *L) {
 
 static void check_inplace(lua_State *L, dm_tensor *t, const char *what) {
   if (t->requires_grad && dm_grad_enabled())
-    luaL_error(L, "%s: in-place op on a tensor that requires grad; wrap it in dm.no_grad", what);
+    raisef(L, "%s: in-place op on a tensor that requires grad; wrap it in dm.no_grad", what);
 }
 
 static int t_copy_(lua_State *L) {
@@ -399,7 +456,8 @@ static int t_copy_(lua_State *L) {
 
 static int t_fill_(lua_State *L) {
   dm_tensor *t = dm_lua_check(L, 1);
-  double v = luaL_checknumber(L, 2);
+  if (lua_type(L, 2) != LUA_TNUMBER) return raisef(L, "fill_: value must be a number, got %s", luaL_typename(L, 2));
+  double v = lua_tonumber(L, 2);
   DM_ENTER(L);
   check_inplace(L, t, "fill_");
   dm_fill(t, v);
@@ -464,7 +522,8 @@ void dm_lua_open_tensor(lua_State *L) {
   lua_newtable(L);
   lua_setfield(L, LUA_REGISTRYINDEX, SCOPES);
   static const luaL_Reg scope_funcs[] = {
-    {"scope_begin", c_scope_begin}, {"scope_end", c_scope_end}, {"keep", c_keep}, {NULL, NULL}
+    {"scope_begin", c_scope_begin}, {"scope_end", c_scope_end}, {"keep", c_keep}, {"error", c_error},
+    {NULL, NULL}
   };
   luaL_setfuncs(L, scope_funcs, 0);
 }

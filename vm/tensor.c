@@ -49,7 +49,7 @@ static dm_tensor *tensor_header(dm_device dev, dm_dtype dt, int ndim, const int6
   t->ndim = ndim;
   t->dtype = dt;
   t->device = dev;
-  memcpy(t->shape, shape, sizeof(int64_t) * (size_t)ndim);
+  if (ndim) memcpy(t->shape, shape, sizeof(int64_t) * (size_t)ndim);
   dm_contiguous_strides(ndim, shape, t->strides);
   return t;
 }
@@ -84,7 +84,7 @@ dm_tensor *dm_tensor_view(const dm_tensor *base, int ndim, const int64_t *shape,
                           const int64_t *strides, int64_t offset) {
   dm_check_live(base);
   dm_tensor *t = tensor_header(base->device, base->dtype, ndim, shape);
-  memcpy(t->strides, strides, sizeof(int64_t) * (size_t)ndim);
+  if (ndim) memcpy(t->strides, strides, sizeof(int64_t) * (size_t)ndim);
   t->offset = offset;
   t->storage = base->storage;
   t->storage->refs++;

@@ -19,29 +19,40 @@ With no command, dormouse opens the REPL.
 Environment: DM_DEBUG=1..4 (debug ladder, docs/debugging.md), DORMOUSE_HOME
 (the folder holding lua/), LUA_PATH (searched before the library when set).]]
 
--- The runtime's own frames (this file, xpcall, the C entry) are noise in a user's traceback.
+-- The runtime's own frames (this file, the library's wrappers, the core's C
+-- functions, xpcall, the C entry) are noise in a user's traceback: the
+-- message already names the user's line.
+local function runtime_frame(line)
+  return line:find("^%s*%S*lua/dormouse/[%w_/]+%.lua:") or line:find("%[C%]: in %?")
+      or line:find("%[C%]: in function 'dormouse%.core%.") or line:find("in function 'xpcall'")
+      or line:find("%(%.%.%.tail calls%.%.%.%)")
+end
+
+-- Only the frames are filtered: the message is kept whole, whatever it names.
 local function clean_traceback(tb)
+  local msg, frames = tb:match("^(.*)\nstack traceback:\n(.*)$")
+  if not msg then return tb end
   local out = {}
-  for line in tb:gmatch("[^\n]+") do
-    if not (line:find("dormouse/cli%.lua") or line:find("%[C%]: in %?")
-            or line:find("in function 'xpcall'") or line:find("%(%.%.%.tail calls%.%.%.%)")) then
-      out[#out + 1] = line
-    end
+  for line in frames:gmatch("[^\n]+") do
+    if not runtime_frame(line) then out[#out + 1] = line end
   end
-  if out[#out] == "stack traceback:" then out[#out] = nil end
-  return table.concat(out, "\n")
+  if #out == 0 then return msg end
+  return msg .. "\nstack traceback:\n" .. table.concat(out, "\n")
 end
 
 local function on_error(msg)
   if type(msg) ~= "string" then msg = "(error object is a " .. type(msg) .. " value)" end
   return clean_traceback(debug.traceback(msg, 2))
 end
+cli.on_error = on_error          -- an xpcall handler: the message and the user's frames
 
--- Run a chunk; print file:line: message and a traceback on error. Returns an exit code.
+-- Run a chunk; print file:line: message and a traceback on error. Returns an
+-- exit code, then fn's results. (fn is called by xpcall itself, so a script's
+-- frame reads "in main chunk" in a traceback.)
 function cli.protect(fn, ...)
-  local ok, err = xpcall(fn, on_error, ...)
-  if ok then return 0 end
-  io.stderr:write(err, "\n")
+  local res = table.pack(xpcall(fn, on_error, ...))
+  if res[1] then return 0, table.unpack(res, 2, res.n) end
+  io.stderr:write(res[2], "\n")
   return 1
 end
 
@@ -82,6 +93,8 @@ end
 
 local commands = {}
 
+-- A file that returns a table is an experiment: it is trained (see
+-- dormouse/experiment.lua). Any other file is a script.
 function commands.run(argv)
   local file = argv[2]
   if not file then
@@ -90,10 +103,24 @@ function commands.run(argv)
   end
   local chunk, err = loadfile(file)
   if not chunk then
-    io.stderr:write("dormouse run: ", err, "\n")
+    -- a syntax error already starts with file:line; a missing file gets our name
+    io.stderr:write(err:find("^cannot open") and "dormouse run: " or "", err, "\n")
     return 1
   end
-  return cli.protect(chunk, set_arg(argv, 2))
+  local results = table.pack(cli.protect(chunk, set_arg(argv, 2)))
+  local code = results[1]
+  results = table.pack(table.unpack(results, 2, results.n))
+  if code ~= 0 or not (results.n == 1 and type(results[1]) == "table") then return code end
+  -- A refusal (a config error, a resume that does not match) is a message; an
+  -- error located in code (file:line:) shows its traceback too.
+  local ok, e = xpcall(require("dormouse.experiment").run, function(m)
+    m = tostring(m)
+    local located = m:match("^[^%s:]+:%d+:")
+    return located and clean_traceback(debug.traceback(m, 2)) or m
+  end, file, results[1], argv, cli)
+  if ok then return 0 end
+  io.stderr:write(e, "\n")
+  return 1
 end
 
 function commands.repl(argv)
@@ -101,7 +128,7 @@ function commands.repl(argv)
 end
 
 function commands.test(argv)
-  set_arg(argv, 2)
+  set_arg(argv, 1)                 -- busted's own arguments start at arg[1]
   _G.arg[0] = "busted"
   require("busted.runner")({standalone = false})
   return 0

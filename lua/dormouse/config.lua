@@ -501,6 +501,9 @@ grouped by section, the doc line as a comment; `*` marks a value that
 differs from the default (shown in the comment), [--set] one set on the
 command line.
 ]]
+-- A plain deep copy of a resolved config (no strict metatables), for files and checkpoints.
+function config.plain(cfg) return copy(cfg) end
+
 function config.describe(cfg, info)
   info = info or {overridden = {}, derived = {}}
   local rows, wkey, wval = {}, 0, 0

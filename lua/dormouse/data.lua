@@ -109,6 +109,14 @@ function data.open(paths, opts)
   return core.corpus_open(paths, integer(o, "eval_bytes", "data.open", 0, 0))
 end
 
+corpus_mt.__tostring = function(self)
+  local ok, size, train, held = pcall(core.corpus_sizes, self)
+  if not ok then return "Corpus (closed)" end
+  local files = core.corpus_files(self)
+  local more = #files > 1 and string.format(" and %d more files", #files - 1) or ""
+  return string.format("Corpus('%s'%s: %d bytes, train %d, held out %d)", files[1], more, size, train, held)
+end
+
 function Corpus:size() return (core.corpus_sizes(self)) end
 function Corpus:train_size() return select(2, core.corpus_sizes(self)) end
 function Corpus:eval_size() return select(3, core.corpus_sizes(self)) end
@@ -135,8 +143,8 @@ function Corpus:loader(opts)
   local where = "corpus:loader"
   local o = options(opts, where, LOADER)
   local b, t, c, seed, dtype, device = batch_spec(o, where)
-  return core.loader_new(self, b, t, c, seed, dtype, device, integer(o, "start", where, 0, 0),
-                         integer(o, "depth", where, 1, 4))
+  local depth = o.depth ~= nil and integer(o, "depth", where, 1) or nil   -- nil: the core's default, 4
+  return core.loader_new(self, b, t, c, seed, dtype, device, integer(o, "start", where, 0, 0), depth)
 end
 
 --- corpus:eval_count(seq) → how many held-out windows of seq+1 bytes there are

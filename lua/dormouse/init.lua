@@ -19,4 +19,11 @@ for _, family in ipairs {"elementwise", "reduce", "shape", "index", "matmul"} do
   require("dormouse.ops." .. family)(dm, T, core)
 end
 
+dm.data = require "dormouse.data"
+dm.ckpt = require "dormouse.ckpt"
+dm.config = require "dormouse.config"
+
+-- Seed sweeps with a verdict table: dm.sweep{base =, arms =, seeds =}.
+function dm.sweep(spec) return require("dormouse.sweep").run(spec) end
+
 return dm

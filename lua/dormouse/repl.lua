@@ -55,9 +55,16 @@ local function reader(tty)
   return function() return io.read("l") end, function() end, function() end
 end
 
+-- A line that is an expression list is run as `return pack(line)`: its calls
+-- are then arguments rather than tail calls, so an error inside one still
+-- names repl:1. Returns the function and whether it packs its results.
 local function compile(chunk, env)
   local fn, err = load("return " .. chunk, "=repl", "t", env)
-  if fn then return fn end
+  if fn then
+    local packed = load("local pack = ...; return pack(" .. chunk .. "\n)", "=repl", "t", env)
+    if packed then return packed, nil, true end
+    return fn
+  end
   return load(chunk, "=repl", "t", env)
 end
 
@@ -76,19 +83,23 @@ function repl.main(file, cli)
     local line = read(buffer and ">> " or "> ")
     if not line then break end
     buffer = buffer and buffer .. "\n" .. line or line
-    local fn, err = compile(buffer, env)
+    local fn, err, packed = compile(buffer, env)
     if not fn and err:match("<eof>$") then goto continue end
     remember(buffer)
     if not fn then
       io.stderr:write(err, "\n")
     else
-      local res = table.pack(xpcall(fn, function(m) return debug.traceback(m, 2) end))
+      local res = table.pack(xpcall(fn, cli.on_error, table.pack))
+      if res[1] and packed then res = table.pack(true, table.unpack(res[2], 1, res[2].n)) end
       if not res[1] then
-        io.stderr:write(tostring(res[2]):gsub("\n[^\n]*repl%.lua.*$", ""), "\n")
+        -- the typed line itself is no news: a traceback shows only the functions it called
+        local msg = res[2]:gsub("\n%s*repl:%d+: in main chunk", ""):gsub("\nstack traceback:$", "")
+        io.stderr:write(msg, "\n")
       elseif res.n > 1 then
         local out = {}
         for i = 2, res.n do out[#out + 1] = show(res[i]) end
         print(table.concat(out, "\t"))
+        io.stdout:flush()                  -- in order with stderr when both go to one pipe
       end
     end
     buffer = nil

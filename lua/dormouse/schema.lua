@@ -193,6 +193,7 @@ local rows = {
   {"ce_ceiling", num{above = 0}, 100, "a training loss above this ends the run at once"},
 
   {"model", "the model family of spec/model.md", {
+    {"arch", str, "dormouse", "the model file: models/ARCH.lua, a function from this table to a module"},
     {"d", positive, 768, "model width d"},
     {"heads", positive, 12, "KDA heads H"},
     {"head_dim", positive, 64, "KDA head dim dh (dk = dv = dh)"},
@@ -251,6 +252,7 @@ local rows = {
     {"every", int{min = 0}, 250, "steps between evals (0 = only at the end)", progress = true},
     {"windows", optional(positive), nil, "ctx-byte sequences read per eval (nil = the whole held-out split)", progress = true},
     {"depths", list(positive), {}, "depths D < max_iter whose fin_D is reported too (fin itself always is)", progress = true},
+    {"baseline", list(int{min = 1, max = 8}), {3, 5}, "byte n-gram orders (Kneser-Ney, fit on the train split) printed beside bpb_fin", progress = true},
   }},
 
   {"checkpoint", "checkpoints", {

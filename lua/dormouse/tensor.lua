@@ -5,12 +5,23 @@ add the arithmetic, reductions, shapes, indexing and products.
 ]]
 return function(dm, T, core)
 
-local function opts_of(opts, where)
-  if opts ~= nil and type(opts) ~= "table" then
-    error(where .. ": options must be a table such as {dtype = \"f32\", device = \"cpu\"}, got a "
-          .. type(opts), 3)
+-- The options each kind of function takes; a key outside them (a typo such
+-- as dtyp) is an error rather than a silent default.
+local CREATE = {"dtype", "device", "requires_grad"}
+local DRAW = {"dtype", "device", "requires_grad", "seed", "offset"}
+
+local function opts_of(opts, where, known)
+  if opts == nil then return {} end
+  local takes = table.concat(known, ", ")
+  if type(opts) ~= "table" then
+    core.error(string.format("%s: options must be a table (of %s), got a %s", where, takes, type(opts)))
   end
-  return opts or {}
+  for key in pairs(opts) do
+    local ok = false
+    for _, k in ipairs(known) do ok = ok or k == key end
+    if not ok then core.error(string.format("%s: unknown option '%s' (it takes %s)", where, tostring(key), takes)) end
+  end
+  return opts
 end
 
 local function finish(t, o)
@@ -25,22 +36,24 @@ end
 -- Creation. Every function takes an options table: dtype (default "f32"),
 -- device (default "cpu"), requires_grad.
 function dm.empty(shape, opts)
-  local o = opts_of(opts, "empty")
+  local o = opts_of(opts, "empty", CREATE)
   return finish(core.empty(shape, o.dtype, o.device), o)
 end
 
-function dm.full(shape, value, opts)
-  local o = opts_of(opts, "full")
+local function full(where, shape, value, opts)
+  local o = opts_of(opts, where, CREATE)
   return finish(core.full(shape, value, o.dtype, o.device), o)
 end
-
-function dm.zeros(shape, opts) return dm.full(shape, 0, opts) end
-function dm.ones(shape, opts) return dm.full(shape, 1, opts) end
+function dm.full(shape, value, opts) return full("full", shape, value, opts) end
+function dm.zeros(shape, opts) return full("zeros", shape, 0, opts) end
+function dm.ones(shape, opts) return full("ones", shape, 1, opts) end
 
 function dm.arange(start, stop, step, opts)
-  if type(step) == "table" then step, opts = nil, step end
+  -- the options may follow any of the numbers: arange(n, opts), arange(a, b, opts)
+  if type(stop) == "table" then stop, step, opts = nil, nil, stop
+  elseif type(step) == "table" then step, opts = nil, step end
   if stop == nil then start, stop = 0, start end
-  local o = opts_of(opts, "arange")
+  local o = opts_of(opts, "arange", CREATE)
   return finish(core.arange(start, stop, step or 1, o.dtype, o.device), o)
 end
 
@@ -48,26 +61,27 @@ end
 -- {seed = s} the draw is reproducible by itself (offset defaults to 0);
 -- without, the global generator (dm.manual_seed) is used and advanced.
 local function draw(shape, opts, normal, where)
-  local o = opts_of(opts, where)
+  local o = opts_of(opts, where, DRAW)
   return finish(core.rand(shape, o.dtype, o.device, normal, o.seed, o.offset), o)
 end
 function dm.rand(shape, opts) return draw(shape, opts, false, "rand") end
 function dm.randn(shape, opts) return draw(shape, opts, true, "randn") end
 
 function dm.tensor(data, opts)
-  local o = opts_of(opts, "tensor")
+  local o = opts_of(opts, "tensor", CREATE)
   return finish(core.tensor(data, o.dtype, o.device), o)
 end
 
-local function like(name, fill)
+local function like(name, fill, known)
   dm[name .. "_like"] = function(x, opts)
-    local o = opts_of(opts, name .. "_like")
+    local o = opts_of(opts, name .. "_like", known)
+    if not dm.is_tensor(x) then core.error(name .. "_like: takes a tensor, got " .. type(x)) end
     return fill(x:shape(), {dtype = o.dtype or x.dtype, device = o.device or x.device,
-                            requires_grad = o.requires_grad})
+                            requires_grad = o.requires_grad, seed = o.seed, offset = o.offset})
   end
 end
-like("zeros", dm.zeros); like("ones", dm.ones); like("empty", dm.empty)
-like("rand", dm.rand); like("randn", dm.randn)
+like("zeros", dm.zeros, CREATE); like("ones", dm.ones, CREATE); like("empty", dm.empty, CREATE)
+like("rand", dm.rand, DRAW); like("randn", dm.randn, DRAW)
 
 function dm.manual_seed(n) core.manual_seed(n) end
 function dm.rng_state() return core.rng_state() end
@@ -77,11 +91,11 @@ function dm.set_rng_state(seed, offset) core.rng_state(seed, offset) end
 local function dim0(self, d, where)
   local n = self:dim()
   if math.type(d) ~= "integer" then
-    error(string.format("%s: dim must be an integer, got %s", where or "dim", tostring(d)), 3)
+    core.error(string.format("%s: dim must be an integer, got %s", where or "dim", tostring(d)))
   end
   local pos = d < 0 and n + d + 1 or d
   if pos < 1 or pos > math.max(n, 1) then
-    error(string.format("%s: dim %d is out of range for a tensor of %d dims", where or "dim", d, n), 3)
+    core.error(string.format("%s: dim %d is out of range for a tensor of %d dims", where or "dim", d, n))
   end
   return pos - 1
 end
@@ -154,8 +168,14 @@ function dm.reset_peak(device) core.reset_peak(device) end
 
 -- |a - b| <= atol + rtol * |b| everywhere (NaN never passes). Shapes must match.
 function dm.allclose(a, b, opts)
-  local o = opts_of(opts, "allclose")
+  if not (dm.is_tensor(a) and dm.is_tensor(b)) then
+    core.error(string.format("allclose: takes two tensors, got %s and %s", type(a), type(b)))
+  end
+  local o = opts_of(opts, "allclose", {"rtol", "atol"})
   local rtol, atol = o.rtol or 1e-5, o.atol or 1e-8
+  if type(rtol) ~= "number" or type(atol) ~= "number" then
+    core.error(string.format("allclose: rtol and atol must be numbers, got %s and %s", type(rtol), type(atol)))
+  end
   local sa, sb = a:shape(), b:shape()
   if #sa ~= #sb then return false end
   for i = 1, #sa do if sa[i] ~= sb[i] then return false end end

@@ -11,6 +11,7 @@
 #include "ckpt.h"
 #include "core.h"
 #include "alloc.h"
+#include "cuda.h"
 
 static char dir[64];
 
@@ -181,6 +182,25 @@ static void round_trip_every_dtype(void) {
   dm_safetensors_free(st);
   for (int i = 0; i < n; i++) dm_release(ts[i]);
   CHECK(dm_memory_stats(DM_CPU).count == before.count);
+}
+
+/* CUDA tensors, contiguous and strided, are copied to the host to be written */
+static void cuda_tensors_round_trip(void) {
+  if (!dm_cuda_available()) {
+    printf("SKIP: no CUDA device (%s): writing CUDA tensors is untested here\n", dm_cuda_unavailable_reason());
+    return;
+  }
+  dm_tensor *h = dm_empty(DM_CPU, DM_BF16, 2, (int64_t[]){3, 5});
+  fill_random(h);
+  dm_tensor *d = dm_to_device(h, DM_CUDA);
+  dm_tensor *dt = dm_transpose(d, 0, 1);
+  dm_tensor *ht = dm_transpose(h, 0, 1);
+  dm_safetensors_write(at("cuda.safetensors"), 2, (const char *[]){"d", "dt"}, (dm_tensor *[]){d, dt}, 0, NULL, NULL);
+  dm_safetensors *st = dm_safetensors_read(at("cuda.safetensors"));
+  CHECK(same_tensor(h, find(st, "d")));
+  CHECK(same_tensor(ht, find(st, "dt")));
+  dm_safetensors_free(st);
+  dm_release(h); dm_release(d); dm_release(dt); dm_release(ht);
 }
 
 /* ---- the bytes on disk, checked by hand (numpy is not installed here) --------------- */
@@ -435,6 +455,7 @@ int main(void) {
   xxh64_matches_reference();
   file_checksum_covers_the_file();
   round_trip_every_dtype();
+  cuda_tensors_round_trip();
   header_is_standard_and_padded();
   reads_foreign_layouts();
   refuses_bad_files();

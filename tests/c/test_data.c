@@ -384,7 +384,10 @@ static void loader_matches_direct(void) {
   CHECK(memcmp(dm_data(x), b + start0, 11) == 0);
   dm_release(x); dm_release(p);
   dm_loader_free(l);
-  dm_loader_free(dm_loader_new(open1(tmp("loader.txt"), 0), &s, 0, 4));   /* never read */
+  c = open1(tmp("loader.txt"), 0);
+  l = dm_loader_new(c, &s, 0, 4);
+  dm_corpus_release(c);
+  dm_loader_free(l);                                      /* never read */
   free(b);
 }
 
@@ -434,6 +437,7 @@ static void eval_windows(void) {
   dm_corpus *c = open1(tmp("eval.txt"), 101);            /* held out: [899, 1000) */
   dm_batch_spec s = spec(0, 10, 4, 0);
   CHECK(dm_eval_window_count(c, 10) == 10);               /* (101 - 1) / 10 */
+  CHECK(dm_eval_window_count(c, 100) == 1 && dm_eval_window_count(c, 101) == 0);
   dm_tensor *x, *p;
   dm_corpus_eval_windows(c, &s, -1, &x, &p);
   CHECK(x->shape[0] == 10 && x->shape[1] == 11 && p->shape[1] == 4);

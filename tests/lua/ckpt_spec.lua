@@ -134,7 +134,9 @@ print("\n".join(out))
     expect_error(function() ckpt.save_tensors(path, {w = dm.zeros({2})}, {step = 3}) end,
                  "metadata value of 'step' must be a string")
     expect_error(function() ckpt.save_tensors(path, {w = dm.zeros({2})}, {"x"}) end, "metadata keys must be strings")
-    expect_error(function() ckpt.save_tensors(path, {["a\0b"] = dm.zeros({2})}) end, "contains a NUL byte")
+    expect_error(function() ckpt.save_tensors(path, {["a\0b"] = dm.zeros({2})}) end, "tensor name 'a' contains a NUL byte")
+    expect_error(function() ckpt.save_tensors(path, {w = dm.zeros({2})}, {k = "x\0y"}) end,
+                 "metadata value of 'k' contains a NUL byte")
     local t = dm.zeros({2})
     t:free()
     expect_error(function() ckpt.save_tensors(path, {gone = t}) end, "bad.safetensors: tensor 'gone' was freed")

@@ -78,6 +78,7 @@ describe("data.open", function()
     assert.are.equal(body:sub(11, 20), c:bytes(10, 10))
     assert.are.equal("\0\0" .. body:sub(1, 3), c:bytes(-2, 5))     -- before the start: pad bytes 0
     assert.are.equal(3000, data.open(dir .. "/a.txt"):train_size())  -- no held-out split by default
+    assert.are.equal("Corpus('" .. dir .. "/a.txt': 3000 bytes, train 2500, held out 500)", tostring(c))
   end)
 
   it("concatenates lists and directories in order, skipping hidden names", function()
@@ -134,6 +135,7 @@ describe("data.open", function()
     c:close()
     assert.is_false(mapped(dir .. "/a.txt"))
     located(expect_error(function() c:size() end, "the corpus is closed"))
+    assert.are.equal("Corpus (closed)", tostring(c))
     c:close()                                              -- twice is fine
     do local _ <close> = data.open(dir .. "/a.txt") end
     assert.is_false(mapped(dir .. "/a.txt"))

@@ -2,7 +2,13 @@
 ** harness.c — `ops`: every op against its float64 oracle, every backward
 ** against central finite differences.
 **
-**   ops [--op NAME] [--mode test|grad|perf|all] [--list] [--seed N] [-v]
+**   ops [--op NAME] [--mode test|grad|perf|all] [--device cpu|cuda] [--list] [--seed N] [-v]
+**
+** --device cuda checks the CUDA backend instead: every case's trials run on
+** the GPU at f32 and bf16, contiguous and strided, against the float64
+** oracle (test), and the GPU's gradients against the float64 CPU gradients
+** of the same trial (grad). Without a GPU it prints one "GPU tests skipped"
+** line and succeeds.
 */
 #include <math.h>
 #include <setjmp.h>
@@ -12,6 +18,7 @@
 #include "harness.h"
 #include "autograd.h"
 #include "alloc.h"
+#include "cuda.h"
 
 #define MAXCASES 1024
 
@@ -133,13 +140,16 @@ static dm_tensor *as_dtype(dm_tensor *t, dm_dtype dt) {
   return c;
 }
 
-/* the same values in a strided view: every other element of a wider tensor */
-static dm_tensor *strided_copy(dm_tensor *t) {
-  if (!t || t->ndim == 0) { if (t) dm_retain(t); return t; }
+/* the same values in a strided view on dev: every other element of a wider tensor */
+static dm_tensor *strided_copy_on(dm_tensor *t, dm_device dev) {
+  if (!t || t->ndim == 0) {
+    if (!t || dev == t->device) { if (t) dm_retain(t); return t; }
+    return dm_to_device(t, dev);
+  }
   int64_t wide[DM_MAXDIM];
   memcpy(wide, t->shape, sizeof wide);
   wide[t->ndim - 1] *= 2;
-  dm_tensor *base = dm_zeros(DM_CPU, t->dtype, t->ndim, wide);
+  dm_tensor *base = dm_zeros(dev, t->dtype, t->ndim, wide);
   int64_t strides[DM_MAXDIM];
   memcpy(strides, base->strides, sizeof strides);
   strides[t->ndim - 1] = 2;
@@ -148,6 +158,8 @@ static dm_tensor *strided_copy(dm_tensor *t) {
   dm_copy_(view, t);
   return view;
 }
+
+static dm_tensor *strided_copy(dm_tensor *t) { return strided_copy_on(t, DM_CPU); }
 
 typedef struct trial {
   int n_in;
@@ -321,9 +333,158 @@ static bool case_perf(const dm_case *c, const dm_op *op, h_rng *r, char *why, si
   return true;
 }
 
+
+/* ---- the GPU mode: the CUDA backend against the same oracles -------------------------- */
+
+static const struct { dm_dtype dt; const char *name; } gpu_dtypes[] = {{DM_F32, "f32"}, {DM_BF16, "bf16"}};
+
+static double gpu_tol(const dm_case *c, dm_dtype dt) {
+  double t32 = c->f32_tol ? c->f32_tol : 1e-5;
+  return dt == DM_F32 ? t32 : fmax(1e-2, t32);
+}
+
+/* t's values after a round trip through dt, in f64: the inputs the GPU sees,
+** so the oracle answers for exactly those and the tolerance covers the op alone */
+static dm_tensor *rounded(dm_tensor *t, dm_dtype dt) {
+  if (!t || !dm_dtype_is_float(t->dtype)) { if (t) dm_retain(t); return t; }
+  dm_tensor *c = as_dtype(t, dt), *back = as_dtype(c, DM_F64);
+  dm_release(c);
+  return back;
+}
+
+/* a CPU tensor as dt on the GPU, contiguous or strided */
+static dm_tensor *on_gpu(dm_tensor *t, dm_dtype dt, bool strided) {
+  if (!t) return NULL;
+  dm_tensor *c = as_dtype(t, dt);
+  dm_tensor *d = strided ? strided_copy_on(c, DM_CUDA) : dm_to_device(c, DM_CUDA);
+  dm_release(c);
+  return d;
+}
+
+static dm_tensor *to_host(dm_tensor *t) { return dm_to_device(t, DM_CPU); }
+
+static bool case_test_gpu(const dm_case *c, const dm_op *op, h_rng *r, char *why, size_t nwhy) {
+  int trials = c->trials ? c->trials : 6;
+  for (int k = 0; k < trials; k++) {
+    trial t;
+    trial_make(c, op, r, k, &t);
+    for (size_t v = 0; v < sizeof gpu_dtypes / sizeof gpu_dtypes[0]; v++) {
+      dm_dtype dt = gpu_dtypes[v].dt;
+      dm_tensor *rin[DM_MAXIN] = {0}, *expect[DM_MAXOUT] = {0};
+      for (int i = 0; i < t.n_in; i++) rin[i] = rounded(t.in[i], dt);
+      c->oracle(rin, &t.a, expect);
+      double tol = gpu_tol(c, dt), worst = 0;
+      for (int strided = 0; strided < 2 && worst <= tol; strided++) {
+        dm_tensor *in[DM_MAXIN] = {0}, *out[DM_MAXOUT] = {0};
+        for (int i = 0; i < t.n_in; i++) in[i] = on_gpu(rin[i], dt, strided);
+        dm_call(op, t.n_in, in, &t.a, out);
+        for (int i = 0; i < op->n_out; i++) {
+          dm_tensor *h = to_host(out[i]);
+          double e = rel_error(h, expect[i]);
+          worst = isnan(e) || isnan(worst) ? NAN : fmax(worst, e);
+          dm_release(h);
+          dm_release(out[i]);
+        }
+        for (int i = 0; i < t.n_in; i++) dm_release(in[i]);
+        if (!(worst <= tol))
+          snprintf(why, nwhy, "trial %d, cuda %s%s: relative error %.3g over %.1g", k, gpu_dtypes[v].name,
+                   strided ? " strided" : "", worst, tol);
+      }
+      for (int i = 0; i < t.n_in; i++) dm_release(rin[i]);
+      for (int i = 0; i < op->n_out; i++) dm_release(expect[i]);
+      if (!(worst <= tol)) { trial_free(op, &t); return false; }
+    }
+    trial_free(op, &t);
+  }
+  return true;
+}
+
+/* loss = sum_k sum(out_k * w_k) on dev in dt, from the inputs rin (f64, CPU);
+** grads[i] receives input i's gradient as an f64 CPU tensor (NULL when it got none) */
+static void grads_on(const dm_op *op, const trial *t, dm_tensor *const *rin, dm_tensor *const *w, dm_device dev,
+                     dm_dtype dt, dm_tensor **grads) {
+  dm_tensor *in[DM_MAXIN] = {0}, *out[DM_MAXOUT], *loss = NULL;
+  for (int i = 0; i < t->n_in; i++) {
+    in[i] = dev == DM_CPU ? as_dtype(rin[i], dt) : on_gpu(rin[i], dt, false);
+    if (input_differentiable(op, t, i)) in[i]->requires_grad = true;
+  }
+  dm_call(op, t->n_in, in, &t->a, out);
+  for (int i = 0; i < op->n_out; i++) {
+    if (w[i]) {
+      dm_tensor *wd = dev == DM_CPU ? as_dtype(w[i], dt) : on_gpu(w[i], dt, false);
+      dm_tensor *prod = dm_mul(out[i], wd), *sum = dm_sum(prod, -1, false);
+      dm_release(wd);
+      dm_release(prod);
+      if (loss) { dm_tensor *l2 = dm_add(loss, sum); dm_release(loss); dm_release(sum); loss = l2; }
+      else loss = sum;
+    }
+    dm_release(out[i]);
+  }
+  if (loss && loss->requires_grad) dm_backward(loss, NULL);
+  dm_release(loss);
+  for (int i = 0; i < t->n_in; i++) {
+    grads[i] = NULL;
+    if (!in[i]) continue;
+    if (input_differentiable(op, t, i) && in[i]->grad) {
+      dm_tensor *h = to_host(in[i]->grad);
+      grads[i] = as_dtype(h, DM_F64);
+      dm_release(h);
+    }
+    dm_release(in[i]->grad);
+    in[i]->grad = NULL;
+    in[i]->requires_grad = false;
+    dm_release(in[i]);
+  }
+  dm_tape_clear();
+}
+
+static bool case_grad_gpu(const dm_case *c, const dm_op *op, h_rng *r, char *why, size_t nwhy) {
+  int trials = c->trials ? c->trials : 6;
+  bool ok = true;
+  for (int k = 0; k < trials && ok; k++) {
+    trial t;
+    trial_make(c, op, r, k, &t);
+    for (size_t v = 0; v < sizeof gpu_dtypes / sizeof gpu_dtypes[0] && ok; v++) {
+      dm_dtype dt = gpu_dtypes[v].dt;
+      dm_tensor *rin[DM_MAXIN] = {0}, *out[DM_MAXOUT], *w[DM_MAXOUT] = {0};
+      dm_tensor *ref[DM_MAXIN] = {0}, *got[DM_MAXIN] = {0};
+      for (int i = 0; i < t.n_in; i++) rin[i] = rounded(t.in[i], dt);
+      dm_set_grad_enabled(false);                /* the outputs' shapes, for the weights */
+      dm_call(op, t.n_in, rin, &t.a, out);
+      dm_set_grad_enabled(true);
+      for (int i = 0; i < op->n_out; i++) {
+        if (dm_dtype_is_float(out[i]->dtype)) {
+          dm_tensor *w0 = h_randn(r, out[i]->ndim, out[i]->shape);
+          w[i] = rounded(w0, dt);
+          dm_release(w0);
+        }
+        dm_release(out[i]);
+      }
+      grads_on(op, &t, rin, w, DM_CPU, DM_F64, ref);
+      grads_on(op, &t, rin, w, DM_CUDA, dt, got);
+      double tol = gpu_tol(c, dt);
+      for (int i = 0; i < t.n_in && ok; i++) {
+        if (!input_differentiable(op, &t, i) || !ref[i]) continue;
+        double e = got[i] ? rel_error(got[i], ref[i]) : INFINITY;
+        if (!(e <= tol)) {
+          snprintf(why, nwhy, "trial %d, cuda %s: input %d: gradient relative error %.3g over %.1g%s", k,
+                   gpu_dtypes[v].name, i + 1, e, tol, got[i] ? "" : " (no gradient)");
+          ok = false;
+        }
+      }
+      for (int i = 0; i < t.n_in; i++) { dm_release(rin[i]); dm_release(ref[i]); dm_release(got[i]); }
+      for (int i = 0; i < op->n_out; i++) dm_release(w[i]);
+    }
+    trial_free(op, &t);
+  }
+  return ok;
+}
+
 /* ---- the driver ------------------------------------------------------------------ */
 
 /* one case in one mode; an error raised by the core fails it with its message */
+static bool on_cuda;
+
 static bool run_mode(const dm_case *c, const dm_op *op, int m, uint64_t seed, char *why, size_t nwhy) {
   h_rng r = {seed};
   jmp_buf jb;
@@ -331,9 +492,10 @@ static bool run_mode(const dm_case *c, const dm_op *op, int m, uint64_t seed, ch
   if (!op) { snprintf(why, nwhy, "case names an unknown op"); return false; }
   catcher = &jb;
   if (setjmp(jb) == 0) {
-    ok = m == 0 ? case_test(c, op, &r, why, nwhy)
-       : m == 1 ? case_grad(c, op, &r, why, nwhy)
-       : case_perf(c, op, &r, why, nwhy);
+    if (on_cuda) ok = m == 0 ? case_test_gpu(c, op, &r, why, nwhy) : case_grad_gpu(c, op, &r, why, nwhy);
+    else ok = m == 0 ? case_test(c, op, &r, why, nwhy)
+            : m == 1 ? case_grad(c, op, &r, why, nwhy)
+            : case_perf(c, op, &r, why, nwhy);
   } else snprintf(why, nwhy, "error: %s", caught);
   catcher = NULL;
   return ok;
@@ -356,17 +518,22 @@ static void list_ops(void) {
   printf("%d ops, %d differentiable\n", dm_op_count(), diff);
 }
 
+/* an error of a build that lacks the op's CUDA kernel: counted apart from failures */
+static bool missing_kernel(const char *why) { return strstr(why, "no cuda kernel for '") != NULL; }
+
 int main(int argc, char **argv) {
-  const char *only = NULL, *mode = "test";
+  const char *only = NULL, *mode = "test", *device = "cpu";
   uint64_t seed = 1;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--op") && i + 1 < argc) only = argv[++i];
     else if (!strcmp(argv[i], "--mode") && i + 1 < argc) mode = argv[++i];
+    else if (!strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];
     else if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], NULL, 10);
     else if (!strcmp(argv[i], "--list")) { list_ops(); return 0; }
     else if (!strcmp(argv[i], "-v")) verbose = true;
     else {
-      fprintf(stderr, "usage: ops [--op NAME] [--mode test|grad|perf|all] [--seed N] [--list] [-v]\n");
+      fprintf(stderr, "usage: ops [--op NAME] [--mode test|grad|perf|all] [--device cpu|cuda] [--seed N] "
+                      "[--list] [-v]\n");
       return 2;
     }
   }
@@ -375,9 +542,16 @@ int main(int argc, char **argv) {
   bool do_perf = !strcmp(mode, "perf");
   if (!do_test && !do_grad && !do_perf) { fprintf(stderr, "ops: unknown mode '%s'\n", mode); return 2; }
   if (only && !dm_op_find(only)) { fprintf(stderr, "ops: unknown op '%s' (see --list)\n", only); return 2; }
+  if (strcmp(device, "cpu") && strcmp(device, "cuda")) { fprintf(stderr, "ops: unknown device '%s'\n", device); return 2; }
+  on_cuda = !strcmp(device, "cuda");
+  if (on_cuda && do_perf) { fprintf(stderr, "ops: --mode perf runs on the CPU; GPU timings: tools/gpu.sh\n"); return 2; }
   setenv("DM_POISON", "1", 1);
+  if (on_cuda && !dm_cuda_available()) {
+    printf("GPU tests skipped: no CUDA device (%s)\n", dm_cuda_unavailable_reason());
+    return 0;
+  }
   dm_set_error_handler(on_error, NULL);
-  int passed = 0, failed = 0;
+  int passed = 0, failed = 0, missing = 0;
   for (int i = 0; i < dm_op_count(); i++) {
     const dm_op *op = dm_op_at(i);
     if (only && strcmp(only, op->name)) continue;
@@ -397,11 +571,15 @@ int main(int argc, char **argv) {
       char why[1200] = "";
       bool ok = run_mode(c, op, m, seed * 7919 + (uint64_t)i, why, sizeof why);
       dm_tape_clear();
-      if (ok) passed++; else failed++;
+      bool absent = !ok && on_cuda && missing_kernel(why);
+      if (ok) passed++; else if (absent) missing++; else failed++;
       if (!ok || verbose || m == 2)
-        printf("%s %-18s %-4s %-22s %s\n", ok ? "ok  " : "FAIL", c->op, modes[m], c->label, why);
+        printf("%s %-18s %-4s %-22s %s\n", ok ? "ok  " : absent ? "TODO" : "FAIL", c->op, modes[m], c->label, why);
     }
   }
-  printf("%d passed, %d failed\n", passed, failed);
+  if (on_cuda)
+    printf("cuda (%s): %d passed, %d failed, %d without a CUDA kernel yet\n", dm_cuda_device_info().name,
+           passed, failed, missing);
+  else printf("%d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;
 }

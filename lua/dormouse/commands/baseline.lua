@@ -93,7 +93,7 @@ local function report(src, orders)
   end
 end
 
-local function run(argv, cli)
+local function run(argv)
   local ok, args = pcall(parse, argv)
   if not ok then
     io.stderr:write("dormouse baseline: ", args, "\n", usage, "\n")
@@ -101,12 +101,15 @@ local function run(argv, cli)
   end
   if args.help then print(usage) return 0 end
   local t0 = os.clock()
-  local code = cli.protect(function()
-    local src = resolve(args)
-    report(src, args.orders)
-  end)
-  if code == 0 then print(string.format("took %.2f s of CPU time", os.clock() - t0)) end
-  return code
+  local err
+  ok, err = pcall(function() report(resolve(args), args.orders) end)
+  if not ok then
+    -- the data layer's messages name the file, key or offset; its Lua line would only be noise here
+    io.stderr:write("dormouse baseline: ", (tostring(err):gsub("^[^\n]-%.lua:%d+: ", "")), "\n")
+    return 1
+  end
+  print(string.format("took %.2f s of CPU time", os.clock() - t0))
+  return 0
 end
 
 return {

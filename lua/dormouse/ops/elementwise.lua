@@ -25,7 +25,7 @@ local function is_tensor(x) return getmetatable(x) == core.metatable end
 
 local function check_number(v, where, what)
   if type(v) ~= "number" then
-    error(string.format("%s: %s must be a number, got %s", where, what, type(v)), 3)
+    core.error(string.format("%s: %s must be a number, got %s", where, what, type(v)))
   end
 end
 
@@ -34,17 +34,17 @@ local function scalar_like(v, like)
   return core.full({}, v, like.dtype, like.device)
 end
 
--- x op y for a tensor and a tensor or number, on either side; always reached
--- by a tail call, so error level 2 is the user's code
+-- x op y for a tensor and a tensor or number, on either side (core.error
+-- locates its message at the user's line, however deep the library calls)
 local function binary(name, a, b)
   if not is_tensor(a) then
     if type(a) ~= "number" then
-      error(string.format("%s: expected a tensor or a number, got %s", name, type(a)), 2)
+      core.error(string.format("%s: expected a tensor or a number, got %s", name, type(a)))
     end
     a = scalar_like(a, b)
   elseif not is_tensor(b) then
     if type(b) ~= "number" then
-      error(string.format("%s: expected a tensor or a number, got %s", name, type(b)), 2)
+      core.error(string.format("%s: expected a tensor or a number, got %s", name, type(b)))
     end
     b = scalar_like(b, a)
   end
@@ -84,7 +84,7 @@ function mt.__unm(a) return core.call("neg", a) end
 
 function mt.__pow(a, b)
   if not is_tensor(a) or type(b) ~= "number" then
-    error("tensor ^: only tensor ^ number is supported (use x:pow(p))", 2)
+    core.error("tensor ^: only tensor ^ number is supported (use x:pow(p))")
   end
   return core.call("pow", a, {b})
 end
@@ -119,10 +119,10 @@ function dm.minimum(a, b) return binary("minimum", a, b) end
 -- a or b may be a number: it takes the other's dtype and device
 function dm.where(cond, a, b)
   if not is_tensor(cond) then
-    error(string.format("where: the condition must be a tensor, got %s", type(cond)), 2)
+    core.error(string.format("where: the condition must be a tensor, got %s", type(cond)))
   end
   if not is_tensor(a) and not is_tensor(b) then
-    error("where: a or b must be a tensor (with two numbers, use dm.full and the condition's shape)", 2)
+    core.error("where: a or b must be a tensor (with two numbers, use dm.full and the condition's shape)")
   end
   if not is_tensor(a) then check_number(a, "where", "a"); a = scalar_like(a, b) end
   if not is_tensor(b) then check_number(b, "where", "b"); b = scalar_like(b, a) end

@@ -16,16 +16,16 @@ local known = {transpose_a = true, transpose_b = true}
 local function flags(opts, where)
   if opts == nil then return {false, false} end
   if type(opts) ~= "table" then
-    error(string.format("%s: options must be a table such as {transpose_b = true}, got a %s",
-                        where, type(opts)), 3)
+    core.error(string.format("%s: options must be a table such as {transpose_b = true}, got a %s",
+                        where, type(opts)))
   end
   for key, v in pairs(opts) do
     if not known[key] then
-      error(string.format("%s: unknown option '%s' (it takes transpose_a and transpose_b)",
-                          where, tostring(key)), 3)
+      core.error(string.format("%s: unknown option '%s' (it takes transpose_a and transpose_b)",
+                          where, tostring(key)))
     end
     if type(v) ~= "boolean" then
-      error(string.format("%s: %s must be true or false, got %s", where, key, tostring(v)), 3)
+      core.error(string.format("%s: %s must be true or false, got %s", where, key, tostring(v)))
     end
   end
   return {opts.transpose_a == true, opts.transpose_b == true}

@@ -22,8 +22,6 @@ norm (0 where x is 0), softmax, log_softmax and sum_to.
 ]]
 return function(dm, T, core)
 
--- Each method calls self:_dim0 itself, so a bad dim is reported at the caller's line.
-
 local function flag(v) return v and true or false end
 
 local function reducer(name)
@@ -56,7 +54,7 @@ T.argmin = position("argmin")
 function T.norm(self, p, dim, keepdim)
   if p == nil then p = 2 end
   if type(p) ~= "number" or not (p > 0) or p == math.huge then
-    error(string.format("norm: p must be a positive finite number, got %s", tostring(p)), 2)
+    core.error(string.format("norm: p must be a positive finite number, got %s", tostring(p)))
   end
   return core.call("norm", self, {dim == nil and -1 or self:_dim0(dim, "norm"), flag(keepdim), p})
 end

@@ -30,12 +30,12 @@ end
 -- a 0-based position for a new dim among n: 1..n+1, or -1..-(n+1) from the end
 local function new_dim0(n, d, where)
   if math.type(d) ~= "integer" then
-    error(string.format("%s: dim must be an integer, got %s", where, tostring(d)), 3)
+    core.error(string.format("%s: dim must be an integer, got %s", where, tostring(d)))
   end
   local pos = d < 0 and n + 2 + d or d
   if pos < 1 or pos > n + 1 then
-    error(string.format("%s: dim %d is out of range for a new dim among %d (1..%d, or negative)",
-                        where, d, n, n + 1), 3)
+    core.error(string.format("%s: dim %d is out of range for a new dim among %d (1..%d, or negative)",
+                        where, d, n, n + 1))
   end
   return pos - 1
 end
@@ -58,15 +58,15 @@ end
 
 function T.t(self)
   if self:dim() ~= 2 then
-    error(string.format("t: takes a 2-D tensor, got %d dims (use transpose or permute)", self:dim()), 2)
+    core.error(string.format("t: takes a 2-D tensor, got %d dims (use transpose or permute)", self:dim()))
   end
   return core.call("transpose", self, {0, 1})
 end
 
 function T.narrow(self, dim, start, len)
   if math.type(start) ~= "integer" or math.type(len) ~= "integer" then
-    error(string.format("narrow: start and length must be integers, got %s and %s",
-                        tostring(start), tostring(len)), 2)
+    core.error(string.format("narrow: start and length must be integers, got %s and %s",
+                        tostring(start), tostring(len)))
   end
   return core.call("narrow", self, {self:_dim0(dim, "narrow"), start - 1, len})
 end
@@ -91,8 +91,8 @@ function T.clone(self) return core.call("clone", self) end
 function T._cast(self, dtype)
   local id = DTYPES[dtype]
   if id == nil then
-    error(string.format("to: unknown dtype or device '%s' (f32 f64 bf16 f16 i32 i64 u8, cpu cuda meta)",
-                        tostring(dtype)), 3)
+    core.error(string.format("to: unknown dtype or device '%s' (f32 f64 bf16 f16 i32 i64 u8, cpu cuda meta)",
+                        tostring(dtype)))
   end
   return core.call("cast", self, {id})
 end
@@ -105,7 +105,7 @@ local function tensor_list(list, where)
   if type(list) ~= "table" or not dm.is_tensor(list[1]) then
     local got = type(list) ~= "table" and type(list)
                 or list[1] == nil and "an empty list" or "a list starting with a " .. type(list[1])
-    error(string.format("%s: takes a list of tensors such as {a, b}, got %s", where, got), 3)
+    core.error(string.format("%s: takes a list of tensors such as {a, b}, got %s", where, got))
   end
   return list
 end

@@ -1,0 +1,631 @@
+/*
+** reduce.cu — reductions, softmax and their backwards on CUDA.
+**
+** As on the CPU (vm/cpu/reduce.c), a kernel sees the input's shape split
+** into outer dims, which are kept, and inner dims, which are reduced; a
+** reduced operand (the output, in keepdim form) has size 1 on the inner
+** dims. A plan (rplan) holds both groups coalesced, with every operand's
+** element strides.
+**
+** reduce: a group of G threads (1, a warp or a block of 256) takes one
+** output position, its threads stride through the reduced elements, and the
+** group combines their partial results in a fixed tree: deterministic from
+** run to run. G = 1 suits many short or strided reductions (consecutive
+** threads read consecutive columns), a block suits long ones. When there
+** are too few outputs to fill the GPU, the reduced range is also split over
+** blockIdx.y and a second kernel combines the pieces in order. Sums and
+** norms accumulate in double, integer sums in int64 (exact), as on the CPU;
+** max and min keep the first position on ties and the first NaN.
+**
+** softmax, log_softmax and logsumexp over a contiguous last dim of a float
+** tensor take a row kernel: a warp (rows up to 1024 elements) or a block
+** (up to 32768) holds one row in registers, read once with 16-byte loads,
+** and computes in float (double for f64). Other dims take a generic kernel,
+** one thread per row. reduce_bwd is elementwise over the input's shape
+** (the output's gradient broadcast over the reduced dims), except for max
+** and min, whose gradient goes to the chosen position only.
+*/
+#include "common.cuh"
+
+/* must match the kinds of vm/ops_reduce.c */
+enum { R_SUM, R_MEAN, R_MAX, R_MIN, R_ARGMAX, R_ARGMIN, R_LOGSUMEXP, R_NORM };
+
+#define RMAXOPS 3
+
+struct rplan {
+  int nouter, ninner;
+  int64_t oshape[DM_MAXDIM], ishape[DM_MAXDIM];
+  int64_t ostr[RMAXOPS][DM_MAXDIM], istr[RMAXOPS][DM_MAXDIM];   /* element strides */
+  int64_t n_outer, n_inner;
+};
+
+/* drop size-1 dims, merge dims every operand steps through as one */
+static int coalesce(int n, int64_t *shape, int nops, int64_t (*str)[DM_MAXDIM]) {
+  int m = 0;
+  for (int d = 0; d < n; d++) {
+    if (shape[d] == 1) continue;
+    bool merge = m > 0;
+    for (int k = 0; k < nops && merge; k++) merge = str[k][m - 1] == str[k][d] * shape[d];
+    if (merge) {
+      shape[m - 1] *= shape[d];
+      for (int k = 0; k < nops; k++) str[k][m - 1] = str[k][d];
+      continue;
+    }
+    shape[m] = shape[d];
+    for (int k = 0; k < nops; k++) str[k][m] = str[k][d];
+    m++;
+  }
+  return m;
+}
+
+/* full: the tensor whose shape is walked; mask: its reduced dims; t[k] may be NULL */
+static void rplan_make(rplan *P, const dm_tensor *full, unsigned mask, int nops, const dm_tensor *const *t) {
+  memset(P, 0, sizeof *P);
+  for (int d = 0; d < full->ndim; d++) {
+    bool in = (mask >> d) & 1;
+    int slot = in ? P->ninner++ : P->nouter++;
+    (in ? P->ishape : P->oshape)[slot] = full->shape[d];
+    for (int k = 0; k < nops; k++)
+      (in ? P->istr : P->ostr)[k][slot] = (!t[k] || t[k]->shape[d] == 1) ? 0 : t[k]->strides[d];
+  }
+  P->nouter = coalesce(P->nouter, P->oshape, nops, P->ostr);
+  P->ninner = coalesce(P->ninner, P->ishape, nops, P->istr);
+  if (P->ninner == 0) { P->ninner = 1; P->ishape[0] = 1; }
+  P->n_outer = 1;
+  for (int d = 0; d < P->nouter; d++) P->n_outer *= P->oshape[d];
+  P->n_inner = 1;
+  for (int d = 0; d < P->ninner; d++) P->n_inner *= P->ishape[d];
+}
+
+/* the dims where a reduced operand has size 1 and the full one has not */
+static unsigned reduced_mask(const dm_tensor *full, const dm_tensor *red) {
+  unsigned mask = 0;
+  for (int d = 0; d < full->ndim; d++)
+    if (red->shape[d] == 1 && full->shape[d] != 1) mask |= 1u << d;
+  return mask;
+}
+
+template <int N>
+__device__ __forceinline__ void outer_off(const rplan &P, int64_t pos, int64_t (&off)[N]) {
+#pragma unroll
+  for (int k = 0; k < N; k++) off[k] = 0;
+  for (int d = P.nouter - 1; d >= 0; d--) {
+    int64_t s = P.oshape[d], q = pos / s, r = pos - q * s;
+    pos = q;
+#pragma unroll
+    for (int k = 0; k < N; k++) off[k] += r * P.ostr[k][d];
+  }
+}
+
+/* operand k's offset of the j-th reduced element (row-major over the inner dims) */
+__device__ __forceinline__ int64_t inner_off(const rplan &P, int k, int64_t j) {
+  int64_t off = 0;
+  for (int d = P.ninner - 1; d > 0; d--) {
+    int64_t s = P.ishape[d], q = j / s;
+    off += (j - q * s) * P.istr[k][d];
+    j = q;
+  }
+  return off + j * P.istr[k][0];
+}
+
+/* ---- the accumulator of the generic reduction ------------------------------------------ */
+
+struct racc {
+  double s, m;           /* sum (of exp(x - m) for logsumexp); best value or running max */
+  long long is;          /* integer sum */
+  long long i;           /* position of the best value, -1 before any */
+};
+
+__device__ __forceinline__ racc racc_init(int kind) {
+  racc a;
+  a.s = 0;
+  a.m = kind == R_LOGSUMEXP ? -INFINITY : 0;
+  a.is = 0;
+  a.i = -1;
+  return a;
+}
+
+/* v replaces m: strictly better, or a NaN against a number (a NaN stays) */
+__device__ __forceinline__ bool better(double v, double m, bool max) {
+  return (max ? v > m : v < m) || (v != v && m == m);
+}
+
+__device__ __forceinline__ void lse_add(racc &a, double v) {
+  if (a.m != a.m || a.m == INFINITY || v == -INFINITY) return;
+  if (v != v) { a.m = v; return; }
+  if (v > a.m) {
+    a.s = a.s * exp(a.m - v) + 1;
+    a.m = v;
+  } else a.s += exp(v - a.m);
+}
+
+template <int DT>
+__device__ __forceinline__ void racc_add(int kind, racc &a, typename dt<DT>::S raw, long long k, double p) {
+  constexpr bool INT = DT == DM_I32 || DT == DM_I64 || DT == DM_U8;
+  double v = (double)dt<DT>::load(raw);
+  switch (kind) {
+  case R_SUM: case R_MEAN:
+    if constexpr (INT) a.is += (long long)raw;
+    else a.s += v;
+    break;
+  case R_MAX: case R_ARGMAX:
+    if (a.i < 0 || better(v, a.m, true)) { a.m = v; a.i = k; }
+    break;
+  case R_MIN: case R_ARGMIN:
+    if (a.i < 0 || better(v, a.m, false)) { a.m = v; a.i = k; }
+    break;
+  case R_LOGSUMEXP: lse_add(a, v); break;
+  case R_NORM: a.s += p == 2 ? v * v : p == 1 ? fabs(v) : pow(fabs(v), p); break;
+  }
+}
+
+/* b's elements come from anywhere in the range: positions settle the ties */
+__device__ __forceinline__ racc pick(racc a, racc b, bool max) {
+  if (b.i < 0) return a;
+  if (a.i < 0) return b;
+  bool an = a.m != a.m, bn = b.m != b.m;
+  if (an || bn) return an && bn ? (b.i < a.i ? b : a) : an ? a : b;
+  if (max ? b.m > a.m : b.m < a.m) return b;
+  return a.m == b.m && b.i < a.i ? b : a;
+}
+
+__device__ __forceinline__ racc combine(int kind, racc a, racc b) {
+  switch (kind) {
+  case R_MAX: case R_ARGMAX: return pick(a, b, true);
+  case R_MIN: case R_ARGMIN: return pick(a, b, false);
+  case R_LOGSUMEXP: {
+    if (a.m != a.m) return a;
+    if (b.m != b.m) return b;
+    double m = a.m > b.m ? a.m : b.m;
+    if (m == -INFINITY) return a;
+    if (m == INFINITY) { a.m = m; a.s = 1; return a; }
+    a.s = a.s * exp(a.m - m) + b.s * exp(b.m - m);
+    a.m = m;
+    return a;
+  }
+  default:
+    a.s += b.s;
+    a.is += b.is;
+    return a;
+  }
+}
+
+__device__ __forceinline__ racc shfl_down(racc a, int o) {
+  a.s = __shfl_down_sync(DM_FULL_MASK, a.s, o);
+  a.m = __shfl_down_sync(DM_FULL_MASK, a.m, o);
+  a.is = __shfl_down_sync(DM_FULL_MASK, a.is, o);
+  a.i = __shfl_down_sync(DM_FULL_MASK, a.i, o);
+  return a;
+}
+
+/* the group's result, in its first thread; G is 1, 32 or the block */
+__device__ racc group_reduce(int kind, racc a, int G, racc *smem) {
+  if (G == 1) return a;
+  for (int o = 16; o > 0; o >>= 1) a = combine(kind, a, shfl_down(a, o));
+  if (G == 32) return a;
+  int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();                               /* smem may hold the last position's partials */
+  if (lane == 0) smem[warp] = a;
+  __syncthreads();
+  if (warp == 0) {
+    a = lane < (int)(blockDim.x / 32) ? smem[lane] : racc_init(kind);
+    for (int o = 16; o > 0; o >>= 1) a = combine(kind, a, shfl_down(a, o));
+  }
+  return a;
+}
+
+/* the output at one position; xo: the position's first input element */
+template <int DT>
+__device__ void finish(int kind, racc a, const typename dt<DT>::S *xo, const rplan &P, void *out, int64_t oo,
+                       int64_t *idx, int64_t io, double p, int64_t base) {
+  typedef typename dt<DT>::S S;
+  constexpr bool INT = DT == DM_I32 || DT == DM_I64 || DT == DM_U8;
+  if (idx) idx[io] = a.i + base;
+  if (!out) return;
+  double v;
+  switch (kind) {
+  case R_SUM:
+    if constexpr (INT) { ((int64_t *)out)[oo] = a.is; return; }
+    v = a.s;
+    break;
+  case R_MEAN: v = a.s / (double)P.n_inner; break;          /* 0/0: NaN for an empty mean */
+  case R_LOGSUMEXP: v = isfinite(a.m) ? a.m + log(a.s) : a.m; break;
+  case R_NORM: v = p == 2 ? sqrt(a.s) : p == 1 ? a.s : pow(a.s, 1 / p); break;
+  default:                                                   /* max, min: the element itself */
+    if (a.i >= 0) ((S *)out)[oo] = xo[inner_off(P, 0, a.i)];
+    return;
+  }
+  ((S *)out)[oo] = dt<DT>::store(v);
+}
+
+/* operands of P: 0 x, 1 out, 2 idx; `split` pieces of the range, over blockIdx.y */
+template <int DT>
+__global__ void reduce_k(int kind, const typename dt<DT>::S *x, void *out, int64_t *idx, rplan P, double p,
+                         int64_t base, int G, int split, racc *part) {
+  __shared__ racc smem[32];
+  const int lane = threadIdx.x % G, groups = blockDim.x / G, grp = threadIdx.x / G;
+  const int64_t chunk = (P.n_inner + split - 1) / split, k0 = (int64_t)blockIdx.y * chunk;
+  const int64_t k1 = k0 + chunk < P.n_inner ? k0 + chunk : P.n_inner;
+  for (int64_t pos = (int64_t)blockIdx.x * groups + grp; pos < P.n_outer; pos += (int64_t)gridDim.x * groups) {
+    int64_t off[3];
+    outer_off<3>(P, pos, off);
+    racc a = racc_init(kind);
+    for (int64_t k = k0 + lane; k < k1; k += G) racc_add<DT>(kind, a, x[off[0] + inner_off(P, 0, k)], k, p);
+    a = group_reduce(kind, a, G, smem);
+    if (lane != 0) continue;
+    if (split > 1) part[pos * split + blockIdx.y] = a;
+    else finish<DT>(kind, a, x + off[0], P, out, off[1], idx, off[2], p, base);
+  }
+}
+
+template <int DT>
+__global__ void reduce_join_k(int kind, const typename dt<DT>::S *x, void *out, int64_t *idx, rplan P, double p,
+                              int64_t base, int split, const racc *part) {
+  DM_GRID_LOOP(pos, P.n_outer) {
+    racc a = part[pos * split];
+    for (int s = 1; s < split; s++) a = combine(kind, a, part[pos * split + s]);
+    int64_t off[3];
+    outer_off<3>(P, pos, off);
+    finish<DT>(kind, a, x + off[0], P, out, off[1], idx, off[2], p, base);
+  }
+}
+
+static bool row_lse(const rplan *P, const dm_tensor *x, dm_tensor *out);
+
+static void cuda_reduce(int kind, dm_tensor *out, dm_tensor *idx, const dm_tensor *x, double p, int64_t base) {
+  rplan P;
+  const dm_tensor *t[3] = {x, out, idx};
+  rplan_make(&P, x, reduced_mask(x, out ? out : idx), 3, t);
+  if (P.n_outer == 0) return;
+  if (kind == R_LOGSUMEXP && row_lse(&P, x, out)) return;
+  int sm = dm_cuda_sm_count();
+  bool unit = P.ninner == 1 && P.istr[0][0] == 1;
+  int G = P.n_inner <= 32 || (!unit && P.n_outer >= 4096) ? 1 : P.n_inner >= 4096 ? DM_THREADS : 32;
+  int groups = DM_THREADS / G;
+  int64_t want = (int64_t)sm * 2048, have = P.n_outer * G, split = 1;
+  if (have < want / 2) {                      /* too few outputs: split their ranges too */
+    split = (want + have - 1) / have;
+    int64_t most = P.n_inner / ((int64_t)G * 64);
+    if (split > most) split = most;
+    if (split > 1024) split = 1024;
+    if (split < 1) split = 1;
+  }
+  int64_t bx = (P.n_outer + groups - 1) / groups, cap = (int64_t)sm * 32;
+  dim3 grid((unsigned)(bx < cap ? bx : cap), (unsigned)split);
+  racc *part = split > 1 ? (racc *)dm_alloc(DM_CUDA, sizeof(racc) * (size_t)(P.n_outer * split)) : NULL;
+  void *po = out ? dm_data(out) : NULL;
+  int64_t *pi = idx ? (int64_t *)dm_data(idx) : NULL;
+  dm_dispatch_all(x->dtype, "reduce", [&](auto d) {
+    constexpr int DT = decltype(d)::value;
+    typedef typename dt<DT>::S S;
+    const S *px = (const S *)dm_data(x);
+    reduce_k<DT><<<grid, DM_THREADS, 0, dm_cuda_stream()>>>(kind, px, po, pi, P, p, base, G, (int)split, part);
+    DM_CU_LAUNCHED();
+    if (split > 1) DM_LAUNCH(reduce_join_k<DT>, P.n_outer, kind, px, po, pi, P, p, base, (int)split, part);
+  });
+  if (part) dm_free(DM_CUDA, part, sizeof(racc) * (size_t)(P.n_outer * split));   /* stream-ordered */
+}
+
+/* ---- backward of the reductions -------------------------------------------------------- */
+
+/* sum, mean, logsumexp, norm: elementwise over gx; L: gx, g, y, x (g and y broadcast) */
+template <int DT>
+__global__ void reduce_bwd_k(int kind, typename dt<DT>::S *gx, const typename dt<DT>::S *pg,
+                             const typename dt<DT>::S *py, const typename dt<DT>::S *px, dm_layout L, int64_t n,
+                             double scale, double p) {
+  typedef typename dt<DT>::C T;
+  DM_GRID_LOOP(i, n) {
+    int64_t off[4];
+    dm_offsets<4>(L, i, off);
+    double g = (double)dt<DT>::load(pg[off[1]]) * scale, v = g;
+    if (kind == R_LOGSUMEXP) {
+      T e = exp(dt<DT>::load(px[off[3]]) - dt<DT>::load(py[off[2]]));
+      v = g * (double)e;
+    } else if (kind == R_NORM) {
+      /* d|x|_p/dx = sign(x) (|x| / y)^(p-1); zero at x = 0 and for a zero norm */
+      double xv = dt<DT>::load(px[off[3]]), y = dt<DT>::load(py[off[2]]), r = fabs(xv) / y;
+      v = xv == 0 || y == 0 ? 0 : g * copysign(p == 1 ? 1 : p == 2 ? r : pow(r, p - 1), xv);
+    }
+    gx[off[0]] = dt<DT>::store(v);
+  }
+}
+
+/* max, min: g goes to the chosen position of each output (gx is zero elsewhere); P: gx, g, idx */
+template <int DT>
+__global__ void reduce_bwd_pick_k(typename dt<DT>::S *gx, const typename dt<DT>::S *pg, const int64_t *pi,
+                                  rplan P, int64_t base) {
+  DM_GRID_LOOP(pos, P.n_outer) {
+    int64_t off[3];
+    outer_off<3>(P, pos, off);
+    int64_t k = pi[off[2]] - base;
+    if (k >= 0 && k < P.n_inner) gx[off[0] + inner_off(P, 0, k)] = pg[off[1]];
+  }
+}
+
+static void cuda_reduce_bwd(int kind, dm_tensor *gx, const dm_tensor *g, const dm_tensor *y, const dm_tensor *idx,
+                            const dm_tensor *x, double p, int64_t base) {
+  int64_t n = dm_numel(gx);
+  if (n == 0) return;
+  unsigned mask = reduced_mask(gx, g);
+  if (kind == R_MAX || kind == R_MIN) {
+    dm_fill(gx, 0);
+    rplan P;
+    const dm_tensor *t[3] = {gx, g, idx};
+    rplan_make(&P, gx, mask, 3, t);
+    dm_dispatch_float(gx->dtype, "reduce_bwd", [&](auto d) {
+      constexpr int DT = decltype(d)::value;
+      typedef typename dt<DT>::S S;
+      DM_LAUNCH(reduce_bwd_pick_k<DT>, P.n_outer, (S *)dm_data(gx), (const S *)dm_data(g),
+                (const int64_t *)dm_data(idx), P, base);
+    });
+    return;
+  }
+  int64_t count = 1;
+  for (int d = 0; d < gx->ndim; d++) if ((mask >> d) & 1) count *= gx->shape[d];
+  double scale = kind == R_MEAN ? 1.0 / (double)count : 1.0;
+  const dm_tensor *ops[4] = {gx, g, y ? y : g, x ? x : g};
+  dm_layout L;
+  dm_layout_make(&L, gx->ndim, gx->shape, 4, ops);
+  dm_dispatch_float(gx->dtype, "reduce_bwd", [&](auto d) {
+    constexpr int DT = decltype(d)::value;
+    typedef typename dt<DT>::S S;
+    DM_LAUNCH(reduce_bwd_k<DT>, n, kind, (S *)dm_data(gx), (const S *)dm_data(ops[1]), (const S *)dm_data(ops[2]),
+              (const S *)dm_data(ops[3]), L, n, scale, p);
+  });
+}
+
+/* ---- rows held in registers: softmax, log_softmax, logsumexp ------------------------------ */
+
+#define ROW_E 32           /* elements a thread holds (forward) */
+#define ROW_E_BWD 16       /* (backward: two arrays) */
+
+template <typename T> __device__ __forceinline__ T max_nan(T a, T b) { return b > a || b != b ? b : a; }
+
+/* the row's max or sum in every thread of the row; tpr is a warp or the block */
+template <typename T, bool MAX>
+__device__ __forceinline__ T row_all(T v, int tpr, T *red) {
+  for (int o = 16; o > 0; o >>= 1) {
+    T w = __shfl_xor_sync(DM_FULL_MASK, v, o);
+    v = MAX ? max_nan(v, w) : v + w;
+  }
+  if (tpr == 32) return v;
+  int warp = threadIdx.x / 32;
+  __syncthreads();                  /* red may hold the last reduction's values */
+  if (threadIdx.x % 32 == 0) red[warp] = v;
+  __syncthreads();
+  v = red[0];
+  for (int w = 1; w < tpr / 32; w++) v = MAX ? max_nan(v, red[w]) : v + red[w];
+  return v;
+}
+
+/* element e of a row as T, or `pad` past its end */
+template <int DT, int V>
+__device__ __forceinline__ void load_row(const typename dt<DT>::S *r, int64_t L, int tpr, int lane,
+                                         typename dt<DT>::C *v, int n, typename dt<DT>::C pad) {
+  typedef typename dt<DT>::S S;
+  for (int j = 0; j < n / V; j++) {
+    int64_t e = ((int64_t)j * tpr + lane) * V;
+    if (V > 1 && e < L) {               /* L is a multiple of V on this path */
+      dm_vec<S, V> w = *(const dm_vec<S, V> *)(r + e);
+      for (int u = 0; u < V; u++) v[j * V + u] = dt<DT>::load(w.v[u]);
+    } else
+      for (int u = 0; u < V; u++) v[j * V + u] = e + u < L ? dt<DT>::load(r[e + u]) : pad;
+  }
+}
+
+template <int DT, int V>
+__device__ __forceinline__ void store_row(typename dt<DT>::S *r, int64_t L, int tpr, int lane,
+                                          const typename dt<DT>::C *v, int n) {
+  typedef typename dt<DT>::S S;
+  for (int j = 0; j < n / V; j++) {
+    int64_t e = ((int64_t)j * tpr + lane) * V;
+    if (V > 1 && e < L) {
+      dm_vec<S, V> w;
+      for (int u = 0; u < V; u++) w.v[u] = dt<DT>::store(v[j * V + u]);
+      *(dm_vec<S, V> *)(r + e) = w;
+    } else
+      for (int u = 0; u < V; u++) if (e + u < L) r[e + u] = dt<DT>::store(v[j * V + u]);
+  }
+}
+
+enum { ROW_SOFTMAX, ROW_LOG_SOFTMAX, ROW_LOGSUMEXP };
+
+/* P's operands: 0 x, 1 y (the output, one element per row for logsumexp) */
+template <int DT, int V>
+__global__ void softmax_rows(int mode, typename dt<DT>::S *y, const typename dt<DT>::S *x, rplan P, int tpr) {
+  typedef typename dt<DT>::C T;
+  __shared__ T red[32];
+  const int per_block = blockDim.x / tpr, lane = threadIdx.x % tpr;
+  const int64_t L = P.n_inner;
+  for (int64_t row = (int64_t)blockIdx.x * per_block + threadIdx.x / tpr; row < P.n_outer;
+       row += (int64_t)gridDim.x * per_block) {
+    int64_t off[2];
+    outer_off<2>(P, row, off);
+    T v[ROW_E];
+    load_row<DT, V>(x + off[0], L, tpr, lane, v, ROW_E, -INFINITY);
+    T m = -INFINITY;
+    for (int i = 0; i < ROW_E; i++) m = max_nan(m, v[i]);
+    m = row_all<T, true>(m, tpr, red);
+    T s = 0;
+    for (int i = 0; i < ROW_E; i++) {
+      T e = exp(v[i] - m);             /* 0 for the padding */
+      s += e;
+      if (mode == ROW_SOFTMAX) v[i] = e;
+    }
+    s = row_all<T, false>(s, tpr, red);
+    if (mode == ROW_LOGSUMEXP) {
+      if (lane == 0) y[off[1]] = dt<DT>::store(isfinite(m) ? m + log(s) : m);
+      continue;
+    }
+    T shift = m + log(s), scale = 1 / s;
+    for (int i = 0; i < ROW_E; i++) v[i] = mode == ROW_SOFTMAX ? v[i] * scale : v[i] - shift;
+    store_row<DT, V>(y + off[1], L, tpr, lane, v, ROW_E);
+  }
+}
+
+/* softmax: gx = y (g - sum(g y)); log_softmax: gx = g - exp(y) sum(g). P: gx, g, y */
+template <int DT, int V>
+__global__ void softmax_bwd_rows(int lg, typename dt<DT>::S *gx, const typename dt<DT>::S *g,
+                                 const typename dt<DT>::S *y, rplan P, int tpr) {
+  typedef typename dt<DT>::C T;
+  __shared__ T red[32];
+  const int per_block = blockDim.x / tpr, lane = threadIdx.x % tpr;
+  const int64_t L = P.n_inner;
+  for (int64_t row = (int64_t)blockIdx.x * per_block + threadIdx.x / tpr; row < P.n_outer;
+       row += (int64_t)gridDim.x * per_block) {
+    int64_t off[3];
+    outer_off<3>(P, row, off);
+    T gv[ROW_E_BWD], yv[ROW_E_BWD];
+    load_row<DT, V>(g + off[1], L, tpr, lane, gv, ROW_E_BWD, 0);
+    load_row<DT, V>(y + off[2], L, tpr, lane, yv, ROW_E_BWD, 0);
+    T dot = 0;
+    for (int i = 0; i < ROW_E_BWD; i++) dot += lg ? gv[i] : gv[i] * yv[i];
+    dot = row_all<T, false>(dot, tpr, red);
+    for (int i = 0; i < ROW_E_BWD; i++) gv[i] = lg ? gv[i] - exp(yv[i]) * dot : yv[i] * (gv[i] - dot);
+    store_row<DT, V>(gx + off[0], L, tpr, lane, gv, ROW_E_BWD);
+  }
+}
+
+/* threads per row for rows of L elements, e a thread; 0 when a row is too long */
+static int row_threads(int64_t L, int e) {
+  for (int t = 32; t <= 1024; t *= 2) if ((int64_t)t * e >= L) return t;
+  return 0;
+}
+
+/* every operand's rows contiguous and, for 16-byte loads, aligned at every row */
+static bool rows_unit(const rplan *P, int nops) {
+  if (P->ninner != 1) return false;
+  for (int k = 0; k < nops; k++) if (P->istr[k][0] != 1) return false;
+  return true;
+}
+
+static bool rows_vector(const rplan *P, int nops, const void *const *base, size_t es, bool out_row) {
+  int64_t v = 16 / (int64_t)es;
+  if (P->n_inner % v) return false;
+  for (int k = 0; k < nops; k++) {
+    if (k == 1 && !out_row) continue;           /* logsumexp's output is one element a row */
+    if (!dm_aligned(base[k], 16)) return false;
+    for (int d = 0; d < P->nouter; d++) if (P->ostr[k][d] % v) return false;
+  }
+  return true;
+}
+
+template <typename K>
+static void launch_rows(K kernel, int tpr, int64_t rows, const void *const *args) {
+  int threads = tpr > 32 ? tpr : DM_THREADS;
+  int per_block = threads / tpr;
+  int64_t blocks = (rows + per_block - 1) / per_block, cap = (int64_t)dm_cuda_sm_count() * 64;
+  DM_CU(cudaLaunchKernel((const void *)kernel, dim3((unsigned)(blocks < cap ? blocks : cap)), dim3(threads),
+                         (void **)args, 0, dm_cuda_stream()));
+  DM_CU_LAUNCHED();
+}
+
+/* softmax (mode 0, 1) or logsumexp (2) over rows; false when the rows do not suit */
+static bool softmax_rows_launch(int mode, const rplan *P, const dm_tensor *x, void *y) {
+  if (!dm_dtype_is_float(x->dtype) || !rows_unit(P, mode == ROW_LOGSUMEXP ? 1 : 2)) return false;
+  int tpr = row_threads(P->n_inner, ROW_E);
+  if (!tpr || P->n_inner == 0) return false;
+  const void *base[2] = {dm_data(x), y};
+  bool vec = rows_vector(P, 2, base, dm_dtype_size(x->dtype), mode != ROW_LOGSUMEXP);
+  const void *px = dm_data(x);
+  rplan plan = *P;
+  dm_dispatch_float(x->dtype, "softmax", [&](auto d) {
+    constexpr int DT = decltype(d)::value;
+    constexpr int V = 16 / sizeof(typename dt<DT>::S);
+    const void *args[] = {&mode, &y, &px, &plan, &tpr};
+    if (vec) launch_rows(softmax_rows<DT, V>, tpr, P->n_outer, args);
+    else launch_rows(softmax_rows<DT, 1>, tpr, P->n_outer, args);
+  });
+  return true;
+}
+
+static bool row_lse(const rplan *P, const dm_tensor *x, dm_tensor *out) {
+  return out && softmax_rows_launch(ROW_LOGSUMEXP, P, x, dm_data(out));
+}
+
+/* ---- softmax along any dim: one thread per row ------------------------------------------- */
+
+template <int DT>
+__global__ void softmax_any(int lg, typename dt<DT>::S *y, const typename dt<DT>::S *x, rplan P) {
+  typedef typename dt<DT>::C T;
+  const int64_t L = P.n_inner, sx = P.istr[0][0], sy = P.istr[1][0];
+  DM_GRID_LOOP(row, P.n_outer) {
+    int64_t off[2];
+    outer_off<2>(P, row, off);
+    const typename dt<DT>::S *xr = x + off[0];
+    T m = -INFINITY;
+    for (int64_t j = 0; j < L; j++) m = max_nan(m, dt<DT>::load(xr[j * sx]));
+    double s = 0;
+    for (int64_t j = 0; j < L; j++) s += exp(dt<DT>::load(xr[j * sx]) - m);
+    T shift = m + (T)log(s), scale = (T)(1 / s);
+    for (int64_t j = 0; j < L; j++) {
+      T v = dt<DT>::load(xr[j * sx]);
+      y[off[1] + j * sy] = dt<DT>::store(lg ? v - shift : exp(v - m) * scale);
+    }
+  }
+}
+
+template <int DT>
+__global__ void softmax_bwd_any(int lg, typename dt<DT>::S *gx, const typename dt<DT>::S *g,
+                                const typename dt<DT>::S *y, rplan P) {
+  typedef typename dt<DT>::C T;
+  const int64_t L = P.n_inner, s0 = P.istr[0][0], s1 = P.istr[1][0], s2 = P.istr[2][0];
+  DM_GRID_LOOP(row, P.n_outer) {
+    int64_t off[3];
+    outer_off<3>(P, row, off);
+    double dot = 0;
+    for (int64_t j = 0; j < L; j++) {
+      T gv = dt<DT>::load(g[off[1] + j * s1]);
+      dot += lg ? gv : gv * dt<DT>::load(y[off[2] + j * s2]);
+    }
+    for (int64_t j = 0; j < L; j++) {
+      T gv = dt<DT>::load(g[off[1] + j * s1]), yv = dt<DT>::load(y[off[2] + j * s2]);
+      gx[off[0] + j * s0] = dt<DT>::store(lg ? gv - exp(yv) * (T)dot : yv * (gv - (T)dot));
+    }
+  }
+}
+
+static unsigned dim_mask(const dm_tensor *t, int dim) { return t->ndim ? 1u << dim : 0; }
+
+static void cuda_softmax(dm_tensor *y, const dm_tensor *x, int dim, int lg) {
+  rplan P;
+  const dm_tensor *t[2] = {x, y};
+  rplan_make(&P, x, dim_mask(x, dim), 2, t);
+  if (P.n_outer == 0 || P.n_inner == 0) return;
+  if (softmax_rows_launch(lg ? ROW_LOG_SOFTMAX : ROW_SOFTMAX, &P, x, dm_data(y))) return;
+  dm_dispatch_float(x->dtype, "softmax", [&](auto d) {
+    constexpr int DT = decltype(d)::value;
+    typedef typename dt<DT>::S S;
+    DM_LAUNCH(softmax_any<DT>, P.n_outer, lg, (S *)dm_data(y), (const S *)dm_data(x), P);
+  });
+}
+
+static void cuda_softmax_bwd(dm_tensor *gx, const dm_tensor *g, const dm_tensor *y, int dim, int lg) {
+  rplan P;
+  const dm_tensor *t[3] = {gx, g, y};
+  rplan_make(&P, gx, dim_mask(gx, dim), 3, t);
+  if (P.n_outer == 0 || P.n_inner == 0) return;
+  int tpr = row_threads(P.n_inner, ROW_E_BWD);
+  const void *base[3] = {dm_data(gx), dm_data(g), dm_data(y)};
+  bool rows = rows_unit(&P, 3) && tpr;
+  bool vec = rows && rows_vector(&P, 3, base, dm_dtype_size(gx->dtype), true);
+  dm_dispatch_float(gx->dtype, "softmax_bwd", [&](auto d) {
+    constexpr int DT = decltype(d)::value;
+    typedef typename dt<DT>::S S;
+    constexpr int V = 16 / sizeof(S);
+    S *pgx = (S *)dm_data(gx);
+    const S *pg = (const S *)dm_data(g), *py = (const S *)dm_data(y);
+    const void *args[] = {&lg, &pgx, &pg, &py, &P, &tpr};
+    if (vec) launch_rows(softmax_bwd_rows<DT, V>, tpr, P.n_outer, args);
+    else if (rows) launch_rows(softmax_bwd_rows<DT, 1>, tpr, P.n_outer, args);
+    else DM_LAUNCH(softmax_bwd_any<DT>, P.n_outer, lg, pgx, pg, py, P);
+  });
+}
+
+static const dm_kernel_entry kernels[] = {
+  {"reduce", (dm_kernel_fn)cuda_reduce},
+  {"reduce_bwd", (dm_kernel_fn)cuda_reduce_bwd},
+  {"softmax", (dm_kernel_fn)cuda_softmax},
+  {"softmax_bwd", (dm_kernel_fn)cuda_softmax_bwd},
+};
+DM_CUDA_KERNELS(kernels)

@@ -1,0 +1,41 @@
+--[[
+`dormouse run EXPERIMENT.lua [--set k=v ...] [--resume runs/NAME] [--overwrite]`:
+an experiment file returns a config table; this resolves it, trains, and
+ends with the held-out BPB beside the n-gram baselines, a sample and the
+report's path.
+]]
+local config = require "dormouse.config"
+
+local experiment = {}
+
+local FLAGS = {resume = "DIR", overwrite = true, quiet = true, sample = "N"}
+
+function experiment.run(file, raw, argv, cli)
+  local args = config.parse_args(argv, 2, FLAGS)
+  local cfg = config.resolve(raw, file, args.overrides)
+  local train = require "dormouse.train"
+  local summary = train.run(cfg, {resume = args.flags.resume, overwrite = args.flags.overwrite,
+                                  quiet = args.flags.quiet, root = cli.root})
+  local lines = {string.format("done: %s, step %d", summary.dir, summary.step)}
+  if summary.bpb_fin then
+    local parts = {string.format("held-out bpb_fin %.4f", summary.bpb_fin)}
+    for _, b in ipairs(summary.baselines) do
+      parts[#parts + 1] = string.format("order-%d n-gram %.4f (%s)", b.order, b.bpb,
+                                        summary.bpb_fin < b.bpb and "beaten" or "not beaten")
+    end
+    lines[#lines + 1] = table.concat(parts, ", ")
+  end
+  print(table.concat(lines, "\n"))
+  local n = tonumber(args.flags.sample or 200)
+  if n > 0 then
+    io.write("sample: ")
+    require("dormouse.eval").sample(summary.model, "In the beginning", n, {
+      temperature = 0.8, device = summary.device, seed = cfg.seed,
+      on_byte = function(b) io.write(b); io.stdout:flush() end})
+    io.write("\n")
+  end
+  print("report: " .. summary.dir .. "/report.html")
+  return summary
+end
+
+return experiment

@@ -1,0 +1,118 @@
+--[[
+The instrument layer (spec/model.md): the NaN firewall, the CE ceiling, the
+MoE and Engram counters, and the log and eval lines.
+]]
+local core = require "dormouse.core"
+
+local instrument = {}
+
+local LN2 = math.log(2)
+instrument.LN2 = LN2
+
+-- A window of steps between two log lines.
+function instrument.window()
+  return {steps = 0, loss = 0, tokens = 0, skips = 0, grad_norm = 0, t0 = core.now(),
+          counts = nil, lr = 0}
+end
+
+--[[ The firewall: a step whose loss or gradient norm is not finite is
+skipped and counted; two windows in a row with skips end the run. ]]
+function instrument.firewall()
+  return {total = 0, windows_with_skips = 0}
+end
+
+function instrument.finite(x) return x == x and x ~= math.huge and x ~= -math.huge end
+
+function instrument.end_window(fw, window)
+  fw.total = fw.total + window.skips
+  if window.skips > 0 then fw.windows_with_skips = fw.windows_with_skips + 1
+  else fw.windows_with_skips = 0 end
+  return fw.windows_with_skips >= 2
+end
+
+-- MoE counters from the window's summed routing counts (a Lua list of E numbers).
+function instrument.moe_counters(counts)
+  if not counts then return nil end
+  local total, busiest, dead = 0, 0, 0
+  for _, c in ipairs(counts) do
+    total = total + c
+    if c > busiest then busiest = c end
+    if c == 0 then dead = dead + 1 end
+  end
+  local entropy = 0
+  for _, c in ipairs(counts) do
+    if c > 0 then local p = c / total; entropy = entropy - p * math.log(p) end
+  end
+  return {busiest = total > 0 and busiest / total or 0, entropy = entropy / math.log(#counts > 1 and #counts or 2),
+          dead = dead, drops = 0}
+end
+
+function instrument.add_counts(acc, counts)
+  if not counts then return acc end
+  acc = acc or {}
+  for i, c in ipairs(counts) do acc[i] = (acc[i] or 0) + c end
+  return acc
+end
+
+local function mib(bytes) return bytes / 2 ^ 20 end
+
+local function fmt_time(s)
+  if s >= 3600 then return string.format("%dh%02dm", s // 3600, (s % 3600) // 60) end
+  if s >= 60 then return string.format("%dm%02ds", s // 60, s % 60) end
+  return string.format("%ds", math.floor(s))
+end
+instrument.fmt_time = fmt_time
+
+-- The log line: step, loss, BPB, tokens/s, lr, grad norm, skips, memory, counters.
+function instrument.log_line(r)
+  local parts = {
+    string.format("step %6d", r.step),
+    string.format("loss %.4f", r.loss),
+    string.format("bpb %.4f", r.loss / LN2),
+    string.format("tok/s %8.0f", r.tok_s),
+    string.format("lr %.2e", r.lr),
+    string.format("gnorm %.3f", r.grad_norm),
+    string.format("skips %d", r.skips),
+    string.format("mem %.0f/%.0fMiB", mib(r.mem.allocated), mib(r.mem.peak)),
+  }
+  if r.moe then
+    parts[#parts + 1] = string.format("moe busiest %.3f entropy %.3f dead %d drops %d",
+                                      r.moe.busiest, r.moe.entropy, r.moe.dead, r.moe.drops)
+  end
+  if r.engram then
+    parts[#parts + 1] = string.format("engram rows %d uniq %.3f", r.engram.rows, r.engram.unique_frac)
+  end
+  return table.concat(parts, "  ")
+end
+
+-- The eval line: window bytes, fin, bpb_fin (beside the n-gram baselines), periter, depths.
+function instrument.eval_line(e, baselines)
+  local parts = {
+    string.format("eval %6d", e.step),
+    string.format("bytes %d", e.bytes),
+    string.format("fin %.4f", e.fin),
+    string.format("bpb_fin %.4f", e.fin / LN2),
+  }
+  for _, b in ipairs(baselines or {}) do
+    parts[#parts + 1] = string.format("ngram%d %.4f", b.order, b.bpb)
+  end
+  local per = {}
+  for i, ce in ipairs(e.periter) do per[i] = string.format("%.3f", ce / LN2) end
+  parts[#parts + 1] = "periter_bpb " .. table.concat(per, "/")
+  local depths = {}
+  for D, ce in pairs(e.depths or {}) do depths[#depths + 1] = {D, ce} end
+  table.sort(depths, function(a, b) return a[1] < b[1] end)
+  for _, d in ipairs(depths) do parts[#parts + 1] = string.format("fin_%d %.4f", d[1], d[2] / LN2) end
+  return table.concat(parts, "  ")
+end
+
+-- A progress bar for a terminal: [=====>     ] 120/2000 ETA 3m12s.
+function instrument.progress(step, total, elapsed, extra)
+  local width = 30
+  local done = math.floor(width * step / total)
+  local eta = step > 0 and elapsed / step * (total - step) or 0
+  return string.format("\r[%s%s] %d/%d ETA %s %s", string.rep("=", done), string.rep(" ", width - done),
+                       step, total, fmt_time(eta), extra or "")
+end
+
+return instrument

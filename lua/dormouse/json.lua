@@ -1,0 +1,56 @@
+--[[
+A JSON encoder for metrics.jsonl and the report: numbers (non-finite ones
+as null), strings, booleans, arrays (tables with 1..n) and objects (sorted keys).
+]]
+local json = {}
+
+local escapes = {['"'] = '\\"', ['\\'] = '\\\\', ['\b'] = '\\b', ['\f'] = '\\f',
+                 ['\n'] = '\\n', ['\r'] = '\\r', ['\t'] = '\\t'}
+
+local function encode(v, out)
+  local t = type(v)
+  if t == "nil" then out[#out + 1] = "null"
+  elseif t == "boolean" then out[#out + 1] = tostring(v)
+  elseif t == "number" then
+    if v ~= v or v == math.huge or v == -math.huge then out[#out + 1] = "null"
+    elseif math.type(v) == "integer" then out[#out + 1] = tostring(v)
+    else out[#out + 1] = string.format("%.8g", v) end
+  elseif t == "string" then
+    out[#out + 1] = '"' .. v:gsub('[%c"\\]', function(c)
+      return escapes[c] or string.format("\\u%04x", c:byte())
+    end) .. '"'
+  elseif t == "table" then
+    if #v > 0 or next(v) == nil then
+      out[#out + 1] = "["
+      for i = 1, #v do
+        if i > 1 then out[#out + 1] = "," end
+        encode(v[i], out)
+      end
+      out[#out + 1] = "]"
+    else
+      local keys = {}
+      for k in pairs(v) do keys[#keys + 1] = tostring(k) end
+      table.sort(keys)
+      out[#out + 1] = "{"
+      for i, k in ipairs(keys) do
+        if i > 1 then out[#out + 1] = "," end
+        encode(k, out)
+        out[#out + 1] = ":"
+        local val = v[k]
+        if val == nil then val = v[tonumber(k)] end
+        encode(val, out)
+      end
+      out[#out + 1] = "}"
+    end
+  else
+    error("json: cannot encode a " .. t)
+  end
+end
+
+function json.encode(v)
+  local out = {}
+  encode(v, out)
+  return table.concat(out)
+end
+
+return json

@@ -1,0 +1,32 @@
+--[[
+The weight-shared block, applied max_iter times:
+
+  a   = h + KDA(rms1(h))
+  b   = a + Engram(rms2(a), x)
+  h'  = b + MoE(rms3(b))
+]]
+return function(nn, dm)
+
+local Block = nn.class("Block")
+
+function Block:init(m)
+  local d = m.d
+  self:child("rms1", nn.RMSNorm(d))
+  self:child("kda", nn.KDA(d, m.heads, m.head_dim, {gate = m.kda.gate, gate_lb = m.kda.gate_lb}))
+  self:child("rms2", nn.RMSNorm(d))
+  self:child("engram", nn.Engram(d, {orders = m.engram.orders, heads = m.engram.hash_heads,
+                                     rows = m.engram.rows, width = m.engram.width}))
+  self:child("rms3", nn.RMSNorm(d))
+  self:child("moe", nn.MoE(d, {experts = m.experts, top_k = m.top_k, rank = m.expert_rank,
+                               shared_rank = m.shared_rank, ffn = m.ffn, lfb_gamma = m.moe.lfb_gamma}))
+end
+
+function Block:forward(h, x, prefix)
+  local a = h + self.kda:forward(self.rms1:forward(h))
+  local b = a + self.engram:forward(self.rms2:forward(a), x, prefix)
+  return b + self.moe:forward(self.rms3:forward(b))
+end
+
+nn.Block = Block
+
+end

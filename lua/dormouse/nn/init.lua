@@ -1,0 +1,142 @@
+--[[
+nn — modules: named parameters, children, train/eval, a printed summary.
+
+  local M = nn.class("Linear")
+  function M:init(d_in, d_out) self:param("weight", nn.init.normal({d_out, d_in}, d_in^-0.5)) end
+  function M:forward(x) return dm.linear(x, self.weight) end
+
+A module's parameters are float32 masters on its device; nn.compute_dtype
+("f32" or "bf16") is the dtype the matrix products run in.
+]]
+local dm = require "dormouse"
+
+local nn = {compute_dtype = "f32", device = "cpu"}
+
+local Module = {}
+Module.__index = Module
+nn.Module = Module
+
+-- A class whose instances are modules: Class(...) calls init(...).
+function nn.class(name, parent)
+  local cls = setmetatable({}, {__index = parent or Module, __call = function(cls, ...)
+    local self = setmetatable({_name = name, _params = {}, _children = {}, training = true}, cls)
+    self:init(...)
+    return self
+  end})
+  cls.__index = cls
+  cls.__name = name
+  return cls
+end
+
+function Module:init() end
+
+-- Register a parameter (a float tensor that requires grad) under a name.
+function Module:param(name, t)
+  assert(dm.is_tensor(t), "param " .. name .. ": a tensor is needed")
+  t:requires_grad(true)
+  self._params[#self._params + 1] = name
+  self[name] = t
+  return t
+end
+
+-- Register a buffer: state that is saved with the model but takes no gradient.
+function Module:buffer(name, t)
+  self._buffers = self._buffers or {}
+  self._buffers[#self._buffers + 1] = name
+  self[name] = t
+  return t
+end
+
+function Module:child(name, m)
+  self._children[#self._children + 1] = name
+  self[name] = m
+  return m
+end
+
+-- {name = "block.kda.q.weight", tensor = t, module = m}, in registration order.
+function Module:named_parameters(prefix, out)
+  out = out or {}
+  prefix = prefix and prefix .. "." or ""
+  for _, name in ipairs(self._params) do
+    out[#out + 1] = {name = prefix .. name, tensor = self[name], module = self}
+  end
+  for _, name in ipairs(self._children) do self[name]:named_parameters(prefix .. name, out) end
+  return out
+end
+
+function Module:named_buffers(prefix, out)
+  out = out or {}
+  prefix = prefix and prefix .. "." or ""
+  for _, name in ipairs(self._buffers or {}) do out[#out + 1] = {name = prefix .. name, tensor = self[name]} end
+  for _, name in ipairs(self._children) do self[name]:named_buffers(prefix .. name, out) end
+  return out
+end
+
+function Module:parameters()
+  local list = {}
+  for _, p in ipairs(self:named_parameters()) do list[#list + 1] = p.tensor end
+  return list
+end
+
+function Module:n_params(filter)
+  local n = 0
+  for _, p in ipairs(self:named_parameters()) do
+    if not filter or filter(p.name, p.tensor) then n = n + p.tensor:numel() end
+  end
+  return n
+end
+
+function Module:train(on)
+  if on == nil then on = true end
+  self.training = on
+  for _, name in ipairs(self._children) do self[name]:train(on) end
+  return self
+end
+function Module:eval() return self:train(false) end
+
+function Module:zero_grad()
+  for _, p in ipairs(self:parameters()) do p.grad = nil end
+end
+
+local function human(n)
+  if n >= 1e9 then return string.format("%.2fB", n / 1e9) end
+  if n >= 1e6 then return string.format("%.2fM", n / 1e6) end
+  if n >= 1e3 then return string.format("%.1fK", n / 1e3) end
+  return tostring(n)
+end
+nn.human = human
+
+-- One line a module: its name, class, own parameters and the total below it.
+function Module:summary(name, depth, lines)
+  lines = lines or {}
+  depth = depth or 0
+  local own = 0
+  for _, p in ipairs(self._params) do own = own + self[p]:numel() end
+  local total = self:n_params()
+  lines[#lines + 1] = string.format("%s%-*s %-10s %10s", string.rep("  ", depth), 28 - 2 * depth,
+                                    name or self._name, self._name, human(total))
+  for _, c in ipairs(self._children) do self[c]:summary(c, depth + 1, lines) end
+  if depth == 0 then return table.concat(lines, "\n") end
+end
+
+-- Initialisers: tensors on nn.device in float32, drawn from the global generator.
+nn.init = {}
+function nn.init.normal(shape, std)
+  return dm.randn(shape, {device = nn.device}) * std
+end
+function nn.init.zeros(shape) return dm.zeros(shape, {device = nn.device}) end
+function nn.init.ones(shape) return dm.ones(shape, {device = nn.device}) end
+function nn.init.full(shape, v) return dm.full(shape, v, {device = nn.device}) end
+function nn.init.uniform(shape, lo, hi) return dm.rand(shape, {device = nn.device}) * (hi - lo) + lo end
+
+-- A matrix product in the compute dtype: x [..., d_in] @ w^T, w [d_out, d_in].
+function nn.project(x, w)
+  if nn.compute_dtype ~= "f32" and x.dtype == "f32" then
+    return dm.linear(x:to(nn.compute_dtype), w:to(nn.compute_dtype)):to("f32")
+  end
+  return dm.linear(x, w)
+end
+
+for _, layer in ipairs {"layers", "kda", "engram", "moe", "block"} do require("dormouse.nn." .. layer)(nn, dm) end
+
+return nn

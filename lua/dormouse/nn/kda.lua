@@ -1,0 +1,59 @@
+--[[
+KDA — Kimi Delta Attention (spec/model.md), per head, state dk × dv in float32:
+
+  q, k, v = silu(conv4(W u)),  q, k l2-normalised,  q scaled by dk^-1/2
+  beta    = sigmoid(W_b u)
+  g       = lb · sigmoid(exp(A_log) · (W_g2 W_g1 u + dt_bias))      (or the softplus form)
+  S_t     = Diag(exp(g_t)) S_{t-1} + beta_t k_t (v_t - S'^T k_t)^T ;  o_t = S_t^T q_t
+  out     = W_o( rmsnorm_head(o) · sigmoid(W_o2 W_o1 u + b_o) )
+]]
+return function(nn, dm)
+
+local KDA = nn.class("KDA")
+
+function KDA:init(d, heads, head_dim, opts)
+  opts = opts or {}
+  local hd = heads * head_dim
+  self.heads, self.head_dim = heads, head_dim
+  self.gate = opts.gate or "bounded"
+  self.gate_lb = opts.gate_lb or -5
+  self:child("wq", nn.Linear(d, hd))
+  self:child("wk", nn.Linear(d, hd))
+  self:child("wv", nn.Linear(d, hd))
+  self:param("conv_q", nn.init.normal({hd, 4}, 0.5))
+  self:param("conv_k", nn.init.normal({hd, 4}, 0.5))
+  self:param("conv_v", nn.init.normal({hd, 4}, 0.5))
+  self:child("wb", nn.Linear(d, heads))
+  self:child("wg1", nn.Linear(d, head_dim))
+  self:child("wg2", nn.Linear(head_dim, hd))
+  -- decay rates spread over heads: exp(A_log) in [1, 16], as in Mamba and FLA
+  self:param("A_log", nn.init.uniform({heads}, 0, math.log(16)))
+  self:param("dt_bias", nn.init.zeros({hd}))
+  self:child("o_norm", nn.RMSNorm(head_dim))
+  self:child("wo1", nn.Linear(d, head_dim))
+  self:child("wo2", nn.Linear(head_dim, hd, {bias = true}))
+  self:child("wo", nn.Linear(hd, d))
+end
+
+local function short_conv(x, w) return dm.causal_conv1d(x, w):silu() end
+
+-- u [B, T, d]; state (optional) [B, H, dk, dv] carried from the previous segment.
+function KDA:forward(u, state)
+  local B, T = u:size(1), u:size(2)
+  local H, dh = self.heads, self.head_dim
+  local heads = {B, T, H, dh}
+  local q = short_conv(self.wq:forward(u), self.conv_q):reshape(heads):l2norm(1e-6) * dh ^ -0.5
+  local k = short_conv(self.wk:forward(u), self.conv_k):reshape(heads):l2norm(1e-6)
+  local v = short_conv(self.wv:forward(u), self.conv_v):reshape(heads)
+  local beta = self.wb:forward(u):sigmoid()
+  local f = self.wg2:forward(self.wg1:forward(u)):reshape(heads)
+  local g = dm.kda_gate(f, self.A_log, self.dt_bias, {kind = self.gate, lb = self.gate_lb})
+  local o, final = dm.kda(q, k, v, g, beta, {initial_state = state, output_final_state = true})
+  local gate = self.wo2:forward(self.wo1:forward(u)):sigmoid()
+  local out = self.wo:forward(self.o_norm:forward(o):reshape({B, T, H * dh}) * gate)
+  return out, final
+end
+
+nn.KDA = KDA
+
+end

@@ -1,0 +1,36 @@
+--[[
+The general layers: Linear, RMSNorm, Embedding.
+]]
+return function(nn, dm)
+
+local Linear = nn.class("Linear")
+function Linear:init(d_in, d_out, opts)
+  opts = opts or {}
+  self.d_in, self.d_out = d_in, d_out
+  local std = opts.std or d_in ^ -0.5
+  self:param("weight", opts.zero and nn.init.zeros({d_out, d_in}) or nn.init.normal({d_out, d_in}, std))
+  if opts.bias then self:param("bias", nn.init.zeros({d_out})) end
+end
+function Linear:forward(x)
+  local y = nn.project(x, self.weight)
+  if self.bias then y = y + self.bias end
+  return y
+end
+nn.Linear = Linear
+
+local RMSNorm = nn.class("RMSNorm")
+function RMSNorm:init(d, opts)
+  self.eps = (opts and opts.eps) or 1e-6
+  self:param("gain", nn.init.ones({d}))
+end
+function RMSNorm:forward(x) return dm.rmsnorm(x, self.gain, {eps = self.eps}) end
+nn.RMSNorm = RMSNorm
+
+local Embedding = nn.class("Embedding")
+function Embedding:init(n, d, opts)
+  self:param("weight", nn.init.normal({n, d}, (opts and opts.std) or 1))
+end
+function Embedding:forward(ids) return dm.embedding(ids, self.weight) end
+nn.Embedding = Embedding
+
+end

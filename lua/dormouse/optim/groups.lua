@@ -1,0 +1,129 @@
+--[[
+Parameter groups, chosen by name and shape (spec/model.md, Optimisers):
+
+  muon     every 2-D weight and every 3-D bank [E, m, n] of the hidden layers
+           (each expert's matrix orthogonalised on its own)
+  adamw    embeddings, the head, gains, biases (dt_bias too), the router,
+           scales (cg, cu, scg, scu), gates, A_log, convolution weights, and
+           anything that is not 2-D or 3-D
+  engram   the Engram tables: Adam at engram_lr_mult × adamw_lr, no weight
+           decay. For now a dense AdamW group; the sparse touched-rows Adam
+           comes with the host-side tables (vm/hostable).
+
+"Gates" are KDA's gate projections: the beta gate wb (d -> H), the decay
+gate's low-rank pair wg1, wg2, and the output gate's pair wo1, wo2; like the
+router they stay with AdamW (research-engram-muon-moe.md B.4: no primary
+source puts gate matrices under Muon). The rules are a list; the first that
+matches a parameter decides its group.
+]]
+local dm = require "dormouse"
+
+local groups = {}
+
+-- the last component of a dotted name ("block.kda.conv_q" -> "conv_q")
+local function leaf(name) return name:match("([^.]+)$") end
+
+-- the component before it, the owning module's name ("block.kda.wb.weight" -> "wb")
+local function owner(name) return name:match("([^.]+)%.[^.]+$") end
+
+local function class_of(e) return e.module and e.module._name end
+
+local scales = {cg = true, cu = true, scg = true, scu = true}
+local gates = {wb = true, wg1 = true, wg2 = true, wo1 = true, wo2 = true}
+
+groups.rules = {
+  {"engram", "Engram table", function(e) return leaf(e.name) == "table" and (class_of(e) == "Engram" or e.name:find("engram", 1, true)) end},
+  {"adamw", "embedding", function(e) return class_of(e) == "Embedding" or e.name:match("^emb%.") end},
+  {"adamw", "head", function(e) return e.name:match("^head%.") end},
+  {"adamw", "gain", function(e) return leaf(e.name) == "gain" end},
+  {"adamw", "bias", function(e) return leaf(e.name):match("bias$") end},
+  {"adamw", "router", function(e) return owner(e.name) == "router" end},
+  {"adamw", "scale", function(e) return scales[leaf(e.name)] end},
+  {"adamw", "gate", function(e) return gates[owner(e.name) or ""] end},
+  {"adamw", "A_log", function(e) return leaf(e.name) == "A_log" end},
+  {"adamw", "conv", function(e) return leaf(e.name):match("^conv") end},
+  {"muon", "matrix", function(e) local n = e.tensor:dim() return n == 2 or n == 3 end},
+  {"adamw", "other", function() return true end},
+}
+
+groups.order = {"muon", "adamw", "engram"}
+
+-- The group and the rule's reason for one entry {name, tensor, module}.
+function groups.classify(e)
+  for _, rule in ipairs(groups.rules) do
+    if rule[3](e) then return rule[1], rule[2] end
+  end
+end
+
+--[[ entries: a module's named_parameters(). Returns {muon = {...}, adamw =
+{...}, engram = {...}}, each a list of the entries with `why` (the rule) set. ]]
+function groups.assign(entries)
+  local out = {}
+  for _, name in ipairs(groups.order) do out[name] = {} end
+  for _, e in ipairs(entries) do
+    local g, why = groups.classify(e)
+    local list = out[g]
+    list[#list + 1] = {name = e.name, tensor = e.tensor, module = e.module, why = why}
+  end
+  return out
+end
+
+local function human(n)
+  if n >= 1e9 then return string.format("%.2fB", n / 1e9) end
+  if n >= 1e6 then return string.format("%.2fM", n / 1e6) end
+  if n >= 1e3 then return string.format("%.1fK", n / 1e3) end
+  return tostring(n)
+end
+
+-- names joined up to `width` characters, then "(+N more)"
+local function abbreviate(names, width)
+  local out, used = {}, 0
+  for i, name in ipairs(names) do
+    if used + #name > width and i > 1 then
+      out[#out + 1] = string.format("(+%d more)", #names - i + 1)
+      break
+    end
+    out[#out + 1] = name
+    used = used + #name + 2
+  end
+  return table.concat(out, ", ")
+end
+
+--[[ The table printed at start: group -> tensors, parameters, lr, weight
+decay, names. rows: {{name, entries, lr, weight_decay}, ...}. ]]
+function groups.describe(rows, width)
+  local lines = {string.format("%-7s %7s %9s %9s %6s  %s", "group", "tensors", "params", "lr", "wd", "names")}
+  for _, r in ipairs(rows) do
+    local n, names = 0, {}
+    for _, e in ipairs(r.entries) do
+      n = n + e.tensor:numel()
+      names[#names + 1] = e.name
+    end
+    lines[#lines + 1] = string.format("%-7s %7d %9s %9.2e %6g  %s", r.name, #r.entries, human(n), r.lr,
+                                      r.weight_decay, abbreviate(names, width or 90))
+  end
+  return table.concat(lines, "\n")
+end
+
+--[[ The state every optimiser group keeps: for each slot ("m", "v",
+"momentum") one f32 zero tensor per parameter, on the parameter's device,
+kept past any dm.scope (the first step often runs inside one). ]]
+function groups.new_group(name, entries, slots)
+  local g = {name = name, entries = entries, params = {}, slots = slots, state = {}}
+  for _, slot in ipairs(slots) do g.state[slot] = {} end
+  for i, e in ipairs(entries) do
+    g.params[i] = e.tensor
+    for _, slot in ipairs(slots) do g.state[slot][i] = dm.keep(dm.zeros_like(e.tensor)) end
+  end
+  return g
+end
+
+-- the group's state under "<parameter name>.<slot>", into out
+function groups.state_into(g, out)
+  for i, e in ipairs(g.entries) do
+    for _, slot in ipairs(g.slots) do out[e.name .. "." .. slot] = g.state[slot][i] end
+  end
+  return out
+end
+
+return groups

@@ -1,0 +1,168 @@
+--[[
+optim — the optimisers of spec/model.md: Muon for the hidden matrices and
+expert banks, AdamW for embeddings, head, gains, biases, router, scales and
+gates, Adam for the Engram tables; global-norm clipping, whose finiteness
+check is the NaN firewall's; and the learning-rate schedule.
+
+  local optim = require "dormouse.optim"
+  local opt = optim.new(model, cfg.optim, cfg.schedule, cfg.steps)
+  for step = 1, cfg.steps do
+    ... loss:backward()
+    local r = opt:step(step)        -- {grad_norm, lr, lr_mult, skipped}
+    opt:zero_grad()
+  end
+  opt:state()       -- {name = tensor} for optim.safetensors
+  opt:load_state(t) -- and back
+
+A step: the schedule's multiplier for `step`; the global gradient norm (and
+clipping to cfg.clip); when the norm is not finite nothing is updated and
+the step is reported skipped; else every group updates at its lr times the
+multiplier. Parameters are f32 masters; their state lives on their device.
+]]
+local dm = require "dormouse"
+local core = require "dormouse.core"
+local groups = require "dormouse.optim.groups"
+local schedule = require "dormouse.optim.schedule"
+local AdamW = require "dormouse.optim.adamw"
+local Muon = require "dormouse.optim.muon"
+
+local optim = {groups = groups, schedule = schedule, AdamW = AdamW, Muon = Muon}
+
+local function fail(fmt, ...) core.error(string.format(fmt, ...)) end
+
+-- cfg.optim's keys (the schema's, with its defaults) and two of this module's own
+optim.defaults = {
+  muon_lr = 1e-3, adamw_lr = 1e-3, betas = {0.9, 0.95}, eps = 1e-8, weight_decay = 0.1,
+  engram_lr_mult = 5, momentum = 0.95, nesterov = true, ns_steps = 5, ns_coeffs = "quintic",
+  clip = 1.0,
+  adamw_weight_decay = 0.0,   -- decoupled weight decay of the AdamW group (Engram: always 0)
+  ns_dtype = false,           -- "f32" or "bf16"; false = bf16 on the GPU, f32 on the CPU
+}
+
+local function settings(cfg)
+  cfg = cfg or {}
+  if type(cfg) ~= "table" then fail("optim: the config must be a table, got a %s", type(cfg)) end
+  local o, names = {}, {}
+  for key in pairs(optim.defaults) do names[#names + 1] = key end
+  table.sort(names)
+  for key in pairs(cfg) do
+    if optim.defaults[key] == nil then
+      fail("optim: unknown key '%s' (%s)", tostring(key), table.concat(names, ", "))
+    end
+  end
+  for key, v in pairs(optim.defaults) do      -- rawget: a resolved config raises on keys it lacks
+    local given = rawget(cfg, key)
+    if given == nil then o[key] = v else o[key] = given end
+  end
+  if o.ns_coeffs ~= "quintic" and o.ns_coeffs ~= "polar_express" then
+    fail("optim: ns_coeffs must be \"quintic\" or \"polar_express\", got %s", tostring(o.ns_coeffs))
+  end
+  return o
+end
+
+local function entries_of(model)
+  if type(model) == "table" and model.named_parameters then return model:named_parameters() end
+  if type(model) == "table" then return model end
+  fail("optim.new: expected a module or a list of {name, tensor} entries, got a %s", type(model))
+end
+
+local Optimizer = {}
+Optimizer.__index = Optimizer
+
+--[[ model: a module (its named_parameters()) or a list of {name = , tensor = ,
+module = } entries; ocfg: the config's `optim` section; scfg: its `schedule`
+section; steps: the run's total updates. opts.quiet: do not print the groups. ]]
+function optim.new(model, ocfg, scfg, steps, opts)
+  local o = settings(ocfg)
+  local entries = entries_of(model)
+  if #entries == 0 then fail("optim.new: the model has no parameters") end
+  for _, e in ipairs(entries) do
+    if e.tensor.dtype ~= "f32" then
+      fail("optim.new: parameter '%s' is %s; the optimisers update f32 masters", e.name, e.tensor.dtype)
+    end
+  end
+  local self = setmetatable({clip = o.clip, t = 0, skips = 0, params = {}, groups = {}}, Optimizer)
+  self.lr_mult = schedule.new(scfg, steps)
+  self.base_lr = o.adamw_lr
+  for i, e in ipairs(entries) do self.params[i] = e.tensor end
+  local ns_dtype = o.ns_dtype or (entries[1].tensor.device == "cuda" and "bf16" or "f32")
+  local by = groups.assign(entries)
+  if #by.muon > 0 then
+    self.groups[#self.groups + 1] = Muon.new("muon", by.muon, {
+      lr = o.muon_lr, momentum = o.momentum, nesterov = o.nesterov, weight_decay = o.weight_decay,
+      ns_steps = o.ns_steps, coeffs = o.ns_coeffs, ns_dtype = ns_dtype})
+  end
+  if #by.adamw > 0 then
+    self.groups[#self.groups + 1] = AdamW.new("adamw", by.adamw, {
+      lr = o.adamw_lr, betas = o.betas, eps = o.eps, weight_decay = o.adamw_weight_decay})
+  end
+  if #by.engram > 0 then
+    -- dense for now; the sparse touched-rows Adam replaces it with the host tables
+    self.groups[#self.groups + 1] = AdamW.new("engram", by.engram, {
+      lr = o.adamw_lr * o.engram_lr_mult, betas = o.betas, eps = o.eps, weight_decay = 0})
+  end
+  if not (opts and opts.quiet) then print(self:describe()) end
+  return self
+end
+
+-- The groups as a table: group, tensors, parameters, lr, weight decay, names.
+function Optimizer:describe()
+  return groups.describe(self.groups)
+end
+
+-- One update; returns {grad_norm, lr (adamw_lr times the multiplier), lr_mult, skipped}.
+function Optimizer:step(step)
+  local mult = self.lr_mult(step)
+  local norm, finite = core.clip_grad_norm(self.params, self.clip)
+  local r = {grad_norm = norm, lr = self.base_lr * mult, lr_mult = mult, skipped = not finite}
+  if not finite then
+    self.skips = self.skips + 1
+    return r
+  end
+  self.t = self.t + 1
+  for _, g in ipairs(self.groups) do g:update(mult, self.t) end
+  return r
+end
+
+function Optimizer:zero_grad()
+  for _, p in ipairs(self.params) do p.grad = nil end
+end
+
+-- {"<param>.m" = , "<param>.v" = , "<param>.momentum" = , step = i64 [1]}
+function Optimizer:state()
+  local out = {step = dm.tensor({self.t}, {dtype = "i64"})}
+  for _, g in ipairs(self.groups) do groups.state_into(g, out) end
+  return out
+end
+
+local function shape_str(t) return "[" .. table.concat(t:shape(), ", ") .. "]" end
+
+-- The inverse of state(): every key must be there with its shape, and no
+-- other; all is checked before anything is copied.
+function Optimizer:load_state(tbl)
+  if type(tbl) ~= "table" then fail("optim state: expected a table of tensors, got a %s", type(tbl)) end
+  local step = tbl.step
+  if not dm.is_tensor(step) or step:numel() ~= 1 then fail("optim state: missing 'step' (a one-element tensor)") end
+  local t = math.tointeger(step:item())
+  if not t or t < 0 then fail("optim state: 'step' must hold an integer >= 0, got %s", tostring(step:item())) end
+  local want = {}
+  for _, g in ipairs(self.groups) do groups.state_into(g, want) end
+  for key, dst in pairs(want) do
+    local src = tbl[key]
+    if not dm.is_tensor(src) then fail("optim state: missing '%s'", key) end
+    if shape_str(src) ~= shape_str(dst) then
+      fail("optim state '%s': shape %s but the parameter's is %s", key, shape_str(src), shape_str(dst))
+    end
+  end
+  local extra = {}
+  for key in pairs(tbl) do if key ~= "step" and not want[key] then extra[#extra + 1] = tostring(key) end end
+  table.sort(extra)
+  if #extra > 0 then
+    fail("optim state: unexpected key '%s'%s (not a state of this optimiser's parameters)", extra[1],
+         #extra > 1 and string.format(" and %d more", #extra - 1) or "")
+  end
+  for key, dst in pairs(want) do dst:copy_(tbl[key]) end
+  self.t = t
+end
+
+return optim

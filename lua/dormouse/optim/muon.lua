@@ -1,0 +1,37 @@
+--[[
+Muon over one group of matrices [m, n] and banks [E, m, n] (vm/optim.c):
+
+  buf <- mu buf + g ;  u = g + mu buf (Nesterov) or buf
+  O   =  NS5(u)       each matrix on its own; every matrix of one shape is
+                      stacked and iterated with batched products
+  p   <- p (1 - lr wd) - lr 0.2 sqrt(max(m, n)) O
+
+NS5: X = u / (||u||_F + 1e-7), then 5 Newton-Schulz steps X <- aX + (bA + cA^2)X
+with A = X X^T on the smaller side, (a, b, c) = (3.4445, -4.7750, 2.0315), or
+the per-step Polar Express coefficients. It runs in ns_dtype: bf16 on the
+GPU, f32 on the CPU by default.
+]]
+local core = require "dormouse.core"
+local groups = require "dormouse.optim.groups"
+
+local Muon = {kind = "muon"}
+Muon.__index = Muon
+
+-- hp: {lr, momentum, nesterov, weight_decay, ns_steps, coeffs, ns_dtype}
+function Muon.new(name, entries, hp)
+  local self = setmetatable(groups.new_group(name, entries, {"momentum"}), Muon)
+  for _, k in ipairs {"lr", "momentum", "nesterov", "weight_decay", "ns_steps", "coeffs", "ns_dtype"} do
+    self[k] = hp[k]
+  end
+  return self
+end
+
+function Muon:update(mult)
+  core.muon_step(self.params, self.state.momentum, {
+    lr = self.lr * mult, momentum = self.momentum, nesterov = self.nesterov,
+    weight_decay = self.weight_decay, ns_steps = self.ns_steps, coeffs = self.coeffs,
+    ns_dtype = self.ns_dtype,
+  })
+end
+
+return Muon

@@ -1,0 +1,106 @@
+--[[
+Seed sweeps: every (arm, seed) of an experiment, trained on the same data
+and evaluated on the same held-out windows, then a verdict table.
+
+  dm.sweep {
+    base  = "experiments/small.lua",
+    arms  = {control = {}, lfb = {["model.moe.lfb_gamma"] = 0}},
+    seeds = {1, 2, 3},
+    set   = {steps = 500},                 -- overrides for every arm (optional)
+  }
+
+An arm beats the control only when its mean final bpb_fin is lower by more
+than both spreads (the sample standard deviation over seeds of each). The
+table goes to stdout and to runs/sweep-NAME/verdict.txt and verdict.json.
+]]
+local config = require "dormouse.config"
+local json = require "dormouse.json"
+
+local sweep = {}
+
+local function stats(values)
+  local n, sum = #values, 0
+  for _, v in ipairs(values) do sum = sum + v end
+  local mean = sum / n
+  local ss = 0
+  for _, v in ipairs(values) do ss = ss + (v - mean) ^ 2 end
+  return mean, n > 1 and math.sqrt(ss / (n - 1)) or 0
+end
+
+local function sorted_arms(arms, control)
+  local names = {}
+  for name in pairs(arms) do if name ~= control then names[#names + 1] = name end end
+  table.sort(names)
+  table.insert(names, 1, control)
+  return names
+end
+
+local function overrides_of(set, arm, seed, name)
+  local o = {}
+  for k, v in pairs(set or {}) do o[k] = v end
+  for k, v in pairs(arm) do o[k] = v end
+  o.seed, o.name = seed, name
+  return o
+end
+
+-- The verdict of each arm against the control.
+function sweep.verdicts(results, control)
+  local c = results[control]
+  for name, r in pairs(results) do
+    if name == control then r.verdict = "control"
+    else
+      local diff = c.mean - r.mean
+      if diff > r.spread and diff > c.spread then r.verdict = "beats control"
+      elseif -diff > r.spread and -diff > c.spread then r.verdict = "worse than control"
+      else r.verdict = "no difference beyond the spread" end
+    end
+  end
+end
+
+function sweep.table(results, names, seeds)
+  local head = {string.format("%-14s %9s %9s", "arm", "mean", "spread")}
+  for _, s in ipairs(seeds) do head[#head + 1] = string.format("%9s", "seed " .. s) end
+  head[#head + 1] = "  verdict"
+  local lines = {table.concat(head, " ")}
+  for _, name in ipairs(names) do
+    local r = results[name]
+    local row = {string.format("%-14s %9.4f %9.4f", name, r.mean, r.spread)}
+    for i = 1, #seeds do row[#row + 1] = string.format("%9.4f", r.bpb[i]) end
+    row[#row + 1] = "  " .. r.verdict
+    lines[#lines + 1] = table.concat(row, " ")
+  end
+  return table.concat(lines, "\n")
+end
+
+function sweep.run(spec)
+  assert(type(spec) == "table" and spec.base and spec.arms and spec.seeds,
+         "dm.sweep{base = FILE, arms = {name = {overrides}}, seeds = {...}}")
+  local control = spec.control or "control"
+  if not spec.arms[control] then error("dm.sweep: no arm named '" .. control .. "' (the control)", 2) end
+  local train = require "dormouse.train"
+  local base_name = spec.name or spec.base:match("([^/]+)%.lua$")
+  local names = sorted_arms(spec.arms, control)
+  local results = {}
+  for _, arm in ipairs(names) do
+    results[arm] = {bpb = {}}
+    for i, seed in ipairs(spec.seeds) do
+      local run_name = string.format("%s-%s-s%d", base_name, arm, seed)
+      print(string.format("== sweep %s: arm %s, seed %d (%s)", base_name, arm, seed, run_name))
+      local cfg = config.load(spec.base, overrides_of(spec.set, spec.arms[arm], seed, run_name))
+      local s = train.run(cfg, {overwrite = true, quiet = true, root = spec.root})
+      results[arm].bpb[i] = s.bpb_fin
+    end
+    results[arm].mean, results[arm].spread = stats(results[arm].bpb)
+  end
+  sweep.verdicts(results, control)
+  local text = sweep.table(results, names, spec.seeds)
+  print(text)
+  local dir = "runs/sweep-" .. base_name
+  os.execute("mkdir -p '" .. dir .. "'")
+  local core = require "dormouse.core"
+  core.ckpt_write_file(dir .. "/verdict.txt", text .. "\n")
+  core.ckpt_write_file(dir .. "/verdict.json", json.encode({arms = results, seeds = spec.seeds}) .. "\n")
+  return results
+end
+
+return sweep

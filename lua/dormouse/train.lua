@@ -1,0 +1,325 @@
+--[[
+The training loop. One run, from a resolved config:
+
+  model, optimiser, corpus  ← config (resumed from a checkpoint when asked)
+  for step = first .. steps:
+      for each micro-batch:  loss = model(x).loss / grad_accum ;  loss:backward()
+      balance the experts on the step's routing counts
+      clip, check (the NaN firewall), update
+      every log.every steps:      a log line with the window's counters
+      every eval.every steps:     held-out fin, bpb_fin, periter, depths; report.html
+      every checkpoint.every:     a checkpoint (the last `keep` kept)
+
+Everything a run writes goes to runs/NAME/: config.lua (resolved), log.txt,
+metrics.jsonl, report.html and the checkpoints.
+]]
+local dm = require "dormouse"
+local core = require "dormouse.core"
+local nn = require "dormouse.nn"
+local optim = require "dormouse.optim"
+local config = require "dormouse.config"
+local instrument = require "dormouse.instrument"
+local json = require "dormouse.json"
+local report = require "dormouse.report"
+local evaluate = require "dormouse.eval"
+
+local train = {}
+
+---------------------------------------------------------------- set-up
+
+local function pick_device(cfg)
+  if cfg.device ~= "auto" then return cfg.device end
+  return core.device_available("cuda") and "cuda" or "cpu"
+end
+
+local function mkdir(path)
+  core.ckpt_mkdirs(path)
+end
+
+local function write_atomic(path, text)
+  core.ckpt_write_file(path, text)
+end
+
+-- The model file: models/ARCH.lua returns a function from the model table to a module.
+function train.build_model(cfg, root)
+  local arch = cfg.model.arch
+  local path = arch:find("/") and arch or (root .. "/models/" .. arch .. ".lua")
+  local chunk, err = loadfile(path)
+  if not chunk then error("model " .. arch .. ": " .. err, 0) end
+  local build = chunk()
+  if type(build) ~= "function" then
+    error(path .. ": a model file must return a function from the model config to a module", 0)
+  end
+  return build(cfg.model)
+end
+
+local function engram_ctx(cfg)
+  local orders = cfg.model.engram.orders
+  return #orders > 0 and orders[#orders] - 1 or 0
+end
+
+local Run = {}
+Run.__index = Run
+
+function Run:say(line)
+  if self.bar_shown then io.stdout:write("\r\27[K"); self.bar_shown = false end
+  print(line)
+  if self.log_file then self.log_file:write(line, "\n"); self.log_file:flush() end
+end
+
+function Run:record(rec)
+  self.records[#self.records + 1] = rec
+  self.metrics_file:write(json.encode(rec), "\n")
+  self.metrics_file:flush()
+end
+
+---------------------------------------------------------------- checkpoints
+
+local function named_state(model)
+  local t = {}
+  for _, p in ipairs(model:named_parameters()) do t[p.name] = p.tensor end
+  for _, b in ipairs(model:named_buffers()) do t[b.name] = b.tensor end
+  return t
+end
+
+function Run:save_checkpoint()
+  local seed, offset = dm.rng_state()
+  local path = dm.ckpt.save(self.dir, self.step, {
+    model = named_state(self.model),
+    optim = self.opt:state(),
+    meta = {config = config.plain(self.cfg), step = self.step, data = {position = self.loader:position()},
+            rng = {seed, offset}, firewall = self.firewall},
+  }, {keep = self.cfg.checkpoint.keep})
+  self:say("checkpoint " .. path)
+end
+
+-- Refuse a resume whose resolved config differs other than in progress keys.
+local function check_same_config(saved, cfg, dir)
+  local d = config.diff(saved, config.plain(cfg))
+  if #d > 0 then
+    error(string.format("cannot resume %s: the config differs from the checkpoint's in %d key%s:\n%s",
+                        dir, #d, #d == 1 and "" or "s", config.format_diff(d, "checkpoint", "now")), 0)
+  end
+end
+
+function Run:restore(dir)
+  local path = dm.ckpt.latest(dir)
+  if not path then error("cannot resume " .. dir .. ": it holds no complete checkpoint", 0) end
+  local c = dm.ckpt.load(path)
+  check_same_config(c.meta.config, self.cfg, dir)
+  dm.no_grad(function()
+    for name, t in pairs(named_state(self.model)) do
+      local saved = c.model[name]
+      if not saved then error(path .. "/model.safetensors has no tensor '" .. name .. "'", 0) end
+      t:copy_(saved)
+    end
+  end)
+  self.opt:load_state(c.optim)
+  dm.set_rng_state(c.meta.rng[1], c.meta.rng[2])
+  self.step = c.meta.step
+  self.data_position = c.meta.data.position
+  self.firewall = c.meta.firewall or self.firewall
+  self:say(string.format("resumed from %s at step %d", path, self.step))
+end
+
+---------------------------------------------------------------- the step
+
+-- One optimiser step over grad_accum micro-batches; returns its numbers.
+function Run:train_step()
+  local cfg = self.cfg
+  return dm.scope(function()
+    local loss = 0
+    for _ = 1, cfg.grad_accum do
+      local x, prefix = self.loader:next()
+      if self.device ~= "cpu" then x, prefix = x:to(self.device), prefix:to(self.device) end
+      local out = self.model:forward(x, prefix)
+      local l = out.loss:item()
+      loss = loss + l / cfg.grad_accum
+      if instrument.finite(l) then (out.loss * (1 / cfg.grad_accum)):backward() end
+      self.last_x, self.last_prefix = x, prefix
+    end
+    local counts = self.model.update_balance and self.model:update_balance()
+    local r
+    if instrument.finite(loss) then
+      r = self.opt:step(self.step)
+    else
+      self.opt:zero_grad()
+      r = {skipped = true, grad_norm = 0 / 0, lr = 0}
+    end
+    local engram
+    if self.log_now and self.model.block and self.model.block.engram then
+      local rows = self.model.block.engram:rows(self.last_x:narrow(2, 1, self.last_x:size(2) - 1),
+                                                self.last_prefix)
+      local uniq = dm.engram_unique(rows)
+      engram = {rows = uniq:numel(), unique_frac = uniq:numel() / rows:numel()}
+    end
+    return loss, r, counts and counts:totable(), engram
+  end)
+end
+
+function Run:log_window(w)
+  local now = os.time()
+  local elapsed = math.max(core.now() - w.t0, 1e-9)
+  local mem = dm.memory(self.device)
+  local moe = instrument.moe_counters(w.counts)
+  local r = {step = self.step, loss = w.loss / math.max(w.steps - w.skips, 1), tok_s = w.tokens / elapsed,
+             lr = w.lr, grad_norm = w.grad_norm / math.max(w.steps - w.skips, 1), skips = w.skips,
+             mem = {allocated = mem.allocated, peak = mem.peak}, moe = moe, engram = w.engram}
+  self:say(instrument.log_line(r))
+  self:record({kind = "log", step = r.step, loss = r.loss, tok_s = r.tok_s, lr = r.lr,
+               grad_norm = r.grad_norm, skips = r.skips, mem_allocated = mem.allocated, mem_peak = mem.peak,
+               moe_busiest = moe and moe.busiest, moe_entropy = moe and moe.entropy,
+               moe_dead = moe and moe.dead, time = now})
+  if instrument.end_window(self.firewall, w) then
+    error(string.format("NaN firewall: steps were skipped in two log windows in a row (%d skipped in all, " ..
+                        "the last window ends at step %d); the run stops", self.firewall.total, self.step), 0)
+  end
+end
+
+function Run:eval()
+  local e = evaluate.held_out(self.model, self.eval_x, self.eval_prefix, {
+    batch = self.cfg.batch, device = self.device, depths = self.cfg.eval.depths})
+  e.step = self.step
+  self:say(instrument.eval_line(e, self.baselines))
+  local rec = {kind = "eval", step = self.step, bytes = e.bytes, fin = e.fin, bpb_fin = e.fin / instrument.LN2,
+               periter = e.periter, depths = e.depths}
+  self:record(rec)
+  self.last_eval = e
+  write_atomic(self.dir .. "/report.html", report.html({name = self.cfg.name, config_text = self.config_text,
+    summary = self.summary}, self.records, self.baselines))
+  return e
+end
+
+---------------------------------------------------------------- the run
+
+local function open_corpus(cfg)
+  local path = cfg.data.path or dm.data.default_corpus()
+  return dm.data.open(path, {eval_bytes = cfg.data.eval_bytes}), path
+end
+
+-- Every line of metrics.jsonl up to `step`, so a resumed run's file continues cleanly.
+local function read_records(path, upto)
+  local records = {}
+  local f = io.open(path, "r")
+  if not f then return records end
+  for line in f:lines() do
+    local step = tonumber(line:match('"step":(%-?%d+)'))
+    local kind = line:match('"kind":"(%a+)"')
+    if step and step <= upto and kind then
+      local rec = {kind = kind, step = step, raw = line}
+      for k, v in line:gmatch('"([%w_]+)":(%-?[%d%.eE%+%-]+)') do rec[k] = tonumber(v) end
+      local per = line:match('"periter":%[([^%]]*)%]')
+      if per then
+        rec.periter = {}
+        for v in per:gmatch("[^,]+") do rec.periter[#rec.periter + 1] = tonumber(v) end
+      end
+      records[#records + 1] = rec
+    end
+  end
+  f:close()
+  return records
+end
+
+--[[ Train from a resolved config. opts: resume = run dir, overwrite = bool,
+quiet = bool (no progress bar), root = the folder holding models/. Returns a
+summary {step, bpb_fin, baselines, dir}. ]]
+function train.run(cfg, opts)
+  opts = opts or {}
+  local self = setmetatable({cfg = cfg, records = {}, firewall = instrument.firewall(), step = 0,
+                             data_position = 0}, Run)
+  self.device = pick_device(cfg)
+  self.dir = (opts.runs or "runs") .. "/" .. cfg.name
+  if not opts.resume and dm.ckpt.latest(self.dir) and not opts.overwrite then
+    error(string.format("%s already holds checkpoints: resume it with --resume %s, or choose another " ..
+                        "name with --set name=..., or pass --overwrite", self.dir, self.dir), 0)
+  end
+  if opts.overwrite and not opts.resume then os.execute("rm -rf '" .. self.dir .. "'") end
+  mkdir(self.dir)
+  self.log_file = assert(io.open(self.dir .. "/log.txt", opts.resume and "a" or "w"))
+  self.config_text = config.describe(cfg)
+  write_atomic(self.dir .. "/config.lua", "return " .. dm.ckpt.serialize(config.plain(cfg)) .. "\n")
+
+  dm.manual_seed(cfg.seed)
+  nn.device = self.device
+  nn.compute_dtype = self.device == "cpu" and "f32" or cfg.dtype
+  if self.device == "cpu" and cfg.dtype ~= "f32" then
+    self:say("cpu: matrix products run in f32 (dtype = " .. cfg.dtype .. " applies on the GPU)")
+  end
+  self.model = train.build_model(cfg, opts.root or ".")
+  self.opt = optim.new(self.model, cfg.optim, cfg.schedule, cfg.steps)
+
+  local corpus, path = open_corpus(cfg)
+  self.corpus = corpus
+  local counts = self.model.counts and self.model:counts()
+  self.summary = string.format("%s on %s: %s parameters%s; corpus %s (%d bytes, %d held out); device %s",
+    cfg.name, cfg.model.arch, nn.human(self.model:n_params()),
+    counts and string.format(" (%s without the Engram tables, %s active per token per iteration)",
+                             nn.human(counts.without_tables), nn.human(counts.active)) or "",
+    path, corpus:size(), corpus:eval_size(), self.device)
+  self:say(self.summary)
+  self:say(self.opt:describe())
+
+  if opts.resume then self:restore(opts.resume) end
+  local metrics_path = self.dir .. "/metrics.jsonl"
+  if opts.resume then
+    self.records = read_records(metrics_path, self.step)
+    local lines = {}
+    for _, r in ipairs(self.records) do lines[#lines + 1] = r.raw end
+    write_atomic(metrics_path, #lines > 0 and table.concat(lines, "\n") .. "\n" or "")
+  end
+  self.metrics_file = assert(io.open(metrics_path, opts.resume and "a" or "w"))
+
+  local ctx = engram_ctx(cfg)
+  local eval_seq = cfg.data.ctx or cfg.seq
+  self.eval_x, self.eval_prefix = corpus:eval_windows {seq = eval_seq, n = cfg.eval.windows, ctx = ctx}
+  dm.keep(self.eval_x); dm.keep(self.eval_prefix)
+  self.baselines = {}
+  for _, order in ipairs(cfg.eval.baseline) do
+    local bpb = corpus:ngram_bpb(order, {seq = eval_seq, n = self.eval_x:size(1)})
+    self.baselines[#self.baselines + 1] = {order = order, bpb = bpb}
+  end
+  self.loader = corpus:loader {batch = cfg.batch, seq = cfg.seq, seed = cfg.seed, ctx = ctx,
+                               start = self.data_position}
+
+  local tty = not opts.quiet and core.isatty(1)
+  local tokens_per_step = cfg.batch * cfg.seq * cfg.grad_accum
+  local window = instrument.window()
+  local t_start = core.now()
+  local first = self.step
+  while self.step < cfg.steps do
+    self.step = self.step + 1
+    self.log_now = self.step % cfg.log.every == 0 or self.step == cfg.steps
+    local loss, r, step_counts, engram = self:train_step()
+    if instrument.finite(loss) and loss > cfg.ce_ceiling then
+      error(string.format("CE ceiling: the training loss %.4g at step %d is above %g (window of steps %d..%d)",
+                          loss, self.step, cfg.ce_ceiling, self.step - window.steps, self.step), 0)
+    end
+    window.steps = window.steps + 1
+    window.tokens = window.tokens + tokens_per_step
+    window.lr = r.lr
+    if r.skipped then window.skips = window.skips + 1
+    else window.loss = window.loss + loss; window.grad_norm = window.grad_norm + r.grad_norm end
+    window.counts = instrument.add_counts(window.counts, step_counts)
+    window.engram = engram or window.engram
+    if self.log_now then self:log_window(window); window = instrument.window() end
+    if (cfg.eval.every > 0 and self.step % cfg.eval.every == 0) or self.step == cfg.steps then self:eval() end
+    if (cfg.checkpoint.every > 0 and self.step % cfg.checkpoint.every == 0) or self.step == cfg.steps then
+      self:save_checkpoint()
+    end
+    if tty then
+      io.stdout:write(instrument.progress(self.step - first, cfg.steps - first, core.now() - t_start,
+                                          string.format("loss %.4f", loss)))
+      io.stdout:flush()
+      self.bar_shown = true
+    end
+  end
+  if self.bar_shown then io.stdout:write("\r\27[K") end
+  self.loader:close()
+  self.metrics_file:close()
+  self.log_file:close()
+  local e = self.last_eval
+  return {step = self.step, bpb_fin = e and e.fin / instrument.LN2, baselines = self.baselines, dir = self.dir,
+          model = self.model, device = self.device, periter = e and e.periter}
+end
+
+return train

@@ -1,0 +1,748 @@
+---@meta dormouse
+-- LuaLS definitions for `require "dormouse"` and its tensors, so editors
+-- complete the methods of a userdata they cannot see into. Nothing here
+-- runs: the implementation is vm/lua_*.c and lua/dormouse/.
+-- Positions are 1-based (dims, narrow starts, gather/index_select/scatter_add
+-- indices, the indices max and argmax return); negative dims count from the end.
+-- tests/lua/tensor_spec.lua checks that every method and function is listed here.
+
+---@alias dormouse.DType "f32"|"f64"|"bf16"|"f16"|"i32"|"i64"|"u8"
+---@alias dormouse.Device "cpu"|"cuda"|"meta"
+---@alias dormouse.Shape integer[]
+
+---@class dormouse.CreateOptions
+---@field dtype? dormouse.DType element type (default "f32")
+---@field device? dormouse.Device where the memory lives (default "cpu")
+---@field requires_grad? boolean a leaf whose gradient backward accumulates in .grad
+
+---@class dormouse.DrawOptions: dormouse.CreateOptions
+---@field seed? integer draw at (seed, offset), reproducible by itself; without it, the global generator
+---@field offset? integer the Philox counter to start at (default 0)
+
+---@class dormouse.MatmulOptions
+---@field transpose_a? boolean read a as [..., k, m], transposed without a copy
+---@field transpose_b? boolean read b as [..., n, k], transposed without a copy
+
+---@class dormouse.AllcloseOptions
+---@field rtol? number relative tolerance (default 1e-5)
+---@field atol? number absolute tolerance (default 1e-8)
+
+---@class dormouse.Memory
+---@field current integer bytes allocated now
+---@field allocated integer the same as current
+---@field peak integer the most bytes allocated at once since the start or dm.reset_peak()
+---@field count integer live blocks
+---@field reserved integer bytes held by the allocator, allocated or cached
+---@field device_allocs integer allocations that reached the system (or the CUDA driver)
+---@field tape_nodes integer ops recorded on the autograd tape
+
+---@class dormouse.OpInfo
+---@field name string the op's name in the op table
+---@field doc string one line
+---@field attrs string its numeric attributes
+---@field n_in integer tensor inputs (-1: a list)
+---@field n_out integer tensor outputs
+---@field differentiable boolean whether it has a backward
+
+---A view over refcounted storage: dtype, shape, strides, device. Arithmetic
+---operators broadcast as in NumPy and take a number on either side.
+---@class dormouse.Tensor
+---@field dtype dormouse.DType the element type
+---@field device dormouse.Device where the values live
+---@field ndim integer the number of dims
+---@field is_leaf boolean true unless the tensor is the output of a recorded op
+---@field grad dormouse.Tensor|nil the gradient backward accumulated (leaves only); assign nil to reset it
+---@operator add(dormouse.Tensor|number): dormouse.Tensor
+---@operator sub(dormouse.Tensor|number): dormouse.Tensor
+---@operator mul(dormouse.Tensor|number): dormouse.Tensor
+---@operator div(dormouse.Tensor|number): dormouse.Tensor
+---@operator pow(number): dormouse.Tensor
+---@operator unm: dormouse.Tensor
+---@operator len: integer
+local Tensor = {}
+
+-- ---- sizes and values --------------------------------------------------------
+
+---The sizes of the dims, as a new table.
+---@return dormouse.Shape
+function Tensor:shape() end
+
+---The sizes of the dims, or the size of one dim (1-based, negative from the end).
+---@param dim? integer
+---@return integer|dormouse.Shape
+function Tensor:size(dim) end
+
+---The strides, in elements.
+---@return integer[]
+function Tensor:stride() end
+
+---The offset of the first element in the storage, in elements.
+---@return integer
+function Tensor:storage_offset() end
+
+---The number of dims.
+---@return integer
+function Tensor:dim() end
+
+---The number of elements.
+---@return integer
+function Tensor:numel() end
+
+---Whether the elements lie in row-major order without gaps.
+---@return boolean
+function Tensor:is_contiguous() end
+
+---The value of a one-element tensor: a float, or an integer for integer dtypes.
+---@return number
+function Tensor:item() end
+
+---The values as nested tables (a number for a 0-dim tensor).
+---@return number|table
+function Tensor:totable() end
+
+-- ---- devices, dtypes and copies ---------------------------------------------------
+
+---A copy on a device or in a dtype; x:to{device = "cuda", dtype = "bf16"} for both.
+---@param target dormouse.DType|dormouse.Device|{device?: dormouse.Device, dtype?: dormouse.DType}
+---@return dormouse.Tensor
+function Tensor:to(target) end
+
+---A copy on the GPU (the tensor itself if it is there).
+---@return dormouse.Tensor
+function Tensor:cuda() end
+
+---A copy in host memory (the tensor itself if it is there).
+---@return dormouse.Tensor
+function Tensor:cpu() end
+
+---A copy as f32.
+---@return dormouse.Tensor
+function Tensor:float() end
+
+---A copy as f64.
+---@return dormouse.Tensor
+function Tensor:double() end
+
+---A copy as bf16 (round to nearest even).
+---@return dormouse.Tensor
+function Tensor:bf16() end
+
+---A copy as f16 (round to nearest even).
+---@return dormouse.Tensor
+function Tensor:half() end
+
+---A copy as i64 (floats truncate toward zero); ends the graph.
+---@return dormouse.Tensor
+function Tensor:long() end
+
+---A copy as i32 (floats truncate toward zero); ends the graph.
+---@return dormouse.Tensor
+function Tensor:int() end
+
+---A contiguous copy, recorded for autograd.
+---@return dormouse.Tensor
+function Tensor:clone() end
+
+---The tensor in row-major order: itself (a view) if it already is, else a copy.
+---@return dormouse.Tensor
+function Tensor:contiguous() end
+
+-- ---- views ------------------------------------------------------------------------
+
+---The same elements in a new shape (one size may be -1: inferred); a view when the layout allows.
+---@param shape dormouse.Shape|integer
+---@param ... integer
+---@return dormouse.Tensor
+function Tensor:reshape(shape, ...) end
+
+---The same as reshape.
+---@param shape dormouse.Shape|integer
+---@param ... integer
+---@return dormouse.Tensor
+function Tensor:view(shape, ...) end
+
+---A view with the dims reordered: x:permute{2, 1, 3}.
+---@param dims integer[]|integer
+---@param ... integer
+---@return dormouse.Tensor
+function Tensor:permute(dims, ...) end
+
+---A view with two dims swapped.
+---@param dim1 integer
+---@param dim2 integer
+---@return dormouse.Tensor
+function Tensor:transpose(dim1, dim2) end
+
+---The transpose of a 2-D tensor (a view).
+---@return dormouse.Tensor
+function Tensor:t() end
+
+---A view of len positions from start (1-based) along dim.
+---@param dim integer
+---@param start integer
+---@param len integer
+---@return dormouse.Tensor
+function Tensor:narrow(dim, start, len) end
+
+---A view with size-1 dims repeated to a shape without copying (-1 keeps a dim).
+---@param shape dormouse.Shape|integer
+---@param ... integer
+---@return dormouse.Tensor
+function Tensor:expand(shape, ...) end
+
+---A view without the size-1 dims (or without dim, if its size is 1).
+---@param dim? integer
+---@return dormouse.Tensor
+function Tensor:squeeze(dim) end
+
+---A view with a new size-1 dim at dim (-1 puts it last).
+---@param dim integer
+---@return dormouse.Tensor
+function Tensor:unsqueeze(dim) end
+
+-- ---- elementwise ------------------------------------------------------------------
+
+---x + y, broadcasting; y may be a number.
+---@param y dormouse.Tensor|number
+---@return dormouse.Tensor
+function Tensor:add(y) end
+
+---x - y, broadcasting; y may be a number.
+---@param y dormouse.Tensor|number
+---@return dormouse.Tensor
+function Tensor:sub(y) end
+
+---x * y, broadcasting; y may be a number.
+---@param y dormouse.Tensor|number
+---@return dormouse.Tensor
+function Tensor:mul(y) end
+
+---x / y, broadcasting; y may be a number.
+---@param y dormouse.Tensor|number
+---@return dormouse.Tensor
+function Tensor:div(y) end
+
+---The larger of x and y elementwise.
+---@param y dormouse.Tensor|number
+---@return dormouse.Tensor
+function Tensor:maximum(y) end
+
+---The smaller of x and y elementwise.
+---@param y dormouse.Tensor|number
+---@return dormouse.Tensor
+function Tensor:minimum(y) end
+
+---The negation, -x.
+---@return dormouse.Tensor
+function Tensor:neg() end
+
+---e^x.
+---@return dormouse.Tensor
+function Tensor:exp() end
+
+---The natural logarithm.
+---@return dormouse.Tensor
+function Tensor:log() end
+
+---The square root.
+---@return dormouse.Tensor
+function Tensor:sqrt() end
+
+---1 / sqrt(x).
+---@return dormouse.Tensor
+function Tensor:rsqrt() end
+
+---The hyperbolic tangent.
+---@return dormouse.Tensor
+function Tensor:tanh() end
+
+---1 / (1 + e^-x).
+---@return dormouse.Tensor
+function Tensor:sigmoid() end
+
+---x * sigmoid(x).
+---@return dormouse.Tensor
+function Tensor:silu() end
+
+---log(1 + e^x), without overflow.
+---@return dormouse.Tensor
+function Tensor:softplus() end
+
+---|x|.
+---@return dormouse.Tensor
+function Tensor:abs() end
+
+---max(x, 0).
+---@return dormouse.Tensor
+function Tensor:relu() end
+
+---x * x.
+---@return dormouse.Tensor
+function Tensor:square() end
+
+---The sign: -1, 0 or 1 (no gradient).
+---@return dormouse.Tensor
+function Tensor:sign() end
+
+---x^p for a number p.
+---@param p number
+---@return dormouse.Tensor
+function Tensor:pow(p) end
+
+---x limited to [lo, hi]; a nil side is open.
+---@param lo? number
+---@param hi? number
+---@return dormouse.Tensor
+function Tensor:clamp(lo, hi) end
+
+---x == y as a u8 tensor of 0 and 1 (Lua's == compares tensors as objects).
+---@param y dormouse.Tensor|number
+---@return dormouse.Tensor
+function Tensor:eq(y) end
+
+---x ~= y as a u8 tensor of 0 and 1.
+---@param y dormouse.Tensor|number
+---@return dormouse.Tensor
+function Tensor:ne(y) end
+
+---x < y as a u8 tensor of 0 and 1.
+---@param y dormouse.Tensor|number
+---@return dormouse.Tensor
+function Tensor:lt(y) end
+
+---x <= y as a u8 tensor of 0 and 1.
+---@param y dormouse.Tensor|number
+---@return dormouse.Tensor
+function Tensor:le(y) end
+
+---x > y as a u8 tensor of 0 and 1.
+---@param y dormouse.Tensor|number
+---@return dormouse.Tensor
+function Tensor:gt(y) end
+
+---x >= y as a u8 tensor of 0 and 1.
+---@param y dormouse.Tensor|number
+---@return dormouse.Tensor
+function Tensor:ge(y) end
+
+-- ---- in place (no autograd: optimisers, under dm.no_grad for tensors that require grad) --
+
+---x += alpha * y in place (alpha defaults to 1); returns x.
+---@param y dormouse.Tensor|number
+---@param alpha? number
+---@return dormouse.Tensor
+function Tensor:add_(y, alpha) end
+
+---x *= y in place; returns x.
+---@param y dormouse.Tensor|number
+---@return dormouse.Tensor
+function Tensor:mul_(y) end
+
+---Copies src into x in place (broadcasting, casting, across devices); returns x.
+---@param src dormouse.Tensor
+---@return dormouse.Tensor
+function Tensor:copy_(src) end
+
+---Sets every element to v in place; returns x.
+---@param v number
+---@return dormouse.Tensor
+function Tensor:fill_(v) end
+
+---Sets every element to 0 in place; returns x.
+---@return dormouse.Tensor
+function Tensor:zero_() end
+
+-- ---- reductions ---------------------------------------------------------------------
+
+---The sum over every dim, or over dim (keepdim keeps it with size 1); integers sum to i64.
+---@param dim? integer
+---@param keepdim? boolean
+---@return dormouse.Tensor
+function Tensor:sum(dim, keepdim) end
+
+---The mean over every dim, or over dim.
+---@param dim? integer
+---@param keepdim? boolean
+---@return dormouse.Tensor
+function Tensor:mean(dim, keepdim) end
+
+---The largest value (no dim), or the values and 1-based i64 indices along dim.
+---@param dim? integer
+---@param keepdim? boolean
+---@return dormouse.Tensor values
+---@return dormouse.Tensor? indices
+function Tensor:max(dim, keepdim) end
+
+---The smallest value (no dim), or the values and 1-based i64 indices along dim.
+---@param dim? integer
+---@param keepdim? boolean
+---@return dormouse.Tensor values
+---@return dormouse.Tensor? indices
+function Tensor:min(dim, keepdim) end
+
+---The 1-based position of the largest value along dim, or in the flattened tensor.
+---@param dim? integer
+---@param keepdim? boolean
+---@return dormouse.Tensor
+function Tensor:argmax(dim, keepdim) end
+
+---The 1-based position of the smallest value along dim, or in the flattened tensor.
+---@param dim? integer
+---@param keepdim? boolean
+---@return dormouse.Tensor
+function Tensor:argmin(dim, keepdim) end
+
+---log(sum(exp(x))) over every dim or over dim, shifted by the max so it does not overflow.
+---@param dim? integer
+---@param keepdim? boolean
+---@return dormouse.Tensor
+function Tensor:logsumexp(dim, keepdim) end
+
+---(sum |x|^p)^(1/p) over every dim or over dim; p > 0, default 2.
+---@param p? number
+---@param dim? integer
+---@param keepdim? boolean
+---@return dormouse.Tensor
+function Tensor:norm(p, dim, keepdim) end
+
+---The softmax along dim (default: the last).
+---@param dim? integer
+---@return dormouse.Tensor
+function Tensor:softmax(dim) end
+
+---The log of the softmax along dim (default: the last).
+---@param dim? integer
+---@return dormouse.Tensor
+function Tensor:log_softmax(dim) end
+
+---Sums a broadcast result down to the shape it was broadcast from.
+---@param shape dormouse.Shape
+---@return dormouse.Tensor
+function Tensor:sum_to(shape) end
+
+-- ---- products and indexing ---------------------------------------------------------
+
+---The matrix product [..., m, k] @ [..., k, n]; batch dims broadcast.
+---@param y dormouse.Tensor
+---@param opts? dormouse.MatmulOptions
+---@return dormouse.Tensor
+function Tensor:matmul(y, opts) end
+
+---out[i][j] = x[idx[i][j]][j] for dim 1: values picked by 1-based indices (i64, i32 or u8).
+---@param dim integer
+---@param idx dormouse.Tensor
+---@return dormouse.Tensor
+function Tensor:gather(dim, idx) end
+
+---The slices along dim named by the 1-based indices of a 1-D idx.
+---@param dim integer
+---@param idx dormouse.Tensor
+---@return dormouse.Tensor
+function Tensor:index_select(dim, idx) end
+
+---A copy of x with src added at the 1-based indices along dim; repeated indices add up.
+---@param dim integer
+---@param idx dormouse.Tensor
+---@param src dormouse.Tensor
+---@return dormouse.Tensor
+function Tensor:scatter_add(dim, idx, src) end
+
+-- ---- autograd -------------------------------------------------------------------------
+
+---Runs the tape back from this tensor, accumulates the leaves' .grad, then frees the tape.
+---A tensor of more than one element needs its gradient.
+---@param grad? dormouse.Tensor
+function Tensor:backward(grad) end
+
+---A view of the same values outside the graph: a constant for what follows.
+---@return dormouse.Tensor
+function Tensor:detach() end
+
+---Whether the tensor requires grad; with an argument, marks (or unmarks) a leaf and returns it.
+---@param on? boolean
+---@return boolean|dormouse.Tensor
+function Tensor:requires_grad(on) end
+
+-- ---- memory -----------------------------------------------------------------------------
+
+---Drops this tensor's storage now, whoever holds the tensor; any later use is an error.
+function Tensor:free() end
+
+---Whether the tensor was freed (by :free(), a <close> variable or the end of its dm.scope).
+---@return boolean
+function Tensor:is_freed() end
+
+
+---@class dormouse
+---@field version string the runtime's version
+---@field core table the C binding module `dormouse.core`
+local dm = {}
+
+dm.data = require("dormouse.data")
+dm.ckpt = require("dormouse.ckpt")
+dm.config = require("dormouse.config")
+
+---The autograd tape.
+dm.autograd = {}
+
+---The number of ops on the tape.
+---@return integer
+function dm.autograd.size() end
+
+---Drops the tape (a step that will not call backward).
+function dm.autograd.clear() end
+
+-- ---- creation ------------------------------------------------------------------------------
+
+---A tensor from a number or nested tables of numbers.
+---@param data number|table
+---@param opts? dormouse.CreateOptions
+---@return dormouse.Tensor
+function dm.tensor(data, opts) end
+
+---A tensor of zeros.
+---@param shape dormouse.Shape|integer
+---@param opts? dormouse.CreateOptions
+---@return dormouse.Tensor
+function dm.zeros(shape, opts) end
+
+---A tensor of ones.
+---@param shape dormouse.Shape|integer
+---@param opts? dormouse.CreateOptions
+---@return dormouse.Tensor
+function dm.ones(shape, opts) end
+
+---A tensor filled with value.
+---@param shape dormouse.Shape|integer
+---@param value number
+---@param opts? dormouse.CreateOptions
+---@return dormouse.Tensor
+function dm.full(shape, value, opts) end
+
+---A tensor whose values are not set.
+---@param shape dormouse.Shape|integer
+---@param opts? dormouse.CreateOptions
+---@return dormouse.Tensor
+function dm.empty(shape, opts) end
+
+---start, start + step, ... below stop; dm.arange(n) is 0..n-1. The options may follow any number.
+---@param start number
+---@param stop? number|dormouse.CreateOptions
+---@param step? number|dormouse.CreateOptions
+---@param opts? dormouse.CreateOptions
+---@return dormouse.Tensor
+function dm.arange(start, stop, step, opts) end
+
+---Uniform draws in [0, 1) from Philox-4x32-10.
+---@param shape dormouse.Shape|integer
+---@param opts? dormouse.DrawOptions
+---@return dormouse.Tensor
+function dm.rand(shape, opts) end
+
+---Standard normal draws from Philox-4x32-10 (Box-Muller).
+---@param shape dormouse.Shape|integer
+---@param opts? dormouse.DrawOptions
+---@return dormouse.Tensor
+function dm.randn(shape, opts) end
+
+---Zeros of x's shape, dtype and device (the options override).
+---@param x dormouse.Tensor
+---@param opts? dormouse.CreateOptions
+---@return dormouse.Tensor
+function dm.zeros_like(x, opts) end
+
+---Ones of x's shape, dtype and device.
+---@param x dormouse.Tensor
+---@param opts? dormouse.CreateOptions
+---@return dormouse.Tensor
+function dm.ones_like(x, opts) end
+
+---An unset tensor of x's shape, dtype and device.
+---@param x dormouse.Tensor
+---@param opts? dormouse.CreateOptions
+---@return dormouse.Tensor
+function dm.empty_like(x, opts) end
+
+---Uniform draws of x's shape, dtype and device.
+---@param x dormouse.Tensor
+---@param opts? dormouse.DrawOptions
+---@return dormouse.Tensor
+function dm.rand_like(x, opts) end
+
+---Normal draws of x's shape, dtype and device.
+---@param x dormouse.Tensor
+---@param opts? dormouse.DrawOptions
+---@return dormouse.Tensor
+function dm.randn_like(x, opts) end
+
+---Whether v is a tensor.
+---@param v any
+---@return boolean
+function dm.is_tensor(v) end
+
+-- ---- ops as functions -------------------------------------------------------------------
+
+---The matrix product; the flags read an input transposed without copying it.
+---@param a dormouse.Tensor
+---@param b dormouse.Tensor
+---@param opts? dormouse.MatmulOptions
+---@return dormouse.Tensor
+function dm.matmul(a, b, opts) end
+
+---x @ w^T + b, with w of shape [out, in] and b (optional) of shape [out].
+---@param x dormouse.Tensor
+---@param w dormouse.Tensor
+---@param b? dormouse.Tensor
+---@return dormouse.Tensor
+function dm.linear(x, w, b) end
+
+---a where cond is nonzero, else b; a or b may be a number.
+---@param cond dormouse.Tensor
+---@param a dormouse.Tensor|number
+---@param b dormouse.Tensor|number
+---@return dormouse.Tensor
+function dm.where(cond, a, b) end
+
+---The larger of a and b elementwise.
+---@param a dormouse.Tensor|number
+---@param b dormouse.Tensor|number
+---@return dormouse.Tensor
+function dm.maximum(a, b) end
+
+---The smaller of a and b elementwise.
+---@param a dormouse.Tensor|number
+---@param b dormouse.Tensor|number
+---@return dormouse.Tensor
+function dm.minimum(a, b) end
+
+---x:gather(dim, idx): values picked by 1-based indices.
+---@param x dormouse.Tensor
+---@param dim integer
+---@param idx dormouse.Tensor
+---@return dormouse.Tensor
+function dm.gather(x, dim, idx) end
+
+---x:index_select(dim, idx): the slices named by 1-based indices.
+---@param x dormouse.Tensor
+---@param dim integer
+---@param idx dormouse.Tensor
+---@return dormouse.Tensor
+function dm.index_select(x, dim, idx) end
+
+---x:scatter_add(dim, idx, src): a copy of x with src added at 1-based indices.
+---@param x dormouse.Tensor
+---@param dim integer
+---@param idx dormouse.Tensor
+---@param src dormouse.Tensor
+---@return dormouse.Tensor
+function dm.scatter_add(x, dim, idx, src) end
+
+---The rows of table [V, D] for class ids (counted from 0) of any shape: [..., D].
+---@param ids dormouse.Tensor
+---@param table dormouse.Tensor
+---@return dormouse.Tensor
+function dm.embedding(ids, table) end
+
+---x:softmax(dim).
+---@param x dormouse.Tensor
+---@param dim? integer
+---@return dormouse.Tensor
+function dm.softmax(x, dim) end
+
+---x:log_softmax(dim).
+---@param x dormouse.Tensor
+---@param dim? integer
+---@return dormouse.Tensor
+function dm.log_softmax(x, dim) end
+
+---Joins tensors along an existing dim (default 1).
+---@param list dormouse.Tensor[]
+---@param dim? integer
+---@return dormouse.Tensor
+function dm.cat(list, dim) end
+
+---Joins tensors of one shape along a new dim (default 1; -1 puts it last).
+---@param list dormouse.Tensor[]
+---@param dim? integer
+---@return dormouse.Tensor
+function dm.stack(list, dim) end
+
+---|a - b| <= atol + rtol * |b| everywhere, with equal shapes (NaN never passes).
+---@param a dormouse.Tensor
+---@param b dormouse.Tensor
+---@param opts? dormouse.AllcloseOptions
+---@return boolean
+function dm.allclose(a, b, opts) end
+
+---Every registered op with its doc line.
+---@return dormouse.OpInfo[]
+function dm.ops() end
+
+-- ---- grad mode ---------------------------------------------------------------------------
+
+---Calls fn(...) with grad mode off (nothing is recorded) and returns its results; restored after an error.
+---@generic R
+---@param fn fun(...): R
+---@param ... any
+---@return R
+function dm.no_grad(fn, ...) end
+
+---Calls fn(...) with grad mode on and returns its results.
+---@generic R
+---@param fn fun(...): R
+---@param ... any
+---@return R
+function dm.enable_grad(fn, ...) end
+
+---Whether ops are being recorded.
+---@return boolean
+function dm.grad_enabled() end
+
+-- ---- the generator -------------------------------------------------------------------------
+
+---Resets the global generator to (seed, offset 0).
+---@param seed integer
+function dm.manual_seed(seed) end
+
+---The global generator's seed and counter offset.
+---@return integer seed
+---@return integer offset
+function dm.rng_state() end
+
+---Sets the global generator's seed and counter offset.
+---@param seed integer
+---@param offset integer
+function dm.set_rng_state(seed, offset) end
+
+-- ---- memory -------------------------------------------------------------------------------
+
+---Runs fn(...) as a step: tensors handed to Lua inside it are freed when it ends,
+---except those it returns (also inside a returned table) and those given to dm.keep.
+---@generic R
+---@param fn fun(...): R
+---@param ... any
+---@return R
+function dm.scope(fn, ...) end
+
+---Takes t out of the current dm.scope, so it outlives it; returns t.
+---@param t dormouse.Tensor
+---@return dormouse.Tensor
+function dm.keep(t) end
+
+---Memory statistics of a device (default "cpu").
+---@param device? dormouse.Device
+---@return dormouse.Memory
+function dm.memory(device) end
+
+---Starts the peak of dm.memory() again from the current use.
+---@param device? dormouse.Device
+function dm.reset_peak(device) end
+
+-- ---- experiments ------------------------------------------------------------------------------
+
+---Trains every (arm, seed) of an experiment and prints a verdict table.
+---@param spec {base: string, arms: table<string, table>, seeds: integer[], set?: table, control?: string}
+---@return table
+function dm.sweep(spec) end
+
+return dm

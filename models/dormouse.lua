@@ -1,0 +1,93 @@
+--[[
+The dormouse model family (spec/model.md), built from a resolved config's
+`model` table:
+
+  h_0      = Emb[x]
+  for i = 1 .. max_iter:                 one Block, the same weights each time
+      h_i  = Block(h_{i-1}, x)
+  logits_i = Head(rmsf(h_i))
+  CE_i     = cross-entropy of logits_i                      (periter)
+  fin_D    = cross-entropy of Head(rmsf(mean_{i<=D} h_i))   (the model at depth D)
+  loss     = (sum_i CE_i + fin) / (max_iter + 1)           fin = fin_{max_iter}
+]]
+local dm = require "dormouse"
+local nn = require "dormouse.nn"
+
+local Dormouse = nn.class("Dormouse")
+
+function Dormouse:init(m)
+  self.cfg = m
+  self.max_iter = m.max_iter
+  self:child("emb", nn.Embedding(256, m.d))
+  self:child("block", nn.Block(m))
+  self:child("rmsf", nn.RMSNorm(m.d))
+  self:child("head", nn.Linear(m.d, 256))
+end
+
+local function readout(self, h)
+  return self.head:forward(self.rmsf:forward(h))
+end
+
+local function ce(logits, targets)
+  local V = logits:size(-1)
+  return dm.cross_entropy(logits:reshape({-1, V}), targets:reshape({-1}))
+end
+
+--[[ x [B, T+1] bytes (inputs are x[:, 1..T], targets x[:, 2..T+1]); prefix
+[B, ctx] the bytes before each row (Engram's n-grams reach into them).
+opts.depths: the D of fin_D to report besides fin (e.g. {1, 2}).
+Returns {loss, fin, periter = {CE_1 ...}, fin_D = {[D] = ...}, logits = {...}, fin_logits}. ]]
+function Dormouse:forward(x, prefix, opts)
+  opts = opts or {}
+  local T = x:size(2) - 1
+  local inputs = x:narrow(2, 1, T)
+  local targets = x:narrow(2, 2, T):to("i64")
+  self.block.moe.counts = nil                       -- this step's routing counts start here
+  local h = self.emb:forward(inputs)
+  local out = {periter = {}, fin_D = {}, logits = {}}
+  local sum_h, total = nil, nil
+  local wanted = {}
+  for _, D in ipairs(opts.depths or {}) do wanted[D] = true end
+  for i = 1, self.max_iter do
+    h = self.block:forward(h, inputs, prefix)
+    out.logits[i] = readout(self, h)
+    out.periter[i] = ce(out.logits[i], targets)
+    total = total and total + out.periter[i] or out.periter[i]
+    sum_h = sum_h and sum_h + h or h
+    if wanted[i] or i == self.max_iter then
+      local logits = readout(self, sum_h * (1 / i))
+      out.fin_D[i] = ce(logits, targets)
+      if i == self.max_iter then out.fin_logits = logits end
+    end
+  end
+  out.fin = out.fin_D[self.max_iter]
+  out.loss = (total + out.fin) * (1 / (self.max_iter + 1))
+  return out
+end
+
+-- Move the balancing bias on the last forward's routing counts (all
+-- iterations together); returns those counts [E].
+function Dormouse:update_balance()
+  return self.block.moe:update_balance()
+end
+
+--[[ Parameter counts: total, the Engram tables apart, and the parameters one
+token uses in one iteration (the block's dense parts, its k routed experts,
+one Engram row per sub-table, its embedding row and the head). ]]
+function Dormouse:counts()
+  local m = self.cfg
+  local total = self:n_params()
+  local tables = self.block.engram.table:numel()
+  local moe = self.block.moe
+  local per_expert = (moe.Ug:numel() + moe.Uu:numel() + moe.cg:numel() + moe.cu:numel() + moe.D:numel())
+                     / m.experts
+  local routed = per_expert * m.experts
+  local block = self.block:n_params()
+  local active = block - tables - routed + per_expert * m.top_k
+               + self.block.engram.n_sub * self.block.engram.width
+               + m.d + self.head:n_params() + self.rmsf:n_params()
+  return {total = total, tables = tables, without_tables = total - tables, active = active,
+          routed = routed}
+end
+
+return function(model_cfg) return Dormouse(model_cfg) end

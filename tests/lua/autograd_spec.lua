@@ -1,0 +1,247 @@
+-- Autograd through the Lua surface: gradients, accumulation, grad mode,
+-- the tape's lifetime and the checks that keep a gradient honest.
+local dm = require "dormouse"
+
+local function near(a, b, tol, path)
+  tol, path = tol or 1e-10, path or "value"
+  if type(b) == "table" then
+    assert.equal(#b, #a, path .. " has the wrong length")
+    for i = 1, #b do near(a[i], b[i], tol, path .. "[" .. i .. "]") end
+  else
+    assert.is_true(math.abs(a - b) <= tol, string.format("%s: got %.12g, expected %.12g", path, a, b))
+  end
+end
+
+local function err_of(fn)
+  local ok, msg = pcall(fn)
+  assert.is_false(ok, "expected an error")
+  return tostring(msg)
+end
+
+local function has(msg, ...)
+  for _, part in ipairs {...} do
+    assert.is_truthy(msg:find(part, 1, true), "message lacks [" .. part .. "]:\n" .. msg)
+  end
+end
+
+-- The same two-layer MLP in plain Lua loops, with its gradients derived by
+-- hand: loss = mean over rows of (tanh(x W1 + b1) W2 - t)^2.
+local function mlp_by_hand(x, W1, b1, W2, t)
+  local n, d, h = #x, #W1, #W1[1]
+  local loss, dW1, db1, dW2 = 0, {}, {}, {}
+  for j = 1, h do db1[j], dW2[j] = 0, {0} end
+  for i = 1, d do dW1[i] = {}; for j = 1, h do dW1[i][j] = 0 end end
+  for r = 1, n do
+    local a, y = {}, 0
+    for j = 1, h do
+      local z = b1[j]
+      for i = 1, d do z = z + x[r][i] * W1[i][j] end
+      a[j] = math.tanh(z)
+      y = y + a[j] * W2[j][1]
+    end
+    local e = y - t[r][1]
+    loss = loss + e * e / n
+    local dy = 2 * e / n                          -- d loss / d y
+    for j = 1, h do
+      dW2[j][1] = dW2[j][1] + dy * a[j]
+      local dz = dy * W2[j][1] * (1 - a[j] * a[j])  -- through tanh
+      db1[j] = db1[j] + dz
+      for i = 1, d do dW1[i][j] = dW1[i][j] + dz * x[r][i] end
+    end
+  end
+  return loss, dW1, db1, dW2
+end
+
+describe("backward", function()
+  it("through a small MLP equals the hand-computed gradients", function()
+    local x = dm.randn({5, 3}, {seed = 1, dtype = "f64"})
+    local t = dm.randn({5, 1}, {seed = 2, dtype = "f64"})
+    local W1 = dm.randn({3, 4}, {seed = 3, dtype = "f64", requires_grad = true})
+    local b1 = dm.randn({4}, {seed = 4, dtype = "f64", requires_grad = true})
+    local W2 = dm.randn({4, 1}, {seed = 5, dtype = "f64", requires_grad = true})
+    local y = (x:matmul(W1) + b1):tanh():matmul(W2)
+    local loss = (y - t):square():mean()
+    loss:backward()
+    local l, dW1, db1, dW2 = mlp_by_hand(x:totable(), W1:totable(), b1:totable(), W2:totable(), t:totable())
+    near(loss:item(), l)
+    near(W1.grad:totable(), dW1)
+    near(b1.grad:totable(), db1)
+    near(W2.grad:totable(), dW2)
+    assert.equal("f64", W1.grad.dtype)
+    assert.same({3, 4}, W1.grad:shape())
+    assert.is_nil(x.grad)                          -- x did not require grad
+  end)
+
+  it("flows through views, broadcasting and reductions", function()
+    local w = dm.tensor({{1, 2, 3}, {4, 5, 6}}, {dtype = "f64", requires_grad = true})
+    -- d/dw of sum(w[:, 2:3]^T * 2) + mean(w) * 6 = 2 on the narrowed columns, + 1 everywhere
+    local loss = (w:narrow(2, 2, 2):t() * 2):sum() + w:mean() * 6
+    loss:backward()
+    near(w.grad:totable(), {{1, 3, 3}, {1, 3, 3}})
+  end)
+
+  it("with an explicit gradient for a non-scalar output", function()
+    local w = dm.tensor({1, 2, 3}, {dtype = "f64", requires_grad = true})
+    local y = w * w
+    y:backward(dm.tensor({1, 0, -1}, {dtype = "f64"}))
+    near(w.grad:totable(), {2, 0, -6})
+  end)
+
+  it("gradients accumulate across two backwards", function()
+    local w = dm.tensor({1, 2}, {dtype = "f64", requires_grad = true})
+    ;(w * 3):sum():backward()
+    near(w.grad:totable(), {3, 3})
+    ;(w * w):sum():backward()
+    near(w.grad:totable(), {5, 7})
+    -- .grad can be reset (an optimiser's zero_grad)
+    w.grad = nil
+    assert.is_nil(w.grad)
+    ;(w * 3):sum():backward()
+    near(w.grad:totable(), {3, 3})
+  end)
+
+  it("a leaf's .grad is its own memory, writable in place", function()
+    local w = dm.tensor({1, 2}, {requires_grad = true})
+    w:sum():backward()
+    local g = w.grad
+    g:zero_()
+    assert.same({0, 0}, w.grad:totable())
+  end)
+end)
+
+describe("detach and requires_grad", function()
+  it("x:detach() shares the values and ends the graph", function()
+    local w = dm.tensor({1, 2}, {requires_grad = true})
+    local h = w * 2
+    local d = h:detach()
+    assert.is_false(d:requires_grad())
+    assert.is_true(d.is_leaf)
+    assert.same(h:totable(), d:totable())
+    local loss = (d * w):sum()                     -- d is a constant here
+    loss:backward()
+    near(w.grad:totable(), {2, 4})
+  end)
+
+  it("requires_grad() reads, requires_grad(true) marks a leaf", function()
+    local x = dm.zeros({2})
+    assert.is_false(x:requires_grad())
+    assert.equal(x, x:requires_grad(true))
+    assert.is_true(x:requires_grad())
+    local y = x * 2
+    assert.is_true(y:requires_grad())
+    assert.is_false(y.is_leaf)
+  end)
+end)
+
+describe("grad mode", function()
+  it("dm.no_grad records no tape and returns fn's values", function()
+    dm.autograd.clear()
+    local w = dm.ones({3}, {requires_grad = true})
+    local a, b = dm.no_grad(function()
+      assert.is_false(dm.grad_enabled())
+      local y = w * 2 + 1
+      assert.equal(0, dm.autograd.size())
+      return y, "second"
+    end)
+    assert.is_false(a:requires_grad())
+    assert.equal("second", b)
+    assert.is_true(dm.grad_enabled())
+  end)
+
+  it("dm.no_grad restores grad mode after an error inside", function()
+    local msg = err_of(function() dm.no_grad(function() error("inside") end) end)
+    has(msg, "inside")
+    assert.is_true(dm.grad_enabled())
+    -- nested: enable_grad inside no_grad, both restored
+    dm.no_grad(function()
+      dm.enable_grad(function() assert.is_true(dm.grad_enabled()) end)
+      assert.is_false(dm.grad_enabled())
+    end)
+    assert.is_true(dm.grad_enabled())
+  end)
+
+  it("in-place writes to a tensor that requires grad need no_grad", function()
+    local w = dm.ones({2}, {requires_grad = true})
+    has(err_of(function() w:copy_(dm.zeros({2})) end), "copy_", "requires grad", "dm.no_grad")
+    has(err_of(function() w:fill_(0) end), "fill_", "requires grad")
+    dm.no_grad(function() w:add_(dm.ones({2}), -0.5) end)
+    assert.same({0.5, 0.5}, w:totable())
+  end)
+end)
+
+describe("the tape", function()
+  it("is recorded while grad mode is on and freed after backward", function()
+    dm.autograd.clear()
+    local w = dm.ones({2}, {requires_grad = true})
+    local loss = (w * 2):exp():sum()
+    assert.equal(3, dm.autograd.size())
+    assert.equal(3, dm.memory().tape_nodes)
+    loss:backward()
+    assert.equal(0, dm.autograd.size())
+  end)
+
+  it("a second backward errors saying the graph was freed", function()
+    local w = dm.ones({2}, {requires_grad = true})
+    local loss = (w * w):sum()
+    loss:backward()
+    has(err_of(function() loss:backward() end), "graph", "already freed")
+  end)
+
+  it("ops on nothing that requires grad record nothing", function()
+    dm.autograd.clear()
+    local _ = (dm.ones({2}) * 2):exp():sum()
+    assert.equal(0, dm.autograd.size())
+  end)
+
+  it("a tensor whose graph was freed cannot feed a new recorded op", function()
+    local w = dm.ones({2}, {requires_grad = true})
+    local h = w * 2
+    h:sum():backward()
+    has(err_of(function() local _ = h * w end), "freed", ":detach()")
+  end)
+
+  it("dm.autograd.clear() drops a graph that will not be used", function()
+    local w = dm.ones({2}, {requires_grad = true})
+    local loss = (w * 2):sum()
+    assert.is_true(dm.autograd.size() > 0)
+    dm.autograd.clear()
+    assert.equal(0, dm.autograd.size())
+    has(err_of(function() loss:backward() end), "freed")
+  end)
+end)
+
+describe("backward refuses", function()
+  it("requires_grad(true) on an integer tensor", function()
+    has(err_of(function() dm.zeros({2}, {dtype = "i32"}):requires_grad(true) end),
+        "only float tensors", "i32")
+    has(err_of(function() dm.zeros({2}, {dtype = "u8", requires_grad = true}) end), "u8")
+  end)
+
+  it("a non-scalar without a gradient", function()
+    local w = dm.ones({2, 2}, {requires_grad = true})
+    has(err_of(function() (w * 2):backward() end), "gradient is needed", "4 elements")
+    dm.autograd.clear()
+  end)
+
+  it("a tensor that does not require grad", function()
+    has(err_of(function() dm.ones({1}):backward() end), "does not require grad")
+  end)
+
+  it("when a saved tensor was written in place after the forward", function()
+    local w = dm.tensor({1, 2}, {requires_grad = true})
+    local h = w * 3
+    local loss = (h * h):sum()                   -- mul saves h
+    dm.no_grad(function() h:add_(1) end)
+    has(err_of(function() loss:backward() end), "backward of mul", "modified in place")
+    assert.equal(0, dm.autograd.size())          -- the failed backward left no tape behind
+    assert.is_nil(w.grad)
+  end)
+
+  it("when a saved tensor was freed after the forward", function()
+    local w = dm.tensor({1, 2}, {requires_grad = true})
+    local h = w * 3
+    local loss = (h * h):sum()
+    h:free()
+    has(err_of(function() loss:backward() end), "backward of mul", "freed")
+  end)
+end)

@@ -1,0 +1,155 @@
+-- The `dormouse` command line, run as a child process: exit codes, error
+-- reports, `arg`, and the small commands.
+
+-- The binary running this suite: arg[-1] as `dormouse test` sets it (as
+-- invoked: build/dormouse from a fresh clone, an absolute path under ctest).
+local bin = arg and arg[-1]
+assert(bin and io.open(bin, "rb"), "cli_spec: cannot find the dormouse binary (arg[-1] = " .. tostring(bin) .. ")")
+
+local dir = os.tmpname()
+os.remove(dir)
+assert(os.execute("mkdir -p '" .. dir .. "'"))
+
+local function write(name, text)
+  local path = dir .. "/" .. name
+  local f = assert(io.open(path, "w"))
+  f:write(text)
+  f:close()
+  return path
+end
+
+local function read(path)
+  local f = assert(io.open(path, "r"))
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+-- Run the binary with a shell-quoted argument string; returns exit code, stdout, stderr.
+local function dormouse(args, env)
+  local errfile = dir .. "/stderr"
+  local p = assert(io.popen(string.format("%s'%s' %s 2>'%s' </dev/null", env or "", bin, args, errfile)))
+  local out = p:read("a")
+  local _, _, code = p:close()
+  return code, out, read(errfile)
+end
+
+local function has(s, ...)
+  for _, part in ipairs {...} do
+    assert.is_truthy(s:find(part, 1, true), "lacks [" .. part .. "]:\n" .. s)
+  end
+end
+
+local function lacks(s, ...)
+  for _, part in ipairs {...} do
+    assert.is_falsy(s:find(part, 1, true), "should not contain [" .. part .. "]:\n" .. s)
+  end
+end
+
+teardown(function() os.execute("rm -rf '" .. dir .. "'") end)
+
+describe("dormouse run", function()
+  it("reports a core error as FILE:LINE: message with a traceback of the user's frames, exit 1", function()
+    local script = write("shapes.lua", [[
+local dm = require "dormouse"
+local function forward(a)
+  return a + dm.zeros({4})
+end
+local y = forward(dm.zeros({2, 3}))
+print(y)
+]])
+    local code, out, err = dormouse("run '" .. script .. "'")
+    assert.equal(1, code)
+    assert.equal("", out)
+    local first = err:match("^[^\n]*")
+    assert.equal(script .. ":3: add: shapes [2, 3] and [4] do not broadcast", first)
+    has(err, "stack traceback:", script .. ":3: in", script .. ":5: in main chunk")
+    lacks(err, "cli.lua", "[C]: in ?", "lua/dormouse/", "dormouse.core", "xpcall")
+  end)
+
+  it("reports error() from a script the same way", function()
+    local script = write("fail.lua", "local x = 1\nerror('no good: ' .. x)\n")
+    local code, _, err = dormouse("run '" .. script .. "'")
+    assert.equal(1, code)
+    assert.equal(script .. ":2: no good: 1", err:match("^[^\n]*"))
+    lacks(err, "cli.lua", "[C]: in ?")
+  end)
+
+  it("reports an error object that is not a string", function()
+    local script = write("table_error.lua", "error({code = 3})\n")
+    local code, _, err = dormouse("run '" .. script .. "'")
+    assert.equal(1, code)
+    has(err, "error object is a table value")
+  end)
+
+  it("reports a syntax error with file:line, exit 1", function()
+    local script = write("syntax.lua", "local a = 1\nlocal b = = 2\n")
+    local code, _, err = dormouse("run '" .. script .. "'")
+    assert.equal(1, code)
+    assert.equal(script .. ":2: unexpected symbol near '='", err:match("^[^\n]*"))
+  end)
+
+  it("sets arg as the stock lua does, and passes the arguments as ...", function()
+    local script = write("args.lua", [[
+print(arg[0], #arg, arg[1], arg[2], select("#", ...), ...)
+print(arg[-1] ~= nil)
+]])
+    local code, out = dormouse("run '" .. script .. "' one 'two words'")
+    assert.equal(0, code)
+    assert.equal(script .. "\t2\tone\ttwo words\t2\tone\ttwo words\ntrue\n", out)
+  end)
+
+  it("loads the library, and passes an os.exit code through", function()
+    local script = write("exit.lua", [[
+local dm = require "dormouse"
+io.write(tostring(dm.ones({2}):sum():item()))
+os.exit(3)
+]])
+    local code, out = dormouse("run '" .. script .. "'")
+    assert.equal(3, code)
+    assert.equal("2.0", out)
+  end)
+
+  it("honours LUA_PATH for the user's modules", function()
+    write("mymodule.lua", "return {answer = 42}\n")
+    local script = write("use_module.lua", "print(require('mymodule').answer)\n")
+    local code, out = dormouse("run '" .. script .. "'", "LUA_PATH='" .. dir .. "/?.lua;;' ")
+    assert.equal(0, code)
+    assert.equal("42\n", out)
+  end)
+
+  it("a missing file is a clear error, exit 1", function()
+    local code, _, err = dormouse("run '" .. dir .. "/nope.lua'")
+    assert.equal(1, code)
+    has(err, "dormouse run:", "cannot open", "nope.lua")
+  end)
+
+  it("without a file, says which file and exits 2", function()
+    local code, _, err = dormouse("run")
+    assert.equal(2, code)
+    has(err, "which file?", "usage: dormouse run FILE.lua")
+  end)
+end)
+
+describe("the small commands", function()
+  it("version", function()
+    local code, out = dormouse("version")
+    assert.equal(0, code)
+    assert.truthy(out:match("^dormouse %d+%.%d+%.%d+ %(Lua 5%.4%)\n$"), out)
+    assert.equal(out, select(2, dormouse("--version")))
+  end)
+
+  it("help lists the commands", function()
+    local code, out = dormouse("help")
+    assert.equal(0, code)
+    has(out, "usage: dormouse <command>", "run FILE.lua", "repl", "test", "version", "help")
+    assert.equal(out, select(2, dormouse("--help")))
+  end)
+
+  it("an unknown command names it, prints the usage and exits 2", function()
+    local code, out, err = dormouse("frobnicate")
+    assert.equal(2, code)
+    assert.equal("", out)
+    has(err, "unknown command 'frobnicate'", "usage: dormouse <command>")
+  end)
+end)

@@ -1,0 +1,335 @@
+local dm = require "dormouse"
+local nn = require "dormouse.nn"
+local core = require "dormouse.core"
+local optim = require "dormouse.optim"
+local schedule = require "dormouse.optim.schedule"
+local groups = require "dormouse.optim.groups"
+local ckpt = require "dormouse.ckpt"
+
+-- the error of fn(), which must contain every part and be located in this file
+local function expect_error(fn, ...)
+  local ok, err = pcall(fn)
+  assert.is_false(ok, "expected an error")
+  err = tostring(err)
+  for _, part in ipairs {...} do
+    assert.is_truthy(err:find(part, 1, true), "message '" .. err .. "' lacks '" .. part .. "'")
+  end
+  assert.is_truthy(err:find("optim_spec.lua:%d+: "), "not located in the spec: " .. err)
+  return err
+end
+
+local function near(a, b, tol) return math.abs(a - b) <= (tol or 1e-12) end
+
+-- A model with one of everything the rules know about.
+local Engram = nn.class("Engram")
+function Engram:init() self:param("table", nn.init.normal({64, 8}, 0.02)) end
+
+local Toy = nn.class("Toy")
+function Toy:init()
+  self:child("emb", nn.Embedding(256, 16))
+  self:child("l1", nn.Linear(16, 32, {bias = true}))
+  self:child("norm", nn.RMSNorm(32))
+  self:child("router", nn.Linear(32, 8))
+  self:param("Ug", nn.init.normal({8, 32, 4}, 0.1))
+  self:param("cg", nn.init.ones({8, 4}))
+  self:child("wb", nn.Linear(32, 2))
+  self:param("conv_q", nn.init.normal({32, 4}, 0.5))
+  self:param("A_log", nn.init.zeros({2}))
+  self:param("dt_bias", nn.init.zeros({32}))
+  self:child("engram", Engram())
+  self:child("head", nn.Linear(32, 256))
+end
+
+local function names(list)
+  local out = {}
+  for _, e in ipairs(list) do out[#out + 1] = e.name end
+  return table.concat(out, " ")
+end
+
+describe("optim groups", function()
+  it("assigns matrices and banks to Muon, the rest to AdamW, the Engram table apart", function()
+    dm.manual_seed(1)
+    local by = groups.assign(Toy():named_parameters())
+    assert.are.equal("Ug l1.weight", names(by.muon))        -- a module's own parameters come first
+    assert.are.equal("cg conv_q A_log dt_bias emb.weight l1.bias norm.gain router.weight wb.weight head.weight",
+                     names(by.adamw))
+    assert.are.equal("engram.table", names(by.engram))
+    local why = {}
+    for _, e in ipairs(by.adamw) do why[e.name] = e.why end
+    assert.are.same({["emb.weight"] = "embedding", ["l1.bias"] = "bias", ["norm.gain"] = "gain",
+                     ["router.weight"] = "router", cg = "scale", ["wb.weight"] = "gate", conv_q = "conv",
+                     A_log = "A_log", dt_bias = "bias", ["head.weight"] = "head"}, why)
+  end)
+
+  it("prints a table of the groups with counts, lr and names", function()
+    dm.manual_seed(1)
+    local opt = optim.new(Toy(), {muon_lr = 0.02, adamw_lr = 3e-3}, {kind = "constant", warmup = 0}, 10, {quiet = true})
+    local text = opt:describe()
+    assert.is_truthy(text:find("group%s+tensors%s+params%s+lr%s+wd%s+names"))
+    -- muon: l1.weight 512 + Ug 1024 = 1536 parameters, lr 0.02, wd 0.1
+    assert.is_truthy(text:find("muon%s+2%s+1%.5K%s+2%.00e%-02%s+0%.1%s+Ug, l1%.weight"), text)
+    assert.is_truthy(text:find("adamw%s+10%s"), text)
+    -- the Engram table: 5x the AdamW lr, no weight decay
+    assert.is_truthy(text:find("engram%s+1%s+512%s+1%.50e%-02%s+0%s+engram%.table"), text)
+  end)
+
+  it("abbreviates long name lists", function()
+    local many = {}
+    for i = 1, 40 do many[i] = {name = "block.layer" .. i .. ".weight", tensor = dm.zeros({2, 2})} end
+    local text = groups.describe({{name = "muon", entries = many, lr = 1, weight_decay = 0}})
+    assert.is_truthy(text:find("%(%+%d+ more%)"), text)
+  end)
+end)
+
+describe("optim schedules", function()
+  it("wsd: linear warm-up, stable, then a 1 - sqrt decay to the floor", function()
+    local f = schedule.new({kind = "wsd", warmup = 10, decay = 0.2, floor = 0.1}, 100)
+    assert.is_true(near(f(1), 0.1))
+    assert.is_true(near(f(5), 0.5))
+    assert.is_true(near(f(10), 1))
+    assert.is_true(near(f(50), 1))
+    assert.is_true(near(f(80), 1))                          -- the decay starts after step 80
+    assert.is_true(near(f(90), 0.1 + 0.9 * (1 - math.sqrt(0.5))))
+    assert.is_true(near(f(100), 0.1))
+    assert.is_true(near(f(150), 0.1))                       -- past the end: the floor
+  end)
+
+  it("cosine: warm-up then half a cosine to the floor", function()
+    local f = schedule.new({kind = "cosine", warmup = 10, floor = 0}, 110)
+    assert.is_true(near(f(10), 1))
+    assert.is_true(near(f(35), (1 + math.cos(math.pi * 0.25)) / 2))
+    assert.is_true(near(f(60), 0.5))
+    assert.is_true(near(f(110), 0))
+  end)
+
+  it("constant: warm-up then 1; no warm-up starts at 1", function()
+    local f = schedule.new({kind = "constant", warmup = 4}, 10)
+    assert.is_true(near(f(2), 0.5) and near(f(4), 1) and near(f(10), 1))
+    assert.is_true(near(schedule.new({kind = "wsd", warmup = 0, decay = 0.5}, 10)(1), 1))
+  end)
+
+  it("refuses bad settings and steps", function()
+    expect_error(function() schedule.new({kind = "linear"}, 10) end, "unknown kind 'linear' (wsd, cosine, constant)")
+    expect_error(function() schedule.new({warmpu = 3}, 10) end, "unknown key 'warmpu'")
+    expect_error(function() schedule.new({decay = 1.5}, 10) end, "decay must be a fraction in [0, 1], got 1.5")
+    expect_error(function() schedule.new({warmup = -1}, 10) end, "warmup must be an integer >= 0, got -1")
+    expect_error(function() schedule.new({}, 0) end, "steps must be an integer >= 1, got 0")
+    local f = schedule.new({}, 10)
+    expect_error(function() f(0) end, "step must be an integer >= 1, got 0")
+    expect_error(function() f(1.5) end, "step must be an integer >= 1, got 1.5")
+  end)
+end)
+
+-- y = x W*^T + b*: a model whose one Linear is `name` (head -> AdamW, proj -> Muon)
+local Reg = nn.class("Reg")
+function Reg:init(name) self.name = name; self:child(name, nn.Linear(8, 4, {bias = true})) end
+function Reg:forward(x) return self[self.name]:forward(x) end
+
+local function regression(name, ocfg, steps)
+  dm.manual_seed(3)
+  local model = Reg(name)
+  local x = dm.randn({64, 8})
+  local w, b = dm.randn({4, 8}), dm.randn({4})
+  local y = dm.linear(x, w) + b
+  local opt = optim.new(model, ocfg, {kind = "cosine", warmup = 5, floor = 0}, steps, {quiet = true})
+  local first, last
+  for step = 1, steps do
+    dm.scope(function()
+      local d = model:forward(x) - y
+      local loss = (d * d):mean()
+      loss:backward()
+      local r = opt:step(step)
+      assert.is_false(r.skipped)
+      opt:zero_grad()
+      first = first or loss:item()
+      last = loss:item()
+    end)
+  end
+  return first, last, opt
+end
+
+describe("optim training", function()
+  it("a toy regression converges with AdamW", function()
+    local first, last, opt = regression("head", {adamw_lr = 0.1, clip = 0}, 300)
+    assert.are.equal("adamw", opt.groups[1].name)
+    assert.is_true(last < first * 1e-3, ("loss %g -> %g"):format(first, last))
+  end)
+
+  it("a toy regression converges with Muon", function()
+    local first, last, opt = regression("proj", {muon_lr = 0.1, adamw_lr = 0.1, weight_decay = 0, clip = 0}, 300)
+    assert.are.equal("muon", opt.groups[1].name)
+    assert.are.equal("proj.weight", opt.groups[1].entries[1].name)
+    assert.is_true(last < first * 1e-3, ("loss %g -> %g"):format(first, last))
+  end)
+
+  it("also with Polar Express and bf16 Newton-Schulz", function()
+    local first, last = regression("proj", {muon_lr = 0.1, adamw_lr = 0.1, weight_decay = 0, clip = 0,
+                                            ns_coeffs = "polar_express", ns_dtype = "bf16"}, 300)
+    assert.is_true(last < first * 1e-2, ("loss %g -> %g"):format(first, last))
+  end)
+
+  it("keeps its state past the scope it was made in", function()
+    dm.manual_seed(4)
+    local model = Reg("proj")
+    local opt = dm.scope(function() return optim.new(model, {}, {warmup = 0}, 10, {quiet = true}) end)
+    for _, t in pairs(opt:state()) do assert.is_false(t:is_freed()) end
+    dm.scope(function()
+      local d = model:forward(dm.randn({3, 8}))
+      local loss = (d * d):mean()
+      loss:backward()
+      opt:step(1)
+    end)
+    assert.are.equal(1, opt.t)
+  end)
+end)
+
+describe("optim clipping and the NaN firewall", function()
+  local function with_grads(value)
+    dm.manual_seed(5)
+    local model = Reg("proj")
+    local opt = optim.new(model, {clip = 1.0, muon_lr = 0, adamw_lr = 0}, {warmup = 0}, 10, {quiet = true})
+    model.proj.weight.grad = dm.full({4, 8}, value)
+    model.proj.bias.grad = dm.full({4}, value)
+    return model, opt
+  end
+
+  it("returns the norm before clipping and scales the gradients to the limit", function()
+    local model, opt = with_grads(0.5)
+    local r = opt:step(1)
+    assert.is_true(near(r.grad_norm, math.sqrt(36 * 0.25)))          -- 3
+    assert.is_false(r.skipped)
+    local g = model.proj.weight.grad
+    assert.is_true(near(g:totable()[1][1], 0.5 / 3, 1e-7))
+    local n2 = (g * g):sum():item() + (model.proj.bias.grad * model.proj.bias.grad):sum():item()
+    assert.is_true(near(math.sqrt(n2), 1, 1e-6))
+  end)
+
+  it("skips a step whose gradient is not finite and leaves everything as it was", function()
+    for _, bad in ipairs {0 / 0, math.huge} do
+      local model, opt = with_grads(0.5)
+      model.proj.bias.grad = dm.tensor({1, bad, 1, 1})
+      local before = model.proj.weight:clone()
+      opt.groups[1].lr = 1                                            -- an update would show
+      local r = opt:step(1)
+      assert.is_true(r.skipped)
+      assert.is_false(r.grad_norm == r.grad_norm and r.grad_norm < math.huge)
+      assert.are.equal(0, opt.t)
+      assert.are.equal(1, opt.skips)
+      assert.is_true(dm.allclose(model.proj.weight, before, {rtol = 0, atol = 0}))
+      assert.is_true(near(model.proj.weight.grad:totable()[1][1], 0.5))   -- not clipped
+    end
+  end)
+end)
+
+describe("optim state", function()
+  local function grads_for(model, seed)
+    for _, e in ipairs(model:named_parameters()) do
+      e.tensor.grad = dm.randn(e.tensor:shape(), {seed = seed})
+    end
+  end
+
+  local function copy_of(model)
+    dm.manual_seed(99)
+    local twin = Toy()
+    local src = model:named_parameters()
+    dm.no_grad(function()
+      for i, e in ipairs(twin:named_parameters()) do e.tensor:copy_(src[i].tensor) end
+    end)
+    return twin
+  end
+
+  it("round-trips through optim.safetensors and continues identically", function()
+    dm.manual_seed(6)
+    local a = Toy()
+    local cfg = {muon_lr = 0.02, adamw_lr = 1e-2, weight_decay = 0.1}
+    local opt_a = optim.new(a, cfg, {warmup = 2}, 20, {quiet = true})
+    for step = 1, 3 do grads_for(a, step); opt_a:step(step) end
+    local dir = os.tmpname()
+    os.remove(dir)
+    os.execute("mkdir -p '" .. dir .. "'")
+    ckpt.save_tensors(dir .. "/optim.safetensors", opt_a:state())
+    local b = copy_of(a)
+    local opt_b = optim.new(b, cfg, {warmup = 2}, 20, {quiet = true})
+    opt_b:load_state((ckpt.load_tensors(dir .. "/optim.safetensors")))
+    os.execute("rm -rf '" .. dir .. "'")
+    assert.are.equal(3, opt_b.t)
+    for step = 4, 5 do
+      grads_for(a, step); opt_a:step(step)
+      grads_for(b, step); opt_b:step(step)
+    end
+    local pb = b:named_parameters()
+    for i, e in ipairs(a:named_parameters()) do
+      assert.is_true(dm.allclose(e.tensor, pb[i].tensor, {rtol = 0, atol = 0}), e.name)
+    end
+    local keys = {}
+    for k in pairs(opt_a:state()) do keys[#keys + 1] = k end
+    table.sort(keys)
+    assert.are.equal(1 + 2 + 2 * 10 + 2, #keys)   -- step, 2 Muon momenta, m and v of 10 AdamW and 1 Engram tensors
+  end)
+
+  it("refuses a state with a missing, misshapen or unknown key, or no step", function()
+    dm.manual_seed(7)
+    local opt = optim.new(Toy(), {}, {}, 10, {quiet = true})
+    local function state() return opt:state() end
+    local s = state(); s["l1.weight.momentum"] = nil
+    expect_error(function() opt:load_state(s) end, "optim state: missing 'l1.weight.momentum'")
+    s = state(); s["norm.gain.v"] = dm.zeros({3})
+    expect_error(function() opt:load_state(s) end, "optim state 'norm.gain.v': shape [3] but the parameter's is [32]")
+    s = state(); s["l9.weight.m"] = dm.zeros({3}); s["zzz"] = dm.zeros({1})
+    expect_error(function() opt:load_state(s) end, "unexpected key 'l9.weight.m' and 1 more")
+    s = state(); s.step = nil
+    expect_error(function() opt:load_state(s) end, "optim state: missing 'step'")
+    expect_error(function() opt:load_state(3) end, "expected a table of tensors, got a number")
+    s = state(); s.step = dm.tensor({2.5})
+    expect_error(function() opt:load_state(s) end, "'step' must hold an integer >= 0, got 2.5")
+  end)
+end)
+
+describe("optim settings and the core functions", function()
+  it("refuses unknown keys, bad coefficients and non-f32 parameters", function()
+    dm.manual_seed(8)
+    local m = Reg("proj")
+    expect_error(function() optim.new(m, {muon_lrr = 1}, {}, 10, {quiet = true}) end, "optim: unknown key 'muon_lrr'", "muon_lr")
+    expect_error(function() optim.new(m, {ns_coeffs = "cubic"}, {}, 10, {quiet = true}) end,
+                 "ns_coeffs must be \"quintic\" or \"polar_express\", got cubic")
+    local half = {{name = "w", tensor = dm.zeros({2, 2}, {dtype = "bf16"})}}
+    expect_error(function() optim.new(half, {}, {}, 10, {quiet = true}) end, "parameter 'w' is bf16; the optimisers update f32 masters")
+    expect_error(function() optim.new({}, {}, {}, 10, {quiet = true}) end, "the model has no parameters")
+    expect_error(function() optim.new(3, {}, {}, 10) end, "expected a module or a list of {name, tensor} entries, got a number")
+    expect_error(function() optim.new(m, "fast", {}, 10) end, "optim: the config must be a table, got a string")
+    expect_error(function() optim.new(m, {}, 5, 10) end, "schedule: the config must be a table, got a number")
+    expect_error(function() optim.new(m, {}, {}, 10, {quiet = true}):step() end, "step must be an integer >= 1, got nil")
+  end)
+
+  it("core.newton_schulz orthogonalises and checks its arguments", function()
+    local x = core.newton_schulz(dm.randn({6, 10}, {seed = 1}), 5, "quintic", "f32")
+    local gram = dm.matmul(x, x:t()):totable()
+    for i = 1, 6 do assert.is_true(gram[i][i] > 0.45 and gram[i][i] < 1.45, tostring(gram[i][i])) end
+    expect_error(function() core.newton_schulz(dm.randn({6, 10}), 5, "cubic") end,
+                 "coefficients must be \"quintic\" or \"polar_express\", got cubic")
+    expect_error(function() core.newton_schulz(dm.randn({6, 10}), 5, "quintic", "f64") end,
+                 "dtype must be \"f32\" or \"bf16\", got f64")
+    expect_error(function() core.newton_schulz(dm.randn({6}), 5) end, "newton_schulz: takes a matrix")
+  end)
+
+  it("core steps name a missing hyper-parameter, a bad list and a mismatched state", function()
+    local p = dm.zeros({2, 3})
+    p.grad = dm.ones({2, 3})
+    local m, v = dm.zeros({2, 3}), dm.zeros({2, 3})
+    expect_error(function() core.adamw_step({p}, {m}, {v}, {lr = 1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, step = 1}) end,
+                 "adamw_step: hp.weight_decay must be a number, got nil")
+    expect_error(function() core.adamw_step({p}, {m}, {}, {}) end, "adamw_step: 1 parameters but 0 second moments")
+    expect_error(function() core.adamw_step({p, 3}, {m}, {v}, {}) end, "adamw_step: params[2] is a number, not a tensor")
+    local hp = {lr = 1, momentum = 0.9, weight_decay = 0, ns_steps = 5}
+    expect_error(function() core.muon_step({p}, {dm.zeros({3, 2})}, hp) end,
+                 "muon: parameter 1 has shape [2, 3] but its momentum buffer has shape [3, 2]")
+    hp.ns_dtype = "f16"
+    expect_error(function() core.muon_step({p}, {dm.zeros({2, 3})}, hp) end, "dtype must be \"f32\" or \"bf16\", got f16")
+    expect_error(function() core.clip_grad_norm({p}, -1) end, "max_norm must be >= 0")
+    expect_error(function() core.clip_grad_norm(p) end, "clip_grad_norm: params must be a list of tensors, got userdata")
+    expect_error(function() core.muon_step({p}, {m}, 0.1) end, "muon_step: hyper-parameters must be a table, got number")
+    local gone = dm.zeros({2, 3})
+    gone:free()
+    expect_error(function() core.adamw_step({gone}, {m}, {v}, {}) end, "adamw_step: params[1] was freed")
+  end)
+end)

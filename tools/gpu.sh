@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# tools/gpu.sh — the CUDA backend on a GPU machine, in one command: the op
+# suite on the GPU (every op, f32 and bf16, forward and backward, against the
+# float64 oracles), the GPU checks (tests/gpu/check.lua) and the benchmarks
+# (tests/gpu/bench.lua), with a short table printed last.
+#
+#   tools/gpu.sh build [DIR]   configure and build DIR (default build-gpu) with CUDA for
+#                              one architecture (DM_CUDA_ARCHS, default 90a-real: H100/H200),
+#                              then pack the two binaries, stripped, into DIR/gpu-bin.tar.gz.
+#                              Needs nvcc and the build packages, not a GPU.
+#   tools/gpu.sh run [DIR]     on the GPU machine: run everything from DIR's binaries (the
+#                              pack when present). Needs no Lua, LPeg or OpenBLAS there.
+#                              Logs go to $OUT when set, else DIR/gpu-logs.
+#   tools/gpu.sh [DIR]         both, on a machine that has a GPU and the build packages.
+#
+# Exit status: 0 when the suite and the checks pass (benchmarks do not fail it).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+cmd=${1:-all}
+case "$cmd" in build|run|all) shift || true ;; *) cmd=all ;; esac
+dir=${1:-build-gpu}
+
+build() {
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDM_CUDA=ON \
+        -DDM_CUDA_ARCHS="${DM_CUDA_ARCHS:-90a-real}" >/dev/null || exit 1
+  cmake --build "$dir" -j"$(nproc)" --target dormouse ops || exit 1
+  mkdir -p "$dir/pack"
+  strip --strip-debug -o "$dir/pack/dormouse" "$dir/dormouse" &&
+    strip --strip-debug -o "$dir/pack/ops" "$dir/ops" &&
+    tar czf "$dir/gpu-bin.tar.gz" -C "$dir/pack" dormouse ops || exit 1
+  echo "packed $dir/gpu-bin.tar.gz ($(du -h "$dir/gpu-bin.tar.gz" | cut -f1)); on the GPU machine: tools/gpu.sh run $dir"
+}
+
+run() {
+  local logs=${OUT:-$dir/gpu-logs} bin=$dir
+  mkdir -p "$logs"
+  if [ -f "$dir/gpu-bin.tar.gz" ]; then
+    bin=$dir/bin
+    mkdir -p "$bin" && tar xzf "$dir/gpu-bin.tar.gz" -C "$bin" || exit 1
+  fi
+  export DORMOUSE_HOME=$PWD
+  # cuBLAS from the CUDA toolkit, else from the wheels PyTorch brings
+  if ldd "$bin/dormouse" | grep -q "not found"; then
+    local extra
+    extra=$(python3 -c 'import glob, os, nvidia; print(":".join(sorted({os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(d + "/*/lib/libcublas*.so*")})))' 2>/dev/null)
+    export LD_LIBRARY_PATH=${extra}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  fi
+  { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv
+    ldd "$bin/dormouse"; } >"$logs/machine.txt" 2>&1
+
+  local t0=$SECONDS
+  "$bin/ops" --device cuda --mode all -v >"$logs/ops.log" 2>&1
+  local ops_rc=$?
+  if [ $ops_rc -ge 128 ]; then                 # a crash: once per op, to name the one
+    echo "ops crashed (status $ops_rc); running each op alone" >>"$logs/ops.log"
+    ops_rc=0
+    for op in $("$bin/ops" --list | awk '!/ ops, / {print $1}'); do
+      "$bin/ops" --device cuda --mode all --op "$op" >>"$logs/ops.log" 2>&1
+      local rc=$?
+      [ $rc -ge 128 ] && echo "FAIL $op crashed (status $rc)" >>"$logs/ops.log"
+      [ $rc -ne 0 ] && ops_rc=1
+    done
+  fi
+  local t_ops=$((SECONDS - t0))
+  "$bin/dormouse" run tests/gpu/check.lua >"$logs/check.log" 2>&1
+  local check_rc=$?
+  "$bin/dormouse" run tests/gpu/bench.lua "$logs/bench.md" >"$logs/bench.log" 2>&1
+  local bench_rc=$?
+
+  echo
+  echo "== GPU op suite ($t_ops s): $logs/ops.log"
+  grep -E "^(FAIL|TODO)" "$logs/ops.log" | head -40
+  grep -E "^cuda \(|^GPU tests skipped|crashed" "$logs/ops.log" | tail -3
+  echo "== GPU checks: $logs/check.log"
+  grep -E "^FAIL" "$logs/check.log" | head -20
+  tail -1 "$logs/check.log"
+  echo "== benchmarks: $logs/bench.log"
+  if [ -f "$logs/bench.md" ]; then cat "$logs/bench.md"; else tail -5 "$logs/bench.log"; fi
+  [ $bench_rc -ne 0 ] && echo "(benchmarks exited with status $bench_rc)"
+  [ $ops_rc -eq 0 ] && [ $check_rc -eq 0 ]
+}
+
+case "$cmd" in
+  build) build ;;
+  run) run ;;
+  all) build && run ;;
+esac

@@ -1,0 +1,200 @@
+/*
+** cpu/optim.c — the optimisers' element loops (signatures in optim.h).
+**
+** Every tensor here is contiguous (the core checked). Parameters, moments
+** and momentum buffers are f32; gradients and the Newton–Schulz stack may
+** be bf16, which is read and written in spans of CHUNK elements through a
+** small f32 buffer, so each loop body is plain f32 arithmetic. Sums of
+** squares accumulate in double.
+*/
+#include <math.h>
+#include <string.h>
+#include "../optim.h"
+#include "../ops.h"
+
+#define CHUNK 2048
+
+static inline float bf16_f32(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* elements [i0, i0 + len) of t as f32: t's own memory when it is f32, else
+** converted into tmp */
+static float *span(const dm_tensor *t, int64_t i0, int64_t len, float *tmp) {
+  if (t->dtype == DM_F32) return (float *)dm_data(t) + i0;
+  const uint16_t *h = (const uint16_t *)dm_data(t) + i0;
+  for (int64_t j = 0; j < len; j++) tmp[j] = bf16_f32(h[j]);
+  return tmp;
+}
+
+/* write a span back when it was a converted copy */
+static void commit(dm_tensor *t, int64_t i0, int64_t len, const float *s) {
+  if (t->dtype == DM_F32) return;
+  uint16_t *h = (uint16_t *)dm_data(t) + i0;
+  for (int64_t j = 0; j < len; j++) h[j] = dm_f32_to_bf16(s[j]);
+}
+
+static inline int64_t span_len(int64_t n, int64_t i0) { return n - i0 < CHUNK ? n - i0 : CHUNK; }
+
+/* ---- AdamW ------------------------------------------------------------------------------------ */
+
+static void cpu_adamw(int n, dm_tensor *const *p, dm_tensor *const *g, dm_tensor *const *m,
+                      dm_tensor *const *v, const dm_adamw_hp *hp) {
+  double bc1 = 1 - pow(hp->beta1, (double)hp->step), bc2 = 1 - pow(hp->beta2, (double)hp->step);
+  const float b1 = (float)hp->beta1, b2 = (float)hp->beta2, eps = (float)hp->eps;
+  const float step_size = (float)(hp->lr / bc1), rbc2 = (float)(1 / sqrt(bc2));
+  const float decay = (float)(1 - hp->lr * hp->weight_decay);
+  float tmp[CHUNK];
+  for (int i = 0; i < n; i++) {
+    if (!g[i]) continue;
+    float *pp = dm_data(p[i]), *mm = dm_data(m[i]), *vv = dm_data(v[i]);
+    int64_t total = dm_numel(p[i]);
+    for (int64_t i0 = 0; i0 < total; i0 += CHUNK) {
+      int64_t len = span_len(total, i0);
+      const float *gg = span(g[i], i0, len, tmp);
+      for (int64_t j = 0; j < len; j++) {
+        int64_t e = i0 + j;
+        float gj = gg[j];
+        float mj = b1 * mm[e] + (1 - b1) * gj;
+        float vj = b2 * vv[e] + (1 - b2) * gj * gj;
+        mm[e] = mj;
+        vv[e] = vj;
+        pp[e] = pp[e] * decay - step_size * mj / (sqrtf(vj) * rbc2 + eps);
+      }
+    }
+  }
+}
+
+/* ---- clipping ------------------------------------------------------------------------------- */
+
+static double sumsq_f32(const float *x, int64_t n) {
+  double s[4] = {0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    for (int k = 0; k < 4; k++) s[k] += (double)x[i + k] * x[i + k];
+  for (; i < n; i++) s[0] += (double)x[i] * x[i];
+  return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+static double sumsq_any(const dm_tensor *t) {
+  int64_t n = dm_numel(t);
+  const char *d = dm_data(t);
+  if (t->dtype == DM_F32) return sumsq_f32((const float *)d, n);
+  size_t es = dm_dtype_size(t->dtype);
+  double s = 0;
+  for (int64_t i = 0; i < n; i++) {
+    double x = dm_load(t->dtype, d + (size_t)i * es);
+    s += x * x;
+  }
+  return s;
+}
+
+static void cpu_sumsq(int n, dm_tensor *const *x, dm_tensor *out) {
+  double s = 0;
+  for (int i = 0; i < n; i++) if (x[i]) s += sumsq_any(x[i]);
+  *(double *)dm_data(out) = s;
+}
+
+/* each element becomes (its value · s) rounded once to its dtype */
+static void scale_any(dm_tensor *t, double s) {
+  int64_t n = dm_numel(t);
+  char *d = dm_data(t);
+  if (t->dtype == DM_F32) {
+    float *f = (float *)d;
+    for (int64_t i = 0; i < n; i++) f[i] = (float)(f[i] * s);
+    return;
+  }
+  size_t es = dm_dtype_size(t->dtype);
+  for (int64_t i = 0; i < n; i++) dm_store(t->dtype, d + (size_t)i * es, dm_load(t->dtype, d + (size_t)i * es) * s);
+}
+
+static void cpu_clip_scale(int n, dm_tensor *const *x, const dm_tensor *sumsq, double max_norm) {
+  double norm = sqrt(*(const double *)dm_data(sumsq));
+  if (!isfinite(norm) || !(norm > max_norm)) return;
+  double s = max_norm / norm;
+  for (int i = 0; i < n; i++) if (x[i]) scale_any(x[i], s);
+}
+
+/* ---- Muon ----------------------------------------------------------------------------------- */
+
+static void cpu_muon_momentum(int n, dm_tensor *const *buf, dm_tensor *const *g, dm_tensor *const *out,
+                              double mu, bool nesterov) {
+  const float m = (float)mu;
+  float gt[CHUNK], ot[CHUNK];
+  for (int i = 0; i < n; i++) {
+    float *b = dm_data(buf[i]);
+    int64_t total = dm_numel(buf[i]);
+    for (int64_t i0 = 0; i0 < total; i0 += CHUNK) {
+      int64_t len = span_len(total, i0);
+      const float *gg = span(g[i], i0, len, gt);
+      float *o = out[i]->dtype == DM_F32 ? (float *)dm_data(out[i]) + i0 : ot;
+      for (int64_t j = 0; j < len; j++) {
+        float bj = m * b[i0 + j] + gg[j];
+        b[i0 + j] = bj;
+        o[j] = nesterov ? gg[j] + m * bj : bj;
+      }
+      commit(out[i], i0, len, o);
+    }
+  }
+}
+
+static void cpu_ns_normalize(dm_tensor *x, double mult, double eps) {
+  int64_t per = x->shape[1] * x->shape[2];
+  float tmp[CHUNK];
+  for (int64_t b = 0; b < x->shape[0]; b++) {
+    double s = 0;
+    for (int64_t i0 = 0; i0 < per; i0 += CHUNK) {
+      int64_t len = span_len(per, i0);
+      s += sumsq_f32(span(x, b * per + i0, len, tmp), len);
+    }
+    float r = (float)(1 / (sqrt(s) * mult + eps));
+    for (int64_t i0 = 0; i0 < per; i0 += CHUNK) {
+      int64_t len = span_len(per, i0);
+      float *y = span(x, b * per + i0, len, tmp);
+      for (int64_t j = 0; j < len; j++) y[j] *= r;
+      commit(x, b * per + i0, len, y);
+    }
+  }
+}
+
+static void cpu_ns_axpby(dm_tensor *y, double alpha, const dm_tensor *x, double beta) {
+  const float a = (float)alpha, b = (float)beta;
+  float xt[CHUNK], yt[CHUNK];
+  int64_t total = dm_numel(y);
+  for (int64_t i0 = 0; i0 < total; i0 += CHUNK) {
+    int64_t len = span_len(total, i0);
+    const float *xs = span(x, i0, len, xt);
+    float *ys = span(y, i0, len, yt);
+    for (int64_t j = 0; j < len; j++) ys[j] = a * xs[j] + b * ys[j];
+    commit(y, i0, len, ys);
+  }
+}
+
+static void cpu_muon_apply(int n, dm_tensor *const *p, dm_tensor *const *o, const dm_muon_hp *hp,
+                           double scale) {
+  const float decay = (float)(1 - hp->lr * hp->weight_decay), step = (float)(hp->lr * scale);
+  float tmp[CHUNK];
+  for (int i = 0; i < n; i++) {
+    float *pp = dm_data(p[i]);
+    int64_t total = dm_numel(p[i]);
+    for (int64_t i0 = 0; i0 < total; i0 += CHUNK) {
+      int64_t len = span_len(total, i0);
+      const float *u = span(o[i], i0, len, tmp);
+      for (int64_t j = 0; j < len; j++) pp[i0 + j] = pp[i0 + j] * decay - step * u[j];
+    }
+  }
+}
+
+static const dm_kernel_entry kernels[] = {
+  {"adamw", (dm_kernel_fn)cpu_adamw},
+  {"sumsq", (dm_kernel_fn)cpu_sumsq},
+  {"clip_scale", (dm_kernel_fn)cpu_clip_scale},
+  {"muon_momentum", (dm_kernel_fn)cpu_muon_momentum},
+  {"ns_normalize", (dm_kernel_fn)cpu_ns_normalize},
+  {"ns_axpby", (dm_kernel_fn)cpu_ns_axpby},
+  {"muon_apply", (dm_kernel_fn)cpu_muon_apply},
+};
+DM_REGISTER_KERNELS(DM_CPU, kernels)

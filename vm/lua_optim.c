@@ -1,0 +1,148 @@
+/*
+** lua_optim.c — the optimisers' update math for Lua (lua/dormouse/optim/):
+**
+**   core.clip_grad_norm(params, max_norm)        → norm, finite
+**   core.adamw_step(params, ms, vs, hp)          hp: lr beta1 beta2 eps weight_decay step
+**   core.muon_step(params, bufs, hp)             hp: lr momentum nesterov weight_decay
+**                                                    ns_steps coeffs ns_dtype
+**   core.newton_schulz(x, steps, coeffs, dtype)  → the orthogonalised x
+**
+** Gradients are read from each parameter's .grad (nil skips it). Lists are
+** Lua arrays; their C copies live in userdata on the stack, so an error
+** leaves nothing behind.
+*/
+#include <string.h>
+#include "lua_tensor.h"
+#include "optim.h"
+
+/* the tensors of the Lua array at idx */
+static dm_tensor **tensor_list(lua_State *L, int idx, const char *fn, const char *what, int *n) {
+  if (!lua_istable(L, idx)) dm_error("%s: %s must be a list of tensors, got %s", fn, what, luaL_typename(L, idx));
+  int len = (int)luaL_len(L, idx);
+  dm_tensor **a = lua_newuserdatauv(L, sizeof *a * (size_t)(len > 0 ? len : 1), 0);
+  for (int i = 0; i < len; i++) {
+    lua_geti(L, idx, i + 1);
+    dm_tensor **box = luaL_testudata(L, -1, DM_TENSOR_MT);
+    if (!box) dm_error("%s: %s[%d] is a %s, not a tensor", fn, what, i + 1, luaL_typename(L, -1));
+    if (!*box || !(*box)->storage) dm_error("%s: %s[%d] was freed", fn, what, i + 1);
+    a[i] = *box;
+    lua_pop(L, 1);
+  }
+  *n = len;
+  return a;
+}
+
+/* each parameter's gradient (NULL where it has none) */
+static dm_tensor **grad_list(lua_State *L, dm_tensor *const *params, int n) {
+  dm_tensor **g = lua_newuserdatauv(L, sizeof *g * (size_t)(n > 0 ? n : 1), 0);
+  for (int i = 0; i < n; i++) g[i] = params[i]->grad;
+  return g;
+}
+
+static void same_length(const char *fn, const char *what, int n, int m) {
+  if (n != m) dm_error("%s: %d parameters but %d %s", fn, n, m, what);
+}
+
+/* hp[key], a number that must be there */
+static double number_field(lua_State *L, int hp, const char *fn, const char *key) {
+  lua_getfield(L, hp, key);
+  int ok;
+  double v = lua_tonumberx(L, -1, &ok);
+  if (!ok) dm_error("%s: hp.%s must be a number, got %s", fn, key, luaL_typename(L, -1));
+  lua_pop(L, 1);
+  return v;
+}
+
+static void check_hp(lua_State *L, int idx, const char *fn) {
+  if (!lua_istable(L, idx)) dm_error("%s: hyper-parameters must be a table, got %s", fn, luaL_typename(L, idx));
+}
+
+static int c_clip_grad_norm(lua_State *L) {
+  DM_ENTER(L);
+  const char *fn = "clip_grad_norm";
+  int n;
+  dm_tensor **p = tensor_list(L, 1, fn, "params", &n);
+  double max_norm = luaL_optnumber(L, 2, 0);
+  bool finite;
+  double norm = dm_clip_grad_norm(n, grad_list(L, p, n), max_norm, &finite);
+  lua_pushnumber(L, norm);
+  lua_pushboolean(L, finite);
+  return 2;
+}
+
+static int c_adamw_step(lua_State *L) {
+  DM_ENTER(L);
+  const char *fn = "adamw_step";
+  int n, nm, nv;
+  dm_tensor **p = tensor_list(L, 1, fn, "params", &n);
+  dm_tensor **m = tensor_list(L, 2, fn, "first moments", &nm);
+  dm_tensor **v = tensor_list(L, 3, fn, "second moments", &nv);
+  same_length(fn, "first moments", n, nm);
+  same_length(fn, "second moments", n, nv);
+  check_hp(L, 4, fn);
+  dm_adamw_hp hp = {
+    .lr = number_field(L, 4, fn, "lr"), .beta1 = number_field(L, 4, fn, "beta1"),
+    .beta2 = number_field(L, 4, fn, "beta2"), .eps = number_field(L, 4, fn, "eps"),
+    .weight_decay = number_field(L, 4, fn, "weight_decay"),
+    .step = (int64_t)number_field(L, 4, fn, "step"),
+  };
+  dm_adamw_step(n, p, grad_list(L, p, n), m, v, &hp);
+  return 0;
+}
+
+static dm_ns_coeffs coeffs_arg(lua_State *L, int idx, const char *fn) {
+  const char *name = lua_tostring(L, idx);
+  if (name && !strcmp(name, "quintic")) return DM_NS_QUINTIC;
+  if (name && !strcmp(name, "polar_express")) return DM_NS_POLAR_EXPRESS;
+  dm_error("%s: Newton-Schulz coefficients must be \"quintic\" or \"polar_express\", got %s", fn,
+           name ? name : luaL_typename(L, idx));
+}
+
+static dm_dtype ns_dtype_arg(lua_State *L, int idx, const char *fn) {
+  const char *name = lua_tostring(L, idx);
+  if (name && !strcmp(name, "f32")) return DM_F32;
+  if (name && !strcmp(name, "bf16")) return DM_BF16;
+  dm_error("%s: the Newton-Schulz dtype must be \"f32\" or \"bf16\", got %s", fn,
+           name ? name : luaL_typename(L, idx));
+}
+
+static int c_muon_step(lua_State *L) {
+  DM_ENTER(L);
+  const char *fn = "muon_step";
+  int n, nb;
+  dm_tensor **p = tensor_list(L, 1, fn, "params", &n);
+  dm_tensor **b = tensor_list(L, 2, fn, "momentum buffers", &nb);
+  same_length(fn, "momentum buffers", n, nb);
+  check_hp(L, 3, fn);
+  lua_getfield(L, 3, "nesterov");
+  bool nesterov = lua_isnil(L, -1) || lua_toboolean(L, -1);
+  lua_getfield(L, 3, "coeffs");
+  dm_ns_coeffs coeffs = lua_isnil(L, -1) ? DM_NS_QUINTIC : coeffs_arg(L, -1, fn);
+  lua_getfield(L, 3, "ns_dtype");
+  dm_dtype dt = lua_isnil(L, -1) ? DM_F32 : ns_dtype_arg(L, -1, fn);
+  lua_pop(L, 3);
+  dm_muon_hp hp = {
+    .lr = number_field(L, 3, fn, "lr"), .momentum = number_field(L, 3, fn, "momentum"),
+    .weight_decay = number_field(L, 3, fn, "weight_decay"), .nesterov = nesterov,
+    .ns_steps = (int)number_field(L, 3, fn, "ns_steps"), .coeffs = coeffs, .ns_dtype = dt,
+  };
+  dm_muon_step(n, p, grad_list(L, p, n), b, &hp);
+  return 0;
+}
+
+static int c_newton_schulz(lua_State *L) {
+  DM_ENTER(L);
+  const char *fn = "newton_schulz";
+  dm_tensor *x = dm_lua_check(L, 1);
+  int steps = (int)luaL_optinteger(L, 2, 5);
+  dm_ns_coeffs coeffs = lua_isnoneornil(L, 3) ? DM_NS_QUINTIC : coeffs_arg(L, 3, fn);
+  dm_dtype dt = lua_isnoneornil(L, 4) ? DM_F32 : ns_dtype_arg(L, 4, fn);
+  dm_lua_push(L, dm_newton_schulz(x, steps, coeffs, dt));
+  return 1;
+}
+
+static const luaL_Reg funcs[] = {
+  {"clip_grad_norm", c_clip_grad_norm}, {"adamw_step", c_adamw_step},
+  {"muon_step", c_muon_step}, {"newton_schulz", c_newton_schulz}, {NULL, NULL}
+};
+DM_LUA_FUNCS(funcs)

@@ -1,0 +1,306 @@
+/*
+** optim.c — AdamW, Muon and gradient clipping over lists of tensors (see
+** optim.h). This file validates, groups and sequences; the element loops
+** are kernels (vm/cpu/optim.c, and later kernels/ for CUDA) found in the
+** kernel table, and Newton–Schulz's products are dm_matmul on 3-D stacks
+** (a loop of BLAS calls on the CPU, strided-batched GEMMs on the GPU).
+*/
+#include <math.h>
+#include "optim.h"
+#include "core.h"
+
+/* ---- checks (all made before anything is allocated) -------------------------------------- */
+
+static void check_param(const char *op, int i, int n, const dm_tensor *p, const dm_tensor *first) {
+  if (!p) dm_error("%s: parameter %d of %d is missing", op, i + 1, n);
+  dm_check_live(p);
+  char s[128];
+  if (p->dtype != DM_F32)
+    dm_error("%s: parameter %d of %d (shape %s) must be an f32 master, got %s", op, i + 1, n,
+             dm_tensor_shape_str(p, s, sizeof s), dm_dtype_name(p->dtype));
+  if (!dm_is_contiguous(p))
+    dm_error("%s: parameter %d of %d (shape %s) is not contiguous", op, i + 1, n,
+             dm_tensor_shape_str(p, s, sizeof s));
+  if (p->device != first->device)
+    dm_error("%s: parameter %d of %d is on %s but parameter 1 is on %s", op, i + 1, n,
+             dm_device_name(p->device), dm_device_name(first->device));
+}
+
+/* a tensor that goes with parameter i: its shape, contiguous, on its device */
+static void check_companion(const char *op, const char *role, int i, const dm_tensor *p,
+                            const dm_tensor *t) {
+  dm_check_live(t);
+  char a[128], b[128];
+  if (!dm_same_shape(p, t))
+    dm_error("%s: parameter %d has shape %s but its %s has shape %s", op, i + 1,
+             dm_tensor_shape_str(p, a, sizeof a), role, dm_tensor_shape_str(t, b, sizeof b));
+  if (t->device != p->device)
+    dm_error("%s: parameter %d is on %s but its %s is on %s", op, i + 1, dm_device_name(p->device),
+             role, dm_device_name(t->device));
+  if (!dm_is_contiguous(t))
+    dm_error("%s: the %s of parameter %d (shape %s) is not contiguous", op, role, i + 1,
+             dm_tensor_shape_str(t, a, sizeof a));
+}
+
+static void check_state(const char *op, const char *role, int i, const dm_tensor *p, const dm_tensor *s) {
+  if (!s) dm_error("%s: parameter %d has no %s", op, i + 1, role);
+  check_companion(op, role, i, p, s);
+  if (s->dtype != DM_F32)
+    dm_error("%s: the %s of parameter %d must be f32, got %s", op, role, i + 1, dm_dtype_name(s->dtype));
+}
+
+static void check_grad(const char *op, int i, const dm_tensor *p, const dm_tensor *g) {
+  if (!g) return;
+  check_companion(op, "gradient", i, p, g);
+  if (g->dtype != DM_F32 && g->dtype != DM_BF16)
+    dm_error("%s: the gradient of parameter %d must be f32 or bf16, got %s", op, i + 1,
+             dm_dtype_name(g->dtype));
+}
+
+static void check_range(const char *op, const char *name, double v, double lo, double hi, bool hi_open) {
+  if (!(v >= lo && (hi_open ? v < hi : v <= hi)))
+    dm_error("%s: %s must be in [%g, %g%s, got %g", op, name, lo, hi, hi_open ? ")" : "]", v);
+}
+
+/* ---- AdamW ------------------------------------------------------------------------------------ */
+
+void dm_adamw_step(int n, dm_tensor *const *params, dm_tensor *const *grads,
+                   dm_tensor *const *m, dm_tensor *const *v, const dm_adamw_hp *hp) {
+  const char *op = "adamw";
+  check_range(op, "lr", hp->lr, 0, INFINITY, true);
+  check_range(op, "beta1", hp->beta1, 0, 1, true);
+  check_range(op, "beta2", hp->beta2, 0, 1, true);
+  check_range(op, "eps", hp->eps, 0, INFINITY, true);
+  check_range(op, "weight_decay", hp->weight_decay, 0, INFINITY, true);
+  if (hp->step < 1) dm_error("adamw: step must be >= 1 (it counts updates from 1), got %lld", (long long)hp->step);
+  if (n <= 0) return;
+  for (int i = 0; i < n; i++) {
+    check_param(op, i, n, params[i], params[0]);
+    check_grad(op, i, params[i], grads[i]);
+    check_state(op, "first moment m", i, params[i], m[i]);
+    check_state(op, "second moment v", i, params[i], v[i]);
+  }
+  DM_KERNEL(dm_adamw_k, "adamw", params[0]->device)(n, params, grads, m, v, hp);
+  for (int i = 0; i < n; i++)
+    if (grads[i]) { dm_mark_written(params[i]); dm_mark_written(m[i]); dm_mark_written(v[i]); }
+}
+
+/* ---- Newton–Schulz ------------------------------------------------------------------------ */
+
+/* Polar Express (arXiv 2505.16932): per-step minimax quintics for l = 1e-3;
+** all but the last are divided by (1.01, 1.01^3, 1.01^5) for bf16 safety,
+** and the last repeats for any further steps. */
+static const double polar_express[][3] = {
+  {8.28721201814563, -23.595886519098837, 17.300387312530933},
+  {4.107059111542203, -2.9478499167379106, 0.5448431082926601},
+  {3.9486908534822946, -2.908902115962949, 0.5518191394370137},
+  {3.3184196573706015, -2.488488024314874, 0.51004894012372},
+  {2.300652019954817, -1.6689039845747493, 0.4188073119525673},
+  {1.891301407787398, -1.2679958271945868, 0.37680408948524835},
+  {1.8750014808534479, -1.2500016453999487, 0.3750001645474248},
+  {1.875, -1.25, 0.375},
+};
+#define N_POLAR ((int)(sizeof polar_express / sizeof polar_express[0]))
+
+void dm_ns_coefficients(dm_ns_coeffs coeffs, int step, double abc[3]) {
+  if (coeffs == DM_NS_QUINTIC) {
+    abc[0] = 3.4445; abc[1] = -4.7750; abc[2] = 2.0315;
+    return;
+  }
+  int i = step < N_POLAR - 1 ? step : N_POLAR - 1;
+  double s = i < N_POLAR - 1 ? 1.01 : 1.0;
+  abc[0] = polar_express[i][0] / s;
+  abc[1] = polar_express[i][1] / (s * s * s);
+  abc[2] = polar_express[i][2] / (s * s * s * s * s);
+}
+
+double dm_ns_norm_factor(dm_ns_coeffs coeffs) { return coeffs == DM_NS_POLAR_EXPRESS ? 1.01 : 1.0; }
+
+/* Iterate on x [B, m, n] (owned; returns the owned result). A wide matrix
+** works on A = X Xᵀ [m, m]: X ← aX + B X. A tall one works on the Gram
+** matrix of its columns, A = Xᵀ X [n, n]: X ← aX + X B, which is the wide
+** iteration on Xᵀ transposed back (B is symmetric), without moving data. */
+typedef struct ns_kernels { dm_ns_normalize_k normalize; dm_ns_axpby_k axpby; } ns_kernels;
+
+/* looked up before anything is allocated, so a device without them leaks nothing */
+static ns_kernels ns_kernels_for(dm_device dev) {
+  ns_kernels k = {DM_KERNEL(dm_ns_normalize_k, "ns_normalize", dev), DM_KERNEL(dm_ns_axpby_k, "ns_axpby", dev)};
+  dm_kernel_get("matmul", dev);
+  return k;
+}
+
+static dm_tensor *ns_iterate(dm_tensor *x, int steps, dm_ns_coeffs coeffs, const ns_kernels *k) {
+  bool tall = x->shape[1] > x->shape[2];
+  dm_ns_axpby_k axpby = k->axpby;
+  k->normalize(x, dm_ns_norm_factor(coeffs), 1e-7);
+  for (int s = 0; s < steps; s++) {
+    double abc[3];
+    dm_ns_coefficients(coeffs, s, abc);
+    dm_tensor *A = tall ? dm_matmul(x, x, true, false) : dm_matmul(x, x, false, true);
+    dm_tensor *B = dm_matmul(A, A, false, false);
+    axpby(B, abc[1], A, abc[2]);                       /* B = bA + cA² */
+    dm_tensor *next = tall ? dm_matmul(x, B, false, false) : dm_matmul(B, x, false, false);
+    axpby(next, abc[0], x, 1.0);                       /* X ← aX + BX */
+    dm_release(A);
+    dm_release(B);
+    dm_release(x);
+    x = next;
+  }
+  return x;
+}
+
+static void check_ns(const char *op, int steps, dm_dtype dt) {
+  if (steps < 1) dm_error("%s: Newton-Schulz steps must be >= 1, got %d", op, steps);
+  if (dt != DM_F32 && dt != DM_BF16)
+    dm_error("%s: Newton-Schulz runs in f32 or bf16, got %s", op, dm_dtype_name(dt));
+}
+
+/* a contiguous view of t's storage with another shape */
+static dm_tensor *view_as(const dm_tensor *t, int ndim, const int64_t *shape, int64_t offset) {
+  int64_t strides[DM_MAXDIM];
+  dm_contiguous_strides(ndim, shape, strides);
+  return dm_tensor_view(t, ndim, shape, strides, offset);
+}
+
+dm_tensor *dm_newton_schulz(dm_tensor *x, int steps, dm_ns_coeffs coeffs, dm_dtype dt) {
+  dm_check_live(x);
+  check_ns("newton_schulz", steps, dt);
+  char s[128];
+  if (x->ndim != 2 && x->ndim != 3)
+    dm_error("newton_schulz: takes a matrix [m, n] or a stack [B, m, n], got shape %s",
+             dm_tensor_shape_str(x, s, sizeof s));
+  if (!dm_dtype_is_float(x->dtype))
+    dm_error("newton_schulz: needs a float tensor, got %s", dm_dtype_name(x->dtype));
+  ns_kernels k = ns_kernels_for(x->device);
+  dm_tensor *y = dm_tensor_new(x->device, dt, x->ndim, x->shape);
+  dm_copy_(y, x);
+  int64_t shape3[3] = {x->ndim == 3 ? x->shape[0] : 1, x->shape[x->ndim - 2], x->shape[x->ndim - 1]};
+  dm_tensor *y3 = view_as(y, 3, shape3, 0);
+  dm_release(y);
+  dm_tensor *r = ns_iterate(y3, steps, coeffs, &k);
+  dm_tensor *out = view_as(r, x->ndim, x->shape, 0);
+  dm_release(r);
+  return out;
+}
+
+/* ---- Muon ----------------------------------------------------------------------------------- */
+
+static bool same_matrix(const dm_tensor *a, const dm_tensor *b) {
+  return a->shape[a->ndim - 2] == b->shape[b->ndim - 2] && a->shape[a->ndim - 1] == b->shape[b->ndim - 1];
+}
+
+/* One shape group (members idx[0..k)): momentum into a stack [B, m, n],
+** Newton–Schulz on the stack, the scaled update from its slices. */
+static void muon_group(int k, const int *idx, dm_tensor *const *params, dm_tensor *const *grads,
+                       dm_tensor *const *bufs, const dm_muon_hp *hp) {
+  const dm_tensor *p0 = params[idx[0]];
+  dm_device dev = p0->device;
+  dm_muon_momentum_k momentum = DM_KERNEL(dm_muon_momentum_k, "muon_momentum", dev);
+  dm_muon_apply_k apply = DM_KERNEL(dm_muon_apply_k, "muon_apply", dev);
+  ns_kernels nsk = ns_kernels_for(dev);
+  int64_t rows = p0->shape[p0->ndim - 2], cols = p0->shape[p0->ndim - 1], batch = 0;
+  for (int j = 0; j < k; j++) batch += params[idx[j]]->ndim == 3 ? params[idx[j]]->shape[0] : 1;
+  int64_t shape[3] = {batch, rows, cols};
+  dm_tensor *stack = dm_tensor_new(dev, hp->ns_dtype, 3, shape);
+  dm_tensor *p[k], *g[k], *b[k], *o[k];
+  int64_t at = 0;
+  for (int j = 0; j < k; j++) {
+    p[j] = params[idx[j]]; g[j] = grads[idx[j]]; b[j] = bufs[idx[j]];
+    o[j] = view_as(stack, p[j]->ndim, p[j]->shape, at);
+    at += dm_numel(p[j]);
+  }
+  momentum(k, b, g, o, hp->momentum, hp->nesterov);
+  for (int j = 0; j < k; j++) dm_release(o[j]);
+  dm_tensor *ortho = ns_iterate(stack, hp->ns_steps, hp->coeffs, &nsk);
+  at = 0;
+  for (int j = 0; j < k; j++) {
+    o[j] = view_as(ortho, p[j]->ndim, p[j]->shape, at);
+    at += dm_numel(p[j]);
+  }
+  /* 0.2·sqrt(max(m, n)) brings the update's RMS to AdamW's (Moonlight) */
+  apply(k, p, o, hp, 0.2 * sqrt((double)(rows > cols ? rows : cols)));
+  for (int j = 0; j < k; j++) {
+    dm_release(o[j]);
+    dm_mark_written(p[j]);
+    dm_mark_written(b[j]);
+  }
+  dm_release(ortho);
+}
+
+static void check_muon(int n, dm_tensor *const *params, dm_tensor *const *grads,
+                       dm_tensor *const *bufs, const dm_muon_hp *hp) {
+  const char *op = "muon";
+  check_range(op, "lr", hp->lr, 0, INFINITY, true);
+  check_range(op, "momentum", hp->momentum, 0, 1, true);
+  check_range(op, "weight_decay", hp->weight_decay, 0, INFINITY, true);
+  check_ns(op, hp->ns_steps, hp->ns_dtype);
+  if (hp->coeffs != DM_NS_QUINTIC && hp->coeffs != DM_NS_POLAR_EXPRESS)
+    dm_error("muon: unknown Newton-Schulz coefficients %d", (int)hp->coeffs);
+  if (n > DM_MUON_MAXLIST) dm_error("muon: at most %d tensors per call, got %d", DM_MUON_MAXLIST, n);
+  for (int i = 0; i < n; i++) {
+    check_param(op, i, n, params[i], params[0]);
+    char s[128];
+    if (params[i]->ndim != 2 && params[i]->ndim != 3)
+      dm_error("muon: parameter %d has shape %s; Muon takes matrices [m, n] and banks [E, m, n]",
+               i + 1, dm_tensor_shape_str(params[i], s, sizeof s));
+    check_grad(op, i, params[i], grads[i]);
+    check_state(op, "momentum buffer", i, params[i], bufs[i]);
+  }
+}
+
+void dm_muon_step(int n, dm_tensor *const *params, dm_tensor *const *grads,
+                  dm_tensor *const *bufs, const dm_muon_hp *hp) {
+  check_muon(n, params, grads, bufs, hp);
+  int idx[n > 0 ? n : 1];
+  for (int i = 0; i < n; i++) {
+    if (!grads[i]) continue;
+    bool seen = false;                 /* an earlier member of its shape led the group */
+    for (int j = 0; j < i && !seen; j++) seen = grads[j] && same_matrix(params[j], params[i]);
+    if (seen) continue;
+    int k = 0;
+    for (int j = i; j < n; j++)
+      if (grads[j] && same_matrix(params[j], params[i])) idx[k++] = j;
+    muon_group(k, idx, params, grads, bufs, hp);
+  }
+}
+
+/* ---- clipping ------------------------------------------------------------------------------- */
+
+double dm_clip_grad_norm(int n, dm_tensor *const *grads, double max_norm, bool *finite) {
+  if (!(max_norm >= 0)) dm_error("clip_grad_norm: max_norm must be >= 0 (0 = no clipping), got %g", max_norm);
+  const dm_tensor *first = NULL;
+  for (int i = 0; i < n; i++) {
+    const dm_tensor *g = grads[i];
+    if (!g) continue;
+    dm_check_live(g);
+    if (!first) first = g;
+    char s[128];
+    if (!dm_dtype_is_float(g->dtype))
+      dm_error("clip_grad_norm: gradient %d must be a float tensor, got %s", i + 1, dm_dtype_name(g->dtype));
+    if (!dm_is_contiguous(g))
+      dm_error("clip_grad_norm: gradient %d (shape %s) is not contiguous", i + 1,
+               dm_tensor_shape_str(g, s, sizeof s));
+    if (g->device != first->device)
+      dm_error("clip_grad_norm: gradient %d is on %s but the first is on %s", i + 1,
+               dm_device_name(g->device), dm_device_name(first->device));
+  }
+  if (finite) *finite = true;
+  if (!first) return 0.0;
+  dm_device dev = first->device;
+  dm_sumsq_k sum = DM_KERNEL(dm_sumsq_k, "sumsq", dev);
+  dm_clip_scale_k scale = DM_KERNEL(dm_clip_scale_k, "clip_scale", dev);
+  dm_tensor *sumsq = dm_tensor_new(dev, DM_F64, 1, (int64_t[]){1});
+  sum(n, grads, sumsq);
+  dm_tensor *host = dev == DM_CPU ? (dm_retain(sumsq), sumsq) : dm_to_device(sumsq, DM_CPU);
+  double norm = sqrt(*(double *)dm_data(host));
+  dm_release(host);
+  if (finite) *finite = isfinite(norm);
+  /* the kernel decides from the device-side sum itself (no host read on the GPU) */
+  if (max_norm > 0) {
+    scale(n, grads, sumsq, max_norm);
+    if (isfinite(norm) && norm > max_norm)
+      for (int i = 0; i < n; i++) if (grads[i]) dm_mark_written(grads[i]);
+  }
+  dm_release(sumsq);
+  return norm;
+}

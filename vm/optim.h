@@ -1,0 +1,95 @@
+/*
+** optim.h — the optimisers' update math, over lists of tensors.
+**
+**   AdamW      one fused pass over every tensor of a group: bias-corrected
+**              Adam with decoupled weight decay.
+**   Muon       momentum (Nesterov by default), then Newton–Schulz
+**              orthogonalisation of each matrix, batched: every matrix of
+**              one shape (the experts of a bank [E, m, n] included) is
+**              stacked into one [B, m, n] tensor and iterated with batched
+**              products; the update is scaled by 0.2·sqrt(max(m, n)).
+**   clipping   the global gradient norm in one pass (sum of squares over
+**              the list), then one scaling pass when it exceeds the limit;
+**              a non-finite norm is reported, not clipped.
+**
+** Parameters are contiguous float32 masters; gradients are contiguous f32
+** or bf16 of the parameter's shape; optimiser state is contiguous f32. A
+** NULL gradient skips its parameter (it took no part in the step).
+**
+** The per-step scalars (learning rate, step count) travel in a struct of
+** values with, for device kernels, optional pointers into device memory: a
+** kernel reads *lr_at when it is set, so a captured CUDA graph replays with
+** whatever the schedule wrote there. CPU kernels read the values.
+*/
+#ifndef DM_OPTIM_H
+#define DM_OPTIM_H
+
+#include "tensor.h"
+
+typedef struct dm_adamw_hp {
+  double lr, beta1, beta2, eps, weight_decay;
+  int64_t step;               /* 1-based count of applied updates, for the bias corrections */
+  const float *lr_at;         /* device memory, read at run time when set (NULL on the CPU) */
+  const int64_t *step_at;
+} dm_adamw_hp;
+
+typedef enum { DM_NS_QUINTIC, DM_NS_POLAR_EXPRESS } dm_ns_coeffs;
+
+typedef struct dm_muon_hp {
+  double lr, momentum, weight_decay;
+  bool nesterov;              /* update = g + mu·buf after buf = mu·buf + g; else update = buf */
+  int ns_steps;               /* >= 1 */
+  dm_ns_coeffs coeffs;
+  dm_dtype ns_dtype;          /* DM_F32 or DM_BF16: the dtype Newton–Schulz runs in */
+  const float *lr_at;         /* as in dm_adamw_hp */
+} dm_muon_hp;
+
+#define DM_MUON_MAXLIST 1024  /* tensors per dm_muon_step call */
+
+/* p ← p·(1 − lr·wd) − lr·m̂/(sqrt(v̂) + eps), with m, v the moment estimates */
+void dm_adamw_step(int n, dm_tensor *const *params, dm_tensor *const *grads,
+                   dm_tensor *const *m, dm_tensor *const *v, const dm_adamw_hp *hp);
+
+/* params [m, n] or banks [E, m, n]; bufs their f32 momentum, same shapes */
+void dm_muon_step(int n, dm_tensor *const *params, dm_tensor *const *grads,
+                  dm_tensor *const *bufs, const dm_muon_hp *hp);
+
+/* The Newton–Schulz orthogonalisation of x [m, n] or [B, m, n] (each
+** matrix on its own), as a new contiguous tensor of dtype dt (F32 or BF16)
+** and x's shape: X ← X/(‖X‖_F·s + 1e-7), then per step (a, b, c):
+** A = X Xᵀ, X ← aX + (bA + cA²)X, on the Gram side of the smaller dim (a
+** tall matrix iterates as its transpose). s = 1.01 for Polar Express. */
+dm_tensor *dm_newton_schulz(dm_tensor *x, int steps, dm_ns_coeffs coeffs, dm_dtype dt);
+
+/* step i's (a, b, c), 0-based; and the normaliser's safety factor s */
+void dm_ns_coefficients(dm_ns_coeffs coeffs, int step, double abc[3]);
+double dm_ns_norm_factor(dm_ns_coeffs coeffs);
+
+/* The global norm of the gradients (NULL entries skipped), before
+** clipping. When max_norm > 0 and the norm is finite and above it, every
+** gradient is scaled by max_norm / norm in place. *finite (may be NULL)
+** is false when any element is NaN or infinite; the gradients are then
+** left as they are (the step is to be skipped). */
+double dm_clip_grad_norm(int n, dm_tensor *const *grads, double max_norm, bool *finite);
+
+/* ---- kernels (registered per device; CUDA ones take the same signatures) ----
+** Every tensor is contiguous and the lists are checked by the core. */
+typedef void (*dm_adamw_k)(int n, dm_tensor *const *p, dm_tensor *const *g, dm_tensor *const *m,
+                           dm_tensor *const *v, const dm_adamw_hp *hp);              /* "adamw" */
+/* out (one f64 element) = the sum of squares of every element (NULL entries skipped) */
+typedef void (*dm_sumsq_k)(int n, dm_tensor *const *x, dm_tensor *out);              /* "sumsq" */
+/* x *= max_norm / sqrt(*sumsq) when that norm is finite and above max_norm */
+typedef void (*dm_clip_scale_k)(int n, dm_tensor *const *x, const dm_tensor *sumsq,
+                                double max_norm);                                     /* "clip_scale" */
+/* buf = mu·buf + g; out (F32 or BF16) = nesterov ? g + mu·buf : buf */
+typedef void (*dm_muon_momentum_k)(int n, dm_tensor *const *buf, dm_tensor *const *g,
+                                   dm_tensor *const *out, double mu, bool nesterov);  /* "muon_momentum" */
+/* each matrix of x [B, m, n]: x_b /= (‖x_b‖_F·mult + eps) */
+typedef void (*dm_ns_normalize_k)(dm_tensor *x, double mult, double eps);            /* "ns_normalize" */
+/* y = alpha·x + beta·y (same shape and dtype) */
+typedef void (*dm_ns_axpby_k)(dm_tensor *y, double alpha, const dm_tensor *x, double beta); /* "ns_axpby" */
+/* p = p·(1 − lr·wd) − lr·scale·o */
+typedef void (*dm_muon_apply_k)(int n, dm_tensor *const *p, dm_tensor *const *o,
+                                const dm_muon_hp *hp, double scale);                  /* "muon_apply" */
+
+#endif
