@@ -116,8 +116,8 @@ static dm_tensor *describe(dm_tensor *t, bool tr, const dm_tensor *out, operand 
   int nb = out->ndim - 2;
   dm_retain(t);
   int64_t bs = batch_stride(t, out, nb);
-  bool flip;
-  int64_t ld;
+  bool flip = false;
+  int64_t ld = 1;
   int nd = t->ndim;
   if (bs < 0 || !blas_layout(t->shape[nd - 2], t->shape[nd - 1], t->strides[nd - 2], t->strides[nd - 1], &flip, &ld)) {
     dm_tensor *c = bs < 0 ? expanded(t, out, nb) : dm_clone(t);

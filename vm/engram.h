@@ -123,17 +123,17 @@ typedef struct dm_engram_adam_hp {
 /* the constants of step t >= 1 (raises on a bad step or beta) */
 dm_engram_adam_hp dm_engram_adam_prepare(double lr, double beta1, double beta2, double eps, int64_t step);
 
-#define DM_ENGRAM_ADAM_ROW(T, sfx, SQRT)                                                                  \
+#define DM_ENGRAM_ADAM_ROW(T, sfx, SQRT)                                                            \
   static inline DM_HD void dm_engram_adam_row_##sfx(T *w, T *m, T *v, const T *g, int64_t de,       \
                                                     const dm_engram_adam_hp *hp) {                  \
     const T b1 = (T)hp->beta1, b2 = (T)hp->beta2, c1 = (T)(1 - hp->beta1), c2 = (T)(1 - hp->beta2); \
     const T step = (T)hp->step_size, rbc2 = (T)hp->rbc2, eps = (T)hp->eps;                          \
-    for (int64_t i = 0; i < de; i++) {                                                               \
-      T gi = g[i], mi = b1 * m[i] + c1 * gi, vi = b2 * v[i] + c2 * gi * gi;                          \
-      m[i] = mi;                                                                                     \
-      v[i] = vi;                                                                                     \
-      w[i] -= step * mi / (SQRT(vi) * rbc2 + eps);                                                   \
-    }                                                                                                \
+    for (int64_t i = 0; i < de; i++) {                                                              \
+      T gi = g[i], mi = b1 * m[i] + c1 * gi, vi = b2 * v[i] + c2 * gi * gi;                         \
+      m[i] = mi;                                                                                    \
+      v[i] = vi;                                                                                    \
+      w[i] -= step * mi / (SQRT(vi) * rbc2 + eps);                                                  \
+    }                                                                                               \
   }
 DM_ENGRAM_ADAM_ROW(float, f32, sqrtf)
 DM_ENGRAM_ADAM_ROW(double, f64, sqrt)
@@ -150,7 +150,7 @@ void dm_engram_adam_rows_f64(double *w, double *m, double *v, int64_t de, const 
 
 /* The distinct values of idx[0..n-1] (all >= 0, < 2^62) in increasing
 ** order into rows, their counts into counts, and inverse[i] = the position
-** of idx[i] in rows; returns how many. scratch holds 2*n values. */
+** of idx[i] in rows; returns how many. scratch holds 4*n values. */
 int64_t dm_engram_unique_host(const int64_t *idx, int64_t n, int64_t *rows, int64_t *inverse,
                               int64_t *counts, int64_t *scratch);
 

@@ -25,7 +25,7 @@ typedef struct slot {
   int64_t n, nu;                 /* lookups, unique rows */
   int ndim;
   int64_t shape[DM_MAXDIM];      /* the lookups' shape, for local */
-  int64_t *ids, *unique, *inverse, *counts, *scratch;   /* scratch: 2 * cap */
+  int64_t *ids, *unique, *inverse, *counts, *scratch;   /* scratch: 4 * cap */
   float *rows;                   /* [cap, de] */
   double gather_ms;
 } slot;
@@ -64,7 +64,7 @@ static void slot_release(dm_hostable *h, slot *s) {
   h->hb.free(s->unique, c * sizeof(int64_t));
   h->hb.free(s->inverse, c * sizeof(int64_t));
   h->hb.free(s->counts, c * sizeof(int64_t));
-  h->hb.free(s->scratch, 2 * c * sizeof(int64_t));
+  h->hb.free(s->scratch, 4 * c * sizeof(int64_t));
   h->hb.free(s->rows, c * (size_t)h->de * sizeof(float));
   memset(s, 0, sizeof *s);
 }
@@ -85,7 +85,7 @@ static void slot_reserve(dm_hostable *h, slot *s, int64_t n) {
   s->unique = buffer(h, ids);
   s->inverse = buffer(h, ids);
   s->counts = buffer(h, ids);
-  s->scratch = buffer(h, 2 * ids);
+  s->scratch = buffer(h, 4 * ids);
   s->rows = buffer(h, (size_t)c * (size_t)h->de * sizeof(float));
   s->cap = c;
 }

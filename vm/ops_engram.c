@@ -195,12 +195,15 @@ static void unique_fwd(dm_ctx *c) {
   dm_tensor *inverse = dm_tensor_new(idx->device, DM_I64, idx->ndim, idx->shape);
   dm_tensor *nu = dm_tensor_new(idx->device, DM_I64, 1, &one);
   DM_KERNEL(dm_engram_unique_k, "engram_unique", idx->device)(rows, inverse, counts, nu, ic);
-  dm_tensor *nu_host = nu->device == DM_CPU ? (dm_retain(nu), nu) : dm_to_device(nu, DM_CPU);
-  int64_t U = *(int64_t *)dm_data(nu_host);
+  int64_t U = M;                        /* on the meta device: as if every row were distinct */
+  if (nu->device != DM_META) {
+    dm_tensor *nu_host = nu->device == DM_CPU ? (dm_retain(nu), nu) : dm_to_device(nu, DM_CPU);
+    U = *(int64_t *)dm_data(nu_host);
+    dm_release(nu_host);
+  }
   c->out[0] = head_view(rows, U);
   c->out[1] = inverse;
   c->out[2] = head_view(counts, U);
-  dm_release(nu_host);
   dm_release(nu);
   dm_release(rows);
   dm_release(counts);
@@ -223,7 +226,8 @@ static void sparse_grad_fwd(dm_ctx *c) {
   check_float("engram_sparse_grad", g);
   check_index_dtype("engram_sparse_grad", inverse);
   if (g->ndim != 2)
-    dm_error("engram_sparse_grad: the gradients must be 2-D [M, de], got shape %s", dm_tensor_shape_str(g, sg, sizeof sg));
+    dm_error("engram_sparse_grad: the gradients must be 2-D [M, de], got shape %s",
+             dm_tensor_shape_str(g, sg, sizeof sg));
   if (dm_numel(inverse) != g->shape[0])
     dm_error("engram_sparse_grad: gradients of shape %s need %lld inverse entries, got shape %s",
              dm_tensor_shape_str(g, sg, sizeof sg), (long long)g->shape[0],
@@ -270,7 +274,8 @@ static void alpha_fwd(dm_ctx *c) {
   dm_check_dtype_equal("engram_alpha", u, kx);
   dm_check_shape_equal("engram_alpha", u, kx);
   if (u->ndim == 0 || u->shape[u->ndim - 1] == 0)
-    dm_error("engram_alpha: u and kx need a last dim of size >= 1, got shape %s", dm_tensor_shape_str(u, su, sizeof su));
+    dm_error("engram_alpha: u and kx need a last dim of size >= 1, got shape %s",
+             dm_tensor_shape_str(u, su, sizeof su));
   if (w) {
     dm_check_dtype_equal("engram_alpha", u, w);
     if (w->ndim != 1 || w->shape[0] != u->shape[u->ndim - 1])
@@ -344,7 +349,8 @@ void dm_engram_adam(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_tenso
   }
   dm_check_live(rows);
   dm_check_live(grads);
-  if (table->ndim != 2) dm_error("%s: the table must be 2-D [R, de], got shape %s", what, dm_tensor_shape_str(table, s1, sizeof s1));
+  if (table->ndim != 2)
+    dm_error("%s: the table must be 2-D [R, de], got shape %s", what, dm_tensor_shape_str(table, s1, sizeof s1));
   if (table->dtype != DM_F32 && table->dtype != DM_F64)
     dm_error("%s: the table must be f32 or f64, got %s", what, dm_dtype_name(table->dtype));
   dm_check_dtype_equal(what, table, grads);

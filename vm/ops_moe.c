@@ -155,7 +155,7 @@ static void sort_fwd(dm_ctx *c) {
   check_ndim(what, "idx", "[N, k]", idx, 2);
   check_i64(what, "idx", idx);
   int64_t e = attr_int(c, 0, "E (the number of experts)", 1);
-  check_range("moe_sort (expert ids count from 0)", idx, e);
+  check_range("moe_sort (expert ids)", idx, e);
   int64_t rows = dm_numel(idx), e1 = e + 1;
   dm_tensor *ix = dm_contiguous(idx);
   dm_tensor *perm = dm_tensor_new(ix->device, DM_I64, 1, &rows);
@@ -290,7 +290,7 @@ static void capacity_fwd(dm_ctx *c) {
   int64_t e = offsets->shape[0] - 1, rows = dm_numel(w);
   if (e < 1) dm_error("%s: offsets must hold E + 1 >= 2 values, got %lld", what, (long long)offsets->shape[0]);
   int64_t cap = attr_int(c, 0, "capacity", 0);
-  check_range("moe_capacity (expert ids count from 0)", idx, e);
+  check_range("moe_capacity (expert ids)", idx, e);
   check_rows_index(what, "inv", inv, rows, "w", w);
   check_offsets(what, offsets, e, rows, NULL, NULL);
   dm_tensor *wc = dm_contiguous(w), *ix = dm_contiguous(idx), *iv = dm_contiguous(inv), *of = dm_contiguous(offsets);

@@ -9,8 +9,10 @@ local cli = {}
 local usage = [[
 usage: dormouse <command> [arguments]
 
-  run FILE.lua [args...]   run a script with the library loaded (arg as in lua)
-  repl [FILE.lua]          an interactive session (FILE is run in it first)
+  run FILE.lua [args...]   run a script with the library loaded (arg as in lua); a file
+                           that returns a config trains it (--set k=v, --resume runs/NAME)
+  repl [FILE.lua | RUN]    an interactive session; FILE is run in it first, a run
+                           directory (runs/NAME[/ckpt-STEP]) loads its model and probes
   test [busted args...]    run the Lua test suite (tests/lua/*_spec.lua) with Busted
   version                  print the version
   help                     this text

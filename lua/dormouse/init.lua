@@ -15,13 +15,22 @@ local dm = {core = core, version = core.version}
 local T = core.methods
 
 require("dormouse.tensor")(dm, T, core)
-for _, family in ipairs {"elementwise", "reduce", "shape", "index", "matmul"} do
+for _, family in ipairs {"elementwise", "reduce", "shape", "index", "matmul", "blocks", "kda", "moe", "engram"} do
   require("dormouse.ops." .. family)(dm, T, core)
 end
 
 dm.data = require "dormouse.data"
 dm.ckpt = require "dormouse.ckpt"
 dm.config = require "dormouse.config"
+
+-- Modules that themselves require "dormouse" load on first use: dm.optim, dm.nn.
+setmetatable(dm, {__index = function(t, k)
+  if k == "optim" or k == "nn" then
+    local mod = require("dormouse." .. k)
+    rawset(t, k, mod)
+    return mod
+  end
+end})
 
 -- Seed sweeps with a verdict table: dm.sweep{base =, arms =, seeds =}.
 function dm.sweep(spec) return require("dormouse.sweep").run(spec) end

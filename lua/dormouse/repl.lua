@@ -68,9 +68,31 @@ local function compile(chunk, env)
   return load(chunk, "=repl", "t", env)
 end
 
+local function is_dir(path)
+  local f = io.open(path .. "/.", "r")
+  if f then f:close() return true end
+  return false
+end
+
+-- `dormouse repl runs/NAME[/ckpt-STEP]`: the model of a checkpoint and its probes.
+local function checkpoint_env(env, path, cli)
+  local probe = require "dormouse.probe"
+  local model, cfg, dir, step = probe.load(path, cli.root)
+  local helpers = probe.env(model, cfg)
+  for k, v in pairs(helpers) do if k ~= "help_text" then env[k] = v end end
+  env.help = function() print(help_text .. "\n\nThis checkpoint:\n" .. helpers.help_text) end
+  print(string.format("loaded %s (step %d): %s parameters; help() lists the probes", dir, step,
+                      require("dormouse.nn").human(model:n_params())))
+end
+
 function repl.main(file, cli)
   local env = setmetatable({dm = dm, help = function() print(help_text) end}, {__index = _G})
   local tty = core.isatty(0)
+  if file and is_dir(file) then
+    local ok, err = pcall(checkpoint_env, env, file, cli)
+    if not ok then io.stderr:write(tostring(err), "\n"); return 1 end
+    file = nil
+  end
   if file then
     local chunk, err = loadfile(file, "t", env)
     if not chunk then io.stderr:write(err, "\n"); return 1 end

@@ -233,6 +233,8 @@ local rows = {
     {"betas", list(num{min = 0, below = 1}, 2), {0.9, 0.95}, "AdamW and Engram Adam betas {beta1, beta2}"},
     {"eps", num{above = 0}, 1e-8, "AdamW and Engram Adam epsilon"},
     {"weight_decay", num{min = 0}, 0.1, "decoupled weight decay of the Muon matrices"},
+    {"adamw_weight_decay", num{min = 0}, 0.0, "decoupled weight decay of the AdamW group (never the Engram tables)"},
+    {"ns_dtype", optional(enum {"f32", "bf16"}), nil, "Newton-Schulz dtype (nil = bf16 on the GPU, f32 on the CPU)"},
     {"engram_lr_mult", num{min = 0}, 5, "Engram tables' Adam lr as a multiple of adamw_lr (no weight decay)"},
     {"momentum", num{min = 0, below = 1}, 0.95, "Muon momentum"},
     {"nesterov", bool, true, "Nesterov form of the Muon momentum"},

@@ -140,12 +140,9 @@ function Run:train_step()
     end
     local counts = self.model.update_balance and self.model:update_balance()
     local r
-    if instrument.finite(loss) then
-      r = self.opt:step(self.step)
-    else
-      self.opt:zero_grad()
-      r = {skipped = true, grad_norm = 0 / 0, lr = 0}
-    end
+    if instrument.finite(loss) then r = self.opt:step(self.step)
+    else r = {skipped = true, grad_norm = 0 / 0, lr = 0} end
+    self.opt:zero_grad()
     local engram
     if self.log_now and self.model.block and self.model.block.engram then
       local rows = self.model.block.engram:rows(self.last_x:narrow(2, 1, self.last_x:size(2) - 1),
@@ -246,7 +243,7 @@ function train.run(cfg, opts)
     self:say("cpu: matrix products run in f32 (dtype = " .. cfg.dtype .. " applies on the GPU)")
   end
   self.model = train.build_model(cfg, opts.root or ".")
-  self.opt = optim.new(self.model, cfg.optim, cfg.schedule, cfg.steps)
+  self.opt = optim.new(self.model, cfg.optim, cfg.schedule, cfg.steps, {quiet = true})
 
   local corpus, path = open_corpus(cfg)
   self.corpus = corpus

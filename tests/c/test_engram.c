@@ -194,7 +194,8 @@ static void prefixes(void) {
   /* none, an empty one and 4 zeros agree */
   dm_tensor *empty = dm_zeros(DM_CPU, DM_I64, 2, (int64_t[]){B, 0});
   dm_tensor *zeros = dm_zeros(DM_CPU, DM_I32, 2, (int64_t[]){B, 4});
-  dm_tensor *e0 = dm_engram_index(x, NULL, &L), *e1 = dm_engram_index(x, empty, &L), *e2 = dm_engram_index(x, zeros, &L);
+  dm_tensor *e0 = dm_engram_index(x, NULL, &L), *e1 = dm_engram_index(x, empty, &L);
+  dm_tensor *e2 = dm_engram_index(x, zeros, &L);
   CHECK(equal_rows(e0, 0, e1, 0, T) && equal_rows(e0, 0, e2, 0, T));
   /* errors */
   dm_tensor *wide = dm_full(DM_CPU, DM_I32, 2, (int64_t[]){B, 3}, 256);
@@ -286,7 +287,8 @@ static void sparse_adam(dm_dtype dt) {
       gd[i] = 0;
     }
     for (int64_t i = 0; i < k; i++)
-      for (int64_t c = 0; c < de; c++) gd[rows_buf[i] * de + c] = dm_load(dt, (char *)dm_data(g) + (i * de + c) * (int64_t)es);
+      for (int64_t c = 0; c < de; c++)
+        gd[rows_buf[i] * de + c] = dm_load(dt, (char *)dm_data(g) + (i * de + c) * (int64_t)es);
     dense_adam(wd, md, vd, gd, n, 1e-2, 0.9, 0.95, 1e-8, step);
     dm_engram_adam(w, m, v, rows, g, k, 1e-2, 0.9, 0.95, 1e-8, step);
     for (int64_t r = 0, i = 0; r < R; r++) {
@@ -366,8 +368,8 @@ static bool matches_table(dm_tensor *table, dm_tensor *idx, dm_tensor *rows, dm_
   if (!dm_same_shape(local, idx) || rows->shape[0] != unique->shape[0] || rows->shape[1] != de) return false;
   for (int64_t u = 0; u < unique->shape[0]; u++) {
     if (u > 0 && i64(unique)[u] <= i64(unique)[u - 1]) return false;
-    if (memcmp((float *)dm_data(rows) + u * de, (float *)dm_data(table) + i64(unique)[u] * de, sizeof(float) * (size_t)de))
-      return false;
+    const float *got = (float *)dm_data(rows) + u * de, *want = (float *)dm_data(table) + i64(unique)[u] * de;
+    if (memcmp(got, want, sizeof(float) * (size_t)de)) return false;
   }
   for (int64_t i = 0; i < dm_numel(idx); i++)
     if (i64(unique)[i64(local)[i]] != i64(idx)[i]) return false;
@@ -496,7 +498,10 @@ static int bench(const char *path) {
     if (!f) { perror(path); return 1; }
     size_t got = fread(p, 1, (size_t)(B * (P + T)), f);
     fclose(f);
-    if (got < (size_t)(B * (P + T))) { fprintf(stderr, "%s: fewer than %lld bytes\n", path, (long long)(B * (P + T))); return 1; }
+    if (got < (size_t)(B * (P + T))) {
+      fprintf(stderr, "%s: fewer than %lld bytes\n", path, (long long)(B * (P + T)));
+      return 1;
+    }
   } else fill_text(p, B * (P + T));
   dm_tensor *x = dm_narrow(whole, 1, P, T), *prefix = dm_narrow(whole, 1, 0, P);
   dm_engram_layout L = layout(3, (int64_t[]){3, 4, 5}, 1, 4194304);
@@ -537,7 +542,8 @@ static int bench(const char *path) {
   printf("  engram_sparse_grad     %8.3f ms   [%lld, 32] -> [%lld, 32]\n", t_grad, (long long)M, (long long)U);
   /* the full table and its moments: 3 x 1.6 GB */
   int64_t ts[2] = {L.total_rows, de};
-  dm_tensor *w = dm_zeros(DM_CPU, DM_F32, 2, ts), *m = dm_zeros(DM_CPU, DM_F32, 2, ts), *v = dm_zeros(DM_CPU, DM_F32, 2, ts);
+  dm_tensor *w = dm_zeros(DM_CPU, DM_F32, 2, ts), *m = dm_zeros(DM_CPU, DM_F32, 2, ts);
+  dm_tensor *v = dm_zeros(DM_CPU, DM_F32, 2, ts);
   dm_tensor *gu = randn_f32(U, de);
   for (int r = 0; r < REPS; r++) {
     double t0 = now_ms();

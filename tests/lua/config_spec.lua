@@ -326,7 +326,7 @@ describe("config overrides", function()
   end)
 
   it("a section or a malformed --set is an error", function()
-    has(err_of(config.resolve, {}, "x", {"model=3"}), "'model' is a section; set one of its keys, such as 'model.d'")
+    has(err_of(config.resolve, {}, "x", {"model=3"}), "'model' is a section; set one of its keys, such as 'model.arch'")
     has(err_of(config.resolve, {}, "x", {"steps"}), "--set steps: expected KEY=VALUE")
     has(err_of(config.resolve, {}, "x", {"a..b=1"}), "is not a dotted key")
     has(err_of(config.resolve, {}, "x", {"steps={1"}), "--set steps={1: cannot parse the value")

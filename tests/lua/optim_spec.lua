@@ -292,6 +292,8 @@ describe("optim settings and the core functions", function()
     expect_error(function() optim.new(m, {muon_lrr = 1}, {}, 10, {quiet = true}) end, "optim: unknown key 'muon_lrr'", "muon_lr")
     expect_error(function() optim.new(m, {ns_coeffs = "cubic"}, {}, 10, {quiet = true}) end,
                  "ns_coeffs must be \"quintic\" or \"polar_express\", got cubic")
+    expect_error(function() optim.new(m, {ns_dtype = "f64"}, {}, 10, {quiet = true}) end,
+                 "ns_dtype must be \"f32\" or \"bf16\" (or false: by device), got f64")
     local half = {{name = "w", tensor = dm.zeros({2, 2}, {dtype = "bf16"})}}
     expect_error(function() optim.new(half, {}, {}, 10, {quiet = true}) end, "parameter 'w' is bf16; the optimisers update f32 masters")
     expect_error(function() optim.new({}, {}, {}, 10, {quiet = true}) end, "the model has no parameters")

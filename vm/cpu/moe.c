@@ -50,6 +50,19 @@ static void axpy(dm_dtype dt, int64_t n, double alpha, const void *x, void *y) {
   else cblas_saxpy((int)n, (float)alpha, x, 1, y, 1);
 }
 
+/* y = alpha x over n elements */
+static void scale_copy(dm_dtype dt, int64_t n, double alpha, const void *x, void *y) {
+  if (dt == DM_F64) {
+    const double *a = x;
+    double *b = y;
+    for (int64_t i = 0; i < n; i++) b[i] = alpha * a[i];
+  } else {
+    const float *a = x;
+    float *b = y, s = (float)alpha;
+    for (int64_t i = 0; i < n; i++) b[i] = s * a[i];
+  }
+}
+
 static double dot(dm_dtype dt, int64_t n, const void *x, const void *y) {
   return dt == DM_F64 ? cblas_ddot((int)n, x, 1, y, 1) : (double)cblas_sdot((int)n, x, 1, y, 1);
 }
@@ -300,11 +313,13 @@ static void cpu_combine(dm_tensor *y, const dm_tensor *rows, const dm_tensor *in
   const int64_t *iv = ix(inv);
   const void *src = dm_data(rows), *gate = w ? dm_data(w) : NULL;
   void *out = dm_data(y);
-  memset(out, 0, es * (size_t)(n * f));
+  if (k == 0) memset(out, 0, es * (size_t)(n * f));
   for (int64_t t = 0; t < n; t++)
     for (int64_t j = 0; j < k; j++) {
       int64_t a = t * k + j;
-      axpy(dt, f, gate ? ld(dt, gate, a) : 1.0, at(src, iv[a] * f, es), at(out, t * f, es));
+      double s = gate ? ld(dt, gate, a) : 1.0;
+      if (j == 0) scale_copy(dt, f, s, at(src, iv[a] * f, es), at(out, t * f, es));
+      else axpy(dt, f, s, at(src, iv[a] * f, es), at(out, t * f, es));
     }
 }
 
@@ -317,11 +332,7 @@ static void cpu_combine_bwd(dm_tensor *grows, dm_tensor *gw, const dm_tensor *gy
   const void *g = dm_data(gy), *src = dm_data(rows), *gate = dm_data(w);
   for (int64_t a = 0; a < n * k; a++) {
     const void *gt = at(g, (a / k) * f, es);
-    if (grows) {
-      void *out = at(dm_data(grows), iv[a] * f, es);
-      double s = ld(dt, gate, a);
-      for (int64_t i = 0; i < f; i++) st(dt, out, i, s * ld(dt, gt, i));
-    }
+    if (grows) scale_copy(dt, f, ld(dt, gate, a), gt, at(dm_data(grows), iv[a] * f, es));
     if (gw) st(dt, dm_data(gw), a, dot(dt, f, gt, at(src, iv[a] * f, es)));
   }
 }

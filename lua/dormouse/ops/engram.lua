@@ -36,6 +36,20 @@ arithmetic).
         ht:threads([n])             the Adam thread count (sets it when given)
         ht:close()
       ht.weight, ht.m, ht.v are the tensors (save and load them like any).
+
+A step with sparse gradients (the table's dense gradient would be
+total_rows x de: 1.6 GB at b1):
+
+  local idx = dm.engram_index(x, prefix, layout)
+  local rows, inverse = dm.engram_unique(idx)              -- or rows, inverse, unique = ht:take()
+  local compact = dm.embedding(rows, table):detach()       -- [U, de], a leaf
+  compact:requires_grad(true)
+  local e = dm.embedding(inverse, compact):reshape({B, T, layout.n_sub * de})
+  ... loss:backward() ...
+  dm.no_grad(dm.engram_adam, table, m, v, rows, compact.grad, {lr = lr, step = t})   -- or ht:apply(compact.grad, ...)
+
+For gradients reduced in a fixed order on every backend, make e itself the
+leaf and reduce its gradient: dm.engram_sparse_grad(e.grad:reshape({-1, de}), inverse, U).
 ]]
 return function(dm, T, core)
 
@@ -53,7 +67,9 @@ end
 function dm.engram_layout(opts)
   check_opts(opts, "engram_layout", {orders = true, heads = true, rows = true})
   if type(opts.orders) ~= "table" then fail("engram_layout: orders must be a list of integers") end
-  if math.type(opts.rows) ~= "integer" then fail("engram_layout: rows must be an integer, got %s", tostring(opts.rows)) end
+  if math.type(opts.rows) ~= "integer" then
+    fail("engram_layout: rows must be an integer, got %s", tostring(opts.rows))
+  end
   local heads = opts.heads or 1
   if math.type(heads) ~= "integer" then fail("engram_layout: heads must be an integer, got %s", tostring(heads)) end
   return core.engram_layout(opts.orders, heads, opts.rows)

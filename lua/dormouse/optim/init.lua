@@ -57,6 +57,9 @@ local function settings(cfg)
   if o.ns_coeffs ~= "quintic" and o.ns_coeffs ~= "polar_express" then
     fail("optim: ns_coeffs must be \"quintic\" or \"polar_express\", got %s", tostring(o.ns_coeffs))
   end
+  if o.ns_dtype and o.ns_dtype ~= "f32" and o.ns_dtype ~= "bf16" then
+    fail("optim: ns_dtype must be \"f32\" or \"bf16\" (or false: by device), got %s", tostring(o.ns_dtype))
+  end
   return o
 end
 

@@ -1,0 +1,126 @@
+--[[
+Probing a trained model in the REPL: `dormouse repl runs/NAME[/ckpt-STEP]`
+loads the checkpoint and its config and defines these helpers (help() lists
+them):
+
+  sample(prompt, n, {temperature, top_p, seed})   stream n bytes after prompt
+  loss(text)        CE per iteration and fin_D at every depth, in bits per byte
+  experts(text)     routed-expert usage over the text: busiest, entropy, dead, top experts
+  engram(text)      Engram rows the text hits, per order, and how many are distinct
+  params()          every parameter: name, shape, norm
+  tensor(name)      a parameter or buffer by name
+  model, cfg        the model and its resolved config
+]]
+local dm = require "dormouse"
+local nn = require "dormouse.nn"
+local config = require "dormouse.config"
+local eval = require "dormouse.eval"
+
+local probe = {}
+
+local LN2 = math.log(2)
+
+local function text_batch(text)
+  local bytes = {text:byte(1, -1)}
+  if #bytes < 2 then error("the text needs at least two bytes (an input and a target)", 3) end
+  return dm.tensor({bytes}, {dtype = "u8"}), dm.zeros({1, 0}, {dtype = "u8"})
+end
+
+local function resolve_dir(path)
+  local latest = dm.ckpt.latest(path)
+  if latest then return latest end
+  local f = io.open(path .. "/meta.lua", "r")
+  if f then f:close(); return path end
+  error(path .. " holds no checkpoint (expected runs/NAME or runs/NAME/ckpt-STEP)", 0)
+end
+
+function probe.load(path, root)
+  local dir = resolve_dir(path)
+  local c = dm.ckpt.load(dir)
+  local cfg = config.resolve(c.meta.config, dir .. "/meta.lua")
+  nn.device, nn.compute_dtype = "cpu", "f32"
+  local model = require("dormouse.train").build_model(cfg, root)
+  dm.no_grad(function()
+    for _, p in ipairs(model:named_parameters()) do p.tensor:copy_(c.model[p.name]) end
+    for _, b in ipairs(model:named_buffers()) do b.tensor:copy_(c.model[b.name]) end
+  end)
+  model:eval()
+  return model, cfg, dir, c.meta.step
+end
+
+function probe.env(model, cfg)
+  local env = {model = model, cfg = cfg}
+
+  function env.sample(prompt, n, opts)
+    opts = opts or {}
+    local text = eval.sample(model, prompt or "", n or 200, {
+      temperature = opts.temperature, top_p = opts.top_p, seed = opts.seed,
+      on_byte = function(b) io.write(b); io.stdout:flush() end})
+    io.write("\n")
+    return nil, text
+  end
+
+  function env.loss(text)
+    local x, prefix = text_batch(text)
+    local depths = {}
+    for D = 1, cfg.model.max_iter do depths[D] = D end
+    return dm.no_grad(function()
+      local out = model:forward(x, prefix, {depths = depths})
+      local r = {bytes = #text - 1, periter = {}, fin_D = {}}
+      for i, ce in ipairs(out.periter) do r.periter[i] = ce:item() / LN2 end
+      for D, ce in pairs(out.fin_D) do r.fin_D[D] = ce:item() / LN2 end
+      r.fin = r.fin_D[cfg.model.max_iter]
+      return r
+    end)
+  end
+
+  function env.experts(text)
+    local x, prefix = text_batch(text)
+    return dm.no_grad(function()
+      model:forward(x, prefix)
+      local counts = model.block.moe.counts:totable()
+      local c = require("dormouse.instrument").moe_counters(counts)
+      local order = {}
+      for e = 1, #counts do order[e] = e end
+      table.sort(order, function(a, b) return counts[a] > counts[b] end)
+      c.top = {}
+      for i = 1, math.min(8, #order) do c.top[i] = string.format("%d:%d", order[i], counts[order[i]]) end
+      c.assignments = #text - 1
+      return c
+    end)
+  end
+
+  function env.engram(text)
+    local x, prefix = text_batch(text)
+    local rows = model.block.engram:rows(x:narrow(2, 1, #text - 1), prefix)
+    local uniq = dm.engram_unique(rows)
+    return {positions = #text - 1, subtables = rows:size(3), lookups = rows:numel(), distinct_rows = uniq:numel()}
+  end
+
+  function env.params()
+    local lines = {}
+    for _, p in ipairs(model:named_parameters()) do
+      lines[#lines + 1] = string.format("%-40s %-18s norm %.4g", p.name,
+                                        table.concat(p.tensor:shape(), "x"), p.tensor:norm():item())
+    end
+    print(table.concat(lines, "\n"))
+  end
+
+  function env.tensor(name)
+    for _, p in ipairs(model:named_parameters()) do if p.name == name then return p.tensor end end
+    for _, b in ipairs(model:named_buffers()) do if b.name == name then return b.tensor end end
+    error("no parameter or buffer named '" .. name .. "' (params() lists them)", 2)
+  end
+
+  env.help_text = [[
+model, cfg                     the model and its resolved config
+sample(prompt, n, opts)        stream n bytes after prompt (opts: temperature, top_p, seed)
+loss(text)                     bits per byte: periter (each iteration), fin_D (each depth), fin
+experts(text)                  routed-expert usage: busiest share, entropy, dead, top experts
+engram(text)                   Engram lookups of the text and how many distinct rows
+params()                       every parameter: name, shape, norm
+tensor(name)                   a parameter or buffer by name]]
+  return env
+end
+
+return probe
