@@ -10,7 +10,7 @@ CMAKE_FLAGS ?=
 DEB_PACKAGES = gcc make cmake pkg-config liblua5.4-dev lua-lpeg-dev libzstd-dev lua-busted \
                libreadline-dev libopenblas-dev bible-kjv
 
-.PHONY: all deps build test test-asan clean
+.PHONY: all deps build test test-asan demo clean
 
 all: build
 
@@ -36,6 +36,12 @@ test: build
 	sed -n 's/.* tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\2 \1/p' ctest.log | \
 	  awk '{ printf "%d passed, %d failed\n", $$1 - $$2, $$2 }'; \
 	grep -h "GPU tests skipped" Testing/Temporary/LastTest.log 2>/dev/null | head -1; exit $$status
+
+# Train the demo preset on the embedded corpus (on the GPU when there is one):
+# progress, eval lines, the held-out BPB beside the order-3 n-gram baseline,
+# a sample and the report's path.
+demo: build
+	$(BUILD)/dormouse run experiments/demo.lua --overwrite
 
 test-asan:
 	$(MAKE) test BUILD=$(ASAN_BUILD) CMAKE_FLAGS="-DDM_SANITIZE=ON $(CMAKE_FLAGS)"

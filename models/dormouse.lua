@@ -80,7 +80,7 @@ function Dormouse:counts()
   local tables = self.block.engram.table:numel()
   local moe = self.block.moe
   local per_expert = (moe.Ug:numel() + moe.Uu:numel() + moe.cg:numel() + moe.cu:numel() + moe.D:numel())
-                     / m.experts
+                     // m.experts
   local routed = per_expert * m.experts
   local block = self.block:n_params()
   local active = block - tables - routed + per_expert * m.top_k

@@ -50,22 +50,24 @@ run() {
     ldd "$bin/dormouse"; } >"$logs/machine.txt" 2>&1
 
   local t0=$SECONDS
-  "$bin/ops" --device cuda --mode all -v >"$logs/ops.log" 2>&1
+  # each step has a time limit, so a hang costs minutes, not the whole lease
+  timeout 240 "$bin/ops" --device cuda --mode all -v >"$logs/ops.log" 2>&1
   local ops_rc=$?
-  if [ $ops_rc -ge 128 ]; then                 # a crash: once per op, to name the one
+  [ $ops_rc -eq 124 ] && echo "FAIL the op suite ran past 240 s" >>"$logs/ops.log"
+  if [ $ops_rc -ge 128 ] && [ $ops_rc -ne 137 ]; then                 # a crash: once per op, to name the one
     echo "ops crashed (status $ops_rc); running each op alone" >>"$logs/ops.log"
     ops_rc=0
     for op in $("$bin/ops" --list | awk '!/ ops, / {print $1}'); do
-      "$bin/ops" --device cuda --mode all --op "$op" >>"$logs/ops.log" 2>&1
+      timeout 60 "$bin/ops" --device cuda --mode all --op "$op" >>"$logs/ops.log" 2>&1
       local rc=$?
       [ $rc -ge 128 ] && echo "FAIL $op crashed (status $rc)" >>"$logs/ops.log"
       [ $rc -ne 0 ] && ops_rc=1
     done
   fi
   local t_ops=$((SECONDS - t0))
-  "$bin/dormouse" run tests/gpu/check.lua >"$logs/check.log" 2>&1
+  timeout 120 "$bin/dormouse" run tests/gpu/check.lua >"$logs/check.log" 2>&1
   local check_rc=$?
-  "$bin/dormouse" run tests/gpu/bench.lua "$logs/bench.md" >"$logs/bench.log" 2>&1
+  timeout 180 "$bin/dormouse" run tests/gpu/bench.lua "$logs/bench.md" >"$logs/bench.log" 2>&1
   local bench_rc=$?
 
   echo

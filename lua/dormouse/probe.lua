@@ -85,7 +85,7 @@ function probe.env(model, cfg)
       table.sort(order, function(a, b) return counts[a] > counts[b] end)
       c.top = {}
       for i = 1, math.min(8, #order) do c.top[i] = string.format("%d:%d", order[i], counts[order[i]]) end
-      c.assignments = #text - 1
+      c.tokens = #text - 1
       return c
     end)
   end

@@ -63,7 +63,7 @@ Run.__index = Run
 
 function Run:say(line)
   if self.bar_shown then io.stdout:write("\r\27[K"); self.bar_shown = false end
-  print(line)
+  if not self.silent then print(line) end
   if self.log_file then self.log_file:write(line, "\n"); self.log_file:flush() end
 end
 
@@ -89,7 +89,7 @@ function Run:save_checkpoint()
     optim = self.opt:state(),
     meta = {config = config.plain(self.cfg), step = self.step, data = {position = self.loader:position()},
             rng = {seed, offset}, firewall = self.firewall},
-  }, {keep = self.cfg.checkpoint.keep})
+  }, {keep = self.cfg.checkpoint.keep > 0 and self.cfg.checkpoint.keep or nil})
   self:say("checkpoint " .. path)
 end
 
@@ -218,12 +218,15 @@ local function read_records(path, upto)
 end
 
 --[[ Train from a resolved config. opts: resume = run dir, overwrite = bool,
-quiet = bool (no progress bar), root = the folder holding models/. Returns a
-summary {step, bpb_fin, baselines, dir}. ]]
+quiet = bool (no progress bar), silent = bool (nothing on stdout;
+the log file still gets every line), root = the folder holding models/, runs = the
+folder of run directories ("runs"), stop_at = a step after which the run
+stops as if killed (tests of resume). Returns a summary {step, bpb_fin,
+baselines, dir, model}. ]]
 function train.run(cfg, opts)
   opts = opts or {}
   local self = setmetatable({cfg = cfg, records = {}, firewall = instrument.firewall(), step = 0,
-                             data_position = 0}, Run)
+                             data_position = 0, silent = opts.silent}, Run)
   self.device = pick_device(cfg)
   self.dir = (opts.runs or "runs") .. "/" .. cfg.name
   if not opts.resume and dm.ckpt.latest(self.dir) and not opts.overwrite then
@@ -283,7 +286,8 @@ function train.run(cfg, opts)
   local window = instrument.window()
   local t_start = core.now()
   local first = self.step
-  while self.step < cfg.steps do
+  local last = math.min(cfg.steps, opts.stop_at or cfg.steps)
+  while self.step < last do
     self.step = self.step + 1
     self.log_now = self.step % cfg.log.every == 0 or self.step == cfg.steps
     local loss, r, step_counts, engram = self:train_step()
@@ -304,7 +308,7 @@ function train.run(cfg, opts)
       self:save_checkpoint()
     end
     if tty then
-      io.stdout:write(instrument.progress(self.step - first, cfg.steps - first, core.now() - t_start,
+      io.stdout:write(instrument.progress(self.step - first, last - first, core.now() - t_start,
                                           string.format("loss %.4f", loss)))
       io.stdout:flush()
       self.bar_shown = true

@@ -99,12 +99,14 @@ describe("dormouse repl on a pipe", function()
       "local = 1",
       "function f() error('inside f') end",
       "f()",
+      "dm.zeros({2, 3}):sum(3)",
       "'still here'",
     }
     assert.equal(0, code)
     assert.equal("still here\n", out)
     has(err, "repl:1: first problem", "repl:1: add: shapes [2, 3] and [4] do not broadcast",
-        "repl:1: <name> expected near '='", "repl:1: inside f", "in function <repl:1>")
+        "repl:1: <name> expected near '='", "repl:1: inside f", "repl:1: in global 'f'",
+        "repl:1: sum: dim 3 is out of range")
     for _, noise in ipairs {"repl.lua", "cli.lua", "lua/dormouse/", "[C]: in ?", "xpcall"} do
       assert.is_falsy(err:find(noise, 1, true), "should not contain [" .. noise .. "]:\n" .. err)
     end

@@ -94,6 +94,21 @@ function Module:train(on)
 end
 function Module:eval() return self:train(false) end
 
+-- The same module with its parameters and buffers in another dtype (a float64
+-- twin for oracle tests, say). Float tensors only; integer buffers stay.
+function Module:cast(dtype)
+  for _, name in ipairs(self._params) do
+    self[name] = dm.no_grad(function() return self[name]:to(dtype) end)
+    self[name]:requires_grad(true)
+  end
+  for _, name in ipairs(self._buffers or {}) do
+    local b = self[name]
+    if b.dtype == "f32" or b.dtype == "f64" then self[name] = b:to(dtype) end
+  end
+  for _, name in ipairs(self._children) do self[name]:cast(dtype) end
+  return self
+end
+
 function Module:zero_grad()
   for _, p in ipairs(self:parameters()) do p.grad = nil end
 end
@@ -122,12 +137,16 @@ end
 -- Initialisers: tensors on nn.device in float32, drawn from the global generator.
 nn.init = {}
 function nn.init.normal(shape, std)
-  return dm.randn(shape, {device = nn.device}) * std
+  return dm.randn(shape, {device = nn.device}):mul_(std)     -- in place: no second copy to collect
 end
 function nn.init.zeros(shape) return dm.zeros(shape, {device = nn.device}) end
 function nn.init.ones(shape) return dm.ones(shape, {device = nn.device}) end
 function nn.init.full(shape, v) return dm.full(shape, v, {device = nn.device}) end
-function nn.init.uniform(shape, lo, hi) return dm.rand(shape, {device = nn.device}) * (hi - lo) + lo end
+function nn.init.uniform(shape, lo, hi)
+  local t = dm.rand(shape, {device = nn.device})
+  t:mul_(hi - lo)
+  return t:add_(lo)
+end
 
 -- A matrix product in the compute dtype: x [..., d_in] @ w^T, w [d_out, d_in].
 function nn.project(x, w)

@@ -1,0 +1,52 @@
+--[[
+stack — a plain stack of unshared blocks with a dense MLP instead of experts
+and no Engram: the baseline a researcher compares the dormouse family with.
+Written with the runtime's layers only (docs/models.md walks through it).
+
+  h_0 = Emb[x]
+  for l = 1 .. layers:                      each layer its own weights
+      a   = h + KDA(rms(h))
+      h   = a + W_2 silu(W_1 rms(a))
+  loss = CE(Head(rmsf(h)))
+
+The config's model table supplies d, heads, head_dim and max_iter (here: the
+number of layers); `ffn` is the MLP's hidden width.
+]]
+local dm = require "dormouse"
+local nn = require "dormouse.nn"
+
+local Layer = nn.class("Layer")
+function Layer:init(m)
+  self:child("rms1", nn.RMSNorm(m.d))
+  self:child("kda", nn.KDA(m.d, m.heads, m.head_dim, {gate = m.kda.gate, gate_lb = m.kda.gate_lb}))
+  self:child("rms2", nn.RMSNorm(m.d))
+  self:child("up", nn.Linear(m.d, m.ffn))
+  self:child("down", nn.Linear(m.ffn, m.d))
+end
+function Layer:forward(h)
+  local a = h + self.kda:forward(self.rms1:forward(h))
+  return a + self.down:forward(self.up:forward(self.rms2:forward(a)):silu())
+end
+
+local Stack = nn.class("Stack")
+function Stack:init(m)
+  self:child("emb", nn.Embedding(256, m.d))
+  self.layers = {}
+  for l = 1, m.max_iter do self.layers[l] = self:child("layer" .. l, Layer(m)) end
+  self:child("rmsf", nn.RMSNorm(m.d))
+  self:child("head", nn.Linear(m.d, 256))
+end
+
+-- The trainer's contract: forward(x [B, T+1], prefix) returns at least loss and
+-- fin (and fin_logits for sampling); periter and fin_D are optional.
+function Stack:forward(x, prefix, opts)
+  local T = x:size(2) - 1
+  local targets = x:narrow(2, 2, T):to("i64"):reshape({-1})
+  local h = self.emb:forward(x:narrow(2, 1, T))
+  for _, layer in ipairs(self.layers) do h = layer:forward(h) end
+  local logits = self.head:forward(self.rmsf:forward(h))
+  local ce = dm.cross_entropy(logits:reshape({-1, 256}), targets)
+  return {loss = ce, fin = ce, periter = {ce}, fin_D = {}, fin_logits = logits}
+end
+
+return function(model_cfg) return Stack(model_cfg) end

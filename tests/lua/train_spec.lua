@@ -1,0 +1,123 @@
+-- The training program: resume is exact, refusals are clear, bad input is caught.
+local dm = require "dormouse"
+local config = require "dormouse.config"
+local train = require "dormouse.train"
+
+local function tmpdir()
+  local p = os.tmpname()
+  os.remove(p)
+  os.execute("mkdir -p '" .. p .. "'")
+  return p
+end
+
+local function tiny(overrides)
+  local o = {"steps=20", "eval.every=0", "checkpoint.every=10", "checkpoint.keep=0",
+             "log.every=5", "schedule.warmup=2", "eval.windows=4", "eval.baseline={}"}
+  for _, s in ipairs(overrides or {}) do o[#o + 1] = s end
+  return (config.load("experiments/tiny.lua", o))
+end
+
+local function params_of(model)
+  local t = {}
+  for _, p in ipairs(model:named_parameters()) do t[p.name] = p.tensor:clone() end
+  for _, b in ipairs(model:named_buffers()) do t[b.name] = b.tensor:clone() end
+  return t
+end
+
+local function losses(dir)
+  local out = {}
+  for line in io.lines(dir .. "/metrics.jsonl") do
+    if line:find('"kind":"log"') then out[#out + 1] = line:match('"loss":([^,}]+)') end
+  end
+  return out
+end
+
+local function run_quiet(cfg, opts)
+  opts.quiet, opts.silent, opts.root = true, true, "."
+  return train.run(cfg, opts)
+end
+
+describe("resume", function()
+  it("20 steps straight equal 10 steps, a stop, a resume and 10 more, bit for bit", function()
+    local runs = tmpdir()
+    local straight = run_quiet(tiny {"name=straight"}, {runs = runs})
+    local a = params_of(straight.model)
+    run_quiet(tiny {"name=resumed"}, {runs = runs, stop_at = 10})
+    local resumed = run_quiet(tiny {"name=resumed"}, {runs = runs, resume = runs .. "/resumed"})
+    assert.are.equal(20, resumed.step)
+    local b = params_of(resumed.model)
+    for name, t in pairs(a) do
+      assert.is_true(dm.allclose(t, b[name], {rtol = 0, atol = 0}), name .. " differs after the resume")
+    end
+    assert.are.same(losses(runs .. "/straight"), losses(runs .. "/resumed"))
+  end)
+
+  it("refuses a resume whose config differs, naming each key and both values", function()
+    local runs = tmpdir()
+    run_quiet(tiny {"name=r"}, {runs = runs, stop_at = 10})
+    local ok, err = pcall(run_quiet, tiny {"name=r", "optim.muon_lr=0.01", "seed=7"},
+                          {runs = runs, resume = runs .. "/r"})
+    assert.is_false(ok)
+    assert.matches("config differs", err)
+    assert.matches("optim.muon_lr", err)
+    assert.matches("seed", err)
+    assert.matches("0.01", err)
+  end)
+
+  it("accepts a resume that changes only progress keys", function()
+    local runs = tmpdir()
+    run_quiet(tiny {"name=p"}, {runs = runs, stop_at = 10})
+    local res = run_quiet(tiny {"name=p", "log.every=2"}, {runs = runs, resume = runs .. "/p"})
+    assert.are.equal(20, res.step)
+  end)
+
+  it("refuses a corrupted checkpoint, naming the file", function()
+    local runs = tmpdir()
+    run_quiet(tiny {"name=c"}, {runs = runs, stop_at = 10})
+    local path = runs .. "/c/ckpt-10/model.safetensors"
+    local f = assert(io.open(path, "r+b"))
+    f:seek("end", -4)
+    f:write("XXXX")
+    f:close()
+    local ok, err = pcall(run_quiet, tiny {"name=c"}, {runs = runs, resume = runs .. "/c"})
+    assert.is_false(ok)
+    assert.matches("model.safetensors", err)
+  end)
+
+  it("refuses to overwrite a run that has checkpoints", function()
+    local runs = tmpdir()
+    run_quiet(tiny {"name=o"}, {runs = runs, stop_at = 10})
+    local ok, err = pcall(run_quiet, tiny {"name=o"}, {runs = runs})
+    assert.is_false(ok)
+    assert.matches("%-%-resume", err)
+  end)
+end)
+
+describe("a run", function()
+  it("writes its config, log, metrics, report and checkpoints, and the loss falls", function()
+    local runs = tmpdir()
+    local res = run_quiet(tiny {"name=w", "steps=30", "eval.every=15"}, {runs = runs})
+    for _, f in ipairs {"config.lua", "log.txt", "metrics.jsonl", "report.html", "ckpt-30/meta.lua"} do
+      assert.is_truthy(io.open(runs .. "/w/" .. f), f .. " missing")
+    end
+    local l = losses(runs .. "/w")
+    assert.is_true(tonumber(l[#l]) < tonumber(l[1]), "the loss did not fall: " .. table.concat(l, " "))
+    local html = io.open(runs .. "/w/report.html"):read("a")
+    assert.matches("<svg", html)
+    assert.matches("bits per byte", html)
+    assert.is_true(res.bpb_fin > 0)
+  end)
+
+  it("stops with a clear error on a missing corpus", function()
+    local ok, err = pcall(run_quiet, tiny {"name=m", "data.path=/nonexistent/corpus.txt"}, {runs = tmpdir()})
+    assert.is_false(ok)
+    assert.matches("/nonexistent/corpus.txt", err)
+  end)
+
+  it("ends at once above the CE ceiling, naming the step", function()
+    local ok, err = pcall(run_quiet, tiny {"name=ce", "ce_ceiling=0.5"}, {runs = tmpdir()})
+    assert.is_false(ok)
+    assert.matches("CE ceiling", err)
+    assert.matches("step 1", err)
+  end)
+end)
