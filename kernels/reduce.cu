@@ -131,8 +131,9 @@ __device__ __forceinline__ bool better(double v, double m, bool max) {
 }
 
 __device__ __forceinline__ void lse_add(racc &a, double v) {
-  if (a.m != a.m || a.m == INFINITY || v == -INFINITY) return;
+  if (a.m != a.m) return;                        /* a NaN stays, over +inf too */
   if (v != v) { a.m = v; return; }
+  if (a.m == INFINITY || v == -INFINITY) return;
   if (v > a.m) {
     a.s = a.s * exp(a.m - v) + 1;
     a.m = v;
@@ -374,12 +375,19 @@ static void cuda_reduce_bwd(int kind, dm_tensor *gx, const dm_tensor *g, const d
   });
 }
 
-/* ---- rows held in registers: softmax, log_softmax, logsumexp ------------------------------ */
+/* ---- rows: softmax, log_softmax, logsumexp --------------------------------------------------
+** A row of at most 16384 elements is held in registers, E (8 or 16) a
+** thread, by a warp or a block of up to 1024 threads, and read once. A
+** longer row takes two passes with a block of 1024 threads: an online max
+** and sum, then the outputs (softmax reads it twice). exp is the fast one
+** (ex2.approx) for float: within a few ulps where it matters, the terms
+** near the row's max. */
 
-#define ROW_E 32           /* elements a thread holds (forward) */
-#define ROW_E_BWD 16       /* (backward: two arrays) */
+#define ROW_THREADS_MAX 1024
 
 template <typename T> __device__ __forceinline__ T max_nan(T a, T b) { return b > a || b != b ? b : a; }
+template <typename T> __device__ __forceinline__ T fast_exp(T x) { return exp(x); }
+template <> __device__ __forceinline__ float fast_exp<float>(float x) { return __expf(x); }
 
 /* the row's max or sum in every thread of the row; tpr is a warp or the block */
 template <typename T, bool MAX>
@@ -398,41 +406,50 @@ __device__ __forceinline__ T row_all(T v, int tpr, T *red) {
   return v;
 }
 
-/* element e of a row as T, or `pad` past its end */
-template <int DT, int V>
+/* a thread's E elements of a row, V at a time: element (j * tpr + lane) * V + u, or pad past the end */
+template <int DT, int V, int E>
 __device__ __forceinline__ void load_row(const typename dt<DT>::S *r, int64_t L, int tpr, int lane,
-                                         typename dt<DT>::C *v, int n, typename dt<DT>::C pad) {
+                                         typename dt<DT>::C (&v)[E], typename dt<DT>::C pad) {
   typedef typename dt<DT>::S S;
-  for (int j = 0; j < n / V; j++) {
+#pragma unroll
+  for (int j = 0; j < E / V; j++) {
     int64_t e = ((int64_t)j * tpr + lane) * V;
     if (V > 1 && e < L) {               /* L is a multiple of V on this path */
       dm_vec<S, V> w = *(const dm_vec<S, V> *)(r + e);
+#pragma unroll
       for (int u = 0; u < V; u++) v[j * V + u] = dt<DT>::load(w.v[u]);
-    } else
+    } else {
+#pragma unroll
       for (int u = 0; u < V; u++) v[j * V + u] = e + u < L ? dt<DT>::load(r[e + u]) : pad;
+    }
   }
 }
 
-template <int DT, int V>
+template <int DT, int V, int E>
 __device__ __forceinline__ void store_row(typename dt<DT>::S *r, int64_t L, int tpr, int lane,
-                                          const typename dt<DT>::C *v, int n) {
+                                          const typename dt<DT>::C (&v)[E]) {
   typedef typename dt<DT>::S S;
-  for (int j = 0; j < n / V; j++) {
+#pragma unroll
+  for (int j = 0; j < E / V; j++) {
     int64_t e = ((int64_t)j * tpr + lane) * V;
     if (V > 1 && e < L) {
       dm_vec<S, V> w;
+#pragma unroll
       for (int u = 0; u < V; u++) w.v[u] = dt<DT>::store(v[j * V + u]);
       *(dm_vec<S, V> *)(r + e) = w;
-    } else
+    } else {
+#pragma unroll
       for (int u = 0; u < V; u++) if (e + u < L) r[e + u] = dt<DT>::store(v[j * V + u]);
+    }
   }
 }
 
 enum { ROW_SOFTMAX, ROW_LOG_SOFTMAX, ROW_LOGSUMEXP };
 
-/* P's operands: 0 x, 1 y (the output, one element per row for logsumexp) */
-template <int DT, int V>
-__global__ void softmax_rows(int mode, typename dt<DT>::S *y, const typename dt<DT>::S *x, rplan P, int tpr) {
+/* P's operands: 0 x, 1 y (the output, one element a row for logsumexp) */
+template <int DT, int V, int E>
+__global__ void __launch_bounds__(ROW_THREADS_MAX)
+softmax_rows(int mode, typename dt<DT>::S *y, const typename dt<DT>::S *x, rplan P, int tpr) {
   typedef typename dt<DT>::C T;
   __shared__ T red[32];
   const int per_block = blockDim.x / tpr, lane = threadIdx.x % tpr;
@@ -441,14 +458,16 @@ __global__ void softmax_rows(int mode, typename dt<DT>::S *y, const typename dt<
        row += (int64_t)gridDim.x * per_block) {
     int64_t off[2];
     outer_off<2>(P, row, off);
-    T v[ROW_E];
-    load_row<DT, V>(x + off[0], L, tpr, lane, v, ROW_E, -INFINITY);
+    T v[E];
+    load_row<DT, V, E>(x + off[0], L, tpr, lane, v, -INFINITY);
     T m = -INFINITY;
-    for (int i = 0; i < ROW_E; i++) m = max_nan(m, v[i]);
+#pragma unroll
+    for (int i = 0; i < E; i++) m = max_nan(m, v[i]);
     m = row_all<T, true>(m, tpr, red);
     T s = 0;
-    for (int i = 0; i < ROW_E; i++) {
-      T e = exp(v[i] - m);             /* 0 for the padding */
+#pragma unroll
+    for (int i = 0; i < E; i++) {
+      T e = fast_exp(v[i] - m);         /* 0 for the padding */
       s += e;
       if (mode == ROW_SOFTMAX) v[i] = e;
     }
@@ -457,16 +476,61 @@ __global__ void softmax_rows(int mode, typename dt<DT>::S *y, const typename dt<
       if (lane == 0) y[off[1]] = dt<DT>::store(isfinite(m) ? m + log(s) : m);
       continue;
     }
-    T shift = m + log(s), scale = 1 / s;
-    for (int i = 0; i < ROW_E; i++) v[i] = mode == ROW_SOFTMAX ? v[i] * scale : v[i] - shift;
-    store_row<DT, V>(y + off[1], L, tpr, lane, v, ROW_E);
+    T logs = log(s), scale = 1 / s;
+#pragma unroll
+    for (int i = 0; i < E; i++) v[i] = mode == ROW_SOFTMAX ? v[i] * scale : (v[i] - m) - logs;
+    store_row<DT, V, E>(y + off[1], L, tpr, lane, v);
+  }
+}
+
+/* rows longer than the registers hold: a block of ROW_THREADS_MAX a row, two passes */
+template <int DT, int V>
+__global__ void __launch_bounds__(ROW_THREADS_MAX)
+softmax_long(int mode, typename dt<DT>::S *y, const typename dt<DT>::S *x, rplan P) {
+  typedef typename dt<DT>::C T;
+  typedef typename dt<DT>::S S;
+  __shared__ T red[32];
+  const int64_t L = P.n_inner, step = (int64_t)blockDim.x * V;
+  for (int64_t row = blockIdx.x; row < P.n_outer; row += gridDim.x) {
+    int64_t off[2];
+    outer_off<2>(P, row, off);
+    const S *xr = x + off[0];
+    T m = -INFINITY, s = 0;                   /* online: s is the sum of exp(v - m) */
+    for (int64_t e = (int64_t)threadIdx.x * V; e < L; e += step) {
+      T v[V];
+      dm_vec<S, V> w = *(const dm_vec<S, V> *)(xr + e);   /* V = 1: one element */
+      for (int u = 0; u < V; u++) v[u] = dt<DT>::load(w.v[u]);
+      for (int u = 0; u < V; u++) {
+        if (v[u] == -INFINITY) continue;
+        if (v[u] > m) { s = s * fast_exp(m - v[u]) + 1; m = v[u]; }
+        else s += fast_exp(v[u] - m);         /* a NaN makes s NaN */
+      }
+    }
+    T mall = row_all<T, true>(m, blockDim.x, red);
+    s = m == -INFINITY ? 0 : s * fast_exp(m - mall);
+    s = row_all<T, false>(s, blockDim.x, red);
+    if (mode == ROW_LOGSUMEXP) {
+      if (threadIdx.x == 0) y[off[1]] = dt<DT>::store(isfinite(mall) ? mall + log(s) : mall);
+      continue;
+    }
+    T logs = log(s), scale = 1 / s;
+    S *yr = y + off[1];
+    for (int64_t e = (int64_t)threadIdx.x * V; e < L; e += step) {
+      dm_vec<S, V> w = *(const dm_vec<S, V> *)(xr + e);
+      for (int u = 0; u < V; u++) {
+        T v = dt<DT>::load(w.v[u]);
+        w.v[u] = dt<DT>::store(mode == ROW_SOFTMAX ? fast_exp(v - mall) * scale : (v - mall) - logs);
+      }
+      *(dm_vec<S, V> *)(yr + e) = w;
+    }
   }
 }
 
 /* softmax: gx = y (g - sum(g y)); log_softmax: gx = g - exp(y) sum(g). P: gx, g, y */
-template <int DT, int V>
-__global__ void softmax_bwd_rows(int lg, typename dt<DT>::S *gx, const typename dt<DT>::S *g,
-                                 const typename dt<DT>::S *y, rplan P, int tpr) {
+template <int DT, int V, int E>
+__global__ void __launch_bounds__(ROW_THREADS_MAX)
+softmax_bwd_rows(int lg, typename dt<DT>::S *gx, const typename dt<DT>::S *g, const typename dt<DT>::S *y,
+                 rplan P, int tpr) {
   typedef typename dt<DT>::C T;
   __shared__ T red[32];
   const int per_block = blockDim.x / tpr, lane = threadIdx.x % tpr;
@@ -475,30 +539,52 @@ __global__ void softmax_bwd_rows(int lg, typename dt<DT>::S *gx, const typename 
        row += (int64_t)gridDim.x * per_block) {
     int64_t off[3];
     outer_off<3>(P, row, off);
-    T gv[ROW_E_BWD], yv[ROW_E_BWD];
-    load_row<DT, V>(g + off[1], L, tpr, lane, gv, ROW_E_BWD, 0);
-    load_row<DT, V>(y + off[2], L, tpr, lane, yv, ROW_E_BWD, 0);
+    T gv[E], yv[E];
+    load_row<DT, V, E>(g + off[1], L, tpr, lane, gv, 0);
+    load_row<DT, V, E>(y + off[2], L, tpr, lane, yv, 0);
     T dot = 0;
-    for (int i = 0; i < ROW_E_BWD; i++) dot += lg ? gv[i] : gv[i] * yv[i];
+#pragma unroll
+    for (int i = 0; i < E; i++) dot += lg ? gv[i] : gv[i] * yv[i];
     dot = row_all<T, false>(dot, tpr, red);
-    for (int i = 0; i < ROW_E_BWD; i++) gv[i] = lg ? gv[i] - exp(yv[i]) * dot : yv[i] * (gv[i] - dot);
-    store_row<DT, V>(gx + off[0], L, tpr, lane, gv, ROW_E_BWD);
+#pragma unroll
+    for (int i = 0; i < E; i++) gv[i] = lg ? gv[i] - fast_exp(yv[i]) * dot : yv[i] * (gv[i] - dot);
+    store_row<DT, V, E>(gx + off[0], L, tpr, lane, gv);
   }
 }
 
-/* threads per row for rows of L elements, e a thread; 0 when a row is too long */
-static int row_threads(int64_t L, int e) {
-  for (int t = 32; t <= 1024; t *= 2) if ((int64_t)t * e >= L) return t;
-  return 0;
+template <int DT, int V>
+__global__ void __launch_bounds__(ROW_THREADS_MAX)
+softmax_bwd_long(int lg, typename dt<DT>::S *gx, const typename dt<DT>::S *g, const typename dt<DT>::S *y,
+                 rplan P) {
+  typedef typename dt<DT>::C T;
+  __shared__ T red[32];
+  const int64_t L = P.n_inner, step = (int64_t)blockDim.x * V;
+  for (int64_t row = blockIdx.x; row < P.n_outer; row += gridDim.x) {
+    int64_t off[3];
+    outer_off<3>(P, row, off);
+    T dot = 0;
+    for (int64_t e = (int64_t)threadIdx.x * V; e < L; e += step)
+      for (int u = 0; u < V; u++) {
+        T gv = dt<DT>::load(g[off[1] + e + u]);
+        dot += lg ? gv : gv * dt<DT>::load(y[off[2] + e + u]);
+      }
+    dot = row_all<T, false>(dot, blockDim.x, red);
+    for (int64_t e = (int64_t)threadIdx.x * V; e < L; e += step)
+      for (int u = 0; u < V; u++) {
+        T gv = dt<DT>::load(g[off[1] + e + u]), yv = dt<DT>::load(y[off[2] + e + u]);
+        gx[off[0] + e + u] = dt<DT>::store(lg ? gv - fast_exp(yv) * dot : yv * (gv - dot));
+      }
+  }
 }
 
-/* every operand's rows contiguous and, for 16-byte loads, aligned at every row */
+/* every operand's rows contiguous */
 static bool rows_unit(const rplan *P, int nops) {
-  if (P->ninner != 1) return false;
+  if (P->ninner != 1 || P->n_inner == 0) return false;
   for (int k = 0; k < nops; k++) if (P->istr[k][0] != 1) return false;
   return true;
 }
 
+/* and, for 16-byte loads, a whole number of vectors a row, each row aligned */
 static bool rows_vector(const rplan *P, int nops, const void *const *base, size_t es, bool out_row) {
   int64_t v = 16 / (int64_t)es;
   if (P->n_inner % v) return false;
@@ -510,31 +596,49 @@ static bool rows_vector(const rplan *P, int nops, const void *const *base, size_
   return true;
 }
 
-template <typename K>
-static void launch_rows(K kernel, int tpr, int64_t rows, const void *const *args) {
-  int threads = tpr > 32 ? tpr : DM_THREADS;
-  int per_block = threads / tpr;
-  int64_t blocks = (rows + per_block - 1) / per_block, cap = (int64_t)dm_cuda_sm_count() * 64;
-  DM_CU(cudaLaunchKernel((const void *)kernel, dim3((unsigned)(blocks < cap ? blocks : cap)), dim3(threads),
-                         (void **)args, 0, dm_cuda_stream()));
+/* threads a row and elements a thread (8, or 16 when emax allows) for rows of L; false past 1024 threads */
+static bool row_shape(int64_t L, int emax, int *tpr, int *e) {
+  for (int t = 32; t <= ROW_THREADS_MAX; t *= 2)
+    for (int k = 8; k <= emax; k *= 2)
+      if ((int64_t)t * k >= L) { *tpr = t; *e = k; return true; }
+  return false;
+}
+
+static void launch(const void *kernel, int threads, int64_t blocks, const void *const *args) {
+  int64_t cap = (int64_t)dm_cuda_sm_count() * 64;
+  DM_CU(cudaLaunchKernel(kernel, dim3((unsigned)(blocks < cap ? blocks : cap)), dim3(threads), (void **)args, 0,
+                         dm_cuda_stream()));
   DM_CU_LAUNCHED();
 }
 
-/* softmax (mode 0, 1) or logsumexp (2) over rows; false when the rows do not suit */
+/* tpr threads a row: a block of 256 holds several rows of a warp each */
+static void launch_rows(const void *kernel, int tpr, int64_t rows, const void *const *args) {
+  int threads = tpr > 32 ? tpr : DM_THREADS, per_block = threads / tpr;
+  launch(kernel, threads, (rows + per_block - 1) / per_block, args);
+}
+
+/* softmax (modes 0, 1) or logsumexp (2) over contiguous rows; false when the rows do not suit */
 static bool softmax_rows_launch(int mode, const rplan *P, const dm_tensor *x, void *y) {
   if (!dm_dtype_is_float(x->dtype) || !rows_unit(P, mode == ROW_LOGSUMEXP ? 1 : 2)) return false;
-  int tpr = row_threads(P->n_inner, ROW_E);
-  if (!tpr || P->n_inner == 0) return false;
   const void *base[2] = {dm_data(x), y};
   bool vec = rows_vector(P, 2, base, dm_dtype_size(x->dtype), mode != ROW_LOGSUMEXP);
   const void *px = dm_data(x);
   rplan plan = *P;
+  int tpr = 0, e = 0;
+  bool regs = row_shape(P->n_inner, 16, &tpr, &e);
   dm_dispatch_float(x->dtype, "softmax", [&](auto d) {
     constexpr int DT = decltype(d)::value;
     constexpr int V = 16 / sizeof(typename dt<DT>::S);
     const void *args[] = {&mode, &y, &px, &plan, &tpr};
-    if (vec) launch_rows(softmax_rows<DT, V>, tpr, P->n_outer, args);
-    else launch_rows(softmax_rows<DT, 1>, tpr, P->n_outer, args);
+    const void *k;
+    if (!regs) {
+      k = vec ? (const void *)softmax_long<DT, V> : (const void *)softmax_long<DT, 1>;
+      launch(k, ROW_THREADS_MAX, P->n_outer, args);
+      return;
+    }
+    if (e == 8) k = vec ? (const void *)softmax_rows<DT, V, 8> : (const void *)softmax_rows<DT, 1, 8>;
+    else k = vec ? (const void *)softmax_rows<DT, V, 16> : (const void *)softmax_rows<DT, 1, 16>;
+    launch_rows(k, tpr, P->n_outer, args);
   });
   return true;
 }
@@ -557,10 +661,10 @@ __global__ void softmax_any(int lg, typename dt<DT>::S *y, const typename dt<DT>
     for (int64_t j = 0; j < L; j++) m = max_nan(m, dt<DT>::load(xr[j * sx]));
     double s = 0;
     for (int64_t j = 0; j < L; j++) s += exp(dt<DT>::load(xr[j * sx]) - m);
-    T shift = m + (T)log(s), scale = (T)(1 / s);
+    T logs = (T)log(s), scale = (T)(1 / s);
     for (int64_t j = 0; j < L; j++) {
       T v = dt<DT>::load(xr[j * sx]);
-      y[off[1] + j * sy] = dt<DT>::store(lg ? v - shift : exp(v - m) * scale);
+      y[off[1] + j * sy] = dt<DT>::store(lg ? (v - m) - logs : exp(v - m) * scale);
     }
   }
 }
@@ -605,10 +709,11 @@ static void cuda_softmax_bwd(dm_tensor *gx, const dm_tensor *g, const dm_tensor 
   const dm_tensor *t[3] = {gx, g, y};
   rplan_make(&P, gx, dim_mask(gx, dim), 3, t);
   if (P.n_outer == 0 || P.n_inner == 0) return;
-  int tpr = row_threads(P.n_inner, ROW_E_BWD);
   const void *base[3] = {dm_data(gx), dm_data(g), dm_data(y)};
-  bool rows = rows_unit(&P, 3) && tpr;
+  bool rows = rows_unit(&P, 3);
   bool vec = rows && rows_vector(&P, 3, base, dm_dtype_size(gx->dtype), true);
+  int tpr = 0, e = 0;
+  bool regs = rows && row_shape(P.n_inner, 8, &tpr, &e);
   dm_dispatch_float(gx->dtype, "softmax_bwd", [&](auto d) {
     constexpr int DT = decltype(d)::value;
     typedef typename dt<DT>::S S;
@@ -616,8 +721,12 @@ static void cuda_softmax_bwd(dm_tensor *gx, const dm_tensor *g, const dm_tensor 
     S *pgx = (S *)dm_data(gx);
     const S *pg = (const S *)dm_data(g), *py = (const S *)dm_data(y);
     const void *args[] = {&lg, &pgx, &pg, &py, &P, &tpr};
-    if (vec) launch_rows(softmax_bwd_rows<DT, V>, tpr, P.n_outer, args);
-    else if (rows) launch_rows(softmax_bwd_rows<DT, 1>, tpr, P.n_outer, args);
+    if (regs)
+      launch_rows(vec ? (const void *)softmax_bwd_rows<DT, V, 8> : (const void *)softmax_bwd_rows<DT, 1, 8>,
+                  tpr, P.n_outer, args);
+    else if (rows)
+      launch(vec ? (const void *)softmax_bwd_long<DT, V> : (const void *)softmax_bwd_long<DT, 1>,
+             ROW_THREADS_MAX, P.n_outer, args);
     else DM_LAUNCH(softmax_bwd_any<DT>, P.n_outer, lg, pgx, pg, py, P);
   });
 }

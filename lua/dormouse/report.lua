@@ -28,12 +28,17 @@ local function bounds(series)
   if x1 == x0 then x1 = x0 + 1 end
   if y1 == y0 then y0, y1 = y0 - 0.5, y1 + 0.5 end
   local pad = (y1 - y0) * 0.05
-  return x0, x1, y0 - pad, y1 + pad
+  local lo = y0 - pad
+  if y0 >= 0 and lo < 0 then lo = 0 end           -- non-negative data keeps a zero floor
+  return x0, x1, lo, y1 + pad
 end
 
 -- One chart: series = {{name =, points = {{x, y}, ...}, dashed =}, ...}.
 function report.chart(title, series, ylabel)
-  local W, H, L, R, T, B = 560, 300, 64, 16, 28, 40
+  local W, L, R, B = 560, 64, 16, 40
+  local legend_rows = math.ceil(#series / 2)
+  local T = 30 + 14 * legend_rows                 -- the legend sits between the title and the plot
+  local H = T + 250 + B
   local x0, x1, y0, y1 = bounds(series)
   local out = {string.format('<svg viewBox="0 0 %d %d" width="%d" height="%d" role="img">', W, H, W, H),
                string.format('<text x="%d" y="18" font-weight="bold">%s</text>', L, esc(title))}
@@ -69,8 +74,9 @@ function report.chart(title, series, ylabel)
       out[#out + 1] = string.format('<circle cx="%.1f" cy="%.1f" r="3" fill="%s"/>',
                                     sx(s.points[1][1]), sy(s.points[1][2]), color)
     end
-    out[#out + 1] = string.format('<text x="%d" y="%d" font-size="11" fill="%s">%s</text>',
-                                  W - R - 150, T + 14 * i, color, esc(s.name))
+    out[#out + 1] = string.format('<text x="%d" y="%d" font-size="11" fill="%s">%s %s</text>',
+                                  L + ((i - 1) % 2) * 240, 30 + 14 * ((i - 1) // 2), color,
+                                  s.dashed and "- -" or "—", esc(s.name))
   end
   out[#out + 1] = "</svg>"
   return table.concat(out)
@@ -110,7 +116,7 @@ function report.html(run, records, baselines)
     report.chart("tokens per second", {series_of(records, "log", "tok_s", "tokens/s")}, "tok/s"),
     report.chart("expert load", {series_of(records, "log", "moe_busiest", "busiest expert's share"),
                                  series_of(records, "log", "moe_entropy", "router entropy (normalised)")}),
-    report.chart("learning rate", {series_of(records, "log", "lr", "lr (peak-scaled)")}, "lr"),
+    report.chart("learning rate", {series_of(records, "log", "lr", "learning rate (AdamW group; Muon follows the same schedule)")}, "lr"),
   }
   local last = records[#records]
   return table.concat {

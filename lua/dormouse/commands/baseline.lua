@@ -51,12 +51,18 @@ local function parse(argv)
 end
 
 --[[ What to measure: the corpus, its held-out size and the scored windows.
-An experiment config (experiments/*.lua) is to resolve here too: its
-data.path (nil: the default corpus), data.eval_bytes, and the eval windows
+An experiment config (experiments/*.lua) gives its data.path (nil: the
+default corpus), data.eval_bytes, and the eval windows the trainer scores
 (seq = data.ctx or seq, n = eval.windows), each overridden by the flags. ]]
 local function resolve(args)
   if args.target and args.target:match("%.lua$") then
-    error("experiment configs are not wired into baseline yet; give a corpus path (with --eval-bytes, --seq)", 0)
+    local cfg = require("dormouse.config").load(args.target)
+    local seq = args.seq or cfg.data.ctx or cfg.seq
+    return {
+      path = cfg.data.path or data.default_corpus(),
+      eval_bytes = args.eval_bytes or cfg.data.eval_bytes,
+      windows = {seq = seq, n = args.windows or (not args.seq and cfg.eval.windows or nil)},
+    }
   end
   local defaults = require("dormouse.config").resolve({}, "defaults")
   return {
