@@ -89,6 +89,11 @@ template <int N>
 __device__ __forceinline__ void outer_off(const rplan &P, int64_t pos, int64_t (&off)[N]) {
 #pragma unroll
   for (int k = 0; k < N; k++) off[k] = 0;
+  if (P.nouter == 1) {                          /* the common case: no division */
+#pragma unroll
+    for (int k = 0; k < N; k++) off[k] = pos * P.ostr[k][0];
+    return;
+  }
   for (int d = P.nouter - 1; d >= 0; d--) {
     int64_t s = P.oshape[d], q = pos / s, r = pos - q * s;
     pos = q;

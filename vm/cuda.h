@@ -50,9 +50,10 @@ double dm_cuda_timer_stop(void);
 ** samples, each timing 5 runs queued back to back behind an untimed one
 ** (so the GPU never waits for the host): a device-to-device cudaMemcpyAsync
 ** of nbytes, and a row-major [m, k] x [k, n] product of random data called
-** through cuBLASLt directly (the algorithm chosen as dm.matmul chooses it) */
+** through cuBLASLt directly (the algorithm chosen as dm.matmul chooses it),
+** or, with classic, through cublasGemmEx with cuBLAS's default choice */
 double dm_cuda_bench_copy(size_t nbytes, int reps);
-double dm_cuda_bench_gemm(dm_dtype dt, int64_t m, int64_t n, int64_t k, int reps);
+double dm_cuda_bench_gemm(dm_dtype dt, int64_t m, int64_t n, int64_t k, int reps, bool classic);
 
 #else
 
@@ -74,8 +75,8 @@ static inline double dm_cuda_timer_stop(void) { dm_cuda_init(); return 0; }
 static inline double dm_cuda_bench_copy(size_t nbytes, int reps) {
   (void)nbytes; (void)reps; dm_cuda_init(); return 0;
 }
-static inline double dm_cuda_bench_gemm(dm_dtype dt, int64_t m, int64_t n, int64_t k, int reps) {
-  (void)dt; (void)m; (void)n; (void)k; (void)reps; dm_cuda_init(); return 0;
+static inline double dm_cuda_bench_gemm(dm_dtype dt, int64_t m, int64_t n, int64_t k, int reps, bool classic) {
+  (void)dt; (void)m; (void)n; (void)k; (void)reps; (void)classic; dm_cuda_init(); return 0;
 }
 
 #endif

@@ -74,13 +74,15 @@ static int c_bench_copy(lua_State *L) {
   return 1;
 }
 
-/* core.cuda_bench_gemm(dtype, m, n, k, reps) → median ms of cuBLASLt called directly */
+/* core.cuda_bench_gemm(dtype, m, n, k, reps, classic) → median ms of cuBLASLt called
+** directly (classic: of cublasGemmEx) */
 static int c_bench_gemm(lua_State *L) {
   dm_dtype dt = dm_lua_dtype(L, 1, DM_BF16);
   lua_Integer m = luaL_checkinteger(L, 2), n = luaL_checkinteger(L, 3), k = luaL_checkinteger(L, 4);
   lua_Integer reps = luaL_optinteger(L, 5, 20);
+  bool classic = lua_toboolean(L, 6);
   DM_ENTER(L);
-  lua_pushnumber(L, dm_cuda_bench_gemm(dt, m, n, k, (int)reps));
+  lua_pushnumber(L, dm_cuda_bench_gemm(dt, m, n, k, (int)reps, classic));
   return 1;
 }
 

@@ -60,6 +60,17 @@ static void check_elementwise_index(const char *what, const dm_tensor *x, const 
 
 static int64_t attr_base(const dm_ctx *c, int at) { return (int64_t)c->a.v[at]; }
 
+/* the checks gather, index_select and scatter_add start with: x (in[0]) indexed
+** along the attribute dim by idx (in[1]); returns the 0-based dim, sets base */
+static int check_dim_index(dm_ctx *c, const char *what, int64_t *base) {
+  dm_tensor *x = c->in[0], *idx = c->in[1];
+  check_not_scalar(what, x);
+  int dim = dm_check_dim(what, x, (int64_t)c->a.v[0]);
+  *base = attr_base(c, 1);
+  check_index_dtype(what, idx);
+  return dim;
+}
+
 static dm_tensor *zeros_of_input(dm_ctx *c, int i, dm_device dev) {
   return dm_zeros(dev, dm_in_dtype(c, i), dm_in_ndim(c, i), dm_in_shape(c, i));
 }
@@ -69,10 +80,8 @@ static dm_tensor *zeros_of_input(dm_ctx *c, int i, dm_device dev) {
 /* out[i][j] = x[idx[i][j] - base][j] for dim 0, and so on */
 static void gather_fwd(dm_ctx *c) {
   dm_tensor *x = c->in[0], *idx = c->in[1];
-  check_not_scalar("gather", x);
-  int dim = dm_check_dim("gather", x, (int64_t)c->a.v[0]);
-  int64_t base = attr_base(c, 1);
-  check_index_dtype("gather", idx);
+  int64_t base;
+  int dim = check_dim_index(c, "gather", &base);
   check_elementwise_index("gather", x, idx, dim, NULL);
   check_indices("gather", idx, x->shape[dim], base);
   dm_tensor *out = dm_tensor_new(x->device, x->dtype, idx->ndim, idx->shape);
@@ -91,10 +100,8 @@ static void gather_bwd(dm_ctx *c, dm_tensor *const *g, dm_tensor **gin) {
 
 static void index_select_fwd(dm_ctx *c) {
   dm_tensor *x = c->in[0], *idx = c->in[1];
-  check_not_scalar("index_select", x);
-  int dim = dm_check_dim("index_select", x, (int64_t)c->a.v[0]);
-  int64_t base = attr_base(c, 1);
-  check_index_dtype("index_select", idx);
+  int64_t base;
+  int dim = check_dim_index(c, "index_select", &base);
   if (idx->ndim != 1) {
     char si[128];
     dm_error("index_select: the index must be 1-D, got shape %s", dm_tensor_shape_str(idx, si, sizeof si));
@@ -121,10 +128,8 @@ static void index_select_bwd(dm_ctx *c, dm_tensor *const *g, dm_tensor **gin) {
 /* out = x, then out[idx[i][j] - base][j] += src[i][j] for dim 0, and so on */
 static void scatter_add_fwd(dm_ctx *c) {
   dm_tensor *x = c->in[0], *idx = c->in[1], *src = c->in[2];
-  check_not_scalar("scatter_add", x);
-  int dim = dm_check_dim("scatter_add", x, (int64_t)c->a.v[0]);
-  int64_t base = attr_base(c, 1);
-  check_index_dtype("scatter_add", idx);
+  int64_t base;
+  int dim = check_dim_index(c, "scatter_add", &base);
   dm_check_dtype_equal("scatter_add", x, src);
   check_elementwise_index("scatter_add", x, idx, dim, src);
   check_indices("scatter_add", idx, x->shape[dim], base);

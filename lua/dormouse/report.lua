@@ -35,7 +35,7 @@ end
 
 -- One chart: series = {{name =, points = {{x, y}, ...}, dashed =}, ...}.
 function report.chart(title, series, ylabel)
-  local W, L, R, B = 560, 64, 16, 40
+  local W, L, R, B = 560, 72, 16, 40
   local legend_rows = math.ceil(#series / 2)
   local T = 30 + 14 * legend_rows                 -- the legend sits between the title and the plot
   local H = T + 250 + B
@@ -61,7 +61,7 @@ function report.chart(title, series, ylabel)
   out[#out + 1] = string.format('<text x="%d" y="%d" font-size="11" text-anchor="middle">step</text>',
                                 (L + W - R) // 2, H - 6)
   if ylabel then
-    out[#out + 1] = string.format('<text x="12" y="%d" font-size="11" transform="rotate(-90 12 %d)" ' ..
+    out[#out + 1] = string.format('<text x="10" y="%d" font-size="11" transform="rotate(-90 10 %d)" ' ..
                                   'text-anchor="middle">%s</text>', H // 2, H // 2, esc(ylabel))
   end
   for i, s in ipairs(series) do

@@ -9,6 +9,9 @@ and evaluated on the same held-out windows, then a verdict table.
     set   = {steps = 500},                 -- overrides for every arm (optional)
   }
 
+Optional: control (the name of the control arm, "control"), name (of the
+sweep, the base file's name), runs (the runs folder), quiet (no output).
+
 An arm beats the control only when its mean final bpb_fin is lower by more
 than both spreads (the sample standard deviation over seeds of each). The
 table goes to stdout and to runs/sweep-NAME/verdict.txt and verdict.json.
@@ -85,17 +88,20 @@ function sweep.run(spec)
     results[arm] = {bpb = {}}
     for i, seed in ipairs(spec.seeds) do
       local run_name = string.format("%s-%s-s%d", base_name, arm, seed)
-      print(string.format("== sweep %s: arm %s, seed %d (%s)", base_name, arm, seed, run_name))
+      if not spec.quiet then
+        print(string.format("== sweep %s: arm %s, seed %d (%s)", base_name, arm, seed, run_name))
+      end
       local cfg = config.load(spec.base, overrides_of(spec.set, spec.arms[arm], seed, run_name))
-      local s = train.run(cfg, {overwrite = true, quiet = true, root = spec.root})
+      local s = train.run(cfg, {overwrite = true, quiet = true, silent = spec.quiet, root = spec.root,
+                                runs = spec.runs})
       results[arm].bpb[i] = s.bpb_fin
     end
     results[arm].mean, results[arm].spread = stats(results[arm].bpb)
   end
   sweep.verdicts(results, control)
   local text = sweep.table(results, names, spec.seeds)
-  print(text)
-  local dir = "runs/sweep-" .. base_name
+  if not spec.quiet then print(text) end
+  local dir = (spec.runs or "runs") .. "/sweep-" .. base_name
   os.execute("mkdir -p '" .. dir .. "'")
   local core = require "dormouse.core"
   core.ckpt_write_file(dir .. "/verdict.txt", text .. "\n")

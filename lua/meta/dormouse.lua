@@ -447,6 +447,24 @@ function Tensor:index_select(dim, idx) end
 ---@return dormouse.Tensor
 function Tensor:scatter_add(dim, idx, src) end
 
+-- ---- model blocks (fused ops with their own backward) ----------------------------------
+
+---x / sqrt(mean(x^2) + eps) * gain over the last dim; gain [D] or nil, eps default 1e-6.
+---@param gain? dormouse.Tensor
+---@param eps? number|{eps?: number}
+---@return dormouse.Tensor
+function Tensor:rmsnorm(gain, eps) end
+
+---x / sqrt(sum(x^2) + eps) over the last dim (eps default 1e-6).
+---@param eps? number|{eps?: number}
+---@return dormouse.Tensor
+function Tensor:l2norm(eps) end
+
+---silu(x) * b in one pass (x and b of one shape).
+---@param b dormouse.Tensor
+---@return dormouse.Tensor
+function Tensor:silu_mul(b) end
+
 -- ---- autograd -------------------------------------------------------------------------
 
 ---Runs the tape back from this tensor, accumulates the leaves' .grad, then frees the tape.
@@ -737,6 +755,238 @@ function dm.memory(device) end
 ---Starts the peak of dm.memory() again from the current use.
 ---@param device? dormouse.Device
 function dm.reset_peak(device) end
+
+-- ---- model ops (lua/dormouse/ops/blocks.lua, kda.lua, engram.lua, moe.lua) -----------------
+
+---@class dormouse.CrossEntropyOptions
+---@field ignore_index? integer rows whose target equals it take no loss and no gradient
+---@field reduction? "mean"|"sum"|"none" how the rows' losses combine (default "mean")
+
+---@class dormouse.Conv1dOptions
+---@field dilation? integer the spacing of the taps (default 1)
+---@field cache? dormouse.Tensor [B, (K-1) * dilation, C]: the inputs before x (default zeros)
+---@field return_cache? boolean also return the cache of the next segment
+
+---@class dormouse.KdaOptions
+---@field initial_state? dormouse.Tensor S0 [B, H, dk, dv]
+---@field output_final_state? boolean also return the final state
+---@field chunk? integer the backward's checkpoint interval (default 64)
+
+---@class dormouse.EngramLayout
+---@field orders integer[] the n-gram orders
+---@field heads integer hashed heads per order
+---@field rows integer rows per hashed sub-table at most
+---@field total_rows integer rows of the one physical table
+---@field max_order integer the largest order
+---@field n_sub integer sub-tables: #orders * heads
+---@field sub table[] {order, head, direct, offset, size} per sub-table
+
+---@class dormouse.AdamOptions
+---@field lr number the learning rate
+---@field betas? number[] {b1, b2} (default {0.9, 0.95})
+---@field eps? number (default 1e-8)
+---@field step integer the step, from 1
+---@field n? integer how many of rows to update (default all)
+
+---@class dormouse.HostTable
+---@field weight dormouse.Tensor the table, in host memory
+---@field m dormouse.Tensor Adam's first moment
+---@field v dormouse.Tensor Adam's second moment
+local HostTable = {}
+
+---Starts gathering the rows of the next batch.
+---@param idx dormouse.Tensor
+function HostTable:prefetch(idx) end
+
+---The prefetched rows [U, de] (on device), the lookups' ids into them, the rows' numbers [U].
+---@return dormouse.Tensor rows
+---@return dormouse.Tensor local_ids
+---@return dormouse.Tensor unique
+function HostTable:take() end
+
+---prefetch and take in one call.
+---@param idx dormouse.Tensor
+---@return dormouse.Tensor rows
+---@return dormouse.Tensor local_ids
+---@return dormouse.Tensor unique
+function HostTable:gather(idx) end
+
+---Adam on the rows of the last take, with their gradients [U, de].
+---@param grads dormouse.Tensor
+---@param opts dormouse.AdamOptions
+function HostTable:apply(grads, opts) end
+
+---Counts: steps, lookups, unique, unique_fraction, gather_ms, ...
+---@return table
+function HostTable:counters() end
+
+---The Adam thread count; sets it when n is given.
+---@param n? integer
+---@return integer
+function HostTable:threads(n) end
+
+---Stops the table's threads.
+function HostTable:close() end
+
+---x / sqrt(mean(x^2) + eps) * gain over the last dim.
+---@param x dormouse.Tensor
+---@param gain? dormouse.Tensor
+---@param eps? number|{eps?: number}
+---@return dormouse.Tensor
+function dm.rmsnorm(x, gain, eps) end
+
+---x / sqrt(sum(x^2) + eps) over the last dim.
+---@param x dormouse.Tensor
+---@param eps? number|{eps?: number}
+---@return dormouse.Tensor
+function dm.l2norm(x, eps) end
+
+---silu(a) * b in one pass.
+---@param a dormouse.Tensor
+---@param b dormouse.Tensor
+---@return dormouse.Tensor
+function dm.silu_mul(a, b) end
+
+---Cross-entropy of logits [..., V] against class ids [...] (0..V-1), fused with its log-softmax.
+---@param logits dormouse.Tensor
+---@param targets dormouse.Tensor
+---@param opts? dormouse.CrossEntropyOptions
+---@return dormouse.Tensor
+function dm.cross_entropy(logits, targets, opts) end
+
+---Depthwise causal convolution of x [B, T, C] with w [C, K], no bias.
+---@param x dormouse.Tensor
+---@param w dormouse.Tensor
+---@param opts? dormouse.Conv1dOptions
+---@return dormouse.Tensor y
+---@return dormouse.Tensor? cache
+function dm.causal_conv1d(x, w, opts) end
+
+---Kimi Delta Attention: q, k, g [B, T, H, dk], v [B, T, H, dv], beta [B, T, H] → o (and the final state).
+---@param q dormouse.Tensor
+---@param k dormouse.Tensor
+---@param v dormouse.Tensor
+---@param g dormouse.Tensor
+---@param beta dormouse.Tensor
+---@param opts? dormouse.KdaOptions
+---@return dormouse.Tensor o
+---@return dormouse.Tensor? state
+function dm.kda(q, k, v, g, beta, opts) end
+
+---The log-decay gate g <= 0 of KDA from f, A_log ([H] or nil) and dt_bias.
+---@param f dormouse.Tensor
+---@param A_log? dormouse.Tensor
+---@param dt_bias dormouse.Tensor
+---@param opts? {kind?: "bounded"|"softplus", lb?: number}
+---@return dormouse.Tensor
+function dm.kda_gate(f, A_log, dt_bias, opts) end
+
+---The layout of Engram's hashed n-gram table.
+---@param opts {orders: integer[], heads?: integer, rows: integer}
+---@return dormouse.EngramLayout
+function dm.engram_layout(opts) end
+
+---The table rows [B, T, n_sub] (i64, from 0) of every n-gram ending at each byte of x [B, T].
+---@param x dormouse.Tensor
+---@param prefix? dormouse.Tensor
+---@param layout dormouse.EngramLayout
+---@return dormouse.Tensor
+function dm.engram_index(x, prefix, layout) end
+
+---The distinct rows (increasing), each lookup's id among them, and the lookups per row.
+---@param idx dormouse.Tensor
+---@param bound? integer
+---@return dormouse.Tensor rows
+---@return dormouse.Tensor inverse
+---@return dormouse.Tensor counts
+function dm.engram_unique(idx, bound) end
+
+---g [M, de] summed per unique row in lookup order: [n, de], the same bits on every backend.
+---@param g dormouse.Tensor
+---@param inverse dormouse.Tensor
+---@param n integer
+---@return dormouse.Tensor
+function dm.engram_sparse_grad(g, inverse, n) end
+
+---The memory gate sigmoid(sum_i w_i rmsnorm(u)_i rmsnorm(kx)_i / sqrt(d)).
+---@param u dormouse.Tensor
+---@param kx dormouse.Tensor
+---@param opts? {eps?: number, gain?: dormouse.Tensor}
+---@return dormouse.Tensor
+function dm.engram_alpha(u, kx, opts) end
+
+---Adam in place on the named rows of a table and its moments only.
+---@param table dormouse.Tensor
+---@param m dormouse.Tensor
+---@param v dormouse.Tensor
+---@param rows dormouse.Tensor
+---@param grads dormouse.Tensor
+---@param opts dormouse.AdamOptions
+function dm.engram_adam(table, m, v, rows, grads, opts) end
+
+---A table and its Adam moments in host memory, gathered and updated by threads.
+---@param opts {weight?: dormouse.Tensor, m?: dormouse.Tensor, v?: dormouse.Tensor, rows?: integer, width?: integer, std?: number, threads?: integer, device?: dormouse.Device}
+---@return dormouse.HostTable
+function dm.HostTable(opts) end
+
+---The k experts of each token (best first), their renormalised gates and the tokens per expert.
+---@param logits dormouse.Tensor
+---@param bias? dormouse.Tensor
+---@param k integer
+---@return dormouse.Tensor idx
+---@return dormouse.Tensor w
+---@return dormouse.Tensor counts
+function dm.moe_route(logits, bias, k) end
+
+---The N*k assignments sorted by expert: perm, offsets [E+1], inv.
+---@param idx dormouse.Tensor
+---@param experts integer
+---@return dormouse.Tensor perm
+---@return dormouse.Tensor offsets
+---@return dormouse.Tensor inv
+function dm.moe_sort(idx, experts) end
+
+---Each assignment's low-rank gated expert applied to its token, rows in sorted order [N*k, F].
+---@param u dormouse.Tensor
+---@param perm dormouse.Tensor
+---@param offsets dormouse.Tensor
+---@param ug dormouse.Tensor
+---@param uu dormouse.Tensor
+---@param cg dormouse.Tensor
+---@param cu dormouse.Tensor
+---@param d dormouse.Tensor
+---@param k integer
+---@return dormouse.Tensor
+function dm.moe_experts(u, perm, offsets, ug, uu, cg, cu, d, k) end
+
+---Each token's k expert rows weighted by its gates: [N, F].
+---@param y_rows dormouse.Tensor
+---@param inv dormouse.Tensor
+---@param w dormouse.Tensor
+---@return dormouse.Tensor
+function dm.moe_combine(y_rows, inv, w) end
+
+---Gates with the tokens past each expert's capacity set to 0, and the drops per expert.
+---@param w dormouse.Tensor
+---@param idx dormouse.Tensor
+---@param inv dormouse.Tensor
+---@param offsets dormouse.Tensor
+---@param factor number
+---@return dormouse.Tensor w
+---@return dormouse.Tensor drops
+function dm.moe_capacity(w, idx, inv, offsets, factor) end
+
+---Load statistics: busiest_share, entropy (nats), entropy_max, dead.
+---@param counts dormouse.Tensor
+---@return {busiest_share: number, entropy: number, entropy_max: number, dead: integer}
+function dm.moe_counters(counts) end
+
+---Loss-free balancing in place: bias += gamma * sign(mean(counts) - counts); returns bias.
+---@param bias dormouse.Tensor
+---@param counts dormouse.Tensor
+---@param gamma number
+---@return dormouse.Tensor
+function dm.moe_balance_(bias, counts, gamma) end
 
 -- ---- experiments ------------------------------------------------------------------------------
 

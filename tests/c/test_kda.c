@@ -142,6 +142,17 @@ static result new_result(const problem *p) {
 
 /* ---- the reference: research-kda.md §1.4 in float64, every state kept ------------------------ */
 
+/* the step's decayed state Sp = diag(exp(g)) prev and delta error e = v - Sp^T k */
+static void decay_and_error(int64_t dk, int64_t dv, const double *g, const double *k, const double *v,
+                            const double *prev, double *Sp, double *e) {
+  for (int64_t i = 0; i < dk; i++)
+    for (int64_t j = 0; j < dv; j++) Sp[i * dv + j] = exp(g[i]) * prev[i * dv + j];
+  for (int64_t j = 0; j < dv; j++) {
+    e[j] = v[j];
+    for (int64_t i = 0; i < dk; i++) e[j] -= Sp[i * dv + j] * k[i];
+  }
+}
+
 static result reference(const problem *p) {
   const int64_t T = p->T, H = p->H, dk = p->dk, dv = p->dv, nS = dk * dv;
   result r = new_result(p);
@@ -156,12 +167,7 @@ static result reference(const problem *p) {
       for (int64_t t = 0; t < T; t++) {
         const double *q = AT(Q, t, dk), *k = AT(K, t, dk), *v = AT(V, t, dv), *g = AT(G, t, dk);
         double beta = *AT(BETA, t, 1), *prev = S + t * nS, *next = S + (t + 1) * nS;
-        for (int64_t i = 0; i < dk; i++)
-          for (int64_t j = 0; j < dv; j++) Sp[i * dv + j] = exp(g[i]) * prev[i * dv + j];
-        for (int64_t j = 0; j < dv; j++) {
-          e[j] = v[j];
-          for (int64_t i = 0; i < dk; i++) e[j] -= Sp[i * dv + j] * k[i];
-        }
+        decay_and_error(dk, dv, g, k, v, prev, Sp, e);
         for (int64_t i = 0; i < dk; i++)
           for (int64_t j = 0; j < dv; j++) next[i * dv + j] = Sp[i * dv + j] + beta * k[i] * e[j];
         double *o = D(r.o) + ((b * T + t) * H + h) * dv;
@@ -181,12 +187,7 @@ static result reference(const problem *p) {
         double *dq = D(r.grad[Q]) + ((b * T + t) * H + h) * dk, *dk_ = D(r.grad[K]) + ((b * T + t) * H + h) * dk;
         double *dv_ = D(r.grad[V]) + ((b * T + t) * H + h) * dv, *dg = D(r.grad[G]) + ((b * T + t) * H + h) * dk;
         double *dbeta = D(r.grad[BETA]) + (b * T + t) * H + h;
-        for (int64_t i = 0; i < dk; i++)
-          for (int64_t j = 0; j < dv; j++) Sp[i * dv + j] = exp(g[i]) * prev[i * dv + j];
-        for (int64_t j = 0; j < dv; j++) {
-          e[j] = v[j];
-          for (int64_t i = 0; i < dk; i++) e[j] -= Sp[i * dv + j] * k[i];
-        }
+        decay_and_error(dk, dv, g, k, v, prev, Sp, e);
         for (int64_t i = 0; i < dk; i++)
           for (int64_t j = 0; j < dv; j++) dS[i * dv + j] += q[i] * dout[j];
         for (int64_t i = 0; i < dk; i++) {

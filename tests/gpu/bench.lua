@@ -75,6 +75,8 @@ local flop = 2 * M * M * M
 local lt_ms = core.cuda_bench_gemm("bf16", M, M, M, REPS)
 local lt_tf = flop / (lt_ms * 1e-3) / 1e12
 row("matmul bf16 8192^3 (cuBLASLt direct)", lt_tf, "TFLOP/s")
+local classic_tf = flop / (core.cuda_bench_gemm("bf16", M, M, M, REPS, true) * 1e-3) / 1e12
+row("matmul bf16 8192^3 (cublasGemmEx)", classic_tf, "TFLOP/s")
 do
   local a, b = randn({M, M}, 2), randn({M, M}, 3)
   local ms = device_ms(function() dm.matmul(a, b):free() end)

@@ -292,23 +292,8 @@ static void inplace_inputs(h_rng *r, int k, dm_tensor **in, dm_attrs *a, int nin
 static void in_add_(h_rng *r, int k, dm_tensor **in, dm_attrs *a) { inplace_inputs(r, k, in, a, 2); }
 static void in_affine_(h_rng *r, int k, dm_tensor **in, dm_attrs *a) { inplace_inputs(r, k, in, a, 1); }
 
-static void ref_add_(dm_tensor *const *in, const dm_attrs *at, dm_tensor **ex) {
-  int64_t idx[DM_MAXDIM];
-  ex[0] = h_new(DM_F64, in[0]->ndim, in[0]->shape);
-  for (int64_t i = 0; i < dm_numel(ex[0]); i++) {
-    h_unravel(ex[0], i, idx);
-    h_set(ex[0], i, h_get(in[0], i) + at->v[0] * bcast_at(in[1], in[0]->ndim, idx));
-  }
-}
-
-static void ref_mul_(dm_tensor *const *in, const dm_attrs *at, dm_tensor **ex) {
-  int64_t idx[DM_MAXDIM];
-  ex[0] = h_new(DM_F64, in[0]->ndim, in[0]->shape);
-  for (int64_t i = 0; i < dm_numel(ex[0]); i++) {
-    h_unravel(ex[0], i, idx);
-    h_set(ex[0], i, h_get(in[0], i) * bcast_at(in[1], in[0]->ndim, idx));
-  }
-}
+/* a += alpha b, a *= b: b broadcasts to a, so the binary oracles give a's shape */
+BINARY_ORACLE(ref_add_, a + at->v[0] * b)
 
 /* ---- the cases --------------------------------------------------------------------------------- */
 
@@ -360,7 +345,7 @@ static const dm_case cases[] = {
   U("where", "f64 cond", in_where_f, ref_where),
 
   U("add_", "b broadcast, alpha", in_add_, ref_add_, .no_grad = true, .perf_trial = PERF_TRIAL),
-  U("mul_", "b broadcast", in_add_, ref_mul_, .no_grad = true),
+  U("mul_", "b broadcast", in_add_, ref_mul, .no_grad = true),
   U("affine_", "scale, shift", in_affine_, ref_affine, .no_grad = true, .perf_trial = PERF_TRIAL),
 };
 DM_REGISTER_CASES(cases)

@@ -363,6 +363,18 @@ static dm_tensor *on_gpu(dm_tensor *t, dm_dtype dt, bool strided) {
 
 static dm_tensor *to_host(dm_tensor *t) { return dm_to_device(t, DM_CPU); }
 
+/* the flat index where out is furthest from ref (NaN first) */
+static int64_t worst_at(const dm_tensor *out, const dm_tensor *ref) {
+  int64_t at = 0;
+  double worst = -1;
+  for (int64_t i = 0; i < dm_numel(ref) && dm_same_shape(out, ref); i++) {
+    double d = fabs(h_get(out, i) - h_get(ref, i));
+    if (isnan(d)) return i;
+    if (d > worst) { worst = d; at = i; }
+  }
+  return at;
+}
+
 static bool case_test_gpu(const dm_case *c, const dm_op *op, h_rng *r, char *why, size_t nwhy) {
   int trials = c->trials ? c->trials : 6;
   for (int k = 0; k < trials; k++) {
@@ -381,14 +393,18 @@ static bool case_test_gpu(const dm_case *c, const dm_op *op, h_rng *r, char *why
         for (int i = 0; i < op->n_out; i++) {
           dm_tensor *h = to_host(out[i]);
           double e = rel_error(h, expect[i]);
+          if (!(e <= tol) && worst <= tol) {
+            int64_t j = worst_at(h, expect[i]);
+            snprintf(why, nwhy, "trial %d, cuda %s%s: output %d: relative error %.3g over %.1g; worst element "
+                     "%lld of %lld: cuda %.6g, f64 %.6g", k, gpu_dtypes[v].name, strided ? " strided" : "", i + 1,
+                     e, tol, (long long)j, (long long)dm_numel(h), dm_numel(h) ? h_get(h, j) : NAN,
+                     dm_numel(h) ? h_get(expect[i], j) : NAN);
+          }
           worst = isnan(e) || isnan(worst) ? NAN : fmax(worst, e);
           dm_release(h);
           dm_release(out[i]);
         }
         for (int i = 0; i < t.n_in; i++) dm_release(in[i]);
-        if (!(worst <= tol))
-          snprintf(why, nwhy, "trial %d, cuda %s%s: relative error %.3g over %.1g", k, gpu_dtypes[v].name,
-                   strided ? " strided" : "", worst, tol);
       }
       for (int i = 0; i < t.n_in; i++) dm_release(rin[i]);
       for (int i = 0; i < op->n_out; i++) dm_release(expect[i]);
@@ -484,8 +500,15 @@ static bool case_grad_gpu(const dm_case *c, const dm_op *op, h_rng *r, char *why
                    gpu_dtypes[v].name, k, i + 1, e, ec, tol);
           continue;
         }
-        snprintf(why, nwhy, "trial %d, cuda %s: input %d: gradient relative error %.3g over %.1g%s", k,
-                 gpu_dtypes[v].name, i + 1, e, tol, got[i] ? "" : " (no gradient)");
+        if (got[i]) {
+          int64_t j = worst_at(got[i], ref[i]);
+          snprintf(why, nwhy, "trial %d, cuda %s: input %d: gradient relative error %.3g over %.1g (cpu at %s "
+                   "%.3g); worst element %lld of %lld: cuda %.6g, cpu %.6g, f64 %.6g, input %.6g", k,
+                   gpu_dtypes[v].name, i + 1, e, tol, gpu_dtypes[v].name, ec, (long long)j,
+                   (long long)dm_numel(ref[i]), h_get(got[i], j), cpu[i] ? h_get(cpu[i], j) : NAN,
+                   h_get(ref[i], j), dm_numel(rin[i]) == dm_numel(ref[i]) ? h_get(rin[i], j) : NAN);
+        } else
+          snprintf(why, nwhy, "trial %d, cuda %s: input %d got no gradient", k, gpu_dtypes[v].name, i + 1);
         ok = false;
       }
       for (int i = 0; i < t.n_in; i++) {

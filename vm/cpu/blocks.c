@@ -16,22 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include "iter.h"
+#include "vec.h"
 #include "../blocks.h"
 #include "../elementwise.h"
-
-#define INLINE static inline __attribute__((always_inline))
-
-INLINE double ld(dm_dtype dt, const char *p) {
-  if (dt == DM_F32) return *(const float *)p;
-  if (dt == DM_F64) return *(const double *)p;
-  return dm_load(dt, p);
-}
-
-INLINE void st(dm_dtype dt, char *p, double v) {
-  if (dt == DM_F32) *(float *)p = (float)v;
-  else if (dt == DM_F64) *(double *)p = v;
-  else dm_store(dt, p, v);
-}
 
 /* the address of element r of t's first nd dims, counted row-major (later dims at 0) */
 static char *addr(const dm_tensor *t, int nd, int64_t r) {
@@ -60,35 +47,7 @@ static void *xcalloc(size_t n, size_t size) {
 
 /* ---- f32 rows four lanes at a time ---------------------------------------------------- */
 
-typedef float v4f __attribute__((vector_size(16)));
-typedef int32_t v4i __attribute__((vector_size(16)));
 typedef double v2d __attribute__((vector_size(16)));
-
-INLINE v4f sel(v4i m, v4f a, v4f b) { return (v4f)((m & (v4i)a) | (~m & (v4i)b)); }
-INLINE v4f load4(const float *p) { v4f v; memcpy(&v, p, sizeof v); return v; }
-INLINE void store4(float *p, v4f v) { memcpy(p, &v, sizeof v); }
-INLINE double hsum4(v4f v) { return ((double)v[0] + (double)v[1]) + ((double)v[2] + (double)v[3]); }
-
-/* exp(x) = 2^n p(r), r = x - n ln2, Cephes' polynomial, as cpu/reduce.c's
-** exp4: within 1e-7 relative for x <= 88 (every use here has x <= 0 but
-** silu's, which clamps); 0 below -87.3, NaN stays NaN. */
-INLINE v4f exp4(v4f x) {
-  const v4f zero = {0, 0, 0, 0};
-  v4i nan = x != x, under = x < -87.33654475f;
-  v4f c = sel(nan | under, zero, sel(x > 88.0f, zero + 88.0f, x));
-  v4f n = (c * 1.44269504088896341f + 12582912.f) - 12582912.f;     /* round to nearest */
-  v4f r = (c - n * 0.693359375f) - n * -2.12194440e-4f;               /* ln2 in two parts */
-  v4f p = r * 1.9875691500e-4f + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  v4i e = (__builtin_convertvector(n, v4i) + 127) << 23;           /* 2^n */
-  return sel(nan, x, sel(under, zero, p * (v4f)e));
-}
-
-INLINE float exp1(float x) { return exp4((v4f){x, 0, 0, 0})[0]; }
 
 /* sum of a[j] * b[j] (b NULL: of a[j]^2); float lanes over blocks of 64, then double */
 static double dot_f32(const float *a, const float *b, int64_t n) {
@@ -157,12 +116,14 @@ typedef struct rown {
   dm_dtype gdt;
   int64_t gs;
   bool fast;                    /* f32, unit stride everywhere */
-  float *ones;                  /* the fast path's gain when there is none */
+  double *acc;                  /* the gain's gradient, when asked for (backward) */
+  void *scratch;                /* one block for acc and the fast path's ones */
 } rown;
 
 static const double one = 1.0;
 
-static void rown_init(rown *u, int kind, const dm_tensor *x, const dm_tensor *gain) {
+/* one allocation for the scratch, so that running out of memory leaks nothing */
+static void rown_init(rown *u, int kind, const dm_tensor *x, const dm_tensor *gain, bool with_acc) {
   memset(u, 0, sizeof *u);
   u->kind = kind;
   u->dt = x->dtype;
@@ -171,10 +132,14 @@ static void rown_init(rown *u, int kind, const dm_tensor *x, const dm_tensor *ga
   if (gain) { u->gain = dm_data(gain); u->gdt = gain->dtype; u->gs = row_step(gain); }
   else { u->gain = (const char *)&one; u->gdt = DM_F64; u->gs = 0; }
   u->fast = x->dtype == DM_F32 && row_step(x) == 4 && (!gain || u->gs == 4);
-  if (u->fast && !gain) {
-    u->ones = xcalloc((size_t)u->d, sizeof(float));
-    for (int64_t j = 0; j < u->d; j++) u->ones[j] = 1;
-    u->gain = (const char *)u->ones;
+  bool ones = u->fast && !gain;                  /* the fast path's gain when there is none */
+  size_t nacc = with_acc ? (size_t)u->d : 0, nones = ones ? (size_t)u->d : 0;
+  if (with_acc || ones) u->scratch = xcalloc(nacc * sizeof(double) + nones * sizeof(float), 1);
+  u->acc = with_acc ? u->scratch : NULL;
+  if (ones) {
+    float *g = (float *)((double *)u->scratch + nacc);
+    for (int64_t j = 0; j < u->d; j++) g[j] = 1;
+    u->gain = (const char *)g;
   }
 }
 
@@ -202,7 +167,7 @@ static void rownorm_row(const rown *u, char *y, int64_t ys, const char *x, int64
 static void cpu_rownorm(int kind, dm_tensor *y, dm_tensor *rstd, const dm_tensor *x, const dm_tensor *gain,
                         double eps) {
   rown u;
-  rown_init(&u, kind, x, gain);
+  rown_init(&u, kind, x, gain, false);
   int64_t rows = n_rows(x), xs = row_step(x), ys = row_step(y);
   for (int64_t r = 0; r < rows; r++) {
     double rs;
@@ -212,7 +177,7 @@ static void cpu_rownorm(int kind, dm_tensor *y, dm_tensor *rstd, const dm_tensor
     else rownorm_row(&u, yr, ys, xr, xs, eps, &rs);
     if (rstd) st(rstd->dtype, elem_at(rstd, r), rs);
   }
-  free(u.ones);
+  free(u.scratch);
 }
 
 /* One row of the backward, xh = x * r, gh = g * gain:
@@ -268,10 +233,10 @@ static void rownorm_bwd_row(const rown *u, char *gx, int64_t gxs, double *acc, c
 static void cpu_rownorm_bwd(int kind, dm_tensor *gx, dm_tensor *ggain, const dm_tensor *g, const dm_tensor *x,
                             const dm_tensor *gain, const dm_tensor *rstd) {
   rown u;
-  rown_init(&u, kind, x, gain);
+  rown_init(&u, kind, x, gain, ggain != NULL);
   int64_t rows = n_rows(x), xs = row_step(x), gs = row_step(g), gxs = gx ? row_step(gx) : 0;
   bool fast = u.fast && gs == 4 && (!gx || gxs == 4);
-  double *acc = ggain ? xcalloc((size_t)u.d, sizeof(double)) : NULL;
+  double *acc = u.acc;
   for (int64_t r = 0; r < rows; r++) {
     double rs = ld(rstd->dtype, elem_at(rstd, r));
     char *gxr = gx ? row_at(gx, r) : NULL;
@@ -279,8 +244,7 @@ static void cpu_rownorm_bwd(int kind, dm_tensor *gx, dm_tensor *ggain, const dm_
     else rownorm_bwd_row(&u, gxr, gxs, acc, row_at(g, r), gs, row_at(x, r), xs, rs);
   }
   if (ggain) for (int64_t j = 0; j < u.d; j++) st(ggain->dtype, elem_at(ggain, j), acc[j]);
-  free(acc);
-  free(u.ones);
+  free(u.scratch);
 }
 
 /* ---- cross-entropy ------------------------------------------------------------------------ */
@@ -366,14 +330,17 @@ typedef struct conv {
   dm_dtype dt;
   int64_t B, T, C, K, P, dil;
   double *wt;                   /* w transposed: wt[k * C + c] = w[c, k] */
+  double *scratch;              /* the kernel's accumulators, zeros, after wt in wt's block */
 } conv;
 
-static void conv_init(conv *v, const dm_tensor *x, const dm_tensor *w, int64_t dil) {
+/* wt and `extra` doubles of scratch in one allocation, so that running out of memory leaks nothing */
+static void conv_init(conv *v, const dm_tensor *x, const dm_tensor *w, int64_t dil, int64_t extra) {
   v->dt = x->dtype;
   v->B = x->shape[0]; v->T = x->shape[1]; v->C = x->shape[2]; v->K = w->shape[1];
   v->dil = dil;
   v->P = (v->K - 1) * dil;
-  v->wt = xcalloc((size_t)(v->K * v->C), sizeof(double));
+  v->wt = xcalloc((size_t)(v->K * v->C + extra), sizeof(double));
+  v->scratch = v->wt + v->K * v->C;
   for (int64_t c = 0; c < v->C; c++)
     for (int64_t k = 0; k < v->K; k++) v->wt[k * v->C + c] = ld(w->dtype, addr(w, 2, c * v->K + k));
 }
@@ -396,8 +363,6 @@ INLINE void axpy_(dm_dtype dt, int64_t s, double *acc, const double *w, const ch
 INLINE void store_row_(dm_dtype dt, int64_t s, char *dst, const double *acc, int64_t n) {
   for (int64_t c = 0; c < n; c++) st(dt, dst + c * s, acc[c]);
 }
-#define UNIT_DISPATCH(fn, dt, s, ...) \
-  ((dt) == DM_F32 && (s) == 4 ? fn(DM_F32, 4, __VA_ARGS__) : fn(dt, s, __VA_ARGS__))
 
 static int64_t chan_step(const dm_tensor *t) { return t->strides[2] * (int64_t)dm_dtype_size(t->dtype); }
 
@@ -409,8 +374,8 @@ static void conv_copy_row(const conv *v, char *dst, int64_t ds, const char *src,
 static void cpu_conv(dm_tensor *y, dm_tensor *cache_out, const dm_tensor *x, const dm_tensor *w,
                      const dm_tensor *cache, int64_t dil) {
   conv v;
-  conv_init(&v, x, w, dil);
-  double *acc = xcalloc((size_t)v.C, sizeof(double));
+  conv_init(&v, x, w, dil, x->shape[2]);
+  double *acc = v.scratch;
   int64_t ys = chan_step(y), xs = chan_step(x), cs = cache ? chan_step(cache) : 0;
   for (int64_t b = 0; b < v.B; b++) {
     for (int64_t t = 0; t < v.T; t++) {
@@ -418,9 +383,9 @@ static void cpu_conv(dm_tensor *y, dm_tensor *cache_out, const dm_tensor *x, con
       for (int64_t k = 0; k < v.K; k++) {
         int64_t pos = t - (v.K - 1 - k) * dil;
         const char *src = conv_in(&v, x, cache, b, pos);
-        if (src) UNIT_DISPATCH(axpy_, v.dt, pos >= 0 ? xs : cs, acc, v.wt + k * v.C, src, v.C);
+        if (src) F32_UNIT_DISPATCH(axpy_, v.dt, pos >= 0 ? xs : cs, acc, v.wt + k * v.C, src, v.C);
       }
-      UNIT_DISPATCH(store_row_, v.dt, ys, conv_row(y, b, t), acc, v.C);
+      F32_UNIT_DISPATCH(store_row_, v.dt, ys, conv_row(y, b, t), acc, v.C);
     }
     for (int64_t j = 0; j < v.P; j++) {          /* the new cache: xin's last P positions */
       int64_t pos = v.T - v.P + j;
@@ -428,7 +393,6 @@ static void cpu_conv(dm_tensor *y, dm_tensor *cache_out, const dm_tensor *x, con
                     pos >= 0 ? xs : cs);
     }
   }
-  free(acc);
   free(v.wt);
 }
 
@@ -439,10 +403,10 @@ static void cpu_conv_bwd(dm_tensor *gx, dm_tensor *gw, dm_tensor *gcache, const 
                          const dm_tensor *gcache_out, const dm_tensor *x, const dm_tensor *w,
                          const dm_tensor *cache, int64_t dil) {
   conv v;
-  conv_init(&v, x, w, dil);
-  int64_t C = v.C, gys = chan_step(gy), xs = chan_step(x), cs = cache ? chan_step(cache) : 0;
-  double *acc = xcalloc((size_t)C, sizeof(double));
-  double *accw = gw ? xcalloc((size_t)(v.K * C), sizeof(double)) : NULL;
+  int64_t C = x->shape[2];
+  conv_init(&v, x, w, dil, C + (gw ? w->shape[1] * C : 0));
+  int64_t gys = chan_step(gy), xs = chan_step(x), cs = cache ? chan_step(cache) : 0;
+  double *acc = v.scratch, *accw = gw ? acc + C : NULL;
   int64_t lo = gcache ? -v.P : 0, hi = gx ? v.T : 0;     /* the positions whose gradient is wanted */
   for (int64_t b = 0; b < v.B; b++) {
     for (int64_t pos = lo; pos < hi; pos++) {
@@ -450,11 +414,11 @@ static void cpu_conv_bwd(dm_tensor *gx, dm_tensor *gw, dm_tensor *gcache, const 
       memset(acc, 0, sizeof(double) * (size_t)C);
       for (int64_t k = 0; k < v.K; k++) {
         const char *g = conv_row(gy, b, pos + (v.K - 1 - k) * dil);
-        if (g) UNIT_DISPATCH(axpy_, v.dt, gys, acc, v.wt + k * C, g, C);
+        if (g) F32_UNIT_DISPATCH(axpy_, v.dt, gys, acc, v.wt + k * C, g, C);
       }
       const char *gc = conv_row(gcache_out, b, pos - (v.T - v.P));
       if (gc) for (int64_t c = 0; c < C; c++) acc[c] += ld(v.dt, gc + c * chan_step(gcache_out));
-      UNIT_DISPATCH(store_row_, v.dt, chan_step(pos >= 0 ? gx : gcache), dst, acc, C);
+      F32_UNIT_DISPATCH(store_row_, v.dt, chan_step(pos >= 0 ? gx : gcache), dst, acc, C);
     }
     if (accw)
       for (int64_t t = 0; t < v.T; t++) {
@@ -470,8 +434,6 @@ static void cpu_conv_bwd(dm_tensor *gx, dm_tensor *gw, dm_tensor *gcache, const 
   if (accw)
     for (int64_t c = 0; c < C; c++)
       for (int64_t k = 0; k < v.K; k++) st(gw->dtype, addr(gw, 2, c * v.K + k), accw[k * C + c]);
-  free(accw);
-  free(acc);
   free(v.wt);
 }
 
@@ -515,15 +477,11 @@ static void silu_mul_row(char **p, const int64_t *st_, int64_t n, void *ud) {
 
 static void cpu_silu_mul(dm_tensor *y, const dm_tensor *a, const dm_tensor *b) {
   dm_tensor *in[2] = {(dm_tensor *)a, (dm_tensor *)b};
-  dm_iter it;
-  dm_iter_init(&it, y, 2, in);
   dm_dtype dt = y->dtype;
-  dm_iter_run(&it, silu_mul_row, &dt);
+  dm_iter_walk(y, 2, in, silu_mul_row, &dt);
 }
 
-/* The walk writes one gradient (the lead); when both are wanted the other,
-** contiguous like the lead, is reached at the same byte offset from its base. */
-typedef struct bwd_args { dm_dtype dt; bool want_a, want_b; char *lead, *other; } bwd_args;
+typedef struct bwd_args { dm_dtype dt; dm_grad2 g2; } bwd_args;
 
 static void silu_mul_bwd_f32(float *ga, float *gb, const float *g, const float *a, const float *b, int64_t n) {
   int64_t i = 0;
@@ -542,8 +500,8 @@ static void silu_mul_bwd_f32(float *ga, float *gb, const float *g, const float *
 /* p: the lead gradient, g, a, b */
 static void silu_mul_bwd_row(char **p, const int64_t *st_, int64_t n, void *ud) {
   const bwd_args *u = ud;
-  char *other = u->other ? u->other + (p[0] - u->lead) : NULL;
-  char *pa = u->want_a ? p[0] : NULL, *pb = u->want_b ? (u->want_a ? other : p[0]) : NULL;
+  char *pa, *pb;
+  dm_grad2_at(&u->g2, p[0], &pa, &pb);
   dm_dtype dt = u->dt;
   if (dt == DM_F32 && st_[0] == 4 && st_[1] == 4 && st_[2] == 4 && st_[3] == 4) {
     silu_mul_bwd_f32((float *)pa, (float *)pb, (const float *)p[1], (const float *)p[2], (const float *)p[3], n);
@@ -566,15 +524,12 @@ static void silu_mul_bwd_row(char **p, const int64_t *st_, int64_t n, void *ud) 
 
 static void cpu_silu_mul_bwd(dm_tensor *ga, dm_tensor *gb, const dm_tensor *g, const dm_tensor *a,
                              const dm_tensor *b) {
-  dm_tensor *lead = ga ? ga : gb;
+  bwd_args u;
+  dm_tensor *lead = dm_grad2_init(&u.g2, ga, gb, "silu_mul");
   if (!lead) return;
-  if (ga && gb && (!dm_is_contiguous(ga) || !dm_is_contiguous(gb)))
-    dm_error("silu_mul backward kernel: the two gradients must be contiguous");
-  bwd_args u = {lead->dtype, ga != NULL, gb != NULL, dm_data(lead), ga && gb ? dm_data(gb) : NULL};
+  u.dt = lead->dtype;
   dm_tensor *in[3] = {(dm_tensor *)g, (dm_tensor *)a, (dm_tensor *)b};
-  dm_iter it;
-  dm_iter_init(&it, lead, 3, in);
-  dm_iter_run(&it, silu_mul_bwd_row, &u);
+  dm_iter_walk(lead, 3, in, silu_mul_bwd_row, &u);
 }
 
 static const dm_kernel_entry kernels[] = {

@@ -16,7 +16,7 @@ static void fill_row(char **p, const int64_t *st, int64_t n, void *ud) {
 
 static void cpu_fill(dm_tensor *t, double v) {
   struct { dm_dtype dt; double v; } f = {t->dtype, v};
-  dm_iter_run1(t, fill_row, &f);
+  dm_iter_walk(t, 0, NULL, fill_row, &f);
 }
 
 typedef struct { dm_dtype out, in; } cast_pair;
@@ -39,22 +39,18 @@ static void copy_row(char **p, const int64_t *st, int64_t n, void *ud) {
 }
 
 static void cpu_copy(dm_tensor *dst, const dm_tensor *src) {
-  dm_iter it;
   dm_tensor *in = (dm_tensor *)src;
   cast_pair c = {dst->dtype, src->dtype};
   /* an overlapping copy (dst a view of src's storage) goes through a temporary */
   if (dst->storage == src->storage && dst != src) {
     dm_tensor *tmp = dm_tensor_like(src);
-    dm_iter_init(&it, tmp, 1, &in);
     cast_pair same = {src->dtype, src->dtype};
-    dm_iter_run(&it, copy_row, &same);
-    dm_iter_init(&it, dst, 1, &tmp);
-    dm_iter_run(&it, copy_row, &c);
+    dm_iter_walk(tmp, 1, &in, copy_row, &same);
+    dm_iter_walk(dst, 1, &tmp, copy_row, &c);
     dm_release(tmp);
     return;
   }
-  dm_iter_init(&it, dst, 1, &in);
-  dm_iter_run(&it, copy_row, &c);
+  dm_iter_walk(dst, 1, &in, copy_row, &c);
 }
 
 static void cpu_arange(dm_tensor *t, double start, double step) {

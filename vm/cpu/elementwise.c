@@ -90,9 +90,7 @@ static dm_row_fn pick_row(dm_dtype dt, dm_row_fn f32, dm_row_fn f64, dm_row_fn a
 static void cpu_unary(int kind, dm_tensor *out, const dm_tensor *x, const dm_attrs *a) {
   unary_args u = {kind, x->dtype, a->v[0], a->v[1]};
   dm_tensor *in = (dm_tensor *)x;
-  dm_iter it;
-  dm_iter_init(&it, out, 1, &in);
-  dm_iter_run(&it, pick_row(x->dtype, unary_row_f, unary_row_d, unary_row_any), &u);
+  dm_iter_walk(out, 1, &in, pick_row(x->dtype, unary_row_f, unary_row_d, unary_row_any), &u);
 }
 
 /* gin = gout * f'(x, y); x or y is whichever the kind saved (the other is NULL) */
@@ -134,9 +132,7 @@ static void cpu_unary_bwd(int kind, dm_tensor *gin, const dm_tensor *gout, const
   unary_args u = {kind, gin->dtype, a->v[0], a->v[1]};
   /* a missing operand is walked as gout: its values are never used */
   dm_tensor *in[3] = {(dm_tensor *)gout, (dm_tensor *)(x ? x : gout), (dm_tensor *)(y ? y : gout)};
-  dm_iter it;
-  dm_iter_init(&it, gin, 3, in);
-  dm_iter_run(&it, pick_row(gin->dtype, unary_bwd_row_f, unary_bwd_row_d, unary_bwd_row_any), &u);
+  dm_iter_walk(gin, 3, in, pick_row(gin->dtype, unary_bwd_row_f, unary_bwd_row_d, unary_bwd_row_any), &u);
 }
 
 /* ---- binary ----------------------------------------------------------------------- */
@@ -181,23 +177,10 @@ static void binary_row_any(char **ptr, const int64_t *st, int64_t n, void *ud) {
 static void cpu_binary(int kind, dm_tensor *out, const dm_tensor *a, const dm_tensor *b, double p) {
   binary_args u = {kind, a->dtype, out->dtype, p};
   dm_tensor *in[2] = {(dm_tensor *)a, (dm_tensor *)b};
-  dm_iter it;
-  dm_iter_init(&it, out, 2, in);
-  dm_iter_run(&it, pick_row(a->dtype, binary_row_f, binary_row_d, binary_row_any), &u);
+  dm_iter_walk(out, 2, in, pick_row(a->dtype, binary_row_f, binary_row_d, binary_row_any), &u);
 }
 
-/* the walk of a two-gradient backward: lead is the gradient dm_iter writes,
-** other (may be NULL) sits at the same offsets from other_base */
-typedef struct {
-  int kind;
-  dm_dtype dt;
-  bool want_a, want_b;
-  char *lead_base, *other_base;
-} bwd2_args;
-
-static char *other_at(const bwd2_args *u, char *lead) {
-  return u->other_base ? u->other_base + (lead - u->lead_base) : NULL;
-}
+typedef struct { int kind; dm_dtype dt; dm_grad2 g2; } bwd2_args;
 
 #define BINARY_BWD_LOOP_(ID, nm, f, da, db, cmp)                                            \
   case DM_BINARY_##ID:                                                                      \
@@ -213,9 +196,9 @@ static char *other_at(const bwd2_args *u, char *lead) {
   static void binary_bwd_row_##sfx(char **ptr, const int64_t *st, int64_t n, void *ud) {    \
     typedef T E;   /* the loops of the tables name the element type E */                    \
     const bwd2_args *u = ud;                                                                \
-    T *lead = (T *)ptr[0], *other = (T *)other_at(u, ptr[0]);                               \
-    T *GA = u->want_a ? lead : NULL;                                                        \
-    T *GB = u->want_b ? (u->want_a ? other : lead) : NULL;                                  \
+    char *ga, *gb;                                                                          \
+    dm_grad2_at(&u->g2, ptr[0], &ga, &gb);                                                  \
+    T *GA = (T *)ga, *GB = (T *)gb;                                                         \
     const T *G = (const T *)ptr[1], *A = (const T *)ptr[2], *B = (const T *)ptr[3];         \
     const int64_t so = ES(st[0], T), sg = ES(st[1], T), sa = ES(st[2], T), sb = ES(st[3], T); \
     const T p = 1;                                                                          \
@@ -229,36 +212,23 @@ static void binary_bwd_row_any(char **ptr, const int64_t *st, int64_t n, void *u
   const bwd2_args *u = ud;
   dm_dtype dt = u->dt;
   for (int64_t i = 0; i < n; i++) {
-    char *lead = ptr[0] + i * st[0];
+    char *ga, *gb;
+    dm_grad2_at(&u->g2, ptr[0] + i * st[0], &ga, &gb);
     float g = (float)dm_load(dt, ptr[1] + i * st[1]);
     float a = (float)dm_load(dt, ptr[2] + i * st[2]), b = (float)dm_load(dt, ptr[3] + i * st[3]);
-    if (u->want_a) dm_store(dt, lead, dbinary_a_f(u->kind, g, a, b));
-    if (u->want_b) dm_store(dt, u->want_a ? other_at(u, lead) : lead, dbinary_b_f(u->kind, g, a, b));
+    if (ga) dm_store(dt, ga, dbinary_a_f(u->kind, g, a, b));
+    if (gb) dm_store(dt, gb, dbinary_b_f(u->kind, g, a, b));
   }
-}
-
-static void bwd2_init(bwd2_args *u, dm_tensor **lead, dm_tensor *ga, dm_tensor *gb) {
-  u->want_a = ga != NULL;
-  u->want_b = gb != NULL;
-  *lead = ga ? ga : gb;
-  u->dt = (*lead)->dtype;
-  u->lead_base = dm_data(*lead);
-  u->other_base = ga && gb ? dm_data(gb) : NULL;
-  bool same_layout = ga && gb && dm_same_shape(ga, gb) &&
-                     memcmp(ga->strides, gb->strides, sizeof(int64_t) * (size_t)ga->ndim) == 0;
-  if (ga && gb && !same_layout)
-    dm_error("elementwise backward kernel: the two gradients must share shape and strides");
 }
 
 static void cpu_binary_bwd(int kind, dm_tensor *ga, dm_tensor *gb, const dm_tensor *g,
                            const dm_tensor *a, const dm_tensor *b) {
   bwd2_args u = {.kind = kind};
-  dm_tensor *lead;
-  bwd2_init(&u, &lead, ga, gb);
+  dm_tensor *lead = dm_grad2_init(&u.g2, ga, gb, "elementwise");
+  if (!lead) return;
+  u.dt = lead->dtype;
   dm_tensor *in[3] = {(dm_tensor *)g, (dm_tensor *)a, (dm_tensor *)b};
-  dm_iter it;
-  dm_iter_init(&it, lead, 3, in);
-  dm_iter_run(&it, pick_row(u.dt, binary_bwd_row_f, binary_bwd_row_d, binary_bwd_row_any), &u);
+  dm_iter_walk(lead, 3, in, pick_row(u.dt, binary_bwd_row_f, binary_bwd_row_d, binary_bwd_row_any), &u);
 }
 
 /* ---- where: values are moved as bytes, so every dtype takes the same path -------- */
@@ -299,20 +269,17 @@ static dm_row_fn where_row(size_t es) {
 static void cpu_where(dm_tensor *out, const dm_tensor *cond, const dm_tensor *a, const dm_tensor *b) {
   where_args u = {cond->dtype, dm_dtype_size(out->dtype)};
   dm_tensor *in[3] = {(dm_tensor *)cond, (dm_tensor *)a, (dm_tensor *)b};
-  dm_iter it;
-  dm_iter_init(&it, out, 3, in);
-  dm_iter_run(&it, where_row(u.es), &u);
+  dm_iter_walk(out, 3, in, where_row(u.es), &u);
 }
 
-typedef struct { bwd2_args b; dm_dtype cond; size_t es; } where_bwd_args;
+typedef struct { dm_grad2 g2; dm_dtype cond; size_t es; } where_bwd_args;
 
 /* ga = cond ? g : 0, gb = cond ? 0 : g (all-zero bytes are 0 in every float type) */
 static void where_bwd_row(char **ptr, const int64_t *st, int64_t n, void *ud) {
   const where_bwd_args *u = ud;
   for (int64_t i = 0; i < n; i++) {
-    char *lead = ptr[0] + i * st[0], *g = ptr[2] + i * st[2];
-    char *ga = u->b.want_a ? lead : NULL;
-    char *gb = u->b.want_b ? (u->b.want_a ? other_at(&u->b, lead) : lead) : NULL;
+    char *g = ptr[2] + i * st[2], *ga, *gb;
+    dm_grad2_at(&u->g2, ptr[0] + i * st[0], &ga, &gb);
     bool c = is_true(u->cond, ptr[1] + i * st[1]);
     if (ga) { if (c) memcpy(ga, g, u->es); else memset(ga, 0, u->es); }
     if (gb) { if (c) memset(gb, 0, u->es); else memcpy(gb, g, u->es); }
@@ -321,12 +288,10 @@ static void where_bwd_row(char **ptr, const int64_t *st, int64_t n, void *ud) {
 
 static void cpu_where_bwd(dm_tensor *ga, dm_tensor *gb, const dm_tensor *cond, const dm_tensor *g) {
   where_bwd_args u = {.cond = cond->dtype, .es = dm_dtype_size(g->dtype)};
-  dm_tensor *lead;
-  bwd2_init(&u.b, &lead, ga, gb);
+  dm_tensor *lead = dm_grad2_init(&u.g2, ga, gb, "elementwise");
+  if (!lead) return;
   dm_tensor *in[2] = {(dm_tensor *)cond, (dm_tensor *)g};
-  dm_iter it;
-  dm_iter_init(&it, lead, 2, in);
-  dm_iter_run(&it, where_bwd_row, &u);
+  dm_iter_walk(lead, 2, in, where_bwd_row, &u);
 }
 
 static const dm_kernel_entry kernels[] = {

@@ -107,9 +107,11 @@ static void cpu_engram_index(dm_tensor *idx, const dm_tensor *x, const dm_tensor
     const int64_t *inv = dm_data(inverse);                                                               \
     const T *G = dm_data(g);                                                                             \
     T *O = dm_data(out);                                                                                 \
-    int64_t *at = xmalloc(sizeof(int64_t) * (size_t)(U + 1 + M), "engram_sparse_grad");                  \
+    /* one block, so that running out of memory leaks nothing */                                         \
+    int64_t *at = xmalloc(sizeof(int64_t) * (size_t)(U + 1 + M) + sizeof(A) * (size_t)de,                \
+                          "engram_sparse_grad");                                                         \
     int64_t *order = at + U + 1;                                                                         \
-    A *acc = xmalloc(sizeof(A) * (size_t)de, "engram_sparse_grad");                                      \
+    A *acc = (A *)(order + M);                                                                           \
     memset(at, 0, sizeof(int64_t) * (size_t)(U + 1));                                                    \
     for (int64_t p = 0; p < M; p++) at[inv[p] + 1]++;                                                    \
     for (int64_t u = 0; u < U; u++) at[u + 1] += at[u];                                                  \
@@ -120,7 +122,6 @@ static void cpu_engram_index(dm_tensor *idx, const dm_tensor *x, const dm_tensor
         for (int64_t c = 0; c < de; c++) acc[c] += LD(G[order[lo] * de + c]);                            \
       for (int64_t c = 0; c < de; c++) O[u * de + c] = ST(acc[c]);                                       \
     }                                                                                                    \
-    free(acc);                                                                                           \
     free(at);                                                                                            \
   }                                                                                                      \
                                                                                                          \

@@ -115,7 +115,7 @@ static void check_row(char **p, const int64_t *st, int64_t n, void *ud) {
 /* raises on the first index outside base .. base+size-1 (ops call it before they allocate) */
 static void cpu_index_check(const dm_tensor *idx, int64_t size, int64_t base, const char *what) {
   check_spec c = {what, idx->dtype, size, base};
-  dm_iter_run1((dm_tensor *)idx, check_row, &c);
+  dm_iter_walk((dm_tensor *)idx, 0, NULL, check_row, &c);
 }
 
 static const dm_kernel_entry kernels[] = {

@@ -1,6 +1,7 @@
 /*
 ** iter.c — the strided walk behind every elementwise CPU kernel.
 */
+#include <string.h>
 #include "iter.h"
 
 /* Operand strides over the output's shape, right-aligned; broadcast dims get 0. */
@@ -70,8 +71,20 @@ void dm_iter_run(dm_iter *it, dm_row_fn row, void *ud) {
   }
 }
 
-void dm_iter_run1(dm_tensor *t, dm_row_fn row, void *ud) {
+void dm_iter_walk(dm_tensor *out, int nin, dm_tensor *const *ins, dm_row_fn row, void *ud) {
   dm_iter it;
-  dm_iter_init(&it, t, 0, NULL);
+  dm_iter_init(&it, out, nin, ins);
   dm_iter_run(&it, row, ud);
+}
+
+dm_tensor *dm_grad2_init(dm_grad2 *u, dm_tensor *ga, dm_tensor *gb, const char *op) {
+  if (ga && gb && (!dm_same_shape(ga, gb) ||
+                   memcmp(ga->strides, gb->strides, sizeof(int64_t) * (size_t)ga->ndim) != 0))
+    dm_error("%s backward kernel: the two gradients must share shape and strides", op);
+  dm_tensor *lead = ga ? ga : gb;
+  u->want_a = ga != NULL;
+  u->want_b = gb != NULL;
+  u->lead_base = lead ? dm_data(lead) : NULL;
+  u->other_base = ga && gb ? dm_data(gb) : NULL;
+  return lead;
 }

@@ -28,7 +28,25 @@ typedef void (*dm_row_fn)(char **p, const int64_t *st, int64_t n, void *ud);
 void dm_iter_init(dm_iter *it, dm_tensor *out, int nin, dm_tensor *const *ins);
 void dm_iter_run(dm_iter *it, dm_row_fn row, void *ud);
 
-/* operand-0-only walk, e.g. fill */
-void dm_iter_run1(dm_tensor *t, dm_row_fn row, void *ud);
+/* init and run in one call; nin may be 0 (a fill) */
+void dm_iter_walk(dm_tensor *out, int nin, dm_tensor *const *ins, dm_row_fn row, void *ud);
+
+/* A backward that writes two gradients (ga, gb; either may be NULL) in one
+** walk: dm_iter walks one of them, the lead; the other has the lead's shape
+** and strides, so it sits at the same byte offset from its own base. */
+typedef struct dm_grad2 {
+  bool want_a, want_b;
+  char *lead_base, *other_base;     /* other_base: NULL unless both are wanted */
+} dm_grad2;
+
+/* the lead to walk (NULL when neither is wanted); raises, naming the op,
+** when both are given and their shapes or strides differ */
+dm_tensor *dm_grad2_init(dm_grad2 *u, dm_tensor *ga, dm_tensor *gb, const char *op);
+
+/* where ga and gb are (NULL when not wanted), given where the lead is */
+static inline void dm_grad2_at(const dm_grad2 *u, char *lead, char **ga, char **gb) {
+  *ga = u->want_a ? lead : NULL;
+  *gb = !u->want_b ? NULL : u->want_a ? u->other_base + (lead - u->lead_base) : lead;
+}
 
 #endif

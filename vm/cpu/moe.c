@@ -82,8 +82,8 @@ static void cpu_route(dm_tensor *idx, dm_tensor *w, dm_tensor *counts, const dm_
   const void *lg = dm_data(logits), *b = bias ? dm_data(bias) : NULL;
   int64_t *id = dm_data(idx), *cnt = dm_data(counts);
   void *gate = dm_data(w);
-  double *sel = scratch(sizeof(double) * (size_t)e);
-  bool *taken = scratch(sizeof(bool) * (size_t)e);
+  double *sel = scratch((sizeof(double) + sizeof(bool)) * (size_t)e);     /* one block, leak-free */
+  bool *taken = (bool *)(sel + e);
   memset(cnt, 0, sizeof(int64_t) * (size_t)e);
   for (int64_t t = 0; t < n; t++) {
     for (int64_t x = 0; x < e; x++) {
@@ -105,7 +105,6 @@ static void cpu_route(dm_tensor *idx, dm_tensor *w, dm_tensor *counts, const dm_
     for (int64_t j = 0; j < k; j++) st(dt, gate, t * k + j, sigmoid(ld(dt, lg, t * e + id[t * k + j])) / sum);
   }
   free(sel);
-  free(taken);
 }
 
 /* w_j = s_j / S: dL/ds_i = (gw_i - sum_j gw_j w_j) / S, then ds/dlogit = s (1 - s) */
@@ -176,11 +175,12 @@ typedef struct expert_job {
   int64_t k, d, r, f;
   const int64_t *perm, *off;
   const void *u, *ug, *uu, *cg, *cu, *dw;
-  void *x, *ag, *au, *h;          /* scratch: rows [n, d], projections [n, r], activations [n, r] */
+  double *gc;                     /* scratch in one block: the backward's 2r sums (or none), */
+  void *x, *ag, *au, *h;          /* rows [n, d], projections [n, r], activations [n, r] */
 } expert_job;
 
 static void job_init(expert_job *j, const dm_tensor *u, const dm_tensor *perm, const dm_tensor *offsets,
-                     const dm_moe_bank *bank, int64_t k) {
+                     const dm_moe_bank *bank, int64_t k, bool backward) {
   j->dt = u->dtype;
   j->es = dm_dtype_size(u->dtype);
   j->k = k;
@@ -197,18 +197,15 @@ static void job_init(expert_job *j, const dm_tensor *u, const dm_tensor *perm, c
   j->dw = dm_data(bank->d);
   int64_t e = offsets->shape[0] - 1, most = 0;
   for (int64_t x = 0; x < e; x++) if (j->off[x + 1] - j->off[x] > most) most = j->off[x + 1] - j->off[x];
-  j->x = scratch(j->es * (size_t)(most * j->d));
-  j->ag = scratch(j->es * (size_t)(most * j->r));
-  j->au = scratch(j->es * (size_t)(most * j->r));
-  j->h = scratch(j->es * (size_t)(most * j->r));
+  int64_t ngc = backward ? 2 * j->r : 0;
+  j->gc = scratch(sizeof(double) * (size_t)ngc + j->es * (size_t)(most * (j->d + 3 * j->r)));
+  j->x = j->gc + ngc;
+  j->ag = at(j->x, most * j->d, j->es);
+  j->au = at(j->ag, most * j->r, j->es);
+  j->h = at(j->au, most * j->r, j->es);
 }
 
-static void job_free(expert_job *j) {
-  free(j->x);
-  free(j->ag);
-  free(j->au);
-  free(j->h);
-}
+static void job_free(expert_job *j) { free(j->gc); }
 
 /* expert e's n rows: gather its tokens' u into x and project: ag = x Ug[e], au = x Uu[e] */
 static int64_t expert_project(expert_job *j, int64_t e) {
@@ -236,7 +233,7 @@ static void expert_activate(expert_job *j, int64_t e, int64_t n) {
 static void cpu_experts(dm_tensor *y_rows, const dm_tensor *u, const dm_tensor *perm, const dm_tensor *offsets,
                         const dm_moe_bank *bank, int64_t k) {
   expert_job j;
-  job_init(&j, u, perm, offsets, bank, k);
+  job_init(&j, u, perm, offsets, bank, k, false);
   int64_t e = offsets->shape[0] - 1, r = j.r, f = j.f;
   for (int64_t x = 0; x < e; x++) {
     int64_t n = expert_project(&j, x);
@@ -255,11 +252,11 @@ static void cpu_experts(dm_tensor *y_rows, const dm_tensor *u, const dm_tensor *
 static void cpu_experts_bwd(dm_tensor *gx_rows, const dm_moe_grads *g, const dm_tensor *gy_rows, const dm_tensor *u,
                             const dm_tensor *perm, const dm_tensor *offsets, const dm_moe_bank *bank, int64_t k) {
   expert_job j;
-  job_init(&j, u, perm, offsets, bank, k);
+  job_init(&j, u, perm, offsets, bank, k, true);
   dm_dtype dt = j.dt;
   int64_t e = offsets->shape[0] - 1, d = j.d, r = j.r, f = j.f;
   size_t es = j.es;
-  double *gc = scratch(sizeof(double) * (size_t)(2 * r));
+  double *gc = j.gc;
   for (int64_t x = 0; x < e; x++) {
     int64_t n = expert_project(&j, x);
     if (n == 0) {         /* no rows: the expert's weight gradients are zero */
@@ -300,7 +297,6 @@ static void cpu_experts_bwd(dm_tensor *gx_rows, const dm_moe_grads *g, const dm_
       gemm(dt, false, true, n, d, r, j.au, r, at(j.uu, x * d * r, es), r, 1, gx, d);
     }
   }
-  free(gc);
   job_free(&j);
 }
 

@@ -29,8 +29,8 @@
 #include <math.h>
 #include <string.h>
 #include "../reduce.h"
+#include "vec.h"
 
-#define INLINE static inline __attribute__((always_inline))
 #define MAXOPS 5
 
 typedef struct plan {
@@ -165,47 +165,7 @@ static void walk(const plan *p, int64_t pos, int64_t nb, piece_fn fn, void *ud) 
   }
 }
 
-INLINE double ld(dm_dtype dt, const char *p) {
-  if (dt == DM_F32) return *(const float *)p;
-  if (dt == DM_F64) return *(const double *)p;
-  return dm_load(dt, p);
-}
-
-INLINE void st(dm_dtype dt, char *p, double v) {
-  if (dt == DM_F32) *(float *)p = (float)v;
-  else if (dt == DM_F64) *(double *)p = v;
-  else dm_store(dt, p, v);
-}
-
-/* ---- f32 rows four lanes at a time (GCC vector extensions: SSE2, NEON) -------- */
-
-typedef float v4f __attribute__((vector_size(16)));
-typedef int32_t v4i __attribute__((vector_size(16)));
-
-INLINE v4f sel(v4i m, v4f a, v4f b) { return (v4f)((m & (v4i)a) | (~m & (v4i)b)); }
-
-/* exp(x) = 2^n p(r), r = x - n ln2 in [-ln2/2, ln2/2], Cephes' polynomial:
-** within 1e-7 relative for x <= 88 (every use here has x <= 0: x - max,
-** x - logsumexp, a log-probability). Below -87.3 (the smallest normal
-** result) it gives 0, -inf included; NaN stays NaN. */
-INLINE v4f exp4(v4f x) {
-  const v4f zero = {0, 0, 0, 0};
-  v4i nan = x != x, under = x < -87.33654475f;
-  v4f c = sel(nan | under, zero, sel(x > 88.0f, zero + 88.0f, x));
-  v4f n = (c * 1.44269504088896341f + 12582912.f) - 12582912.f;     /* round to nearest */
-  v4f r = (c - n * 0.693359375f) - n * -2.12194440e-4f;               /* ln2 in two parts */
-  v4f p = r * 1.9875691500e-4f + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  v4i e = (__builtin_convertvector(n, v4i) + 127) << 23;           /* 2^n */
-  return sel(nan, x, sel(under, zero, p * (v4f)e));
-}
-
-INLINE v4f load4(const float *p) { v4f v; memcpy(&v, p, sizeof v); return v; }
-INLINE void store4(float *p, v4f v) { memcpy(p, &v, sizeof v); }
+/* ---- f32 rows four lanes at a time ----------------------------------------- */
 
 /* the max of a row; NaN if the row holds one */
 static float max_f32(const float *x, int64_t n) {
@@ -251,7 +211,7 @@ static double expsum_f32(float *y, const float *x, int64_t n, float shift) {
     total += (double)acc[0] + (double)acc[1] + (double)acc[2] + (double)acc[3];
   }
   for (; j < n; j++) {
-    float e = exp4((v4f){x[j] - shift, 0, 0, 0})[0];
+    float e = exp1(x[j] - shift);
     if (y) y[j] = e;
     total += e;
   }
@@ -260,10 +220,6 @@ static double expsum_f32(float *y, const float *x, int64_t n, float shift) {
 
 /* exp for the other rows, at the element type's precision */
 INLINE double ex(dm_dtype dt, double v) { return dt == DM_F32 ? (double)expf((float)v) : exp(v); }
-
-/* a row of n elements of type dt, s bytes apart; f32 unit-stride rows get a specialised copy */
-#define ROW_DISPATCH(fn, dt, s, ...) \
-  ((dt) == DM_F32 && (s) == 4 ? fn(DM_F32, 4, __VA_ARGS__) : fn(dt, s, __VA_ARGS__))
 
 /* ---- forward reductions ------------------------------------------------------ */
 
@@ -378,13 +334,13 @@ static void acc_row(int kind, acc *a, dm_dtype dt, int64_t s, const char *x, int
                     double p) {
   switch (kind) {
   case R_SUM: case R_MEAN:
-    if (dm_dtype_is_float(dt)) a->s += ROW_DISPATCH(sum_row_, dt, s, x, n);
+    if (dm_dtype_is_float(dt)) a->s += F32_UNIT_DISPATCH(sum_row_, dt, s, x, n);
     else a->is += isum_row(dt, s, x, n);
     break;
-  case R_MAX: case R_ARGMAX: ROW_DISPATCH(best_row_, dt, s, a, x, n, k0, true); break;
-  case R_MIN: case R_ARGMIN: ROW_DISPATCH(best_row_, dt, s, a, x, n, k0, false); break;
+  case R_MAX: case R_ARGMAX: F32_UNIT_DISPATCH(best_row_, dt, s, a, x, n, k0, true); break;
+  case R_MIN: case R_ARGMIN: F32_UNIT_DISPATCH(best_row_, dt, s, a, x, n, k0, false); break;
   case R_LOGSUMEXP: lse_row(dt, s, a, x, n); break;
-  case R_NORM: a->s += ROW_DISPATCH(pow_row_, dt, s, x, n, p); break;
+  case R_NORM: a->s += F32_UNIT_DISPATCH(pow_row_, dt, s, x, n, p); break;
   }
 }
 
@@ -409,7 +365,7 @@ static void sum_lanes(const plan *pl, int64_t pos, int64_t nb, dm_dtype dt, dm_d
   char *ptr[3];
   for (int64_t row = 0; row < pl->n_rows; row++) {
     plan_at(pl, pos, row, ptr);
-    for (int64_t j = 0; j < pl->rowlen; j++) ROW_DISPATCH(add_lanes_, dt, ls, acc, ptr[0] + j * pl->rs[0], nb);
+    for (int64_t j = 0; j < pl->rowlen; j++) F32_UNIT_DISPATCH(add_lanes_, dt, ls, acc, ptr[0] + j * pl->rs[0], nb);
   }
   plan_at(pl, pos, 0, ptr);
   for (int64_t b = 0; b < nb; b++) st(odt, ptr[1] + b * lane_stride(pl, 1), acc[b] / div);
@@ -488,7 +444,7 @@ static void spread_lanes(const plan *pl, int64_t pos, int64_t nb, dm_dtype dt, d
   for (int64_t b = 0; b < nb; b++) v[b] = ld(gdt, ptr[2] + b * lane_stride(pl, 2)) * scale;
   for (int64_t row = 0; row < pl->n_rows; row++) {
     plan_at(pl, pos, row, ptr);
-    for (int64_t j = 0; j < pl->rowlen; j++) ROW_DISPATCH(set_lanes_, dt, ls, ptr[0] + j * pl->rs[0], v, nb);
+    for (int64_t j = 0; j < pl->rowlen; j++) F32_UNIT_DISPATCH(set_lanes_, dt, ls, ptr[0] + j * pl->rs[0], v, nb);
   }
 }
 

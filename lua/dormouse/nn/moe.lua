@@ -53,10 +53,7 @@ function MoE:update_balance()
   local counts = self.counts
   if not counts then return nil end
   self.counts = nil
-  dm.no_grad(function()
-    local load = counts:to("f32")
-    self.lfb_bias:add_((load * -1 + load:mean():item()):sign(), self.gamma)
-  end)
+  dm.no_grad(function() dm.moe_balance_(self.lfb_bias, counts, self.gamma) end)   -- on the device, no sync
   return counts
 end
 
