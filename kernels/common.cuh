@@ -22,6 +22,7 @@
 #include <stddef.h>
 #include <stdbool.h>
 #include <string.h>
+#include <limits.h>
 #include <type_traits>
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>

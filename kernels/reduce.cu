@@ -381,18 +381,31 @@ static void cuda_reduce_bwd(int kind, dm_tensor *gx, const dm_tensor *g, const d
 }
 
 /* ---- rows: softmax, log_softmax, logsumexp --------------------------------------------------
-** A row of at most 16384 elements is held in registers, E (8 or 16) a
-** thread, by a warp or a block of up to 1024 threads, and read once. A
-** longer row takes two passes with a block of 1024 threads: an online max
-** and sum, then the outputs (softmax reads it twice). exp is the fast one
-** (ex2.approx) for float: within a few ulps where it matters, the terms
-** near the row's max. */
+** Short rows (up to 512 elements): a warp holds R rows at once in registers,
+** E elements a lane, read once, so several loads are in flight per lane.
+** Longer rows stream: a block per row keeps an online max and sum of exp
+** per thread (U vectors in flight per step), combines them once, then
+** writes the outputs in a second pass over the row, which finds it in L2
+** (logsumexp needs no second pass). exp is the fast one (ex2.approx) for
+** float: within a few ulps where it matters, the terms near the row's max. */
 
 #define ROW_THREADS_MAX 1024
 
-template <typename T> __device__ __forceinline__ T max_nan(T a, T b) { return b > a || b != b ? b : a; }
-template <typename T> __device__ __forceinline__ T fast_exp(T x) { return exp(x); }
-template <> __device__ __forceinline__ float fast_exp<float>(float x) { return __expf(x); }
+/* the larger, or a NaN when either is one (one instruction for float, sm_80 on) */
+__device__ __forceinline__ float max_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+__device__ __forceinline__ double max_nan(double a, double b) { return b > a || b != b ? b : a; }
+
+/* e^x: ex2.approx of x log2(e) for float (results under 2^-126 flush to 0) */
+__device__ __forceinline__ float fast_exp(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x * 1.4426950408889634f));
+  return r;
+}
+__device__ __forceinline__ double fast_exp(double x) { return exp(x); }
 
 /* the row's max or sum in every thread of the row; tpr is a warp or the block */
 template <typename T, bool MAX>
@@ -451,82 +464,214 @@ __device__ __forceinline__ void store_row(typename dt<DT>::S *r, int64_t L, int 
 
 enum { ROW_SOFTMAX, ROW_LOG_SOFTMAX, ROW_LOGSUMEXP };
 
-/* P's operands: 0 x, 1 y (the output, one element a row for logsumexp) */
-template <int DT, int V, int E>
-__global__ void __launch_bounds__(ROW_THREADS_MAX)
+/* P's operands: 0 x, 1 y (the output, one element a row for logsumexp).
+** A warp takes R rows at a time, E elements of each a lane. */
+template <int DT, int V, int E, int R>
+__global__ void __launch_bounds__(DM_THREADS, 4)
 softmax_rows(int mode, typename dt<DT>::S *y, const typename dt<DT>::S *x, rplan P, int tpr) {
   typedef typename dt<DT>::C T;
-  __shared__ T red[32];
-  const int per_block = blockDim.x / tpr, lane = threadIdx.x % tpr;
+  const int warps = blockDim.x / 32, lane = threadIdx.x % 32;
   const int64_t L = P.n_inner;
-  for (int64_t row = (int64_t)blockIdx.x * per_block + threadIdx.x / tpr; row < P.n_outer;
-       row += (int64_t)gridDim.x * per_block) {
-    int64_t off[2];
-    outer_off<2>(P, row, off);
-    T v[E];
-    load_row<DT, V, E>(x + off[0], L, tpr, lane, v, -INFINITY);
-    T m = -INFINITY;
+  for (int64_t row0 = ((int64_t)blockIdx.x * warps + threadIdx.x / 32) * R; row0 < P.n_outer;
+       row0 += (int64_t)gridDim.x * warps * R) {
+    int64_t off[R][2];
+    T v[R][E], m[R], s[R];
 #pragma unroll
-    for (int i = 0; i < E; i++) m = max_nan(m, v[i]);
-    m = row_all<T, true>(m, tpr, red);
-    T s = 0;
-#pragma unroll
-    for (int i = 0; i < E; i++) {
-      T e = fast_exp(v[i] - m);         /* 0 for the padding */
-      s += e;
-      if (mode == ROW_SOFTMAX) v[i] = e;
+    for (int r = 0; r < R; r++) {             /* every load first: R rows in flight */
+      if (row0 + r < P.n_outer) {
+        outer_off<2>(P, row0 + r, off[r]);
+        load_row<DT, V, E>(x + off[r][0], L, 32, lane, v[r], -INFINITY);
+      } else
+        for (int i = 0; i < E; i++) v[r][i] = -INFINITY;
     }
-    s = row_all<T, false>(s, tpr, red);
-    if (mode == ROW_LOGSUMEXP) {
-      if (lane == 0) y[off[1]] = dt<DT>::store(isfinite(m) ? m + log(s) : m);
-      continue;
-    }
-    T logs = log(s), scale = 1 / s;
 #pragma unroll
-    for (int i = 0; i < E; i++) v[i] = mode == ROW_SOFTMAX ? v[i] * scale : (v[i] - m) - logs;
-    store_row<DT, V, E>(y + off[1], L, tpr, lane, v);
+    for (int r = 0; r < R; r++) {
+      m[r] = -INFINITY;
+      for (int i = 0; i < E; i++) m[r] = max_nan(m[r], v[r][i]);
+    }
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+      for (int r = 0; r < R; r++) m[r] = max_nan(m[r], __shfl_xor_sync(DM_FULL_MASK, m[r], o));
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      s[r] = 0;
+      for (int i = 0; i < E; i++) {
+        T e = fast_exp(v[r][i] - m[r]);        /* 0 for the padding */
+        s[r] += e;
+        if (mode == ROW_SOFTMAX) v[r][i] = e;
+      }
+    }
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+      for (int r = 0; r < R; r++) s[r] += __shfl_xor_sync(DM_FULL_MASK, s[r], o);
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      if (row0 + r >= P.n_outer) continue;
+      if (mode == ROW_LOGSUMEXP) {
+        if (lane == 0) y[off[r][1]] = dt<DT>::store(isfinite(m[r]) ? m[r] + log(s[r]) : m[r]);
+        continue;
+      }
+      T logs = log(s[r]), scale = 1 / s[r];
+      for (int i = 0; i < E; i++) v[r][i] = mode == ROW_SOFTMAX ? v[r][i] * scale : (v[r][i] - m[r]) - logs;
+      store_row<DT, V, E>(y + off[r][1], L, 32, lane, v[r]);
+    }
   }
 }
 
-/* rows longer than the registers hold: a block of ROW_THREADS_MAX a row, two passes */
+/* Rows of at most 64 vectors: a warp takes R rows at a time and keeps them
+** as loaded (NV 16-byte vectors of each a lane, so R * NV loads in flight),
+** converting on each use; softmax computes exp twice rather than hold floats. */
+template <int DT, int V, int NV, int R>
+__global__ void __launch_bounds__(DM_THREADS, 4)
+softmax_warp_rows(int mode, typename dt<DT>::S *y, const typename dt<DT>::S *x, rplan P) {
+  typedef typename dt<DT>::C T;
+  typedef typename dt<DT>::S S;
+  const int warps = blockDim.x / 32, lane = threadIdx.x % 32;
+  const int L = (int)P.n_inner;
+  for (int64_t row0 = ((int64_t)blockIdx.x * warps + threadIdx.x / 32) * R; row0 < P.n_outer;
+       row0 += (int64_t)gridDim.x * warps * R) {
+    dm_vec<S, V> w[R][NV];
+    T m[R], s[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {               /* every load first */
+      int64_t off[2] = {0, 0};
+      if (row0 + r < P.n_outer) outer_off<2>(P, row0 + r, off);
+#pragma unroll
+      for (int j = 0; j < NV; j++) {
+        int e = (j * 32 + lane) * V;
+        if (row0 + r < P.n_outer && e < L) w[r][j] = *(const dm_vec<S, V> *)(x + off[0] + e);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      m[r] = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < NV; j++)
+        if (row0 + r < P.n_outer && (j * 32 + lane) * V < L)
+          for (int k = 0; k < V; k++) m[r] = max_nan(m[r], dt<DT>::load(w[r][j].v[k]));
+    }
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+      for (int r = 0; r < R; r++) m[r] = max_nan(m[r], __shfl_xor_sync(DM_FULL_MASK, m[r], o));
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      s[r] = 0;
+#pragma unroll
+      for (int j = 0; j < NV; j++)
+        if (row0 + r < P.n_outer && (j * 32 + lane) * V < L)
+          for (int k = 0; k < V; k++) s[r] += fast_exp(dt<DT>::load(w[r][j].v[k]) - m[r]);
+    }
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+      for (int r = 0; r < R; r++) s[r] += __shfl_xor_sync(DM_FULL_MASK, s[r], o);
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      if (row0 + r >= P.n_outer) continue;
+      int64_t off[2];                           /* again: cheaper than holding it */
+      outer_off<2>(P, row0 + r, off);
+      if (mode == ROW_LOGSUMEXP) {
+        if (lane == 0) y[off[1]] = dt<DT>::store(isfinite(m[r]) ? m[r] + log(s[r]) : m[r]);
+        continue;
+      }
+      T logs = log(s[r]), scale = 1 / s[r];
+#pragma unroll
+      for (int j = 0; j < NV; j++) {
+        int e = (j * 32 + lane) * V;
+        if (e >= L) continue;
+        dm_vec<S, V> o;
+        for (int k = 0; k < V; k++) {
+          T v = dt<DT>::load(w[r][j].v[k]);
+          o.v[k] = dt<DT>::store(mode == ROW_SOFTMAX ? fast_exp(v - m[r]) * scale : (v - m[r]) - logs);
+        }
+        *(dm_vec<S, V> *)(y + off[1] + e) = o;
+      }
+    }
+  }
+}
+
+/* (m, s): a max and the sum of exp(v - m), merged */
+template <typename T> __device__ __forceinline__ void online_merge(T &m, T &s, T m2, T s2) {
+  T mm = max_nan(m, m2);
+  if (mm == -INFINITY) return;                  /* both empty */
+  s = (m == -INFINITY ? 0 : s * fast_exp(m - mm)) + (m2 == -INFINITY ? 0 : s2 * fast_exp(m2 - mm));
+  m = mm;
+}
+
+/* the block's (m, s) in every thread */
+template <typename T> __device__ __forceinline__ void block_merge(T &m, T &s, T *red_m, T *red_s) {
+  for (int o = 16; o > 0; o >>= 1) {
+    T m2 = __shfl_xor_sync(DM_FULL_MASK, m, o), s2 = __shfl_xor_sync(DM_FULL_MASK, s, o);
+    online_merge(m, s, m2, s2);
+  }
+  int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  if (warps == 1) return;
+  __syncthreads();                              /* red_* may hold the last row's values */
+  if (lane == 0) { red_m[warp] = m; red_s[warp] = s; }
+  __syncthreads();
+  m = lane < warps ? red_m[lane] : (T)-INFINITY;
+  s = lane < warps ? red_s[lane] : (T)0;
+  for (int o = 16; o > 0; o >>= 1) {
+    T m2 = __shfl_xor_sync(DM_FULL_MASK, m, o), s2 = __shfl_xor_sync(DM_FULL_MASK, s, o);
+    online_merge(m, s, m2, s2);
+  }
+}
+
+#define ROW_UNROLL 4
+
+/* rows streamed by a block each: an online max and sum, then (softmax) the outputs */
 template <int DT, int V>
-__global__ void __launch_bounds__(ROW_THREADS_MAX)
+__global__ void __launch_bounds__(DM_THREADS, 4)
 softmax_long(int mode, typename dt<DT>::S *y, const typename dt<DT>::S *x, rplan P) {
   typedef typename dt<DT>::C T;
   typedef typename dt<DT>::S S;
-  __shared__ T red[32];
-  const int64_t L = P.n_inner, step = (int64_t)blockDim.x * V;
+  __shared__ T red_m[32], red_s[32];
+  const int L = (int)P.n_inner, step = blockDim.x * V;
   for (int64_t row = blockIdx.x; row < P.n_outer; row += gridDim.x) {
     int64_t off[2];
     outer_off<2>(P, row, off);
     const S *xr = x + off[0];
-    T m = -INFINITY, s = 0;                   /* online: s is the sum of exp(v - m) */
-    for (int64_t e = (int64_t)threadIdx.x * V; e < L; e += step) {
-      T v[V];
-      dm_vec<S, V> w = *(const dm_vec<S, V> *)(xr + e);   /* V = 1: one element */
-      for (int u = 0; u < V; u++) v[u] = dt<DT>::load(w.v[u]);
-      for (int u = 0; u < V; u++) {
-        if (v[u] == -INFINITY) continue;
-        if (v[u] > m) { s = s * fast_exp(m - v[u]) + 1; m = v[u]; }
-        else s += fast_exp(v[u] - m);         /* a NaN makes s NaN */
+    T m = -INFINITY, s = 0;
+    for (int base = threadIdx.x * V; base < L; base += step * ROW_UNROLL) {
+      dm_vec<S, V> w[ROW_UNROLL];               /* ROW_UNROLL loads in flight, kept as loaded */
+#pragma unroll
+      for (int u = 0; u < ROW_UNROLL; u++)
+        if (base + u * step < L) w[u] = *(const dm_vec<S, V> *)(xr + base + u * step);
+      T mv = -INFINITY;
+#pragma unroll
+      for (int u = 0; u < ROW_UNROLL; u++)
+        if (base + u * step < L)
+          for (int k = 0; k < V; k++) mv = max_nan(mv, dt<DT>::load(w[u].v[k]));
+      if (mv > m || mv != mv) {                 /* a new max (a NaN sticks through fast_exp) */
+        s = m == -INFINITY ? 0 : s * fast_exp(m - mv);
+        m = mv;
       }
+      if (m == -INFINITY) continue;             /* nothing but -inf yet */
+#pragma unroll
+      for (int u = 0; u < ROW_UNROLL; u++)
+        if (base + u * step < L)
+          for (int k = 0; k < V; k++) s += fast_exp(dt<DT>::load(w[u].v[k]) - m);
     }
-    T mall = row_all<T, true>(m, blockDim.x, red);
-    s = m == -INFINITY ? 0 : s * fast_exp(m - mall);
-    s = row_all<T, false>(s, blockDim.x, red);
+    block_merge(m, s, red_m, red_s);
     if (mode == ROW_LOGSUMEXP) {
-      if (threadIdx.x == 0) y[off[1]] = dt<DT>::store(isfinite(mall) ? mall + log(s) : mall);
+      if (threadIdx.x == 0) y[off[1]] = dt<DT>::store(isfinite(m) ? m + log(s) : m);
       continue;
     }
     T logs = log(s), scale = 1 / s;
     S *yr = y + off[1];
-    for (int64_t e = (int64_t)threadIdx.x * V; e < L; e += step) {
-      dm_vec<S, V> w = *(const dm_vec<S, V> *)(xr + e);
-      for (int u = 0; u < V; u++) {
-        T v = dt<DT>::load(w.v[u]);
-        w.v[u] = dt<DT>::store(mode == ROW_SOFTMAX ? fast_exp(v - mall) * scale : (v - mall) - logs);
+    for (int base = threadIdx.x * V; base < L; base += step * ROW_UNROLL) {
+      dm_vec<S, V> w[ROW_UNROLL];
+#pragma unroll
+      for (int u = 0; u < ROW_UNROLL; u++)
+        if (base + u * step < L) w[u] = *(const dm_vec<S, V> *)(xr + base + u * step);
+#pragma unroll
+      for (int u = 0; u < ROW_UNROLL; u++) {
+        if (base + u * step >= L) continue;
+        for (int k = 0; k < V; k++) {
+          T v = dt<DT>::load(w[u].v[k]);
+          w[u].v[k] = dt<DT>::store(mode == ROW_SOFTMAX ? fast_exp(v - m) * scale : (v - m) - logs);
+        }
+        *(dm_vec<S, V> *)(yr + base + u * step) = w[u];
       }
-      *(dm_vec<S, V> *)(yr + e) = w;
     }
   }
 }
@@ -624,26 +769,45 @@ static void launch_rows(const void *kernel, int tpr, int64_t rows, const void *c
 
 /* softmax (modes 0, 1) or logsumexp (2) over contiguous rows; false when the rows do not suit */
 static bool softmax_rows_launch(int mode, const rplan *P, const dm_tensor *x, void *y) {
-  if (!dm_dtype_is_float(x->dtype) || !rows_unit(P, mode == ROW_LOGSUMEXP ? 1 : 2)) return false;
+  if (!dm_dtype_is_float(x->dtype) || !rows_unit(P, mode == ROW_LOGSUMEXP ? 1 : 2) || P->n_inner > INT_MAX)
+    return false;
   const void *base[2] = {dm_data(x), y};
   bool vec = rows_vector(P, 2, base, dm_dtype_size(x->dtype), mode != ROW_LOGSUMEXP);
   const void *px = dm_data(x);
   rplan plan = *P;
-  int tpr = 0, e = 0;
-  bool regs = row_shape(P->n_inner, 16, &tpr, &e);
+  int64_t L = P->n_inner;
   dm_dispatch_float(x->dtype, "softmax", [&](auto d) {
     constexpr int DT = decltype(d)::value;
     constexpr int V = 16 / sizeof(typename dt<DT>::S);
+    int tpr = 32;
     const void *args[] = {&mode, &y, &px, &plan, &tpr};
-    const void *k;
-    if (!regs) {
-      k = vec ? (const void *)softmax_long<DT, V> : (const void *)softmax_long<DT, 1>;
-      launch(k, ROW_THREADS_MAX, P->n_outer, args);
+    if (vec && L <= 32 * V) {       /* a warp a row, rows as loaded, many at once */
+      launch((const void *)softmax_warp_rows<DT, V, 1, 4>, DM_THREADS, (P->n_outer + 31) / 32, args);
       return;
     }
-    if (e == 8) k = vec ? (const void *)softmax_rows<DT, V, 8> : (const void *)softmax_rows<DT, 1, 8>;
-    else k = vec ? (const void *)softmax_rows<DT, V, 16> : (const void *)softmax_rows<DT, 1, 16>;
-    launch_rows(k, tpr, P->n_outer, args);
+    if (vec && L <= 64 * V) {
+      launch((const void *)softmax_warp_rows<DT, V, 2, 2>, DM_THREADS, (P->n_outer + 15) / 16, args);
+      return;
+    }
+    if (L <= 512) {                 /* a warp a row, several rows at once */
+      const void *k;
+      int rows_per_block = DM_THREADS / 32;
+      if (L <= 256 && mode == ROW_LOGSUMEXP) {  /* nothing kept for a second pass: more rows at once */
+        k = vec ? (const void *)softmax_rows<DT, V, 8, 4> : (const void *)softmax_rows<DT, 1, 8, 4>;
+        rows_per_block *= 4;
+      } else if (L <= 256) {
+        k = vec ? (const void *)softmax_rows<DT, V, 8, 2> : (const void *)softmax_rows<DT, 1, 8, 2>;
+        rows_per_block *= 2;
+      } else
+        k = vec ? (const void *)softmax_rows<DT, V, 16, 1> : (const void *)softmax_rows<DT, 1, 16, 1>;
+      launch(k, DM_THREADS, (P->n_outer + rows_per_block - 1) / rows_per_block, args);
+      return;
+    }
+    /* a block a row, at least two steps of ROW_UNROLL vectors a thread */
+    int64_t per = (vec ? V : 1) * ROW_UNROLL, threads = 32;
+    while (threads < DM_THREADS && threads * per * 2 < L) threads *= 2;
+    launch(vec ? (const void *)softmax_long<DT, V> : (const void *)softmax_long<DT, 1>, (int)threads, P->n_outer,
+           args);
   });
   return true;
 }

@@ -347,10 +347,9 @@ static int t_size(lua_State *L) {
   dm_tensor *t = dm_lua_check(L, 1);
   if (lua_isnoneornil(L, 2)) { dm_lua_push_shape(L, t->ndim, t->shape); return 1; }
   if (!lua_isinteger(L, 2)) return raisef(L, "size: dim must be an integer, got %s", luaL_tolstring(L, 2, NULL));
-  lua_Integer d = lua_tointeger(L, 2);
-  if (d < 0) d += t->ndim + 1;
+  lua_Integer given = lua_tointeger(L, 2), d = given < 0 ? given + t->ndim + 1 : given;
   if (d < 1 || d > t->ndim)
-    return raisef(L, "size: dim %d is out of range for a tensor of %d dims", (int)d, t->ndim);
+    return raisef(L, "size: dim %d is out of range for a tensor of %d dims", (int)given, t->ndim);
   lua_pushinteger(L, t->shape[d - 1]);
   return 1;
 }

@@ -8,19 +8,20 @@
 #include "alloc.h"
 #include "autograd.h"
 
-static void *xcalloc(size_t n, size_t size) {
-  void *p = calloc(n, size);
-  if (!p) dm_error("out of host memory for tensor metadata");
-  return p;
-}
 
+/* The device memory first: if dm_alloc raises, nothing else was allocated. */
 static dm_storage *storage_new(dm_device dev, size_t nbytes, void *wrapped) {
-  dm_storage *s = xcalloc(1, sizeof *s);
+  void *data = wrapped ? wrapped : dm_alloc(dev, nbytes);
+  dm_storage *s = calloc(1, sizeof *s);
+  if (!s) {
+    if (!wrapped) dm_free(dev, data, nbytes);
+    dm_error("out of host memory for tensor metadata");
+  }
   s->device = dev;
   s->nbytes = nbytes;
   s->refs = 1;
-  if (wrapped) { s->data = wrapped; s->refs |= 0x40000000; }  /* high bit: not ours */
-  else s->data = dm_alloc(dev, nbytes);
+  s->data = data;
+  if (wrapped) s->refs |= 0x40000000;                         /* high bit: not ours */
   return s;
 }
 
@@ -39,12 +40,19 @@ void dm_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides) {
   for (int d = ndim - 1; d >= 0; d--) { strides[d] = st; st *= shape[d] > 0 ? shape[d] : 1; }
 }
 
-static dm_tensor *tensor_header(dm_device dev, dm_dtype dt, int ndim, const int64_t *shape) {
+static void check_shape(int ndim, const int64_t *shape) {
   char buf[128];
   if (ndim < 0 || ndim > DM_MAXDIM) dm_error("a tensor has at most %d dims, got %d", DM_MAXDIM, ndim);
   for (int d = 0; d < ndim; d++)
     if (shape[d] < 0) dm_error("negative size in shape %s", dm_shape_str(buf, sizeof buf, ndim, shape));
-  dm_tensor *t = xcalloc(1, sizeof *t);
+}
+
+/* The header, for a shape already checked; `storage` is released if this fails. */
+static dm_tensor *tensor_header(dm_device dev, dm_dtype dt, int ndim, const int64_t *shape,
+                                dm_storage *storage) {
+  dm_tensor *t = calloc(1, sizeof *t);
+  if (!t) { storage_release(storage); dm_error("out of host memory for tensor metadata"); }
+  t->storage = storage;
   t->refs = 1;
   t->ndim = ndim;
   t->dtype = dt;
@@ -61,15 +69,15 @@ static int64_t shape_numel(int ndim, const int64_t *shape) {
 }
 
 dm_tensor *dm_tensor_new(dm_device dev, dm_dtype dt, int ndim, const int64_t *shape) {
-  dm_tensor *t = tensor_header(dev, dt, ndim, shape);
-  t->storage = storage_new(dev, (size_t)shape_numel(ndim, shape) * dm_dtype_size(dt), NULL);
-  return t;
+  check_shape(ndim, shape);
+  dm_storage *s = storage_new(dev, (size_t)shape_numel(ndim, shape) * dm_dtype_size(dt), NULL);
+  return tensor_header(dev, dt, ndim, shape, s);
 }
 
 dm_tensor *dm_tensor_wrap(dm_device dev, dm_dtype dt, int ndim, const int64_t *shape, void *data) {
-  dm_tensor *t = tensor_header(dev, dt, ndim, shape);
-  t->storage = storage_new(dev, (size_t)shape_numel(ndim, shape) * dm_dtype_size(dt), data);
-  return t;
+  check_shape(ndim, shape);
+  dm_storage *s = storage_new(dev, (size_t)shape_numel(ndim, shape) * dm_dtype_size(dt), data);
+  return tensor_header(dev, dt, ndim, shape, s);
 }
 
 dm_tensor *dm_tensor_like(const dm_tensor *t) {
@@ -83,11 +91,11 @@ dm_tensor *dm_tensor_like_dtype(const dm_tensor *t, dm_dtype dt) {
 dm_tensor *dm_tensor_view(const dm_tensor *base, int ndim, const int64_t *shape,
                           const int64_t *strides, int64_t offset) {
   dm_check_live(base);
-  dm_tensor *t = tensor_header(base->device, base->dtype, ndim, shape);
+  check_shape(ndim, shape);
+  base->storage->refs++;
+  dm_tensor *t = tensor_header(base->device, base->dtype, ndim, shape, base->storage);
   if (ndim) memcpy(t->strides, strides, sizeof(int64_t) * (size_t)ndim);
   t->offset = offset;
-  t->storage = base->storage;
-  t->storage->refs++;
   return t;
 }
 

@@ -112,6 +112,12 @@ for _, shape in ipairs {{32768, 256}, {8192, 8192}} do
   for _, dt in ipairs {"bf16", "f32"} do
     local x = dm.randn(shape, {dtype = dt, device = "cuda", seed = 7}) * 3
     local es = dt == "bf16" and 2 or 4
+    -- the copy of the same bytes, for scale: a short kernel does not reach the long copy's rate
+    local xc = dm.empty(shape, {dtype = dt, device = "cuda"})
+    local cms = device_ms(function() xc:copy_(x) end, 20)
+    local cgbs = 2 * n * es / (cms * 1e-3) / 1e9
+    row(string.format("copy %s %s (same bytes)", label, dt), cgbs, "GB/s", string.format("%.0f GB/s", bw), cgbs / bw)
+    xc:free()
     local ms = device_ms(function() x:softmax():free() end, 20)
     local gbs = 2 * n * es / (ms * 1e-3) / 1e9
     row(string.format("softmax %s %s", label, dt), gbs, "GB/s", string.format("%.0f GB/s", bw), gbs / bw, 0.70)

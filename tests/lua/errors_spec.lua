@@ -114,6 +114,7 @@ describe("an out-of-range dim", function()
       fails(case[1], case[2], "2 dims")
     end
     fails(function() local _ = x:size(9) end, "size: dim 9", "2 dims")
+    fails(function() local _ = x:size(-3) end, "size: dim -3", "2 dims")
     fails(function() local _ = x:unsqueeze(4) end, "unsqueeze: dim 4", "1..3")
     fails(function() local _ = dm.stack({x, x}, -5) end, "stack: dim -5", "1..3")
   end)

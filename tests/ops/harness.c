@@ -460,7 +460,7 @@ static int as_cpu_passes;
 /* Some backwards lose precision in f32 or bf16 whatever the backend (1 - y^2
 ** of a saved tanh near 1, exp(x - y) of a logsumexp saved in bf16). When the
 ** GPU misses the tolerance, the CPU computes the same trial at the same
-** dtype: a GPU no worse than that (within half again) passes, and says so. */
+** dtype: a GPU within twice its error (libm ulps differ) passes, and says so. */
 static bool case_grad_gpu(const dm_case *c, const dm_op *op, h_rng *r, char *why, size_t nwhy) {
   int trials = c->trials ? c->trials : 6;
   bool ok = true, as_cpu = false;
@@ -494,7 +494,7 @@ static bool case_grad_gpu(const dm_case *c, const dm_op *op, h_rng *r, char *why
         if (e <= tol) continue;
         if (!have_cpu && got[i] && !isnan(e)) { grads_on(op, &t, rin, w, DM_CPU, dt, cpu); have_cpu = true; }
         double ec = cpu[i] ? rel_error(cpu[i], ref[i]) : NAN;
-        if (e <= 1.5 * ec) {
+        if (e <= 2 * ec) {
           as_cpu = true;
           snprintf(why, nwhy, "as the CPU at %s: trial %d, input %d: cuda %.3g, cpu %.3g (over %.1g)",
                    gpu_dtypes[v].name, k, i + 1, e, ec, tol);

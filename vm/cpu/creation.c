@@ -1,17 +1,15 @@
 /*
 ** cpu/creation.c — fill, copy (with cast and broadcast), arange, random draws.
 */
-#include <string.h>
 #include "iter.h"
 #include "../ops.h"
 #include "../philox.h"
 
 static void fill_row(char **p, const int64_t *st, int64_t n, void *ud) {
   const struct { dm_dtype dt; double v; } *f = ud;
-  size_t es = dm_dtype_size(f->dt);
   char one[8];
   dm_store(f->dt, one, f->v);
-  for (int64_t i = 0; i < n; i++) memcpy(p[0] + i * st[0], one, es);
+  dm_move_elems(p[0], st[0], one, 0, n, dm_dtype_size(f->dt));
 }
 
 static void cpu_fill(dm_tensor *t, double v) {
@@ -23,12 +21,7 @@ typedef struct { dm_dtype out, in; } cast_pair;
 
 static void copy_row(char **p, const int64_t *st, int64_t n, void *ud) {
   const cast_pair *c = ud;
-  if (c->out == c->in) {
-    size_t es = dm_dtype_size(c->out);
-    if (st[0] == (int64_t)es && st[1] == (int64_t)es) { memcpy(p[0], p[1], (size_t)n * es); return; }
-    for (int64_t i = 0; i < n; i++) memcpy(p[0] + i * st[0], p[1] + i * st[1], es);
-    return;
-  }
+  if (c->out == c->in) { dm_move_elems(p[0], st[0], p[1], st[1], n, dm_dtype_size(c->out)); return; }
   if (c->out == DM_F32 && c->in == DM_BF16) {          /* the hot cast of mixed precision */
     for (int64_t i = 0; i < n; i++)
       *(float *)(p[0] + i * st[0]) = dm_bf16_to_f32(*(uint16_t *)(p[1] + i * st[1]));

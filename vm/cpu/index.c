@@ -11,7 +11,6 @@
 ** indexed[p with p[dim] = k] += direct[p] (accumulate, in order, so repeated
 ** indices add up). Every index is read and range-checked by read_index.
 */
-#include <string.h>
 #include "iter.h"
 #include "../ops.h"
 
@@ -37,12 +36,7 @@ typedef struct walk {
 
 /* n elements: b[i] += a[i] (accumulate) or a[i] = b[i]; strides in bytes */
 static void row_op(bool accumulate, dm_dtype dt, char *a, int64_t sa, char *b, int64_t sb, int64_t n) {
-  int64_t es = (int64_t)dm_dtype_size(dt);
-  if (!accumulate) {
-    if (sa == es && sb == es) { memcpy(a, b, (size_t)(n * es)); return; }
-    for (int64_t i = 0; i < n; i++) memcpy(a + i * sa, b + i * sb, (size_t)es);
-    return;
-  }
+  if (!accumulate) { dm_move_elems(a, sa, b, sb, n, dm_dtype_size(dt)); return; }
   switch (dt) {
   case DM_F32: for (int64_t i = 0; i < n; i++) *(float *)(b + i * sb) += *(const float *)(a + i * sa); break;
   case DM_F64: for (int64_t i = 0; i < n; i++) *(double *)(b + i * sb) += *(const double *)(a + i * sa); break;

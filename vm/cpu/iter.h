@@ -10,6 +10,7 @@
 #ifndef DM_CPU_ITER_H
 #define DM_CPU_ITER_H
 
+#include <string.h>
 #include "../tensor.h"
 
 #define DM_ITER_MAXOPS 4
@@ -27,6 +28,22 @@ typedef void (*dm_row_fn)(char **p, const int64_t *st, int64_t n, void *ud);
 
 void dm_iter_init(dm_iter *it, dm_tensor *out, int nin, dm_tensor *const *ins);
 void dm_iter_run(dm_iter *it, dm_row_fn row, void *ud);
+
+/* n elements of es bytes from src to dst, byte strides ds and ss (ss 0: one
+** value repeated). Each size gets its own loop, so that every element is a
+** load and a store rather than a call to memcpy. */
+#define DM_MOVE_LOOP_(K) for (int64_t i = 0; i < n; i++) memcpy(dst + i * ds, src + i * ss, K)
+static inline void dm_move_elems(char *dst, int64_t ds, const char *src, int64_t ss, int64_t n, size_t es) {
+  if (ds == (int64_t)es && ss == (int64_t)es) { memcpy(dst, src, (size_t)n * es); return; }
+  switch (es) {
+  case 1: DM_MOVE_LOOP_(1); break;
+  case 2: DM_MOVE_LOOP_(2); break;
+  case 4: DM_MOVE_LOOP_(4); break;
+  case 8: DM_MOVE_LOOP_(8); break;
+  default: DM_MOVE_LOOP_(es); break;
+  }
+}
+#undef DM_MOVE_LOOP_
 
 /* init and run in one call; nin may be 0 (a fill) */
 void dm_iter_walk(dm_tensor *out, int nin, dm_tensor *const *ins, dm_row_fn row, void *ud);
