@@ -30,6 +30,7 @@ dm_tensor *dm_zeros(dm_device dev, dm_dtype dt, int ndim, const int64_t *shape) 
 dm_tensor *dm_arange(dm_device dev, dm_dtype dt, double start, double stop, double step) {
   if (step == 0) dm_error("arange: step must not be 0");
   double span = (stop - start) / step;
+  if (!(span < 1e15)) dm_error("arange: %g to %g by %g gives too many elements", start, stop, step);
   int64_t n = span > 0 ? (int64_t)ceil(span - 1e-9) : 0;
   dm_tensor *t = dm_tensor_new(dev, dt, 1, &n);
   DM_KERNEL(arange_k, "arange", dev)(t, start, step);

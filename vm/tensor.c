@@ -43,8 +43,12 @@ void dm_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides) {
 static void check_shape(int ndim, const int64_t *shape) {
   char buf[128];
   if (ndim < 0 || ndim > DM_MAXDIM) dm_error("a tensor has at most %d dims, got %d", DM_MAXDIM, ndim);
-  for (int d = 0; d < ndim; d++)
+  int64_t n = 1;
+  for (int d = 0; d < ndim; d++) {
     if (shape[d] < 0) dm_error("negative size in shape %s", dm_shape_str(buf, sizeof buf, ndim, shape));
+    if (__builtin_mul_overflow(n, shape[d], &n) || n > ((int64_t)1 << 56))
+      dm_error("shape %s has too many elements", dm_shape_str(buf, sizeof buf, ndim, shape));
+  }
 }
 
 /* The header, for a shape already checked; `storage` is released if this fails. */

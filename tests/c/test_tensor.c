@@ -56,6 +56,8 @@ static void shape_errors(void) {
   int64_t sc[3] = {5, 1, 3};
   CHECK(dm_broadcast_shape("add", 3, sc, 2, sa, out) == 3 && out[0] == 5 && out[1] == 2 && out[2] == 3);
   EXPECT_ERROR(dm_zeros(DM_CPU, DM_F32, 1, (int64_t[]){-1}), "negative size");
+  EXPECT_ERROR(dm_zeros(DM_META, DM_F32, 2, ((int64_t[]){(int64_t)1 << 40, (int64_t)1 << 40})), "too many elements");
+  EXPECT_ERROR(dm_arange(DM_CPU, DM_F32, 0, 1e300, 1e-300), "too many elements");
 }
 
 static void random_is_addressed(void) {
