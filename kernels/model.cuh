@@ -63,6 +63,26 @@ template <typename T> __device__ __forceinline__ T dm_warp_sum(T v) {
   return v;
 }
 
+/* v combined over the block (every thread gets the same result): warps by the
+** butterfly, then the warps in order. op is associative; blockDim a multiple of 32. */
+template <typename T, typename Op> __device__ __forceinline__ T dm_block_reduce(T v, Op op) {
+  __shared__ T ws[32];
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(DM_FULL_MASK, v, o));
+  __syncthreads();                              /* ws may hold an earlier call's values */
+  if (lane == 0) ws[w] = v;
+  __syncthreads();
+  T s = ws[0];
+  for (int i = 1; i < nw; i++) s = op(s, ws[i]);
+  return s;
+}
+
+struct dm_op_add { template <typename T> __device__ T operator()(T a, T b) const { return a + b; } };
+struct dm_op_max { template <typename T> __device__ T operator()(T a, T b) const { return a > b ? a : b; } };
+
+template <typename T> __device__ __forceinline__ T dm_block_sum(T v) { return dm_block_reduce(v, dm_op_add()); }
+
 /* ---- scratch ---------------------------------------------------------------------------- */
 
 /* device memory for a kernel's intermediates; freed stream-ordered (later launches reuse it) */
@@ -90,7 +110,7 @@ __device__ __forceinline__ void dm_report(dm_device_error *e, int what, int64_t 
 #define DM_COLSUM_LANES 8
 
 template <typename F>
-__global__ void dm_colsum_part_k(F f, int64_t rows, int64_t cols, int64_t per, double *part) {
+static __global__ void dm_colsum_part_k(F f, int64_t rows, int64_t cols, int64_t per, double *part) {
   __shared__ double sm[DM_COLSUM_LANES][33];
   const int64_t j = (int64_t)blockIdx.x * 32 + threadIdx.x, r0 = (int64_t)blockIdx.y * per;
   const int64_t r1 = r0 + per < rows ? r0 + per : rows;
@@ -107,7 +127,7 @@ __global__ void dm_colsum_part_k(F f, int64_t rows, int64_t cols, int64_t per, d
 }
 
 template <typename G>
-__global__ void dm_colsum_join_k(G put, const double *part, int64_t nchunk, int64_t cols) {
+static __global__ void dm_colsum_join_k(G put, const double *part, int64_t nchunk, int64_t cols) {
   DM_GRID_LOOP(j, cols) {
     double s = 0;
     for (int64_t c = 0; c < nchunk; c++) s += part[c * cols + j];
@@ -164,7 +184,7 @@ __device__ __forceinline__ int64_t dm_block_exscan(int64_t v, int64_t *total) {
 }
 
 /* out[i] = in[0] + ... + in[i-1] for i = 0..n (out has n + 1 values; in and out may be one array) */
-__global__ void dm_scan_k(const int64_t *in, int64_t *out, int64_t n) {
+static __global__ void dm_scan_k(const int64_t *in, int64_t *out, int64_t n) {
   const int64_t per = (n + blockDim.x - 1) / blockDim.x, lo = threadIdx.x * per;
   const int64_t hi = lo + per < n ? lo + per : n;
   int64_t s = 0;
@@ -202,6 +222,7 @@ struct dm_bsort {
   int64_t *key_out, *val_out;    /* NULL: not wanted */
   int64_t *inv_out;              /* inv_out[val] = sorted position (NULL: not wanted) */
   int64_t *offsets;              /* [nb + 1] (required) */
+  int64_t *counts;               /* [nb]: keys per bucket (NULL: not wanted) */
   const int64_t *maxkey;         /* a radix pass whose digit is 0 for every key (*maxkey >> shift == 0,
                                     shift > 0) is the identity and skipped; NULL: never */
   int what;                      /* dm_cuda_name_id of the op, for out-of-range keys */
@@ -223,7 +244,7 @@ __device__ __forceinline__ int64_t dm_bsort_bucket(const dm_bsort &s, int64_t i,
   return -1;
 }
 
-__global__ void dm_bsort_count_k(dm_bsort s) {
+static __global__ void dm_bsort_count_k(dm_bsort s) {
   if (dm_bsort_skip(s)) return;
   const int lane = threadIdx.x;
   int64_t *cnt = s.cnt + (int64_t)blockIdx.x * s.nb;
@@ -237,7 +258,7 @@ __global__ void dm_bsort_count_k(dm_bsort s) {
 }
 
 /* per bucket: the counters become each chunk's exclusive start within the bucket; totals into offsets */
-__global__ void dm_bsort_prefix_k(dm_bsort s, int64_t nblocks) {
+static __global__ void dm_bsort_prefix_k(dm_bsort s, int64_t nblocks) {
   if (dm_bsort_skip(s)) return;
   DM_GRID_LOOP(b, s.nb) {
     int64_t run = 0;
@@ -247,10 +268,11 @@ __global__ void dm_bsort_prefix_k(dm_bsort s, int64_t nblocks) {
       run += c;
     }
     s.offsets[b] = run;
+    if (s.counts) s.counts[b] = run;
   }
 }
 
-__global__ void dm_bsort_place_k(dm_bsort s) {
+static __global__ void dm_bsort_place_k(dm_bsort s) {
   const int lane = threadIdx.x;
   const bool skip = dm_bsort_skip(s);
   int64_t *cnt = s.cnt + (int64_t)blockIdx.x * s.nb;
@@ -273,9 +295,10 @@ __global__ void dm_bsort_place_k(dm_bsort s) {
 }
 
 /* one pass; s.cnt is taken here. offsets[nb] = the number of keys placed. */
-static void dm_bucket_sort(dm_bsort s) {
+static inline void dm_bucket_sort(dm_bsort s) {
   if (s.n <= 0) {
     DM_CU(cudaMemsetAsync(s.offsets, 0, sizeof(int64_t) * (size_t)(s.nb + 1), dm_cuda_stream()));
+    if (s.counts) DM_CU(cudaMemsetAsync(s.counts, 0, sizeof(int64_t) * (size_t)s.nb, dm_cuda_stream()));
     return;
   }
   int64_t nblocks = (s.n + DM_BS_CHUNK - 1) / DM_BS_CHUNK;
@@ -288,8 +311,10 @@ static void dm_bucket_sort(dm_bsort s) {
   DM_CU_LAUNCHED();
   DM_LAUNCH(dm_bsort_prefix_k, s.nb, s, nblocks);
   dm_scan(s.offsets, s.offsets, s.nb);           /* bucket totals -> their starts */
-  dm_bsort_place_k<<<(unsigned)nblocks, 32, 0, st>>>(s);
-  DM_CU_LAUNCHED();
+  if (s.key_out || s.val_out || s.inv_out) {
+    dm_bsort_place_k<<<(unsigned)nblocks, 32, 0, st>>>(s);
+    DM_CU_LAUNCHED();
+  }
   dm_scratch_free(s.cnt, nbytes);
 }
 

@@ -17,13 +17,13 @@
 ** norms accumulate in double, integer sums in int64 (exact), as on the CPU;
 ** max and min keep the first position on ties and the first NaN.
 **
-** softmax, log_softmax and logsumexp over a contiguous last dim of a float
-** tensor take a row kernel: a warp (rows up to 1024 elements) or a block
-** (up to 32768) holds one row in registers, read once with 16-byte loads,
-** and computes in float (double for f64). Other dims take a generic kernel,
-** one thread per row. reduce_bwd is elementwise over the input's shape
-** (the output's gradient broadcast over the reduced dims), except for max
-** and min, whose gradient goes to the chosen position only.
+** softmax, log_softmax and logsumexp over a contiguous dim of a float
+** tensor take row kernels (see "rows" below: a warp per short row, a block
+** streaming each long one, 16-byte loads) computing in float (double for
+** f64). Other dims take a generic kernel, one thread per row. reduce_bwd is
+** elementwise over the input's shape (the output's gradient broadcast over
+** the reduced dims), except for max and min, whose gradient goes to the
+** chosen position only.
 */
 #include "common.cuh"
 

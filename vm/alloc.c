@@ -5,6 +5,7 @@
 #include <string.h>
 #include <malloc.h>
 #include "alloc.h"
+#include "cuda.h"
 
 #define DM_HOST_ALIGN 64
 
@@ -58,6 +59,7 @@ bool dm_device_available(dm_device dev) {
 
 void *dm_alloc(dm_device dev, size_t nbytes) {
   const dm_allocator *a = allocators[dev];
+  if (!a && dev == DM_CUDA) dm_error("cuda: no CUDA device is available (%s)", dm_cuda_unavailable_reason());
   if (!a) dm_error("device '%s' is not available in this build or on this machine", dm_device_name(dev));
   dm_mem_stats *st = &stats[dev];
   void *p = a->alloc(nbytes, st);

@@ -68,8 +68,10 @@ static inline dm_cuda_info dm_cuda_device_info(void) {
   return i;
 }
 static inline void dm_cuda_synchronize(void) { dm_cuda_init(); }
-static inline void dm_cuda_set_tf32(bool on) { (void)on; }
-static inline bool dm_cuda_tf32(void) { return false; }
+/* the setting is kept (and means nothing) so that scripts run unchanged */
+static inline bool *dm_cuda_tf32_flag_(void) { static bool on; return &on; }
+static inline void dm_cuda_set_tf32(bool on) { *dm_cuda_tf32_flag_() = on; }
+static inline bool dm_cuda_tf32(void) { return *dm_cuda_tf32_flag_(); }
 static inline void dm_cuda_timer_start(void) { dm_cuda_init(); }
 static inline double dm_cuda_timer_stop(void) { dm_cuda_init(); return 0; }
 static inline double dm_cuda_bench_copy(size_t nbytes, int reps) {

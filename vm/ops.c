@@ -33,6 +33,15 @@ const dm_op *dm_op_get(const char *name) {
 int dm_op_count(void) { return nops; }
 const dm_op *dm_op_at(int i) { return ops[i]; }
 
+void dm_check_float(const char *op, const char *what, const dm_tensor *t) {
+  if (!dm_dtype_is_float(t->dtype))
+    dm_error("%s: %s must be a float tensor, got %s", op, what, dm_dtype_name(t->dtype));
+}
+
+dm_tensor *dm_new_grad(dm_ctx *c, int i, dm_device dev) {
+  return dm_tensor_new(dev, dm_in_dtype(c, i), dm_in_ndim(c, i), dm_in_shape(c, i));
+}
+
 dm_attrs dm_attrs_of(int n, const double *v) {
   dm_attrs a;
   memset(&a, 0, sizeof a);

@@ -82,6 +82,10 @@ int dm_in_ndim(dm_ctx *c, int i);
 const int64_t *dm_in_shape(dm_ctx *c, int i);
 dm_dtype dm_in_dtype(dm_ctx *c, int i);
 
+/* shared checks and helpers of forwards and backwards */
+void dm_check_float(const char *op, const char *what, const dm_tensor *t);  /* "op: what must be a float tensor" */
+dm_tensor *dm_new_grad(dm_ctx *c, int i, dm_device dev);   /* uninitialised, shaped and typed like input i */
+
 /* attribute helpers */
 dm_attrs dm_attrs_of(int n, const double *v);
 dm_attrs dm_attrs_list(int n, const int64_t *list);

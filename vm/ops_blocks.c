@@ -22,11 +22,6 @@
 #include "autograd.h"
 #include "blocks.h"
 
-static void check_float(const char *op, const char *what, const dm_tensor *t) {
-  if (!dm_dtype_is_float(t->dtype))
-    dm_error("%s: %s must be a float tensor, got %s", op, what, dm_dtype_name(t->dtype));
-}
-
 static int64_t int_attr(const char *op, const char *what, double v) {
   if (v != floor(v) || fabs(v) > 9e15) dm_error("%s: %s must be an integer, got %g", op, what, v);
   return (int64_t)v;
@@ -49,17 +44,13 @@ static dm_tensor *row_stat(dm_ctx *c, const dm_tensor *x) {
 /* saved tensor i, or NULL when the forward saved fewer (an absent optional input, saved last) */
 static dm_tensor *saved_opt(dm_ctx *c, int i) { return i < c->node->n_saved ? dm_saved(c, i) : NULL; }
 
-static dm_tensor *new_grad(dm_ctx *c, int i, dm_device dev) {
-  return dm_tensor_new(dev, dm_in_dtype(c, i), dm_in_ndim(c, i), dm_in_shape(c, i));
-}
-
 /* ---- rmsnorm, l2norm -------------------------------------------------------------------- */
 
 static void rownorm_forward(dm_ctx *c) {
   const char *name = c->op->name;
   dm_tensor *x = c->in[0], *gain = c->n_in > 1 ? c->in[1] : NULL;
   double eps = attr_or(c, 0, 1e-6);
-  check_float(name, "x", x);
+  dm_check_float(name, "x", x);
   if (x->ndim == 0) dm_error("%s: x must have at least 1 dim (the one normalised), got a 0-dim tensor", name);
   if (!(eps >= 0) || isinf(eps)) dm_error("%s: eps must be a finite number >= 0, got %g", name, eps);
   if (gain) {
@@ -80,8 +71,8 @@ static void rownorm_forward(dm_ctx *c) {
 
 static void rownorm_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
   dm_tensor *x = dm_saved(c, 0), *rstd = dm_saved(c, 1), *gain = saved_opt(c, 2);
-  dm_tensor *gx = dm_needs_grad(c, 0) ? new_grad(c, 0, x->device) : NULL;
-  dm_tensor *gg = gain && dm_needs_grad(c, 1) ? new_grad(c, 1, x->device) : NULL;
+  dm_tensor *gx = dm_needs_grad(c, 0) ? dm_new_grad(c, 0, x->device) : NULL;
+  dm_tensor *gg = gain && dm_needs_grad(c, 1) ? dm_new_grad(c, 1, x->device) : NULL;
   DM_KERNEL(dm_rownorm_bwd_k, "rownorm_bwd", x->device)(c->op->kind, gx, gg, gout[0], x, gain, rstd);
   gin[0] = gx;
   if (gain) gin[1] = gg;
@@ -93,7 +84,7 @@ static void ce_forward(dm_ctx *c) {
   dm_tensor *logits = c->in[0], *targets = c->in[1];
   int64_t ignore = int_attr("cross_entropy", "ignore_index", attr_or(c, 0, -1));
   int64_t red = int_attr("cross_entropy", "reduction", attr_or(c, 1, DM_CE_MEAN));
-  check_float("cross_entropy", "logits", logits);
+  dm_check_float("cross_entropy", "logits", logits);
   if (targets->dtype != DM_I64 && targets->dtype != DM_I32 && targets->dtype != DM_U8)
     dm_error("cross_entropy: targets must be i64, i32 or u8 class ids, got %s", dm_dtype_name(targets->dtype));
   if (red < DM_CE_MEAN || red > DM_CE_NONE)
@@ -121,7 +112,7 @@ static void ce_forward(dm_ctx *c) {
 
 static void ce_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
   dm_tensor *logits = dm_saved(c, 0);
-  dm_tensor *gx = new_grad(c, 0, logits->device);
+  dm_tensor *gx = dm_new_grad(c, 0, logits->device);
   DM_KERNEL(dm_ce_bwd_k, "cross_entropy_bwd", logits->device)(gx, gout[0], logits, dm_saved(c, 1),
                                                               dm_saved(c, 2), (int64_t)attr_or(c, 0, -1),
                                                               (int)attr_or(c, 1, DM_CE_MEAN));
@@ -134,7 +125,7 @@ static void conv_forward(dm_ctx *c) {
   dm_tensor *x = c->in[0], *w = c->in[1], *cache = c->in[2];
   int64_t dil = int_attr("causal_conv1d", "dilation", attr_or(c, 0, 1));
   char sx[128], sw[128], sc[128];
-  check_float("causal_conv1d", "x", x);
+  dm_check_float("causal_conv1d", "x", x);
   dm_check_dtype_equal("causal_conv1d", x, w);
   if (x->ndim != 3) dm_error("causal_conv1d: x must be [B, T, C], got shape %s", dm_tensor_shape_str(x, sx, sizeof sx));
   if (w->ndim != 2 || w->shape[0] != x->shape[2] || w->shape[1] < 1)
@@ -163,9 +154,9 @@ static void conv_forward(dm_ctx *c) {
 
 static void conv_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
   dm_tensor *x = dm_saved(c, 0), *w = dm_saved(c, 1), *cache = saved_opt(c, 2);
-  dm_tensor *gx = dm_needs_grad(c, 0) ? new_grad(c, 0, x->device) : NULL;
-  dm_tensor *gw = dm_needs_grad(c, 1) ? new_grad(c, 1, x->device) : NULL;
-  dm_tensor *gc = cache && dm_needs_grad(c, 2) ? new_grad(c, 2, x->device) : NULL;
+  dm_tensor *gx = dm_needs_grad(c, 0) ? dm_new_grad(c, 0, x->device) : NULL;
+  dm_tensor *gw = dm_needs_grad(c, 1) ? dm_new_grad(c, 1, x->device) : NULL;
+  dm_tensor *gc = cache && dm_needs_grad(c, 2) ? dm_new_grad(c, 2, x->device) : NULL;
   DM_KERNEL(dm_conv_bwd_k, "causal_conv1d_bwd", x->device)(gx, gw, gc, gout[0], gout[1], x, w, cache,
                                                           (int64_t)attr_or(c, 0, 1));
   gin[0] = gx;
@@ -177,7 +168,7 @@ static void conv_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
 
 static void silu_mul_forward(dm_ctx *c) {
   dm_tensor *a = c->in[0], *b = c->in[1];
-  check_float("silu_mul", "a", a);
+  dm_check_float("silu_mul", "a", a);
   dm_check_dtype_equal("silu_mul", a, b);
   dm_check_shape_equal("silu_mul", a, b);
   dm_tensor *y = dm_tensor_new(a->device, a->dtype, a->ndim, a->shape);
@@ -189,8 +180,8 @@ static void silu_mul_forward(dm_ctx *c) {
 
 static void silu_mul_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
   dm_tensor *a = dm_saved(c, 0), *b = dm_saved(c, 1);
-  dm_tensor *ga = dm_needs_grad(c, 0) ? new_grad(c, 0, a->device) : NULL;
-  dm_tensor *gb = dm_needs_grad(c, 1) ? new_grad(c, 1, a->device) : NULL;
+  dm_tensor *ga = dm_needs_grad(c, 0) ? dm_new_grad(c, 0, a->device) : NULL;
+  dm_tensor *gb = dm_needs_grad(c, 1) ? dm_new_grad(c, 1, a->device) : NULL;
   DM_KERNEL(dm_silu_mul_bwd_k, "silu_mul_bwd", a->device)(ga, gb, gout[0], a, b);
   gin[0] = ga;
   gin[1] = gb;

@@ -10,21 +10,12 @@
 #include "autograd.h"
 #include "elementwise.h"
 
-static void check_float(const char *what, const dm_tensor *x) {
-  if (!dm_dtype_is_float(x->dtype))
-    dm_error("%s: expected a float tensor, got %s", what, dm_dtype_name(x->dtype));
-}
-
 /* t summed down to shape (the backward of broadcasting); consumes t */
 static dm_tensor *sum_to_owned(dm_tensor *t, int ndim, const int64_t *shape) {
   if (t->ndim == ndim && memcmp(t->shape, shape, sizeof(int64_t) * (size_t)ndim) == 0) return t;
   dm_tensor *s = dm_sum_to(t, ndim, shape);
   dm_release(t);
   return s;
-}
-
-static dm_tensor *new_grad(dm_ctx *c, int i, dm_device dev) {
-  return dm_tensor_new(dev, dm_in_dtype(c, i), dm_in_ndim(c, i), dm_in_shape(c, i));
 }
 
 /* ---- unary ------------------------------------------------------------------------- */
@@ -35,7 +26,7 @@ static const int unary_saves[DM_NUNARY] = { DM_UNARY_OPS(SAVES_) };
 static void unary_forward(dm_ctx *c) {
   dm_tensor *x = c->in[0];
   int kind = c->op->kind;
-  check_float(c->op->name, x);
+  dm_check_float(c->op->name, "the input", x);
   dm_tensor *y = dm_tensor_like(x);
   DM_KERNEL(dm_unary_k, "unary", x->device)(kind, y, x, &c->a);
   if (unary_saves[kind] & DM_SAVE_X) dm_save(c, x);
@@ -47,7 +38,7 @@ static void unary_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
   int kind = c->op->kind, k = 0;
   const dm_tensor *x = unary_saves[kind] & DM_SAVE_X ? dm_saved(c, k++) : NULL;
   const dm_tensor *y = unary_saves[kind] & DM_SAVE_Y ? dm_saved(c, k++) : NULL;
-  dm_tensor *g = new_grad(c, 0, gout[0]->device);
+  dm_tensor *g = dm_new_grad(c, 0, gout[0]->device);
   DM_KERNEL(dm_unary_bwd_k, "unary_bwd", g->device)(kind, g, gout[0], x, y, &c->a);
   gin[0] = g;
 }
@@ -222,7 +213,7 @@ void dm_mul_(dm_tensor *a, dm_tensor *b) { binary_inplace("mul_", DM_BINARY_MUL,
 
 void dm_affine_(dm_tensor *a, double scale, double shift) {
   check_inplace("affine_", a);
-  check_float("affine_", a);
+  dm_check_float("affine_", "the input", a);
   double v[2] = {scale, shift};
   dm_attrs at = dm_attrs_of(2, v);
   DM_KERNEL(dm_unary_k, "unary", a->device)(DM_UNARY_AFFINE, a, a, &at);

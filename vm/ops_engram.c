@@ -133,11 +133,6 @@ static void check_index_dtype(const char *what, const dm_tensor *t) {
     dm_error("%s: indices must be i64 or i32, got %s", what, dm_dtype_name(t->dtype));
 }
 
-static void check_float(const char *what, const dm_tensor *t) {
-  if (!dm_dtype_is_float(t->dtype))
-    dm_error("%s: expected a float tensor, got %s", what, dm_dtype_name(t->dtype));
-}
-
 /* a contiguous i64 version of an index tensor */
 static dm_tensor *as_i64(dm_tensor *t) {
   return t->dtype == DM_I64 ? dm_contiguous(t) : dm_cast(t, DM_I64);
@@ -223,7 +218,7 @@ void dm_engram_unique(dm_tensor *idx, dm_tensor **rows, dm_tensor **inverse, dm_
 static void sparse_grad_fwd(dm_ctx *c) {
   dm_tensor *g = c->in[0], *inverse = c->in[1];
   char sg[128], si[128];
-  check_float("engram_sparse_grad", g);
+  dm_check_float("engram_sparse_grad", "the input", g);
   check_index_dtype("engram_sparse_grad", inverse);
   if (g->ndim != 2)
     dm_error("engram_sparse_grad: the gradients must be 2-D [M, de], got shape %s",
@@ -270,7 +265,7 @@ static double attr_eps(const dm_ctx *c) { return c->a.nv > 0 ? c->a.v[0] : 1e-6;
 static void alpha_fwd(dm_ctx *c) {
   dm_tensor *u = c->in[0], *kx = c->in[1], *w = c->in[2];
   char su[128], sw[128];
-  check_float("engram_alpha", u);
+  dm_check_float("engram_alpha", "the input", u);
   dm_check_dtype_equal("engram_alpha", u, kx);
   dm_check_shape_equal("engram_alpha", u, kx);
   if (u->ndim == 0 || u->shape[u->ndim - 1] == 0)

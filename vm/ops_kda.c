@@ -20,11 +20,6 @@
 #include "autograd.h"
 #include "kda.h"
 
-static void check_float(const char *op, const char *name, const dm_tensor *t) {
-  if (!dm_dtype_is_float(t->dtype))
-    dm_error("%s: %s must be a float tensor, got %s", op, name, dm_dtype_name(t->dtype));
-}
-
 /* t must have the shape `want`; the message names t's shape, the reference's and the expectation */
 static void expect_shape(const char *op, const char *name, const dm_tensor *t, int nd, const int64_t *want,
                          const char *ref_name, const dm_tensor *ref, const char *layout) {
@@ -49,7 +44,7 @@ static void release_all(int n, dm_tensor **t) {
 /* new gradients, in each input's dtype and shape, for the inputs that need one */
 static void new_grads(dm_ctx *c, int n, dm_device dev, dm_tensor **gr) {
   for (int i = 0; i < n; i++)
-    gr[i] = dm_needs_grad(c, i) ? dm_tensor_new(dev, dm_in_dtype(c, i), dm_in_ndim(c, i), dm_in_shape(c, i)) : NULL;
+    gr[i] = dm_needs_grad(c, i) ? dm_new_grad(c, i, dev) : NULL;
 }
 
 /* ---- kda ------------------------------------------------------------------------------------ */
@@ -66,7 +61,7 @@ static int64_t chunk_attr(const dm_attrs *a) {
 static void kda_forward(dm_ctx *c) {
   dm_tensor *q = c->in[Q], *k = c->in[K], *v = c->in[V], *g = c->in[G], *beta = c->in[BETA], *s0 = c->in[S0];
   static const char *names[KDA_NIN] = {"q", "k", "v", "g", "beta", "initial_state"};
-  for (int i = 0; i < KDA_NIN; i++) if (c->in[i]) check_float("kda", names[i], c->in[i]);
+  for (int i = 0; i < KDA_NIN; i++) if (c->in[i]) dm_check_float("kda", names[i], c->in[i]);
   char sq[128];
   if (q->ndim != 4) dm_error("kda: q must be [B, T, H, dk], got shape %s", dm_tensor_shape_str(q, sq, sizeof sq));
   if (v->ndim != 4) dm_error("kda: v must be [B, T, H, dv], got shape %s", dm_tensor_shape_str(v, sq, sizeof sq));
@@ -142,9 +137,9 @@ static int64_t gate_heads(const dm_tensor *f, const dm_tensor *a_log, const dm_t
 
 static void gate_forward(dm_ctx *c) {
   dm_tensor *f = c->in[F], *a_log = c->in[ALOG], *dt_bias = c->in[DTB];
-  check_float("kda_gate", "f", f);
-  if (a_log) check_float("kda_gate", "A_log", a_log);
-  check_float("kda_gate", "dt_bias", dt_bias);
+  dm_check_float("kda_gate", "f", f);
+  if (a_log) dm_check_float("kda_gate", "A_log", a_log);
+  dm_check_float("kda_gate", "dt_bias", dt_bias);
   int kind;
   double lb;
   gate_attrs(&c->a, &kind, &lb);

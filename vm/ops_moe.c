@@ -105,10 +105,6 @@ static void check_offsets(const char *what, const dm_tensor *offsets, int64_t ex
   DM_KERNEL(dm_moe_check_offsets_k, "moe_check_offsets", offsets->device)(offsets, rows, what);
 }
 
-static dm_tensor *new_grad(dm_ctx *c, int i, dm_device dev) {
-  return dm_tensor_new(dev, dm_in_dtype(c, i), dm_in_ndim(c, i), dm_in_shape(c, i));
-}
-
 /* ---- moe_route ------------------------------------------------------------------------------- */
 
 static void route_fwd(dm_ctx *c) {
@@ -141,7 +137,7 @@ static void route_fwd(dm_ctx *c) {
 
 static void route_bwd(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
   dm_tensor *gw = dm_contiguous(gout[1]);
-  dm_tensor *gl = new_grad(c, 0, gw->device);
+  dm_tensor *gl = dm_new_grad(c, 0, gw->device);
   DM_KERNEL(dm_moe_route_bwd_k, "moe_route_bwd", gl->device)(gl, gw, dm_saved(c, 0), dm_saved(c, 1));
   dm_release(gw);
   gin[0] = gl;
@@ -216,7 +212,7 @@ static void experts_bwd(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
   dm_tensor *gy = dm_contiguous(gout[0]);
   dm_device dev = gy->device;
   dm_tensor *g[X_N] = {0};
-  for (int i = X_UG; i < X_N; i++) if (dm_needs_grad(c, i)) g[i] = new_grad(c, i, dev);
+  for (int i = X_UG; i < X_N; i++) if (dm_needs_grad(c, i)) g[i] = dm_new_grad(c, i, dev);
   int64_t k = (int64_t)c->a.v[0], rows = dm_numel(x[X_PERM]);
   dm_tensor *gx_rows = NULL;
   if (dm_needs_grad(c, X_U)) {
@@ -233,7 +229,7 @@ static void experts_bwd(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
     /* each token sums the gradients of its k rows, gathered through the inverse permutation */
     dm_tensor *inv = dm_tensor_new(dev, DM_I64, 1, &rows);
     DM_KERNEL(dm_moe_invert_k, "moe_invert", dev)(inv, x[X_PERM]);
-    dm_tensor *gu = new_grad(c, X_U, dev);
+    dm_tensor *gu = dm_new_grad(c, X_U, dev);
     DM_KERNEL(dm_moe_combine_k, "moe_combine", dev)(gu, gx_rows, inv, NULL);
     dm_release(inv);
     dm_release(gx_rows);
@@ -268,8 +264,8 @@ static void combine_fwd(dm_ctx *c) {
 
 static void combine_bwd(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
   dm_tensor *gy = dm_contiguous(gout[0]);
-  dm_tensor *grows = dm_needs_grad(c, 0) ? new_grad(c, 0, gy->device) : NULL;
-  dm_tensor *gw = dm_needs_grad(c, 2) ? new_grad(c, 2, gy->device) : NULL;
+  dm_tensor *grows = dm_needs_grad(c, 0) ? dm_new_grad(c, 0, gy->device) : NULL;
+  dm_tensor *gw = dm_needs_grad(c, 2) ? dm_new_grad(c, 2, gy->device) : NULL;
   DM_KERNEL(dm_moe_combine_bwd_k, "moe_combine_bwd", gy->device)(grows, gw, gy, dm_saved(c, 0), dm_saved(c, 1),
                                                                 dm_saved(c, 2));
   dm_release(gy);
@@ -309,7 +305,7 @@ static void capacity_fwd(dm_ctx *c) {
 
 /* the kept assignments pass their gradient, the dropped ones get 0: the same mask */
 static void capacity_bwd(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
-  dm_tensor *g = dm_contiguous(gout[0]), *gw = new_grad(c, 0, g->device);
+  dm_tensor *g = dm_contiguous(gout[0]), *gw = dm_new_grad(c, 0, g->device);
   DM_KERNEL(dm_moe_capacity_k, "moe_capacity", g->device)(gw, NULL, g, dm_saved(c, 0), dm_saved(c, 1),
                                                           dm_saved(c, 2), (int64_t)c->a.v[0]);
   dm_release(g);

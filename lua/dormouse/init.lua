@@ -22,6 +22,7 @@ end
 dm.data = require "dormouse.data"
 dm.ckpt = require "dormouse.ckpt"
 dm.config = require "dormouse.config"
+dm.cuda = require "dormouse.cuda"
 
 -- Modules that themselves require "dormouse" load on first use: dm.optim, dm.nn.
 setmetatable(dm, {__index = function(t, k)

@@ -29,6 +29,11 @@ describe("dm.cuda", function()
     assert.truthy(error_of(cuda.tf32, "yes"):find("dm.cuda.tf32: expected a boolean, got string", 1, true))
   end)
 
+  it("checks the benchmark helpers' arguments before the device", function()
+    assert.truthy(error_of(dm.core.cuda_bench_copy, 0):find("the size must be positive", 1, true))
+    assert.truthy(error_of(dm.core.cuda_bench_gemm, "f8", 8, 8, 8):find("unknown dtype 'f8'", 1, true))
+  end)
+
   it("reports memory statistics for the device", function()
     local m = cuda.memory()
     for _, k in ipairs {"allocated", "peak", "count", "reserved", "device_allocs"} do

@@ -1,0 +1,790 @@
+/*
+** moe.cu — the routed-expert kernels on CUDA (moe.h has the layout).
+**
+** Nothing waits for the host: per-expert offsets live in device memory and
+** every launch is sized by N * k and E alone. Routing gives each token a
+** warp (k passes of an arg-max over the experts). The sort by expert is the
+** stable bucket sort of model.cuh. The expert products run on tiles of TM
+** sorted rows of one expert: a small kernel lays the tiles out from the
+** offsets, and a grid of ceil(N k / TM) + E blocks (an upper bound) lets
+** each block find its tile by binary search and stop when there is none.
+** A tile computes h = silu((x Ug) cg) (x Uu) cu through shared memory, then
+** h D. The backward's weight gradients are sums over an expert's rows: one
+** block per (expert, column slice) sums them in row order. Sums run in a
+** fixed order and nothing adds floats with atomics: the same bits on every
+** run. Compute in float (double for f64); any float dtype.
+**
+** A bad index (an expert id, perm or inv value out of range) is recorded as
+** index.cu does and raised at the next synchronisation; its row is skipped.
+** Bad offsets likewise (moe_check_offsets; with DM_DEBUG >= 1 it waits and
+** raises the CPU's message at the op).
+*/
+#include "model.cuh"
+extern "C" {
+#include "moe.h"
+}
+
+template <int DT> using S_ = typename dt<DT>::S;
+template <int DT> using C_ = typename dt<DT>::C;
+
+static int name_id(const char *what) { return dm_cuda_name_id(what); }
+
+/* ---- routing ------------------------------------------------------------------------------------ */
+
+/* what an arg-max pass keeps: the lowest untaken id (and whether its score
+** is NaN: then it wins, as the CPU's sequential scan keeps it), and the best
+** non-NaN score with the lowest id on ties */
+struct pick {
+  int64_t first;
+  bool first_nan;
+  double best;
+  int64_t best_id;
+};
+
+__device__ __forceinline__ pick pick_join(pick a, pick b) {
+  pick r = a;
+  if (b.first >= 0 && (a.first < 0 || b.first < a.first)) { r.first = b.first; r.first_nan = b.first_nan; }
+  if (b.best_id >= 0 && (a.best_id < 0 || b.best > a.best || (b.best == a.best && b.best_id < a.best_id))) {
+    r.best = b.best;
+    r.best_id = b.best_id;
+  }
+  return r;
+}
+
+__device__ __forceinline__ pick pick_shfl(pick a, int o) {
+  pick b;
+  b.first = __shfl_xor_sync(DM_FULL_MASK, a.first, o);
+  b.first_nan = __shfl_xor_sync(DM_FULL_MASK, (int)a.first_nan, o);
+  b.best = __shfl_xor_sync(DM_FULL_MASK, a.best, o);
+  b.best_id = __shfl_xor_sync(DM_FULL_MASK, a.best_id, o);
+  return b;
+}
+
+__device__ __forceinline__ double sigmoid_d(double x) { return 1 / (1 + exp(-x)); }
+
+/* v as the compute type holds it: experts are picked on float values for float dtypes, as the CPU's f32 kernel does */
+template <int DT> __device__ __forceinline__ double rnd(double v) { return (double)(C_<DT>)v; }
+
+/* a warp a token: k passes of a max over the untaken experts, then the gates */
+template <int DT>
+__global__ void route_k(int64_t *idx, S_<DT> *w, const S_<DT> *lg, const S_<DT> *bias, int64_t n, int64_t e,
+                        int64_t k) {
+  const int lane = threadIdx.x & 31;
+  for (int64_t t = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; t < n;
+       t += ((int64_t)gridDim.x * blockDim.x) >> 5) {
+    const S_<DT> *row = lg + t * e;
+    int64_t *id = idx + t * k;
+    double sum = 0;
+    for (int64_t j = 0; j < k; j++) {
+      pick p = {-1, false, 0, -1};
+      for (int64_t x = lane; x < e; x += 32) {
+        bool taken = false;
+        for (int64_t q = 0; q < j; q++) taken = taken || id[q] == x;
+        if (taken) continue;
+        double s = rnd<DT>(sigmoid_d((double)dt<DT>::load(row[x])));
+        double sel = bias ? rnd<DT>(s + (double)dt<DT>::load(bias[x])) : s;
+        pick c = {x, sel != sel, sel, sel != sel ? -1 : x};
+        p = pick_join(p, c);
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) p = pick_join(p, pick_shfl(p, o));
+      int64_t best = p.first_nan || p.best_id < 0 ? p.first : p.best_id;
+      if (lane == 0) id[j] = best;
+      __syncwarp();
+      sum += sigmoid_d((double)dt<DT>::load(row[best]));
+    }
+    for (int64_t j = lane; j < k; j += 32) w[t * k + j] = dt<DT>::store(sigmoid_d((double)dt<DT>::load(row[id[j]])) / sum);
+    __syncwarp();
+  }
+}
+
+static unsigned warp_blocks(int64_t n) {
+  int64_t b = (n + 7) / 8, cap = (int64_t)dm_cuda_sm_count() * 32;
+  return (unsigned)(b < 1 ? 1 : b < cap ? b : cap);
+}
+
+/* keys per bucket (nb buckets; keys checked, a bad one recorded under `what`) */
+static void bucket_counts(int64_t *counts, const int64_t *keys, int64_t n, int64_t nb, const char *what) {
+  size_t ob = sizeof(int64_t) * (size_t)(nb + 1);
+  int64_t *off = (int64_t *)dm_scratch(ob);
+  dm_bsort s;
+  memset(&s, 0, sizeof s);
+  s.n = n; s.nb = nb; s.key = keys; s.offsets = off; s.counts = counts; s.what = name_id(what);
+  dm_bucket_sort(s);
+  dm_scratch_free(off, ob);
+}
+
+static void cuda_route(dm_tensor *idx, dm_tensor *w, dm_tensor *counts, const dm_tensor *logits,
+                       const dm_tensor *bias) {
+  int64_t n = logits->shape[0], e = logits->shape[1], k = idx->shape[1];
+  if (n > 0 && k > 0)
+    dm_dispatch_float(logits->dtype, "moe_route", [&](auto d) {
+      constexpr int DT = decltype(d)::value;
+      route_k<DT><<<warp_blocks(n), DM_THREADS, 0, dm_cuda_stream()>>>(
+          (int64_t *)dm_data(idx), (S_<DT> *)dm_data(w), (const S_<DT> *)dm_data(logits),
+          bias ? (const S_<DT> *)dm_data(bias) : NULL, n, e, k);
+      DM_CU_LAUNCHED();
+    });
+  bucket_counts((int64_t *)dm_data(counts), (const int64_t *)dm_data(idx), n * k, e, "moe_route");
+}
+
+/* w_j = s_j / S: dL/ds_i = (gw_i - sum_j gw_j w_j) / S, then ds/dlogit = s (1 - s); zero off the chosen */
+template <int DT>
+__global__ void route_bwd_k(S_<DT> *gl, const S_<DT> *gw, const S_<DT> *lg, const int64_t *idx, int64_t n,
+                            int64_t e, int64_t k) {
+  DM_GRID_LOOP(i, n * e) {
+    int64_t t = i / e, x = i - t * e, jx = -1;
+    const int64_t *row = idx + t * k;
+    double sum = 0, gdotw = 0;
+    for (int64_t j = 0; j < k; j++) {
+      if (row[j] == x) jx = j;
+      if (row[j] >= 0 && row[j] < e) sum += sigmoid_d((double)dt<DT>::load(lg[t * e + row[j]]));
+    }
+    double v = 0;
+    if (jx >= 0) {
+      for (int64_t j = 0; j < k; j++)
+        if (row[j] >= 0 && row[j] < e)
+          gdotw += (double)dt<DT>::load(gw[t * k + j]) * sigmoid_d((double)dt<DT>::load(lg[t * e + row[j]])) / sum;
+      double s = sigmoid_d((double)dt<DT>::load(lg[i]));
+      v = ((double)dt<DT>::load(gw[t * k + jx]) - gdotw) / sum * s * (1 - s);
+    }
+    gl[i] = dt<DT>::store(v);
+  }
+}
+
+static void cuda_route_bwd(dm_tensor *glogits, const dm_tensor *gw, const dm_tensor *logits, const dm_tensor *idx) {
+  int64_t n = logits->shape[0], e = logits->shape[1], k = idx->shape[1];
+  if (n * e == 0) return;
+  dm_dispatch_float(logits->dtype, "moe_route_bwd", [&](auto d) {
+    constexpr int DT = decltype(d)::value;
+    DM_LAUNCH(route_bwd_k<DT>, n * e, (S_<DT> *)dm_data(glogits), (const S_<DT> *)dm_data(gw),
+              (const S_<DT> *)dm_data(logits), (const int64_t *)dm_data(idx), n, e, k);
+  });
+}
+
+/* ---- the sort by expert, offsets, inverse ----------------------------------------------------------- */
+
+static void cuda_sort(dm_tensor *perm, dm_tensor *offsets, dm_tensor *inv, const dm_tensor *idx) {
+  dm_bsort s;
+  memset(&s, 0, sizeof s);
+  s.n = dm_numel(idx);
+  s.nb = offsets->shape[0] - 1;
+  s.key = (const int64_t *)dm_data(idx);
+  s.val_out = (int64_t *)dm_data(perm);
+  s.inv_out = (int64_t *)dm_data(inv);
+  s.offsets = (int64_t *)dm_data(offsets);
+  s.what = name_id("moe_sort");
+  dm_bucket_sort(s);
+}
+
+/* one thread, in expert order: found = {kind (0 fine, 1 a decrease, 2 the ends), expert, value, value} */
+__global__ void check_offsets_k(const int64_t *off, int64_t s, int64_t e, int64_t rows, int64_t *found,
+                                dm_device_error *err, int what) {
+  int64_t kind = 0, x = 0, v1 = 0, v2 = 0;
+  for (int64_t i = 0; i < e && !kind; i++)
+    if (off[(i + 1) * s] < off[i * s]) { kind = 1; x = i; v1 = off[i * s]; v2 = off[(i + 1) * s]; }
+  if (!kind && (off[0] != 0 || off[e * s] != rows)) { kind = 2; v1 = off[0]; v2 = off[e * s]; }
+  if (found) {
+    found[0] = kind; found[1] = x; found[2] = v1; found[3] = v2;
+  } else if (kind)
+    dm_report(err, what, kind == 1 ? v2 : off[0] != 0 ? v1 : v2, rows + 1, 0);
+}
+
+static void cuda_check_offsets(const dm_tensor *offsets, int64_t rows, const char *what) {
+  int64_t e = offsets->shape[0] - 1;
+  if (e < 0) return;
+  bool now = dm_debug_level() >= 1;
+  int64_t *found = now ? (int64_t *)dm_scratch(4 * sizeof(int64_t)) : NULL, got[4];
+  check_offsets_k<<<1, 1, 0, dm_cuda_stream()>>>((const int64_t *)dm_data(offsets), offsets->strides[0], e, rows,
+                                                 found, dm_cuda_device_error(), name_id(what));
+  DM_CU_LAUNCHED();
+  if (!now) return;
+  DM_CU(cudaMemcpyAsync(got, found, sizeof got, cudaMemcpyDeviceToHost, dm_cuda_stream()));
+  DM_CU(cudaStreamSynchronize(dm_cuda_stream()));
+  dm_scratch_free(found, 4 * sizeof(int64_t));
+  if (got[0] == 1)
+    dm_error("%s: offsets decrease at expert %lld (%lld then %lld); they must run from 0 up to N * k = %lld",
+             what, (long long)got[1], (long long)got[2], (long long)got[3], (long long)rows);
+  if (got[0] == 2)
+    dm_error("%s: offsets run from %lld to %lld; they must run from 0 to N * k = %lld", what, (long long)got[2],
+             (long long)got[3], (long long)rows);
+}
+
+__global__ void invert_k(int64_t *inv, const int64_t *perm, int64_t rows, dm_device_error *err, int what) {
+  DM_GRID_LOOP(p, rows) {
+    int64_t a = perm[p];
+    if (a >= 0 && a < rows) inv[a] = p;
+    else dm_report(err, what, a, rows, 0);
+  }
+}
+
+static void cuda_invert(dm_tensor *inv, const dm_tensor *perm) {
+  int64_t rows = dm_numel(perm);
+  if (rows == 0) return;
+  DM_LAUNCH(invert_k, rows, (int64_t *)dm_data(inv), (const int64_t *)dm_data(perm), rows, dm_cuda_device_error(),
+            name_id("moe_invert"));
+}
+
+/* ---- the expert tiles --------------------------------------------------------------------------------- */
+
+/* tiles[x] = the first tile of expert x (x = 0..E), TM rows a tile */
+__global__ void tiles_k(int64_t *tiles, const int64_t *off, int64_t e, int64_t tm) {
+  DM_GRID_LOOP(x, e) {
+    int64_t n = off[x + 1] - off[x];
+    tiles[x] = n > 0 ? (n + tm - 1) / tm : 0;
+  }
+}
+
+/* tiles [E + 1] from the offsets (device memory, no host sync) */
+static int64_t *make_tiles(const int64_t *off, int64_t e, int64_t tm, size_t *nbytes) {
+  *nbytes = sizeof(int64_t) * (size_t)(e + 1);
+  int64_t *tiles = (int64_t *)dm_scratch(*nbytes);
+  if (e > 0) DM_LAUNCH(tiles_k, e, tiles, off, e, tm);
+  dm_scan(tiles, tiles, e);
+  return tiles;
+}
+
+/* this block's tile: its expert, first sorted row and row count; false when there is none */
+__device__ __forceinline__ bool tile_of(const int64_t *tiles, const int64_t *off, int64_t e, int64_t tm,
+                                        int64_t rows, int64_t *x, int64_t *row0, int64_t *nrows) {
+  int64_t bi = blockIdx.x;
+  if (bi >= tiles[e]) return false;
+  int64_t lo = 0, hi = e - 1;                       /* the last expert with tiles[x] <= bi */
+  while (lo < hi) {
+    int64_t mid = (lo + hi + 1) / 2;
+    if (tiles[mid] <= bi) lo = mid; else hi = mid - 1;
+  }
+  *x = lo;
+  *row0 = off[lo] + (bi - tiles[lo]) * tm;
+  int64_t left = off[lo + 1] - *row0;
+  if (left > rows - *row0) left = rows - *row0;     /* offsets past N * k were recorded by the check */
+  *nrows = left < tm ? left : tm;
+  return *row0 >= 0 && *nrows > 0;
+}
+
+#define PAIRS 4                           /* (row, rank) pairs a thread: TM * r <= 1024 */
+#define MOE_THREADS 256
+
+struct moe_dims {
+  int64_t e, d, r, f, k, rows;
+  int64_t chunk;                          /* DC: the summed dim's chunk in shared memory */
+  dm_device_error *err;                   /* a perm value out of range is recorded under `what` */
+  int what;
+};
+
+/* ag, au [TM, r] (shared) = x Ug[x], x Uu[x] for the tile's rows (the tokens' u rows) */
+template <int DT, int TM>
+__device__ void project(C_<DT> *ag, C_<DT> *au, C_<DT> *xs, C_<DT> *ws, const S_<DT> *u, const int64_t *perm,
+                        const S_<DT> *ug, const S_<DT> *uu, const moe_dims &M, int64_t x, int64_t row0, int64_t nrows) {
+  typedef C_<DT> C;
+  const int64_t r = M.r, d = M.d, DC = M.chunk;
+  C accg[PAIRS], accu[PAIRS];
+#pragma unroll
+  for (int q = 0; q < PAIRS; q++) { accg[q] = 0; accu[q] = 0; }
+  for (int64_t c0 = 0; c0 < d; c0 += DC) {
+    __syncthreads();
+    for (int64_t i = threadIdx.x; i < TM * DC; i += blockDim.x) {
+      int64_t m = i / DC, c = c0 + i % DC, a = m < nrows ? perm[row0 + m] : 0;
+      bool ok = a >= 0 && a < M.rows;
+      if (!ok && i % DC == 0 && c0 == 0) dm_report(M.err, M.what, a, M.rows, 0);
+      xs[i] = ok && m < nrows && c < d ? dt<DT>::load(u[(a / M.k) * d + c]) : (C)0;
+    }
+    for (int64_t i = threadIdx.x; i < DC * r; i += blockDim.x) {
+      int64_t c = c0 + i / r, j = i % r;
+      ws[i] = c < d ? dt<DT>::load(ug[(x * d + c) * r + j]) : (C)0;
+      ws[DC * r + i] = c < d ? dt<DT>::load(uu[(x * d + c) * r + j]) : (C)0;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int q = 0; q < PAIRS; q++) {
+      int64_t pr = threadIdx.x + (int64_t)q * blockDim.x, m = pr / r, j = pr % r;
+      if (m >= TM) continue;
+      for (int64_t c = 0; c < DC; c++) {
+        C xv = xs[m * DC + c];
+        accg[q] += xv * ws[c * r + j];
+        accu[q] += xv * ws[DC * r + c * r + j];
+      }
+    }
+  }
+#pragma unroll
+  for (int q = 0; q < PAIRS; q++) {
+    int64_t pr = threadIdx.x + (int64_t)q * blockDim.x;
+    if (pr < TM * r) { ag[pr] = accg[q]; au[pr] = accu[q]; }
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ float sigm(float x) { return 1 / (1 + expf(-x)); }
+__device__ __forceinline__ double sigm(double x) { return 1 / (1 + exp(-x)); }
+
+/* shared memory of a tile: xs [TM, DC], ws [2, DC, r], ag, au, h [TM, r] */
+static size_t tile_smem(int tm, const moe_dims &M, size_t es) {
+  return es * (size_t)(tm * M.chunk + 2 * M.chunk * M.r + 3 * tm * M.r);
+}
+
+template <int DT, int TM>
+__global__ void __launch_bounds__(MOE_THREADS) experts_k(S_<DT> *y, const S_<DT> *u, const int64_t *perm,
+                                                         const int64_t *off, const int64_t *tiles, const S_<DT> *ug,
+                                                         const S_<DT> *uu, const S_<DT> *cg, const S_<DT> *cu,
+                                                         const S_<DT> *dw, moe_dims M) {
+  typedef C_<DT> C;
+  extern __shared__ __align__(16) unsigned char moe_smem[];
+  int64_t x, row0, nrows;
+  if (!tile_of(tiles, off, M.e, TM, M.rows, &x, &row0, &nrows)) return;
+  const int64_t r = M.r, F = M.f;
+  C *xs = (C *)moe_smem, *ws = xs + TM * M.chunk, *ag = ws + 2 * M.chunk * r, *au = ag + TM * r, *h = au + TM * r;
+  project<DT, TM>(ag, au, xs, ws, u, perm, ug, uu, M, x, row0, nrows);
+  for (int64_t i = threadIdx.x; i < TM * r; i += blockDim.x) {
+    int64_t j = i % r;
+    C zg = ag[i] * dt<DT>::load(cg[x * r + j]), zu = au[i] * dt<DT>::load(cu[x * r + j]);
+    h[i] = zg * sigm(zg) * zu;
+  }
+  __syncthreads();
+  for (int64_t f = threadIdx.x; f < F; f += blockDim.x) {
+    C acc[TM];
+#pragma unroll
+    for (int m = 0; m < TM; m++) acc[m] = 0;
+    for (int64_t j = 0; j < r; j++) {
+      C dv = dt<DT>::load(dw[(x * r + j) * F + f]);
+#pragma unroll
+      for (int m = 0; m < TM; m++) acc[m] += h[m * r + j] * dv;
+    }
+#pragma unroll
+    for (int m = 0; m < TM; m++)
+      if (m < nrows) y[(row0 + m) * F + f] = dt<DT>::store(acc[m]);
+  }
+}
+
+/* TM for rank r (TM * r <= PAIRS * MOE_THREADS), and the summed dims' chunk */
+static int tile_rows(const char *what, moe_dims *M) {
+  if (M->r > PAIRS * MOE_THREADS)
+    dm_error("%s: rank r = %lld is over the CUDA kernel's %d", what, (long long)M->r, PAIRS * MOE_THREADS);
+  int tm = M->r <= 64 ? 16 : M->r <= 256 ? 4 : 1;
+  int64_t dc = 2048 / M->r;
+  M->chunk = dc < 1 ? 1 : dc > 32 ? 32 : dc;
+  return tm;
+}
+
+static moe_dims dims_of(const dm_tensor *u, const dm_tensor *perm, const dm_tensor *offsets, const dm_moe_bank *bank,
+                        int64_t k) {
+  moe_dims M;
+  M.e = offsets->shape[0] - 1;
+  M.d = u->shape[1];
+  M.r = bank->ug->shape[2];
+  M.f = bank->d->shape[2];
+  M.k = k;
+  M.rows = dm_numel(perm);
+  M.chunk = 1;
+  M.err = dm_cuda_device_error();
+  M.what = name_id("moe_experts");
+  return M;
+}
+
+/* a tile kernel's launch: the grid bound, its shared memory (raised past 48 KB when needed) */
+static void tile_launch(const void *kernel, const moe_dims &M, int tm, size_t smem, void **args) {
+  int64_t blocks = (M.rows + tm - 1) / tm + M.e;
+  if (blocks == 0) return;
+  if (smem > 48 * 1024) DM_CU(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  DM_CU(cudaLaunchKernel(kernel, dim3((unsigned)blocks), dim3(MOE_THREADS), args, smem, dm_cuda_stream()));
+  DM_CU_LAUNCHED();
+}
+
+#define BY_TM(tm, F, ...) ((tm) == 16 ? (const void *)F<__VA_ARGS__, 16> : (tm) == 4 ? (const void *)F<__VA_ARGS__, 4> \
+                                                                       : (const void *)F<__VA_ARGS__, 1>)
+
+static void cuda_experts(dm_tensor *y_rows, const dm_tensor *u, const dm_tensor *perm, const dm_tensor *offsets,
+                         const dm_moe_bank *bank, int64_t k) {
+  moe_dims M = dims_of(u, perm, offsets, bank, k);
+  int tm = tile_rows("moe_experts", &M);
+  if (M.rows == 0 || M.f == 0) return;
+  size_t tb;
+  int64_t *tiles = make_tiles((const int64_t *)dm_data(offsets), M.e, tm, &tb);
+  dm_dispatch_float(u->dtype, "moe_experts", [&](auto d) {
+    constexpr int DT = decltype(d)::value;
+    void *py = dm_data(y_rows);
+    const void *pu = dm_data(u), *pp = dm_data(perm), *po = dm_data(offsets), *pug = dm_data(bank->ug),
+               *puu = dm_data(bank->uu), *pcg = dm_data(bank->cg), *pcu = dm_data(bank->cu), *pd = dm_data(bank->d);
+    void *args[] = {&py, &pu, &pp, &po, &tiles, &pug, &puu, &pcg, &pcu, &pd, &M};
+    tile_launch(BY_TM(tm, experts_k, DT), M, tm, tile_smem(tm, M, sizeof(C_<DT>)), args);
+  });
+  dm_scratch_free(tiles, tb);
+}
+
+/* ---- the experts' backward ----------------------------------------------------------------------------- */
+
+/* per sorted row p and rank j (scratch, compute type): h, dag = dzg cg, dau = dzu cu, pg = dzg ag, pu = dzu au */
+template <typename C> struct moe_rows {
+  C *h, *dag, *dau, *pg, *pu;
+};
+
+/* recompute the tile's projections; dh = G D^T; through the activation into the row scratch */
+template <int DT, int TM>
+__global__ void __launch_bounds__(MOE_THREADS) experts_rows_k(moe_rows<C_<DT>> R, const S_<DT> *gy,
+                                                              const S_<DT> *u, const int64_t *perm,
+                                                              const int64_t *off, const int64_t *tiles,
+                                                              const S_<DT> *ug, const S_<DT> *uu, const S_<DT> *cg,
+                                                              const S_<DT> *cu, const S_<DT> *dw, moe_dims M) {
+  typedef C_<DT> C;
+  extern __shared__ __align__(16) unsigned char moe_smem[];
+  int64_t x, row0, nrows;
+  if (!tile_of(tiles, off, M.e, TM, M.rows, &x, &row0, &nrows)) return;
+  const int64_t r = M.r, F = M.f, FC = M.chunk;
+  C *xs = (C *)moe_smem, *ws = xs + TM * M.chunk, *ag = ws + 2 * M.chunk * r, *au = ag + TM * r;
+  project<DT, TM>(ag, au, xs, ws, u, perm, ug, uu, M, x, row0, nrows);
+  /* dh through chunks of F: gs [TM, FC] in xs, ds [r, FC] in ws */
+  C acc[PAIRS];
+#pragma unroll
+  for (int q = 0; q < PAIRS; q++) acc[q] = 0;
+  for (int64_t f0 = 0; f0 < F; f0 += FC) {
+    __syncthreads();
+    for (int64_t i = threadIdx.x; i < TM * FC; i += blockDim.x) {
+      int64_t m = i / FC, f = f0 + i % FC;
+      xs[i] = m < nrows && f < F ? dt<DT>::load(gy[(row0 + m) * F + f]) : (C)0;
+    }
+    for (int64_t i = threadIdx.x; i < r * FC; i += blockDim.x) {
+      int64_t j = i / FC, f = f0 + i % FC;
+      ws[i] = f < F ? dt<DT>::load(dw[(x * r + j) * F + f]) : (C)0;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int q = 0; q < PAIRS; q++) {
+      int64_t pr = threadIdx.x + (int64_t)q * blockDim.x, m = pr / r, j = pr % r;
+      if (m >= TM) continue;
+      for (int64_t c = 0; c < FC; c++) acc[q] += xs[m * FC + c] * ws[j * FC + c];
+    }
+  }
+#pragma unroll
+  for (int q = 0; q < PAIRS; q++) {
+    int64_t pr = threadIdx.x + (int64_t)q * blockDim.x, m = pr / r, j = pr % r;
+    if (m >= nrows || m >= TM) continue;
+    C cgv = dt<DT>::load(cg[x * r + j]), cuv = dt<DT>::load(cu[x * r + j]);
+    C a_g = ag[pr], a_u = au[pr], zg = a_g * cgv, zu = a_u * cuv, s = sigm(zg), dh = acc[q];
+    C dzg = dh * zu * s * (1 + zg * (1 - s)), dzu = dh * zg * s;
+    int64_t o = (row0 + m) * r + j;
+    R.h[o] = zg * s * zu;
+    R.dag[o] = dzg * cgv;
+    R.dau[o] = dzu * cuv;
+    R.pg[o] = dzg * a_g;
+    R.pu[o] = dzu * a_u;
+  }
+}
+
+/* out[x, j, c] = sum over expert x's rows p (in order) of A[p, j] B(p, c); A has rank columns;
+** block (32 c lanes, 8 j lanes) over (expert, slice of 32 c); two products at once (A2 may be NULL) */
+#define RJ 8
+template <typename C, typename Bf>
+__global__ void expert_sum_k(void *out1, void *out2, int odt, const C *A1, const C *A2, Bf Bv, const int64_t *off,
+                             int64_t r, int64_t ncols, bool jc) {
+  const int64_t x = blockIdx.x, c = (int64_t)blockIdx.y * 32 + threadIdx.x;
+  const int64_t lo = off[x], hi = off[x + 1];
+  for (int64_t j0 = 0; j0 < r; j0 += 8 * RJ) {
+    C a1[RJ], a2[RJ];
+#pragma unroll
+    for (int q = 0; q < RJ; q++) { a1[q] = 0; a2[q] = 0; }
+    if (c < ncols)
+      for (int64_t p = lo; p < hi; p++) {
+        C b = Bv(p, c);
+#pragma unroll
+        for (int q = 0; q < RJ; q++) {
+          int64_t j = j0 + threadIdx.y + 8 * q;
+          if (j < r) {
+            a1[q] += A1[p * r + j] * b;
+            if (A2) a2[q] += A2[p * r + j] * b;
+          }
+        }
+      }
+    if (c >= ncols) continue;
+#pragma unroll
+    for (int q = 0; q < RJ; q++) {
+      int64_t j = j0 + threadIdx.y + 8 * q;
+      if (j >= r) continue;
+      int64_t o = jc ? (x * r + j) * ncols + c : (x * ncols + c) * r + j;     /* [E, r, F] or [E, d, r] */
+      if (out1) dm_st(odt, out1, o, (double)a1[q]);
+      if (out2) dm_st(odt, out2, o, (double)a2[q]);
+    }
+  }
+}
+
+/* the incoming gradient's rows (for dD) and the rows' inputs (for dUg, dUu) */
+template <int DT> struct gy_at {
+  const S_<DT> *gy;
+  int64_t F;
+  __device__ C_<DT> operator()(int64_t p, int64_t f) const { return dt<DT>::load(gy[p * F + f]); }
+};
+template <int DT> struct x_at {
+  const S_<DT> *u;
+  const int64_t *perm;
+  int64_t d, k;
+  __device__ C_<DT> operator()(int64_t p, int64_t c) const { return dt<DT>::load(u[(perm[p] / k) * d + c]); }
+};
+
+/* dcg[x, j] = sum of pg over the expert's rows, dcu from pu */
+template <typename C>
+__global__ void expert_csum_k(void *dcg, void *dcu, int odt, const C *pg, const C *pu, const int64_t *off, int64_t e,
+                              int64_t r) {
+  DM_GRID_LOOP(i, e * r) {
+    int64_t x = i / r, j = i - x * r;
+    C sg = 0, su = 0;
+    for (int64_t p = off[x]; p < off[x + 1]; p++) {
+      sg += pg[p * r + j];
+      su += pu[p * r + j];
+    }
+    if (dcg) dm_st(odt, dcg, i, (double)sg);
+    if (dcu) dm_st(odt, dcu, i, (double)su);
+  }
+}
+
+/* gx[p, c] = dag[p] . Ug[x, c] + dau[p] . Uu[x, c], x the expert owning p */
+template <int DT>
+__global__ void experts_gx_k(S_<DT> *gx, const C_<DT> *dag, const C_<DT> *dau, const S_<DT> *ug, const S_<DT> *uu,
+                             const int64_t *off, moe_dims M) {
+  typedef C_<DT> C;
+  const int64_t d = M.d, r = M.r;
+  DM_GRID_LOOP(i, M.rows * d) {
+    int64_t p = i / d, c = i - p * d, lo = 0, hi = M.e - 1;
+    while (lo < hi) {                                      /* the last expert with off[x] <= p */
+      int64_t mid = (lo + hi + 1) / 2;
+      if (off[mid] <= p) lo = mid; else hi = mid - 1;
+    }
+    const S_<DT> *g1 = ug + (lo * d + c) * r, *g2 = uu + (lo * d + c) * r;
+    C s1 = 0, s2 = 0;
+    for (int64_t j = 0; j < r; j++) {
+      s1 += dag[p * r + j] * dt<DT>::load(g1[j]);
+      s2 += dau[p * r + j] * dt<DT>::load(g2[j]);
+    }
+    gx[i] = dt<DT>::store(s1 + s2);
+  }
+}
+
+template <int DT>
+static void experts_backward(dm_tensor *gx_rows, const dm_moe_grads *g, const dm_tensor *gy_rows, const dm_tensor *u,
+                             const dm_tensor *perm, const dm_tensor *offsets, const dm_moe_bank *bank, moe_dims M,
+                             int tm) {
+  typedef C_<DT> C;
+  const int64_t *off = (const int64_t *)dm_data(offsets), *pp = (const int64_t *)dm_data(perm);
+  size_t nr = sizeof(C) * (size_t)(M.rows * M.r), rb = 5 * nr;
+  C *scratch = (C *)dm_scratch(rb);
+  moe_rows<C> R = {scratch, scratch + M.rows * M.r, scratch + 2 * M.rows * M.r, scratch + 3 * M.rows * M.r,
+                   scratch + 4 * M.rows * M.r};
+  size_t tb;
+  int64_t *tiles = make_tiles(off, M.e, tm, &tb);
+  if (M.rows > 0) {
+    const void *pgy = dm_data(gy_rows), *pu = dm_data(u), *pug = dm_data(bank->ug), *puu = dm_data(bank->uu),
+               *pcg = dm_data(bank->cg), *pcu = dm_data(bank->cu), *pd = dm_data(bank->d);
+    void *args[] = {&R, &pgy, &pu, &pp, &off, &tiles, &pug, &puu, &pcg, &pcu, &pd, &M};
+    tile_launch(BY_TM(tm, experts_rows_k, DT), M, tm, tile_smem(tm, M, sizeof(C)), args);
+  }
+  cudaStream_t st = dm_cuda_stream();
+  int odt = DT;
+  if (g->d && M.e > 0 && M.f > 0) {
+    gy_at<DT> b = {(const S_<DT> *)dm_data(gy_rows), M.f};
+    expert_sum_k<C, gy_at<DT>><<<dim3((unsigned)M.e, (unsigned)((M.f + 31) / 32)), dim3(32, 8), 0, st>>>(
+        dm_data(g->d), NULL, odt, R.h, (const C *)NULL, b, off, M.r, M.f, true);
+    DM_CU_LAUNCHED();
+  }
+  if ((g->ug || g->uu) && M.e > 0 && M.d > 0) {
+    x_at<DT> b = {(const S_<DT> *)dm_data(u), pp, M.d, M.k};
+    expert_sum_k<C, x_at<DT>><<<dim3((unsigned)M.e, (unsigned)((M.d + 31) / 32)), dim3(32, 8), 0, st>>>(
+        g->ug ? dm_data(g->ug) : NULL, g->uu ? dm_data(g->uu) : NULL, odt, R.dag, R.dau, b, off, M.r, M.d, false);
+    DM_CU_LAUNCHED();
+  }
+  if ((g->cg || g->cu) && M.e * M.r > 0)
+    DM_LAUNCH(expert_csum_k<C>, M.e * M.r, g->cg ? dm_data(g->cg) : NULL, g->cu ? dm_data(g->cu) : NULL, odt, R.pg,
+              R.pu, off, M.e, M.r);
+  if (gx_rows && M.rows * M.d > 0)
+    DM_LAUNCH(experts_gx_k<DT>, M.rows * M.d, (S_<DT> *)dm_data(gx_rows), R.dag, R.dau,
+              (const S_<DT> *)dm_data(bank->ug), (const S_<DT> *)dm_data(bank->uu), off, M);
+  dm_scratch_free(tiles, tb);
+  dm_scratch_free(scratch, rb);
+}
+
+static void cuda_experts_bwd(dm_tensor *gx_rows, const dm_moe_grads *g, const dm_tensor *gy_rows, const dm_tensor *u,
+                             const dm_tensor *perm, const dm_tensor *offsets, const dm_moe_bank *bank, int64_t k) {
+  moe_dims M = dims_of(u, perm, offsets, bank, k);
+  int tm = tile_rows("moe_experts_bwd", &M);
+  dm_dispatch_float(u->dtype, "moe_experts_bwd", [&](auto d) {
+    constexpr int DT = decltype(d)::value;
+    experts_backward<DT>(gx_rows, g, gy_rows, u, perm, offsets, bank, M, tm);
+  });
+}
+
+/* ---- combine --------------------------------------------------------------------------------------------- */
+
+/* y[t] = sum over j in order of w[t, j] rows[inv[t k + j]] (w NULL: 1) */
+template <int DT>
+__global__ void combine_k(S_<DT> *y, const S_<DT> *rows, const int64_t *inv, const S_<DT> *w, int64_t n, int64_t f,
+                          int64_t k, int64_t nrows, dm_device_error *err, int what) {
+  typedef C_<DT> C;
+  DM_GRID_LOOP(i, n * f) {
+    int64_t t = i / f, c = i - t * f;
+    C acc = 0;
+    for (int64_t j = 0; j < k; j++) {
+      int64_t a = t * k + j, p = inv[a];
+      if (p < 0 || p >= nrows) {
+        if (c == 0) dm_report(err, what, p, nrows, 0);
+        continue;
+      }
+      C s = w ? dt<DT>::load(w[a]) : (C)1;
+      acc += s * dt<DT>::load(rows[p * f + c]);
+    }
+    y[i] = dt<DT>::store(acc);
+  }
+}
+
+static void cuda_combine(dm_tensor *y, const dm_tensor *rows, const dm_tensor *inv, const dm_tensor *w) {
+  int64_t n = y->shape[0], f = y->shape[1], k = n ? dm_numel(inv) / n : 0;
+  if (n * f == 0) return;
+  dm_dispatch_float(y->dtype, "moe_combine", [&](auto d) {
+    constexpr int DT = decltype(d)::value;
+    DM_LAUNCH(combine_k<DT>, n * f, (S_<DT> *)dm_data(y), (const S_<DT> *)dm_data(rows),
+              (const int64_t *)dm_data(inv), w ? (const S_<DT> *)dm_data(w) : NULL, n, f, k, n * k,
+              dm_cuda_device_error(), name_id("moe_combine"));
+  });
+}
+
+/* grows[inv[a]] = w[a] gy[a / k] */
+template <int DT>
+__global__ void combine_grows_k(S_<DT> *grows, const S_<DT> *gy, const int64_t *inv, const S_<DT> *w, int64_t rows,
+                                int64_t f, int64_t k) {
+  DM_GRID_LOOP(i, rows * f) {
+    int64_t a = i / f, c = i - a * f, p = inv[a];
+    if (p >= 0 && p < rows) grows[p * f + c] = dt<DT>::store(dt<DT>::load(w[a]) * dt<DT>::load(gy[(a / k) * f + c]));
+  }
+}
+
+/* gw[a] = <gy[a / k], rows[inv[a]]>: a warp an assignment */
+template <int DT>
+__global__ void combine_gw_k(S_<DT> *gw, const S_<DT> *gy, const S_<DT> *yr, const int64_t *inv, int64_t rows,
+                             int64_t f, int64_t k) {
+  typedef C_<DT> C;
+  const int lane = threadIdx.x & 31;
+  for (int64_t a = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; a < rows;
+       a += ((int64_t)gridDim.x * blockDim.x) >> 5) {
+    int64_t p = inv[a];
+    C s = 0;
+    if (p >= 0 && p < rows)
+      for (int64_t c = lane; c < f; c += 32) s += dt<DT>::load(gy[(a / k) * f + c]) * dt<DT>::load(yr[p * f + c]);
+    s = dm_warp_sum(s);
+    if (lane == 0) gw[a] = dt<DT>::store(s);
+  }
+}
+
+static void cuda_combine_bwd(dm_tensor *grows, dm_tensor *gw, const dm_tensor *gy, const dm_tensor *rows,
+                             const dm_tensor *inv, const dm_tensor *w) {
+  int64_t n = w->shape[0], k = w->shape[1], f = gy->shape[1], na = n * k;
+  if (na == 0) return;
+  dm_dispatch_float(gy->dtype, "moe_combine_bwd", [&](auto d) {
+    constexpr int DT = decltype(d)::value;
+    const S_<DT> *pg = (const S_<DT> *)dm_data(gy);
+    const int64_t *pi = (const int64_t *)dm_data(inv);
+    if (grows && f > 0)
+      DM_LAUNCH(combine_grows_k<DT>, na * f, (S_<DT> *)dm_data(grows), pg, pi, (const S_<DT> *)dm_data(w), na, f, k);
+    if (gw) {
+      combine_gw_k<DT><<<warp_blocks(na), DM_THREADS, 0, dm_cuda_stream()>>>(
+          (S_<DT> *)dm_data(gw), pg, (const S_<DT> *)dm_data(rows), pi, na, f, k);
+      DM_CU_LAUNCHED();
+    }
+  });
+}
+
+/* ---- capacity, counters, balancing ----------------------------------------------------------------------- */
+
+/* out = w where the rank within the expert is under capacity, else 0; key[a] = the expert of a dropped
+** assignment, E for a kept one (the drops are then the bucket counts) */
+template <int DT>
+__global__ void capacity_k(S_<DT> *out, int64_t *key, const S_<DT> *w, const int64_t *idx, const int64_t *inv,
+                           const int64_t *off, int64_t rows, int64_t e, int64_t cap, dm_device_error *err, int what) {
+  DM_GRID_LOOP(a, rows) {
+    int64_t x = idx[a];
+    bool ok = x >= 0 && x < e, keep = false;
+    if (ok) keep = inv[a] - off[x] < cap;
+    else dm_report(err, what, x, e, 0);
+    out[a] = keep ? w[a] : dt<DT>::store(0);
+    if (key) key[a] = keep || !ok ? e : x;
+  }
+}
+
+static void cuda_capacity(dm_tensor *out, dm_tensor *drops, const dm_tensor *w, const dm_tensor *idx,
+                          const dm_tensor *inv, const dm_tensor *offsets, int64_t capacity) {
+  int64_t rows = dm_numel(w), e = offsets->shape[0] - 1;
+  size_t kb = sizeof(int64_t) * (size_t)(rows > 0 ? rows : 1), cb = sizeof(int64_t) * (size_t)(e + 1);
+  int64_t *key = drops ? (int64_t *)dm_scratch(kb) : NULL;
+  if (rows > 0)
+    dm_dispatch_float(w->dtype, "moe_capacity", [&](auto d) {
+      constexpr int DT = decltype(d)::value;
+      DM_LAUNCH(capacity_k<DT>, rows, (S_<DT> *)dm_data(out), key, (const S_<DT> *)dm_data(w),
+                (const int64_t *)dm_data(idx), (const int64_t *)dm_data(inv), (const int64_t *)dm_data(offsets), rows,
+                e, capacity, dm_cuda_device_error(), name_id("moe_capacity"));
+    });
+  if (!drops) return;
+  int64_t *counts = (int64_t *)dm_scratch(cb);       /* E + 1 buckets: the last holds the kept */
+  bucket_counts(counts, key, rows, e + 1, "moe_capacity");
+  DM_CU(cudaMemcpyAsync(dm_data(drops), counts, sizeof(int64_t) * (size_t)e, cudaMemcpyDeviceToDevice,
+                        dm_cuda_stream()));
+  dm_scratch_free(counts, cb);
+  dm_scratch_free(key, kb);
+}
+
+/* one block: the busiest share, the load's entropy (nats), the dead experts */
+__global__ void counters_k(double *stats, const int64_t *c, int64_t e) {
+  int64_t total = 0, most = 0, dead = 0;
+  for (int64_t x = threadIdx.x; x < e; x += blockDim.x) {
+    total += c[x];
+    most = c[x] > most ? c[x] : most;
+    dead += c[x] == 0;
+  }
+  total = dm_block_sum(total);
+  most = dm_block_reduce(most, dm_op_max());
+  dead = dm_block_sum(dead);
+  double h = 0;
+  for (int64_t x = threadIdx.x; x < e && total > 0; x += blockDim.x)
+    if (c[x] > 0) {
+      double p = (double)c[x] / (double)total;
+      h -= p * log(p);
+    }
+  h = dm_block_sum(h);
+  if (threadIdx.x == 0) {
+    stats[0] = total > 0 ? (double)most / (double)total : 0;
+    stats[1] = h;
+    stats[2] = (double)dead;
+  }
+}
+
+static void cuda_counters(dm_tensor *stats, const dm_tensor *counts) {
+  counters_k<<<1, DM_SCAN_THREADS, 0, dm_cuda_stream()>>>((double *)dm_data(stats), (const int64_t *)dm_data(counts),
+                                                         counts->shape[0]);
+  DM_CU_LAUNCHED();
+}
+
+/* bias[x] += gamma sign(total - c E): the mean compared exactly, in integers */
+__global__ void balance_k(void *bias, int bdt, const int64_t *c, int64_t e, double gamma) {
+  int64_t total = 0;
+  for (int64_t x = threadIdx.x; x < e; x += blockDim.x) total += c[x];
+  total = dm_block_sum(total);
+  for (int64_t x = threadIdx.x; x < e; x += blockDim.x) {
+    int64_t diff = total - c[x] * e;
+    dm_st(bdt, bias, x, dm_ld(bdt, bias, x) + gamma * (double)((diff > 0) - (diff < 0)));
+  }
+}
+
+static void cuda_balance(dm_tensor *bias, const dm_tensor *counts, double gamma) {
+  balance_k<<<1, DM_SCAN_THREADS, 0, dm_cuda_stream()>>>(dm_data(bias), bias->dtype, (const int64_t *)dm_data(counts),
+                                                         counts->shape[0], gamma);
+  DM_CU_LAUNCHED();
+}
+
+static const dm_kernel_entry kernels[] = {
+  {"moe_route", (dm_kernel_fn)cuda_route},
+  {"moe_route_bwd", (dm_kernel_fn)cuda_route_bwd},
+  {"moe_sort", (dm_kernel_fn)cuda_sort},
+  {"moe_check_offsets", (dm_kernel_fn)cuda_check_offsets},
+  {"moe_invert", (dm_kernel_fn)cuda_invert},
+  {"moe_experts", (dm_kernel_fn)cuda_experts},
+  {"moe_experts_bwd", (dm_kernel_fn)cuda_experts_bwd},
+  {"moe_combine", (dm_kernel_fn)cuda_combine},
+  {"moe_combine_bwd", (dm_kernel_fn)cuda_combine_bwd},
+  {"moe_capacity", (dm_kernel_fn)cuda_capacity},
+  {"moe_counters", (dm_kernel_fn)cuda_counters},
+  {"moe_balance", (dm_kernel_fn)cuda_balance},
+};
+DM_CUDA_KERNELS(kernels)

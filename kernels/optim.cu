@@ -1,0 +1,286 @@
+/*
+** optim.cu — the optimisers' element loops on CUDA (optim.h has the
+** signatures): AdamW, the gradient norm and its clipping, and Muon's
+** momentum, Newton–Schulz normalisation and update.
+**
+** Lists of tensors go MT_MAX at a time into one launch: the launch takes
+** every tensor's pointers, dtypes and sizes by value, and each block finds
+** its tensor and its chunk of MT_CHUNK elements from the blocks' starts.
+** The per-step scalars (learning rate, step) are turned into the update's
+** constants by a one-thread kernel, from hp's values or, when set, from
+** lr_at / step_at in device memory, so a captured graph replays with what
+** the schedule wrote there. Sums of squares run in double through per-block
+** partials added in a fixed order: the same bits on every run. Elementwise
+** arithmetic is f32, as on the CPU; bf16 is read and rounded on store.
+*/
+#include "model.cuh"
+extern "C" {
+#include "optim.h"
+}
+
+#define MT_MAX 32
+#define MT_CHUNK 2048
+
+/* up to 4 tensors per entry (their roles set by the kernel), one entry per list member */
+struct mt_list {
+  int n;
+  void *p[MT_MAX][4];
+  int dt[MT_MAX][4];
+  int64_t numel[MT_MAX];
+  int64_t start[MT_MAX + 1];       /* first block of each entry; start[n] = the blocks */
+};
+
+/* entries [i0, i1) of the list (NULL first tensor: skipped) into L; returns the next i0 */
+static int mt_fill(mt_list *L, int i0, int n, int roles, dm_tensor *const *const *lists) {
+  memset(L, 0, sizeof *L);
+  int i = i0;
+  for (; i < n && L->n < MT_MAX; i++) {
+    if (!lists[0][i] || (roles > 1 && !lists[1][i])) continue;      /* no gradient: skipped */
+    int k = L->n++;
+    for (int r = 0; r < roles; r++) {
+      L->p[k][r] = lists[r][i] ? dm_data(lists[r][i]) : NULL;
+      L->dt[k][r] = lists[r][i] ? lists[r][i]->dtype : DM_F32;
+    }
+    L->numel[k] = dm_numel(lists[0][i]);
+    L->start[k + 1] = L->start[k] + (L->numel[k] + MT_CHUNK - 1) / MT_CHUNK;
+  }
+  return i;
+}
+
+/* this block's entry and its element range */
+__device__ __forceinline__ int mt_entry(const mt_list &L, int64_t *lo, int64_t *hi) {
+  int t = 0;
+  while (t + 1 < L.n && L.start[t + 1] <= (int64_t)blockIdx.x) t++;
+  *lo = ((int64_t)blockIdx.x - L.start[t]) * MT_CHUNK;
+  *hi = *lo + MT_CHUNK < L.numel[t] ? *lo + MT_CHUNK : L.numel[t];
+  return t;
+}
+
+/* f32 or bf16 (the optimisers' dtypes), in float */
+__device__ __forceinline__ float ldf(int t, const void *p, int64_t i) {
+  return t == DM_BF16 ? dt<DM_BF16>::load(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+__device__ __forceinline__ void stf(int t, void *p, int64_t i, float v) {
+  if (t == DM_BF16) ((uint16_t *)p)[i] = dt<DM_BF16>::store(v);
+  else ((float *)p)[i] = v;
+}
+
+/* the launch of `kernel(L, extra...)` over each batch of the list */
+template <typename K, typename... A>
+static void mt_run(int n, int roles, dm_tensor *const *const *lists, K kernel, A... extra) {
+  for (int i0 = 0; i0 < n;) {
+    mt_list L;
+    i0 = mt_fill(&L, i0, n, roles, lists);
+    if (L.n == 0 || L.start[L.n] == 0) continue;
+    kernel<<<(unsigned)L.start[L.n], DM_THREADS, 0, dm_cuda_stream()>>>(L, extra...);
+    DM_CU_LAUNCHED();
+  }
+}
+
+/* ---- AdamW -------------------------------------------------------------------------------------------- */
+
+/* c = {step size lr / (1 - b1^t), 1 / sqrt(1 - b2^t), decay 1 - lr wd} as the CPU rounds them */
+__global__ void adamw_consts_k(float *c, dm_adamw_hp hp) {
+  double lr = hp.lr_at ? (double)*hp.lr_at : hp.lr;
+  double step = hp.step_at ? (double)*hp.step_at : (double)hp.step;
+  double bc1 = 1 - pow(hp.beta1, step), bc2 = 1 - pow(hp.beta2, step);
+  c[0] = (float)(lr / bc1);
+  c[1] = (float)(1 / sqrt(bc2));
+  c[2] = (float)(1 - lr * hp.weight_decay);
+}
+
+/* roles: p, g, m, v */
+__global__ void adamw_k(mt_list L, const float *c, float b1, float b2, float eps) {
+  int64_t lo, hi;
+  int t = mt_entry(L, &lo, &hi);
+  float *p = (float *)L.p[t][0], *m = (float *)L.p[t][2], *v = (float *)L.p[t][3];
+  const float step_size = c[0], rbc2 = c[1], decay = c[2];
+  for (int64_t e = lo + threadIdx.x; e < hi; e += blockDim.x) {
+    float g = ldf(L.dt[t][1], L.p[t][1], e);
+    float mj = b1 * m[e] + (1 - b1) * g;
+    float vj = b2 * v[e] + (1 - b2) * g * g;
+    m[e] = mj;
+    v[e] = vj;
+    p[e] = p[e] * decay - step_size * mj / (sqrtf(vj) * rbc2 + eps);
+  }
+}
+
+static void cuda_adamw(int n, dm_tensor *const *p, dm_tensor *const *g, dm_tensor *const *m, dm_tensor *const *v,
+                       const dm_adamw_hp *hp) {
+  float *c = (float *)dm_scratch(4 * sizeof(float));
+  adamw_consts_k<<<1, 1, 0, dm_cuda_stream()>>>(c, *hp);
+  DM_CU_LAUNCHED();
+  dm_tensor *const *lists[4] = {p, g, m, v};        /* a NULL gradient skips its parameter */
+  mt_run(n, 4, lists, adamw_k, (const float *)c, (float)hp->beta1, (float)hp->beta2, (float)hp->eps);
+  dm_scratch_free(c, 4 * sizeof(float));
+}
+
+/* ---- the gradient norm -------------------------------------------------------------------------------- */
+
+/* part[block] = the sum of squares of the block's chunk, in double */
+__global__ void sumsq_part_k(mt_list L, double *part, int64_t base) {
+  int64_t lo, hi;
+  int t = mt_entry(L, &lo, &hi);
+  double s = 0;
+  for (int64_t e = lo + threadIdx.x; e < hi; e += blockDim.x) {
+    double x = dm_ld(L.dt[t][0], L.p[t][0], e);
+    s += x * x;
+  }
+  s = dm_block_sum(s);
+  if (threadIdx.x == 0) part[base + blockIdx.x] = s;
+}
+
+/* out = the partials summed in a fixed order (one block) */
+__global__ void sum_parts_k(double *out, const double *part, int64_t n) {
+  const int64_t per = (n + blockDim.x - 1) / blockDim.x, lo = threadIdx.x * per;
+  const int64_t hi = lo + per < n ? lo + per : n;
+  double s = 0;
+  for (int64_t i = lo; i < hi; i++) s += part[i];
+  s = dm_block_sum(s);
+  if (threadIdx.x == 0) out[0] = s;
+}
+
+static void cuda_sumsq(int n, dm_tensor *const *x, dm_tensor *out) {
+  int64_t blocks = 0;
+  for (int i = 0; i < n; i++) if (x[i]) blocks += (dm_numel(x[i]) + MT_CHUNK - 1) / MT_CHUNK;
+  size_t pb = sizeof(double) * (size_t)(blocks > 0 ? blocks : 1);
+  double *part = (double *)dm_scratch(pb);
+  dm_tensor *const *lists[1] = {x};
+  int64_t base = 0;
+  for (int i0 = 0; i0 < n;) {
+    mt_list L;
+    i0 = mt_fill(&L, i0, n, 1, lists);
+    if (L.n == 0 || L.start[L.n] == 0) continue;
+    sumsq_part_k<<<(unsigned)L.start[L.n], DM_THREADS, 0, dm_cuda_stream()>>>(L, part, base);
+    DM_CU_LAUNCHED();
+    base += L.start[L.n];
+  }
+  sum_parts_k<<<1, DM_SCAN_THREADS, 0, dm_cuda_stream()>>>((double *)dm_data(out), part, blocks);
+  DM_CU_LAUNCHED();
+  dm_scratch_free(part, pb);
+}
+
+/* x *= max_norm / norm when the norm (from the device's sum) is finite and above max_norm */
+__global__ void clip_k(mt_list L, const double *sumsq, double max_norm) {
+  double norm = sqrt(*sumsq);
+  if (!isfinite(norm) || !(norm > max_norm)) return;
+  double s = max_norm / norm;
+  int64_t lo, hi;
+  int t = mt_entry(L, &lo, &hi);
+  for (int64_t e = lo + threadIdx.x; e < hi; e += blockDim.x)
+    dm_st(L.dt[t][0], L.p[t][0], e, dm_ld(L.dt[t][0], L.p[t][0], e) * s);
+}
+
+static void cuda_clip_scale(int n, dm_tensor *const *x, const dm_tensor *sumsq, double max_norm) {
+  dm_tensor *const *lists[1] = {x};
+  mt_run(n, 1, lists, clip_k, (const double *)dm_data(sumsq), max_norm);
+}
+
+/* ---- Muon -------------------------------------------------------------------------------------------------- */
+
+/* roles: buf, g, out. buf = mu buf + g; out = nesterov ? g + mu buf : buf */
+__global__ void momentum_k(mt_list L, float mu, bool nesterov) {
+  int64_t lo, hi;
+  int t = mt_entry(L, &lo, &hi);
+  float *b = (float *)L.p[t][0];
+  for (int64_t e = lo + threadIdx.x; e < hi; e += blockDim.x) {
+    float g = ldf(L.dt[t][1], L.p[t][1], e), bj = mu * b[e] + g;
+    b[e] = bj;
+    stf(L.dt[t][2], L.p[t][2], e, nesterov ? g + mu * bj : bj);
+  }
+}
+
+static void cuda_muon_momentum(int n, dm_tensor *const *buf, dm_tensor *const *g, dm_tensor *const *out, double mu,
+                               bool nesterov) {
+  dm_tensor *const *lists[3] = {buf, g, out};
+  mt_run(n, 3, lists, momentum_k, (float)mu, nesterov);
+}
+
+/* part[b, s] = the sum of squares of slice s of matrix b */
+__global__ void ns_part_k(double *part, const void *x, int xdt, int64_t per, int64_t slice) {
+  const int64_t b = blockIdx.x, s = blockIdx.y, lo = s * slice, hi = lo + slice < per ? lo + slice : per;
+  double acc = 0;
+  for (int64_t e = lo + threadIdx.x; e < hi; e += blockDim.x) {
+    double v = ldf(xdt, x, b * per + e);
+    acc += v * v;
+  }
+  acc = dm_block_sum(acc);
+  if (threadIdx.x == 0) part[b * gridDim.y + s] = acc;
+}
+
+/* x_b *= 1 / (|x_b| mult + eps), the norm from the slices in order */
+__global__ void ns_scale_k(void *x, int xdt, const double *part, int64_t nb, int64_t per, int64_t slices, double mult,
+                           double eps) {
+  DM_GRID_LOOP(i, nb * per) {
+    int64_t b = i / per;
+    double s = 0;
+    for (int64_t q = 0; q < slices; q++) s += part[b * slices + q];
+    float r = (float)(1 / (sqrt(s) * mult + eps));
+    stf(xdt, x, i, ldf(xdt, x, i) * r);
+  }
+}
+
+static void cuda_ns_normalize(dm_tensor *x, double mult, double eps) {
+  int64_t nb = x->shape[0], per = x->shape[1] * x->shape[2];
+  if (nb * per == 0) return;
+  if (x->dtype != DM_F32 && x->dtype != DM_BF16)
+    dm_error("ns_normalize: runs in f32 or bf16, got %s", dm_dtype_name(x->dtype));
+  int64_t slices = (per + 16383) / 16384;
+  if (slices > 64) slices = 64;
+  int64_t slice = (per + slices - 1) / slices;
+  size_t pb = sizeof(double) * (size_t)(nb * slices);
+  double *part = (double *)dm_scratch(pb);
+  ns_part_k<<<dim3((unsigned)nb, (unsigned)slices), DM_THREADS, 0, dm_cuda_stream()>>>(part, dm_data(x), x->dtype,
+                                                                                      per, slice);
+  DM_CU_LAUNCHED();
+  DM_LAUNCH(ns_scale_k, nb * per, dm_data(x), x->dtype, part, nb, per, slices, mult, eps);
+  dm_scratch_free(part, pb);
+}
+
+__global__ void axpby_k(void *y, int ydt, const void *x, int xdt, float a, float b, int64_t n) {
+  DM_GRID_LOOP(i, n) stf(ydt, y, i, a * ldf(xdt, x, i) + b * ldf(ydt, y, i));
+}
+
+static void cuda_ns_axpby(dm_tensor *y, double alpha, const dm_tensor *x, double beta) {
+  int64_t n = dm_numel(y);
+  if (n == 0) return;
+  if ((y->dtype != DM_F32 && y->dtype != DM_BF16) || (x->dtype != DM_F32 && x->dtype != DM_BF16))
+    dm_error("ns_axpby: runs in f32 or bf16, got %s and %s", dm_dtype_name(y->dtype), dm_dtype_name(x->dtype));
+  DM_LAUNCH(axpby_k, n, dm_data(y), y->dtype, dm_data(x), x->dtype, (float)alpha, (float)beta, n);
+}
+
+/* c = {decay 1 - lr wd, step lr scale} */
+__global__ void muon_consts_k(float *c, const float *lr_at, double lr, double wd, double scale) {
+  double l = lr_at ? (double)*lr_at : lr;
+  c[0] = (float)(1 - l * wd);
+  c[1] = (float)(l * scale);
+}
+
+/* roles: p, o. p = p decay - step o */
+__global__ void muon_apply_k(mt_list L, const float *c) {
+  int64_t lo, hi;
+  int t = mt_entry(L, &lo, &hi);
+  float *p = (float *)L.p[t][0];
+  const float decay = c[0], step = c[1];
+  for (int64_t e = lo + threadIdx.x; e < hi; e += blockDim.x) p[e] = p[e] * decay - step * ldf(L.dt[t][1], L.p[t][1], e);
+}
+
+static void cuda_muon_apply(int n, dm_tensor *const *p, dm_tensor *const *o, const dm_muon_hp *hp, double scale) {
+  float *c = (float *)dm_scratch(2 * sizeof(float));
+  muon_consts_k<<<1, 1, 0, dm_cuda_stream()>>>(c, hp->lr_at, hp->lr, hp->weight_decay, scale);
+  DM_CU_LAUNCHED();
+  dm_tensor *const *lists[2] = {p, o};
+  mt_run(n, 2, lists, muon_apply_k, (const float *)c);
+  dm_scratch_free(c, 2 * sizeof(float));
+}
+
+static const dm_kernel_entry kernels[] = {
+  {"adamw", (dm_kernel_fn)cuda_adamw},
+  {"sumsq", (dm_kernel_fn)cuda_sumsq},
+  {"clip_scale", (dm_kernel_fn)cuda_clip_scale},
+  {"muon_momentum", (dm_kernel_fn)cuda_muon_momentum},
+  {"ns_normalize", (dm_kernel_fn)cuda_ns_normalize},
+  {"ns_axpby", (dm_kernel_fn)cuda_ns_axpby},
+  {"muon_apply", (dm_kernel_fn)cuda_muon_apply},
+};
+DM_CUDA_KERNELS(kernels)
