@@ -494,6 +494,9 @@ function Tensor:is_freed() end
 ---@class dormouse
 ---@field version string the runtime's version
 ---@field core table the C binding module `dormouse.core`
+---@field cuda table the CUDA backend: is_available, info, synchronize, memory, empty_cache, tf32, graph, ...
+---@field optim table optimisers (loaded on first use): optim.new(model, cfg.optim, cfg.schedule, steps)
+---@field nn table modules and layers (loaded on first use): nn.class, nn.Linear, nn.KDA, nn.Block, ...
 local dm = {}
 
 dm.data = require("dormouse.data")

@@ -428,9 +428,11 @@ static void grads_on(const dm_op *op, const trial *t, dm_tensor *const *rin, dm_
   for (int i = 0; i < op->n_out; i++) {
     if (w[i]) {
       dm_tensor *wd = dev == DM_CPU ? as_dtype(w[i], out[i]->dtype) : on_gpu(w[i], out[i]->dtype, false);
-      dm_tensor *prod = dm_mul(out[i], wd), *sum = dm_sum(prod, -1, false);
+      dm_tensor *prod = dm_mul(out[i], wd), *part = dm_sum(prod, -1, false);
+      dm_tensor *sum = dm_cast(part, DM_F64);     /* outputs may differ in dtype (kda: o bf16, S f32) */
       dm_release(wd);
       dm_release(prod);
+      dm_release(part);
       if (loss) { dm_tensor *l2 = dm_add(loss, sum); dm_release(loss); dm_release(sum); loss = l2; }
       else loss = sum;
     }
