@@ -28,12 +28,19 @@
 ** With DM_POISON=1 every block handed out is filled with 0xff bytes (NaN in
 ** every float type), so a kernel that leaves an output element unwritten is
 ** caught. Not thread-safe: the core allocates from one thread.
+**
+** CUDA graphs (kernels/graph.c) get a private pool: while a capture runs,
+** every request is served from segments of the capture's own pool, and a
+** block allocated before the capture and freed during it is held back, not
+** reused (a replay may still read it). When the graph is freed, its
+** segments and the blocks it held join the shared cache.
 */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "internal.h"
 #include "alloc.h"
+#include "graph.h"
 
 #define GRAIN ((size_t)512)
 #define SMALL_MAX ((size_t)1 << 20)
@@ -46,16 +53,28 @@ typedef struct block {
   size_t size;
   size_t segment;                   /* on a segment's first block: its size; else 0 */
   struct block *prev, *next;        /* neighbours by address in the segment */
-  struct block *fprev, *fnext;      /* the free list of its bin, while free */
+  struct block *fprev, *fnext;      /* the free list of its bin, while free (or a graph's held list) */
+  struct dm_cuda_pool *owner;       /* a CUDA graph's private pool, or NULL: the shared one */
   bool free, small;
 } block;
 
 typedef struct pool { block *bins[NBINS]; } pool;
 static pool small_pool, large_pool;
 
+struct dm_cuda_pool {
+  pool small, large;
+  block **segments;                 /* the first block of each of its segments */
+  int n_segments, cap_segments;
+  block *held;                      /* shared blocks freed during the capture */
+};
+static dm_cuda_pool *capturing;     /* the pool requests come from, while a capture runs */
+
 static size_t round_up(size_t n, size_t unit) { return (n + unit - 1) / unit * unit; }
 static int bin_of(size_t size) { return 63 - __builtin_clzll((unsigned long long)size); }
-static pool *pool_of(const block *b) { return b->small ? &small_pool : &large_pool; }
+static pool *pool_of(const block *b) {
+  if (b->owner) return b->small ? &b->owner->small : &b->owner->large;
+  return b->small ? &small_pool : &large_pool;
+}
 
 static void *xmalloc(size_t n) {
   void *p = calloc(1, n);
@@ -158,8 +177,12 @@ static void release_cached(dm_mem_stats *st) {
 
 static block *new_segment(size_t size, bool small, dm_mem_stats *st) {
   void *p = NULL;
+  /* during a capture: cudaMalloc is no stream work, and the segment outlives it */
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  if (capturing) cudaThreadExchangeStreamCaptureMode(&mode);
   cudaError_t e = cudaMalloc(&p, size);
-  if (e == cudaErrorMemoryAllocation) {
+  if (capturing) cudaThreadExchangeStreamCaptureMode(&mode);
+  if (e == cudaErrorMemoryAllocation && !capturing) {     /* (emptying the cache waits for the device) */
     cudaGetLastError();
     release_cached(st);
     e = cudaMalloc(&p, size);
@@ -172,6 +195,17 @@ static block *new_segment(size_t size, bool small, dm_mem_stats *st) {
   b->ptr = p;
   b->size = b->segment = size;
   b->small = small;
+  if (capturing) {
+    dm_cuda_pool *o = capturing;
+    if (o->n_segments == o->cap_segments) {
+      o->cap_segments = o->cap_segments ? 2 * o->cap_segments : 16;
+      block **seg = realloc(o->segments, sizeof *seg * (size_t)o->cap_segments);
+      if (!seg) dm_error("out of host memory for the CUDA allocator's bookkeeping");
+      o->segments = seg;
+    }
+    o->segments[o->n_segments++] = b;
+    b->owner = o;
+  }
   return b;
 }
 
@@ -181,7 +215,8 @@ static void *cuda_alloc(size_t nbytes, dm_mem_stats *st) {
   dm_cuda_init();
   bool small = nbytes <= SMALL_MAX;
   size_t size = small ? round_up(nbytes ? nbytes : 1, GRAIN) : round_up(nbytes, LARGE_GRAIN);
-  block *b = best_fit(small ? &small_pool : &large_pool, size);
+  pool *from = capturing ? (small ? &capturing->small : &capturing->large) : small ? &small_pool : &large_pool;
+  block *b = best_fit(from, size);
   if (b) unlink_free(b);
   else if (!(b = new_segment(small ? SMALL_SEGMENT : size, small, st))) return NULL;
   if (b->size - size >= (small ? GRAIN : LARGE_GRAIN)) {      /* split off the rest */
@@ -189,6 +224,7 @@ static void *cuda_alloc(size_t nbytes, dm_mem_stats *st) {
     rest->ptr = b->ptr + size;
     rest->size = b->size - size;
     rest->small = small;
+    rest->owner = b->owner;
     rest->prev = b;
     rest->next = b->next;
     if (b->next) b->next->prev = rest;
@@ -209,10 +245,12 @@ static void merge(block *a, block *b) {
   free(b);
 }
 
-static void cuda_free(void *p, size_t nbytes, dm_mem_stats *st) {
-  block *b = table_take(p);
-  if (!b) {
-    fprintf(stderr, "dormouse: cuda allocator: freeing %p, which it did not hand out\n", p);
+/* b back to its pool's free lists, merged with free neighbours; held back instead
+** while a capture into another pool runs */
+static void free_block(block *b) {
+  if (capturing && b->owner != capturing) {
+    b->fnext = capturing->held;
+    capturing->held = b;
     return;
   }
   if (b->prev && b->prev->free) {
@@ -226,6 +264,39 @@ static void cuda_free(void *p, size_t nbytes, dm_mem_stats *st) {
     merge(b, b->next);
   }
   push_free(b);
+}
+
+static void cuda_free(void *p, size_t nbytes, dm_mem_stats *st) {
+  block *b = table_take(p);
+  if (!b) {
+    fprintf(stderr, "dormouse: cuda allocator: freeing %p, which it did not hand out\n", p);
+    return;
+  }
+  free_block(b);
+}
+
+/* ---- private pools of CUDA graphs (graph.h) ------------------------------------------------ */
+
+dm_cuda_pool *dm_cuda_pool_new(void) { return xmalloc(sizeof(dm_cuda_pool)); }
+
+void dm_cuda_pool_capture(dm_cuda_pool *p) { capturing = p; }
+
+void dm_cuda_pool_release(dm_cuda_pool *p) {
+  if (capturing == p) capturing = NULL;
+  for (int i = 0; i < p->n_segments; i++)
+    for (block *b = p->segments[i]; b; b = b->next) {
+      bool was_free = b->free;
+      if (was_free) unlink_free(b);
+      b->owner = NULL;
+      if (was_free) push_free(b);
+    }
+  for (block *b = p->held, *next; b; b = next) {
+    next = b->fnext;
+    b->fnext = NULL;
+    free_block(b);
+  }
+  free(p->segments);
+  free(p);
 }
 
 static void cuda_empty_cache(dm_mem_stats *st) {

@@ -57,9 +57,9 @@ typedef struct dm_fused {
   void *kernels[2][DM_NDTYPE][2];    /* compiled on first use (kernels/nvrtc.c): flat, strided */
 } dm_fused;
 
-/* a new fused op (the programs and sources are copied); its id */
-int dm_fused_new(const char *expr, int n_in, const dm_fprog *fwd, const dm_fprog *bwd, unsigned bwd_reads,
-                 const char *src_fwd, const char *src_bwd);
+/* a new fused op (the programs and sources are copied; a source may be NULL); its id */
+int dm_fused_new(const char *expr, int n_in, const dm_fprog *fwd, const dm_fprog *bwd, const char *src_fwd,
+                 const char *src_bwd);
 dm_fused *dm_fused_get(int id);      /* raises when unknown */
 /* the op "fuse" on the inputs of fused op id */
 dm_tensor *dm_fused_call(int id, int n, dm_tensor *const *in);
@@ -83,5 +83,14 @@ void dm_fuse_layout_make(dm_fuse_layout *L, int ndim, const int64_t *shape, int 
 ** DM_DTYPE (defined before it), and the unary functions dm_NAME(x) and
 ** their derivatives dm_d_NAME(x, y) stringized from elementwise.h's table. */
 const char *dm_fuse_cuda_prelude(void);
+
+#ifdef DM_HAVE_CUDA
+/* kernels/nvrtc.c: the kernel `name` of CUDA source compiled with NVRTC for
+** this device (or found in the disk cache) and loaded, as a handle for
+** cudaLaunchKernel; `what` names the caller in errors (NVRTC's log too) */
+void *dm_nvrtc_kernel(const char *source, const char *name, const char *what);
+/* compile only, for an architecture named as NVRTC takes it ("sm_90a"); needs no device */
+void dm_nvrtc_check(const char *source, const char *arch, const char *what);
+#endif
 
 #endif

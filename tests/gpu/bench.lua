@@ -2,14 +2,23 @@
 tests/gpu/bench.lua — the CUDA backend's micro-benchmarks, each against a
 baseline measured in the same run on the same GPU.
 
-  build/dormouse run tests/gpu/bench.lua [RESULTS.md]     (tools/gpu.sh runs it)
+  build/dormouse run tests/gpu/bench.lua [RESULTS.md] [SECTIONS]    (tools/gpu.sh runs it)
 
   matmul      bf16 8192 x 8192 x 8192 through dm.matmul, against cuBLASLt
               called directly (target >= 95%)
-  a * b + c   on 256M bf16 elements, against the device-to-device copy
-              bandwidth (bytes read plus written; target >= 80%)
-  softmax, logsumexp over [32768, 256] and [8192, 8192] bf16 (target >= 70%)
-  launch      the host cost of one op called from Lua (eager), in us
+  elementwise a * b + c on 256M bf16 elements, against the device-to-device
+              copy bandwidth (bytes read plus written; target >= 80%)
+  fuse        silu(a) * b + 0.5 * c from dm.fuse (4 ops, one kernel) on 256M
+              bf16 elements, the same way (target >= 80%)
+  rows        softmax, logsumexp over [32768, 256] and [8192, 8192] (target
+              >= 70%), launched from Lua and replayed as a CUDA graph of
+              back-to-back launches (the target applies to the replay: a
+              kernel of a few us is otherwise timed with the host's launches)
+  launch      the host cost of one op called from Lua (eager), in us, and the
+              same 200-op sequence eager and replayed as a CUDA graph
+
+SECTIONS is a comma-separated subset of copy (always run: the baseline),
+matmul, elementwise, fuse, rows, launch; all by default.
 
 Times are device time from CUDA events: warm-up first, then the median of
 15 samples, each over several runs queued back to back behind an untimed
@@ -27,8 +36,14 @@ if not available then
   return
 end
 
+local fuse = dm.fuse or require "dormouse.fuse"
+local graph = cuda.graph or require "dormouse.graph"
+
 local REPS, INNER = 15, 5
 local spacer = dm.randn({4096, 4096}, {dtype = "bf16", device = "cuda", seed = 99})
+
+local want = {}
+for name in (arg and arg[2] or "matmul,elementwise,fuse,rows,launch"):gmatch("[^,]+") do want[name] = true end
 
 -- ms of device time per call of fn
 local function device_ms(fn, inner)
@@ -44,6 +59,16 @@ local function device_ms(fn, inner)
   end
   table.sort(ms)
   return ms[(REPS + 1) // 2]
+end
+
+-- the same, from replays of a CUDA graph of `inner` calls of fn queued back to back
+local function graph_ms(fn, inner)
+  inner = inner or INNER
+  fn()                                           -- compiled kernels, plans: before the capture
+  local g = graph(function() for _ = 1, inner do fn() end end)
+  local ms = device_ms(function() g:replay() end, 1)
+  g:free()
+  return ms / inner
 end
 
 local rows = {}
@@ -70,6 +95,7 @@ row("copy 512 MiB (cudaMemcpyAsync)", raw_bw, "GB/s")
 copy_src:free(); copy_dst:free()
 local bw = math.max(copy_bw, raw_bw)
 
+if want.matmul then
 local M = 8192
 local flop = 2 * M * M * M
 local lt_ms = core.cuda_bench_gemm("bf16", M, M, M, REPS)
@@ -84,10 +110,11 @@ do
   row("matmul bf16 8192^3 (dm.matmul)", tf, "TFLOP/s", string.format("%.0f TFLOP/s", lt_tf), tf / lt_tf, 0.95)
   a:free(); b:free()
 end
+end
 
 -- ---- elementwise: GB/s over the bytes the kernels read and write ------------------------------
 
-do
+if want.elementwise then
   local a, b, c = randn({N}, 4), randn({N}, 5), randn({N}, 6)
   local ms = device_ms(function() (a * b):free() end)
   local gbs = 3 * N * 2 / (ms * 1e-3) / 1e9
@@ -104,9 +131,29 @@ do
   a:free(); b:free(); c:free()
 end
 
+-- ---- dm.fuse: one kernel for a 4-op expression ---------------------------------------------------
+
+if want.fuse then
+  local a, b, c = randn({N}, 4), randn({N}, 5), randn({N}, 6)
+  local f = fuse("silu(a) * b + 0.5 * c")
+  f(a, b, c):free()                                          -- compiled (or loaded from the cache)
+  local ms = device_ms(function() f(a, b, c):free() end)
+  local gbs = 4 * N * 2 / (ms * 1e-3) / 1e9                  -- a, b, c read, out written
+  row("dm.fuse silu(a) * b + 0.5 * c, 256M bf16", gbs, "GB/s", string.format("%.0f GB/s", bw), gbs / bw, 0.80)
+  local composed = device_ms(function()
+    local s, t, u = a:silu(), nil, c * 0.5
+    t = s * b
+    local o = t + u
+    s:free(); t:free(); u:free(); o:free()
+  end)
+  row("the same as 4 ops (same bytes counted)", 4 * N * 2 / (composed * 1e-3) / 1e9, "GB/s",
+      string.format("%.0f GB/s", bw), 4 * N * 2 / (composed * 1e-3) / 1e9 / bw)
+  a:free(); b:free(); c:free()
+end
+
 -- ---- softmax and logsumexp over rows -------------------------------------------------------------
 
-for _, shape in ipairs {{32768, 256}, {8192, 8192}} do
+for _, shape in ipairs(want.rows and {{32768, 256}, {8192, 8192}} or {}) do
   local n = shape[1] * shape[2]
   local label = string.format("[%d, %d]", shape[1], shape[2])
   for _, dt in ipairs {"bf16", "f32"} do
@@ -117,20 +164,31 @@ for _, shape in ipairs {{32768, 256}, {8192, 8192}} do
     local cms = device_ms(function() xc:copy_(x) end, 20)
     local cgbs = 2 * n * es / (cms * 1e-3) / 1e9
     row(string.format("copy %s %s (same bytes)", label, dt), cgbs, "GB/s", string.format("%.0f GB/s", bw), cgbs / bw)
+    cms = graph_ms(function() xc:copy_(x) end, 20)
+    cgbs = 2 * n * es / (cms * 1e-3) / 1e9
+    row(string.format("copy %s %s (same bytes, graph)", label, dt), cgbs, "GB/s", string.format("%.0f GB/s", bw),
+        cgbs / bw)
     xc:free()
-    local ms = device_ms(function() x:softmax():free() end, 20)
-    local gbs = 2 * n * es / (ms * 1e-3) / 1e9
-    row(string.format("softmax %s %s", label, dt), gbs, "GB/s", string.format("%.0f GB/s", bw), gbs / bw, 0.70)
-    ms = device_ms(function() x:logsumexp(2):free() end, 20)
-    gbs = (n + shape[1]) * es / (ms * 1e-3) / 1e9
-    row(string.format("logsumexp %s %s", label, dt), gbs, "GB/s", string.format("%.0f GB/s", bw), gbs / bw, 0.70)
+    local function softmax() x:softmax():free() end
+    local function lse() x:logsumexp(2):free() end
+    for _, timing in ipairs {{"", device_ms}, {", graph", graph_ms}} do
+      local eager = timing[1] == ""
+      local ms = timing[2](softmax, 20)
+      local gbs = 2 * n * es / (ms * 1e-3) / 1e9
+      row(string.format("softmax %s %s%s", label, dt, timing[1]), gbs, "GB/s", string.format("%.0f GB/s", bw),
+          gbs / bw, not eager and 0.70 or nil)
+      ms = timing[2](lse, 20)
+      gbs = (n + shape[1]) * es / (ms * 1e-3) / 1e9
+      row(string.format("logsumexp %s %s%s", label, dt, timing[1]), gbs, "GB/s", string.format("%.0f GB/s", bw),
+          gbs / bw, not eager and 0.70 or nil)
+    end
     x:free()
   end
 end
 
 -- ---- the host's cost of one op ------------------------------------------------------------------
 
-do
+if want.launch then
   local x, y = dm.ones({1}, {device = "cuda"}), dm.ones({1}, {device = "cuda"})
   for _ = 1, 1000 do (x + y):free() end
   cuda.synchronize()
@@ -142,6 +200,37 @@ do
   local total = core.now() - t0
   row("launch: x + y from Lua, host time", queued / n * 1e6, "us/op")
   row("launch: x + y from Lua, until done", total / n * 1e6, "us/op")
+
+  -- 200 ops on 1024 elements (100 x (t * 1.0001, t + x)), until done: eager, then one graph replay
+  local z = dm.randn({1024}, {device = "cuda", seed = 98})
+  local function sequence()
+    local t = z
+    for _ = 1, 100 do
+      local u = t * 1.0001
+      if t ~= z then t:free() end
+      t = u + z
+      u:free()
+    end
+    return t
+  end
+  sequence():free()
+  local reps = 200
+  cuda.synchronize()
+  t0 = core.now()
+  for _ = 1, reps do sequence():free() end
+  cuda.synchronize()
+  local eager_us = (core.now() - t0) / (reps * 200) * 1e6
+  local g = graph(sequence)
+  g:replay()
+  cuda.synchronize()
+  t0 = core.now()
+  for _ = 1, reps do g:replay() end
+  cuda.synchronize()
+  local graph_us = (core.now() - t0) / (reps * 200) * 1e6
+  row(string.format("200-op sequence, eager (%d nodes when captured)", g:nodes()), eager_us, "us/op")
+  row("200-op sequence, graph replay (ratio: of eager)", graph_us, "us/op", string.format("%.2f us/op", eager_us),
+      graph_us / eager_us)
+  g:free()
 end
 
 -- ---- the table ------------------------------------------------------------------------------------
