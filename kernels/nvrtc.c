@@ -216,8 +216,8 @@ static cudaLibrary_t load(const char *src, const char *what) {
     else warn_once("neither XDG_CACHE_HOME nor HOME is set");
   }
   if (dm_debug_level() >= 4)
-    fprintf(stderr, "dormouse: %s: CUDA source (%s, %s%s%s):\n%s\n", what, arch,
-            cached ? "from the cache " : "compiled, cached as ", dir ? file : "nowhere", "", src);
+    fprintf(stderr, "dormouse: %s: CUDA source (%s, %s %s):\n%s\n", what, arch,
+            cached ? "from the cache" : "compiled, cached as", dir ? file : "nowhere", src);
   /* loading is no stream work: allowed while a graph is being captured */
   enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   cudaThreadExchangeStreamCaptureMode(&mode);

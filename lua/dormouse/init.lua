@@ -23,6 +23,8 @@ dm.data = require "dormouse.data"
 dm.ckpt = require "dormouse.ckpt"
 dm.config = require "dormouse.config"
 dm.cuda = require "dormouse.cuda"
+dm.cuda.graph = require "dormouse.graph"
+dm.fuse = require "dormouse.fuse"
 
 -- Modules that themselves require "dormouse" load on first use: dm.optim, dm.nn.
 setmetatable(dm, {__index = function(t, k)

@@ -503,6 +503,13 @@ dm.data = require("dormouse.data")
 dm.ckpt = require("dormouse.ckpt")
 dm.config = require("dormouse.config")
 
+---A fused elementwise op from an expression: dm.fuse("silu(a) * b")(a, b). Parsed with LPeg,
+---differentiated symbolically, compiled once with NVRTC on the GPU, evaluated directly on the CPU.
+---@param expr string
+---@param opts? {inputs?: string[]}
+---@return fun(...): dormouse.Tensor
+function dm.fuse(expr, opts) end
+
 ---The autograd tape.
 dm.autograd = {}
 
