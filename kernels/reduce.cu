@@ -719,7 +719,7 @@ __global__ void __launch_bounds__(ROW_THREADS_MAX)
 softmax_bwd_rows(int lg, typename dt<DT>::S *gx, const typename dt<DT>::S *g, const typename dt<DT>::S *y,
                  rplan P, int tpr) {
   typedef typename dt<DT>::C T;
-  __shared__ T red[32];
+  __shared__ double red[32];       /* g - sum(g y) cancels when one y is near 1: the sum in double */
   const int per_block = blockDim.x / tpr, lane = threadIdx.x % tpr;
   const int64_t L = P.n_inner;
   for (int64_t row = (int64_t)blockIdx.x * per_block + threadIdx.x / tpr; row < P.n_outer;
@@ -729,12 +729,13 @@ softmax_bwd_rows(int lg, typename dt<DT>::S *gx, const typename dt<DT>::S *g, co
     T gv[E], yv[E];
     load_row<DT, V, E>(g + off[1], L, tpr, lane, gv, 0);
     load_row<DT, V, E>(y + off[2], L, tpr, lane, yv, 0);
-    T dot = 0;
+    double dot = 0;
 #pragma unroll
-    for (int i = 0; i < E; i++) dot += lg ? gv[i] : gv[i] * yv[i];
-    dot = row_all<T, false>(dot, tpr, red);
+    for (int i = 0; i < E; i++) dot += lg ? (double)gv[i] : (double)gv[i] * yv[i];
+    dot = row_all<double, false>(dot, tpr, red);
 #pragma unroll
-    for (int i = 0; i < E; i++) gv[i] = lg ? gv[i] - fast_exp(yv[i]) * dot : yv[i] * (gv[i] - dot);
+    for (int i = 0; i < E; i++)
+      gv[i] = lg ? (T)(gv[i] - fast_exp(yv[i]) * (T)dot) : (T)(yv[i] * ((double)gv[i] - dot));
     store_row<DT, V, E>(gx + off[0], L, tpr, lane, gv);
   }
 }
@@ -744,22 +745,22 @@ __global__ void __launch_bounds__(ROW_THREADS_MAX)
 softmax_bwd_long(int lg, typename dt<DT>::S *gx, const typename dt<DT>::S *g, const typename dt<DT>::S *y,
                  rplan P) {
   typedef typename dt<DT>::C T;
-  __shared__ T red[32];
+  __shared__ double red[32];
   const int64_t L = P.n_inner, step = (int64_t)blockDim.x * V;
   for (int64_t row = blockIdx.x; row < P.n_outer; row += gridDim.x) {
     int64_t off[3];
     outer_off<3>(P, row, off);
-    T dot = 0;
+    double dot = 0;
     for (int64_t e = (int64_t)threadIdx.x * V; e < L; e += step)
       for (int u = 0; u < V; u++) {
         T gv = dt<DT>::load(g[off[1] + e + u]);
-        dot += lg ? gv : gv * dt<DT>::load(y[off[2] + e + u]);
+        dot += lg ? (double)gv : (double)gv * dt<DT>::load(y[off[2] + e + u]);
       }
-    dot = row_all<T, false>(dot, blockDim.x, red);
+    dot = row_all<double, false>(dot, blockDim.x, red);
     for (int64_t e = (int64_t)threadIdx.x * V; e < L; e += step)
       for (int u = 0; u < V; u++) {
         T gv = dt<DT>::load(g[off[1] + e + u]), yv = dt<DT>::load(y[off[2] + e + u]);
-        gx[off[0] + e + u] = dt<DT>::store(lg ? gv - fast_exp(yv) * dot : yv * (gv - dot));
+        gx[off[0] + e + u] = dt<DT>::store(lg ? (T)(gv - fast_exp(yv) * (T)dot) : (T)(yv * ((double)gv - dot)));
       }
   }
 }

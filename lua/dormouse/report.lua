@@ -56,7 +56,7 @@ function report.chart(title, series, ylabel)
       '<text x="%d" y="%.1f" font-size="11" text-anchor="end">%s</text>', L, W - R, sy(y), sy(y), L - 4, sy(y) + 4, nice(y))
     local x = x0 + (x1 - x0) * i / 4
     out[#out + 1] = string.format('<text x="%.1f" y="%d" font-size="11" text-anchor="middle">%s</text>',
-                                  sx(x), H - B + 16, nice(math.floor(x + 0.5)))
+                                  sx(x), H - B + 16, string.format("%d", math.floor(x + 0.5)))
   end
   out[#out + 1] = string.format('<text x="%d" y="%d" font-size="11" text-anchor="middle">step</text>',
                                 (L + W - R) // 2, H - 6)
