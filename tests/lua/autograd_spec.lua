@@ -1,6 +1,8 @@
 -- Autograd through the Lua surface: gradients, accumulation, grad mode,
 -- the tape's lifetime and the checks that keep a gradient honest.
 local dm = require "dormouse"
+local helpers = require "tests.lua.helpers"
+local err_of, has = helpers.err_of, helpers.has
 
 local function near(a, b, tol, path)
   tol, path = tol or 1e-10, path or "value"
@@ -9,18 +11,6 @@ local function near(a, b, tol, path)
     for i = 1, #b do near(a[i], b[i], tol, path .. "[" .. i .. "]") end
   else
     assert.is_true(math.abs(a - b) <= tol, string.format("%s: got %.12g, expected %.12g", path, a, b))
-  end
-end
-
-local function err_of(fn)
-  local ok, msg = pcall(fn)
-  assert.is_false(ok, "expected an error")
-  return tostring(msg)
-end
-
-local function has(msg, ...)
-  for _, part in ipairs {...} do
-    assert.is_truthy(msg:find(part, 1, true), "message lacks [" .. part .. "]:\n" .. msg)
   end
 end
 

@@ -1,3 +1,5 @@
+local helpers = require "tests.lua.helpers"
+local has = helpers.has
 -- The `dormouse` command line, run as a child process: exit codes, error
 -- reports, `arg`, and the small commands.
 
@@ -32,12 +34,6 @@ local function dormouse(args, env)
   local out = p:read("a")
   local _, _, code = p:close()
   return code, out, read(errfile)
-end
-
-local function has(s, ...)
-  for _, part in ipairs {...} do
-    assert.is_truthy(s:find(part, 1, true), "lacks [" .. part .. "]:\n" .. s)
-  end
 end
 
 local function lacks(s, ...)

@@ -2,6 +2,8 @@
 -- the command line split, config.diff and the `dormouse config` command.
 local config = require "dormouse.config"
 local schema = require "dormouse.schema"
+local helpers = require "tests.lua.helpers"
+local err_of, has = helpers.err_of, helpers.has
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "tests/lua"
 local root = here:gsub("/?tests/lua$", "")
@@ -10,18 +12,6 @@ local function fixture(name) return here .. "/fixtures/" .. name .. ".lua" end
 local function preset(name) return root .. "/experiments/" .. name .. ".lua" end
 
 -- The message of the error fn raises.
-local function err_of(fn, ...)
-  local ok, msg = pcall(fn, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(msg)
-end
-
-local function has(msg, ...)
-  for _, part in ipairs {...} do
-    assert.is_truthy(msg:find(part, 1, true), "message lacks [" .. part .. "]:\n" .. msg)
-  end
-end
-
 describe("config presets", function()
   it("tiny, small and b1 resolve with every key filled", function()
     for _, name in ipairs {"tiny", "small", "b1"} do

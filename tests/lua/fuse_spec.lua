@@ -5,18 +5,8 @@
 -- build has it (no GPU needed). The GPU's own checks: tests/gpu/fuse_graph.lua.
 local dm = require "dormouse"
 local fuse = dm.fuse or require "dormouse.fuse"
-
-local function err_of(fn, ...)
-  local ok, msg = pcall(fn, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(msg)
-end
-
-local function has(msg, ...)
-  for _, part in ipairs {...} do
-    assert.is_truthy(msg:find(part, 1, true), "message lacks [" .. part .. "]:\n" .. msg)
-  end
-end
+local helpers = require "tests.lua.helpers"
+local err_of, has = helpers.err_of, helpers.has
 
 -- max |a - b| / max(|b|, 1e-300), in f64
 local function rel(a, b)

@@ -4,12 +4,8 @@
 -- device) are checked on the GPU by tests/gpu/fuse_graph.lua.
 local dm = require "dormouse"
 local graph = (dm.cuda and dm.cuda.graph) or require "dormouse.graph"
-
-local function err_of(fn, ...)
-  local ok, msg = pcall(fn, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(msg)
-end
+local helpers = require "tests.lua.helpers"
+local err_of = helpers.err_of
 
 describe("dm.cuda.graph", function()
   it("takes a function", function()

@@ -1,3 +1,5 @@
+local helpers = require "tests.lua.helpers"
+local has = helpers.has
 -- `dormouse repl` with its input on a pipe: not a terminal, so it reads
 -- stdin plainly (no prompt, no banner, no history) and prints what it would
 -- print to a person.
@@ -36,12 +38,6 @@ local function repl(lines, extra)
   if history then history:close() end
   os.execute("rm -rf '" .. home .. "'")
   return code, out, read(errfile), history ~= nil
-end
-
-local function has(s, ...)
-  for _, part in ipairs {...} do
-    assert.is_truthy(s:find(part, 1, true), "lacks [" .. part .. "]:\n" .. s)
-  end
 end
 
 describe("dormouse repl on a pipe", function()
