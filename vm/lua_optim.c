@@ -57,6 +57,18 @@ static void check_hp(lua_State *L, int idx, const char *fn) {
   if (!lua_istable(L, idx)) dm_error("%s: hyper-parameters must be a table, got %s", fn, luaL_typename(L, idx));
 }
 
+/* core.clip_grads(grads, max_norm) → norm, finite: the same over a list of gradients */
+static int c_clip_grads(lua_State *L) {
+  DM_ENTER(L);
+  int n;
+  dm_tensor **g = tensor_list(L, 1, "clip_grads", "grads", &n);
+  bool finite;
+  double norm = dm_clip_grad_norm(n, g, luaL_optnumber(L, 2, 0), &finite);
+  lua_pushnumber(L, norm);
+  lua_pushboolean(L, finite);
+  return 2;
+}
+
 static int c_clip_grad_norm(lua_State *L) {
   DM_ENTER(L);
   const char *fn = "clip_grad_norm";
@@ -142,7 +154,7 @@ static int c_newton_schulz(lua_State *L) {
 }
 
 static const luaL_Reg funcs[] = {
-  {"clip_grad_norm", c_clip_grad_norm}, {"adamw_step", c_adamw_step},
+  {"clip_grad_norm", c_clip_grad_norm}, {"clip_grads", c_clip_grads}, {"adamw_step", c_adamw_step},
   {"muon_step", c_muon_step}, {"newton_schulz", c_newton_schulz}, {NULL, NULL}
 };
 DM_LUA_FUNCS(funcs)

@@ -40,16 +40,52 @@ describe("tiny", function()
     assert.is_true(math.abs(l32:item() - l64:item()) <= 1e-4 * math.abs(l64:item()))
     local p64 = {}
     for _, p in ipairs(m64:named_parameters()) do p64[p.name] = p.tensor end
+    -- the Engram table's gradient is sparse: its touched rows and their gradient
+    local rows32, t32 = m32.block.engram:sparse_grad()
+    local rows64, t64 = m64.block.engram:sparse_grad()
+    assert.is_true(dm.allclose(rows32, rows64, {rtol = 0, atol = 0}))
+    assert.is_true((t32:to("f64") - t64):abs():max():item() <= 1e-4 * t64:abs():max():item())
+    assert.is_nil(m32.block.engram.table.grad)                -- the dense gradient is never made
     local checked = 0
     for _, p in ipairs(m32:named_parameters()) do
+      if p.name == "block.engram.table" then goto continue end
       local g32, g64 = p.tensor.grad, p64[p.name].grad
       assert.is_truthy(g32, p.name .. " has no gradient")
       local err = (g32:to("f64") - g64):abs():max():item()
       local scale = g64:abs():max():item()
       assert.is_true(err <= 1e-4 * scale + 1e-7, string.format("%s: %.3g over %.3g", p.name, err, scale))
       checked = checked + 1
+      ::continue::
     end
     assert.is_true(checked > 30)
+    corpus:close()
+  end)
+end)
+
+describe("the Engram tables", function()
+  it("are updated on the rows a step touched only, with their Adam moments", function()
+    local m, cfg = build("experiments/tiny.lua", {"schedule.warmup=0"})
+    local opt = dm.optim.new(m, cfg.optim, cfg.schedule, cfg.steps, {quiet = true})
+    local corpus = dm.data.open(dm.data.default_corpus(), {eval_bytes = 4096})
+    local x, prefix = corpus:batch(0, {batch = 2, seq = 16, seed = 1, ctx = 2})
+    local before = m.block.engram.table:clone()
+    local state = opt:state()
+    local m0 = state["block.engram.table.m"]:clone()
+    m:forward(x, prefix).loss:backward()
+    local rows = m.block.engram:sparse_grad():totable()
+    opt:step(1)
+    opt:zero_grad()
+    local touched = {}
+    for _, r in ipairs(rows) do touched[r] = true end
+    local after, m1 = m.block.engram.table, opt:state()["block.engram.table.m"]
+    local changed, kept = 0, 0
+    for r = 0, after:size(1) - 1 do
+      local same = dm.allclose(after:narrow(1, r + 1, 1), before:narrow(1, r + 1, 1), {rtol = 0, atol = 0})
+                   and dm.allclose(m1:narrow(1, r + 1, 1), m0:narrow(1, r + 1, 1), {rtol = 0, atol = 0})
+      if touched[r] then assert.is_false(same, "touched row " .. r .. " did not move"); changed = changed + 1
+      else assert.is_true(same, "untouched row " .. r .. " moved"); kept = kept + 1 end
+    end
+    assert.is_true(changed > 10 and kept > 100)
     corpus:close()
   end)
 end)

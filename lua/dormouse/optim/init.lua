@@ -25,6 +25,7 @@ local groups = require "dormouse.optim.groups"
 local schedule = require "dormouse.optim.schedule"
 local AdamW = require "dormouse.optim.adamw"
 local Muon = require "dormouse.optim.muon"
+local SparseAdam = require "dormouse.optim.sparse"
 
 local optim = {groups = groups, schedule = schedule, AdamW = AdamW, Muon = Muon}
 
@@ -100,9 +101,17 @@ function optim.new(model, ocfg, scfg, steps, opts)
       lr = o.adamw_lr, betas = o.betas, eps = o.eps, weight_decay = o.adamw_weight_decay})
   end
   if #by.engram > 0 then
-    -- dense for now; the sparse touched-rows Adam replaces it with the host tables
-    self.groups[#self.groups + 1] = AdamW.new("engram", by.engram, {
-      lr = o.adamw_lr * o.engram_lr_mult, betas = o.betas, eps = o.eps, weight_decay = 0})
+    -- tables whose module hands over sparse gradients get the touched-rows Adam
+    local sparse, dense = {}, {}
+    for _, e in ipairs(by.engram) do
+      local list = (e.module and e.module.sparse_grad) and sparse or dense
+      list[#list + 1] = e
+    end
+    local hp = {lr = o.adamw_lr * o.engram_lr_mult, betas = o.betas, eps = o.eps, weight_decay = 0}
+    if #sparse > 0 then self.groups[#self.groups + 1] = SparseAdam.new("engram", sparse, hp) end
+    if #dense > 0 then
+      self.groups[#self.groups + 1] = AdamW.new(#sparse > 0 and "engram_dense" or "engram", dense, hp)
+    end
   end
   if not (opts and opts.quiet) then print(self:describe()) end
   return self
@@ -116,7 +125,7 @@ end
 -- One update; returns {grad_norm, lr (adamw_lr times the multiplier), lr_mult, skipped}.
 function Optimizer:step(step)
   local mult = self.lr_mult(step)
-  local norm, finite = core.clip_grad_norm(self.params, self.clip)
+  local norm, finite = core.clip_grads(self:grads(), self.clip)
   local r = {grad_norm = norm, lr = self.base_lr * mult, lr_mult = mult, skipped = not finite}
   if not finite then
     self.skips = self.skips + 1
@@ -127,8 +136,23 @@ function Optimizer:step(step)
   return r
 end
 
+-- What the global norm covers: every parameter's .grad, and the sparse
+-- groups' gradients of this step.
+function Optimizer:grads()
+  local list = {}
+  for _, p in ipairs(self.params) do
+    local g = p.grad
+    if g then list[#list + 1] = g end
+  end
+  for _, g in ipairs(self.groups) do
+    if g.grads then for _, grad in ipairs(g:grads()) do list[#list + 1] = grad end end
+  end
+  return list
+end
+
 function Optimizer:zero_grad()
   for _, p in ipairs(self.params) do p.grad = nil end
+  for _, g in ipairs(self.groups) do if g.zero_grad then g:zero_grad() end end
 end
 
 -- {"<param>.m" = , "<param>.v" = , "<param>.momentum" = , step = i64 [1]}
