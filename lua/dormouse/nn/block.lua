@@ -15,7 +15,7 @@ function Block:init(m)
   self:child("kda", nn.KDA(d, m.heads, m.head_dim, {gate = m.kda.gate, gate_lb = m.kda.gate_lb}))
   self:child("rms2", nn.RMSNorm(d))
   self:child("engram", nn.Engram(d, {orders = m.engram.orders, heads = m.engram.hash_heads,
-                                     rows = m.engram.rows, width = m.engram.width}))
+                                     rows = m.engram.rows, width = m.engram.width, ram = m.engram.ram}))
   self:child("rms3", nn.RMSNorm(d))
   self:child("moe", nn.MoE(d, {experts = m.experts, top_k = m.top_k, rank = m.expert_rank,
                                shared_rank = m.shared_rank, ffn = m.ffn, lfb_gamma = m.moe.lfb_gamma}))

@@ -19,7 +19,13 @@ function Engram:init(d, opts)
   -- The table is a parameter that the tape never sees whole: each forward reads
   -- its touched rows into a compact leaf, and the optimiser's sparse Adam
   -- updates those rows alone (sparse_grad below). Its dense gradient is never made.
+  -- opts.ram keeps the table (and so its Adam moments) in host memory: each
+  -- step copies its touched rows to the device and their gradient back.
+  self.ram = opts.ram and nn.device ~= "cpu"
+  local device = nn.device
+  if self.ram then nn.device = "cpu" end
   self:param("table", nn.init.normal({self.layout.total_rows, opts.width}, opts.std or 0.02))
+  nn.device = device
   self.table:requires_grad(false)
   self.entries = {}
   self:child("wk", nn.Linear(subtables * opts.width, d))
@@ -39,7 +45,9 @@ function Engram:lookup(x, prefix)
   local c = self.current
   if c and c.x == x then return c end
   local rows, inverse = dm.engram_unique(self:rows(x, prefix))
+  if self.ram then rows = rows:to("cpu") end
   local compact = dm.no_grad(dm.embedding, rows, self.table)
+  if self.ram then compact = compact:to(x.device) end
   c = {x = x, rows = rows, inverse = inverse, compact = compact}
   if dm.grad_enabled() then
     compact:requires_grad(true)

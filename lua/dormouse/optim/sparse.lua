@@ -35,7 +35,10 @@ function SparseAdam:update(mult, t)
   for i, e in ipairs(self.entries) do
     local rows, g = e.module:sparse_grad()
     if rows then
-      dm.no_grad(dm.engram_adam, self.params[i], self.state.m[i], self.state.v[i], rows, g,
+      local p = self.params[i]
+      if g.device ~= p.device then g = g:to(p.device) end        -- a table in host memory
+      if rows.device ~= p.device then rows = rows:to(p.device) end
+      dm.no_grad(dm.engram_adam, p, self.state.m[i], self.state.v[i], rows, g,
                  {lr = self.lr * mult, betas = self.betas, eps = self.eps, step = t})
     end
   end
