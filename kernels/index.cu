@@ -154,12 +154,26 @@ static void cuda_index_select(dm_tensor *out, const dm_tensor *x, const dm_tenso
   pick(out, x, idx, dim, base, true);
 }
 
+/* 16-bit destinations accumulate in f32 and round once: a bf16 atomic add
+** rounds at every addition, and an embedding row hit many times drifts. */
+static void accumulate_rounded_once(dm_tensor *dst, const dm_tensor *idx, const dm_tensor *src, int dim,
+                                    int64_t base, bool along_dim) {
+  if (dst->dtype != DM_BF16 && dst->dtype != DM_F16) { accumulate(dst, idx, src, dim, base, along_dim); return; }
+  dm_tensor *acc = dm_tensor_like_dtype(dst, DM_F32), *src32 = dm_tensor_like_dtype(src, DM_F32);
+  dm_copy_(acc, dst);
+  dm_copy_(src32, src);
+  accumulate(acc, idx, src32, dim, base, along_dim);
+  dm_copy_(dst, acc);
+  dm_release(acc);
+  dm_release(src32);
+}
+
 static void cuda_scatter_add(dm_tensor *dst, const dm_tensor *idx, const dm_tensor *src, int dim, int64_t base) {
-  accumulate(dst, idx, src, dim, base, false);
+  accumulate_rounded_once(dst, idx, src, dim, base, false);
 }
 
 static void cuda_index_add(dm_tensor *dst, const dm_tensor *idx, const dm_tensor *src, int dim, int64_t base) {
-  accumulate(dst, idx, src, dim, base, true);
+  accumulate_rounded_once(dst, idx, src, dim, base, true);
 }
 
 /* ---- index_check -------------------------------------------------------------------------- */
