@@ -72,6 +72,7 @@ run() {
     check_rc=$?
     # the model's kernels at model-sized shapes, and their deferred and immediate errors
     timeout 150 "$bin/dormouse" run tests/gpu/check_model.lua >"$logs/check_model.log" 2>&1 || check_rc=1
+    timeout 150 "$bin/dormouse" run tests/gpu/model_agreement.lua >>"$logs/check_model.log" 2>&1 || check_rc=1
     for d in 0 1; do
       DM_DEBUG=$d timeout 60 "$bin/dormouse" run tests/gpu/check_errors.lua >>"$logs/check_errors.log" 2>&1 || check_rc=1
     done
@@ -98,7 +99,7 @@ run() {
   echo "== GPU checks: $logs/check.log, check_model.log, check_errors.log"
   grep -hE "^FAIL" "$logs/check.log" "$logs/check_model.log" "$logs/check_errors.log" 2>/dev/null | head -20
   tail -1 "$logs/check.log"
-  tail -1 "$logs/check_model.log" 2>/dev/null
+  grep -hE "^(check_model|model_agreement):|^ok   b1" "$logs/check_model.log" 2>/dev/null
   grep -hE "passed, [0-9]+ failed" "$logs/check_errors.log" 2>/dev/null
   echo "== dm.fuse and CUDA graphs: $logs/fuse_graph.log"
   grep -E "^FAIL" "$logs/fuse_graph.log" | head -20
