@@ -77,14 +77,15 @@ one Engram row per sub-table, its embedding row and the head). ]]
 function Dormouse:counts()
   local m = self.cfg
   local total = self:n_params()
-  local tables = self.block.engram.table:numel()
+  local engram = self.block.engram
+  local tables = engram and engram.table:numel() or 0
   local moe = self.block.moe
   local per_expert = (moe.Ug:numel() + moe.Uu:numel() + moe.cg:numel() + moe.cu:numel() + moe.D:numel())
                      // m.experts
   local routed = per_expert * m.experts
   local block = self.block:n_params()
   local active = block - tables - routed + per_expert * m.top_k
-               + self.block.engram.n_sub * self.block.engram.width
+               + (engram and engram.n_sub * engram.width or 0)
                + m.d + self.head:n_params() + self.rmsf:n_params()
   return {total = total, tables = tables, without_tables = total - tables, active = active,
           routed = routed}

@@ -91,6 +91,7 @@ function probe.env(model, cfg)
   end
 
   function env.engram(text)
+    if not (model.block and model.block.engram) then error("this model has no Engram layer", 2) end
     local x, prefix = text_batch(text)
     local rows = model.block.engram:rows(x:narrow(2, 1, #text - 1), prefix)
     local uniq = dm.engram_unique(rows)

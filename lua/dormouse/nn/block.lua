@@ -13,9 +13,11 @@ function Block:init(m)
   local d = m.d
   self:child("rms1", nn.RMSNorm(d))
   self:child("kda", nn.KDA(d, m.heads, m.head_dim, {gate = m.kda.gate, gate_lb = m.kda.gate_lb}))
-  self:child("rms2", nn.RMSNorm(d))
-  self:child("engram", nn.Engram(d, {orders = m.engram.orders, heads = m.engram.hash_heads,
-                                     rows = m.engram.rows, width = m.engram.width, ram = m.engram.ram}))
+  if #m.engram.orders > 0 then                      -- engram.orders = {} turns Engram off
+    self:child("rms2", nn.RMSNorm(d))
+    self:child("engram", nn.Engram(d, {orders = m.engram.orders, heads = m.engram.hash_heads,
+                                       rows = m.engram.rows, width = m.engram.width, ram = m.engram.ram}))
+  end
   self:child("rms3", nn.RMSNorm(d))
   self:child("moe", nn.MoE(d, {experts = m.experts, top_k = m.top_k, rank = m.expert_rank,
                                shared_rank = m.shared_rank, ffn = m.ffn, lfb_gamma = m.moe.lfb_gamma}))
@@ -23,7 +25,7 @@ end
 
 function Block:forward(h, x, prefix)
   local a = h + self.kda:forward(self.rms1:forward(h))
-  local b = a + self.engram:forward(self.rms2:forward(a), x, prefix)
+  local b = self.engram and a + self.engram:forward(self.rms2:forward(a), x, prefix) or a
   return b + self.moe:forward(self.rms3:forward(b))
 end
 
