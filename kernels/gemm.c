@@ -35,6 +35,7 @@
 #include "internal.h"
 #include "core.h"
 #include "alloc.h"
+#include "matmul.h"
 
 #define WORKSPACE ((size_t)32 << 20)
 #define MAX_PLANS 1024
@@ -67,21 +68,6 @@ typedef struct operand {
   int64_t rows, cols, ld, bstride;
   bool trans;
 } operand;
-
-/* A rows x cols row-major-indexed matrix with element strides (sr, sc):
-** row-major with leading dim sr (*flip false), or the transpose of one with
-** leading dim sc (*flip true). False when neither holds. */
-static bool blas_layout(int64_t rows, int64_t cols, int64_t sr, int64_t sc, bool *flip, int64_t *ld) {
-  int64_t rmin = rows > 1 ? rows : 1, cmin = cols > 1 ? cols : 1;
-  if ((sc == 1 || cols == 1) && (rows == 1 || sr >= cmin)) {
-    *flip = false;
-    *ld = rows == 1 ? cmin : sr;
-  } else if ((sr == 1 || rows == 1) && (cols == 1 || sc >= rmin)) {
-    *flip = true;
-    *ld = cols == 1 ? rmin : sc;
-  } else return false;
-  return *ld <= INT_MAX;
-}
 
 /* the stride between consecutive matrices of t over out's nb batch dims, or -1 when there is none */
 static int64_t batch_stride(const dm_tensor *t, const dm_tensor *out, int nb) {
@@ -126,13 +112,13 @@ static dm_tensor *describe(dm_tensor *t, bool tr, const dm_tensor *out, operand 
   bool flip = false;
   int64_t ld = 1;
   int nd = t->ndim;
-  if (bs < 0 || !blas_layout(t->shape[nd - 2], t->shape[nd - 1], t->strides[nd - 2], t->strides[nd - 1], &flip, &ld)) {
+  if (bs < 0 || !dm_blas_layout_of(t, &flip, &ld)) {
     dm_tensor *c = bs < 0 ? expanded(t, out, nb) : dm_clone(t);
     dm_release(t);
     t = c;
     nd = t->ndim;
     bs = batch_stride(t, out, nb);
-    blas_layout(t->shape[nd - 2], t->shape[nd - 1], t->strides[nd - 2], t->strides[nd - 1], &flip, &ld);
+    dm_blas_layout_of(t, &flip, &ld);
   }
   int64_t r = t->shape[nd - 2], c = t->shape[nd - 1];
   o->data = dm_data(t);

@@ -13,8 +13,8 @@
 #include <limits.h>
 #include <stdio.h>
 #include "core.h"
+#include "matmul.h"
 
-typedef void (*matmul_k)(dm_tensor *out, dm_tensor *a, dm_tensor *b, bool ta, bool tb);
 
 /* rows and cols of op(t)'s matrices */
 static void op_dims(const dm_tensor *t, bool tr, int64_t *rows, int64_t *cols) {
@@ -74,7 +74,7 @@ static void matmul_forward(dm_ctx *c) {
   int64_t shape[DM_MAXDIM];
   int nd = out_shape(a, b, ta, tb, shape);
   c->out[0] = dm_tensor_new(a->device, a->dtype, nd, shape);
-  DM_KERNEL(matmul_k, "matmul", a->device)(c->out[0], a, b, ta, tb);
+  DM_KERNEL(dm_matmul_k, "matmul", a->device)(c->out[0], a, b, ta, tb);
   /* a's gradient needs b and b's needs a: keep only what will be used */
   if (c->node && dm_needs_grad(c, 1)) dm_save(c, a);
   if (c->node && dm_needs_grad(c, 0)) dm_save(c, b);

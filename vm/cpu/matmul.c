@@ -16,6 +16,7 @@
 #include <limits.h>
 #include <string.h>
 #include "../core.h"
+#include "../matmul.h"
 
 /* one operand as BLAS reads it */
 typedef struct {
@@ -25,33 +26,18 @@ typedef struct {
   int64_t ld;                    /* leading dimension, in elements */
 } operand;
 
-/* A rows x cols matrix with element strides (sr, sc): either row-major with
-** leading dim sr (*flip false) or the row-major transpose of a cols x rows
-** matrix with leading dim sc (*flip true). False when neither holds. */
-static bool blas_layout(int64_t rows, int64_t cols, int64_t sr, int64_t sc, bool *flip, int64_t *ld) {
-  int64_t rmin = rows > 1 ? rows : 1, cmin = cols > 1 ? cols : 1;
-  if ((sc == 1 || cols == 1) && (rows == 1 || sr >= cmin)) {
-    *flip = false;
-    *ld = rows == 1 ? cmin : sr;
-  } else if ((sr == 1 || rows == 1) && (cols == 1 || sc >= rmin)) {
-    *flip = true;
-    *ld = cols == 1 ? rmin : sc;
-  } else return false;
-  return *ld <= INT_MAX;
-}
-
 /* Describe t's matrices ([r, c] in memory, op'd by `tr`) for a product with
 ** nb output batch dims. Returns t itself or, when its layout does not suit
 ** BLAS, a contiguous copy; the caller releases it. */
 static dm_tensor *describe(dm_tensor *t, bool tr, int nb, operand *o) {
   int nd = t->ndim;
-  bool flip;
-  int64_t ld;
-  if (blas_layout(t->shape[nd - 2], t->shape[nd - 1], t->strides[nd - 2], t->strides[nd - 1], &flip, &ld))
+  bool flip = false;
+  int64_t ld = 0;
+  if (dm_blas_layout_of(t, &flip, &ld))
     dm_retain(t);
   else {
     t = dm_clone(t);
-    blas_layout(t->shape[nd - 2], t->shape[nd - 1], t->strides[nd - 2], t->strides[nd - 1], &flip, &ld);
+    dm_blas_layout_of(t, &flip, &ld);
   }
   int64_t es = (int64_t)dm_dtype_size(t->dtype);
   int tb = nd - 2;                             /* t's batch dims align with the last of the output's */
