@@ -136,20 +136,17 @@ function Run:train_step()
       local l = out.loss:item()
       loss = loss + l / cfg.grad_accum
       if instrument.finite(l) then (out.loss * (1 / cfg.grad_accum)):backward() end
-      self.last_x, self.last_prefix = x, prefix
+    end
+    local engram
+    local lookup = self.model.block and self.model.block.engram and self.model.block.engram.current
+    if self.log_now and lookup then        -- the last micro-batch's rows, as the forward found them
+      engram = {rows = lookup.rows:numel(), unique_frac = lookup.rows:numel() / lookup.inverse:numel()}
     end
     local counts = self.model.update_balance and self.model:update_balance()
     local r
     if instrument.finite(loss) then r = self.opt:step(self.step)
     else r = {skipped = true, grad_norm = 0 / 0, lr = 0} end
     self.opt:zero_grad()
-    local engram
-    if self.log_now and self.model.block and self.model.block.engram then
-      local rows = self.model.block.engram:rows(self.last_x:narrow(2, 1, self.last_x:size(2) - 1),
-                                                self.last_prefix)
-      local uniq = dm.engram_unique(rows)
-      engram = {rows = uniq:numel(), unique_frac = uniq:numel() / rows:numel()}
-    end
     return loss, r, counts and counts:totable(), engram
   end)
 end
