@@ -12,29 +12,16 @@ Needs a GPU; plain Lua asserts (the GPU machine has no Busted). Prints one
 line per check and "check: N passed, M failed" last; exits 1 on a failure.
 ]]
 local dm = require "dormouse"
+local common = require "tests.gpu.common"
 local cuda = dm.cuda or require "dormouse.cuda"
 local core = dm.core
 
-local ok_gpu, why = cuda.is_available()
-if not ok_gpu then
-  print("GPU checks skipped: no CUDA device (" .. tostring(why) .. ")")
-  return
-end
+if not common.gpu_or_skip(cuda) then return end
 
-local passed, failed = 0, 0
-local function check(name, fn)
-  local ok, err = pcall(fn)
-  if ok then passed = passed + 1 else failed = failed + 1 end
-  print(string.format("%s %s%s", ok and "ok  " or "FAIL", name, ok and "" or ": " .. tostring(err)))
-end
+local checks = common.checks("check")
+local check = checks.check
 
--- max |a - b| / max |b|, both moved to the CPU as f64
-local function rel(a, b)
-  a, b = a:cpu():to("f64"), b:cpu():to("f64")
-  local den = b:abs():max():item()
-  local num = (a - b):abs():max():item()
-  return den > 0 and num / den or num
-end
+local rel = common.rel
 
 local TOL = {f32 = 1e-5, bf16 = 1e-2}
 
@@ -235,6 +222,4 @@ against_f64("index_select of 5000 rows", function(x) return x:index_select(1, id
 grad_against_f64("index_select (index_add, repeated rows)", function(x) return x:index_select(1, id:to(x.device)) end,
                  randn({2000, 64}, 27))
 
-print(string.format("check: %d passed, %d failed", passed, failed))
-io.stdout:flush()
-if failed > 0 then os.exit(1, true) end
+checks.finish()

@@ -1,13 +1,11 @@
 -- bad indices in the model kernels: raised at the next synchronisation (default) or at the op (DM_DEBUG=1)
 local dm = require "dormouse"
+local common = require "tests.gpu.common"
 local cuda = dm.cuda or require "dormouse.cuda"
+if not common.gpu_or_skip(cuda) then return end
 local debug_mode = (tonumber(os.getenv("DM_DEBUG") or "0") or 0) >= 1
-local passed, failed = 0, 0
-local function check(name, fn)
-  local ok, err = pcall(fn)
-  if ok then passed = passed + 1 else failed = failed + 1 end
-  print(string.format("%s %s%s", ok and "ok  " or "FAIL", name, ok and "" or ": " .. tostring(err)))
-end
+local checks = common.checks(string.format("check_errors (DM_DEBUG=%s)", os.getenv("DM_DEBUG") or "0"))
+local check = checks.check
 local function expect_error(fn, ...)
   local ok, err = pcall(fn)
   err = tostring(err)
@@ -44,5 +42,4 @@ end)
 check("the device works after the errors", function()
   assert(dm.ones({10}, {device = "cuda"}):sum():item() == 10)
 end)
-print(string.format("check_errors (DM_DEBUG=%s): %d passed, %d failed", os.getenv("DM_DEBUG") or "0", passed, failed))
-if failed > 0 then os.exit(1, true) end
+checks.finish()

@@ -5,27 +5,15 @@ GPU (f32, bf16) against the CPU in f64 or f32; determinism; a few timings.
   dormouse run check_model.lua
 ]]
 local dm = require "dormouse"
+local common = require "tests.gpu.common"
 local cuda = dm.cuda or require "dormouse.cuda"
 local core = dm.core
 local GPU = os.getenv("DRY") and "cpu" or "cuda"      -- DRY=1: the script itself, on the CPU
 
-local passed, failed = 0, 0
-local function check(name, fn)
-  local t0 = os.clock()
-  local ok, err = pcall(fn)
-  if ok then err = err or "" end
-  if ok then passed = passed + 1 else failed = failed + 1 end
-  print(string.format("%s %s%s  (%.1fs)", ok and "ok  " or "FAIL", name, ": " .. tostring(err or ""),
-                      os.clock() - t0))
-  io.stdout:flush()
-end
+local checks = common.checks("check_model")
+local check = checks.check
 
-local function rel(a, b)
-  a, b = a:detach():cpu():to("f64"), b:detach():cpu():to("f64")
-  local den = b:abs():max():item()
-  local num = (a - b):abs():max():item()
-  return den > 0 and num / den or num
-end
+local rel = common.rel
 local function same(a, b) return rel(a, b) == 0 end
 local function randn(shape, seed, scale) return dm.randn(shape, {seed = seed, dtype = "f64"}):mul(scale or 1) end
 local TOL = {f32 = 2e-5, bf16 = 2e-2}
@@ -252,6 +240,4 @@ local function t_kda(B, T, H, d)
 end
 if GPU == "cuda" then check("kda timings", function() t_kda(8, 512, 12, 64); t_kda(8, 1024, 32, 64) end) end
 
-print(string.format("check_model: %d passed, %d failed", passed, failed))
-io.stdout:flush()
-if failed > 0 then os.exit(1, true) end
+checks.finish()

@@ -14,16 +14,13 @@ graph's memory coming back. Plain asserts; "fuse_graph: N passed, M failed"
 last; exits 1 on a failure.
 ]]
 local dm = require "dormouse"
+local common = require "tests.gpu.common"
 local cuda = dm.cuda or require "dormouse.cuda"
 local fuse = dm.fuse or require "dormouse.fuse"
 local graph = cuda.graph or require "dormouse.graph"
 local core = dm.core
 
-local ok_gpu, why = cuda.is_available()
-if not ok_gpu then
-  print("GPU checks skipped: no CUDA device (" .. tostring(why) .. ")")
-  return
-end
+if not common.gpu_or_skip(cuda) then return end
 
 -- `... fuse_graph.lua debug-source` (run with DM_DEBUG=4): compile one fused op, which prints its source
 if arg and arg[1] == "debug-source" then
@@ -32,22 +29,10 @@ if arg and arg[1] == "debug-source" then
   return
 end
 
-local passed, failed = 0, 0
-local function check(name, fn)
-  local ok, err = pcall(fn)
-  if ok then passed = passed + 1 else failed = failed + 1 end
-  print(string.format("%s %s%s", ok and "ok  " or "FAIL", name, ok and "" or ": " .. tostring(err)))
-  io.stdout:flush()
-end
+local checks = common.checks("fuse_graph")
+local check = checks.check
 
--- max |a - b| / max |b|, on the CPU in f64 (NaN fails)
-local function rel(a, b)
-  a, b = a:cpu():to("f64"), b:cpu():to("f64")
-  local den = b:abs():max():item()
-  local num = (a - b):abs():max():item()
-  if num ~= num then return math.huge end
-  return den > 0 and num / den or num
-end
+local rel = common.rel
 
 local function same(a, b) return dm.allclose(a:cpu():to("f64"), b:cpu():to("f64"), {rtol = 0, atol = 0}) end
 
@@ -249,6 +234,4 @@ check("graph: a capture that waits for the device is a clear error, and the devi
   assert(not ok and tostring(err):find("captures do not nest", 1, true), tostring(err))
 end)
 
-print(string.format("fuse_graph: %d passed, %d failed", passed, failed))
-io.stdout:flush()
-if failed > 0 then os.exit(1, true) end
+checks.finish()

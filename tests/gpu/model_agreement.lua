@@ -7,6 +7,7 @@ at B 8, T 1024 (eager, bf16 products).
   dormouse run tests/gpu/model_agreement.lua
 ]]
 local dm = require "dormouse"
+local common = require "tests.gpu.common"
 local nn = require "dormouse.nn"
 local core = require "dormouse.core"
 local config = require "dormouse.config"
@@ -14,13 +15,8 @@ local train = require "dormouse.train"
 
 local GPU = os.getenv("DRY") and "cpu" or "cuda"      -- DRY=1: the script itself, on the CPU
 
-local passed, failed = 0, 0
-local function check(name, fn)
-  local ok, err = pcall(fn)
-  if ok then passed = passed + 1 else failed = failed + 1 end
-  print(string.format("%s %s%s", ok and "ok  " or "FAIL", name, ok and (err and ": " .. err or "") or ": " .. tostring(err)))
-  io.stdout:flush()
-end
+local checks = common.checks("model_agreement")
+local check = checks.check
 
 local function build(file, device, compute, overrides)
   local cfg = config.load(file, overrides)
@@ -29,11 +25,7 @@ local function build(file, device, compute, overrides)
   return train.build_model(cfg, "."), cfg
 end
 
-local function rel(a, b)
-  a, b = a:cpu():to("f64"), b:cpu():to("f64")
-  local den = b:abs():max():item()
-  return (a - b):abs():max():item() / (den > 0 and den or 1)
-end
+local rel = common.rel
 
 -- loss and gradients of one forward+backward; the model's tensors stay where they are
 local function run(m, x, prefix)
@@ -105,5 +97,4 @@ if GPU == "cuda" then check("b1 forward+backward at B 8, T 1024 on the GPU (bf16
 end) end
 
 corpus:close()
-print(string.format("model_agreement: %d passed, %d failed", passed, failed))
-if failed > 0 then os.exit(1, true) end
+checks.finish()
