@@ -8,6 +8,7 @@
 #include <setjmp.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include "dm.h"
 
 static int check_passed, check_failed;
@@ -34,6 +35,18 @@ static void check_on_error(const char *msg, void *ud) {
     else { check_jb = NULL; CHECK(strstr(check_msg, part) != NULL);        \
       if (!strstr(check_msg, part)) fprintf(stderr, "  message was: %s\n", check_msg); } \
   } while (0)
+
+/* timings of the tests' --bench modes: a monotonic clock, and a qsort comparator for medians */
+static inline double check_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return 1e3 * (double)ts.tv_sec + 1e-6 * (double)ts.tv_nsec;
+}
+
+static inline int check_cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
 
 static void check_begin(void) { dm_set_error_handler(check_on_error, NULL); }
 

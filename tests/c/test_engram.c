@@ -468,12 +468,6 @@ static void host_threads(void) {
 
 /* ---- timings at b1's scale ------------------------------------------------------------------- */
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return 1e3 * (double)ts.tv_sec + 1e-6 * (double)ts.tv_nsec;
-}
-
 /* word-like text: Zipf-weighted words from a fixed list of syllables */
 static void fill_text(uint8_t *p, int64_t n) {
   static const char *syl[] = {"the", "an", "or", "in", "ing", "er", "ed", "of", "to", "and", "is", "st",
@@ -508,31 +502,31 @@ static int bench(const char *path) {
   printf("b1 Engram: B=%lld T=%lld orders {3,4,5} R=4194304 (rows %lld, %lld, %lld; %lld in all) de=%lld, %s\n",
          (long long)B, (long long)T, (long long)L.sub[0].size, (long long)L.sub[1].size, (long long)L.sub[2].size,
          (long long)L.total_rows, (long long)de, path ? path : "generated text");
-  double t_layout = now_ms();
+  double t_layout = check_now_ms();
   for (int i = 0; i < 100; i++) L = layout(3, (int64_t[]){3, 4, 5}, 1, 4194304);
-  t_layout = (now_ms() - t_layout) / 100;
+  t_layout = (check_now_ms() - t_layout) / 100;
   enum { REPS = 20 };
   double t_index = 1e9, t_unique = 1e9, t_grad = 1e9, t_adam = 1e9;
   dm_tensor *idx = NULL, *rows = NULL, *inv = NULL, *counts = NULL;
   dm_set_grad_enabled(false);
   for (int r = 0; r < REPS; r++) {
     dm_release(idx);
-    double t0 = now_ms();
+    double t0 = check_now_ms();
     idx = dm_engram_index(x, prefix, &L);
-    t_index = fmin(t_index, now_ms() - t0);
+    t_index = fmin(t_index, check_now_ms() - t0);
   }
   for (int r = 0; r < REPS; r++) {
     dm_release(rows); dm_release(inv); dm_release(counts);
-    double t0 = now_ms();
+    double t0 = check_now_ms();
     dm_engram_unique(idx, &rows, &inv, &counts);
-    t_unique = fmin(t_unique, now_ms() - t0);
+    t_unique = fmin(t_unique, check_now_ms() - t0);
   }
   int64_t M = dm_numel(idx), U = rows->shape[0];
   dm_tensor *g = randn_f32(M, de);
   for (int r = 0; r < REPS; r++) {
-    double t0 = now_ms();
+    double t0 = check_now_ms();
     dm_tensor *red = dm_engram_sparse_grad(g, inv, U);
-    t_grad = fmin(t_grad, now_ms() - t0);
+    t_grad = fmin(t_grad, check_now_ms() - t0);
     dm_release(red);
   }
   printf("  lookups %lld, unique rows %lld (%.1f%%)\n", (long long)M, (long long)U, 100.0 * (double)U / (double)M);
@@ -546,9 +540,9 @@ static int bench(const char *path) {
   dm_tensor *v = dm_zeros(DM_CPU, DM_F32, 2, ts);
   dm_tensor *gu = randn_f32(U, de);
   for (int r = 0; r < REPS; r++) {
-    double t0 = now_ms();
+    double t0 = check_now_ms();
     dm_engram_adam(w, m, v, rows, gu, U, 1e-3, 0.9, 0.95, 1e-8, r + 1);
-    t_adam = fmin(t_adam, now_ms() - t0);
+    t_adam = fmin(t_adam, check_now_ms() - t0);
   }
   printf("  dm_engram_adam         %8.3f ms   %lld rows of a %.2f GB table (+ m, v)\n", t_adam, (long long)U,
          4e-9 * (double)(L.total_rows * de));
@@ -561,9 +555,9 @@ static int bench(const char *path) {
     for (int r = 0; r < REPS; r++) {
       dm_tensor *hr, *hl, *hu;
       dm_hostable_prefetch(h, idx);
-      double t0 = now_ms();
+      double t0 = check_now_ms();
       dm_hostable_take(h, &hr, &hl, &hu);
-      take = fmin(take, now_ms() - t0);
+      take = fmin(take, check_now_ms() - t0);
       gather = fmin(gather, dm_hostable_counters_of(h).gather_ms);
       dm_hostable_apply(h, gu, 1e-3, 0.9, 0.95, 1e-8, r + 1);
       apply = fmin(apply, dm_hostable_counters_of(h).apply_ms);

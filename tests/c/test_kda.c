@@ -596,17 +596,6 @@ static void errors_named(void) {
   free_problem(&p);
 }
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + 1e-6 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
 /* B=1, T=1024, H=4, dk=dv=64 in f32: the median of 5 forwards, and of 5 forward+backwards */
 static void timing(void) {
   problem p = make(1, 1024, 4, 64, 64, GATE_LOGSIG, true);
@@ -615,21 +604,21 @@ static void timing(void) {
     dm_tensor *x[NIN], *sT;
     make_leaves(&p, DM_F32, x);
     dm_set_grad_enabled(false);
-    double t0 = now_ms();
+    double t0 = check_now_ms();
     dm_tensor *o = dm_kda(x[Q], x[K], x[V], x[G], x[BETA], x[S0], 0, &sT);
-    tf[rep] = now_ms() - t0;
+    tf[rep] = check_now_ms() - t0;
     dm_release(o); dm_release(sT);
     dm_set_grad_enabled(true);
-    t0 = now_ms();                                     /* the loss's mul and sum are noise here */
+    t0 = check_now_ms();                                     /* the loss's mul and sum are noise here */
     o = dm_kda(x[Q], x[K], x[V], x[G], x[BETA], x[S0], 0, &sT);
     dm_tensor *loss = add_owned(weighted(o, p.w), weighted(sT, p.ws));
     dm_backward(loss, NULL);
-    tb[rep] = now_ms() - t0;
+    tb[rep] = check_now_ms() - t0;
     dm_release(loss); dm_release(o); dm_release(sT);
     for (int i = 0; i < NIN; i++) dm_release(x[i]);
   }
-  qsort(tf, 5, sizeof tf[0], cmp_double);
-  qsort(tb, 5, sizeof tb[0], cmp_double);
+  qsort(tf, 5, sizeof tf[0], check_cmp_double);
+  qsort(tb, 5, sizeof tb[0], check_cmp_double);
   printf("timing, CPU f32, B=1 T=1024 H=4 dk=dv=64: forward %.1f ms, forward+backward %.1f ms\n", tf[2], tb[2]);
   free_problem(&p);
 }

@@ -361,17 +361,6 @@ static void no_memory_left_behind(void) {
 
 /* ---- timing ----------------------------------------------------------------------------------- */
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
 /* f32, the router product included; median of reps */
 static void bench(const char *name, shape s, int reps) {
   layer l = layer_new(s, DM_F32, 1);
@@ -383,19 +372,19 @@ static void bench(const char *name, shape s, int reps) {
                                 "forward", "backward"};
   double times[T_N][16];
   for (int rep = 0; rep < reps; rep++) {
-    double t0 = now_s();
+    double t0 = (check_now_ms() * 1e-3);
     dm_tensor *logits = dm_matmul(l.u, l.wr, false, false), *idx, *w, *counts, *perm, *off, *inv;
-    double t1 = now_s();
+    double t1 = (check_now_ms() * 1e-3);
     dm_moe_route(logits, l.bias, s.k, &idx, &w, &counts);
-    double t2 = now_s();
+    double t2 = (check_now_ms() * 1e-3);
     dm_moe_sort(idx, s.e, &perm, &off, &inv);
-    double t3 = now_s();
+    double t3 = (check_now_ms() * 1e-3);
     dm_tensor *rows = dm_moe_experts(l.u, perm, off, l.ug, l.uu, l.cg, l.cu, l.dw, s.k);
-    double t4 = now_s();
+    double t4 = (check_now_ms() * 1e-3);
     dm_tensor *y = dm_moe_combine(rows, inv, w);
-    double t5 = now_s();
+    double t5 = (check_now_ms() * 1e-3);
     dm_backward(y, g);
-    double t6 = now_s();
+    double t6 = (check_now_ms() * 1e-3);
     double tt[T_N] = {t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t5 - t0, t6 - t5};
     for (int i = 0; i < T_N; i++) times[i][rep] = tt[i];
     dm_release(logits); dm_release(idx); dm_release(w); dm_release(counts); dm_release(perm);
@@ -406,7 +395,7 @@ static void bench(const char *name, shape s, int reps) {
   printf("%s: N=%lld d=%lld E=%lld k=%lld r=%lld F=%lld, f32, median of %d\n", name, (long long)s.n,
          (long long)s.d, (long long)s.e, (long long)s.k, (long long)s.r, (long long)s.f, reps);
   for (int i = 0; i < T_N; i++) {
-    qsort(times[i], (size_t)reps, sizeof(double), cmp_double);
+    qsort(times[i], (size_t)reps, sizeof(double), check_cmp_double);
     printf("  %-14s %9.3f ms\n", tn[i], times[i][reps / 2] * 1e3);
   }
   double fwd = times[T_FWD][reps / 2], bwd = times[T_BWD][reps / 2];
