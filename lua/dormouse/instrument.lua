@@ -47,11 +47,10 @@ function instrument.moe_counters(counts)
           dead = dead, drops = 0}
 end
 
+-- The window's routing counts, summed on the device; read once, at the log line.
 function instrument.add_counts(acc, counts)
   if not counts then return acc end
-  acc = acc or {}
-  for i, c in ipairs(counts) do acc[i] = (acc[i] or 0) + c end
-  return acc
+  return acc and acc + counts or counts
 end
 
 local function mib(bytes) return bytes / 2 ^ 20 end

@@ -147,7 +147,7 @@ function Run:train_step()
     if instrument.finite(loss) then r = self.opt:step(self.step)
     else r = {skipped = true, grad_norm = 0 / 0, lr = 0} end
     self.opt:zero_grad()
-    return loss, r, counts and counts:totable(), engram
+    return loss, r, counts, engram
   end)
 end
 
@@ -155,7 +155,7 @@ function Run:log_window(w)
   local now = os.time()
   local elapsed = math.max(core.now() - w.t0, 1e-9)
   local mem = dm.memory(self.device)
-  local moe = instrument.moe_counters(w.counts)
+  local moe = instrument.moe_counters(w.counts and w.counts:totable())
   local r = {step = self.step, loss = w.loss / math.max(w.steps - w.skips, 1), tok_s = w.tokens / elapsed,
              lr = w.lr, grad_norm = w.grad_norm / math.max(w.steps - w.skips, 1), skips = w.skips,
              mem = {allocated = mem.allocated, peak = mem.peak}, moe = moe, engram = w.engram}
