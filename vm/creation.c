@@ -55,11 +55,13 @@ uint64_t dm_rng_advance(int64_t n) {
   return at;
 }
 
+/* The tensor is made (and its shape checked) before the generator moves, so a
+** refused draw leaves the generator where it was. */
 static dm_tensor *draw(dm_device dev, dm_dtype dt, int ndim, const int64_t *shape, bool normal) {
-  int64_t n = 1;
-  for (int d = 0; d < ndim; d++) n *= shape[d];
   check_float(normal ? "randn" : "rand", dt);
-  return dm_rand_at(dev, dt, ndim, shape, rng_seed, dm_rng_advance(n), normal);
+  dm_tensor *t = dm_tensor_new(dev, dt, ndim, shape);
+  DM_KERNEL(philox_k, "philox", dev)(t, rng_seed, dm_rng_advance(dm_numel(t)), normal);
+  return t;
 }
 
 dm_tensor *dm_rand(dm_device dev, dm_dtype dt, int ndim, const int64_t *shape) {

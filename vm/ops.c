@@ -53,8 +53,8 @@ dm_attrs dm_attrs_of(int n, const double *v) {
 dm_attrs dm_attrs_list(int n, const int64_t *list) {
   dm_attrs a;
   memset(&a, 0, sizeof a);
-  a.nlist = n;
-  for (int i = 0; i < n && i < DM_MAXDIM; i++) a.list[i] = list[i];
+  a.nlist = n < DM_MAXDIM ? n : DM_MAXDIM;
+  for (int i = 0; i < a.nlist; i++) a.list[i] = list[i];
   return a;
 }
 

@@ -73,6 +73,9 @@ static void random_is_addressed(void) {
   dm_rng_state(&seed, &off);
   CHECK(seed == 9 && off == 3);                                   /* ceil(10 / 4) counters */
   EXPECT_ERROR(dm_rand(DM_CPU, DM_I32, 1, shape), "float type");
+  EXPECT_ERROR(dm_randn(DM_CPU, DM_F32, 1, (int64_t[]){-3}), "negative size");
+  dm_rng_state(&seed, &off);
+  CHECK(seed == 9 && off == 3);                                   /* refused draws do not move it */
   dm_release(a); dm_release(b); dm_release(c); dm_release(d);
 }
 
