@@ -1,6 +1,7 @@
 /*
 ** autograd.c — recording nodes and running them backwards.
 */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "autograd.h"
@@ -148,12 +149,21 @@ static void accumulate_leaf(dm_tensor *leaf, dm_tensor *g) {
   accumulate(&leaf->grad, g);
 }
 
-static void check_grad_meta(const dm_node *n, int i, const dm_tensor *g) {
-  const dm_meta *m = &n->in_meta[i];
-  char a[128], b[128];
-  if (g->ndim != m->ndim || memcmp(g->shape, m->shape, sizeof(int64_t) * (size_t)m->ndim) != 0)
-    dm_error("backward of %s: gradient %s for input %d of shape %s", n->op->name,
-             dm_tensor_shape_str(g, a, sizeof a), i + 1, dm_shape_str(b, sizeof b, m->ndim, m->shape));
+/* Every gradient a backward gave is checked before any is used; on a fault
+** they are all released first, so the error leaves nothing behind. */
+static void check_grads(const dm_node *n, dm_tensor **gin) {
+  char msg[400] = "", a[128], b[128];
+  for (int i = 0; i < n->n_in && !msg[0]; i++) {
+    const dm_meta *m = &n->in_meta[i];
+    if (!n->needs[i]) continue;
+    if (!gin[i]) snprintf(msg, sizeof msg, "backward of %s gave no gradient for input %d", n->op->name, i + 1);
+    else if (gin[i]->ndim != m->ndim || memcmp(gin[i]->shape, m->shape, sizeof(int64_t) * (size_t)m->ndim) != 0)
+      snprintf(msg, sizeof msg, "backward of %s: gradient %s for input %d of shape %s", n->op->name,
+               dm_tensor_shape_str(gin[i], a, sizeof a), i + 1, dm_shape_str(b, sizeof b, m->ndim, m->shape));
+  }
+  if (!msg[0]) return;
+  for (int i = 0; i < n->n_in; i++) dm_release(gin[i]);
+  dm_error("%s", msg);
 }
 
 static void run_node(dm_node *n) {
@@ -168,10 +178,9 @@ static void run_node(dm_node *n) {
     }
   dm_tensor *gin[DM_MAXIN] = {0};
   n->op->backward(&n->ctx, n->gout, gin);
+  check_grads(n, gin);
   for (int i = 0; i < n->n_in; i++) {
     if (!n->needs[i]) { dm_release(gin[i]); continue; }
-    if (!gin[i]) dm_error("backward of %s gave no gradient for input %d", n->op->name, i + 1);
-    check_grad_meta(n, i, gin[i]);
     if (n->in_node[i]) accumulate(&n->in_node[i]->gout[n->in_out[i]], gin[i]);
     else accumulate_leaf(n->in_leaf[i], gin[i]);
   }
