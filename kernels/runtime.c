@@ -8,6 +8,7 @@
 ** allocator relies on that).
 */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <cuda_runtime_api.h>
 #include "internal.h"
@@ -169,3 +170,31 @@ double dm_cuda_timer_stop(void) {
   dm_cuda_sync_point();
   return ms;
 }
+
+/* the profiler's events: created as needed, reused after a clear */
+static cudaEvent_t *marks;
+static int nmarks, made_marks, cap_marks;
+
+int dm_cuda_mark(void) {
+  if (nmarks == made_marks) {
+    if (made_marks == cap_marks) {
+      int cap = cap_marks ? 2 * cap_marks : 4096;
+      cudaEvent_t *m = realloc(marks, sizeof(cudaEvent_t) * (size_t)cap);
+      if (!m) dm_error("cuda: out of host memory for %d profiler events", cap);
+      marks = m;
+      cap_marks = cap;
+    }
+    DM_CU(cudaEventCreate(&marks[made_marks]));
+    made_marks++;
+  }
+  DM_CU(cudaEventRecord(marks[nmarks], dm_cuda_stream()));
+  return nmarks++;
+}
+
+double dm_cuda_mark_elapsed(int start, int stop) {
+  float ms = 0;
+  DM_CU(cudaEventElapsedTime(&ms, marks[start], marks[stop]));
+  return ms;
+}
+
+void dm_cuda_marks_clear(void) { nmarks = 0; }

@@ -6,6 +6,7 @@
 #include <string.h>
 #include "autograd.h"
 #include "core.h"
+#include "profile.h"
 
 static bool grad_enabled = true;
 static int suspended;                 /* > 0 while an op's forward or a backward runs */
@@ -177,6 +178,7 @@ static void run_node(dm_node *n) {
       n->gout[i] = dm_zeros(m->device, m->dtype, m->ndim, m->shape);
     }
   dm_tensor *gin[DM_MAXIN] = {0};
+  dm_profile_push(n->op->name, n->op->family, DM_PHASE_BACKWARD, n->out_meta[0].device);
   n->op->backward(&n->ctx, n->gout, gin);
   check_grads(n, gin);
   for (int i = 0; i < n->n_in; i++) {
@@ -184,6 +186,7 @@ static void run_node(dm_node *n) {
     if (n->in_node[i]) accumulate(&n->in_node[i]->gout[n->in_out[i]], gin[i]);
     else accumulate_leaf(n->in_leaf[i], gin[i]);
   }
+  dm_profile_pop();
   for (int i = 0; i < n->n_out; i++) { dm_release(n->gout[i]); n->gout[i] = NULL; }
 }
 
@@ -221,6 +224,7 @@ void dm_backward(dm_tensor *root, dm_tensor *grad) {
 
 void dm_autograd_recover(void) {
   suspended = 0;
+  dm_profile_recover();
   if (pending) { node_free(pending); pending = NULL; }
   if (in_backward) { in_backward = false; dm_tape_clear(); }
 }

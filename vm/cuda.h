@@ -45,6 +45,12 @@ bool dm_cuda_tf32(void);
 /* timing with CUDA events on the stream: ms between start and stop */
 void dm_cuda_timer_start(void);
 double dm_cuda_timer_stop(void);
+/* numbered events for the op profiler (vm/profile.c): dm_cuda_mark records
+** one on the stream and returns its number; dm_cuda_mark_elapsed reads the
+** ms between two once the device has passed them; clearing recycles them */
+int dm_cuda_mark(void);
+double dm_cuda_mark_elapsed(int start, int stop);
+void dm_cuda_marks_clear(void);
 
 /* benchmark baselines, in ms of device time per run: the median of `reps`
 ** samples, each timing 5 runs queued back to back behind an untimed one
@@ -74,6 +80,9 @@ static inline void dm_cuda_set_tf32(bool on) { *dm_cuda_tf32_flag_() = on; }
 static inline bool dm_cuda_tf32(void) { return *dm_cuda_tf32_flag_(); }
 static inline void dm_cuda_timer_start(void) { dm_cuda_init(); }
 static inline double dm_cuda_timer_stop(void) { dm_cuda_init(); return 0; }
+static inline int dm_cuda_mark(void) { dm_cuda_init(); return 0; }
+static inline double dm_cuda_mark_elapsed(int start, int stop) { (void)start; (void)stop; return 0; }
+static inline void dm_cuda_marks_clear(void) {}
 static inline double dm_cuda_bench_copy(size_t nbytes, int reps) {
   (void)nbytes; (void)reps; dm_cuda_init(); return 0;
 }

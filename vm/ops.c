@@ -5,6 +5,7 @@
 #include <string.h>
 #include "ops.h"
 #include "autograd.h"
+#include "profile.h"
 
 #define DM_MAXOPS 512
 #define DM_MAXKERNELS 1024
@@ -12,7 +13,8 @@
 static dm_op *ops[DM_MAXOPS];
 static int nops;
 
-void dm_op_register(dm_op *op) {
+void dm_op_register(dm_op *op, const char *file) {
+  op->family = dm_profile_family_of(file);
   if (nops == DM_MAXOPS) dm_error("too many ops (raise DM_MAXOPS in vm/ops.c)");
   if (dm_op_find(op->name)) dm_error("op '%s' is registered twice", op->name);
   op->id = nops;
@@ -80,6 +82,13 @@ static bool wants_node(const dm_op *op, int n_in, dm_tensor *const *in) {
   return false;
 }
 
+/* where a call runs, for the profiler: its first input's device */
+static dm_device call_device(int n_in, dm_tensor *const *in) {
+  for (int i = 0; i < n_in; i++)
+    if (in[i]) return in[i]->device;
+  return DM_CPU;
+}
+
 void dm_call(const dm_op *op, int n_in, dm_tensor *const *in, const dm_attrs *a, dm_tensor **out) {
   check_inputs(op, n_in, in);
   dm_ctx c;
@@ -90,7 +99,9 @@ void dm_call(const dm_op *op, int n_in, dm_tensor *const *in, const dm_attrs *a,
   if (a) c.a = *a; else memset(&c.a, 0, sizeof c.a);
   c.node = wants_node(op, n_in, in) ? dm_node_begin(&c) : NULL;
   dm_suspend_recording();
+  dm_profile_push(op->name, op->family, DM_PHASE_FORWARD, call_device(n_in, in));
   op->forward(&c);
+  dm_profile_pop();
   dm_resume_recording();
   for (int i = 0; i < op->n_out; i++)
     if (!c.out[i]) dm_error("%s: the forward did not set output %d", op->name, i + 1);

@@ -50,6 +50,7 @@ typedef struct dm_op {
   dm_forward_fn forward;
   dm_backward_fn backward;       /* NULL: not differentiable */
   int id;                        /* set at registration */
+  const char *family;            /* set at registration: the registering file ("kda") */
 } dm_op;
 
 /* what a forward and a backward see */
@@ -62,7 +63,7 @@ struct dm_ctx {
   struct dm_node *node;          /* NULL when the call is not recorded */
 };
 
-void dm_op_register(dm_op *op);
+void dm_op_register(dm_op *op, const char *file);
 const dm_op *dm_op_find(const char *name);          /* NULL when unknown */
 const dm_op *dm_op_get(const char *name);           /* raises when unknown */
 int dm_op_count(void);
@@ -105,7 +106,7 @@ dm_kernel_fn dm_kernel_get(const char *name, dm_device dev);     /* raises when 
 #define DM_REGISTER_OPS(table)                                            \
   __attribute__((constructor)) static void dm_register_ops_(void) {       \
     for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++)         \
-      dm_op_register(&table[i]);                                          \
+      dm_op_register(&table[i], __FILE__);                                \
   }
 
 typedef struct dm_kernel_entry { const char *name; dm_kernel_fn fn; } dm_kernel_entry;

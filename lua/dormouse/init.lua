@@ -25,6 +25,7 @@ dm.config = require "dormouse.config"
 dm.cuda = require "dormouse.cuda"
 dm.cuda.graph = require "dormouse.graph"
 dm.fuse = require "dormouse.fuse"
+dm.profile = require "dormouse.profile"
 
 -- Modules that themselves require "dormouse" load on first use: dm.optim, dm.nn.
 setmetatable(dm, {__index = function(t, k)

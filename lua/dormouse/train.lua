@@ -27,7 +27,7 @@ local train = {}
 
 ---------------------------------------------------------------- set-up
 
-local function pick_device(cfg)
+function train.pick_device(cfg)
   if cfg.device ~= "auto" then return cfg.device end
   return core.device_available("cuda") and "cuda" or "cpu"
 end
@@ -53,7 +53,16 @@ function train.build_model(cfg, root)
   return build(cfg.model)
 end
 
-local function engram_ctx(cfg)
+-- The seeded model and optimiser of a resolved config on `device`.
+function train.setup(cfg, device, root)
+  dm.manual_seed(cfg.seed)
+  nn.device = device
+  nn.compute_dtype = device == "cpu" and "f32" or cfg.dtype
+  local model = train.build_model(cfg, root)
+  return model, optim.new(model, cfg.optim, cfg.schedule, cfg.steps, {quiet = true})
+end
+
+function train.engram_ctx(cfg)
   local orders = cfg.model.engram.orders
   return #orders > 0 and orders[#orders] - 1 or 0
 end
@@ -124,32 +133,44 @@ end
 
 ---------------------------------------------------------------- the step
 
--- One optimiser step over grad_accum micro-batches; returns its numbers.
-function Run:train_step()
-  local cfg = self.cfg
+--[[ One optimiser step of r.model over r.cfg.grad_accum micro-batches from
+r.loader on r.device, updated by r.opt (r: a run, or anything holding those
+fields). mark(phase), when given, is called as each phase ends: "data",
+"forward", "backward" (once per micro-batch), then "optimiser" (the balance,
+clipping and update). Returns the mean loss, the optimiser's result, the
+step's routing counts and, when r.log_now, the Engram counters. ]]
+function train.step(r, mark)
+  local cfg = r.cfg
+  mark = mark or function() end
   return dm.scope(function()
     local loss = 0
     for _ = 1, cfg.grad_accum do
-      local x, prefix = self.loader:next()
-      if self.device ~= "cpu" then x, prefix = x:to(self.device), prefix:to(self.device) end
-      local out = self.model:forward(x, prefix)
+      local x, prefix = r.loader:next()
+      if r.device ~= "cpu" then x, prefix = x:to(r.device), prefix:to(r.device) end
+      mark("data")
+      local out = r.model:forward(x, prefix)
       local l = out.loss:item()
       loss = loss + l / cfg.grad_accum
+      mark("forward")
       if instrument.finite(l) then (out.loss * (1 / cfg.grad_accum)):backward() end
+      mark("backward")
     end
     local engram
-    local lookup = self.model.block and self.model.block.engram and self.model.block.engram.current
-    if self.log_now and lookup then        -- the last micro-batch's rows, as the forward found them
+    local lookup = r.model.block and r.model.block.engram and r.model.block.engram.current
+    if r.log_now and lookup then        -- the last micro-batch's rows, as the forward found them
       engram = {rows = lookup.rows:numel(), unique_frac = lookup.rows:numel() / lookup.inverse:numel()}
     end
-    local counts = self.model.update_balance and self.model:update_balance()
-    local r
-    if instrument.finite(loss) then r = self.opt:step(self.step)
-    else r = {skipped = true, grad_norm = 0 / 0, lr = 0} end
-    self.opt:zero_grad()
-    return loss, r, counts, engram
+    local counts = r.model.update_balance and r.model:update_balance()
+    local result
+    if instrument.finite(loss) then result = r.opt:step(r.step)
+    else result = {skipped = true, grad_norm = 0 / 0, lr = 0} end
+    r.opt:zero_grad()
+    mark("optimiser")
+    return loss, result, counts, engram
   end)
 end
+
+function Run:train_step() return train.step(self) end
 
 function Run:log_window(w)
   local now = os.time()
@@ -186,7 +207,7 @@ end
 
 ---------------------------------------------------------------- the run
 
-local function open_corpus(cfg)
+function train.open_corpus(cfg)
   local path = cfg.data.path or dm.data.default_corpus()
   return dm.data.open(path, {eval_bytes = cfg.data.eval_bytes}), path
 end
@@ -224,7 +245,7 @@ function train.run(cfg, opts)
   opts = opts or {}
   local self = setmetatable({cfg = cfg, records = {}, firewall = instrument.firewall(), step = 0,
                              data_position = 0, silent = opts.silent}, Run)
-  self.device = pick_device(cfg)
+  self.device = train.pick_device(cfg)
   self.dir = (opts.runs or "runs") .. "/" .. cfg.name
   if not opts.resume and dm.ckpt.latest(self.dir) and not opts.overwrite then
     error(string.format("%s already holds checkpoints: resume it with --resume %s, or choose another " ..
@@ -236,16 +257,12 @@ function train.run(cfg, opts)
   self.config_text = config.describe(cfg)
   write_atomic(self.dir .. "/config.lua", "return " .. dm.ckpt.serialize(config.plain(cfg)) .. "\n")
 
-  dm.manual_seed(cfg.seed)
-  nn.device = self.device
-  nn.compute_dtype = self.device == "cpu" and "f32" or cfg.dtype
   if self.device == "cpu" and cfg.dtype ~= "f32" then
     self:say("cpu: matrix products run in f32 (dtype = " .. cfg.dtype .. " applies on the GPU)")
   end
-  self.model = train.build_model(cfg, opts.root or ".")
-  self.opt = optim.new(self.model, cfg.optim, cfg.schedule, cfg.steps, {quiet = true})
+  self.model, self.opt = train.setup(cfg, self.device, opts.root or ".")
 
-  local corpus, path = open_corpus(cfg)
+  local corpus, path = train.open_corpus(cfg)
   self.corpus = corpus
   local counts = self.model.counts and self.model:counts()
   self.summary = string.format("%s on %s: %s parameters%s; corpus %s (%d bytes, %d held out); device %s",
@@ -266,7 +283,7 @@ function train.run(cfg, opts)
   end
   self.metrics_file = assert(io.open(metrics_path, opts.resume and "a" or "w"))
 
-  local ctx = engram_ctx(cfg)
+  local ctx = train.engram_ctx(cfg)
   local eval_seq = cfg.data.ctx or cfg.seq
   self.eval_x, self.eval_prefix = corpus:eval_windows {seq = eval_seq, n = cfg.eval.windows, ctx = ctx}
   dm.keep(self.eval_x); dm.keep(self.eval_prefix)

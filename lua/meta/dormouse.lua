@@ -495,6 +495,7 @@ function Tensor:is_freed() end
 ---@field version string the runtime's version
 ---@field core table the C binding module `dormouse.core`
 ---@field cuda table the CUDA backend: is_available, info, synchronize, memory, empty_cache, tf32, graph, ...
+---@field profile table the op profiler: profile.start(), profile.stop() → rows {name, family, phase, ms, calls}, profile.region, profile.table
 ---@field optim table optimisers (loaded on first use): optim.new(model, cfg.optim, cfg.schedule, steps)
 ---@field nn table modules and layers (loaded on first use): nn.class, nn.Linear, nn.KDA, nn.Block, ...
 local dm = {}

@@ -125,14 +125,23 @@ end
 -- One update; returns {grad_norm, lr (adamw_lr times the multiplier), lr_mult, skipped}.
 function Optimizer:step(step)
   local mult = self.lr_mult(step)
-  local norm, finite = core.clip_grads(self:grads(), self.clip)
+  local device = self.params[1].device
+  core.profile_push("clip", "optim", device)
+  local ok, norm, finite = pcall(core.clip_grads, self:grads(), self.clip)
+  core.profile_pop()
+  if not ok then error(norm, 0) end
   local r = {grad_norm = norm, lr = self.base_lr * mult, lr_mult = mult, skipped = not finite}
   if not finite then
     self.skips = self.skips + 1
     return r
   end
   self.t = self.t + 1
-  for _, g in ipairs(self.groups) do g:update(mult, self.t) end
+  for _, g in ipairs(self.groups) do
+    core.profile_push(g.name, "optim", device)
+    local done, err = pcall(g.update, g, mult, self.t)
+    core.profile_pop()
+    if not done then error(err, 0) end
+  end
   return r
 end
 
