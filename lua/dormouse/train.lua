@@ -53,6 +53,15 @@ function train.build_model(cfg, root)
   return build(cfg.model)
 end
 
+--[[ A model that prepares a batch ahead (Engram tables in host memory gather
+the next batch's rows while this step runs) gets a function that shows the
+loader's next batch without taking it: model:set_lookahead(fn), fn() → x, prefix. ]]
+function train.lookahead(r)
+  if r.model.set_lookahead and r.loader.peek then
+    r.model:set_lookahead(function() return r.loader:peek() end)
+  end
+end
+
 -- The seeded model and optimiser of a resolved config on `device`.
 function train.setup(cfg, device, root)
   dm.manual_seed(cfg.seed)
@@ -294,6 +303,7 @@ function train.run(cfg, opts)
   end
   self.loader = corpus:loader {batch = cfg.batch, seq = cfg.seq, seed = cfg.seed, ctx = ctx,
                                start = self.data_position}
+  train.lookahead(self)
 
   local tty = not opts.quiet and core.isatty(1)
   local tokens_per_step = cfg.batch * cfg.seq * cfg.grad_accum

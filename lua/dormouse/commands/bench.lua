@@ -34,6 +34,7 @@ local function prepare(cfg, root)
   r.model, r.opt = train.setup(cfg, r.device, root)
   r.corpus = train.open_corpus(cfg)
   r.loader = r.corpus:loader {batch = cfg.batch, seq = cfg.seq, seed = cfg.seed, ctx = train.engram_ctx(cfg)}
+  train.lookahead(r)
   r.sync = r.device == "cuda" and core.cuda_synchronize or function() end
   return r, train
 end
