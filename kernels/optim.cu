@@ -79,9 +79,13 @@ static void mt_run(int n, int roles, dm_tensor *const *const *lists, K kernel, A
 
 /* ---- AdamW -------------------------------------------------------------------------------------------- */
 
-/* c = {step size lr / (1 - b1^t), 1 / sqrt(1 - b2^t), decay 1 - lr wd} as the CPU rounds them */
+/* a step the firewall skips: its gradients' sum of squares is not finite */
+__device__ __forceinline__ bool skipped(const double *sumsq_at) { return sumsq_at && !isfinite(*sumsq_at); }
+
+/* c = {step size lr / (1 - b1^t), 1 / sqrt(1 - b2^t), decay 1 - lr wd, skip} as the CPU rounds them */
 __global__ void adamw_consts_k(float *c, dm_adamw_hp hp) {
-  double lr = hp.lr_at ? (double)*hp.lr_at : hp.lr;
+  c[3] = skipped(hp.sumsq_at) ? 1.f : 0.f;
+  double lr = hp.lr_at ? *hp.lr_at : hp.lr;
   double step = hp.step_at ? (double)*hp.step_at : (double)hp.step;
   double bc1 = 1 - pow(hp.beta1, step), bc2 = 1 - pow(hp.beta2, step);
   c[0] = (float)(lr / bc1);
@@ -95,6 +99,7 @@ __global__ void adamw_k(mt_list L, const float *c, float b1, float b2, float eps
   int t = mt_entry(L, &lo, &hi);
   float *p = (float *)L.p[t][0], *m = (float *)L.p[t][2], *v = (float *)L.p[t][3];
   const float step_size = c[0], rbc2 = c[1], decay = c[2];
+  if (c[3] != 0) return;
   for (int64_t e = lo + threadIdx.x; e < hi; e += blockDim.x) {
     float g = ldf(L.dt[t][1], L.p[t][1], e);
     float mj = b1 * m[e] + (1 - b1) * g;
@@ -179,7 +184,8 @@ static void cuda_clip_scale(int n, dm_tensor *const *x, const dm_tensor *sumsq, 
 /* ---- Muon -------------------------------------------------------------------------------------------------- */
 
 /* roles: buf, g, out. buf = mu buf + g; out = nesterov ? g + mu buf : buf */
-__global__ void momentum_k(mt_list L, float mu, bool nesterov) {
+__global__ void momentum_k(mt_list L, float mu, bool nesterov, const double *sumsq_at) {
+  if (skipped(sumsq_at)) return;
   int64_t lo, hi;
   int t = mt_entry(L, &lo, &hi);
   float *b = (float *)L.p[t][0];
@@ -191,9 +197,9 @@ __global__ void momentum_k(mt_list L, float mu, bool nesterov) {
 }
 
 static void cuda_muon_momentum(int n, dm_tensor *const *buf, dm_tensor *const *g, dm_tensor *const *out, double mu,
-                               bool nesterov) {
+                               bool nesterov, const double *sumsq_at) {
   dm_tensor *const *lists[3] = {buf, g, out};
-  mt_run(n, 3, lists, momentum_k, (float)mu, nesterov);
+  mt_run(n, 3, lists, momentum_k, (float)mu, nesterov, sumsq_at);
 }
 
 /* part[b, s] = the sum of squares of slice s of matrix b */
@@ -249,11 +255,13 @@ static void cuda_ns_axpby(dm_tensor *y, double alpha, const dm_tensor *x, double
   DM_LAUNCH(axpby_k, n, dm_data(y), y->dtype, dm_data(x), x->dtype, (float)alpha, (float)beta, n);
 }
 
-/* c = {decay 1 - lr wd, step lr scale} */
-__global__ void muon_consts_k(float *c, const float *lr_at, double lr, double wd, double scale) {
-  double l = lr_at ? (double)*lr_at : lr;
+/* c = {decay 1 - lr wd, step lr scale, skip} (a skipped step's o may hold anything: not read) */
+__global__ void muon_consts_k(float *c, const double *lr_at, double lr, double wd, double scale,
+                              const double *sumsq_at) {
+  double l = lr_at ? *lr_at : lr;
   c[0] = (float)(1 - l * wd);
   c[1] = (float)(l * scale);
+  c[2] = skipped(sumsq_at) ? 1.f : 0.f;
 }
 
 /* roles: p, o. p = p decay - step o */
@@ -262,20 +270,31 @@ __global__ void muon_apply_k(mt_list L, const float *c) {
   int t = mt_entry(L, &lo, &hi);
   float *p = (float *)L.p[t][0];
   const float decay = c[0], step = c[1];
+  if (c[2] != 0) return;
   for (int64_t e = lo + threadIdx.x; e < hi; e += blockDim.x) p[e] = p[e] * decay - step * ldf(L.dt[t][1], L.p[t][1], e);
 }
 
 static void cuda_muon_apply(int n, dm_tensor *const *p, dm_tensor *const *o, const dm_muon_hp *hp, double scale) {
-  float *c = (float *)dm_scratch(2 * sizeof(float));
-  muon_consts_k<<<1, 1, 0, dm_cuda_stream()>>>(c, hp->lr_at, hp->lr, hp->weight_decay, scale);
+  float *c = (float *)dm_scratch(3 * sizeof(float));
+  muon_consts_k<<<1, 1, 0, dm_cuda_stream()>>>(c, hp->lr_at, hp->lr, hp->weight_decay, scale, hp->sumsq_at);
   DM_CU_LAUNCHED();
   dm_tensor *const *lists[2] = {p, o};
   mt_run(n, 2, lists, muon_apply_k, (const float *)c);
-  dm_scratch_free(c, 2 * sizeof(float));
+  dm_scratch_free(c, 3 * sizeof(float));
+}
+
+__global__ void tick_k(int64_t *step, const double *sumsq) {
+  if (!skipped(sumsq)) ++*step;
+}
+
+static void cuda_optim_tick(dm_tensor *step, const dm_tensor *sumsq) {
+  tick_k<<<1, 1, 0, dm_cuda_stream()>>>((int64_t *)dm_data(step), (const double *)dm_data(sumsq));
+  DM_CU_LAUNCHED();
 }
 
 static const dm_kernel_entry kernels[] = {
   {"adamw", (dm_kernel_fn)cuda_adamw},
+  {"optim_tick", (dm_kernel_fn)cuda_optim_tick},
   {"sumsq", (dm_kernel_fn)cuda_sumsq},
   {"clip_scale", (dm_kernel_fn)cuda_clip_scale},
   {"muon_momentum", (dm_kernel_fn)cuda_muon_momentum},

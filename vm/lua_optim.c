@@ -6,6 +6,13 @@
 **   core.muon_step(params, bufs, hp)             hp: lr momentum nesterov weight_decay
 **                                                    ns_steps coeffs ns_dtype
 **   core.newton_schulz(x, steps, coeffs, dtype)  → the orthogonalised x
+**   core.clip_grads_async(grads, max_norm, sumsq) the norm kept on the device
+**   core.optim_tick(step, sumsq)                 step += 1 when sumsq is finite
+**
+** hp may also name one-element tensors on the parameters' device that the
+** kernels read when they run (so a captured graph replays with new
+** values): lr_at (f64), step_at (i64, AdamW) and sumsq_at (f64: a
+** non-finite sum skips the update).
 **
 ** Gradients are read from each parameter's .grad (nil skips it). Lists are
 ** Lua arrays; their C copies live in userdata on the stack, so an error
@@ -53,6 +60,24 @@ static double number_field(lua_State *L, int hp, const char *fn, const char *key
   return v;
 }
 
+/* the memory of hp[key], a one-element tensor of dtype dt, or NULL when absent */
+static const void *scalar_field(lua_State *L, int hp, const char *fn, const char *key, dm_dtype dt,
+                                dm_tensor *const *params, int n) {
+  lua_getfield(L, hp, key);
+  if (lua_isnil(L, -1)) { lua_pop(L, 1); return NULL; }
+  dm_tensor **box = luaL_testudata(L, -1, DM_TENSOR_MT);
+  if (!box || !*box || !(*box)->storage) dm_error("%s: hp.%s must be a live tensor, got %s", fn, key, luaL_typename(L, -1));
+  const dm_tensor *t = *box;
+  lua_pop(L, 1);
+  if (t->dtype != dt || dm_numel(t) != 1)
+    dm_error("%s: hp.%s must be one %s element, got %s [%lld]", fn, key, dm_dtype_name(dt), dm_dtype_name(t->dtype),
+             (long long)dm_numel(t));
+  if (n > 0 && t->device != params[0]->device)
+    dm_error("%s: hp.%s is on %s but the parameters are on %s", fn, key, dm_device_name(t->device),
+             dm_device_name(params[0]->device));
+  return dm_data(t);       /* the tensor stays alive: the caller's Lua table holds it */
+}
+
 static void check_hp(lua_State *L, int idx, const char *fn) {
   if (!lua_istable(L, idx)) dm_error("%s: hyper-parameters must be a table, got %s", fn, luaL_typename(L, idx));
 }
@@ -67,6 +92,20 @@ static int c_clip_grads(lua_State *L) {
   lua_pushnumber(L, norm);
   lua_pushboolean(L, finite);
   return 2;
+}
+
+static int c_clip_grads_async(lua_State *L) {
+  DM_ENTER(L);
+  int n;
+  dm_tensor **g = tensor_list(L, 1, "clip_grads_async", "grads", &n);
+  dm_clip_grads_async(n, g, luaL_checknumber(L, 2), dm_lua_check(L, 3));
+  return 0;
+}
+
+static int c_optim_tick(lua_State *L) {
+  DM_ENTER(L);
+  dm_optim_tick(dm_lua_check(L, 1), dm_lua_check(L, 2));
+  return 0;
 }
 
 static int c_clip_grad_norm(lua_State *L) {
@@ -97,6 +136,9 @@ static int c_adamw_step(lua_State *L) {
     .beta2 = number_field(L, 4, fn, "beta2"), .eps = number_field(L, 4, fn, "eps"),
     .weight_decay = number_field(L, 4, fn, "weight_decay"),
     .step = (int64_t)number_field(L, 4, fn, "step"),
+    .lr_at = scalar_field(L, 4, fn, "lr_at", DM_F64, p, n),
+    .step_at = scalar_field(L, 4, fn, "step_at", DM_I64, p, n),
+    .sumsq_at = scalar_field(L, 4, fn, "sumsq_at", DM_F64, p, n),
   };
   dm_adamw_step(n, p, grad_list(L, p, n), m, v, &hp);
   return 0;
@@ -137,6 +179,8 @@ static int c_muon_step(lua_State *L) {
     .lr = number_field(L, 3, fn, "lr"), .momentum = number_field(L, 3, fn, "momentum"),
     .weight_decay = number_field(L, 3, fn, "weight_decay"), .nesterov = nesterov,
     .ns_steps = (int)number_field(L, 3, fn, "ns_steps"), .coeffs = coeffs, .ns_dtype = dt,
+    .lr_at = scalar_field(L, 3, fn, "lr_at", DM_F64, p, n),
+    .sumsq_at = scalar_field(L, 3, fn, "sumsq_at", DM_F64, p, n),
   };
   dm_muon_step(n, p, grad_list(L, p, n), b, &hp);
   return 0;
@@ -155,6 +199,7 @@ static int c_newton_schulz(lua_State *L) {
 
 static const luaL_Reg funcs[] = {
   {"clip_grad_norm", c_clip_grad_norm}, {"clip_grads", c_clip_grads}, {"adamw_step", c_adamw_step},
-  {"muon_step", c_muon_step}, {"newton_schulz", c_newton_schulz}, {NULL, NULL}
+  {"muon_step", c_muon_step}, {"newton_schulz", c_newton_schulz}, {"clip_grads_async", c_clip_grads_async},
+  {"optim_tick", c_optim_tick}, {NULL, NULL}
 };
 DM_LUA_FUNCS(funcs)

@@ -62,17 +62,40 @@ static void check_range(const char *op, const char *name, double v, double lo, d
     dm_error("%s: %s must be in [%g, %g%s, got %g", op, name, lo, hi, hi_open ? ")" : "]", v);
 }
 
+/* ---- the per-step scalars ------------------------------------------------------------------- */
+
+/* false when sumsq_at says the step is to be skipped; on the CPU the
+** pointers are read here, so the CPU kernels see plain values */
+static bool resolve_adamw(dm_adamw_hp *hp, dm_device dev) {
+  if (dev != DM_CPU) return true;
+  if (hp->sumsq_at && !isfinite(*hp->sumsq_at)) return false;
+  if (hp->lr_at) hp->lr = *hp->lr_at;
+  if (hp->step_at) hp->step = *hp->step_at;
+  hp->lr_at = NULL; hp->step_at = NULL; hp->sumsq_at = NULL;
+  return true;
+}
+
+static bool resolve_muon(dm_muon_hp *hp, dm_device dev) {
+  if (dev != DM_CPU) return true;
+  if (hp->sumsq_at && !isfinite(*hp->sumsq_at)) return false;
+  if (hp->lr_at) hp->lr = *hp->lr_at;
+  hp->lr_at = NULL; hp->sumsq_at = NULL;
+  return true;
+}
+
 /* ---- AdamW ------------------------------------------------------------------------------------ */
 
 void dm_adamw_step(int n, dm_tensor *const *params, dm_tensor *const *grads,
-                   dm_tensor *const *m, dm_tensor *const *v, const dm_adamw_hp *hp) {
+                   dm_tensor *const *m, dm_tensor *const *v, const dm_adamw_hp *given) {
   const char *op = "adamw";
+  dm_adamw_hp hpv = *given, *hp = &hpv;
+  if (n > 0 && !resolve_adamw(hp, params[0]->device)) return;
   check_range(op, "lr", hp->lr, 0, INFINITY, true);
   check_range(op, "beta1", hp->beta1, 0, 1, true);
   check_range(op, "beta2", hp->beta2, 0, 1, true);
   check_range(op, "eps", hp->eps, 0, INFINITY, true);
   check_range(op, "weight_decay", hp->weight_decay, 0, INFINITY, true);
-  if (hp->step < 1) dm_error("adamw: step must be >= 1 (it counts updates from 1), got %lld", (long long)hp->step);
+  if (hp->step < 1 && !hp->step_at) dm_error("adamw: step must be >= 1 (it counts updates from 1), got %lld", (long long)hp->step);
   if (n <= 0) return;
   for (int i = 0; i < n; i++) {
     check_param(op, i, n, params[i], params[0]);
@@ -209,7 +232,7 @@ static void muon_group(int k, const int *idx, dm_tensor *const *params, dm_tenso
     o[j] = view_as(stack, p[j]->ndim, p[j]->shape, at);
     at += dm_numel(p[j]);
   }
-  momentum(k, b, g, o, hp->momentum, hp->nesterov);
+  momentum(k, b, g, o, hp->momentum, hp->nesterov, hp->sumsq_at);
   for (int j = 0; j < k; j++) dm_release(o[j]);
   dm_tensor *ortho = ns_iterate(stack, hp->ns_steps, hp->coeffs, &nsk);
   at = 0;
@@ -249,8 +272,10 @@ static void check_muon(int n, dm_tensor *const *params, dm_tensor *const *grads,
 }
 
 void dm_muon_step(int n, dm_tensor *const *params, dm_tensor *const *grads,
-                  dm_tensor *const *bufs, const dm_muon_hp *hp) {
+                  dm_tensor *const *bufs, const dm_muon_hp *given) {
+  dm_muon_hp hpv = *given, *hp = &hpv;
   check_muon(n, params, grads, bufs, hp);
+  if (n > 0 && !resolve_muon(hp, params[0]->device)) return;
   int idx[n > 0 ? n : 1];
   for (int i = 0; i < n; i++) {
     if (!grads[i]) continue;
@@ -266,8 +291,9 @@ void dm_muon_step(int n, dm_tensor *const *params, dm_tensor *const *grads,
 
 /* ---- clipping ------------------------------------------------------------------------------- */
 
-double dm_clip_grad_norm(int n, dm_tensor *const *grads, double max_norm, bool *finite) {
-  if (!(max_norm >= 0)) dm_error("clip_grad_norm: max_norm must be >= 0 (0 = no clipping), got %g", max_norm);
+/* the list's first gradient (NULL when none), after checking them all */
+static const dm_tensor *check_clip(const char *op, int n, dm_tensor *const *grads, double max_norm) {
+  if (!(max_norm >= 0)) dm_error("%s: max_norm must be >= 0 (0 = no clipping), got %g", op, max_norm);
   const dm_tensor *first = NULL;
   for (int i = 0; i < n; i++) {
     const dm_tensor *g = grads[i];
@@ -276,14 +302,46 @@ double dm_clip_grad_norm(int n, dm_tensor *const *grads, double max_norm, bool *
     if (!first) first = g;
     char s[128];
     if (!dm_dtype_is_float(g->dtype))
-      dm_error("clip_grad_norm: gradient %d must be a float tensor, got %s", i + 1, dm_dtype_name(g->dtype));
+      dm_error("%s: gradient %d must be a float tensor, got %s", op, i + 1, dm_dtype_name(g->dtype));
     if (!dm_is_contiguous(g))
-      dm_error("clip_grad_norm: gradient %d (shape %s) is not contiguous", i + 1,
-               dm_tensor_shape_str(g, s, sizeof s));
+      dm_error("%s: gradient %d (shape %s) is not contiguous", op, i + 1, dm_tensor_shape_str(g, s, sizeof s));
     if (g->device != first->device)
-      dm_error("clip_grad_norm: gradient %d is on %s but the first is on %s", i + 1,
-               dm_device_name(g->device), dm_device_name(first->device));
+      dm_error("%s: gradient %d is on %s but the first is on %s", op, i + 1, dm_device_name(g->device),
+               dm_device_name(first->device));
   }
+  return first;
+}
+
+/* a one-element scalar of dtype dt on dev, for the per-step values */
+static void check_scalar(const char *op, const char *what, const dm_tensor *t, dm_dtype dt, dm_device dev) {
+  dm_check_live(t);
+  if (t->dtype != dt || dm_numel(t) != 1 || !dm_is_contiguous(t) || t->device != dev)
+    dm_error("%s: %s must be one contiguous %s element on %s, got %s [%lld] on %s", op, what, dm_dtype_name(dt),
+             dm_device_name(dev), dm_dtype_name(t->dtype), (long long)dm_numel(t), dm_device_name(t->device));
+}
+
+void dm_clip_grads_async(int n, dm_tensor *const *grads, double max_norm, dm_tensor *sumsq) {
+  const dm_tensor *first = check_clip("clip_grads_async", n, grads, max_norm);
+  dm_device dev = first ? first->device : sumsq->device;
+  check_scalar("clip_grads_async", "the sum of squares", sumsq, DM_F64, dev);
+  if (!first) { dm_fill(sumsq, 0.0); return; }
+  DM_KERNEL(dm_sumsq_k, "sumsq", dev)(n, grads, sumsq);
+  if (max_norm > 0) {
+    DM_KERNEL(dm_clip_scale_k, "clip_scale", dev)(n, grads, sumsq, max_norm);
+    for (int i = 0; i < n; i++) if (grads[i]) dm_mark_written(grads[i]);
+  }
+  dm_mark_written(sumsq);
+}
+
+void dm_optim_tick(dm_tensor *step, const dm_tensor *sumsq) {
+  check_scalar("optim_tick", "the step count", step, DM_I64, step->device);
+  check_scalar("optim_tick", "the sum of squares", sumsq, DM_F64, step->device);
+  DM_KERNEL(dm_optim_tick_k, "optim_tick", step->device)(step, sumsq);
+  dm_mark_written(step);
+}
+
+double dm_clip_grad_norm(int n, dm_tensor *const *grads, double max_norm, bool *finite) {
+  const dm_tensor *first = check_clip("clip_grad_norm", n, grads, max_norm);
   if (finite) *finite = true;
   if (!first) return 0.0;
   dm_device dev = first->device;

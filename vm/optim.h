@@ -19,7 +19,10 @@
 ** The per-step scalars (learning rate, step count) travel in a struct of
 ** values with, for device kernels, optional pointers into device memory: a
 ** kernel reads *lr_at when it is set, so a captured CUDA graph replays with
-** whatever the schedule wrote there. CPU kernels read the values.
+** whatever the schedule wrote there. sumsq_at, when set, is the step's sum
+** of squares of every gradient (dm_clip_grads_async): a non-finite one
+** skips the update there, on the device, so the NaN firewall needs no host
+** read. On the CPU the pointers are read by the host before the kernels run.
 */
 #ifndef DM_OPTIM_H
 #define DM_OPTIM_H
@@ -29,8 +32,9 @@
 typedef struct dm_adamw_hp {
   double lr, beta1, beta2, eps, weight_decay;
   int64_t step;               /* 1-based count of applied updates, for the bias corrections */
-  const float *lr_at;         /* device memory, read at run time when set (NULL on the CPU) */
+  const double *lr_at;        /* the tensor's memory (f64), read at run time when set */
   const int64_t *step_at;
+  const double *sumsq_at;     /* a non-finite sum skips the update */
 } dm_adamw_hp;
 
 typedef enum { DM_NS_QUINTIC, DM_NS_POLAR_EXPRESS } dm_ns_coeffs;
@@ -41,7 +45,8 @@ typedef struct dm_muon_hp {
   int ns_steps;               /* >= 1 */
   dm_ns_coeffs coeffs;
   dm_dtype ns_dtype;          /* DM_F32 or DM_BF16: the dtype Newton–Schulz runs in */
-  const float *lr_at;         /* as in dm_adamw_hp */
+  const double *lr_at;        /* as in dm_adamw_hp */
+  const double *sumsq_at;
 } dm_muon_hp;
 
 #define DM_MUON_MAXLIST 1024  /* tensors per dm_muon_step call */
@@ -72,6 +77,13 @@ double dm_ns_norm_factor(dm_ns_coeffs coeffs);
 ** left as they are (the step is to be skipped). */
 double dm_clip_grad_norm(int n, dm_tensor *const *grads, double max_norm, bool *finite);
 
+/* The same without reading anything back: sumsq (one f64 element on the
+** gradients' device) receives the sum of squares, and the scaling decides
+** on the device. Then dm_optim_tick adds 1 to step (one i64 element) when
+** that sum is finite: the count of applied updates, AdamW's t. */
+void dm_clip_grads_async(int n, dm_tensor *const *grads, double max_norm, dm_tensor *sumsq);
+void dm_optim_tick(dm_tensor *step, const dm_tensor *sumsq);
+
 /* ---- kernels (registered per device; CUDA ones take the same signatures) ----
 ** Every tensor is contiguous and the lists are checked by the core. */
 typedef void (*dm_adamw_k)(int n, dm_tensor *const *p, dm_tensor *const *g, dm_tensor *const *m,
@@ -81,9 +93,13 @@ typedef void (*dm_sumsq_k)(int n, dm_tensor *const *x, dm_tensor *out);         
 /* x *= max_norm / sqrt(*sumsq) when that norm is finite and above max_norm */
 typedef void (*dm_clip_scale_k)(int n, dm_tensor *const *x, const dm_tensor *sumsq,
                                 double max_norm);                                     /* "clip_scale" */
-/* buf = mu·buf + g; out (F32 or BF16) = nesterov ? g + mu·buf : buf */
+/* buf = mu·buf + g; out (F32 or BF16) = nesterov ? g + mu·buf : buf; nothing
+** when sumsq_at (device memory, or NULL) holds a non-finite sum */
 typedef void (*dm_muon_momentum_k)(int n, dm_tensor *const *buf, dm_tensor *const *g,
-                                   dm_tensor *const *out, double mu, bool nesterov);  /* "muon_momentum" */
+                                   dm_tensor *const *out, double mu, bool nesterov,
+                                   const double *sumsq_at);                          /* "muon_momentum" */
+/* step (i64 [1]) += 1 when sumsq (f64 [1]) is finite */
+typedef void (*dm_optim_tick_k)(dm_tensor *step, const dm_tensor *sumsq);           /* "optim_tick" */
 /* each matrix of x [B, m, n]: x_b /= (‖x_b‖_F·mult + eps) */
 typedef void (*dm_ns_normalize_k)(dm_tensor *x, double mult, double eps);            /* "ns_normalize" */
 /* y = alpha·x + beta·y (same shape and dtype) */

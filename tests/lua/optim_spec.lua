@@ -335,3 +335,70 @@ describe("optim settings and the core functions", function()
     expect_error(function() core.adamw_step({gone}, {m}, {v}, {}) end, "adamw_step: params[1] was freed")
   end)
 end)
+
+describe("optim on the device scalars (step_async)", function()
+  local Pair = nn.class("Pair")
+  function Pair:init()
+    self:child("l1", nn.Linear(8, 16, {bias = true}))
+    self:param("bank", nn.init.normal({3, 16, 4}, 0.2))
+    self:child("head", nn.Linear(16, 8))
+  end
+
+  local function twins()
+    dm.manual_seed(11)
+    local a = Pair()
+    dm.manual_seed(11)
+    local b = Pair()
+    local cfg = {clip = 0.5, muon_lr = 0.02, adamw_lr = 0.01}
+    return a, b, optim.new(a, cfg, {warmup = 2}, 10, {quiet = true}), optim.new(b, cfg, {warmup = 2}, 10, {quiet = true})
+  end
+
+  local function same_grads(a, b, seed, bad)
+    local pa, pb = a:named_parameters(), b:named_parameters()
+    for i, e in ipairs(pa) do
+      local g = dm.randn(e.tensor:shape(), {seed = seed + i})
+      if bad and i == 2 then g = g * (0 / 0) end
+      e.tensor.grad = g
+      pb[i].tensor.grad = g:clone()
+    end
+  end
+
+  it("updates bit for bit as step() does, a skipped step included, and counts applied updates", function()
+    local a, b, oa, ob = twins()
+    for step = 1, 5 do
+      same_grads(a, b, 100 * step, step == 3)
+      local r = oa:step(step)
+      assert.are.equal(step == 3, r.skipped)
+      ob:prepare(step)
+      ob:step_async()
+      oa:zero_grad(); ob:zero_grad()
+      local pa, pb = a:named_parameters(), b:named_parameters()
+      for i, e in ipairs(pa) do
+        assert.is_true(dm.allclose(e.tensor, pb[i].tensor, {rtol = 0, atol = 0}), e.name .. " at step " .. step)
+      end
+    end
+    assert.are.equal(4, oa.t)
+    local s = ob:sync()
+    assert.are.equal(4, s.t)
+    assert.are.equal(4, ob:state().step:item())
+  end)
+
+  it("refuses scalars of the wrong dtype or size", function()
+    local a, _, oa = twins()
+    same_grads(a, a, 1)
+    expect_error(function()
+      core.adamw_step(oa.groups[2].params, oa.groups[2].state.m, oa.groups[2].state.v,
+        {lr = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0, step = 1, lr_at = dm.zeros({2})})
+    end, "hp.lr_at must be one f64 element")
+    expect_error(function() core.clip_grads_async(oa:grads(), 1.0, dm.zeros({1})) end,
+                 "the sum of squares must be one contiguous f64 element")
+  end)
+
+  it("names a group that cannot take device scalars", function()
+    local a, _, oa = twins()
+    same_grads(a, a, 1)
+    oa.groups[1].device_scalars = false
+    oa:prepare(1)
+    expect_error(function() oa:step_async() end, "group 'muon'", "graph mode")
+  end)
+end)

@@ -120,8 +120,10 @@ static void cpu_clip_scale(int n, dm_tensor *const *x, const dm_tensor *sumsq, d
 
 /* ---- Muon ----------------------------------------------------------------------------------- */
 
+/* (sumsq_at is resolved by the core on the CPU: never set here) */
 static void cpu_muon_momentum(int n, dm_tensor *const *buf, dm_tensor *const *g, dm_tensor *const *out,
-                              double mu, bool nesterov) {
+                              double mu, bool nesterov, const double *sumsq_at) {
+  (void)sumsq_at;
   const float m = (float)mu;
   float gt[CHUNK], ot[CHUNK];
   for (int i = 0; i < n; i++) {
@@ -188,8 +190,13 @@ static void cpu_muon_apply(int n, dm_tensor *const *p, dm_tensor *const *o, cons
   }
 }
 
+static void cpu_optim_tick(dm_tensor *step, const dm_tensor *sumsq) {
+  if (isfinite(*(const double *)dm_data(sumsq))) ++*(int64_t *)dm_data(step);
+}
+
 static const dm_kernel_entry kernels[] = {
   {"adamw", (dm_kernel_fn)cpu_adamw},
+  {"optim_tick", (dm_kernel_fn)cpu_optim_tick},
   {"sumsq", (dm_kernel_fn)cpu_sumsq},
   {"clip_scale", (dm_kernel_fn)cpu_clip_scale},
   {"muon_momentum", (dm_kernel_fn)cpu_muon_momentum},

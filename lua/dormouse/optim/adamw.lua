@@ -12,7 +12,7 @@ left alone.
 local core = require "dormouse.core"
 local groups = require "dormouse.optim.groups"
 
-local AdamW = {kind = "adamw"}
+local AdamW = {kind = "adamw", device_scalars = true}
 AdamW.__index = AdamW
 
 -- hp: {lr, betas = {b1, b2}, eps, weight_decay}
@@ -23,10 +23,13 @@ function AdamW.new(name, entries, hp)
 end
 
 -- one update at lr * mult; t is the 1-based count of updates
-function AdamW:update(mult, t)
+-- at: device scalars {lr_at, step_at, sumsq_at} read when the kernels run (optim/init.lua), or nil
+function AdamW:update(mult, t, at)
+  at = at or {}
   core.adamw_step(self.params, self.state.m, self.state.v, {
     lr = self.lr * mult, beta1 = self.betas[1], beta2 = self.betas[2], eps = self.eps,
     weight_decay = self.weight_decay, step = t,
+    lr_at = at.lr_at, step_at = at.step_at, sumsq_at = at.sumsq_at,
   })
 end
 

@@ -14,6 +14,12 @@ check is the NaN firewall's; and the learning-rate schedule.
   opt:state()       -- {name = tensor} for optim.safetensors
   opt:load_state(t) -- and back
 
+On the device (a step captured as one CUDA graph), the same update without
+reading anything back: opt:prepare(step) writes the step's learning rates
+into device scalars (before a replay, never captured), opt:step_async()
+clips, decides the firewall and updates there (capturable), and opt:sync()
+reads back the count of applied updates and the last norm (at log time).
+
 A step: the schedule's multiplier for `step`; the global gradient norm (and
 clipping to cfg.clip); when the norm is not finite nothing is updated and
 the step is reported skipped; else every group updates at its lr times the
@@ -145,6 +151,59 @@ function Optimizer:step(step)
   return r
 end
 
+---------------------------------------------------------------- on the device
+
+-- The step's scalars on the parameters' device: each group's lr, the count
+-- of applied updates and the gradients' sum of squares.
+function Optimizer:scalars()
+  if not self.dev then
+    local device = self.params[1].device
+    self.dev = {
+      lr = dm.keep(dm.zeros({#self.groups}, {dtype = "f64", device = device})),
+      step = dm.keep(dm.tensor({self.t}, {dtype = "i64"}):to(device)),
+      sumsq = dm.keep(dm.zeros({1}, {dtype = "f64", device = device})),
+    }
+    self.dev.at = {}
+    for i in ipairs(self.groups) do
+      self.dev.at[i] = {lr_at = dm.keep(self.dev.lr:narrow(1, i, 1)), step_at = self.dev.step,
+                        sumsq_at = self.dev.sumsq}
+    end
+  end
+  return self.dev
+end
+
+-- Write step's learning rates into the device scalars; returns {lr, lr_mult}.
+function Optimizer:prepare(step)
+  local dev = self:scalars()
+  local mult = self.lr_mult(step)
+  local lrs = {}
+  for i, g in ipairs(self.groups) do lrs[i] = g.lr * mult end
+  dev.lr:copy_(dm.tensor(lrs, {dtype = "f64"}))
+  self.mult = mult
+  return {lr = self.base_lr * mult, lr_mult = mult}
+end
+
+-- Clip, check and update with no host read (the firewall decides on the device).
+function Optimizer:step_async()
+  local dev = self:scalars()
+  core.clip_grads_async(self:grads(), self.clip, dev.sumsq)
+  core.optim_tick(dev.step, dev.sumsq)
+  for i, g in ipairs(self.groups) do
+    if not g.device_scalars then
+      fail("optim: group '%s' (%s) cannot take its scalars from the device yet, so its step cannot run " ..
+           "without host reads (graph mode)", g.name, g.kind)
+    end
+    g:update(self.mult or 1, math.max(self.t, 1), dev.at[i])
+  end
+end
+
+-- Read back what step_async kept on the device: {steps applied so far, the last norm}.
+function Optimizer:sync()
+  if not self.dev then return {t = self.t} end
+  self.t = math.tointeger(self.dev.step:item())
+  return {t = self.t, grad_norm = math.sqrt(self.dev.sumsq:item())}
+end
+
 -- What the global norm covers: every parameter's .grad, and the sparse
 -- groups' gradients of this step.
 function Optimizer:grads()
@@ -166,6 +225,7 @@ end
 
 -- {"<param>.m" = , "<param>.v" = , "<param>.momentum" = , step = i64 [1]}
 function Optimizer:state()
+  self:sync()
   local out = {step = dm.tensor({self.t}, {dtype = "i64"})}
   for _, g in ipairs(self.groups) do groups.state_into(g, out) end
   return out
@@ -199,6 +259,7 @@ function Optimizer:load_state(tbl)
   end
   for key, dst in pairs(want) do dst:copy_(tbl[key]) end
   self.t = t
+  if self.dev then self.dev.step:copy_(dm.tensor({t}, {dtype = "i64"})) end
 end
 
 return optim

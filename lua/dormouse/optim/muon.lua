@@ -14,7 +14,7 @@ GPU, f32 on the CPU by default.
 local core = require "dormouse.core"
 local groups = require "dormouse.optim.groups"
 
-local Muon = {kind = "muon"}
+local Muon = {kind = "muon", device_scalars = true}
 Muon.__index = Muon
 
 -- hp: {lr, momentum, nesterov, weight_decay, ns_steps, coeffs, ns_dtype}
@@ -26,11 +26,13 @@ function Muon.new(name, entries, hp)
   return self
 end
 
-function Muon:update(mult)
+-- at: device scalars {lr_at, sumsq_at} read when the kernels run (optim/init.lua), or nil
+function Muon:update(mult, _, at)
+  at = at or {}
   core.muon_step(self.params, self.state.momentum, {
     lr = self.lr * mult, momentum = self.momentum, nesterov = self.nesterov,
     weight_decay = self.weight_decay, ns_steps = self.ns_steps, coeffs = self.coeffs,
-    ns_dtype = self.ns_dtype,
+    ns_dtype = self.ns_dtype, lr_at = at.lr_at, sumsq_at = at.sumsq_at,
   })
 end
 
