@@ -181,6 +181,44 @@ end
 
 function Run:train_step() return train.step(self) end
 
+local function ceiling(cfg, loss, step, window)
+  if instrument.finite(loss) and loss > cfg.ce_ceiling then
+    error(string.format("CE ceiling: the training loss %.4g at step %d is above %g (window of steps %d..%d)",
+                        loss, step, cfg.ce_ceiling, step - window.steps, step), 0)
+  end
+end
+
+-- One eager step into the window; returns its loss.
+function Run:eager_step(window, tokens)
+  local loss, r, step_counts, engram = self:train_step()
+  ceiling(self.cfg, loss, self.step, window)
+  window.steps = window.steps + 1
+  window.tokens = window.tokens + tokens
+  window.lr = r.lr
+  if r.skipped then window.skips = window.skips + 1
+  else window.loss = window.loss + loss; window.grad_norm = window.grad_norm + r.grad_norm end
+  window.counts = instrument.add_counts(window.counts, step_counts)
+  window.engram = engram or window.engram
+  return loss
+end
+
+-- One step of the captured graph (graph = true); the window's sums are read
+-- from the device at log time only, so the loss (and the CE ceiling) is the
+-- window's mean. Returns the last window's loss.
+function Run:graph_step(window, tokens)
+  local r = self.graph:step(self.step)
+  window.steps = window.steps + 1
+  window.tokens = window.tokens + tokens
+  window.lr = r.lr
+  if self.log_now then
+    local w = self.graph:window(window.steps)
+    window.loss, window.grad_norm, window.skips, window.counts = w.loss, w.grad_norm, w.skips, w.counts
+    self.window_loss = w.applied > 0 and w.loss / w.applied or 0 / 0
+    ceiling(self.cfg, self.window_loss, self.step, window)
+  end
+  return self.window_loss
+end
+
 function Run:log_window(w)
   local now = os.time()
   local elapsed = math.max(core.now() - w.t0, 1e-9)
@@ -304,6 +342,10 @@ function train.run(cfg, opts)
   self.loader = corpus:loader {batch = cfg.batch, seq = cfg.seq, seed = cfg.seed, ctx = ctx,
                                start = self.data_position}
   train.lookahead(self)
+  if cfg.graph then
+    self.graph = require("dormouse.graphstep").new(self)
+    self:say("graph: the step is captured as one CUDA graph after 2 eager steps and replayed")
+  end
 
   local tty = not opts.quiet and core.isatty(1)
   local tokens_per_step = cfg.batch * cfg.seq * cfg.grad_accum
@@ -314,18 +356,9 @@ function train.run(cfg, opts)
   while self.step < last do
     self.step = self.step + 1
     self.log_now = self.step % cfg.log.every == 0 or self.step == cfg.steps
-    local loss, r, step_counts, engram = self:train_step()
-    if instrument.finite(loss) and loss > cfg.ce_ceiling then
-      error(string.format("CE ceiling: the training loss %.4g at step %d is above %g (window of steps %d..%d)",
-                          loss, self.step, cfg.ce_ceiling, self.step - window.steps, self.step), 0)
-    end
-    window.steps = window.steps + 1
-    window.tokens = window.tokens + tokens_per_step
-    window.lr = r.lr
-    if r.skipped then window.skips = window.skips + 1
-    else window.loss = window.loss + loss; window.grad_norm = window.grad_norm + r.grad_norm end
-    window.counts = instrument.add_counts(window.counts, step_counts)
-    window.engram = engram or window.engram
+    local loss
+    if self.graph then loss = self:graph_step(window, tokens_per_step)
+    else loss = self:eager_step(window, tokens_per_step) end
     if self.log_now then self:log_window(window); window = instrument.window() end
     if (cfg.eval.every > 0 and self.step % cfg.eval.every == 0) or self.step == cfg.steps then self:eval() end
     if (cfg.checkpoint.every > 0 and self.step % cfg.checkpoint.every == 0) or self.step == cfg.steps then
@@ -333,12 +366,13 @@ function train.run(cfg, opts)
     end
     if tty then
       io.stdout:write(instrument.progress(self.step - first, last - first, core.now() - t_start,
-                                          string.format("loss %.4f", loss)))
+                                          loss and string.format("loss %.4f", loss) or ""))
       io.stdout:flush()
       self.bar_shown = true
     end
   end
   if self.bar_shown then io.stdout:write("\r\27[K") end
+  if self.graph then self.graph:free() end
   self.loader:close()
   self.metrics_file:close()
   self.log_file:close()

@@ -1,0 +1,125 @@
+--[[
+The training step as one CUDA graph (config key `graph = true`).
+
+  local gs = graphstep.new(run, {warmup = 2})   -- run: cfg, model, opt, loader, device
+  for step = ... do
+    local r = gs:step(step)                     -- {lr, lr_mult}; nothing is read back
+    if log_now then local w = gs:window() end   -- the window's sums, read once
+  end
+
+A step is: the batch copied into the graph's input buffers, the step's
+learning rates written into the optimiser's device scalars, then
+
+  loss = model(x).loss ; backward ; balance the experts ; clip ; the NaN
+  firewall ; update ; the loss, norm and routing counts added to device sums
+
+run eagerly for the first `warmup` steps (every buffer, matrix-product plan
+and compiled kernel comes to exist), then captured once and replayed. The
+firewall decides on the device (a non-finite gradient norm skips the update
+in the kernels), so no step waits for the host; the sums are read at log
+time. Everything the step reads that changes per step is in device memory:
+the inputs, the learning rates, the update count.
+]]
+local dm = require "dormouse"
+local core = require "dormouse.core"
+
+local graphstep = {}
+local GraphStep = {}
+GraphStep.__index = GraphStep
+
+local function fail(fmt, ...) error(string.format(fmt, ...), 0) end
+
+local function kept_zeros(shape, dtype, device)
+  return dm.keep(dm.zeros(shape, {dtype = dtype, device = device}))
+end
+
+--[[ opts.warmup: eager steps before the capture (>= 1; default 2).
+opts.eager: never capture (the same work, eagerly: what the CPU tests check). ]]
+function graphstep.new(r, opts)
+  opts = opts or {}
+  local cfg = r.cfg
+  if r.device ~= "cuda" and not opts.eager then
+    fail("graph = true needs the cuda device (this run is on %s)", r.device)
+  end
+  if cfg.grad_accum ~= 1 then
+    fail("graph = true captures one micro-batch a step: grad_accum must be 1, got %d", cfg.grad_accum)
+  end
+  local warmup = opts.eager and math.huge or opts.warmup or 2
+  if warmup < 1 then fail("graph: at least one eager step must come before the capture, got warmup = %s", warmup) end
+  local self = setmetatable({r = r, warmup = warmup, done = 0}, GraphStep)
+  r.opt:scalars()
+  local dev = r.device
+  self.sum = {loss = kept_zeros({1}, "f64", dev), norm = kept_zeros({1}, "f64", dev),
+              zero = kept_zeros({1}, "f64", dev)}
+  self.t0 = r.opt:sync().t
+  return self
+end
+
+-- The step's work on the device; run eagerly or captured.
+function GraphStep:body()
+  local r, sum = self.r, self.sum
+  local out = r.model:forward(self.x, self.prefix)
+  out.loss:backward()
+  local counts = r.model.update_balance and r.model:update_balance()
+  r.opt:step_async()
+  r.opt:zero_grad()
+  local ok = r.opt.dev.sumsq:lt(math.huge)                   -- false for inf and NaN: a skipped step
+  sum.loss:add_(dm.where(ok, out.loss:detach():to("f64"), sum.zero))
+  sum.norm:add_(dm.where(ok, r.opt.dev.sumsq:sqrt(), sum.zero))
+  if counts then
+    if not sum.counts then sum.counts = kept_zeros(counts:shape(), counts.dtype, counts.device) end
+    sum.counts:add_(counts)
+  end
+end
+
+-- One training step; returns {lr, lr_mult}.
+function GraphStep:step(step)
+  local r = self.r
+  local x, prefix = r.loader:next()
+  if not self.x then               -- the input buffers, shaped by the first batch
+    self.x = dm.keep(dm.empty(x:shape(), {dtype = x.dtype, device = r.device}))
+    self.prefix = dm.keep(dm.empty(prefix:shape(), {dtype = prefix.dtype, device = r.device}))
+  end
+  self.x:copy_(x)
+  self.prefix:copy_(prefix)
+  local res = r.opt:prepare(step)
+  if self.graph then
+    self.graph:replay()
+  elseif self.done < self.warmup then
+    dm.scope(function() self:body() end)
+  else
+    dm.cuda.synchronize()
+    dm.cuda.empty_cache()          -- the warm-up's blocks go back: the graph gets its own pool
+    self.graph = dm.cuda.graph(function() self:body() end)
+    self.graph:replay()
+  end
+  self.done = self.done + 1
+  return res
+end
+
+--[[ The window since the last call, read from the device and reset:
+{loss = sum over applied steps, applied, skips, grad_norm = sum over applied
+steps, counts = summed routing counts (a tensor) or nil}. ]]
+function GraphStep:window(steps)
+  local sum = self.sum
+  local t = self.r.opt:sync().t
+  local w = {loss = sum.loss:item(), grad_norm = sum.norm:item(), applied = t - self.t0}
+  w.skips = steps - w.applied
+  w.counts = sum.counts and sum.counts:clone()
+  self.t0 = t
+  sum.loss:mul_(0)
+  sum.norm:mul_(0)
+  if sum.counts then sum.counts:mul_(0) end
+  return w
+end
+
+-- The captured graph's nodes (0 before the capture).
+function GraphStep:nodes() return self.graph and self.graph:nodes() or 0 end
+
+function GraphStep:free()
+  if self.graph then self.graph:free() end
+  self.graph = nil
+end
+
+graphstep.GraphStep = GraphStep
+return graphstep

@@ -1,0 +1,68 @@
+-- The training step's graph-mode work (lua/dormouse/graphstep.lua), run
+-- eagerly on the CPU: the same updates as the ordinary step, its window
+-- sums read back once, and clear refusals.
+local dm = require "dormouse"
+local config = require "dormouse.config"
+local train = require "dormouse.train"
+local graphstep = require "dormouse.graphstep"
+local helpers = require "tests.lua.helpers"
+
+local function tiny(overrides)
+  local o = {"steps=20", "device=cpu", "model.engram.orders={}", "schedule.warmup=2"}
+  for _, s in ipairs(overrides or {}) do o[#o + 1] = s end
+  return (config.load("experiments/tiny.lua", o))
+end
+
+-- the run-like table train.step and graphstep take
+local function prepared(cfg)
+  local r = {cfg = cfg, step = 0, device = "cpu"}
+  r.model, r.opt = train.setup(cfg, r.device, ".")
+  r.loader = train.open_corpus(cfg):loader {batch = cfg.batch, seq = cfg.seq, seed = cfg.seed,
+                                              ctx = train.engram_ctx(cfg)}
+  return r
+end
+
+describe("graphstep (eagerly, on the CPU)", function()
+  it("trains bit for bit as train.step does and sums the window's loss and norm on the device", function()
+    local cfg = tiny()
+    local a, b = prepared(cfg), prepared(cfg)
+    local gs = graphstep.new(b, {eager = true})
+    local loss_sum, norm_sum = 0, 0
+    for step = 1, 6 do
+      a.step = step
+      local loss, r = train.step(a)
+      loss_sum, norm_sum = loss_sum + loss, norm_sum + r.grad_norm
+      local res = gs:step(step)
+      assert.are.equal(r.lr, res.lr)
+    end
+    local w = gs:window(6)
+    assert.are.equal(6, w.applied)
+    assert.are.equal(0, w.skips)
+    assert.is_true(math.abs(w.loss - loss_sum) <= 1e-12 * loss_sum)
+    assert.is_true(math.abs(w.grad_norm - norm_sum) <= 1e-9 * norm_sum)
+    local pa, pb = a.model:named_parameters(), b.model:named_parameters()
+    for i, e in ipairs(pa) do
+      assert.is_true(dm.allclose(e.tensor, pb[i].tensor, {rtol = 0, atol = 0}), e.name)
+    end
+    assert.are.equal(0, gs:window(0).applied)            -- the sums start again
+    a.loader:close(); b.loader:close()
+  end)
+
+  it("refuses the CPU, grad_accum > 1 and a capture with no eager step before it", function()
+    local cfg = tiny()
+    local r = prepared(cfg)
+    helpers.has(helpers.err_of(graphstep.new, r), "graph = true needs the cuda device (this run is on cpu)")
+    r.device = "cuda"
+    helpers.has(helpers.err_of(graphstep.new, r, {warmup = 0}), "at least one eager step")
+    r.cfg = tiny({"grad_accum=2"})
+    helpers.has(helpers.err_of(graphstep.new, r), "grad_accum must be 1, got 2")
+    r.loader:close()
+  end)
+
+  it("names the group that cannot run from device scalars (the Engram tables' sparse Adam)", function()
+    local r = prepared(tiny({"model.engram.orders={2}"}))
+    local gs = graphstep.new(r, {eager = true})
+    helpers.has(helpers.err_of(gs.step, gs, 1), "group 'engram'", "graph mode")
+    r.loader:close()
+  end)
+end)
