@@ -353,6 +353,22 @@ static void cuda_ce_bwd(dm_tensor *gx, const dm_tensor *g, const dm_tensor *logi
 
 /* ---- causal_conv1d ----------------------------------------------------------------------------- */
 
+/* i = (b n + q) C + c → c, q, b; in 32 bits when i fits (a 64-bit division per
+** element costs more than the kernel's memory traffic) */
+__device__ __forceinline__ void conv_split(int64_t i, int64_t C, int64_t n, int64_t *c, int64_t *q, int64_t *b) {
+  if (i < 0x7fffffff && C * n < 0x7fffffff) {
+    uint32_t u = (uint32_t)i, cc = (uint32_t)C, nn = (uint32_t)n, r = u / cc;
+    *c = u - r * cc;
+    *b = r / nn;
+    *q = r - (uint32_t)*b * nn;
+    return;
+  }
+  int64_t r = i / C;
+  *c = i - r * C;
+  *b = r / n;
+  *q = r - *b * n;
+}
+
 /* x [B, T, C] with the cache [B, P, C] before it (positions -P..T-1), any strides */
 template <int DT> struct conv_in {
   const S_<DT> *x, *cache;
@@ -385,12 +401,14 @@ __global__ void conv_k(S_<DT> *y, S_<DT> *cout, conv_in<DT> in, const S_<DT> *w,
   const int64_t T = in.T, P = in.P, ny = B * T * C;
   DM_GRID_LOOP(i, ny + B * P * C) {
     if (i < ny) {
-      int64_t c = i % C, t = (i / C) % T, b = i / (C * T);
+      int64_t c, t, b;
+      conv_split(i, C, T, &c, &t, &b);
       CT acc = 0;
       for (int64_t k = 0; k < K; k++) acc += dt<DT>::load(w[c * ws0 + k * ws1]) * in(b, t - (K - 1 - k) * dil, c);
       y[i] = dt<DT>::store(acc);
     } else {
-      int64_t j = i - ny, c = j % C, p = (j / C) % P, b = j / (C * P);
+      int64_t j = i - ny, c, p, b;
+      conv_split(j, C, P, &c, &p, &b);
       cout[j] = dt<DT>::store(in(b, T - P + p, c));
     }
   }
@@ -417,7 +435,9 @@ __global__ void conv_bwd_k(S_<DT> *gx, S_<DT> *gc, const S_<DT> *gy, dm_lead Lgy
   typedef C_<DT> CT;
   const int64_t span = hi - lo;
   DM_GRID_LOOP(i, B * span * C) {
-    int64_t c = i % C, pos = lo + (i / C) % span, b = i / (C * span);
+    int64_t c, pos, b;
+    conv_split(i, C, span, &c, &pos, &b);
+    pos += lo;
     CT acc = 0;
     if (gy)
       for (int64_t k = 0; k < K; k++) {
@@ -439,7 +459,9 @@ template <int DT> struct conv_gw_term {
   int64_t C, K, dil;
   __device__ C_<DT> operator()(int64_t r, int64_t j) const {
     if (!gy) return 0;
-    int64_t k = j / C, c = j - k * C, b = r / in.T, t = r - b * in.T;
+    int64_t c, k, unused, t, b;
+    conv_split(j, C, K, &c, &k, &unused);           /* j = k C + c */
+    conv_split(r, 1, in.T, &unused, &t, &b);        /* r = b T + t */
     return dt<DT>::load(gy[dm_lead_off(Lgy, r * C + c)]) * in(b, t - (K - 1 - k) * dil, c);
   }
 };

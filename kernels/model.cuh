@@ -16,7 +16,11 @@
 
 /* ---- rows of strided tensors ------------------------------------------------------------ */
 
-/* the first nd dims of a tensor: element r of them (row-major) is at dm_lead_off(L, r) */
+/* the first nd dims of a tensor: element r of them (row-major) is at
+** dm_lead_off(L, r). Dims of size 1 are dropped and neighbours that step as
+** one are merged, so a contiguous tensor's lead is one dim and an offset
+** costs one product (a 64-bit division per element costs more than the
+** memory traffic of most row kernels). */
 struct dm_lead {
   int nd;
   int64_t shape[DM_MAXDIM], st[DM_MAXDIM];
@@ -25,22 +29,29 @@ struct dm_lead {
 static inline dm_lead dm_lead_of(const dm_tensor *t, int nd) {
   dm_lead L;
   memset(&L, 0, sizeof L);
-  L.nd = nd;
   for (int d = 0; d < nd; d++) {
-    L.shape[d] = t->shape[d];
-    L.st[d] = t->strides[d];
+    int64_t n = t->shape[d], s = t->strides[d];
+    if (n == 1) continue;
+    if (L.nd > 0 && L.st[L.nd - 1] == s * n) {      /* the outer dim steps over this one whole */
+      L.shape[L.nd - 1] *= n;
+      L.st[L.nd - 1] = s;
+    } else {
+      L.shape[L.nd] = n;
+      L.st[L.nd] = s;
+      L.nd++;
+    }
   }
   return L;
 }
 
 __device__ __forceinline__ int64_t dm_lead_off(const dm_lead &L, int64_t r) {
   int64_t off = 0;
-  for (int d = L.nd - 1; d >= 0; d--) {
+  for (int d = L.nd - 1; d > 0; d--) {
     int64_t s = L.shape[d], q = r / s;
     off += (r - q * s) * L.st[d];
     r = q;
   }
-  return off;
+  return off + r * L.st[0];           /* r is below the outermost size: no division */
 }
 
 /* element i of a tensor of run-time dtype t, in double (for the few values a kernel reads once) */
