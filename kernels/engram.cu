@@ -329,7 +329,8 @@ static void cuda_engram_alpha_bwd(dm_tensor *gu, dm_tensor *gk, dm_tensor *gw, c
 
 /* the first bad position of the row list (out of the table, or not above the row before), into *bad */
 __global__ void adam_check_k(unsigned long long *bad, const int64_t *rows, int64_t n, int64_t R, dm_device_error *err,
-                             int what, bool report) {
+                             int what, bool report, const int64_t *n_at) {
+  if (n_at && *n_at < n) n = *n_at;                 /* the padded list's real rows */
   DM_GRID_LOOP(i, n) {
     int64_t r = rows[i];
     bool range = r < 0 || r >= R, order = i > 0 && r <= rows[i - 1];
@@ -339,28 +340,47 @@ __global__ void adam_check_k(unsigned long long *bad, const int64_t *rows, int64
   }
 }
 
-/* each element of each named row, with engram.h's row formula; nothing when the list is bad */
+/* each element of each named row, with engram.h's row formula; nothing when the list is bad.
+** hp: the constants in device memory; n_at (or NULL): how many of the n rows are real */
 template <typename T>
 __global__ void adam_k(T *w, T *m, T *v, const int64_t *rows, const T *g, int64_t n, int64_t de,
-                       const unsigned long long *bad, dm_engram_adam_hp hp) {
+                       const unsigned long long *bad, const dm_engram_adam_hp *hp, const int64_t *n_at) {
   if (*bad != ~0ull) return;
-  DM_GRID_LOOP(i, n * de) {
+  const dm_engram_adam_hp h = *hp;
+  const int64_t real = n_at && *n_at < n ? *n_at : n;
+  DM_GRID_LOOP(i, real * de) {
     int64_t q = i / de, c = i - q * de, at = rows[q] * de + c;
-    if constexpr (sizeof(T) == 4) dm_engram_adam_row_f32(w + at, m + at, v + at, g + i, 1, &hp);
-    else dm_engram_adam_row_f64(w + at, m + at, v + at, g + i, 1, &hp);
+    if constexpr (sizeof(T) == 4) dm_engram_adam_row_f32(w + at, m + at, v + at, g + i, 1, &h);
+    else dm_engram_adam_row_f64(w + at, m + at, v + at, g + i, 1, &h);
   }
 }
 
-static void cuda_engram_adam(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_tensor *rows,
-                             const dm_tensor *grads, int64_t n, const dm_engram_adam_hp *hp) {
+/* the step's constants from the device scalars (engram.h's dm_engram_adam_prepare, on the
+** device); a non-finite gradient norm marks the list bad, which skips the update */
+__global__ void adam_at_consts_k(dm_engram_adam_hp *hp, dm_engram_adam_hp base, dm_engram_adam_scalars at,
+                                 unsigned long long *bad) {
+  double lr = *at.lr, t = (double)*at.step;
+  base.lr = lr;
+  base.step_size = lr / (1 - pow(base.beta1, t));
+  base.rbc2 = 1 / sqrt(1 - pow(base.beta2, t));
+  *hp = base;
+  if (at.sumsq && !isfinite(*at.sumsq)) *bad = 0;
+}
+
+/* the update of rows[0..n-1] (or of the first *at->n of them); at NULL: hp's constants */
+static void engram_adam_run(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_tensor *rows,
+                            const dm_tensor *grads, int64_t n, const dm_engram_adam_hp *hp,
+                            const dm_engram_adam_scalars *at) {
   int64_t R = table->shape[0], de = table->shape[1];
   if (n <= 0) return;
-  const int64_t *pr = (const int64_t *)dm_data(rows);
-  bool now = dm_debug_level() >= 1;
-  unsigned long long *bad = (unsigned long long *)dm_scratch(sizeof *bad);
+  const int64_t *pr = (const int64_t *)dm_data(rows), *n_at = at ? at->n : NULL;
+  bool now = dm_debug_level() >= 1 && !at;           /* the debug read waits: never with device scalars */
+  size_t nb = sizeof(unsigned long long) + sizeof(dm_engram_adam_hp);
+  unsigned long long *bad = (unsigned long long *)dm_scratch(nb);
+  dm_engram_adam_hp *hpd = (dm_engram_adam_hp *)(bad + 1);
   cudaStream_t st = dm_cuda_stream();
   DM_CU(cudaMemsetAsync(bad, 0xff, sizeof *bad, st));
-  DM_LAUNCH(adam_check_k, n, bad, pr, n, R, dm_cuda_device_error(), dm_cuda_name_id("engram_adam"), !now);
+  DM_LAUNCH(adam_check_k, n, bad, pr, n, R, dm_cuda_device_error(), dm_cuda_name_id("engram_adam"), !now, n_at);
   if (now) {
     unsigned long long got;
     DM_CU(cudaMemcpyAsync(&got, bad, sizeof got, cudaMemcpyDeviceToHost, st));
@@ -369,7 +389,7 @@ static void cuda_engram_adam(dm_tensor *table, dm_tensor *m, dm_tensor *v, const
       int64_t i = (int64_t)got, pair[2] = {0, 0};
       DM_CU(cudaMemcpyAsync(pair, pr + (i > 0 ? i - 1 : 0), sizeof(int64_t) * (i > 0 ? 2 : 1), cudaMemcpyDeviceToHost, st));
       DM_CU(cudaStreamSynchronize(st));
-      dm_scratch_free(bad, sizeof *bad);
+      dm_scratch_free(bad, nb);
       int64_t r = i > 0 ? pair[1] : pair[0];
       if (r < 0 || r >= R)
         dm_error("engram_adam: row %lld is out of range for a table of %lld rows", (long long)r, (long long)R);
@@ -377,13 +397,30 @@ static void cuda_engram_adam(dm_tensor *table, dm_tensor *m, dm_tensor *v, const
                (long long)r, (long long)pair[0]);
     }
   }
+  if (at) {
+    adam_at_consts_k<<<1, 1, 0, st>>>(hpd, *hp, *at, bad);
+    DM_CU_LAUNCHED();
+  } else {
+    DM_CU(cudaMemcpyAsync(hpd, hp, sizeof *hp, cudaMemcpyHostToDevice, st));
+  }
   if (table->dtype == DM_F32)
     DM_LAUNCH(adam_k<float>, n * de, (float *)dm_data(table), (float *)dm_data(m), (float *)dm_data(v), pr,
-              (const float *)dm_data(grads), n, de, bad, *hp);
+              (const float *)dm_data(grads), n, de, bad, hpd, n_at);
   else
     DM_LAUNCH(adam_k<double>, n * de, (double *)dm_data(table), (double *)dm_data(m), (double *)dm_data(v), pr,
-              (const double *)dm_data(grads), n, de, bad, *hp);
-  dm_scratch_free(bad, sizeof *bad);
+              (const double *)dm_data(grads), n, de, bad, hpd, n_at);
+  dm_scratch_free(bad, nb);
+}
+
+static void cuda_engram_adam(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_tensor *rows,
+                             const dm_tensor *grads, int64_t n, const dm_engram_adam_hp *hp) {
+  engram_adam_run(table, m, v, rows, grads, n, hp, NULL);
+}
+
+static void cuda_engram_adam_at(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_tensor *rows,
+                                const dm_tensor *grads, int64_t n, const dm_engram_adam_hp *hp,
+                                const dm_engram_adam_scalars *at) {
+  engram_adam_run(table, m, v, rows, grads, n, hp, at);
 }
 
 static const dm_kernel_entry kernels[] = {
@@ -393,5 +430,6 @@ static const dm_kernel_entry kernels[] = {
   {"engram_alpha", (dm_kernel_fn)cuda_engram_alpha},
   {"engram_alpha_bwd", (dm_kernel_fn)cuda_engram_alpha_bwd},
   {"engram_adam", (dm_kernel_fn)cuda_engram_adam},
+  {"engram_adam_at", (dm_kernel_fn)cuda_engram_adam_at},
 };
 DM_CUDA_KERNELS(kernels)

@@ -178,12 +178,32 @@ typedef void (*dm_engram_alpha_bwd_k)(dm_tensor *gu, dm_tensor *gk, dm_tensor *g
 typedef void (*dm_engram_adam_k)(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_tensor *rows,
                                  const dm_tensor *grads, int64_t n, const dm_engram_adam_hp *hp);
 
+/* The step's scalars in device memory, for a step captured as a CUDA graph:
+** the kernel reads them when it runs. n: how many of the rows are real (the
+** padded list of engram_unique's static form); lr, step: as in hp (the
+** constants are made on the device); sumsq: the step's gradient sum of
+** squares, a non-finite one skipping the update. The host arguments n, lr
+** and step then only bound and check. */
+typedef struct dm_engram_adam_scalars {
+  const int64_t *n, *step;
+  const double *lr, *sumsq;
+} dm_engram_adam_scalars;
+/* "engram_adam_at": the same update with the scalars of at (device memory) */
+typedef void (*dm_engram_adam_at_k)(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_tensor *rows,
+                                    const dm_tensor *grads, int64_t n, const dm_engram_adam_hp *hp,
+                                    const dm_engram_adam_scalars *at);
+
 /* ---- the C API (vm/ops_engram.c): owned references, recorded when grad mode is on ---------- */
 
 /* [B, T, nsub] i64 rows of the physical table; prefix may be NULL */
 dm_tensor *dm_engram_index(dm_tensor *x, dm_tensor *prefix, const dm_engram_layout *L);
 /* rows [U] i64 increasing, inverse (idx's shape) i64, counts [U] i64 */
 void dm_engram_unique(dm_tensor *idx, dm_tensor **rows, dm_tensor **inverse, dm_tensor **counts);
+/* The static form (nothing waits for the device): rows and counts [M], M =
+** numel(idx), whose first U entries are those above and the rest row 0 with
+** count 0; n_unique [1] i64 = U, on idx's device. */
+void dm_engram_unique_padded(dm_tensor *idx, dm_tensor **rows, dm_tensor **inverse, dm_tensor **counts,
+                             dm_tensor **n_unique);
 /* g [M, de], inverse with M values in 0..n_unique-1 → [n_unique, de] */
 dm_tensor *dm_engram_sparse_grad(dm_tensor *g, dm_tensor *inverse, int64_t n_unique);
 /* sigmoid(sum_i w_i rmsnorm(u)_i rmsnorm(kx)_i / sqrt(d)) over the last dim; w may be NULL */
@@ -193,5 +213,13 @@ dm_tensor *dm_engram_alpha(dm_tensor *u, dm_tensor *kx, dm_tensor *w, double eps
 void dm_engram_adam(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_tensor *rows,
                     const dm_tensor *grads, int64_t n, double lr, double beta1, double beta2, double eps,
                     int64_t step);
+/* The same from one-element tensors on the table's device, read when the
+** update runs: n_at (i64: rows[0..*n_at-1] are updated, rows has n_at's
+** bound of entries), lr_at (f64), step_at (i64) and sumsq_at (f64, may be
+** NULL: a non-finite value skips the update). On the CPU they are read at
+** once. */
+void dm_engram_adam_at(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_tensor *rows,
+                       const dm_tensor *grads, const dm_tensor *n_at, double beta1, double beta2, double eps,
+                       const dm_tensor *lr_at, const dm_tensor *step_at, const dm_tensor *sumsq_at);
 
 #endif

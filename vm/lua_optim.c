@@ -8,6 +8,8 @@
 **   core.newton_schulz(x, steps, coeffs, dtype)  → the orthogonalised x
 **   core.clip_grads_async(grads, max_norm, sumsq) the norm kept on the device
 **   core.optim_tick(step, sumsq)                 step += 1 when sumsq is finite
+**   core.engram_adam_at(table, m, v, rows, grads, n_at, beta1, beta2, eps, lr_at, step_at, sumsq_at)
+**                                                the Engram tables' sparse Adam from device scalars
 **
 ** hp may also name one-element tensors on the parameters' device that the
 ** kernels read when they run (so a captured graph replays with new
@@ -21,6 +23,7 @@
 #include <string.h>
 #include "lua_tensor.h"
 #include "optim.h"
+#include "engram.h"
 
 /* the tensors of the Lua array at idx */
 static dm_tensor **tensor_list(lua_State *L, int idx, const char *fn, const char *what, int *n) {
@@ -105,6 +108,15 @@ static int c_clip_grads_async(lua_State *L) {
 static int c_optim_tick(lua_State *L) {
   DM_ENTER(L);
   dm_optim_tick(dm_lua_check(L, 1), dm_lua_check(L, 2));
+  return 0;
+}
+
+static int c_engram_adam_at(lua_State *L) {
+  DM_ENTER(L);
+  dm_engram_adam_at(dm_lua_check(L, 1), dm_lua_check(L, 2), dm_lua_check(L, 3), dm_lua_check(L, 4),
+                    dm_lua_check(L, 5), dm_lua_check(L, 6), luaL_checknumber(L, 7), luaL_checknumber(L, 8),
+                    luaL_checknumber(L, 9), dm_lua_check(L, 10), dm_lua_check(L, 11),
+                    lua_isnoneornil(L, 12) ? NULL : dm_lua_check(L, 12));
   return 0;
 }
 
@@ -200,6 +212,6 @@ static int c_newton_schulz(lua_State *L) {
 static const luaL_Reg funcs[] = {
   {"clip_grad_norm", c_clip_grad_norm}, {"clip_grads", c_clip_grads}, {"adamw_step", c_adamw_step},
   {"muon_step", c_muon_step}, {"newton_schulz", c_newton_schulz}, {"clip_grads_async", c_clip_grads_async},
-  {"optim_tick", c_optim_tick}, {NULL, NULL}
+  {"optim_tick", c_optim_tick}, {"engram_adam_at", c_engram_adam_at}, {NULL, NULL}
 };
 DM_LUA_FUNCS(funcs)

@@ -40,6 +40,13 @@ void dm_check_float(const char *op, const char *what, const dm_tensor *t) {
     dm_error("%s: %s must be a float tensor, got %s", op, what, dm_dtype_name(t->dtype));
 }
 
+void dm_check_scalar(const char *op, const char *what, const dm_tensor *t, dm_dtype dt, dm_device dev) {
+  dm_check_live(t);
+  if (t->dtype != dt || dm_numel(t) != 1 || !dm_is_contiguous(t) || t->device != dev)
+    dm_error("%s: %s must be one contiguous %s element on %s, got %s [%lld] on %s", op, what, dm_dtype_name(dt),
+             dm_device_name(dev), dm_dtype_name(t->dtype), (long long)dm_numel(t), dm_device_name(t->device));
+}
+
 dm_tensor *dm_new_grad(dm_ctx *c, int i, dm_device dev) {
   return dm_tensor_new(dev, dm_in_dtype(c, i), dm_in_ndim(c, i), dm_in_shape(c, i));
 }

@@ -85,6 +85,8 @@ dm_dtype dm_in_dtype(dm_ctx *c, int i);
 
 /* shared checks and helpers of forwards and backwards */
 void dm_check_float(const char *op, const char *what, const dm_tensor *t);  /* "op: what must be a float tensor" */
+/* t is one contiguous element of dtype dt on dev (a per-step scalar in device memory) */
+void dm_check_scalar(const char *op, const char *what, const dm_tensor *t, dm_dtype dt, dm_device dev);
 dm_tensor *dm_new_grad(dm_ctx *c, int i, dm_device dev);   /* uninitialised, shaped and typed like input i */
 
 /* attribute helpers */

@@ -179,19 +179,25 @@ static dm_tensor *head_view(dm_tensor *t, int64_t n) {
   return dm_tensor_view(t, 1, &n, &stride, t->offset);
 }
 
+/* attrs: bound (optional, > 0), padded (1: the static form, engram.h) */
 static void unique_fwd(dm_ctx *c) {
   dm_tensor *idx = c->in[0];
   check_index_dtype("engram_unique", idx);
   int64_t bound = c->a.nv > 0 && c->a.v[0] > 0 ? (int64_t)c->a.v[0] : (int64_t)1 << 62;
+  bool padded = c->a.nv > 1 && c->a.v[1] != 0;
   DM_KERNEL(index_check_k, "index_check", idx->device)(idx, bound, 0, "engram_unique");
   int64_t M = dm_numel(idx), one = 1;
   dm_tensor *ic = as_i64(idx);
   dm_tensor *rows = dm_tensor_new(idx->device, DM_I64, 1, &M), *counts = dm_tensor_new(idx->device, DM_I64, 1, &M);
   dm_tensor *inverse = dm_tensor_new(idx->device, DM_I64, idx->ndim, idx->shape);
   dm_tensor *nu = dm_tensor_new(idx->device, DM_I64, 1, &one);
+  if (padded) {                         /* the tail past U: row 0, count 0 */
+    dm_fill(rows, 0.0);
+    dm_fill(counts, 0.0);
+  }
   DM_KERNEL(dm_engram_unique_k, "engram_unique", idx->device)(rows, inverse, counts, nu, ic);
-  int64_t U = M;                        /* on the meta device: as if every row were distinct */
-  if (nu->device != DM_META) {
+  int64_t U = M;                        /* on the meta device, or padded: as if every row were distinct */
+  if (!padded && nu->device != DM_META) {
     dm_tensor *nu_host = nu->device == DM_CPU ? (dm_retain(nu), nu) : dm_to_device(nu, DM_CPU);
     U = *(int64_t *)dm_data(nu_host);
     dm_release(nu_host);
@@ -199,18 +205,30 @@ static void unique_fwd(dm_ctx *c) {
   c->out[0] = head_view(rows, U);
   c->out[1] = inverse;
   c->out[2] = head_view(counts, U);
-  dm_release(nu);
+  c->out[3] = nu;
   dm_release(rows);
   dm_release(counts);
   dm_release(ic);
 }
 
 void dm_engram_unique(dm_tensor *idx, dm_tensor **rows, dm_tensor **inverse, dm_tensor **counts) {
-  dm_tensor *out[3];
+  dm_tensor *out[4];
   dm_call(dm_op_get("engram_unique"), 1, &idx, NULL, out);
   *rows = out[0];
   *inverse = out[1];
   *counts = out[2];
+  dm_release(out[3]);
+}
+
+void dm_engram_unique_padded(dm_tensor *idx, dm_tensor **rows, dm_tensor **inverse, dm_tensor **counts,
+                             dm_tensor **n_unique) {
+  dm_tensor *out[4];
+  dm_attrs a = dm_attrs_of(2, (double[]){0, 1});
+  dm_call(dm_op_get("engram_unique"), 1, &idx, &a, out);
+  *rows = out[0];
+  *inverse = out[1];
+  *counts = out[2];
+  *n_unique = out[3];
 }
 
 /* ---- engram_sparse_grad --------------------------------------------------------------------------- */
@@ -325,12 +343,11 @@ dm_engram_adam_hp dm_engram_adam_prepare(double lr, double beta1, double beta2, 
   return hp;
 }
 
-void dm_engram_adam(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_tensor *rows,
-                    const dm_tensor *grads, int64_t n, double lr, double beta1, double beta2, double eps,
-                    int64_t step) {
-  const char *what = "engram_adam";
+/* the table, moments, row list and gradients of an update of n rows */
+static void check_adam(const char *what, dm_tensor *const *state, const dm_tensor *rows, const dm_tensor *grads,
+                       int64_t n) {
   char s1[128], s2[128];
-  dm_tensor *state[3] = {table, m, v};
+  const dm_tensor *table = state[0];
   for (int i = 0; i < 3; i++) {
     dm_check_live(state[i]);
     if (state[i]->requires_grad && dm_grad_enabled())
@@ -360,8 +377,41 @@ void dm_engram_adam(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_tenso
   if (n < 0 || n > rows->shape[0] || n > grads->shape[0])
     dm_error("%s: %lld rows asked for, with %lld rows and %lld gradient rows given", what, (long long)n,
              (long long)rows->shape[0], (long long)grads->shape[0]);
+}
+
+void dm_engram_adam(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_tensor *rows,
+                    const dm_tensor *grads, int64_t n, double lr, double beta1, double beta2, double eps,
+                    int64_t step) {
+  dm_tensor *state[3] = {table, m, v};
+  check_adam("engram_adam", state, rows, grads, n);
   dm_engram_adam_hp hp = dm_engram_adam_prepare(lr, beta1, beta2, eps, step);
   DM_KERNEL(dm_engram_adam_k, "engram_adam", table->device)(table, m, v, rows, grads, n, &hp);
+  for (int i = 0; i < 3; i++) dm_mark_written(state[i]);
+}
+
+void dm_engram_adam_at(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_tensor *rows,
+                       const dm_tensor *grads, const dm_tensor *n_at, double beta1, double beta2, double eps,
+                       const dm_tensor *lr_at, const dm_tensor *step_at, const dm_tensor *sumsq_at) {
+  const char *what = "engram_adam_at";
+  dm_tensor *state[3] = {table, m, v};
+  dm_check_live(table);
+  dm_check_scalar(what, "n_at", n_at, DM_I64, table->device);
+  dm_check_scalar(what, "lr_at", lr_at, DM_F64, table->device);
+  dm_check_scalar(what, "step_at", step_at, DM_I64, table->device);
+  if (sumsq_at) dm_check_scalar(what, "sumsq_at", sumsq_at, DM_F64, table->device);
+  int64_t cap = rows->shape[0] < grads->shape[0] ? rows->shape[0] : grads->shape[0];
+  check_adam(what, state, rows, grads, cap);
+  if (table->device == DM_CPU) {       /* read at once, then the ordinary update */
+    if (sumsq_at && !isfinite(*(const double *)dm_data(sumsq_at))) return;
+    int64_t n = *(const int64_t *)dm_data(n_at);
+    if (n < 0 || n > cap) dm_error("%s: n_at holds %lld, outside 0..%lld", what, (long long)n, (long long)cap);
+    dm_engram_adam(table, m, v, rows, grads, n, *(const double *)dm_data(lr_at), beta1, beta2, eps,
+                   *(const int64_t *)dm_data(step_at));
+    return;
+  }
+  dm_engram_adam_hp hp = dm_engram_adam_prepare(0, beta1, beta2, eps, 1);   /* betas and eps checked here */
+  dm_engram_adam_scalars at = {dm_data(n_at), dm_data(step_at), dm_data(lr_at), sumsq_at ? dm_data(sumsq_at) : NULL};
+  DM_KERNEL(dm_engram_adam_at_k, "engram_adam_at", table->device)(table, m, v, rows, grads, cap, &hp, &at);
   for (int i = 0; i < 3; i++) dm_mark_written(state[i]);
 }
 
@@ -369,8 +419,8 @@ static dm_op ops[] = {
   {.name = "engram_index", .doc = "Engram n-gram rows [B, T, nsub] i64 of bytes x [B, T] (prefix [B, P] before them)",
    .n_in = 2, .n_out = 1, .attrs = "heads,rows (list: orders)", .optional = 1u << 1, .nondiff = 3u,
    .forward = index_fwd},
-  {.name = "engram_unique", .doc = "the distinct rows of idx (increasing), the inverse map and the counts",
-   .n_in = 1, .n_out = 3, .attrs = "bound", .nondiff = 1u, .forward = unique_fwd},
+  {.name = "engram_unique", .doc = "the distinct rows of idx (increasing), the inverse map, the counts and their number",
+   .n_in = 1, .n_out = 4, .attrs = "bound,padded", .nondiff = 1u, .forward = unique_fwd},
   {.name = "engram_sparse_grad", .doc = "per-lookup gradients [M, de] summed per unique row (deterministic)",
    .n_in = 2, .n_out = 1, .attrs = "n_unique", .nondiff = 1u << 1,
    .forward = sparse_grad_fwd, .backward = sparse_grad_bwd},

@@ -312,18 +312,10 @@ static const dm_tensor *check_clip(const char *op, int n, dm_tensor *const *grad
   return first;
 }
 
-/* a one-element scalar of dtype dt on dev, for the per-step values */
-static void check_scalar(const char *op, const char *what, const dm_tensor *t, dm_dtype dt, dm_device dev) {
-  dm_check_live(t);
-  if (t->dtype != dt || dm_numel(t) != 1 || !dm_is_contiguous(t) || t->device != dev)
-    dm_error("%s: %s must be one contiguous %s element on %s, got %s [%lld] on %s", op, what, dm_dtype_name(dt),
-             dm_device_name(dev), dm_dtype_name(t->dtype), (long long)dm_numel(t), dm_device_name(t->device));
-}
-
 void dm_clip_grads_async(int n, dm_tensor *const *grads, double max_norm, dm_tensor *sumsq) {
   const dm_tensor *first = check_clip("clip_grads_async", n, grads, max_norm);
   dm_device dev = first ? first->device : sumsq->device;
-  check_scalar("clip_grads_async", "the sum of squares", sumsq, DM_F64, dev);
+  dm_check_scalar("clip_grads_async", "the sum of squares", sumsq, DM_F64, dev);
   if (!first) { dm_fill(sumsq, 0.0); return; }
   DM_KERNEL(dm_sumsq_k, "sumsq", dev)(n, grads, sumsq);
   if (max_norm > 0) {
@@ -334,8 +326,8 @@ void dm_clip_grads_async(int n, dm_tensor *const *grads, double max_norm, dm_ten
 }
 
 void dm_optim_tick(dm_tensor *step, const dm_tensor *sumsq) {
-  check_scalar("optim_tick", "the step count", step, DM_I64, step->device);
-  check_scalar("optim_tick", "the sum of squares", sumsq, DM_F64, step->device);
+  dm_check_scalar("optim_tick", "the step count", step, DM_I64, step->device);
+  dm_check_scalar("optim_tick", "the sum of squares", sumsq, DM_F64, step->device);
   DM_KERNEL(dm_optim_tick_k, "optim_tick", step->device)(step, sumsq);
   dm_mark_written(step);
 }

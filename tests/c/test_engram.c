@@ -572,6 +572,48 @@ static int bench(const char *path) {
   return 0;
 }
 
+static dm_tensor *scalar(dm_dtype dt, double v) {
+  int64_t one = 1;
+  dm_tensor *t = dm_empty(DM_CPU, dt, 1, &one);
+  dm_fill(t, v);
+  return t;
+}
+
+/* the update from device scalars (here CPU tensors read at once) equals the
+** ordinary one on the real rows of a padded list, and a non-finite norm skips it */
+static void sparse_adam_at(void) {
+  int64_t R = 23, de = 5, shape[2] = {R, de}, M = 9;
+  dm_tensor *w[2], *m[2], *v[2];
+  for (int k = 0; k < 2; k++) {
+    dm_manual_seed(3);
+    w[k] = dm_randn(DM_CPU, DM_F32, 2, shape);
+    m[k] = dm_zeros(DM_CPU, DM_F32, 2, shape);
+    v[k] = dm_zeros(DM_CPU, DM_F32, 2, shape);
+  }
+  dm_tensor *rows = dm_zeros(DM_CPU, DM_I64, 1, &M);             /* 4 real rows, then the padding (row 0) */
+  int64_t real[4] = {2, 5, 11, 22};
+  memcpy(dm_data(rows), real, sizeof real);
+  dm_tensor *g = dm_randn(DM_CPU, DM_F32, 2, (int64_t[]){M, de});
+  dm_tensor *n_at = scalar(DM_I64, 4), *lr_at = scalar(DM_F64, 3e-3), *step_at = scalar(DM_I64, 2);
+  dm_tensor *ok = scalar(DM_F64, 7.0), *nan = scalar(DM_F64, NAN);
+  dm_engram_adam(w[0], m[0], v[0], rows, g, 4, 3e-3, 0.9, 0.95, 1e-8, 2);
+  dm_engram_adam_at(w[1], m[1], v[1], rows, g, n_at, 0.9, 0.95, 1e-8, lr_at, step_at, ok);
+  size_t bytes = sizeof(float) * (size_t)(R * de);
+  CHECK(!memcmp(dm_data(w[0]), dm_data(w[1]), bytes) && !memcmp(dm_data(v[0]), dm_data(v[1]), bytes));
+  char *before = malloc(bytes);
+  memcpy(before, dm_data(w[1]), bytes);
+  dm_engram_adam_at(w[1], m[1], v[1], rows, g, n_at, 0.9, 0.95, 1e-8, lr_at, step_at, nan);
+  CHECK(!memcmp(before, dm_data(w[1]), bytes));
+  dm_fill(n_at, 10);
+  EXPECT_ERROR(dm_engram_adam_at(w[1], m[1], v[1], rows, g, n_at, 0.9, 0.95, 1e-8, lr_at, step_at, ok),
+               "n_at holds 10, outside 0..9");
+  EXPECT_ERROR(dm_engram_adam_at(w[1], m[1], v[1], rows, g, lr_at, 0.9, 0.95, 1e-8, lr_at, step_at, ok),
+               "n_at must be one contiguous i64 element on cpu");
+  free(before);
+  dm_tensor *all[] = {w[0], w[1], m[0], m[1], v[0], v[1], rows, g, n_at, lr_at, step_at, ok, nan};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dm_release(all[i]);
+}
+
 int main(int argc, char **argv) {
   check_begin();
   if (argc > 1 && !strcmp(argv[1], "--bench")) return bench(argc > 2 ? argv[2] : NULL);
@@ -584,6 +626,7 @@ int main(int argc, char **argv) {
   unique_round_trip();
   sparse_adam(DM_F32);
   sparse_adam(DM_F64);
+  sparse_adam_at();
   host_tables();
   host_threads();
   return check_end();

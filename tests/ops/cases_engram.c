@@ -125,7 +125,8 @@ static void in_unique(h_rng *r, int k, dm_tensor **in, dm_attrs *a) {
   if (k == TRIALS) { nd = 3; shape[0] = 8; shape[1] = 1024; shape[2] = 3; }   /* perf: b1's lookups */
   int64_t hi = k == TRIALS ? 12582912 : k % 2 ? 6 : (int64_t)1 << 40;
   in[0] = ints_as(r, k % 3 == 2 ? DM_I32 : DM_I64, nd, shape, 0, k % 3 == 2 && hi > 1000 ? 1 << 30 : hi);
-  *a = dm_attrs_of(k == 3 ? 1 : 0, (double[]){7});             /* trial 3: every value below 7 */
+  if (k % 4 == 1) *a = dm_attrs_of(2, (double[]){0, 1});        /* the padded (static) form */
+  else *a = dm_attrs_of(k == 3 ? 1 : 0, (double[]){7});        /* trial 3: every value below 7 */
 }
 
 static void or_unique(dm_tensor *const *in, const dm_attrs *a, dm_tensor **expect) {
@@ -141,9 +142,14 @@ static void or_unique(dm_tensor *const *in, const dm_attrs *a, dm_tensor **expec
     vals[j] = v;
     U++;
   }
-  expect[0] = h_new(DM_I64, 1, &U);
+  bool padded = a->nv > 1 && a->v[1] != 0;
+  int64_t n = padded ? M : U, one = 1;          /* padded: rows and counts of M, the tail 0 */
+  expect[0] = h_new(DM_I64, 1, &n);
   expect[1] = h_new(DM_I64, idx->ndim, idx->shape);
-  expect[2] = h_new(DM_I64, 1, &U);
+  expect[2] = h_new(DM_I64, 1, &n);
+  expect[3] = h_new(DM_I64, 1, &one);
+  h_set(expect[3], 0, (double)U);
+  for (int64_t j = 0; j < n; j++) { h_set(expect[0], j, 0); h_set(expect[2], j, 0); }
   for (int64_t i = 0; i < M; i++) {
     int64_t lo = 0, hi = U - 1;               /* binary search: vals[lo] == the value */
     while (lo < hi) {

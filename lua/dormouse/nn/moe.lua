@@ -35,13 +35,26 @@ function MoE:init(d, opts)
   self:buffer("lfb_bias", nn.init.zeros({E}))
 end
 
+-- The routed experts' products in the compute dtype (bf16 on the GPU: the
+-- tensor-core kernels), with f32 masters cast at each use as for any matrix
+-- product, so their gradients add up in f32; the combine too, its result in f32.
+local function routed_experts(self, x, perm, offsets, inv, w)
+  local cd = nn.compute_dtype
+  if cd == "f32" or x.dtype ~= "f32" then
+    local rows = dm.moe_experts(x, perm, offsets, self.Ug, self.Uu, self.cg, self.cu, self.D, self.top_k)
+    return dm.moe_combine(rows, inv, w)
+  end
+  local rows = dm.moe_experts(x:to(cd), perm, offsets, self.Ug:to(cd), self.Uu:to(cd), self.cg:to(cd),
+                              self.cu:to(cd), self.D:to(cd), self.top_k)
+  return dm.moe_combine(rows, inv, w:to(cd)):to("f32")
+end
+
 function MoE:forward(u)
   local B, T, d = u:size(1), u:size(2), u:size(3)
   local x = u:reshape({B * T, d})
   local idx, w, counts = dm.moe_route(self.router:forward(x), self.lfb_bias, self.top_k)
   local perm, offsets, inv = dm.moe_sort(idx, self.experts)
-  local rows = dm.moe_experts(x, perm, offsets, self.Ug, self.Uu, self.cg, self.cu, self.D, self.top_k)
-  local routed = dm.moe_combine(rows, inv, w)
+  local routed = routed_experts(self, x, perm, offsets, inv, w)
   local shared = self.sd:forward(dm.silu_mul(self.sg:forward(x) * self.scg, self.su:forward(x) * self.scu))
   self.counts = self.counts and self.counts + counts or counts   -- summed over the step's iterations
   return self.write:forward(routed + shared):reshape({B, T, d})

@@ -13,9 +13,14 @@ arithmetic).
       x [B, T] bytes (u8, i32 or i64), prefix [B, P] the bytes before each row
       (nil: none; bytes before it read as 0). Rows count from 0, like
       embedding ids: dm.embedding(idx, table) is the lookup.
-  dm.engram_unique(idx)                 → rows [U], inverse (idx's shape), counts [U]
+  dm.engram_unique(idx)                 → rows [U], inverse (idx's shape), counts [U], n [1]
       rows: the distinct rows, increasing; inverse: each lookup's id in rows
-      (from 0, for dm.embedding(inverse, compact)); counts: lookups per row.
+      (from 0, for dm.embedding(inverse, compact)); counts: lookups per row;
+      n: U as a one-element i64 tensor on idx's device.
+  dm.engram_unique(idx, {padded = true, bound = R})
+      the static form, that never waits for the device (a step captured as
+      a CUDA graph): rows and counts of numel(idx) entries, the first U as
+      above and the rest row 0 with count 0; U is only in n.
   dm.engram_sparse_grad(g, inverse, n)  → [n, de]: g [M, de] summed per unique
       row, in lookup order (deterministic; the same bits on every backend).
   dm.engram_alpha(u, kx, {eps = 1e-6, gain = w})  → alpha (u's shape without its last dim)
@@ -86,8 +91,11 @@ function dm.engram_index(x, prefix, layout)
   return core.call("engram_index", x, prefix, {layout.heads, layout.rows, list = layout.orders})
 end
 
-function dm.engram_unique(idx, bound)
-  return core.call("engram_unique", idx, bound and {bound} or nil)
+-- opts: a bound (number), or {bound =, padded =}
+function dm.engram_unique(idx, opts)
+  if type(opts) == "number" then opts = {bound = opts} end
+  local o = check_opts(opts, "engram_unique", {bound = true, padded = true})
+  return core.call("engram_unique", idx, {o.bound or 0, o.padded and 1 or 0})
 end
 
 function dm.engram_sparse_grad(g, inverse, n_unique)
