@@ -12,13 +12,17 @@
 ** h D. The backward's weight gradients are sums over an expert's rows: one
 ** block per (expert, column slice) sums them in row order. Sums run in a
 ** fixed order and nothing adds floats with atomics: the same bits on every
-** run. Compute in float (double for f64); any float dtype.
+** run. Compute in float (double for f64); any float dtype. bf16 and f16 at
+** ranks 16, 32, 64 and 128 take the tensor-core kernels further down
+** ("the expert products on tensor cores"), which read each expert's weights
+** once a pass.
 **
 ** A bad index (an expert id, perm or inv value out of range) is recorded as
 ** index.cu does and raised at the next synchronisation; its row is skipped.
 ** Bad offsets likewise (moe_check_offsets; with DM_DEBUG >= 1 it waits and
 ** raises the CPU's message at the op).
 */
+#include <stdlib.h>
 #include "model.cuh"
 extern "C" {
 #include "moe.h"
@@ -392,21 +396,16 @@ static void tile_launch(const void *kernel, const moe_dims &M, int tm, size_t sm
 #define BY_TM(tm, F, ...) ((tm) == 16 ? (const void *)F<__VA_ARGS__, 16> : (tm) == 4 ? (const void *)F<__VA_ARGS__, 4> \
                                                                        : (const void *)F<__VA_ARGS__, 1>)
 
-static void cuda_experts(dm_tensor *y_rows, const dm_tensor *u, const dm_tensor *perm, const dm_tensor *offsets,
-                         const dm_moe_bank *bank, int64_t k) {
-  moe_dims M = dims_of(u, perm, offsets, bank, k);
-  int tm = tile_rows("moe_experts", &M);
-  if (M.rows == 0 || M.f == 0) return;
+template <int DT>
+static void experts_forward(dm_tensor *y_rows, const dm_tensor *u, const dm_tensor *perm, const dm_tensor *offsets,
+                            const dm_moe_bank *bank, moe_dims M, int tm) {
   size_t tb;
   int64_t *tiles = make_tiles((const int64_t *)dm_data(offsets), M.e, tm, &tb);
-  dm_dispatch_float(u->dtype, "moe_experts", [&](auto d) {
-    constexpr int DT = decltype(d)::value;
-    void *py = dm_data(y_rows);
-    const void *pu = dm_data(u), *pp = dm_data(perm), *po = dm_data(offsets), *pug = dm_data(bank->ug),
-               *puu = dm_data(bank->uu), *pcg = dm_data(bank->cg), *pcu = dm_data(bank->cu), *pd = dm_data(bank->d);
-    void *args[] = {&py, &pu, &pp, &po, &tiles, &pug, &puu, &pcg, &pcu, &pd, &M};
-    tile_launch(BY_TM(tm, experts_k, DT), M, tm, tile_smem(tm, M, sizeof(C_<DT>)), args);
-  });
+  void *py = dm_data(y_rows);
+  const void *pu = dm_data(u), *pp = dm_data(perm), *po = dm_data(offsets), *pug = dm_data(bank->ug),
+             *puu = dm_data(bank->uu), *pcg = dm_data(bank->cg), *pcu = dm_data(bank->cu), *pd = dm_data(bank->d);
+  void *args[] = {&py, &pu, &pp, &po, &tiles, &pug, &puu, &pcg, &pcu, &pd, &M};
+  tile_launch(BY_TM(tm, experts_k, DT), M, tm, tile_smem(tm, M, sizeof(C_<DT>)), args);
   dm_scratch_free(tiles, tb);
 }
 
@@ -598,12 +597,671 @@ static void experts_backward(dm_tensor *gx_rows, const dm_moe_grads *g, const dm
   dm_scratch_free(scratch, rb);
 }
 
+/* ---- the expert products on tensor cores (bf16, f16) ------------------------------------------------------
+**
+** At ranks r of 16, 32, 64 or 128, d a multiple of 8 and 16-byte aligned tensors, bf16 and f16 run on
+** mma.sync m16n8k16 with f32 accumulators (DM_MOE_FMA=1 in the environment keeps the FMA kernels above,
+** for comparison). The weights dominate the traffic, so each kernel reads every expert's weights once:
+**
+**   tc_rows_k  a tile of TC_TM rows of one expert: z = x [Ug | Uu] over chunks of d; the forward writes
+**              h; the backward also takes dh = g D^T over chunks of F (the warps split the k steps and
+**              their sums are added in warp order) and goes through the activation: h, [dag | dau]
+**              (storage dtype, for the products below) and pg, pu (f32, for dcg, dcu)
+**   tc_down_k  an (expert, slice of F): y = h D, the slice of D loaded once, the expert's rows in turn
+**   tc_dd_k    an (expert, slice of F): dD = h^T g over the expert's rows, in row order
+**   tc_du_k    an (expert, slice of d): [dUg | dUu] = x^T [dag | dau], likewise
+**   tc_gx_k    a tile of rows: gx = [dag | dau] [Ug | Uu]^T over slices of d
+**
+** Operands move to shared memory as runs of 16-byte chunks (cp.async). A run that does not start on a
+** chunk's boundary (rows of F elements when F is odd) keeps its offset in the chunk, sh (0..7), and is
+** read element by element; aligned tiles are read by ldmatrix. Rows past an expert's end load as zeros,
+** and so do columns past the summed dim's end. Outputs go through shared memory to whole-chunk stores.
+** Every weight gradient is written by one block, summing in a fixed order: the same bits on every run.
+*/
+typedef uint16_t u16;
+
+#define TC_TM 32            /* rows a tile */
+#define TC_FS 128           /* columns of F a block of tc_down_k and tc_dd_k */
+#define TC_DS 64            /* d's slice in tc_du_k and tc_gx_k */
+#define TC_THREADS 256
+#define TC_STAGES 3         /* cp.async pipeline depth of the loops over d and F */
+
+__device__ __forceinline__ uint32_t sm_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/* 16 bytes to shared memory, of which `bytes` from src (the rest zeros) */
+__device__ __forceinline__ void cp16(void *dst, const void *src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sm_addr(dst)), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldsm(uint32_t (&r)[4], const u16 *p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(sm_addr(p)));
+}
+__device__ __forceinline__ void ldsm_t(uint32_t (&r)[4], const u16 *p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(sm_addr(p)));
+}
+
+/* c += a b: a 16 x 16, b 16 x 8 (b0, b1), c 16 x 8 in f32 */
+template <int DT> __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (DT == DM_BF16)
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Fragments from aligned tiles (rows of ld elements, ld a multiple of 8). A is 16 x 16 at (m0, k0);
+** B is 16 x 16 at (k0, n0) as two n8 halves: f[0], f[1] for n0, f[2], f[3] for n0 + 8. */
+__device__ __forceinline__ void frag_a(uint32_t (&f)[4], const u16 *a, int ld, int m0, int k0) {   /* a[m ld + k] */
+  int l = threadIdx.x & 31;
+  ldsm(f, a + (m0 + (l & 15)) * ld + k0 + (l >> 4) * 8);
+}
+__device__ __forceinline__ void frag_a_t(uint32_t (&f)[4], const u16 *a, int ld, int m0, int k0) { /* a[k ld + m] */
+  int l = threadIdx.x & 31, i = l & 7, q = l >> 3;
+  ldsm_t(f, a + (k0 + i + (q >> 1) * 8) * ld + m0 + (q & 1) * 8);
+}
+__device__ __forceinline__ void frag_b(uint32_t (&f)[4], const u16 *b, int ld, int k0, int n0) {   /* b[k ld + n] */
+  int l = threadIdx.x & 31, i = l & 7, q = l >> 3;
+  ldsm_t(f, b + (k0 + i + (q & 1) * 8) * ld + n0 + (q >> 1) * 8);
+}
+__device__ __forceinline__ void frag_b_t(uint32_t (&f)[4], const u16 *b, int ld, int k0, int n0) { /* b[n ld + k] */
+  int l = threadIdx.x & 31, i = l & 7, q = l >> 3;
+  ldsm(f, b + (n0 + i + (q >> 1) * 8) * ld + k0 + (q & 1) * 8);
+}
+
+/* a tile of shifted rows: element (i, j) at p[i ld + sh[i] + j]; columns from lim on read as 0 */
+struct srows {
+  const u16 *p;
+  const unsigned char *sh;
+  int ld, lim;
+  __device__ __forceinline__ uint32_t at(int i, int j) const { return j < lim ? p[i * ld + sh[i] + j] : 0u; }
+  __device__ __forceinline__ uint32_t two(int i, int j) const { return at(i, j) | at(i, j + 1) << 16; }
+};
+
+/* the same fragments element by element: A[m][k] = s(m, k); B[k][n] = s(k, n) (rows) or s(n, k) (cols) */
+__device__ __forceinline__ void frag_a_s(uint32_t (&f)[4], const srows &s, int m0, int k0) {
+  int l = threadIdx.x & 31, g = l >> 2, q = (l & 3) * 2;
+  f[0] = s.two(m0 + g, k0 + q);
+  f[1] = s.two(m0 + g + 8, k0 + q);
+  f[2] = s.two(m0 + g, k0 + q + 8);
+  f[3] = s.two(m0 + g + 8, k0 + q + 8);
+}
+__device__ __forceinline__ void frag_b_rows(uint32_t &b0, uint32_t &b1, const srows &s, int k0, int n0) {
+  int l = threadIdx.x & 31, g = l >> 2, q = (l & 3) * 2;
+  b0 = s.at(k0 + q, n0 + g) | s.at(k0 + q + 1, n0 + g) << 16;
+  b1 = s.at(k0 + q + 8, n0 + g) | s.at(k0 + q + 9, n0 + g) << 16;
+}
+__device__ __forceinline__ void frag_b_cols(uint32_t &b0, uint32_t &b1, const srows &s, int k0, int n0) {
+  int l = threadIdx.x & 31, g = l >> 2, q = (l & 3) * 2;
+  b0 = s.two(n0 + g, k0 + q);
+  b1 = s.two(n0 + g, k0 + q + 8);
+}
+
+/* where an accumulator element sits: c[e] of the 16 x 8 tile at (m0, n0) is (m0 + row, n0 + col) */
+__device__ __forceinline__ int acc_row(int e) { return ((threadIdx.x & 31) >> 2) + (e >> 1) * 8; }
+__device__ __forceinline__ int acc_col(int e) { return (threadIdx.x & 3) * 2 + (e & 1); }
+
+/* Rows r < nr of a tile t (rows of ld elements): the run of w elements at g + start(r) (start < 0: zeros),
+** from the 16-byte chunk holding its first element (so offset by start & 7, kept in sh[r] when sh is given;
+** SHIFT false: every start is a multiple of 8). Chunks past nv elements of the run, or past tot (g's size),
+** read as zeros. The whole block takes part; asynchronous (cp_commit, cp_wait). */
+template <bool SHIFT, typename Start>
+__device__ __forceinline__ void load_runs(u16 *t, unsigned char *sh, int ld, int nr, int w, int nv, const u16 *g,
+                                          int64_t tot, Start start) {
+  const int nch = SHIFT ? (w + 14) >> 3 : w >> 3;
+  for (int i = threadIdx.x; i < nr * nch; i += blockDim.x) {
+    int r = i / nch, c = i - r * nch;
+    int64_t s = start(r), q = s >= 0 ? (s >> 3) + c : 0;
+    int off = s >= 0 ? (int)(s & 7) : 0;
+    int64_t left = s >= 0 && 8 * c < off + nv ? tot - 8 * q : 0;
+    int bytes = left <= 0 ? 0 : left >= 8 ? 16 : (int)left * 2;
+    cp16(t + r * ld + 8 * c, bytes ? g + 8 * q : g, bytes);
+    if (sh && c == 0) sh[r] = (unsigned char)off;
+  }
+}
+
+/* rows r < nr of a tile t, row r at t + r ld + (start(r) & 7), to the runs of n elements at g + start(r)
+** (start < 0: none): whole 16-byte chunks at once, the ends element by element */
+template <typename Start>
+__device__ __forceinline__ void store_runs(u16 *g, const u16 *t, int ld, int nr, int n, Start start) {
+  const int nch = (n + 14) >> 3;
+  for (int i = threadIdx.x; i < nr * nch; i += blockDim.x) {
+    int r = i / nch, c = i - r * nch;
+    int64_t s = start(r);
+    if (s < 0) continue;
+    int64_t q = (s >> 3) + c, lo = 8 * q > s ? 8 * q : s, hi = 8 * q + 8 < s + n ? 8 * q + 8 : s + n;
+    if (lo >= hi) continue;
+    const u16 *src = t + r * ld + 8 * c;
+    if (hi - lo == 8) *(uint4 *)(g + 8 * q) = *(const uint4 *)src;
+    else for (int64_t e = lo; e < hi; e++) g[e] = src[e - 8 * q];
+  }
+}
+
+/* the shapes of the kernels' tiles at rank R */
+template <int R> struct tc_cfg {
+  static constexpr int MT = TC_TM / 16;                  /* m16 tiles of a row tile */
+  static constexpr int KC = R <= 64 ? 64 : 32;           /* d's chunk in the projection */
+  static constexpr int LX = KC + 8, LW = 2 * R + 8;      /* row lengths in shared memory (+16 bytes: no bank conflicts) */
+  static constexpr int FC = R <= 64 ? 128 : 64;          /* F's chunk in dh: its k16 steps are dealt to the warps */
+  static constexpr int KS = FC / 16, NH = 8 / KS;        /* k16 steps a chunk; warps on one step (n halves) */
+  static constexpr int NTW = R / 8 / NH;                 /* n8 tiles of dh a warp */
+  static constexpr int LF = FC + 16, LS = TC_FS + 16;    /* shifted runs take up to 7 more */
+  static constexpr int LH = R + 8, LZ = 2 * R + 4;
+  static constexpr int PROJ = TC_TM * LX + KC * LW;      /* elements of a projection stage */
+  static constexpr int DH = (TC_TM + R) * LF;            /* of a dh stage */
+  static constexpr int NG = R / 8;                       /* n16 groups of z (2R columns) */
+  static constexpr int UPW = (MT * NG + 7) / 8;          /* (m tile, n16 group) units a warp */
+  static size_t rows_smem(bool bwd) {
+    return 2 * (size_t)TC_STAGES * (bwd && DH > PROJ ? DH : PROJ) + (bwd ? 4 * (size_t)TC_TM * LZ : 0);
+  }
+  static size_t down_smem() { return 2 * (size_t)(R * LS + TC_TM * LH + TC_TM * LS); }
+  static size_t du_smem() { return 2 * (size_t)(TC_TM * (TC_DS + 8) + TC_TM * LW + TC_DS * LW); }
+  static size_t gx_smem() { return 2 * (size_t)(TC_TM * LW + TC_STAGES * TC_DS * LW + TC_TM * (TC_DS + 8)); }
+};
+
+/* A row tile: z = x [Ug | Uu] (f32, in shared memory); the forward writes h = silu(z_g cg) (z_u cu) to hs,
+** the backward (gy given) also dh = gy D^T and from it hs, dagu = [dzg cg | dzu cu], pg = dzg z_g, pu = dzu z_u. */
+template <int DT, int R, bool BWD>
+__global__ void __launch_bounds__(TC_THREADS) tc_rows_k(const u16 *u, const int64_t *perm, const int64_t *off,
+                                                        const int64_t *tiles, const u16 *ug, const u16 *uu,
+                                                        const u16 *cg, const u16 *cu, const u16 *dw, const u16 *gy,
+                                                        u16 *hs, u16 *dagu, float *pg, float *pu, moe_dims M) {
+  typedef tc_cfg<R> T;
+  extern __shared__ __align__(16) unsigned char moe_smem[];
+  __shared__ int64_t xrow[TC_TM];
+  __shared__ unsigned char shg[TC_STAGES][TC_TM], shd[TC_STAGES][R];
+  int64_t x, row0, nrows64;
+  if (!tile_of(tiles, off, M.e, TC_TM, M.rows, &x, &row0, &nrows64)) return;
+  const int nrows = (int)nrows64, warp = threadIdx.x >> 5;
+  const int64_t d = M.d, F = M.f;
+  u16 *stage = (u16 *)moe_smem;   /* z: after the stages in the backward (they take dh's chunks next), on them in the forward */
+  float *z = BWD ? (float *)(stage + TC_STAGES * (T::DH > T::PROJ ? T::DH : T::PROJ)) : (float *)stage;
+  for (int i = threadIdx.x; i < TC_TM; i += blockDim.x) {
+    int64_t a = i < nrows ? perm[row0 + i] : -1;
+    bool ok = a >= 0 && a < M.rows;
+    if (i < nrows && !ok) dm_report(M.err, M.what, a, M.rows, 0);
+    xrow[i] = ok ? (a / M.k) * d : -1;
+  }
+  __syncthreads();
+
+  /* z = x [Ug | Uu]: the units (m tile, n16 group) of z are dealt to the warps */
+  float acc[T::UPW][2][4] = {};
+  const int nk = (int)((d + T::KC - 1) / T::KC);
+  auto load_proj = [&](int kc) {
+    u16 *xs = stage + (kc % TC_STAGES) * T::PROJ, *ws = xs + TC_TM * T::LX;
+    int64_t c0 = (int64_t)kc * T::KC;
+    int nv = (int)(d - c0 < T::KC ? d - c0 : T::KC);
+    load_runs<false>(xs, nullptr, T::LX, TC_TM, T::KC, nv, u, M.rows / M.k * d,
+                     [&](int i) { return xrow[i] >= 0 ? xrow[i] + c0 : (int64_t)-1; });
+    auto wrow = [&](int i) { return c0 + i < d ? ((x * d + c0 + i) * R) : (int64_t)-1; };
+    load_runs<false>(ws, nullptr, T::LW, T::KC, R, R, ug, M.e * d * R, wrow);
+    load_runs<false>(ws + R, nullptr, T::LW, T::KC, R, R, uu, M.e * d * R, wrow);
+  };
+  for (int s = 0; s < TC_STAGES - 1; s++) {
+    if (s < nk) load_proj(s);
+    cp_commit();
+  }
+  for (int kc = 0; kc < nk; kc++) {
+    cp_wait<TC_STAGES - 2>();
+    __syncthreads();
+    if (kc + TC_STAGES - 1 < nk) load_proj(kc + TC_STAGES - 1);
+    cp_commit();
+    const u16 *xs = stage + (kc % TC_STAGES) * T::PROJ, *ws = xs + TC_TM * T::LX;
+#pragma unroll
+    for (int ks = 0; ks < T::KC / 16; ks++)
+#pragma unroll
+      for (int w = 0; w < T::UPW; w++) {
+        int unit = warp + 8 * w, mt = unit / T::NG, ng = unit % T::NG;
+        if (unit >= T::MT * T::NG || mt * 16 >= nrows) continue;
+        uint32_t a[4], b[4];
+        frag_a(a, xs, T::LX, mt * 16, ks * 16);
+        frag_b(b, ws, T::LW, ks * 16, ng * 16);
+        mma<DT>(acc[w][0], a, b[0], b[1]);
+        mma<DT>(acc[w][1], a, b[2], b[3]);
+      }
+  }
+  cp_wait<0>();
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < T::UPW; w++) {
+    int unit = warp + 8 * w, mt = unit / T::NG, ng = unit % T::NG;
+    if (unit >= T::MT * T::NG) continue;
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) z[(mt * 16 + acc_row(e)) * T::LZ + ng * 16 + h * 8 + acc_col(e)] = acc[w][h][e];
+  }
+  __syncthreads();
+
+  if constexpr (!BWD) {
+    for (int i = threadIdx.x; i < nrows * R; i += blockDim.x) {
+      int m = i / R, j = i - m * R;
+      float zg = z[m * T::LZ + j] * dt<DT>::load(cg[x * R + j]), zu = z[m * T::LZ + R + j] * dt<DT>::load(cu[x * R + j]);
+      hs[(row0 + m) * R + j] = dt<DT>::store(zg * sigm(zg) * zu);
+    }
+  } else {
+    /* dh = gy D^T over chunks of F: warp w takes k16 step w % KS of each chunk, n8 tiles of part w / KS of R */
+    float dacc[T::MT][T::NTW][4] = {};
+    const int nf = (int)((F + T::FC - 1) / T::FC), ks = warp % T::KS, nh = warp / T::KS;
+    auto load_dh = [&](int fc) {
+      int st = fc % TC_STAGES;
+      u16 *gs = stage + st * T::DH, *ds = gs + TC_TM * T::LF;
+      int64_t f0 = (int64_t)fc * T::FC;
+      int nv = (int)(F - f0 < T::FC ? F - f0 : T::FC);
+      load_runs<true>(gs, shg[st], T::LF, TC_TM, T::FC, nv, gy, M.rows * F,
+                      [&](int i) { return i < nrows ? (row0 + i) * F + f0 : (int64_t)-1; });
+      load_runs<true>(ds, shd[st], T::LF, R, T::FC, nv, dw, M.e * R * F, [&](int j) { return (x * R + j) * F + f0; });
+    };
+    for (int s = 0; s < TC_STAGES - 1; s++) {
+      if (s < nf) load_dh(s);
+      cp_commit();
+    }
+    for (int fc = 0; fc < nf; fc++) {
+      cp_wait<TC_STAGES - 2>();
+      __syncthreads();
+      if (fc + TC_STAGES - 1 < nf) load_dh(fc + TC_STAGES - 1);
+      cp_commit();
+      int st = fc % TC_STAGES, nv = (int)(F - (int64_t)fc * T::FC < T::FC ? F - (int64_t)fc * T::FC : T::FC);
+      if (ks * 16 >= nv) continue;
+      const u16 *gs = stage + st * T::DH;
+      srows G = {gs, shg[st], T::LF, nv}, D = {gs + TC_TM * T::LF, shd[st], T::LF, nv};
+      uint32_t b[T::NTW][2];
+#pragma unroll
+      for (int t = 0; t < T::NTW; t++) frag_b_cols(b[t][0], b[t][1], D, ks * 16, (nh * T::NTW + t) * 8);
+#pragma unroll
+      for (int mt = 0; mt < T::MT; mt++) {
+        if (mt * 16 >= nrows) continue;
+        uint32_t a[4];
+        frag_a_s(a, G, mt * 16, ks * 16);
+#pragma unroll
+        for (int t = 0; t < T::NTW; t++) mma<DT>(dacc[mt][t], a, b[t][0], b[t][1]);
+      }
+    }
+    cp_wait<0>();
+    __syncthreads();
+    /* the k steps' sums added in order, into the stage memory (free now) */
+    float *red = (float *)stage;
+    for (int kg = 0; kg < T::KS; kg++) {
+      if (ks == kg)
+#pragma unroll
+        for (int mt = 0; mt < T::MT; mt++)
+#pragma unroll
+          for (int t = 0; t < T::NTW; t++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+              float *p = red + (mt * 16 + acc_row(e)) * T::LH + (nh * T::NTW + t) * 8 + acc_col(e);
+              *p = kg ? *p + dacc[mt][t][e] : dacc[mt][t][e];
+            }
+      __syncthreads();
+    }
+    for (int i = threadIdx.x; i < nrows * R; i += blockDim.x) {
+      int m = i / R, j = i - m * R;
+      int64_t p = row0 + m;
+      float cgv = dt<DT>::load(cg[x * R + j]), cuv = dt<DT>::load(cu[x * R + j]);
+      float ag = z[m * T::LZ + j], au = z[m * T::LZ + R + j], zg = ag * cgv, zu = au * cuv, s = sigm(zg);
+      float dh = red[m * T::LH + j], dzg = dh * zu * s * (1 + zg * (1 - s)), dzu = dh * zg * s;
+      hs[p * R + j] = dt<DT>::store(zg * s * zu);
+      dagu[p * 2 * R + j] = dt<DT>::store(dzg * cgv);
+      dagu[p * 2 * R + R + j] = dt<DT>::store(dzu * cuv);
+      pg[p * R + j] = dzg * ag;
+      pu[p * R + j] = dzu * au;
+    }
+  }
+}
+
+/* an (expert, slice of F): y = h D for the expert's rows, TC_TM at a time; warp w has n8 tiles 2w, 2w + 1 */
+template <int DT, int R>
+__global__ void __launch_bounds__(TC_THREADS) tc_down_k(u16 *y, const u16 *hs, const int64_t *off, const u16 *dw,
+                                                        moe_dims M) {
+  typedef tc_cfg<R> T;
+  extern __shared__ __align__(16) unsigned char moe_smem[];
+  __shared__ unsigned char shd[R];
+  const int64_t x = blockIdx.x, f0 = (int64_t)blockIdx.y * TC_FS, F = M.f;
+  const int64_t lo = off[x], hi = off[x + 1] < M.rows ? off[x + 1] : M.rows;
+  if (hi <= lo) return;
+  const int nv = (int)(F - f0 < TC_FS ? F - f0 : TC_FS), warp = threadIdx.x >> 5;
+  u16 *ds = (u16 *)moe_smem, *hc = ds + R * T::LS, *os = hc + TC_TM * T::LH;
+  load_runs<true>(ds, shd, T::LS, R, TC_FS, nv, dw, M.e * R * F, [&](int j) { return (x * R + j) * F + f0; });
+  const srows D = {ds, shd, T::LS, 1 << 30};
+  for (int64_t p0 = lo; p0 < hi; p0 += TC_TM) {
+    const int np = (int)(hi - p0 < TC_TM ? hi - p0 : TC_TM);
+    load_runs<false>(hc, nullptr, T::LH, TC_TM, R, R, hs, M.rows * R,
+                     [&](int i) { return i < np ? (p0 + i) * R : (int64_t)-1; });
+    cp_commit();
+    cp_wait<0>();
+    __syncthreads();
+    float acc[T::MT][2][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < R / 16; ks++) {
+      uint32_t b[2][2];
+#pragma unroll
+      for (int t = 0; t < 2; t++) frag_b_rows(b[t][0], b[t][1], D, ks * 16, (2 * warp + t) * 8);
+#pragma unroll
+      for (int mt = 0; mt < T::MT; mt++) {
+        if (mt * 16 >= np) continue;
+        uint32_t a[4];
+        frag_a(a, hc, T::LH, mt * 16, ks * 16);
+#pragma unroll
+        for (int t = 0; t < 2; t++) mma<DT>(acc[mt][t], a, b[t][0], b[t][1]);
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < T::MT; mt++)
+#pragma unroll
+      for (int t = 0; t < 2; t++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          int r = mt * 16 + acc_row(e);
+          int sh = (int)(((p0 + r) * F + f0) & 7);
+          os[r * T::LS + sh + (2 * warp + t) * 8 + acc_col(e)] = dt<DT>::store(acc[mt][t][e]);
+        }
+    __syncthreads();
+    store_runs(y, os, T::LS, np, nv, [&](int i) { return (p0 + i) * F + f0; });
+    __syncthreads();
+  }
+}
+
+/* an (expert, slice of F): dD = h^T gy over the expert's rows in order (zeros without rows);
+** warp w has n8 tiles 2w, 2w + 1 of the slice and every m16 tile of R */
+template <int DT, int R>
+__global__ void __launch_bounds__(TC_THREADS) tc_dd_k(u16 *dd, const u16 *hs, const u16 *gy, const int64_t *off,
+                                                      moe_dims M) {
+  typedef tc_cfg<R> T;
+  extern __shared__ __align__(16) unsigned char moe_smem[];
+  __shared__ unsigned char shg[TC_TM];
+  const int64_t x = blockIdx.x, f0 = (int64_t)blockIdx.y * TC_FS, F = M.f;
+  const int64_t lo = off[x], hi = off[x + 1] < M.rows ? off[x + 1] : M.rows;
+  const int nv = (int)(F - f0 < TC_FS ? F - f0 : TC_FS), warp = threadIdx.x >> 5;
+  u16 *gs = (u16 *)moe_smem, *hc = gs + TC_TM * T::LS, *os = hc + TC_TM * T::LH;
+  float acc[R / 16][2][4] = {};
+  for (int64_t p0 = lo; p0 < hi; p0 += TC_TM) {
+    const int np = (int)(hi - p0 < TC_TM ? hi - p0 : TC_TM);
+    __syncthreads();
+    load_runs<true>(gs, shg, T::LS, TC_TM, TC_FS, nv, gy, M.rows * F,
+                    [&](int i) { return i < np ? (p0 + i) * F + f0 : (int64_t)-1; });
+    load_runs<false>(hc, nullptr, T::LH, TC_TM, R, R, hs, M.rows * R,
+                     [&](int i) { return i < np ? (p0 + i) * R : (int64_t)-1; });
+    cp_commit();
+    cp_wait<0>();
+    __syncthreads();
+    const srows G = {gs, shg, T::LS, 1 << 30};
+#pragma unroll
+    for (int ks = 0; ks < TC_TM / 16; ks++) {
+      if (ks * 16 >= np) continue;
+      uint32_t b[2][2];
+#pragma unroll
+      for (int t = 0; t < 2; t++) frag_b_rows(b[t][0], b[t][1], G, ks * 16, (2 * warp + t) * 8);
+#pragma unroll
+      for (int mt = 0; mt < R / 16; mt++) {
+        uint32_t a[4];
+        frag_a_t(a, hc, T::LH, mt * 16, ks * 16);
+#pragma unroll
+        for (int t = 0; t < 2; t++) mma<DT>(acc[mt][t], a, b[t][0], b[t][1]);
+      }
+    }
+  }
+#pragma unroll
+  for (int mt = 0; mt < R / 16; mt++)
+#pragma unroll
+    for (int t = 0; t < 2; t++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        int j = mt * 16 + acc_row(e);
+        int sh = (int)(((x * R + j) * F + f0) & 7);
+        os[j * T::LS + sh + (2 * warp + t) * 8 + acc_col(e)] = dt<DT>::store(acc[mt][t][e]);
+      }
+  __syncthreads();
+  store_runs(dd, os, T::LS, R, nv, [&](int j) { return (x * R + j) * F + f0; });
+}
+
+/* an (expert, slice of d): [dUg | dUu] = x^T [dag | dau] over the expert's rows in order; the units
+** (m16 tile of the slice, n16 group of 2R) are dealt to the warps */
+template <int DT, int R>
+__global__ void __launch_bounds__(TC_THREADS) tc_du_k(u16 *dug, u16 *duu, const u16 *u, const int64_t *perm,
+                                                      const u16 *dagu, const int64_t *off, moe_dims M) {
+  typedef tc_cfg<R> T;
+  constexpr int LXS = TC_DS + 8, NU = (TC_DS / 16) * T::NG, UPW = (NU + 7) / 8;
+  extern __shared__ __align__(16) unsigned char moe_smem[];
+  const int64_t x = blockIdx.x, c0 = (int64_t)blockIdx.y * TC_DS, d = M.d;
+  const int64_t lo = off[x], hi = off[x + 1] < M.rows ? off[x + 1] : M.rows;
+  const int nvc = (int)(d - c0 < TC_DS ? d - c0 : TC_DS), warp = threadIdx.x >> 5;
+  u16 *xs = (u16 *)moe_smem, *as = xs + TC_TM * LXS, *os = as + TC_TM * T::LW;
+  float acc[UPW][2][4] = {};
+  for (int64_t p0 = lo; p0 < hi; p0 += TC_TM) {
+    const int np = (int)(hi - p0 < TC_TM ? hi - p0 : TC_TM);
+    __syncthreads();
+    load_runs<false>(xs, nullptr, LXS, TC_TM, TC_DS, nvc, u, M.rows / M.k * d, [&](int i) {
+      int64_t a = i < np ? perm[p0 + i] : -1;
+      return a >= 0 && a < M.rows ? (a / M.k) * d + c0 : (int64_t)-1;
+    });
+    load_runs<false>(as, nullptr, T::LW, TC_TM, 2 * R, 2 * R, dagu, M.rows * 2 * R,
+                     [&](int i) { return i < np ? (p0 + i) * 2 * R : (int64_t)-1; });
+    cp_commit();
+    cp_wait<0>();
+    __syncthreads();
+#pragma unroll
+    for (int ks = 0; ks < TC_TM / 16; ks++) {
+      if (ks * 16 >= np) continue;
+#pragma unroll
+      for (int w = 0; w < UPW; w++) {
+        int unit = warp + 8 * w, mt = unit / T::NG, ng = unit % T::NG;
+        if (unit >= NU) continue;
+        uint32_t a[4], b[4];
+        frag_a_t(a, xs, LXS, mt * 16, ks * 16);
+        frag_b(b, as, T::LW, ks * 16, ng * 16);
+        mma<DT>(acc[w][0], a, b[0], b[1]);
+        mma<DT>(acc[w][1], a, b[2], b[3]);
+      }
+    }
+  }
+#pragma unroll
+  for (int w = 0; w < UPW; w++) {
+    int unit = warp + 8 * w, mt = unit / T::NG, ng = unit % T::NG;
+    if (unit >= NU) continue;
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+      for (int e = 0; e < 4; e++)
+        os[(mt * 16 + acc_row(e)) * T::LW + ng * 16 + h * 8 + acc_col(e)] = dt<DT>::store(acc[w][h][e]);
+  }
+  __syncthreads();
+  auto wrow = [&](int c) { return (x * d + c0 + c) * R; };
+  if (dug) store_runs(dug, os, T::LW, nvc, R, wrow);
+  if (duu) store_runs(duu, os + R, T::LW, nvc, R, wrow);
+}
+
+/* a row tile: gx = [dag | dau] [Ug | Uu]^T over slices of d (TC_STAGES deep); warp w has m16 tile w / 4
+** and n16 group w % 4 of the slice */
+template <int DT, int R>
+__global__ void __launch_bounds__(TC_THREADS) tc_gx_k(u16 *gx, const u16 *dagu, const int64_t *off,
+                                                      const int64_t *tiles, const u16 *ug, const u16 *uu, moe_dims M) {
+  typedef tc_cfg<R> T;
+  constexpr int LO = TC_DS + 8;
+  extern __shared__ __align__(16) unsigned char moe_smem[];
+  int64_t x, row0, nrows64;
+  if (!tile_of(tiles, off, M.e, TC_TM, M.rows, &x, &row0, &nrows64)) return;
+  const int nrows = (int)nrows64, warp = threadIdx.x >> 5, mt = warp >> 2, ng = warp & 3;
+  const int64_t d = M.d;
+  u16 *as = (u16 *)moe_smem, *ws0 = as + TC_TM * T::LW, *os = ws0 + TC_STAGES * TC_DS * T::LW;
+  load_runs<false>(as, nullptr, T::LW, TC_TM, 2 * R, 2 * R, dagu, M.rows * 2 * R,
+                   [&](int i) { return i < nrows ? (row0 + i) * 2 * R : (int64_t)-1; });
+  const int nd = (int)((d + TC_DS - 1) / TC_DS);
+  auto load_w = [&](int ci) {
+    u16 *ws = ws0 + (ci % TC_STAGES) * TC_DS * T::LW;
+    int64_t c0 = (int64_t)ci * TC_DS;
+    auto wrow = [&](int c) { return c0 + c < d ? (x * d + c0 + c) * R : (int64_t)-1; };
+    load_runs<false>(ws, nullptr, T::LW, TC_DS, R, R, ug, M.e * d * R, wrow);
+    load_runs<false>(ws + R, nullptr, T::LW, TC_DS, R, R, uu, M.e * d * R, wrow);
+  };
+  for (int s = 0; s < TC_STAGES - 1; s++) {
+    if (s < nd) load_w(s);
+    cp_commit();
+  }
+  for (int ci = 0; ci < nd; ci++) {
+    cp_wait<TC_STAGES - 2>();
+    __syncthreads();
+    if (ci + TC_STAGES - 1 < nd) load_w(ci + TC_STAGES - 1);
+    cp_commit();
+    const u16 *ws = ws0 + (ci % TC_STAGES) * TC_DS * T::LW;
+    const int64_t c0 = (int64_t)ci * TC_DS;
+    const int nvc = (int)(d - c0 < TC_DS ? d - c0 : TC_DS);
+    float acc[2][4] = {};
+    if (mt * 16 < nrows) {
+#pragma unroll
+      for (int ks = 0; ks < 2 * R / 16; ks++) {
+        uint32_t a[4], b[4];
+        frag_a(a, as, T::LW, mt * 16, ks * 16);
+        frag_b_t(b, ws, T::LW, ks * 16, ng * 16);
+        mma<DT>(acc[0], a, b[0], b[1]);
+        mma<DT>(acc[1], a, b[2], b[3]);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+          os[(mt * 16 + acc_row(e)) * LO + ng * 16 + h * 8 + acc_col(e)] = dt<DT>::store(acc[h][e]);
+    }
+    __syncthreads();
+    store_runs(gx, os, LO, nrows, nvc, [&](int i) { return (row0 + i) * d + c0; });
+  }
+}
+
+/* the kernel's shared memory, raised past 48 KB when needed */
+static void tc_launch(const void *kernel, dim3 grid, size_t smem, void **args) {
+  if (grid.x == 0 || grid.y == 0) return;
+  if (smem > 48 * 1024) DM_CU(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  DM_CU(cudaLaunchKernel(kernel, grid, dim3(TC_THREADS), args, smem, dm_cuda_stream()));
+  DM_CU_LAUNCHED();
+}
+
+/* bf16 or f16, a rank the kernels are made for, d a multiple of 8, aligned tensors, grids in range,
+** and DM_MOE_FMA not set */
+static bool tc_fits(dm_dtype t, const moe_dims &M, const void *const *ptrs, int n) {
+  if (t != DM_BF16 && t != DM_F16) return false;
+  if (M.r != 16 && M.r != 32 && M.r != 64 && M.r != 128) return false;
+  if (M.d % 8 || M.e > INT_MAX || (M.f + TC_FS - 1) / TC_FS > 65535 || (M.d + TC_DS - 1) / TC_DS > 65535) return false;
+  for (int i = 0; i < n; i++) if (ptrs[i] && !dm_aligned(ptrs[i], 16)) return false;
+  const char *s = getenv("DM_MOE_FMA");
+  return !(s && *s && strcmp(s, "0"));
+}
+
+static unsigned tc_tile_blocks(const moe_dims &M) { return (unsigned)((M.rows + TC_TM - 1) / TC_TM + M.e); }
+
+template <int DT, int R>
+static void tc_forward(dm_tensor *y_rows, const dm_tensor *u, const dm_tensor *perm, const dm_tensor *offsets,
+                       const dm_moe_bank *bank, moe_dims M) {
+  typedef tc_cfg<R> T;
+  const int64_t *off = (const int64_t *)dm_data(offsets);
+  size_t hb = sizeof(u16) * (size_t)(M.rows * R), tb;
+  u16 *hs = (u16 *)dm_scratch(hb);
+  int64_t *tiles = make_tiles(off, M.e, TC_TM, &tb);
+  const void *pu = dm_data(u), *pp = dm_data(perm), *pug = dm_data(bank->ug), *puu = dm_data(bank->uu),
+             *pcg = dm_data(bank->cg), *pcu = dm_data(bank->cu), *pd = dm_data(bank->d), *none = NULL;
+  void *py = dm_data(y_rows), *ph = hs;
+  void *rargs[] = {&pu, &pp, &off, &tiles, &pug, &puu, &pcg, &pcu, &pd, &none, &ph, &none, &none, &none, &M};
+  tc_launch((const void *)tc_rows_k<DT, R, false>, dim3(tc_tile_blocks(M)), T::rows_smem(false), rargs);
+  void *dargs[] = {&py, &ph, &off, &pd, &M};
+  tc_launch((const void *)tc_down_k<DT, R>, dim3((unsigned)M.e, (unsigned)((M.f + TC_FS - 1) / TC_FS)),
+            T::down_smem(), dargs);
+  dm_scratch_free(tiles, tb);
+  dm_scratch_free(hs, hb);
+}
+
+template <int DT, int R>
+static void tc_backward(dm_tensor *gx_rows, const dm_moe_grads *g, const dm_tensor *gy_rows, const dm_tensor *u,
+                        const dm_tensor *perm, const dm_tensor *offsets, const dm_moe_bank *bank, moe_dims M) {
+  typedef tc_cfg<R> T;
+  const int64_t *off = (const int64_t *)dm_data(offsets);
+  size_t nr = (size_t)(M.rows * R), sb = sizeof(u16) * 3 * nr + sizeof(float) * 2 * nr, tb;
+  unsigned char *scratch = (unsigned char *)dm_scratch(sb);
+  u16 *hs = (u16 *)scratch, *dagu = hs + nr;
+  float *pg = (float *)(dagu + 2 * nr), *pu = pg + nr;
+  int64_t *tiles = make_tiles(off, M.e, TC_TM, &tb);
+  const void *pgy = dm_data(gy_rows), *pux = dm_data(u), *pp = dm_data(perm), *pug = dm_data(bank->ug),
+             *puu = dm_data(bank->uu), *pcg = dm_data(bank->cg), *pcu = dm_data(bank->cu), *pd = dm_data(bank->d);
+  void *ph = hs, *pa = dagu, *ppg = pg, *ppu = pu;
+  void *rargs[] = {&pux, &pp, &off, &tiles, &pug, &puu, &pcg, &pcu, &pd, &pgy, &ph, &pa, &ppg, &ppu, &M};
+  tc_launch((const void *)tc_rows_k<DT, R, true>, dim3(tc_tile_blocks(M)), T::rows_smem(true), rargs);
+  unsigned ne = (unsigned)M.e;
+  if (g->d) {
+    void *pdd = dm_data(g->d);
+    void *args[] = {&pdd, &ph, &pgy, &off, &M};
+    tc_launch((const void *)tc_dd_k<DT, R>, dim3(ne, (unsigned)((M.f + TC_FS - 1) / TC_FS)), T::down_smem(), args);
+  }
+  if (g->ug || g->uu) {
+    void *pdg = g->ug ? dm_data(g->ug) : NULL, *pdu = g->uu ? dm_data(g->uu) : NULL;
+    void *args[] = {&pdg, &pdu, &pux, &pp, &pa, &off, &M};
+    tc_launch((const void *)tc_du_k<DT, R>, dim3(ne, (unsigned)((M.d + TC_DS - 1) / TC_DS)), T::du_smem(), args);
+  }
+  if ((g->cg || g->cu) && M.e * M.r > 0)
+    DM_LAUNCH(expert_csum_k<float>, M.e * M.r, g->cg ? dm_data(g->cg) : NULL, g->cu ? dm_data(g->cu) : NULL, DT,
+              (const float *)pg, (const float *)pu, off, M.e, M.r);
+  if (gx_rows && M.rows > 0) {
+    void *pgx = dm_data(gx_rows);
+    void *args[] = {&pgx, &pa, &off, &tiles, &pug, &puu, &M};
+    tc_launch((const void *)tc_gx_k<DT, R>, dim3(tc_tile_blocks(M)), T::gx_smem(), args);
+  }
+  dm_scratch_free(tiles, tb);
+  dm_scratch_free(scratch, sb);
+}
+
+/* f(std::integral_constant<int, R>) for the kernels' ranks */
+template <typename Fn> static void tc_by_rank(int64_t r, Fn f) {
+  switch (r) {
+  case 16: f(std::integral_constant<int, 16>()); break;
+  case 32: f(std::integral_constant<int, 32>()); break;
+  case 64: f(std::integral_constant<int, 64>()); break;
+  default: f(std::integral_constant<int, 128>()); break;
+  }
+}
+
+/* ---- the experts' entry points ---------------------------------------------------------------------------- */
+
+static void cuda_experts(dm_tensor *y_rows, const dm_tensor *u, const dm_tensor *perm, const dm_tensor *offsets,
+                         const dm_moe_bank *bank, int64_t k) {
+  moe_dims M = dims_of(u, perm, offsets, bank, k);
+  int tm = tile_rows("moe_experts", &M);
+  if (M.rows == 0 || M.f == 0) return;
+  const void *ptrs[] = {dm_data(y_rows), dm_data(u), dm_data(bank->ug), dm_data(bank->uu), dm_data(bank->d)};
+  bool tc = tc_fits(u->dtype, M, ptrs, 5);
+  dm_dispatch_float(u->dtype, "moe_experts", [&](auto d) {
+    constexpr int DT = decltype(d)::value;
+    if constexpr (DT == DM_BF16 || DT == DM_F16) {
+      if (tc) {
+        tc_by_rank(M.r, [&](auto rr) { tc_forward<DT, decltype(rr)::value>(y_rows, u, perm, offsets, bank, M); });
+        return;
+      }
+    }
+    experts_forward<DT>(y_rows, u, perm, offsets, bank, M, tm);
+  });
+}
+
 static void cuda_experts_bwd(dm_tensor *gx_rows, const dm_moe_grads *g, const dm_tensor *gy_rows, const dm_tensor *u,
                              const dm_tensor *perm, const dm_tensor *offsets, const dm_moe_bank *bank, int64_t k) {
   moe_dims M = dims_of(u, perm, offsets, bank, k);
   int tm = tile_rows("moe_experts_bwd", &M);
+  const void *ptrs[] = {gx_rows ? dm_data(gx_rows) : NULL, dm_data(gy_rows), dm_data(u), dm_data(bank->ug),
+                        dm_data(bank->uu), dm_data(bank->d), g->ug ? dm_data(g->ug) : NULL,
+                        g->uu ? dm_data(g->uu) : NULL, g->d ? dm_data(g->d) : NULL};
+  bool tc = tc_fits(u->dtype, M, ptrs, 9);
   dm_dispatch_float(u->dtype, "moe_experts_bwd", [&](auto d) {
     constexpr int DT = decltype(d)::value;
+    if constexpr (DT == DM_BF16 || DT == DM_F16) {
+      if (tc) {
+        tc_by_rank(M.r, [&](auto rr) {
+          tc_backward<DT, decltype(rr)::value>(gx_rows, g, gy_rows, u, perm, offsets, bank, M);
+        });
+        return;
+      }
+    }
     experts_backward<DT>(gx_rows, g, gy_rows, u, perm, offsets, bank, M, tm);
   });
 }

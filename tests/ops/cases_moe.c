@@ -191,13 +191,44 @@ static void in_experts(h_rng *r, int t, dm_tensor **in, dm_attrs *a) {
   *a = dm_attrs_of(1, (double[]){(double)s.k});
 }
 
+/* Experts with given row counts (0, 1, 17, 33: a tile of 32 rows, a part tile, one past it) at the ranks
+** the CUDA tensor-core kernels take (and d a multiple of 8), F odd (rows of F off 16-byte boundaries) and
+** over 128 (two slices of F). Assignment i of the experts' list goes to token i mod N, slot i / N; no
+** expert has more than N rows, so a token's k experts differ. */
+typedef struct { int64_t d, r, f, k, e; int64_t counts[8]; } tc_shape;
+static const tc_shape tc_shapes[TRIALS] = {
+  {32, 16, 24, 2, 8, {0, 1, 17, 33, 5, 10, 0, 14}}, {40, 32, 37, 2, 8, {0, 1, 17, 33, 5, 10, 0, 14}},
+  {64, 64, 61, 1, 4, {33, 0, 17, 1}}, {8, 16, 1, 1, 3, {1, 0, 33}},
+  {24, 64, 131, 1, 3, {1, 17, 33}}, {16, 128, 9, 1, 4, {17, 0, 33, 2}}};
+
+static void in_experts_tc(h_rng *r, int t, dm_tensor **in, dm_attrs *a) {
+  tc_shape s = tc_shapes[t];
+  int64_t rows = 0;
+  for (int64_t x = 0; x < s.e; x++) rows += s.counts[x];
+  int64_t n = rows / s.k, sn[2] = {n, s.k}, p = 0;
+  dm_tensor *idx = i64_of(2, sn), *inv;
+  for (int64_t x = 0; x < s.e; x++)
+    for (int64_t c = 0; c < s.counts[x]; c++, p++) h_set(idx, (p % n) * s.k + p / n, (double)x);
+  int64_t su[2] = {n, s.d}, sw[3] = {s.e, s.d, s.r}, sc[2] = {s.e, s.r}, sd[3] = {s.e, s.r, s.f};
+  sorted_layout(idx, s.e, &in[X_PERM], &in[X_OFFSETS], &inv);
+  dm_release(idx);
+  dm_release(inv);
+  in[X_U] = h_randn(r, 2, su);
+  in[X_UG] = scaled_randn(r, 3, sw, 1 / sqrt((double)s.d));
+  in[X_UU] = scaled_randn(r, 3, sw, 1 / sqrt((double)s.d));
+  in[X_CG] = h_uniform_t(r, 2, sc, 0.5, 1.5);
+  in[X_CU] = h_uniform_t(r, 2, sc, 0.5, 1.5);
+  in[X_D] = scaled_randn(r, 3, sd, 1 / sqrt((double)s.r));
+  *a = dm_attrs_of(1, (double[]){(double)s.k});
+}
+
 /* one sorted row at a time: its token, its expert, the formula */
 static void or_experts(dm_tensor *const *in, const dm_attrs *a, dm_tensor **ex) {
   const dm_tensor *u = in[X_U], *perm = in[X_PERM], *off = in[X_OFFSETS];
   int64_t k = (int64_t)a->v[0], rows = dm_numel(perm), d = u->shape[1];
   int64_t r = in[X_UG]->shape[2], f = in[X_D]->shape[2], sy[2] = {rows, f};
   ex[0] = f64_of(2, sy);
-  double h[64];
+  double h[128];
   for (int64_t p = 0; p < rows; p++) {
     int64_t tok = (int64_t)h_get(perm, p) / k, e = owner(off, p);
     for (int64_t i = 0; i < r; i++) {
@@ -340,6 +371,8 @@ static const dm_case cases[] = {
   {.op = "moe_sort", .label = "empty experts", .inputs = in_sort, .oracle = or_sort, .no_grad = true},
   {.op = "moe_experts", .label = "odd d r F, empty experts", .inputs = in_experts, .oracle = or_experts,
    .perf_trial = TRIALS + 1},
+  {.op = "moe_experts", .label = "experts of 0, 1, 17, 33 rows at ranks 16 to 128", .inputs = in_experts_tc,
+   .oracle = or_experts},
   {.op = "moe_combine", .label = "random permutation", .inputs = in_combine, .oracle = or_combine,
    .perf_trial = TRIALS + 1},
   {.op = "moe_capacity", .label = "capacity 0 to 3", .inputs = in_capacity, .oracle = or_capacity},

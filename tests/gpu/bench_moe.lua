@@ -1,0 +1,103 @@
+--[[
+bench_moe.lua — the routed experts' products at b1 (8,192 tokens, E = 1024,
+k = 2, d = 2048, r = 64, F = 5461, bf16) through the Lua API, against the
+bandwidth floor: the bytes that must move, at the device's copy bandwidth
+measured in the same run (core.cuda_bench_copy, read + written).
+
+  BUILD/dormouse run tests/gpu/bench_moe.lua [OLD]
+  DM_MOE_FMA=1 BUILD/dormouse run tests/gpu/bench_moe.lua [OLD]
+
+The floor counts each pass's bytes once: forward reads Ug, Uu, cg, cu, D and
+u and writes y_rows; the backward reads the weights, gy_rows and u again and
+writes the weights' gradients and u's. Routing is dm.moe_route on random
+logits, then dm.moe_sort. Times are the median device time of several runs
+after warm-up (forward under no_grad; forward+backward from y:backward(gy)).
+With DM_MOE_FMA=1 the FMA kernels run instead of the tensor cores; given OLD,
+that run writes its times there and a later tensor-core run prints them as
+the old kernels' column.
+]]
+local dm = require "dormouse"
+local common = require "tests.gpu.common"
+local cuda = dm.cuda or require "dormouse.cuda"
+local core = dm.core
+
+if not common.gpu_or_skip(cuda, "bench_moe") then return end
+
+local N, E, K, D, R, F = 8192, 1024, 2, 2048, 64, 5461
+local REPS = 9
+local fma = os.getenv("DM_MOE_FMA")
+fma = fma ~= nil and fma ~= "" and fma ~= "0"
+local old_file = arg and arg[1]
+
+local info = cuda.info()
+print(string.format("device: %s, sm_%d%d, %d SMs; kernels: %s", info.name, info.major, info.minor, info.sm_count,
+                    fma and "FMA (DM_MOE_FMA=1)" or "tensor cores"))
+
+local COPY = 512 * 1024 * 1024
+local copy_bw = 2 * COPY / (core.cuda_bench_copy(COPY, 15) * 1e-3) / 1e9
+print(string.format("copy bandwidth (cudaMemcpyAsync D2D, 512 MiB, read + written): %.0f GB/s", copy_bw))
+
+local function bf16(shape, seed, scale)
+  return dm.randn(shape, {seed = seed, dtype = "bf16", device = "cuda"}):mul(scale or 1)
+end
+
+local idx = dm.moe_route(dm.randn({N, E}, {seed = 1, dtype = "f32", device = "cuda"}), nil, K)
+local perm, offsets = dm.moe_sort(idx, E)
+do
+  local off = offsets:cpu():totable()
+  local most, least, dead = 0, math.huge, 0
+  for e = 1, E do
+    local c = off[e + 1] - off[e]
+    most, least = math.max(most, c), math.min(least, c)
+    if c == 0 then dead = dead + 1 end
+  end
+  print(string.format("routing: %d rows, %.1f an expert on average, %d to %d, %d experts without", N * K, N * K / E,
+                      least, most, dead))
+end
+
+local u = bf16({N, D}, 2)
+local ug, uu = bf16({E, D, R}, 3, D ^ -0.5), bf16({E, D, R}, 4, D ^ -0.5)
+local cg, cu = dm.ones({E, R}, {dtype = "bf16", device = "cuda"}), dm.ones({E, R}, {dtype = "bf16", device = "cuda"})
+local dw = bf16({E, R, F}, 5, R ^ -0.5)
+local gy = bf16({N * K, F}, 6)
+local params = {u, ug, uu, cg, cu, dw}
+
+local function forward() return dm.moe_experts(u, perm, offsets, ug, uu, cg, cu, dw, K) end
+
+local fwd_ms = cuda.time(function() dm.no_grad(function() forward():free() end) end, {reps = REPS, warmup = 2})
+for _, p in ipairs(params) do p:requires_grad(true) end
+local both_ms = cuda.time(function()
+  local y = forward()
+  y:backward(gy)
+  y:free()
+  for _, p in ipairs(params) do p.grad = nil end
+end, {reps = REPS, warmup = 2})
+
+-- the floor's bytes (bf16: 2 a value)
+local weights = 2 * (2 * E * D * R + 2 * E * R + E * R * F)
+local acts_in, rows_out = 2 * N * D, 2 * N * K * F
+local fwd_bytes = weights + acts_in + rows_out
+local bwd_bytes = weights + rows_out + acts_in + weights + acts_in
+
+local old = {}
+if old_file then
+  if fma then
+    local f = assert(io.open(old_file, "w"))
+    f:write(string.format("%.6f %.6f\n", fwd_ms, both_ms))
+    f:close()
+  else
+    local f = io.open(old_file)
+    if f then
+      old.fwd, old.both = f:read("n", "n")
+      f:close()
+    end
+  end
+end
+
+local out = {"| pass | ms | floor bytes | GB/s equivalent | of copy bandwidth | old kernels ms |", "|---|---|---|---|---|---|"}
+for _, r in ipairs {{"forward", fwd_ms, fwd_bytes, old.fwd}, {"forward+backward", both_ms, fwd_bytes + bwd_bytes, old.both}} do
+  local gbs = r[3] / (r[2] * 1e-3) / 1e9
+  out[#out + 1] = string.format("| %s%s | %.3f | %.3f GB | %.0f | %.1f%% | %s |", r[1], fma and " (FMA)" or "", r[2],
+                                r[3] / 1e9, gbs, 100 * gbs / copy_bw, r[4] and string.format("%.3f", r[4]) or "-")
+end
+print("\n" .. table.concat(out, "\n"))

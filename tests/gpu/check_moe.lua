@@ -1,0 +1,93 @@
+--[[
+check_moe.lua — the routed experts' products (moe_experts and its backward) on
+the GPU at model-like shapes with skewed routing: bf16 and f16 (the tensor-core
+kernels of kernels/moe.cu) against the CPU in f64 from the same rounded inputs,
+every gradient; and two backward runs giving the same bits.
+
+  BUILD/dormouse run tests/gpu/check_moe.lua
+
+Routing is skewed on purpose: a selection bias draws most tokens to experts
+0..3 (several tiles of rows each), pushes experts E-4..E-1 out (no rows), and
+the rest get a few rows. F = 384 keeps rows on 16-byte boundaries, F = 383
+does not (the kernels' shifted path).
+]]
+local dm = require "dormouse"
+local common = require "tests.gpu.common"
+local cuda = dm.cuda or require "dormouse.cuda"
+
+if not common.gpu_or_skip(cuda, "check_moe") then return end
+
+local checks = common.checks("check_moe")
+local check, rel = checks.check, common.rel
+local TOL = {bf16 = 2e-2, f16 = 1e-2}
+
+local function randn(shape, seed, scale) return dm.randn(shape, {seed = seed, dtype = "f64"}):mul(scale or 1) end
+
+-- the sorted layout of a skewed routing of N tokens to E experts, k each (on the CPU)
+local function layout(N, E, k, seed)
+  local b = {}
+  for e = 1, E do b[e] = e <= 4 and 0.35 or e > E - 4 and -2 or 0 end
+  local idx = dm.moe_route(randn({N, E}, seed, 1.5), dm.tensor(b, {dtype = "f64"}), k)
+  local perm, offsets = dm.moe_sort(idx, E)
+  local off = offsets:totable()
+  local most, dead = 0, 0
+  for e = 1, E do
+    local c = off[e + 1] - off[e]
+    most = math.max(most, c)
+    if c == 0 then dead = dead + 1 end
+  end
+  return perm, offsets, string.format("busiest %d rows, %d without", most, dead)
+end
+
+-- y_rows and the gradients of sum(y_rows * gy) w.r.t. u, Ug, Uu, cg, cu, D
+local function run(ins, perm, offsets, k, gy, dt, dev)
+  local xs = {}
+  for i, x in ipairs(ins) do
+    xs[i] = x:to(dt):to(dev)
+    xs[i]:requires_grad(true)
+  end
+  local y = dm.moe_experts(xs[1], perm:to(dev), offsets:to(dev), xs[2], xs[3], xs[4], xs[5], xs[6], k)
+  y:backward(gy:to(dt):to(dev))
+  local g = {}
+  for i, x in ipairs(xs) do g[i] = x.grad end
+  return y:detach(), g
+end
+
+local NAMES = {"u", "Ug", "Uu", "cg", "cu", "D"}
+
+for _, s in ipairs {{N = 300, E = 64, d = 256, r = 64, F = 384}, {N = 300, E = 64, d = 256, r = 64, F = 383},
+                    {N = 200, E = 16, d = 96, r = 32, F = 77}} do
+  local k = 2
+  local perm, offsets, what = layout(s.N, s.E, k, 11)
+  local ins = {randn({s.N, s.d}, 1), randn({s.E, s.d, s.r}, 2, s.d ^ -0.5), randn({s.E, s.d, s.r}, 3, s.d ^ -0.5),
+               dm.rand({s.E, s.r}, {seed = 4, dtype = "f64"}):add(0.5), dm.rand({s.E, s.r}, {seed = 5, dtype = "f64"}):add(0.5),
+               randn({s.E, s.r, s.F}, 6, s.r ^ -0.5)}
+  local gy = randn({s.N * k, s.F}, 7)
+  local label = string.format("N%d E%d d%d r%d F%d (%s)", s.N, s.E, s.d, s.r, s.F, what)
+  for _, dt in ipairs {"bf16", "f16"} do
+    check(string.format("moe_experts %s, %s", label, dt), function()
+      local rin = {}
+      for i, x in ipairs(ins) do rin[i] = x:to(dt):to("f64") end
+      local want_y, want_g = run(rin, perm, offsets, k, gy:to(dt):to("f64"), "f64", "cpu")
+      local got_y, got_g = run(ins, perm, offsets, k, gy, dt, "cuda")
+      local msg, worst = {}, rel(got_y, want_y)
+      msg[1] = string.format("y %.2g", worst)
+      for i = 1, #ins do
+        local e = got_g[i] and rel(got_g[i], want_g[i]) or math.huge
+        if e ~= e then e = math.huge end
+        msg[#msg + 1] = string.format("d%s %.2g", NAMES[i], e)
+        worst = math.max(worst, e)
+      end
+      assert(worst <= TOL[dt], table.concat(msg, ", ") .. string.format(" (over %.1g)", TOL[dt]))
+      return table.concat(msg, ", ")
+    end)
+  end
+  check(string.format("moe_experts backward %s, bf16: two runs, the same bits", label), function()
+    local y1, g1 = run(ins, perm, offsets, k, gy, "bf16", "cuda")
+    local y2, g2 = run(ins, perm, offsets, k, gy, "bf16", "cuda")
+    assert(rel(y1, y2) == 0, "y differs")
+    for i = 1, #ins do assert(rel(g1[i], g2[i]) == 0, "d" .. NAMES[i] .. " differs") end
+  end)
+end
+
+checks.finish()
