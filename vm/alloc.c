@@ -24,10 +24,49 @@ static void host_free(void *p, size_t nbytes, dm_mem_stats *st) {
   st->reserved -= (int64_t)nbytes;
 }
 
-/* META memory is an address that is never dereferenced. */
+/* META memory is an address that is never dereferenced; the trace counts it. */
 static char meta_byte;
-static void *meta_alloc(size_t nbytes, dm_mem_stats *st) { (void)nbytes; (void)st; return &meta_byte; }
-static void meta_free(void *p, size_t nbytes, dm_mem_stats *st) { (void)p; (void)nbytes; (void)st; }
+static dm_meta_trace trace;
+static uint64_t watch_at;
+static void (*watch_fn)(void *);
+static void *watch_ud;
+
+static void *meta_alloc(size_t nbytes, dm_mem_stats *st) {
+  (void)st;
+  trace.allocs++;
+  trace.current += (int64_t)nbytes;
+  trace.blocks += (int64_t)dm_cuda_block_size(nbytes);
+  trace.last = (int64_t)nbytes;
+  if (trace.current > trace.peak) { trace.peak = trace.current; trace.peak_at = trace.allocs; }
+  if (trace.blocks > trace.blocks_peak) trace.blocks_peak = trace.blocks;
+  if (watch_fn && trace.allocs == watch_at) watch_fn(watch_ud);
+  return &meta_byte;
+}
+
+static void meta_free(void *p, size_t nbytes, dm_mem_stats *st) {
+  (void)p; (void)st;
+  trace.current -= (int64_t)nbytes;
+  trace.blocks -= (int64_t)dm_cuda_block_size(nbytes);
+}
+
+void dm_meta_trace_mark(void) {
+  trace.peak = trace.current;
+  trace.blocks_peak = trace.blocks;
+  trace.peak_at = 0;
+}
+
+void dm_meta_trace_reset(void) {
+  trace.allocs = 0;
+  dm_meta_trace_mark();
+}
+
+dm_meta_trace dm_meta_trace_get(void) { return trace; }
+
+void dm_meta_watch(uint64_t at, void (*fn)(void *ud), void *ud) {
+  watch_at = at;
+  watch_fn = at ? fn : NULL;
+  watch_ud = ud;
+}
 
 bool dm_poison_enabled(void) {
   static int on = -1;

@@ -228,3 +228,19 @@ void dm_autograd_recover(void) {
   if (pending) { node_free(pending); pending = NULL; }
   if (in_backward) { in_backward = false; dm_tape_clear(); }
 }
+
+/* For memory accounting (dormouse plan): what the tape holds, node by node in
+** tape order, the node being recorded (whose forward is running) last. */
+static void visit_node(const dm_node *n, dm_tape_visit_fn fn, void *ud) {
+  for (int i = 0; i < n->n_saved; i++)
+    if (n->saved[i]) fn(ud, n->op->name, DM_TAPE_SAVED, n->saved[i]);
+  for (int i = 0; i < n->n_out; i++)
+    if (n->gout[i]) fn(ud, n->op->name, DM_TAPE_GOUT, n->gout[i]);
+  for (int i = 0; i < n->n_in; i++)
+    if (n->in_leaf && n->in_leaf[i]) fn(ud, n->op->name, DM_TAPE_LEAF, n->in_leaf[i]);
+}
+
+void dm_tape_visit(dm_tape_visit_fn fn, void *ud) {
+  for (size_t i = 0; i < tape_len; i++) visit_node(tape[i], fn, ud);
+  if (pending) visit_node(pending, fn, ud);
+}

@@ -61,4 +61,11 @@ uint64_t dm_tape_epoch(void);
 /* after an error unwinds through the core: restore the recording state */
 void dm_autograd_recover(void);
 
+/* What the tape holds, for memory accounting (dormouse plan): fn is called for
+** each node's saved tensors, the gradients of its outputs accumulated so far,
+** and the leaves it will accumulate into, with the node's op name. */
+typedef enum { DM_TAPE_SAVED, DM_TAPE_GOUT, DM_TAPE_LEAF } dm_tape_hold;
+typedef void (*dm_tape_visit_fn)(void *ud, const char *op, dm_tape_hold what, dm_tensor *t);
+void dm_tape_visit(dm_tape_visit_fn fn, void *ud);
+
 #endif

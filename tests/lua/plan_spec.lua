@@ -1,0 +1,262 @@
+-- dormouse plan: the peak device memory of a training step, predicted on the meta device.
+local dm = require "dormouse"
+local core = require "dormouse.core"
+local nn = require "dormouse.nn"
+local optim = require "dormouse.optim"
+local config = require "dormouse.config"
+local train = require "dormouse.train"
+local plan = require "dormouse.plan"
+local helpers = require "tests.lua.helpers"
+local has, err_of = helpers.has, helpers.err_of
+
+local GiB = 2 ^ 30
+
+local function ctx_of(cfg)
+  local orders = cfg.model.engram.orders
+  return #orders > 0 and orders[#orders] - 1 or 0
+end
+
+-- the meta peak of the session's step at B x T, over the session's start
+local function meta_peak(s, B, T)
+  local peak = 0
+  for _, p in ipairs(s:run(B, T)) do peak = math.max(peak, p.peak) end
+  return peak
+end
+
+describe("plan.parse_memory", function()
+  it("reads binary and decimal units", function()
+    assert.equal(16 * 2 ^ 30, plan.parse_memory("16GiB"))
+    assert.equal(16000 * 2 ^ 20, plan.parse_memory("16000MiB"))
+    assert.equal(12500000000, plan.parse_memory("12.5GB"))
+    assert.equal(3 * 2 ^ 40 // 2, plan.parse_memory("1.5 TiB"))
+    assert.equal(512, plan.parse_memory("512B"))
+  end)
+
+  it("refuses what is not a number and a unit, naming the text and the forms", function()
+    for _, bad in ipairs {"16", "16 gigs", "-1GiB", "GiB", "0GiB", "16GiBs", "1e3MB", ""} do
+      has(err_of(plan.parse_memory, bad), "bad memory size '" .. bad .. "'", "16GiB, 16000MiB or 12.5GB")
+    end
+  end)
+end)
+
+describe("the meta trace", function()
+  it("counts meta bytes as asked and in CUDA allocator blocks, with the allocation that reached the peak", function()
+    collectgarbage()
+    core.meta_trace_reset()
+    local t0 = core.meta_trace()
+    assert.equal(0, t0.allocs)
+    local a = dm.empty({1000}, {device = "meta"})           -- 4000 bytes: a 4096-byte block
+    local b = dm.empty({300000}, {device = "meta"})         -- 1.2 MB: a 2 MiB block
+    a:free()
+    local c = dm.empty({10}, {device = "meta"})             -- 40 bytes: 512
+    local t = core.meta_trace()
+    assert.equal(3, t.allocs)
+    assert.equal(t0.current + 1200040, t.current)
+    assert.equal(t0.current + 1204000, t.peak)
+    assert.equal(2, t.peak_at)
+    assert.equal(t0.blocks + 4096 + 2 ^ 21, t.blocks_peak)
+    assert.equal(t0.blocks + 2 ^ 21 + 512, t.blocks)
+    core.meta_trace_mark()
+    assert.equal(0, core.meta_trace().peak_at)
+    assert.equal(t.current, core.meta_trace().peak)
+    b:free()
+    c:free()
+  end)
+
+  it("sorts the live bytes at a watched allocation: groups first, then what the tape holds", function()
+    collectgarbage()
+    local base = core.meta_trace().current                   -- meta tensors of other specs
+    local w = dm.zeros({256}, {device = "meta"}):requires_grad(true)
+    local function at(n)
+      core.meta_trace_reset()
+      core.meta_watch(n, {{name = "weights", tensors = {w}}, {name = "grads", tensors = {w}, grads = true}})
+      dm.scope(function() w:exp():tanh():sum():backward() end)
+      w.grad = nil
+      local r = core.meta_watch_result()
+      local parts = {}
+      for _, p in ipairs(r.parts) do parts[p.kind .. " " .. p.name] = p.bytes end
+      return r.current - base, parts
+    end
+    -- allocation 2 is tanh's output: exp's output, saved by exp, is live; tanh's is being made
+    local live, parts = at(2)
+    assert.equal(3072, live)
+    assert.same({["group weights"] = 1024, ["group grads"] = 0, ["saved exp"] = 1024,
+                 ["other other"] = 1024 + base}, parts)
+    -- allocation 6, in the backward: the gradient flowing into tanh's output is on the tape
+    live, parts = at(6)
+    assert.equal(1024, parts["tape flowing"])
+    assert.equal(1024, parts["saved tanh"])
+    assert.is_nil(core.meta_watch_result())                  -- read once
+  end)
+end)
+
+describe("the predicted peak", function()
+  for _, case in ipairs {{"experiments/tiny.lua", 4, 64}, {"experiments/small.lua", 2, 256}} do
+    local file, B, T = case[1], case[2], case[3]
+
+    it("of " .. file .. " is the meta accounting of the same step built by hand", function()
+      local cfg = config.load(file)
+      local s = plan.session(cfg)
+      local planned = meta_peak(s, B, T)
+      s:close()
+      -- the same model, optimiser and step, with dm.memory("meta") as the only instrument
+      local before, dtype = nn.device, nn.compute_dtype
+      nn.device, nn.compute_dtype = "meta", cfg.dtype
+      local base = dm.memory("meta").current
+      dm.reset_peak("meta")
+      dm.manual_seed(cfg.seed)
+      local model = train.build_model(cfg, ".")
+      local o = config.plain(cfg.optim)
+      o.ns_dtype = "bf16"
+      local opt = optim.new(model, o, cfg.schedule, cfg.steps, {quiet = true})
+      local ctx = ctx_of(cfg)
+      plan.step(model, opt, function()
+        local x = dm.zeros({B, T + 1}, {dtype = "u8", device = "meta"})
+        return x, dm.zeros({B, ctx}, {dtype = "u8", device = "meta"})
+      end, cfg.grad_accum)
+      nn.device, nn.compute_dtype = before, dtype
+      assert.equal(dm.memory("meta").peak - base, planned)
+    end)
+
+    it("of " .. file .. " is the sum of its table: what is live at the peak, and the phase's scratch", function()
+      local cfg = config.load(file, {"batch=" .. B, "seq=" .. T})
+      local r = plan.report(cfg)
+      local sum, saved = 0, 0
+      for _, row in ipairs(plan.rows(r)) do
+        if row.op then saved = saved + row.bytes else sum = sum + row.bytes end
+        assert.is_true(row.bytes > 0, row.label)
+      end
+      assert.equal(r.peak, sum)
+      assert.is_true(saved > 0)
+      local s = plan.session(cfg)
+      assert.equal(meta_peak(s, B, T), r.seen)
+      s:close()
+      assert.is_true(r.peak >= r.seen and r.peak <= r.seen + r.scratch.bytes)
+      assert.equal("backward", r.phase)
+      assert.is_true(r.blocks >= r.peak)
+      assert.equal(r.blocks + 32 * 2 ^ 20, r.need)
+    end)
+  end
+
+  it("leaves no meta memory behind", function()
+    local before = dm.memory("meta").current
+    plan.report(config.load("experiments/tiny.lua"), {memory = plan.parse_memory("64MiB")})
+    assert.equal(before, dm.memory("meta").current)
+  end)
+
+  -- the strongest check without a GPU: the planned step against a real one on the CPU,
+  -- whose allocator counts every byte too (kernel scratch apart: the CPU's KDA takes some)
+  for _, case in ipairs {{"experiments/tiny.lua", 4, 64}, {"experiments/small.lua", 2, 128}} do
+    local file, B, T = case[1], case[2], case[3]
+    it("of " .. file .. " in f32 is within 3% of a real step's peak on the CPU", function()
+      local cfg = config.load(file, {"optim.ns_dtype=f32", "dtype=f32"})
+      local s = plan.session(cfg)
+      local planned = meta_peak(s, B, T)
+      s:close()
+      local before, dtype = nn.device, nn.compute_dtype
+      nn.device, nn.compute_dtype = "cpu", "f32"
+      local base = dm.memory("cpu").current
+      dm.manual_seed(cfg.seed)
+      local model = train.build_model(cfg, ".")
+      local opt = optim.new(model, cfg.optim, cfg.schedule, cfg.steps, {quiet = true})
+      local corpus = dm.data.open(dm.data.default_corpus(), {eval_bytes = 4096})
+      local x, prefix = corpus:batch(1, {batch = B, seq = T, seed = 1, ctx = ctx_of(cfg)})
+      local held = dm.memory("cpu").current - base - x:numel() - prefix:numel()     -- the batch: the loader's
+      local at = dm.memory("cpu").current
+      dm.reset_peak("cpu")
+      plan.step(model, opt, function() return x, prefix end, cfg.grad_accum)
+      local measured = dm.memory("cpu").peak - at + held
+      nn.device, nn.compute_dtype = before, dtype
+      corpus:close()
+      local rel = math.abs(measured - planned) / measured
+      assert.is_true(rel < 0.03, string.format("planned %d, measured %d (%.2f%%)", planned, measured, 100 * rel))
+    end)
+  end
+
+  it("with engram.ram takes the tables and their Adam moments out of the device's", function()
+    local cfg = config.load("experiments/small.lua")
+    local dev = plan.report(cfg)
+    local ram = plan.report(config.load("experiments/small.lua", {"model.engram.ram=true"}))
+    local s = plan.session(cfg)
+    local tables = s.model.block.engram.table:numel() * 4 * 3      -- the f32 table, its m and v
+    s:close()
+    assert.equal(tables, ram.host)
+    assert.equal(dev.peak - tables, ram.peak)
+    assert.is_nil(dev.host)
+  end)
+end)
+
+describe("the proposal", function()
+  it("is the largest batch x seq that fits, and grows with the memory", function()
+    local cfg = config.load("experiments/tiny.lua")
+    local last = 0
+    for _, mib in ipairs {40, 44, 48, 64, 128, 512} do
+      local r = plan.report(cfg, {memory = mib * 2 ^ 20})
+      local p = r.proposal
+      assert.is_truthy(p, mib .. " MiB")
+      assert.is_true(p.need <= mib * 2 ^ 20)
+      assert.is_true(p.tokens >= last, string.format("%d MiB: %d tokens after %d", mib, p.tokens, last))
+      last = p.tokens
+      local s = plan.session(cfg)                         -- one more sequence does not fit
+      assert.is_true(s:measure(p.batch + 1, p.seq).need > mib * 2 ^ 20)
+      s:close()
+      for _, row in ipairs(p.by_seq) do assert.is_true(row.tokens <= p.tokens) end
+    end
+  end)
+
+  it("says so when nothing fits, with what the smallest shape needs", function()
+    local r = plan.report(config.load("experiments/tiny.lua"), {memory = plan.parse_memory("1MiB")})
+    assert.is_nil(r.proposal)
+    has(plan.nothing_fits(r), "nothing fits in 1.00 MiB: even batch 1 x seq 64 needs")
+  end)
+
+  it("of b1 takes under 3 seconds on the CPU, the table included", function()
+    local t0 = core.now()
+    local r = plan.report(config.load("experiments/b1.lua"), {memory = plan.parse_memory("40GiB")})
+    local took = core.now() - t0
+    assert.is_true(took < 3, string.format("%.2f s", took))
+    assert.is_true(r.peak > 20 * GiB and r.peak < 40 * GiB)        -- (about 32 GiB at B 8, T 1024)
+    assert.is_true(r.proposal.tokens > 8 * 1024)
+  end)
+end)
+
+describe("dormouse plan", function()
+  local bin = arg and arg[-1]
+  local function dormouse(args)
+    local errfile = os.tmpname()
+    local p = assert(io.popen(string.format("'%s' plan %s 2>'%s' </dev/null", bin, args, errfile)))
+    local out = p:read("a")
+    local _, _, code = p:close()
+    local f = assert(io.open(errfile))
+    local err = f:read("a")
+    f:close()
+    os.remove(errfile)
+    return code, out, err
+  end
+
+  it("prints the table, the peak and the proposal", function()
+    local code, out = dormouse("experiments/tiny.lua --memory 64MiB")
+    assert.equal(0, code)
+    has(out, "tiny: batch 4 x seq 64", "parameters and buffers", "activations saved for backward", "  matmul",
+        "predicted peak: bytes allocated", "device memory needed", "in 64.00 MiB: batch 4 x seq 64 fits",
+        "proposal: batch")
+  end)
+
+  it("prints JSON with --json", function()
+    local code, out = dormouse("experiments/tiny.lua --memory 64MiB --json --set batch=2")
+    assert.equal(0, code)
+    has(out, '"batch":2', '"peak_bytes":', '"proposal":{', '"rows":[')
+  end)
+
+  it("refuses an unknown file, a bad size, and a config that fits nothing", function()
+    local code, _, err = dormouse("experiments/nope.lua")
+    assert.equal(1, code)
+    has(err, "cannot open experiment file experiments/nope.lua")
+    code, _, err = dormouse("experiments/tiny.lua --memory 16gigs")
+    assert.equal(2, code)
+    has(err, "dormouse plan: --memory: bad memory size '16gigs'", "usage: dormouse plan")
+    code, _, err = dormouse("experiments/tiny.lua --memory 1MiB")
+    assert.equal(1, code)
+    has(err, "dormouse plan: nothing fits in 1.00 MiB: even batch 1 x seq 64 needs")
+  end)
+end)
