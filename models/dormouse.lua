@@ -71,6 +71,18 @@ function Dormouse:update_balance()
   return self.block.moe:update_balance()
 end
 
+--[[ fn() → the loader's next x [B, T+1], prefix, k without taking it (train.lookahead):
+Engram tables in host memory gather that batch's rows while this step runs. fn = nil
+stops it. ]]
+function Dormouse:set_lookahead(fn)
+  local engram = self.block.engram
+  if not engram then return end
+  engram:set_lookahead(fn and function()
+    local x, prefix, k = fn()
+    return x:narrow(2, 1, x:size(2) - 1), prefix, k           -- the inputs, as forward reads them
+  end)
+end
+
 --[[ Parameter counts: total, the Engram tables apart, and the parameters one
 token uses in one iteration (the block's dense parts, its k routed experts,
 one Engram row per sub-table, its embedding row and the head). ]]

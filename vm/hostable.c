@@ -8,11 +8,21 @@
 ** host buffer pair that only grow. A prefetch runs one worker thread; take
 ** joins it. The slot arrays are written by the worker between its start
 ** and its join, and by the caller's thread otherwise.
+**
+** On a device, take's copies of a slot's rows and inverse are queued on the
+** device's one stream and the slot's fence is set after them; the slot is
+** written again only once the stream has passed that fence (in training
+** apply's copy of the gradients has already waited for it, so this costs
+** nothing there). The copies go to that stream in order rather than to a
+** side stream: the caching allocator reuses freed device memory on the
+** stream's order, so a side stream writing a new block would first have to
+** wait for the stream anyway, and the step that takes the rows needs them next.
 */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include "hostable.h"
 #include "core.h"
 #include "autograd.h"
@@ -28,6 +38,7 @@ typedef struct slot {
   int64_t *ids, *unique, *inverse, *counts, *scratch;   /* scratch: 4 * cap */
   float *rows;                   /* [cap, de] */
   double gather_ms;
+  void *fence;                   /* the device has read rows and inverse once its stream passed it */
 } slot;
 
 struct dm_hostable {
@@ -36,6 +47,11 @@ struct dm_hostable {
   int threads;
   dm_device device;
   dm_host_buffers hb;
+  dm_hostable_fence_k fence;     /* NULL on the CPU (and the three together) */
+  dm_hostable_fence_wait_k fence_wait;
+  dm_hostable_fence_free_k fence_free;
+  float *gstage;                 /* [gcap, de]: apply's gradients copied from the device */
+  int64_t gcap;
   slot slots[2];
   int taken;                     /* the slot the last take returned */
   bool taken_live;               /* its rows still await apply */
@@ -57,16 +73,24 @@ static void plain_free(void *p, size_t n) { (void)n; free(p); }
 
 /* ---- staging slots ---------------------------------------------------------------------------- */
 
+/* the device has read what take copied from s (no-op on the CPU) */
+static void slot_idle(dm_hostable *h, slot *s) {
+  if (h->fence_wait) h->fence_wait(s->fence);
+}
+
 static void slot_release(dm_hostable *h, slot *s) {
   size_t c = (size_t)s->cap;
   if (!c) return;
+  slot_idle(h, s);
   h->hb.free(s->ids, c * sizeof(int64_t));
   h->hb.free(s->unique, c * sizeof(int64_t));
   h->hb.free(s->inverse, c * sizeof(int64_t));
   h->hb.free(s->counts, c * sizeof(int64_t));
   h->hb.free(s->scratch, 4 * c * sizeof(int64_t));
   h->hb.free(s->rows, c * (size_t)h->de * sizeof(float));
+  void *fence = s->fence;
   memset(s, 0, sizeof *s);
+  s->fence = fence;
 }
 
 static void *buffer(dm_hostable *h, size_t nbytes) {
@@ -123,6 +147,12 @@ static void check_state(const char *what, dm_tensor *t, const dm_tensor *table) 
              dm_tensor_shape_str(t, a, sizeof a), dm_tensor_shape_str(table, b, sizeof b));
 }
 
+/* the online cores, at most 8: Adam on a step's rows is bound by memory latency, not cores */
+static int default_threads(void) {
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n < 1 ? 1 : n > 8 ? 8 : (int)n;
+}
+
 dm_hostable *dm_hostable_new(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_hostable_opts *o) {
   check_state("the table", table, NULL);
   check_state("m", m, table);
@@ -130,13 +160,29 @@ dm_hostable *dm_hostable_new(dm_tensor *table, dm_tensor *m, dm_tensor *v, const
   if (o && o->buffers && (!o->buffers->alloc || !o->buffers->free))
     dm_error("engram host table: host buffers need both alloc and free");
   if (o && o->threads < 0) dm_error("engram host table: threads must be >= 0, got %d", o->threads);
+  dm_device dev = o ? o->device : DM_CPU;
+  dm_host_buffers hb = {plain_alloc, plain_free};
+  dm_hostable_fence_k fence = NULL;
+  dm_hostable_fence_wait_k fence_wait = NULL;
+  dm_hostable_fence_free_k fence_free = NULL;
+  if (dev != DM_CPU) {                /* the device's pinned memory and fences, when it has them */
+    dm_hostable_buffers_k pinned = (dm_hostable_buffers_k)dm_kernel_find("hostable_buffers", dev);
+    fence = (dm_hostable_fence_k)dm_kernel_find("hostable_fence", dev);
+    fence_wait = (dm_hostable_fence_wait_k)dm_kernel_find("hostable_fence_wait", dev);
+    fence_free = (dm_hostable_fence_free_k)dm_kernel_find("hostable_fence_free", dev);
+    if (!fence || !fence_wait || !fence_free) fence = NULL, fence_wait = NULL, fence_free = NULL;
+    if (pinned && fence && !(o && o->buffers)) pinned(&hb);
+  }
   dm_hostable *h = calloc(1, sizeof *h);
   if (!h) dm_error("engram host table: out of host memory");
   h->R = table->shape[0];
   h->de = table->shape[1];
-  h->threads = o && o->threads > 0 ? o->threads : 1;
-  h->device = o ? o->device : DM_CPU;
-  h->hb = o && o->buffers ? *o->buffers : (dm_host_buffers){plain_alloc, plain_free};
+  h->threads = o && o->threads > 0 ? o->threads : default_threads();
+  h->device = dev;
+  h->hb = o && o->buffers ? *o->buffers : hb;
+  h->fence = fence;
+  h->fence_wait = fence_wait;
+  h->fence_free = fence_free;
   h->taken = 1;                       /* the first prefetch fills slot 0 */
   dm_retain(table);
   dm_retain(m);
@@ -150,8 +196,11 @@ dm_hostable *dm_hostable_new(dm_tensor *table, dm_tensor *m, dm_tensor *v, const
 void dm_hostable_free(dm_hostable *h) {
   if (!h) return;
   join_worker(h);
-  slot_release(h, &h->slots[0]);
-  slot_release(h, &h->slots[1]);
+  for (int i = 0; i < 2; i++) {
+    slot_release(h, &h->slots[i]);
+    if (h->fence_free) h->fence_free(h->slots[i].fence);
+  }
+  if (h->gcap) h->hb.free(h->gstage, (size_t)h->gcap * (size_t)h->de * sizeof(float));
   dm_release(h->table);
   dm_release(h->m);
   dm_release(h->v);
@@ -176,6 +225,7 @@ void dm_hostable_prefetch(dm_hostable *h, dm_tensor *idx) {
   DM_KERNEL(index_check_k, "index_check", idx->device)(idx, h->R, 0, what);
   slot *s = &h->slots[1 - h->taken];
   int64_t n = dm_numel(idx);
+  slot_idle(h, s);                    /* the worker rewrites what an earlier take copied from s */
   slot_reserve(h, s, n);
   dm_tensor *host = idx->device == DM_CPU ? (dm_retain(idx), idx) : dm_to_device(idx, DM_CPU);
   dm_tensor *ids = host->dtype == DM_I64 ? dm_contiguous(host) : dm_cast(host, DM_I64);
@@ -211,6 +261,7 @@ void dm_hostable_take(dm_hostable *h, dm_tensor **rows, dm_tensor **local, dm_te
   int64_t rs[2] = {s->nu, h->de};
   *rows = to_device(h->device, DM_F32, 2, rs, s->rows);
   *local = to_device(h->device, DM_I64, s->ndim, s->shape, s->inverse);
+  if (h->fence) h->fence(&s->fence);  /* the copies above are queued, not done */
   *unique = to_device(DM_CPU, DM_I64, 1, &s->nu, s->unique);
   h->taken = f;
   h->taken_live = true;
@@ -248,17 +299,17 @@ static void *adam_main(void *arg) {
   return NULL;
 }
 
-/* rows [0, n) in `threads` contiguous chunks; the caller runs chunk 0 and any that did not start */
-static void adam_threads(dm_hostable *h, const slot *s, const float *g, const dm_engram_adam_hp *hp) {
+/* rows[0, n) in `threads` contiguous chunks; the caller runs chunk 0 and any that did not start */
+static void adam_threads(dm_hostable *h, const int64_t *rows, int64_t n, const float *g,
+                         const dm_engram_adam_hp *hp) {
   enum { MAXT = 256 };
-  int64_t n = s->nu;
   int nt = h->threads < MAXT ? h->threads : MAXT;
   if (nt > n / 64) nt = n / 64 > 0 ? (int)(n / 64) : 1;   /* at least 64 rows a thread */
   adam_job jobs[MAXT];
   pthread_t tid[MAXT];
   bool started[MAXT] = {false};
   for (int t = 0; t < nt; t++)
-    jobs[t] = (adam_job){dm_data(h->table), dm_data(h->m), dm_data(h->v), g, s->unique,
+    jobs[t] = (adam_job){dm_data(h->table), dm_data(h->m), dm_data(h->v), g, rows,
                          n * t / nt, n * (t + 1) / nt, h->de, hp};
   for (int t = 1; t < nt; t++) started[t] = pthread_create(&tid[t], NULL, adam_main, &jobs[t]) == 0;
   adam_main(&jobs[0]);
@@ -271,13 +322,13 @@ static void adam_threads(dm_hostable *h, const slot *s, const float *g, const dm
   }
 }
 
-/* the rows of the prefetch in flight that the last apply changed: copy them again */
-static void refresh(dm_hostable *h, const slot *done, slot *next) {
+/* the rows of the prefetch in flight that an update of rows[0, n) (increasing) changed: copy them again */
+static void refresh(dm_hostable *h, const int64_t *rows, int64_t n, slot *next) {
   const float *w = dm_data(h->table);
   size_t row = (size_t)h->de * sizeof(float);
-  for (int64_t i = 0, j = 0; i < done->nu && j < next->nu;) {
-    if (done->unique[i] < next->unique[j]) i++;
-    else if (done->unique[i] > next->unique[j]) j++;
+  for (int64_t i = 0, j = 0; i < n && j < next->nu;) {
+    if (rows[i] < next->unique[j]) i++;
+    else if (rows[i] > next->unique[j]) j++;
     else {
       memcpy(next->rows + j * h->de, w + next->unique[j] * h->de, row);
       i++;
@@ -286,33 +337,97 @@ static void refresh(dm_hostable *h, const slot *done, slot *next) {
   }
 }
 
-void dm_hostable_apply(dm_hostable *h, dm_tensor *grads, double lr, double beta1, double beta2, double eps,
-                       int64_t step) {
-  const char *what = "engram host table apply";
-  char sg[128];
-  if (!h->taken_live) dm_error("%s: no rows await an update (take first; apply once per take)", what);
-  slot *s = &h->slots[h->taken];
-  dm_check_live(grads);
+/* the table, m and v may be written (they are live and no tape wants them) */
+static void check_writable(dm_hostable *h, const char *what) {
   dm_tensor *state[3] = {h->table, h->m, h->v};
   for (int i = 0; i < 3; i++) {
     dm_check_live(state[i]);
     if (state[i]->requires_grad && dm_grad_enabled())
       dm_error("%s: in-place update of a tensor that requires grad; wrap it in dm.no_grad", what);
   }
-  if (grads->dtype != DM_F32 || grads->ndim != 2 || grads->shape[0] != s->nu || grads->shape[1] != h->de)
-    dm_error("%s: gradients must be f32 [%lld, %lld] (the rows of the last take), got %s of shape %s", what,
-             (long long)s->nu, (long long)h->de, dm_dtype_name(grads->dtype),
-             dm_tensor_shape_str(grads, sg, sizeof sg));
-  dm_engram_adam_hp hp = dm_engram_adam_prepare(lr, beta1, beta2, eps, step);
-  dm_tensor *host = grads->device == DM_CPU ? (dm_retain(grads), grads) : dm_to_device(grads, DM_CPU);
-  dm_tensor *g = dm_contiguous(host);
-  dm_release(host);
+}
+
+/* grads [n, de] f32 as contiguous host memory: a CPU tensor as it is, a device's through the
+** pinned staging buffer (one copy, which waits for the device). *hold is what to release after. */
+static const float *host_grads(dm_hostable *h, dm_tensor *grads, dm_tensor **hold) {
+  if (grads->device == DM_CPU) {
+    *hold = dm_contiguous(grads);
+    return dm_data(*hold);
+  }
+  int64_t n = grads->shape[0];
+  if (n > h->gcap) {
+    size_t row = (size_t)h->de * sizeof(float);
+    if (h->gcap) h->hb.free(h->gstage, (size_t)h->gcap * row);
+    h->gcap = 0;
+    h->gstage = buffer(h, (size_t)n * row);
+    h->gcap = n;
+  }
+  *hold = dm_tensor_wrap(DM_CPU, DM_F32, 2, grads->shape, h->gstage);
+  dm_copy_(*hold, grads);
+  return h->gstage;
+}
+
+/* the update of rows[0, n) with grads, once everything is checked */
+static void apply_rows(dm_hostable *h, const int64_t *rows, int64_t n, dm_tensor *grads,
+                       const dm_engram_adam_hp *hp) {
+  dm_tensor *hold;
+  const float *g = host_grads(h, grads, &hold);
   double t0 = now_ms();
   join_worker(h);                     /* the worker reads rows this update writes */
-  adam_threads(h, s, dm_data(g), &hp);
-  if (h->inflight) refresh(h, s, &h->slots[1 - h->taken]);
+  adam_threads(h, rows, n, g, hp);
+  if (h->inflight) refresh(h, rows, n, &h->slots[1 - h->taken]);
   h->counters.apply_ms = now_ms() - t0;
-  dm_release(g);
+  dm_release(hold);
   h->taken_live = false;
-  for (int i = 0; i < 3; i++) dm_mark_written(state[i]);
+  dm_mark_written(h->table);
+  dm_mark_written(h->m);
+  dm_mark_written(h->v);
+}
+
+static void check_grads(const char *what, dm_tensor *grads, int64_t n, int64_t de, const char *which) {
+  char sg[128];
+  dm_check_live(grads);
+  if (grads->dtype != DM_F32 || grads->ndim != 2 || grads->shape[0] != n || grads->shape[1] != de)
+    dm_error("%s: gradients must be f32 [%lld, %lld] (%s), got %s of shape %s", what, (long long)n,
+             (long long)de, which, dm_dtype_name(grads->dtype), dm_tensor_shape_str(grads, sg, sizeof sg));
+}
+
+void dm_hostable_apply(dm_hostable *h, dm_tensor *grads, double lr, double beta1, double beta2, double eps,
+                       int64_t step) {
+  const char *what = "engram host table apply";
+  if (!h->taken_live) dm_error("%s: no rows await an update (take first; apply once per take)", what);
+  slot *s = &h->slots[h->taken];
+  check_writable(h, what);
+  check_grads(what, grads, s->nu, h->de, "the rows of the last take");
+  dm_engram_adam_hp hp = dm_engram_adam_prepare(lr, beta1, beta2, eps, step);
+  apply_rows(h, s->unique, s->nu, grads, &hp);
+}
+
+void dm_hostable_apply_rows(dm_hostable *h, dm_tensor *rows, dm_tensor *grads, double lr, double beta1,
+                            double beta2, double eps, int64_t step) {
+  const char *what = "engram host table apply";
+  char sr[128];
+  check_writable(h, what);
+  dm_check_live(rows);
+  if (rows->dtype != DM_I64 || rows->ndim != 1)
+    dm_error("%s: rows must be i64 [n], got %s of shape %s", what, dm_dtype_name(rows->dtype),
+             dm_tensor_shape_str(rows, sr, sizeof sr));
+  check_grads(what, grads, rows->shape[0], h->de, "one row per row named");
+  dm_engram_adam_hp hp = dm_engram_adam_prepare(lr, beta1, beta2, eps, step);
+  dm_tensor *host = rows->device == DM_CPU ? (dm_retain(rows), rows) : dm_to_device(rows, DM_CPU);
+  dm_tensor *r = dm_contiguous(host);
+  dm_release(host);
+  const int64_t *p = dm_data(r);
+  int64_t n = rows->shape[0];
+  for (int64_t i = 0; i < n; i++) {   /* the threads split the rows: two must never share one */
+    if (p[i] < 0 || p[i] >= h->R || (i > 0 && p[i] <= p[i - 1])) {
+      int64_t bad = p[i];
+      dm_release(r);
+      dm_error("%s: rows must be distinct, increasing and in 0..%lld; row %lld is %lld%s", what,
+               (long long)(h->R - 1), (long long)i, (long long)bad,
+               i > 0 && bad >= 0 && bad < h->R ? " (after a row not below it)" : "");
+    }
+  }
+  apply_rows(h, p, n, grads, &hp);
+  dm_release(r);
 }

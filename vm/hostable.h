@@ -26,13 +26,23 @@
 **                                  its staging buffer, so a take always gives
 **                                  what a gather after the update would.
 **
-** The rows go to the device named at creation: with the CUDA backend the
-** staging buffers come from the buffers pair (pinned memory) and the copy
-** is a host-to-device copy (a side stream comes with the CUDA backend).
-** One prefetch may be in flight at a time; the table must not be written by
-** anything else while one is (take or free first). The worker and the Adam
-** threads only read and write plain memory; every check runs in the
-** caller's thread before they start, so they never raise.
+** dm_hostable_apply_rows(h, rows, grads) is the same update on rows named
+** by the caller (distinct, increasing: engram_unique's order), for a step
+** whose gradient covers several takes (micro-batches); it refreshes the
+** prefetch in flight the same way.
+**
+** The rows go to the device named at creation. A device backend may give
+** the host tables pinned staging memory and fences (the kernels
+** "hostable_buffers", "hostable_fence", "hostable_fence_wait",
+** "hostable_fence_free": kernels/hostcopy.c for CUDA): take then queues
+** the copies of rows and local on the device's stream without waiting for
+** them, apply copies the gradients back through a pinned buffer, and a slot
+** is written again (by a prefetch or a refresh) only after the stream has
+** read it. Without them (the CPU) the buffers are malloc'd and the copies
+** plain. One prefetch may be in flight at a time; the table must not be
+** written by anything else while one is (take or free first). The worker
+** and the Adam threads only read and write plain memory; every check runs
+** in the caller's thread before they start, so they never raise.
 **
 ** dm_hostable_gather(h, idx, ...) is prefetch + take at once.
 */
@@ -45,9 +55,9 @@
 typedef struct dm_hostable dm_hostable;
 
 typedef struct dm_hostable_opts {
-  int threads;                       /* host Adam threads; 0 means 1 */
+  int threads;                       /* host Adam threads; 0: the online cores, at most 8 */
   dm_device device;                  /* where take puts rows and local */
-  const dm_host_buffers *buffers;    /* staging memory; NULL: malloc and free */
+  const dm_host_buffers *buffers;    /* staging memory; NULL: the device's pinned pair, else malloc */
 } dm_hostable_opts;
 
 typedef struct dm_hostable_counters {
@@ -74,8 +84,20 @@ void dm_hostable_gather(dm_hostable *h, dm_tensor *idx, dm_tensor **rows, dm_ten
 void dm_hostable_apply(dm_hostable *h, dm_tensor *grads, double lr, double beta1, double beta2, double eps,
                        int64_t step);
 
+/* rows: i64 [n] distinct and increasing in 0..R-1 (any device); grads: f32 [n, de] */
+void dm_hostable_apply_rows(dm_hostable *h, dm_tensor *rows, dm_tensor *grads, double lr, double beta1,
+                            double beta2, double eps, int64_t step);
+
 dm_hostable_counters dm_hostable_counters_of(const dm_hostable *h);
 void dm_hostable_set_threads(dm_hostable *h, int threads);
 int dm_hostable_threads(const dm_hostable *h);
+
+/* what a device backend gives the host tables (none on the CPU). A fence marks the point of the
+** device's stream after the copies queued so far; waiting on it returns once the stream has
+** passed it. *fence is created on first use; waiting on or freeing NULL does nothing. */
+typedef void (*dm_hostable_buffers_k)(dm_host_buffers *hb);     /* "hostable_buffers": pinned memory */
+typedef void (*dm_hostable_fence_k)(void **fence);              /* "hostable_fence" */
+typedef void (*dm_hostable_fence_wait_k)(void *fence);          /* "hostable_fence_wait" */
+typedef void (*dm_hostable_fence_free_k)(void *fence);          /* "hostable_fence_free" */
 
 #endif

@@ -111,7 +111,7 @@ static int c_hostable_metatable(lua_State *L) {
   return 1;
 }
 
-/* core.hostable_new(table, m, v, threads, device) */
+/* core.hostable_new(table, m, v, threads, device): threads 0 = the online cores, at most 8 */
 static int c_hostable_new(lua_State *L) {
   dm_tensor *t = dm_lua_check(L, 1), *m = dm_lua_check(L, 2), *v = dm_lua_check(L, 3);
   dm_hostable_opts o = {.threads = (int)luaL_optinteger(L, 4, 1), .device = dm_lua_device(L, 5, DM_CPU)};
@@ -157,15 +157,18 @@ static int c_hostable_gather(lua_State *L) {
   return push3(L, rows, local, unique);
 }
 
-/* core.hostable_apply(h, grads, lr, beta1, beta2, eps, step) */
+/* core.hostable_apply(h, grads, lr, beta1, beta2, eps, step [, rows]): the rows of the last
+** take, or the rows given (distinct, increasing: a step's rows over several takes) */
 static int c_hostable_apply(lua_State *L) {
   dm_hostable *h = check_hostable(L, 1);
   dm_tensor *g = dm_lua_check(L, 2);
   double lr = luaL_checknumber(L, 3), b1 = luaL_checknumber(L, 4), b2 = luaL_checknumber(L, 5);
   double eps = luaL_checknumber(L, 6);
   int64_t step = luaL_checkinteger(L, 7);
+  dm_tensor *rows = lua_isnoneornil(L, 8) ? NULL : dm_lua_check(L, 8);
   DM_ENTER(L);
-  dm_hostable_apply(h, g, lr, b1, b2, eps, step);
+  if (rows) dm_hostable_apply_rows(h, rows, g, lr, b1, b2, eps, step);
+  else dm_hostable_apply(h, g, lr, b1, b2, eps, step);
   return 0;
 }
 

@@ -6,7 +6,7 @@ held-out windows, and the n-gram baseline.
   local corpus <close> = data.open(data.default_corpus(), {eval_bytes = 400000})
   local x, prefix = corpus:batch(k, {batch = 8, seq = 256, seed = 1, ctx = 4})
   local loader <close> = corpus:loader {batch = 8, seq = 256, seed = 1, start = k}
-  local x, prefix, k = loader:next()
+  local x, prefix, k = loader:next()        -- loader:peek(): the same, without taking it
   local ex, eprefix = corpus:eval_windows {seq = 256, n = 16}
   print(corpus:ngram_bpb(5, {seq = 256, n = 16}))
 
@@ -226,11 +226,42 @@ local Loader = {}
 local loader_mt = core.data_metatable("loader")
 loader_mt.__index = Loader
 
+-- A batch peek() took from the core ahead of its next(): {x, prefix, k} by loader (weak keys).
+local peeked = setmetatable({}, {__mode = "k"})
+
 --- loader:next() → x, prefix, k (batches start, start+1, ... in order)
-function Loader:next() return core.loader_next(self) end
+function Loader:next()
+  local p = peeked[self]
+  if p then
+    core.loader_position(self)           -- raises when the loader is closed
+    peeked[self] = nil
+    return p[1], p[2], p[3]
+  end
+  return core.loader_next(self)
+end
+
+--[[ loader:peek() → x, prefix, k: the batch the next next() returns (the very same tensors),
+without taking it; position() is unchanged. The tensors outlive the dm.scope peek is called in
+(the step before theirs), so they go back to the garbage collector, not to a scope. ]]
+function Loader:peek()
+  local p = peeked[self]
+  if not p then
+    local x, prefix, k = core.loader_next(self)
+    p = {core.keep(x), core.keep(prefix), k}
+    peeked[self] = p
+  end
+  return p[1], p[2], p[3]
+end
+
 --- loader:position() → the k the next call returns: the data state to checkpoint
-function Loader:position() return core.loader_position(self) end
-function Loader:close() core.loader_close(self) end
+function Loader:position()
+  return peeked[self] and peeked[self][3] or core.loader_position(self)
+end
+
+function Loader:close()
+  peeked[self] = nil
+  core.loader_close(self)
+end
 
 -- ---- the default corpus -----------------------------------------------------------------------
 

@@ -822,7 +822,8 @@ function HostTable:take() end
 ---@return dormouse.Tensor unique
 function HostTable:gather(idx) end
 
----Adam on the rows of the last take, with their gradients [U, de].
+---Adam on the rows of the last take, with their gradients [U, de] (on any device: copied back once,
+---through pinned memory on CUDA); the rows of a prefetch in flight that it changes are refreshed.
 ---@param grads dormouse.Tensor
 ---@param opts dormouse.AdamOptions
 function HostTable:apply(grads, opts) end
@@ -838,6 +839,29 @@ function HostTable:threads(n) end
 
 ---Stops the table's threads.
 function HostTable:close() end
+
+---A loader of training batches (data.lua: corpus:loader{...}).
+---@class dormouse.Loader
+local Loader = {}
+
+---The next batch x [B, T+1], prefix [B, ctx] and its number k.
+---@return dormouse.Tensor x
+---@return dormouse.Tensor prefix
+---@return integer k
+function Loader:next() end
+
+---The batch the next next() returns (the very same tensors), without taking it; position() is unchanged.
+---@return dormouse.Tensor x
+---@return dormouse.Tensor prefix
+---@return integer k
+function Loader:peek() end
+
+---The k the next next() returns: the data state a checkpoint keeps.
+---@return integer
+function Loader:position() end
+
+---Stops the loader's thread.
+function Loader:close() end
 
 ---x / sqrt(mean(x^2) + eps) * gain over the last dim.
 ---@param x dormouse.Tensor
@@ -935,7 +959,8 @@ function dm.engram_alpha(u, kx, opts) end
 ---@param opts dormouse.AdamOptions
 function dm.engram_adam(table, m, v, rows, grads, opts) end
 
----A table and its Adam moments in host memory, gathered and updated by threads.
+---A table and its Adam moments in host memory, gathered and updated by threads (threads = 0: the
+---online cores, at most 8). On CUDA its staging memory is pinned and take's copies are queued, not waited for.
 ---@param opts {weight?: dormouse.Tensor, m?: dormouse.Tensor, v?: dormouse.Tensor, rows?: integer, width?: integer, std?: number, threads?: integer, device?: dormouse.Device}
 ---@return dormouse.HostTable
 function dm.HostTable(opts) end

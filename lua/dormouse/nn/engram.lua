@@ -11,6 +11,10 @@ return function(nn, dm)
 
 local Engram = nn.class("Engram")
 
+-- opts.ram on a CPU run means nothing (host and device are one) and is ignored;
+-- tests set this to run the host-table path there all the same.
+Engram.ram_on_cpu = false
+
 function Engram:init(d, opts)
   self.layout = dm.engram_layout {orders = opts.orders, heads = opts.heads or 1, rows = opts.rows}
   self.width = opts.width
@@ -19,15 +23,19 @@ function Engram:init(d, opts)
   -- The table is a parameter that the tape never sees whole: each forward reads
   -- its touched rows into a compact leaf, and the optimiser's sparse Adam
   -- updates those rows alone (sparse_grad below). Its dense gradient is never made.
-  -- opts.ram keeps the table (and so its Adam moments) in host memory: each
-  -- step copies its touched rows to the device and their gradient back.
-  self.ram = opts.ram and nn.device ~= "cpu"
-  local device = nn.device
+  -- opts.ram keeps the table (and so its Adam moments) in host memory: the
+  -- optimiser hands this module the moments (host_table below), and a
+  -- dm.HostTable gathers each training step's rows on the host (the next
+  -- batch's while this step runs, when a lookahead is set), copies them to
+  -- the device and applies their gradient with a multi-threaded host Adam.
+  self.ram = opts.ram and (nn.device ~= "cpu" or Engram.ram_on_cpu) or false
+  self.device = nn.device
   if self.ram then nn.device = "cpu" end
   self:param("table", nn.init.normal({self.layout.total_rows, opts.width}, opts.std or 0.02))
-  nn.device = device
+  nn.device = self.device
   self.table:requires_grad(false)
   self.entries = {}
+  self.prefetches = {used = 0, missed = 0}       -- training lookups that found their prefetch, or not
   self:child("wk", nn.Linear(subtables * opts.width, d))
   self:child("wv", nn.Linear(subtables * opts.width, d))
   self:child("norm", nn.RMSNorm(d))
@@ -38,19 +46,92 @@ end
 -- The table rows this batch reads: [B, T, subtables].
 function Engram:rows(x, prefix) return dm.engram_index(x, prefix, self.layout) end
 
+--[[ ram: the table's dm.HostTable over the optimiser's Adam moments m, v (its
+state, so that checkpoints keep them); optim's SparseAdam makes it and
+applies each step's gradient through it. Returns it. ]]
+function Engram:host_table(m, v)
+  if self.host then self.host:close() end
+  self.host = dm.HostTable{weight = self.table, m = m, v = v, threads = 0, device = self.device}
+  self.pending = nil
+  return self.host
+end
+
+--[[ fn() → the next training batch's x [B, T], prefix [B, P] and its number k,
+without taking it (the model's set_lookahead); nil: none. With a host table,
+each training lookup prefetches the rows of that batch. ]]
+function Engram:set_lookahead(fn) self.lookahead = fn end
+
+-- The host table's counters, and how many training lookups found their prefetch.
+function Engram:counters()
+  local c = self.host and self.host:counters() or {}
+  c.prefetch_used, c.prefetch_missed = self.prefetches.used, self.prefetches.missed
+  return c
+end
+
+local function same_shape(a, b)
+  if a == nil or b == nil then return a == b end
+  return table.concat(a:shape(), ",") == table.concat(b:shape(), ",")
+end
+
+local function same_bytes(a, b)
+  return a == nil or dm.allclose(a, b, {rtol = 0, atol = 0})
+end
+
+-- Is the prefetch p the batch x? The loader has moved exactly one batch past
+-- it since (k is the batch the lookahead shows now) and the shapes agree; on
+-- the CPU the bytes are compared too (on a device that would wait for it).
+local function prefetched(p, x, prefix, k)
+  if not (p and p.k and k and k == p.k + 1) then return false end
+  if not (same_shape(p.x, x) and same_shape(p.prefix, prefix)) then return false end
+  return x.device ~= "cpu" or (same_bytes(x, p.x) and same_bytes(prefix, p.prefix))
+end
+
+-- A training lookup through the host table: the prefetch of x when there is
+-- one, else a gather now (dropping a prefetch of another batch); then the
+-- prefetch of the next batch, whose unique rows and gather run on a host
+-- thread while this step runs. Its indices come from the CPU tensors the
+-- lookahead gives: engram_index gives the same rows on every backend.
+function Engram:host_lookup(x, prefix)
+  local ht, p = self.host, self.pending
+  local nx, nprefix, nk
+  if self.lookahead then nx, nprefix, nk = self.lookahead() end
+  self.pending = nil
+  local compact, inverse, rows
+  if prefetched(p, x, prefix, nk) then
+    compact, inverse, rows = ht:take()
+    self.prefetches.used = self.prefetches.used + 1
+  else
+    if p then ht:take() end              -- a prefetch of another batch: taken and dropped
+    compact, inverse, rows = ht:gather(self:rows(x, prefix))
+    self.prefetches.missed = self.prefetches.missed + 1
+  end
+  if nx then
+    ht:prefetch(self:rows(nx, nprefix))
+    self.pending = {x = dm.keep(nx), prefix = nprefix and dm.keep(nprefix), k = nk}
+  end
+  return {x = x, rows = rows, inverse = inverse, compact = compact}
+end
+
 -- The rows x touches: distinct rows, each lookup's place among them, and those
 -- rows as a compact leaf [U, width]. The iterations of one forward share them
--- (the same x), so their gradients meet in one compact.grad.
+-- (the same x), so their gradients meet in one compact.grad. Lookups without
+-- grad (eval, sampling) read a table in host memory directly, leaving the
+-- host table's prefetch in flight for the next training step.
 function Engram:lookup(x, prefix)
   local c = self.current
   if c and c.x == x then return c end
-  local rows, inverse = dm.engram_unique(self:rows(x, prefix))
-  if self.ram then rows = rows:to("cpu") end
-  local compact = dm.no_grad(dm.embedding, rows, self.table)
-  if self.ram then compact = compact:to(x.device) end
-  c = {x = x, rows = rows, inverse = inverse, compact = compact}
-  if dm.grad_enabled() then
-    compact:requires_grad(true)
+  local training = dm.grad_enabled()
+  if self.host and training then
+    c = self:host_lookup(x, prefix)
+  else
+    local rows, inverse = dm.engram_unique(self:rows(x, prefix))
+    if self.ram then rows = rows:to("cpu") end
+    local compact = dm.no_grad(dm.embedding, rows, self.table)
+    if self.ram then compact = compact:to(x.device) end
+    c = {x = x, rows = rows, inverse = inverse, compact = compact}
+  end
+  if training then
+    c.compact:requires_grad(true)
     self.entries[#self.entries + 1] = c
   end
   self.current = c
@@ -68,6 +149,7 @@ function Engram:sparse_grad()
   if #rows == 0 then return nil end
   if #rows == 1 then return rows[1], grads[1] end
   local all_rows, inverse = dm.engram_unique(dm.cat(rows, 1))
+  if inverse.device ~= grads[1].device then inverse = inverse:to(grads[1].device) end   -- host rows
   return all_rows, dm.engram_sparse_grad(dm.cat(grads, 1), inverse, all_rows:size(1))
 end
 

@@ -7,8 +7,16 @@ The table is not a leaf of the tape: its module hands over the step's rows
 and their gradient (module:sparse_grad() → rows [U] i64, grads [U, de]),
 so the table's dense gradient (1.6 GB at b1) is never made. A group entry's
 module must have sparse_grad; one without gradient this step is left alone.
+
+A table in host memory (Engram with ram: its module has host_table) is
+updated by its dm.HostTable: the group's state m, v are handed to it at
+creation (so checkpoints save and load them as for any table), and each
+step's gradient [U, de] is copied back once and applied by the host's
+multi-threaded sparse Adam, which also refreshes the rows of the next
+batch's prefetch that the update changed.
 ]]
 local dm = require "dormouse"
+local core = require "dormouse.core"
 local groups = require "dormouse.optim.groups"
 
 local SparseAdam = {kind = "sparse_adam"}
@@ -18,6 +26,12 @@ SparseAdam.__index = SparseAdam
 function SparseAdam.new(name, entries, hp)
   local self = setmetatable(groups.new_group(name, entries, {"m", "v"}), SparseAdam)
   self.lr, self.betas, self.eps, self.weight_decay = hp.lr, hp.betas, hp.eps, 0
+  self.hosts = {}
+  for i, e in ipairs(entries) do
+    if e.module.ram and e.module.host_table then
+      self.hosts[i] = e.module:host_table(self.state.m[i], self.state.v[i])
+    end
+  end
   return self
 end
 
@@ -34,7 +48,10 @@ end
 function SparseAdam:update(mult, t)
   for i, e in ipairs(self.entries) do
     local rows, g = e.module:sparse_grad()
-    if rows then
+    local host = self.hosts[i]
+    if rows and host then            -- the rows named: they span every take (micro-batch) of the step
+      core.hostable_apply(host._h, g, self.lr * mult, self.betas[1], self.betas[2], self.eps, t, rows)
+    elseif rows then
       local p = self.params[i]
       if g.device ~= p.device then g = g:to(p.device) end        -- a table in host memory
       if rows.device ~= p.device then rows = rows:to(p.device) end
