@@ -42,7 +42,7 @@ function Dormouse:forward(x, prefix, opts)
   local T = x:size(2) - 1
   local inputs = x:narrow(2, 1, T)
   local targets = x:narrow(2, 2, T):to("i64")
-  self.block.moe.counts = nil                       -- this step's routing counts start here
+  self.block.moe:new_pass()                         -- this pass's routing counts and weight copies start here
   local h = self.emb:forward(inputs)
   local out = {periter = {}, fin_D = {}, logits = {}}
   local sum_h, total = nil, nil

@@ -23,8 +23,10 @@ function Block:init(m)
                                shared_rank = m.shared_rank, ffn = m.ffn, lfb_gamma = m.moe.lfb_gamma}))
 end
 
+-- Each branch's intermediates are dropped as it returns (dm.scope): what the
+-- backward needs, the tape holds.
 function Block:forward(h, x, prefix)
-  local a = h + self.kda:forward(self.rms1:forward(h))
+  local a = h + dm.scope(function() return (self.kda:forward(self.rms1:forward(h))) end)
   local b = self.engram and a + self.engram:forward(self.rms2:forward(a), x, prefix) or a
   return b + self.moe:forward(self.rms3:forward(b))
 end

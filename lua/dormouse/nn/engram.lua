@@ -157,14 +157,18 @@ function Engram:clear_sparse()
   self.entries, self.current = {}, nil
 end
 
+-- The lookup's tensors outlive the forward (the optimiser reads compact's
+-- gradient); the rest is dropped as it returns (dm.scope).
 function Engram:forward(u, x, prefix)
   local B, T = u:size(1), u:size(2)
   local c = self:lookup(x, prefix)
-  local e = dm.embedding(c.inverse, c.compact):reshape({B, T, self.n_sub * self.width})
-  local kx, vx = self.wk:forward(e), self.wv:forward(e)
-  local alpha = dm.engram_alpha(u, kx)
-  local vt = vx * alpha:unsqueeze(-1)
-  return vt + dm.causal_conv1d(self.norm:forward(vt), self.conv, {dilation = self.dilation}):silu()
+  return dm.scope(function()
+    local e = dm.embedding(c.inverse, c.compact):reshape({B, T, self.n_sub * self.width})
+    local kx, vx = self.wk:forward(e), self.wv:forward(e)
+    local alpha = dm.engram_alpha(u, kx)
+    local vt = vx * alpha:unsqueeze(-1)
+    return vt + dm.causal_conv1d(self.norm:forward(vt), self.conv, {dilation = self.dilation}):silu()
+  end)
 end
 
 nn.Engram = Engram

@@ -35,29 +35,51 @@ function MoE:init(d, opts)
   self:buffer("lfb_bias", nn.init.zeros({E}))
 end
 
--- The routed experts' products in the compute dtype (bf16 on the GPU: the
--- tensor-core kernels), with f32 masters cast at each use as for any matrix
--- product, so their gradients add up in f32; the combine too, its result in f32.
-local function routed_experts(self, x, perm, offsets, inv, w)
-  local cd = nn.compute_dtype
-  if cd == "f32" or x.dtype ~= "f32" then
-    local rows = dm.moe_experts(x, perm, offsets, self.Ug, self.Uu, self.cg, self.cu, self.D, self.top_k)
-    return dm.moe_combine(rows, inv, w)
-  end
-  local rows = dm.moe_experts(x:to(cd), perm, offsets, self.Ug:to(cd), self.Uu:to(cd), self.cg:to(cd),
-                              self.cu:to(cd), self.D:to(cd), self.top_k)
-  return dm.moe_combine(rows, inv, w:to(cd)):to("f32")
+-- A new forward pass of the model: its routing counts and weight copies start again.
+function MoE:new_pass()
+  self.counts, self.weights = nil, nil
 end
 
+-- The expert banks in the compute dtype, cast once per forward pass and
+-- shared by its iterations (the same weights each time): one bf16 copy of
+-- the banks is saved for backward, not one per iteration. As under autocast,
+-- the iterations' gradients meet in that copy's dtype, then flow to the f32
+-- masters. On the CPU (or in f32) the masters themselves.
+function MoE:compute_weights(x)
+  local cd = nn.compute_dtype
+  if cd == "f32" or x.dtype ~= "f32" then
+    return {Ug = self.Ug, Uu = self.Uu, cg = self.cg, cu = self.cu, D = self.D}
+  end
+  if not self.weights then
+    self.weights = {Ug = self.Ug:to(cd), Uu = self.Uu:to(cd), cg = self.cg:to(cd), cu = self.cu:to(cd),
+                    D = self.D:to(cd)}
+  end
+  return self.weights
+end
+
+-- The routed experts' products (bf16 tensor-core kernels on the GPU) and their
+-- gated combine, in the weights' dtype; the result in x's.
+local function routed_experts(self, W, x, perm, offsets, inv, w)
+  local xs = x:to(W.D.dtype)
+  local rows = dm.moe_experts(xs, perm, offsets, W.Ug, W.Uu, W.cg, W.cu, W.D, self.top_k)
+  return dm.moe_combine(rows, inv, w:to(W.D.dtype)):to(x.dtype)
+end
+
+-- The step's intermediates (routing, expert rows, the shared expert) are
+-- dropped when it returns (dm.scope); what backward needs the tape holds.
 function MoE:forward(u)
   local B, T, d = u:size(1), u:size(2), u:size(3)
   local x = u:reshape({B * T, d})
-  local idx, w, counts = dm.moe_route(self.router:forward(x), self.lfb_bias, self.top_k)
-  local perm, offsets, inv = dm.moe_sort(idx, self.experts)
-  local routed = routed_experts(self, x, perm, offsets, inv, w)
-  local shared = self.sd:forward(dm.silu_mul(self.sg:forward(x) * self.scg, self.su:forward(x) * self.scu))
+  local W = self:compute_weights(x)
+  local out, counts = dm.scope(function()
+    local idx, w, counts = dm.moe_route(self.router:forward(x), self.lfb_bias, self.top_k)
+    local perm, offsets, inv = dm.moe_sort(idx, self.experts)
+    local routed = routed_experts(self, W, x, perm, offsets, inv, w)
+    local shared = self.sd:forward(dm.silu_mul(self.sg:forward(x) * self.scg, self.su:forward(x) * self.scu))
+    return self.write:forward(routed + shared), counts
+  end)
   self.counts = self.counts and self.counts + counts or counts   -- summed over the step's iterations
-  return self.write:forward(routed + shared):reshape({B, T, d})
+  return out:reshape({B, T, d})
 end
 
 -- Loss-free balancing, on the whole step's counts (every iteration's routing):
