@@ -74,6 +74,11 @@ end
 --[[ fn() → the loader's next x [B, T+1], prefix, k without taking it (train.lookahead):
 Engram tables in host memory gather that batch's rows while this step runs. fn = nil
 stops it. ]]
+-- Shapes that never wait for the device, for a step captured as a CUDA graph (Engram:set_static).
+function Dormouse:set_static(on)
+  if self.block.engram then self.block.engram:set_static(on) end
+end
+
 function Dormouse:set_lookahead(fn)
   local engram = self.block.engram
   if not engram then return end

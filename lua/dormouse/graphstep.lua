@@ -48,6 +48,7 @@ function graphstep.new(r, opts)
   if warmup < 1 then fail("graph: at least one eager step must come before the capture, got warmup = %s", warmup) end
   local self = setmetatable({r = r, warmup = warmup, done = 0}, GraphStep)
   r.opt:scalars()
+  if r.model.set_static then r.model:set_static(true) end     -- Engram's padded lookups
   local dev = r.device
   self.sum = {loss = kept_zeros({1}, "f64", dev), norm = kept_zeros({1}, "f64", dev),
               zero = kept_zeros({1}, "f64", dev)}
@@ -119,6 +120,7 @@ function GraphStep:nodes() return self.graph and self.graph:nodes() or 0 end
 function GraphStep:free()
   if self.graph then self.graph:free() end
   self.graph = nil
+  if self.r.model.set_static then self.r.model:set_static(false) end
 end
 
 graphstep.GraphStep = GraphStep

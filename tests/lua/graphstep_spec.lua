@@ -8,7 +8,7 @@ local graphstep = require "dormouse.graphstep"
 local helpers = require "tests.lua.helpers"
 
 local function tiny(overrides)
-  local o = {"steps=20", "device=cpu", "model.engram.orders={}", "schedule.warmup=2"}
+  local o = {"steps=20", "device=cpu", "schedule.warmup=2"}
   for _, s in ipairs(overrides or {}) do o[#o + 1] = s end
   return (config.load("experiments/tiny.lua", o))
 end
@@ -59,10 +59,14 @@ describe("graphstep (eagerly, on the CPU)", function()
     r.loader:close()
   end)
 
-  it("names the group that cannot run from device scalars (the Engram tables' sparse Adam)", function()
-    local r = prepared(tiny({"model.engram.orders={2}"}))
+  it("refuses Engram tables in host memory", function()
+    local nn = require "dormouse.nn"
+    nn.Engram.ram_on_cpu = true
+    local ok, r = pcall(prepared, tiny({"model.engram.ram=true"}))
+    nn.Engram.ram_on_cpu = false
+    assert.is_true(ok, r)
     local gs = graphstep.new(r, {eager = true})
-    helpers.has(helpers.err_of(gs.step, gs, 1), "group 'engram'", "graph mode")
+    helpers.has(helpers.err_of(gs.step, gs, 1), "host memory (engram.ram = true)", "graph mode")
     r.loader:close()
   end)
 end)

@@ -8,6 +8,7 @@ Engram — hashed byte n-gram memory (spec/model.md):
   out   = vt + silu( causal_conv(rmsnorm(vt)) )      kernel 4, dilation = max order, zero-initialised
 ]]
 return function(nn, dm)
+local core_error = require("dormouse.core").error
 
 local Engram = nn.class("Engram")
 
@@ -123,6 +124,9 @@ function Engram:lookup(x, prefix)
   local training = dm.grad_enabled()
   if self.host and training then
     c = self:host_lookup(x, prefix)
+  elseif self.static and not self.ram then          -- shapes that never wait: a captured step
+    local rows, inverse, _, n = dm.engram_unique(self:rows(x, prefix), {padded = true})
+    c = {x = x, rows = rows, inverse = inverse, n = n, compact = dm.no_grad(dm.embedding, rows, self.table)}
   else
     local rows, inverse = dm.engram_unique(self:rows(x, prefix))
     if self.ram then rows = rows:to("cpu") end
@@ -138,16 +142,26 @@ function Engram:lookup(x, prefix)
   return c
 end
 
+--[[ The static form (a step captured as a CUDA graph): lookups keep every
+shape fixed, the distinct rows padded to the number of lookups with their
+count n on the device (dm.engram_unique's padded form); the sparse Adam then
+reads n there. Tables in host memory have no static form. ]]
+function Engram:set_static(on) self.static = on or nil end
+
 -- This step's sparse gradient: rows [U] and grads [U, width], summed over the
--- micro-batches of the step; nil when there is none.
+-- micro-batches of the step, and in the static form the count n of real rows
+-- (a one-element device tensor); nil when there is none.
 function Engram:sparse_grad()
-  local rows, grads = {}, {}
+  local rows, grads, ns = {}, {}, {}
   for _, c in ipairs(self.entries) do
     local g = c.compact.grad
-    if g then rows[#rows + 1], grads[#grads + 1] = c.rows, g end
+    if g then rows[#rows + 1], grads[#grads + 1], ns[#ns + 1] = c.rows, g, c.n end
   end
   if #rows == 0 then return nil end
-  if #rows == 1 then return rows[1], grads[1] end
+  if #rows == 1 then return rows[1], grads[1], ns[1] end
+  if #ns > 0 then
+    core_error("Engram: the static form (graph mode) takes one micro-batch a step, got " .. #rows)
+  end
   local all_rows, inverse = dm.engram_unique(dm.cat(rows, 1))
   if inverse.device ~= grads[1].device then inverse = inverse:to(grads[1].device) end   -- host rows
   return all_rows, dm.engram_sparse_grad(dm.cat(grads, 1), inverse, all_rows:size(1))

@@ -19,7 +19,7 @@ local dm = require "dormouse"
 local core = require "dormouse.core"
 local groups = require "dormouse.optim.groups"
 
-local SparseAdam = {kind = "sparse_adam"}
+local SparseAdam = {kind = "sparse_adam", device_scalars = true}
 SparseAdam.__index = SparseAdam
 
 -- hp: {lr, betas = {b1, b2}, eps}
@@ -45,19 +45,38 @@ function SparseAdam:grads()
   return out
 end
 
-function SparseAdam:update(mult, t)
+-- Entry i's rows and gradient, at the host's values of lr·mult and step t.
+function SparseAdam:apply(i, rows, g, mult, t)
+  local host = self.hosts[i]
+  if host then                     -- the rows named: they span every take (micro-batch) of the step
+    core.hostable_apply(host._h, g, self.lr * mult, self.betas[1], self.betas[2], self.eps, t, rows)
+    return
+  end
+  local p = self.params[i]
+  if g.device ~= p.device then g = g:to(p.device) end        -- a table in host memory
+  if rows.device ~= p.device then rows = rows:to(p.device) end
+  dm.no_grad(dm.engram_adam, p, self.state.m[i], self.state.v[i], rows, g,
+             {lr = self.lr * mult, betas = self.betas, eps = self.eps, step = t})
+end
+
+-- The same from device scalars {lr_at, step_at, sumsq_at} (a captured step):
+-- the static lookups' count n of real rows is read there too.
+function SparseAdam:apply_at(i, rows, g, n, at)
+  if self.hosts[i] then
+    core.error("optim: the Engram tables are in host memory (engram.ram = true), which a step run " ..
+               "from device scalars (graph mode) cannot update; keep them on the device")
+  end
+  if not n then core.error("optim: graph mode needs the Engram lookups' static form (Engram:set_static)") end
+  core.engram_adam_at(self.params[i], self.state.m[i], self.state.v[i], rows, g, n, self.betas[1],
+                      self.betas[2], self.eps, at.lr_at, at.step_at, at.sumsq_at)
+end
+
+-- at: device scalars (optim/init.lua's step_async), or nil
+function SparseAdam:update(mult, t, at)
   for i, e in ipairs(self.entries) do
-    local rows, g = e.module:sparse_grad()
-    local host = self.hosts[i]
-    if rows and host then            -- the rows named: they span every take (micro-batch) of the step
-      core.hostable_apply(host._h, g, self.lr * mult, self.betas[1], self.betas[2], self.eps, t, rows)
-    elseif rows then
-      local p = self.params[i]
-      if g.device ~= p.device then g = g:to(p.device) end        -- a table in host memory
-      if rows.device ~= p.device then rows = rows:to(p.device) end
-      dm.no_grad(dm.engram_adam, p, self.state.m[i], self.state.v[i], rows, g,
-                 {lr = self.lr * mult, betas = self.betas, eps = self.eps, step = t})
-    end
+    local rows, g, n = e.module:sparse_grad()
+    if rows and at then self:apply_at(i, rows, g, n, at)
+    elseif rows then self:apply(i, rows, g, mult, t) end
   end
 end
 
