@@ -35,7 +35,11 @@
 
 #include "ops.h"
 
-#define DM_KDA_CHUNK 64          /* the backward's default checkpoint interval */
+#define DM_KDA_CHUNK 64          /* the backward's default checkpoint interval; the chunked algorithm's chunk */
+#define DM_KDA_SUBCHUNK 16       /* the chunked algorithm's sub-chunks (no exponent ever positive) */
+#define DM_KDA_CHUNK_MAXD 128    /* the chunked CPU kernels' largest dk and dv */
+#define DM_KDA_CUDA_CHUNK_MAXD 64  /* the chunked CUDA kernels' largest dk and dv */
+#define DM_KDA_CHUNKED_MIN_T 32  /* "auto" on CUDA takes the chunked kernels from this T up */
 
 /* "kda_fwd": o [B, T, H, dv] in q's dtype, s_final [B, H, dk, dv] in the
 ** compute type (f32, or f64 with f64 q). s0 may be NULL (a zero state). */
@@ -51,6 +55,16 @@ typedef void (*dm_kda_bwd_k)(dm_tensor *dq, dm_tensor *dk, dm_tensor *dv, dm_ten
                              dm_tensor *ds0, const dm_tensor *q, const dm_tensor *k, const dm_tensor *v,
                              const dm_tensor *g, const dm_tensor *beta, const dm_tensor *s0,
                              const dm_tensor *dout, const dm_tensor *ds_final, int64_t chunk);
+
+/* The chunked WY/UT algorithm (research-kda.md §2, §3.2; vm/cpu/kda_chunk.c
+** has the equations), the same results up to rounding:
+**   "kda_chunk_fwd": dm_kda_fwd_k, chunks of DM_KDA_CHUNK rows;
+**   "kda_chunk_bwd": dm_kda_bwd_k with chunk = DM_KDA_CHUNK (the chunk size,
+**                    not a checkpoint interval).
+** The forward and the backward keep nothing between them: the backward
+** recomputes the chunk states from the inputs. The op picks the algorithm
+** (its attribute algo): */
+enum { DM_KDA_AUTO, DM_KDA_RECURRENT, DM_KDA_CHUNKED };
 
 /* The gate: z = f + dt_bias per channel, A = A_log of the channel's head.
 **   DM_KDA_GATE_BOUNDED:  g = lb * sigmoid(exp(A) * z)     in (lb, 0)

@@ -4,8 +4,12 @@
 **   kda(q, k, v, g, beta, [S0]; chunk) -> o, S_T
 **       q, k, g [B, T, H, dk], v [B, T, H, dv], beta [B, T, H], S0 [B, H, dk, dv];
 **       o [B, T, H, dv] in q's dtype, S_T [B, H, dk, dv] in f32 (f64 for f64 q).
-**       chunk: the backward's checkpoint interval (0: 64); it changes only
-**       the backward's memory and time, never its results.
+**       chunk: the recurrent backward's checkpoint interval (0: 64); it
+**       changes only the backward's memory and time, never its results.
+**       algo: 0 auto, 1 recurrent (step by step), 2 chunked (WY/UT, chunks
+**       of 64); auto is chunked on CUDA for T >= DM_KDA_CHUNKED_MIN_T in
+**       f32/bf16/f16 with dk, dv <= 64, recurrent otherwise (the CPU, f64,
+**       decode-sized T). Both give the same results up to rounding.
 **   kda_gate(f, [A_log], dt_bias; kind, lb) -> g
 **       f [..., H*dk] or [..., H, dk], A_log [H] (one per head, as in FLA),
 **       dt_bias of H*dk values ([H*dk] or [H, dk]); kind 0 bounded (the
@@ -58,6 +62,21 @@ static int64_t chunk_attr(const dm_attrs *a) {
   return ch == 0 ? DM_KDA_CHUNK : (int64_t)ch;
 }
 
+static int algo_attr(const dm_attrs *a) {
+  double al = a->nv >= 2 ? a->v[1] : DM_KDA_AUTO;
+  if (al != DM_KDA_AUTO && al != DM_KDA_RECURRENT && al != DM_KDA_CHUNKED)
+    dm_error("kda: algo must be 0 (auto), 1 (recurrent) or 2 (chunked), got %g", al);
+  return (int)al;
+}
+
+/* whether the call runs the chunked kernels (forward and backward decide alike) */
+static bool chunked(const dm_attrs *a, const dm_tensor *q, const dm_tensor *v) {
+  int al = algo_attr(a);
+  if (al != DM_KDA_AUTO) return al == DM_KDA_CHUNKED;
+  return q->device == DM_CUDA && q->dtype != DM_F64 && q->shape[1] >= DM_KDA_CHUNKED_MIN_T &&
+         q->shape[3] <= DM_KDA_CUDA_CHUNK_MAXD && v->shape[3] <= DM_KDA_CUDA_CHUNK_MAXD;
+}
+
 static void kda_forward(dm_ctx *c) {
   dm_tensor *q = c->in[Q], *k = c->in[K], *v = c->in[V], *g = c->in[G], *beta = c->in[BETA], *s0 = c->in[S0];
   static const char *names[KDA_NIN] = {"q", "k", "v", "g", "beta", "initial_state"};
@@ -74,12 +93,16 @@ static void kda_forward(dm_ctx *c) {
   dm_check_dtype_equal("kda (q and k)", q, k);
   dm_check_dtype_equal("kda (q and v)", q, v);
   chunk_attr(&c->a);
+  algo_attr(&c->a);
   dm_dtype ct = q->dtype == DM_F64 ? DM_F64 : DM_F32;
   dm_tensor *in[KDA_NIN];
   contiguous_all(KDA_NIN, c->in, in);
   dm_tensor *o = dm_tensor_new(q->device, q->dtype, 4, (int64_t[]){B, T, H, dv});
   dm_tensor *sT = dm_tensor_new(q->device, ct, 4, (int64_t[]){B, H, dk, dv});
-  DM_KERNEL(dm_kda_fwd_k, "kda_fwd", q->device)(o, sT, in[Q], in[K], in[V], in[G], in[BETA], in[S0]);
+  /* DM_KERNEL caches by call site: one site per kernel name */
+  dm_kda_fwd_k fwd = chunked(&c->a, q, v) ? DM_KERNEL(dm_kda_fwd_k, "kda_chunk_fwd", q->device)
+                                          : DM_KERNEL(dm_kda_fwd_k, "kda_fwd", q->device);
+  fwd(o, sT, in[Q], in[K], in[V], in[G], in[BETA], in[S0]);
   for (int i = 0; i < KDA_NIN; i++) if (in[i]) dm_save(c, in[i]);   /* S0 last, when given */
   release_all(KDA_NIN, in);
   c->out[0] = o;
@@ -93,8 +116,11 @@ static void kda_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
   dm_tensor *d_o = dm_contiguous(gout[0]), *d_s = dm_contiguous(gout[1]);
   dm_tensor *gr[KDA_NIN];
   new_grads(c, KDA_NIN, d_o->device, gr);
-  DM_KERNEL(dm_kda_bwd_k, "kda_bwd", d_o->device)(gr[Q], gr[K], gr[V], gr[G], gr[BETA], gr[S0], in[Q], in[K],
-                                                  in[V], in[G], in[BETA], in[S0], d_o, d_s, chunk_attr(&c->a));
+  bool ch = chunked(&c->a, in[Q], in[V]);
+  dm_kda_bwd_k bwd = ch ? DM_KERNEL(dm_kda_bwd_k, "kda_chunk_bwd", d_o->device)
+                        : DM_KERNEL(dm_kda_bwd_k, "kda_bwd", d_o->device);
+  bwd(gr[Q], gr[K], gr[V], gr[G], gr[BETA], gr[S0], in[Q], in[K], in[V], in[G], in[BETA], in[S0], d_o, d_s,
+      ch ? DM_KDA_CHUNK : chunk_attr(&c->a));
   dm_release(d_o);
   dm_release(d_s);
   for (int i = 0; i < KDA_NIN; i++) gin[i] = gr[i];
@@ -173,8 +199,8 @@ static void gate_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
 /* ---- the table and the C API ----------------------------------------------------------------- */
 
 static dm_op ops[] = {
-  {.name = "kda", .doc = "Kimi Delta Attention (q, k, v, g, beta, [S0]) -> o, final state; step recurrence",
-   .n_in = KDA_NIN, .n_out = 2, .attrs = "chunk", .optional = 1u << S0,
+  {.name = "kda", .doc = "Kimi Delta Attention (q, k, v, g, beta, [S0]) -> o, final state; recurrent or chunked",
+   .n_in = KDA_NIN, .n_out = 2, .attrs = "chunk,algo", .optional = 1u << S0,
    .forward = kda_forward, .backward = kda_backward},
   {.name = "kda_gate", .doc = "KDA log-decay gate (f, [A_log], dt_bias) -> g <= 0, bounded or softplus",
    .n_in = GATE_NIN, .n_out = 1, .attrs = "kind,lb", .optional = 1u << ALOG,

@@ -12,6 +12,11 @@
 ** and at -50, and small checkpoint intervals (chunk 1, 2, 3), so that the
 ** finite differences of --mode grad go through the backward's chunked
 ** recompute; both outputs (o and the final state) enter the loss.
+**
+** The same oracle checks the chunked algorithm (algo 2: chunks of 64,
+** sub-chunks of 16), on shapes that end inside a chunk or a sub-chunk
+** (T = 1, 17, 65, 100, 130), with the same gate regimes; its finite
+** differences go through the chunked backward.
 */
 #include <math.h>
 #include "harness.h"
@@ -45,16 +50,13 @@ static dm_tensor *gates(h_rng *r, int nd, const int64_t *shape, int regime) {
   return t;
 }
 
-static void kda_inputs(h_rng *r, int k, dm_tensor **in, dm_attrs *a) {
-  /* B, T, H, dk, dv, initial state, gate regime, chunk */
-  static const int64_t fixed[TRIALS + 1][8] = {
-    {1, 5, 2, 3, 4, 1, 0, 2}, {2, 1, 1, 1, 1, 0, 0, 0}, {1, 7, 3, 4, 2, 1, 2, 3},
-    {2, 13, 1, 5, 3, 1, 0, 0}, {1, 9, 2, 2, 3, 1, 1, 1}, {0, 0, 0, 0, 0, 1, 2, 4},
-    {1, 1024, 4, 64, 64, 1, 0, 0}};
+/* B, T, H, dk, dv, initial state, gate regime, chunk; trial 5 draws its sizes up to maxT */
+static void kda_make(h_rng *r, int k, const int64_t (*fixed)[8], int64_t maxT, int algo, dm_tensor **in,
+                     dm_attrs *a) {
   int64_t p[8];
   for (int i = 0; i < 8; i++) p[i] = fixed[k][i];
   if (k == 5) {                                        /* random awkward sizes */
-    p[0] = h_int(r, 1, 2); p[1] = h_int(r, 1, 11); p[2] = h_int(r, 1, 3);
+    p[0] = h_int(r, 1, 2); p[1] = h_int(r, 1, maxT); p[2] = h_int(r, 1, 3);
     p[3] = h_int(r, 1, 5); p[4] = h_int(r, 1, 5);
   }
   int64_t qs[4] = {p[0], p[1], p[2], p[3]}, vs[4] = {p[0], p[1], p[2], p[4]}, ss[4] = {p[0], p[2], p[3], p[4]};
@@ -68,7 +70,23 @@ static void kda_inputs(h_rng *r, int k, dm_tensor **in, dm_attrs *a) {
     in[5] = h_randn(r, 4, ss);
     for (int64_t i = 0; i < dm_numel(in[5]); i++) h_set(in[5], i, 0.5 * h_get(in[5], i));
   }
-  *a = dm_attrs_of(1, (double[]){(double)p[7]});
+  *a = dm_attrs_of(2, (double[]){(double)p[7], algo});
+}
+
+static void kda_inputs(h_rng *r, int k, dm_tensor **in, dm_attrs *a) {
+  static const int64_t fixed[TRIALS + 1][8] = {
+    {1, 5, 2, 3, 4, 1, 0, 2}, {2, 1, 1, 1, 1, 0, 0, 0}, {1, 7, 3, 4, 2, 1, 2, 3},
+    {2, 13, 1, 5, 3, 1, 0, 0}, {1, 9, 2, 2, 3, 1, 1, 1}, {0, 0, 0, 0, 0, 1, 2, 4},
+    {1, 1024, 4, 64, 64, 1, 0, 0}};
+  kda_make(r, k, fixed, 11, 1, in, a);
+}
+
+static void kda_chunk_inputs(h_rng *r, int k, dm_tensor **in, dm_attrs *a) {
+  static const int64_t fixed[TRIALS + 1][8] = {
+    {1, 65, 2, 3, 4, 1, 0, 0}, {2, 1, 1, 1, 1, 0, 0, 0}, {1, 130, 1, 5, 3, 1, 2, 0},
+    {1, 17, 2, 4, 2, 1, 1, 0}, {1, 100, 1, 32, 24, 1, 0, 0}, {0, 0, 0, 0, 0, 1, 2, 0},
+    {1, 1024, 4, 64, 64, 1, 0, 0}};
+  kda_make(r, k, fixed, 150, 2, in, a);
 }
 
 static void kda_oracle(dm_tensor *const *in, const dm_attrs *a, dm_tensor **ex) {
@@ -142,6 +160,8 @@ static void gate_oracle(dm_tensor *const *in, const dm_attrs *a, dm_tensor **ex)
 
 static const dm_case cases[] = {
   {.op = "kda", .label = "recurrence", .inputs = kda_inputs, .oracle = kda_oracle, .trials = TRIALS,
+   .perf_trial = PERF_TRIAL},
+  {.op = "kda", .label = "chunked", .inputs = kda_chunk_inputs, .oracle = kda_oracle, .trials = TRIALS,
    .perf_trial = PERF_TRIAL},
   {.op = "kda_gate", .label = "bounded, softplus", .inputs = gate_inputs, .oracle = gate_oracle,
    .trials = TRIALS, .perf_trial = PERF_TRIAL},

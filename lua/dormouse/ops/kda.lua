@@ -14,8 +14,13 @@ q is not scaled inside: scale it by dk^-1/2 first. The state and the gates
 are float32 (float64 when q is f64); o has q's dtype; q, k and v share one
 dtype. Passing a call's final state as the next call's initial state runs a
 long sequence in segments, gradients flowing through the carried state.
-Option chunk (default 64) is the backward's checkpoint interval: it trades
-the backward's memory against its time and never changes a result.
+Option algo picks the algorithm: "recurrent" (step by step), "chunked" (the
+WY/UT form over chunks of 64 tokens, research-kda.md §2-3) or "auto" (the
+default: chunked on CUDA from T = 32 up in f32/bf16/f16 with dk, dv <= 64,
+recurrent otherwise, e.g. on the CPU and for decoding). They agree up to
+rounding. Option chunk (default 64) is the recurrent backward's checkpoint
+interval: it trades that backward's memory against its time and never
+changes a result.
 
 The gate makes the log-decay g <= 0 from f ([..., H*dk] or [..., H, dk]),
 A_log (one value per head, [H], as in FLA; nil for none) and dt_bias (H*dk
@@ -48,7 +53,8 @@ local function options(opts, known, where)
   return opts
 end
 
-local KDA_OPTIONS = {initial_state = true, output_final_state = true, chunk = true}
+local KDA_OPTIONS = {initial_state = true, output_final_state = true, chunk = true, algo = true}
+local KDA_ALGOS = {auto = 0, recurrent = 1, chunked = 2}
 
 function dm.kda(q, k, v, g, beta, opts)
   opts = options(opts, KDA_OPTIONS, "kda")
@@ -56,7 +62,11 @@ function dm.kda(q, k, v, g, beta, opts)
   if chunk ~= nil and (math.type(chunk) ~= "integer" or chunk < 1) then
     error(string.format("kda: chunk must be an integer >= 1, got %s", tostring(chunk)), 2)
   end
-  local o, s = core.call("kda", q, k, v, g, beta, opts.initial_state, {chunk or 0})
+  local algo = KDA_ALGOS[opts.algo or "auto"]
+  if algo == nil then
+    error(string.format("kda: algo must be \"auto\", \"recurrent\" or \"chunked\", got %s", tostring(opts.algo)), 2)
+  end
+  local o, s = core.call("kda", q, k, v, g, beta, opts.initial_state, {chunk or 0, algo})
   if opts.output_final_state then return o, s end
   return o
 end
