@@ -782,6 +782,7 @@ function dm.reset_peak(device) end
 ---@field initial_state? dormouse.Tensor S0 [B, H, dk, dv]
 ---@field output_final_state? boolean also return the final state
 ---@field chunk? integer the backward's checkpoint interval (default 64)
+---@field algo? "auto"|"recurrent"|"chunked" the kernel: chunked (WY/UT) on CUDA for T >= 32 by default, else recurrent
 
 ---@class dormouse.EngramLayout
 ---@field orders integer[] the n-gram orders
@@ -928,13 +929,16 @@ function dm.engram_layout(opts) end
 ---@return dormouse.Tensor
 function dm.engram_index(x, prefix, layout) end
 
----The distinct rows (increasing), each lookup's id among them, and the lookups per row.
+---The distinct rows (increasing), each lookup's id among them, the lookups per row and their
+---number (a one-element i64 tensor on idx's device). opts: a bound, or {bound =, padded = true}:
+---the padded form keeps numel(idx) rows and counts (the tail row 0, count 0) and never waits.
 ---@param idx dormouse.Tensor
----@param bound? integer
+---@param opts? integer|{bound?: integer, padded?: boolean}
 ---@return dormouse.Tensor rows
 ---@return dormouse.Tensor inverse
 ---@return dormouse.Tensor counts
-function dm.engram_unique(idx, bound) end
+---@return dormouse.Tensor n
+function dm.engram_unique(idx, opts) end
 
 ---g [M, de] summed per unique row in lookup order: [n, de], the same bits on every backend.
 ---@param g dormouse.Tensor
