@@ -255,6 +255,27 @@ static void cuda_ns_axpby(dm_tensor *y, double alpha, const dm_tensor *x, double
   DM_LAUNCH(axpby_k, n, dm_data(y), y->dtype, dm_data(x), x->dtype, (float)alpha, (float)beta, n);
 }
 
+/* one block a matrix: the trace in double (thread 0, in order), then Q = r I */
+__global__ void gram_start_k(float *q, const float *a, int64_t s, double mult, double eps) {
+  __shared__ float r;
+  const int64_t b = blockIdx.x;
+  if (threadIdx.x == 0) {
+    double tr = 0;
+    for (int64_t i = 0; i < s; i++) tr += a[(b * s + i) * s + i];
+    r = (float)(1 / (sqrt(tr) * mult + eps));
+  }
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < s * s; i += blockDim.x) q[b * s * s + i] = i % (s + 1) == 0 ? r : 0.f;
+}
+
+static void cuda_ns_gram_start(dm_tensor *q, const dm_tensor *a, double mult, double eps) {
+  if (a->dtype != DM_F32 || q->dtype != DM_F32) dm_error("ns_gram_start: runs in f32, got %s", dm_dtype_name(a->dtype));
+  if (a->shape[0] == 0) return;
+  gram_start_k<<<(unsigned)a->shape[0], DM_THREADS, 0, dm_cuda_stream()>>>((float *)dm_data(q),
+      (const float *)dm_data(a), a->shape[1], mult, eps);
+  DM_CU_LAUNCHED();
+}
+
 /* c = {decay 1 - lr wd, step lr scale, skip} (a skipped step's o may hold anything: not read) */
 __global__ void muon_consts_k(float *c, const double *lr_at, double lr, double wd, double scale,
                               const double *sumsq_at) {
@@ -300,6 +321,7 @@ static const dm_kernel_entry kernels[] = {
   {"muon_momentum", (dm_kernel_fn)cuda_muon_momentum},
   {"ns_normalize", (dm_kernel_fn)cuda_ns_normalize},
   {"ns_axpby", (dm_kernel_fn)cuda_ns_axpby},
+  {"ns_gram_start", (dm_kernel_fn)cuda_ns_gram_start},
   {"muon_apply", (dm_kernel_fn)cuda_muon_apply},
 };
 DM_CUDA_KERNELS(kernels)

@@ -143,11 +143,16 @@ double dm_ns_norm_factor(dm_ns_coeffs coeffs) { return coeffs == DM_NS_POLAR_EXP
 ** works on A = X Xᵀ [m, m]: X ← aX + B X. A tall one works on the Gram
 ** matrix of its columns, A = Xᵀ X [n, n]: X ← aX + X B, which is the wide
 ** iteration on Xᵀ transposed back (B is symmetric), without moving data. */
-typedef struct ns_kernels { dm_ns_normalize_k normalize; dm_ns_axpby_k axpby; } ns_kernels;
+typedef struct ns_kernels {
+  dm_ns_normalize_k normalize;
+  dm_ns_axpby_k axpby;
+  dm_ns_gram_start_k gram_start;
+} ns_kernels;
 
 /* looked up before anything is allocated, so a device without them leaks nothing */
 static ns_kernels ns_kernels_for(dm_device dev) {
-  ns_kernels k = {DM_KERNEL(dm_ns_normalize_k, "ns_normalize", dev), DM_KERNEL(dm_ns_axpby_k, "ns_axpby", dev)};
+  ns_kernels k = {DM_KERNEL(dm_ns_normalize_k, "ns_normalize", dev), DM_KERNEL(dm_ns_axpby_k, "ns_axpby", dev),
+                  DM_KERNEL(dm_ns_gram_start_k, "ns_gram_start", dev)};
   dm_kernel_get("matmul", dev);
   return k;
 }
@@ -170,6 +175,45 @@ static dm_tensor *ns_iterate(dm_tensor *x, int steps, dm_ns_coeffs coeffs, const
     x = next;
   }
   return x;
+}
+
+bool dm_ns_gram(int64_t m, int64_t n) {
+  int64_t s = m < n ? m : n, l = m < n ? n : m;
+  return s >= 1 && s <= 256 && 2 * s <= l;
+}
+
+/* The Gram form (optim.h) on x [B, m, n] f32 (owned; returns the owned result). */
+static dm_tensor *ns_gram_iterate(dm_tensor *x, int steps, dm_ns_coeffs coeffs, const ns_kernels *k) {
+  bool tall = x->shape[1] > x->shape[2];
+  dm_tensor *a0 = tall ? dm_matmul(x, x, true, false) : dm_matmul(x, x, false, true);
+  dm_tensor *q = dm_tensor_new(x->device, DM_F32, 3, a0->shape);
+  k->gram_start(q, a0, dm_ns_norm_factor(coeffs), 1e-7);
+  for (int s = 0; s < steps; s++) {
+    double abc[3];
+    dm_ns_coefficients(coeffs, s, abc);
+    dm_tensor *t = dm_matmul(q, a0, tall, false);                 /* Q A_0, or Qᵀ A_0 when tall */
+    dm_tensor *a = dm_matmul(t, q, false, !tall);                 /* A_k */
+    dm_tensor *b = dm_matmul(a, a, false, false);
+    k->axpby(b, abc[1], a, abc[2]);                               /* B = bA + cA² */
+    dm_tensor *next = tall ? dm_matmul(q, b, false, false) : dm_matmul(b, q, false, false);
+    k->axpby(next, abc[0], q, 1.0);                               /* Q ← aQ + BQ (QB when tall) */
+    dm_release(t);
+    dm_release(a);
+    dm_release(b);
+    dm_release(q);
+    q = next;
+  }
+  dm_tensor *out = tall ? dm_matmul(x, q, false, false) : dm_matmul(q, x, false, false);
+  dm_release(q);
+  dm_release(a0);
+  dm_release(x);
+  return out;
+}
+
+/* either form, by the matrices' shape; x [B, m, n] owned, f32 for the Gram form */
+static dm_tensor *ns_run(dm_tensor *x, int steps, dm_ns_coeffs coeffs, const ns_kernels *k) {
+  if (dm_ns_gram(x->shape[1], x->shape[2])) return ns_gram_iterate(x, steps, coeffs, k);
+  return ns_iterate(x, steps, coeffs, k);
 }
 
 static void check_ns(const char *op, int steps, dm_dtype dt) {
@@ -195,12 +239,19 @@ dm_tensor *dm_newton_schulz(dm_tensor *x, int steps, dm_ns_coeffs coeffs, dm_dty
   if (!dm_dtype_is_float(x->dtype))
     dm_error("newton_schulz: needs a float tensor, got %s", dm_dtype_name(x->dtype));
   ns_kernels k = ns_kernels_for(x->device);
-  dm_tensor *y = dm_tensor_new(x->device, dt, x->ndim, x->shape);
-  dm_copy_(y, x);
   int64_t shape3[3] = {x->ndim == 3 ? x->shape[0] : 1, x->shape[x->ndim - 2], x->shape[x->ndim - 1]};
+  dm_dtype work = dm_ns_gram(shape3[1], shape3[2]) ? DM_F32 : dt;
+  dm_tensor *y = dm_tensor_new(x->device, work, x->ndim, x->shape);
+  dm_copy_(y, x);
   dm_tensor *y3 = view_as(y, 3, shape3, 0);
   dm_release(y);
-  dm_tensor *r = ns_iterate(y3, steps, coeffs, &k);
+  dm_tensor *r = ns_run(y3, steps, coeffs, &k);
+  if (r->dtype != dt) {
+    dm_tensor *c = dm_tensor_new(r->device, dt, 3, r->shape);
+    dm_copy_(c, r);
+    dm_release(r);
+    r = c;
+  }
   dm_tensor *out = view_as(r, x->ndim, x->shape, 0);
   dm_release(r);
   return out;
@@ -224,7 +275,7 @@ static void muon_group(int k, const int *idx, dm_tensor *const *params, dm_tenso
   int64_t rows = p0->shape[p0->ndim - 2], cols = p0->shape[p0->ndim - 1], batch = 0;
   for (int j = 0; j < k; j++) batch += params[idx[j]]->ndim == 3 ? params[idx[j]]->shape[0] : 1;
   int64_t shape[3] = {batch, rows, cols};
-  dm_tensor *stack = dm_tensor_new(dev, hp->ns_dtype, 3, shape);
+  dm_tensor *stack = dm_tensor_new(dev, dm_ns_gram(rows, cols) ? DM_F32 : hp->ns_dtype, 3, shape);
   dm_tensor *p[k], *g[k], *b[k], *o[k];
   int64_t at = 0;
   for (int j = 0; j < k; j++) {
@@ -234,7 +285,7 @@ static void muon_group(int k, const int *idx, dm_tensor *const *params, dm_tenso
   }
   momentum(k, b, g, o, hp->momentum, hp->nesterov, hp->sumsq_at);
   for (int j = 0; j < k; j++) dm_release(o[j]);
-  dm_tensor *ortho = ns_iterate(stack, hp->ns_steps, hp->coeffs, &nsk);
+  dm_tensor *ortho = ns_run(stack, hp->ns_steps, hp->coeffs, &nsk);
   at = 0;
   for (int j = 0; j < k; j++) {
     o[j] = view_as(ortho, p[j]->ndim, p[j]->shape, at);

@@ -66,6 +66,17 @@ void dm_muon_step(int n, dm_tensor *const *params, dm_tensor *const *grads,
 ** tall matrix iterates as its transpose). s = 1.01 for Polar Express. */
 dm_tensor *dm_newton_schulz(dm_tensor *x, int steps, dm_ns_coeffs coeffs, dm_dtype dt);
 
+/* Whether an [m, n] matrix takes the Gram form of the iteration: a clearly
+** rectangular one (the long side at least twice the short side s, s <= 256).
+** With X_k = Q_k X_0 (X_0 Q_k when tall) and Q_k [s, s], the matrix itself
+** is read twice (its Gram matrix A_0 and the final product) instead of
+** three products a step, and the steps run on s x s f32 matrices:
+**   Q_0 = I / (sqrt(tr A_0)·s_norm + eps)        (tr A_0 = ‖X_0‖²)
+**   A_k = Q_k A_0 Q_kᵀ,  Q_{k+1} = a Q_k + (b A_k + c A_k²) Q_k
+** which is the iteration above in exact arithmetic; it runs in f32 whatever
+** dt asks for (the result is then rounded to dt). */
+bool dm_ns_gram(int64_t m, int64_t n);
+
 /* step i's (a, b, c), 0-based; and the normaliser's safety factor s */
 void dm_ns_coefficients(dm_ns_coeffs coeffs, int step, double abc[3]);
 double dm_ns_norm_factor(dm_ns_coeffs coeffs);
@@ -102,6 +113,8 @@ typedef void (*dm_muon_momentum_k)(int n, dm_tensor *const *buf, dm_tensor *cons
 typedef void (*dm_optim_tick_k)(dm_tensor *step, const dm_tensor *sumsq);           /* "optim_tick" */
 /* each matrix of x [B, m, n]: x_b /= (‖x_b‖_F·mult + eps) */
 typedef void (*dm_ns_normalize_k)(dm_tensor *x, double mult, double eps);            /* "ns_normalize" */
+/* q [B, s, s] = I / (sqrt(trace(a_b))·mult + eps) for each matrix a_b of a [B, s, s] (f32) */
+typedef void (*dm_ns_gram_start_k)(dm_tensor *q, const dm_tensor *a, double mult, double eps); /* "ns_gram_start" */
 /* y = alpha·x + beta·y (same shape and dtype) */
 typedef void (*dm_ns_axpby_k)(dm_tensor *y, double alpha, const dm_tensor *x, double beta); /* "ns_axpby" */
 /* p = p·(1 − lr·wd) − lr·scale·o */

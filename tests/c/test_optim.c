@@ -321,6 +321,41 @@ static void ns_batched_and_transposed(void) {
   dm_release(g); dm_release(all); dm_release(gt); dm_release(xt);
 }
 
+/* the Gram form: taken for clearly rectangular matrices with a small side; a
+** stack gives each matrix's own bits; the tall form is the wide one transposed;
+** and a bank of it agrees with the iteration on the matrix itself (float64) */
+static void ns_gram_form(void) {
+  CHECK(dm_ns_gram(64, 5461) && dm_ns_gram(2048, 64) && dm_ns_gram(1, 2) && dm_ns_gram(256, 512));
+  CHECK(!dm_ns_gram(64, 127) && !dm_ns_gram(2048, 2048) && !dm_ns_gram(2048, 5461) && !dm_ns_gram(300, 900));
+  int64_t s3[3] = {3, 4, 11};
+  dm_tensor *g = randn(3, s3, 31, DM_F32);
+  dm_tensor *all = dm_newton_schulz(g, 5, DM_NS_POLAR_EXPRESS, DM_F32);
+  bool same = true, near_ref = true;
+  for (int b = 0; b < 3; b++) {
+    dm_tensor *one = dm_narrow(g, 0, b, 1);
+    dm_tensor *x = dm_newton_schulz(one, 5, DM_NS_POLAR_EXPRESS, DM_F32);
+    for (int i = 0; i < 44; i++) same = same && at(x, i) == at(all, b * 44 + i);
+    double *gd = to_doubles(one), want[44];
+    ref_ns(gd, 4, 11, 5, DM_NS_POLAR_EXPRESS, want);
+    near_ref = near_ref && all_close(x, want, 1e-4, 2e-5);
+    free(gd);
+    dm_release(one);
+    dm_release(x);
+  }
+  CHECK(same);
+  CHECK(near_ref);
+  dm_tensor *gt = dm_transpose(g, 1, 2), *xt = dm_newton_schulz(gt, 5, DM_NS_POLAR_EXPRESS, DM_F32);
+  bool transposed = true;
+  for (int b = 0; b < 3; b++)
+    for (int i = 0; i < 4; i++)
+      for (int j = 0; j < 11; j++)
+        transposed = transposed && close_to(at(xt, b * 44 + j * 4 + i), at(all, b * 44 + i * 11 + j), 1e-4, 1e-5);
+  CHECK(transposed);
+  dm_tensor *x16 = dm_newton_schulz(g, 5, DM_NS_QUINTIC, DM_BF16);    /* runs in f32, rounded at the end */
+  CHECK(x16->dtype == DM_BF16 && x16->shape[2] == 11);
+  dm_release(g); dm_release(all); dm_release(gt); dm_release(xt); dm_release(x16);
+}
+
 /* bf16 NS (the GPU's dtype) stays in a somewhat wider band */
 static void ns_bf16_band(void) {
   dm_tensor *g = randn(2, (int64_t[]){24, 40}, 5, DM_F32);
@@ -485,6 +520,7 @@ int main(void) {
   coefficients_pinned();
   ns_matches_reference_and_band();
   ns_batched_and_transposed();
+  ns_gram_form();
   ns_bf16_band();
   muon_matches_reference();
   muon_errors();

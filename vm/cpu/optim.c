@@ -162,6 +162,18 @@ static void cpu_ns_normalize(dm_tensor *x, double mult, double eps) {
   }
 }
 
+static void cpu_ns_gram_start(dm_tensor *q, const dm_tensor *a, double mult, double eps) {
+  int64_t s = a->shape[1];
+  const float *pa = dm_data(a);
+  float *pq = dm_data(q);
+  for (int64_t b = 0; b < a->shape[0]; b++) {
+    double tr = 0;
+    for (int64_t i = 0; i < s; i++) tr += pa[(b * s + i) * s + i];
+    float r = (float)(1 / (sqrt(tr) * mult + eps));
+    for (int64_t i = 0; i < s * s; i++) pq[b * s * s + i] = i % (s + 1) == 0 ? r : 0.f;
+  }
+}
+
 static void cpu_ns_axpby(dm_tensor *y, double alpha, const dm_tensor *x, double beta) {
   const float a = (float)alpha, b = (float)beta;
   float xt[CHUNK], yt[CHUNK];
@@ -202,6 +214,7 @@ static const dm_kernel_entry kernels[] = {
   {"muon_momentum", (dm_kernel_fn)cpu_muon_momentum},
   {"ns_normalize", (dm_kernel_fn)cpu_ns_normalize},
   {"ns_axpby", (dm_kernel_fn)cpu_ns_axpby},
+  {"ns_gram_start", (dm_kernel_fn)cpu_ns_gram_start},
   {"muon_apply", (dm_kernel_fn)cpu_muon_apply},
 };
 DM_REGISTER_KERNELS(DM_CPU, kernels)
