@@ -61,11 +61,12 @@ for _, file in ipairs {"experiments/tiny.lua", "experiments/small.lua"} do
     local mean_g = w.loss / STEPS
     assert(math.abs(mean_g - mean_e) <= 1e-2 * mean_e,
            string.format("mean loss of steps %d..%d: %.5f eager, %.5f graph", WARM + 1, WARM + STEPS, mean_e, mean_g))
+    local nodes = gs:nodes()
     gs:free()
     eager.loader:close(); graphed.loader:close()
     return string.format("first %d steps within %.1e; mean loss of the next %d: %.5f eager, %.5f graph; " ..
                          "%d nodes; %.2f ms/step eager, %.2f graph (%.2fx)", WARM, worst, STEPS, mean_e, mean_g,
-                         gs:nodes(), t.e, t.g, t.e / t.g)
+                         nodes, t.e, t.g, t.e / t.g)
   end)
 end
 checks.finish()
