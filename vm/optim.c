@@ -8,6 +8,7 @@
 #include <math.h>
 #include "optim.h"
 #include "core.h"
+#include "cuda.h"
 
 /* ---- checks (all made before anything is allocated) -------------------------------------- */
 
@@ -182,8 +183,34 @@ bool dm_ns_gram(int64_t m, int64_t n) {
   return s >= 1 && s <= 256 && 2 * s <= l;
 }
 
-/* The Gram form (optim.h) on x [B, m, n] f32 (owned; returns the owned result). */
-static dm_tensor *ns_gram_iterate(dm_tensor *x, int steps, dm_ns_coeffs coeffs, const ns_kernels *k) {
+/* TF32 for a stretch of products, restored after it, or on an error
+** before the previous handler unwinds. */
+typedef struct tf32_guard { dm_error_handler prev; void *prev_ud; bool was; } tf32_guard;
+
+static void tf32_unwind(const char *msg, void *ud) {
+  tf32_guard *g = ud;
+  dm_cuda_set_tf32(g->was);
+  dm_set_error_handler(g->prev, g->prev_ud);
+  if (g->prev) g->prev(msg, g->prev_ud);
+}
+
+static void tf32_begin(tf32_guard *g) {
+  dm_get_error_handler(&g->prev, &g->prev_ud);
+  g->was = dm_cuda_tf32();
+  dm_set_error_handler(tf32_unwind, g);
+  dm_cuda_set_tf32(true);
+}
+
+static void tf32_end(tf32_guard *g) {
+  dm_cuda_set_tf32(g->was);
+  dm_set_error_handler(g->prev, g->prev_ud);
+}
+
+/* The Gram form (optim.h) on x [B, m, n] f32 (owned; returns the owned result).
+** fast: the products on TF32 tensor cores (asked for bf16: TF32 keeps more). */
+static dm_tensor *ns_gram_iterate(dm_tensor *x, int steps, dm_ns_coeffs coeffs, const ns_kernels *k, bool fast) {
+  tf32_guard guard;
+  if (fast) tf32_begin(&guard);
   bool tall = x->shape[1] > x->shape[2];
   dm_tensor *a0 = tall ? dm_matmul(x, x, true, false) : dm_matmul(x, x, false, true);
   dm_tensor *q = dm_tensor_new(x->device, DM_F32, 3, a0->shape);
@@ -207,12 +234,14 @@ static dm_tensor *ns_gram_iterate(dm_tensor *x, int steps, dm_ns_coeffs coeffs, 
   dm_release(q);
   dm_release(a0);
   dm_release(x);
+  if (fast) tf32_end(&guard);
   return out;
 }
 
-/* either form, by the matrices' shape; x [B, m, n] owned, f32 for the Gram form */
-static dm_tensor *ns_run(dm_tensor *x, int steps, dm_ns_coeffs coeffs, const ns_kernels *k) {
-  if (dm_ns_gram(x->shape[1], x->shape[2])) return ns_gram_iterate(x, steps, coeffs, k);
+/* either form, by the matrices' shape; x [B, m, n] owned, f32 for the Gram form; dt: the
+** dtype asked for (bf16 lets the Gram form's products take TF32) */
+static dm_tensor *ns_run(dm_tensor *x, int steps, dm_ns_coeffs coeffs, const ns_kernels *k, dm_dtype dt) {
+  if (dm_ns_gram(x->shape[1], x->shape[2])) return ns_gram_iterate(x, steps, coeffs, k, dt == DM_BF16);
   return ns_iterate(x, steps, coeffs, k);
 }
 
@@ -245,7 +274,7 @@ dm_tensor *dm_newton_schulz(dm_tensor *x, int steps, dm_ns_coeffs coeffs, dm_dty
   dm_copy_(y, x);
   dm_tensor *y3 = view_as(y, 3, shape3, 0);
   dm_release(y);
-  dm_tensor *r = ns_run(y3, steps, coeffs, &k);
+  dm_tensor *r = ns_run(y3, steps, coeffs, &k, dt);
   if (r->dtype != dt) {
     dm_tensor *c = dm_tensor_new(r->device, dt, 3, r->shape);
     dm_copy_(c, r);
@@ -285,7 +314,7 @@ static void muon_group(int k, const int *idx, dm_tensor *const *params, dm_tenso
   }
   momentum(k, b, g, o, hp->momentum, hp->nesterov, hp->sumsq_at);
   for (int j = 0; j < k; j++) dm_release(o[j]);
-  dm_tensor *ortho = ns_run(stack, hp->ns_steps, hp->coeffs, &nsk);
+  dm_tensor *ortho = ns_run(stack, hp->ns_steps, hp->coeffs, &nsk, hp->ns_dtype);
   at = 0;
   for (int j = 0; j < k; j++) {
     o[j] = view_as(ortho, p[j]->ndim, p[j]->shape, at);

@@ -5,6 +5,7 @@
 #include "core.h"
 #include "alloc.h"
 #include "optim.h"
+#include "cuda.h"
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 
@@ -353,6 +354,7 @@ static void ns_gram_form(void) {
   CHECK(transposed);
   dm_tensor *x16 = dm_newton_schulz(g, 5, DM_NS_QUINTIC, DM_BF16);    /* runs in f32, rounded at the end */
   CHECK(x16->dtype == DM_BF16 && x16->shape[2] == 11);
+  CHECK(!dm_cuda_tf32());                                   /* the products' TF32 is put back */
   dm_release(g); dm_release(all); dm_release(gt); dm_release(xt); dm_release(x16);
 }
 
