@@ -5,7 +5,9 @@
 **
 ** Lists of tensors go MT_MAX at a time into one launch: the launch takes
 ** every tensor's pointers, dtypes and sizes by value, and each block finds
-** its tensor and its chunk of MT_CHUNK elements from the blocks' starts.
+** its tensor and its chunk of elements (MT_CHUNK, or SUMSQ_CHUNK for the
+** sums of squares, whose blocks each end in a block-wide sum) from the
+** blocks' starts.
 ** The per-step scalars (learning rate, step) are turned into the update's
 ** constants by a one-thread kernel, from hp's values or, when set, from
 ** lr_at / step_at in device memory, so a captured graph replays with what
@@ -20,6 +22,7 @@ extern "C" {
 
 #define MT_MAX 32
 #define MT_CHUNK 2048
+#define SUMSQ_CHUNK 65536
 
 /* up to 4 tensors per entry (their roles set by the kernel), one entry per list member */
 struct mt_list {
@@ -28,11 +31,14 @@ struct mt_list {
   int dt[MT_MAX][4];
   int64_t numel[MT_MAX];
   int64_t start[MT_MAX + 1];       /* first block of each entry; start[n] = the blocks */
+  int64_t chunk;                   /* elements a block */
 };
 
 /* entries [i0, i1) of the list (NULL first tensor: skipped) into L; returns the next i0 */
-static int mt_fill(mt_list *L, int i0, int n, int roles, dm_tensor *const *const *lists) {
+static int mt_fill(mt_list *L, int i0, int n, int roles, dm_tensor *const *const *lists,
+                   int64_t chunk = MT_CHUNK) {
   memset(L, 0, sizeof *L);
+  L->chunk = chunk;
   int i = i0;
   for (; i < n && L->n < MT_MAX; i++) {
     if (!lists[0][i] || (roles > 1 && !lists[1][i])) continue;      /* no gradient: skipped */
@@ -42,7 +48,7 @@ static int mt_fill(mt_list *L, int i0, int n, int roles, dm_tensor *const *const
       L->dt[k][r] = lists[r][i] ? lists[r][i]->dtype : DM_F32;
     }
     L->numel[k] = dm_numel(lists[0][i]);
-    L->start[k + 1] = L->start[k] + (L->numel[k] + MT_CHUNK - 1) / MT_CHUNK;
+    L->start[k + 1] = L->start[k] + (L->numel[k] + chunk - 1) / chunk;
   }
   return i;
 }
@@ -51,8 +57,8 @@ static int mt_fill(mt_list *L, int i0, int n, int roles, dm_tensor *const *const
 __device__ __forceinline__ int mt_entry(const mt_list &L, int64_t *lo, int64_t *hi) {
   int t = 0;
   while (t + 1 < L.n && L.start[t + 1] <= (int64_t)blockIdx.x) t++;
-  *lo = ((int64_t)blockIdx.x - L.start[t]) * MT_CHUNK;
-  *hi = *lo + MT_CHUNK < L.numel[t] ? *lo + MT_CHUNK : L.numel[t];
+  *lo = ((int64_t)blockIdx.x - L.start[t]) * L.chunk;
+  *hi = *lo + L.chunk < L.numel[t] ? *lo + L.chunk : L.numel[t];
   return t;
 }
 
@@ -127,9 +133,18 @@ __global__ void sumsq_part_k(mt_list L, double *part, int64_t base) {
   int64_t lo, hi;
   int t = mt_entry(L, &lo, &hi);
   double s = 0;
-  for (int64_t e = lo + threadIdx.x; e < hi; e += blockDim.x) {
-    double x = dm_ld(L.dt[t][0], L.p[t][0], e);
-    s += x * x;
+  if (L.dt[t][0] == DM_F32) {                     /* the usual case, without the dtype switch */
+    const float *p = (const float *)L.p[t][0];
+#pragma unroll 8
+    for (int64_t e = lo + threadIdx.x; e < hi; e += blockDim.x) {
+      double x = p[e];
+      s += x * x;
+    }
+  } else {
+    for (int64_t e = lo + threadIdx.x; e < hi; e += blockDim.x) {
+      double x = dm_ld(L.dt[t][0], L.p[t][0], e);
+      s += x * x;
+    }
   }
   s = dm_block_sum(s);
   if (threadIdx.x == 0) part[base + blockIdx.x] = s;
@@ -147,14 +162,14 @@ __global__ void sum_parts_k(double *out, const double *part, int64_t n) {
 
 static void cuda_sumsq(int n, dm_tensor *const *x, dm_tensor *out) {
   int64_t blocks = 0;
-  for (int i = 0; i < n; i++) if (x[i]) blocks += (dm_numel(x[i]) + MT_CHUNK - 1) / MT_CHUNK;
+  for (int i = 0; i < n; i++) if (x[i]) blocks += (dm_numel(x[i]) + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
   size_t pb = sizeof(double) * (size_t)(blocks > 0 ? blocks : 1);
   double *part = (double *)dm_scratch(pb);
   dm_tensor *const *lists[1] = {x};
   int64_t base = 0;
   for (int i0 = 0; i0 < n;) {
     mt_list L;
-    i0 = mt_fill(&L, i0, n, 1, lists);
+    i0 = mt_fill(&L, i0, n, 1, lists, SUMSQ_CHUNK);
     if (L.n == 0 || L.start[L.n] == 0) continue;
     sumsq_part_k<<<(unsigned)L.start[L.n], DM_THREADS, 0, dm_cuda_stream()>>>(L, part, base);
     DM_CU_LAUNCHED();
