@@ -104,7 +104,7 @@ local SMEM_OPTIN = 232448
 local KDA_CHUNK = 64          -- DM_KDA_CHUNK (vm/kda.h): the backward's checkpoint interval; the model sets none
 local KC, KC_MIN_T, KC_MAXD = 64, 32, 64   -- the chunked kernels' chunk (kernels/kda_chunk.cu), and when
                                            -- "auto" takes them on CUDA (vm/kda.h DM_KDA_CHUNKED_MIN_T, _MAXD)
-local MT_CHUNK = 2048         -- kernels/optim.cu: elements per block of the multi-tensor kernels
+local SUMSQ_CHUNK = 65536     -- kernels/optim.cu: elements per block of the sums of squares (one partial each)
 
 local function ceil_div(a, b) return (a + b - 1) // b end
 
@@ -129,7 +129,7 @@ function plan.scratch(s)
   local lookups = B * T * s.n_sub                         -- Engram rows read, one per sub-table
   local all = s.grad_accum * lookups
   local sumsq = 0
-  for _, n in ipairs(s.grads) do sumsq = sumsq + ceil_div(n, MT_CHUNK) end
+  for _, n in ipairs(s.grads) do sumsq = sumsq + ceil_div(n, SUMSQ_CHUNK) end
   local ns = 0
   for _, g in ipairs(s.muon) do ns = math.max(ns, g.stack * math.min(64, ceil_div(g.rows * g.cols, 16384))) end
   local kda_fwd, kda_bwd
