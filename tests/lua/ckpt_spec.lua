@@ -3,12 +3,7 @@ local ckpt = require "dormouse.ckpt"
 local core = require "dormouse.core"
 
 -- a fresh, empty directory for each test
-local function tmpdir()
-  local path = os.tmpname()
-  os.remove(path)
-  core.ckpt_mkdirs(path)
-  return path
-end
+local tmpdir = require("tests.lua.helpers").tmpdir
 
 local function rm_rf(path) os.execute("rm -rf '" .. path .. "'") end
 

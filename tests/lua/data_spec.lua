@@ -1,12 +1,7 @@
 local dm = require "dormouse"
 local data = require "dormouse.data"
 
-local function tmpdir()
-  local path = os.tmpname()
-  os.remove(path)
-  assert(os.execute("mkdir -p '" .. path .. "'"))
-  return path
-end
+local tmpdir = require("tests.lua.helpers").tmpdir
 
 local function rm_rf(path) os.execute("rm -rf '" .. path .. "'") end
 

@@ -9,12 +9,7 @@ local config = require "dormouse.config"
 local train = require "dormouse.train"
 local helpers = require "tests.lua.helpers"
 
-local function tmpdir()
-  local p = os.tmpname()
-  os.remove(p)
-  os.execute("mkdir -p '" .. p .. "'")
-  return p
-end
+local tmpdir = require("tests.lua.helpers").tmpdir
 
 local function tiny(overrides)
   local o = {"steps=12", "eval.every=4", "checkpoint.every=0", "checkpoint.keep=0", "log.every=1",

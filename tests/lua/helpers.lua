@@ -17,4 +17,12 @@ function helpers.has(msg, ...)
   end
 end
 
+-- A new empty directory (its path).
+function helpers.tmpdir()
+  local p = os.tmpname()
+  os.remove(p)
+  os.execute("mkdir -p '" .. p .. "'")
+  return p
+end
+
 return helpers

@@ -3,12 +3,7 @@ local dm = require "dormouse"
 local config = require "dormouse.config"
 local train = require "dormouse.train"
 
-local function tmpdir()
-  local p = os.tmpname()
-  os.remove(p)
-  os.execute("mkdir -p '" .. p .. "'")
-  return p
-end
+local tmpdir = require("tests.lua.helpers").tmpdir
 
 local function tiny(overrides)
   local o = {"steps=20", "eval.every=0", "checkpoint.every=10", "checkpoint.keep=0",
