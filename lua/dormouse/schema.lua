@@ -189,7 +189,8 @@ local rows = {
   {"grad_accum", positive, 1, "micro-batches accumulated into one optimiser step"},
   {"device", enum {"auto", "cpu", "cuda"}, "auto", "where to train: auto = cuda when a GPU is found, else cpu (printed at start)"},
   {"dtype", enum {"bf16", "f32"}, "bf16", "dtype of matrix products, f32 accumulate (masters, KDA state, gates stay f32)"},
-  {"graph", bool, false, "capture the training step as a CUDA graph and replay it"},
+  {"graph", optional(bool), nil, "capture the training step as one CUDA graph and replay it (nil = when it can: " ..
+   "cuda, grad_accum 1, Engram tables on the device)", progress = true},
   {"ce_ceiling", num{above = 0}, 100, "a training loss above this ends the run at once"},
 
   {"model", "the model family of spec/model.md", {

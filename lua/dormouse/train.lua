@@ -62,6 +62,17 @@ function train.lookahead(r)
   end
 end
 
+--[[ Whether the step runs as one CUDA graph: cfg.graph when set (true is
+checked by graphstep.new, which names what is missing), else whenever it can;
+then the second result says why not, for the log. ]]
+function train.graph_mode(cfg, device)
+  if cfg.graph ~= nil then return cfg.graph end
+  if device ~= "cuda" then return false end
+  if cfg.grad_accum ~= 1 then return false, "graph mode takes grad_accum = 1" end
+  if cfg.model.engram and cfg.model.engram.ram then return false, "graph mode needs the Engram tables on the device" end
+  return true
+end
+
 -- The seeded model and optimiser of a resolved config on `device`.
 function train.setup(cfg, device, root)
   dm.manual_seed(cfg.seed)
@@ -342,9 +353,13 @@ function train.run(cfg, opts)
   self.loader = corpus:loader {batch = cfg.batch, seq = cfg.seq, seed = cfg.seed, ctx = ctx,
                                start = self.data_position}
   train.lookahead(self)
-  if cfg.graph then
+  local graph, why = train.graph_mode(cfg, self.device)
+  if graph then
     self.graph = require("dormouse.graphstep").new(self)
-    self:say("graph: the step is captured as one CUDA graph after 2 eager steps and replayed")
+    self:say("graph: the step is captured as one CUDA graph after 2 eager steps and replayed" ..
+             (cfg.graph == nil and " (graph = nil: the default where it can; --set graph=false for eager)" or ""))
+  elseif why then
+    self:say("graph: eager steps (" .. why .. ")")
   end
 
   local tty = not opts.quiet and core.isatty(1)

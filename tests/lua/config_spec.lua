@@ -127,7 +127,7 @@ describe("config errors", function()
     local f = fixture("config_wrong_type")
     has(err_of(config.load, f), f .. ": model.d: expected integer", 'got string "abc"')
     has(err_of(config.resolve, {steps = 2.5}, "x.lua"), "x.lua: steps: expected integer", "got number 2.5")
-    has(err_of(config.resolve, {graph = "yes"}, "x.lua"), "graph: expected boolean, got string \"yes\"")
+    has(err_of(config.resolve, {graph = "yes"}, "x.lua"), "graph: expected boolean or nil, got string \"yes\"")
     has(err_of(config.resolve, {data = {path = 3}}, "x.lua"), "data.path: expected string or nil, got number 3")
   end)
 
