@@ -108,9 +108,9 @@ function GraphStep:window(steps)
   w.skips = steps - w.applied
   w.counts = sum.counts and sum.counts:clone()
   self.t0 = t
-  sum.loss:mul_(0)
-  sum.norm:mul_(0)
-  if sum.counts then sum.counts:mul_(0) end
+  sum.loss:zero_()                 -- not mul_(0): a non-finite sum would stay NaN
+  sum.norm:zero_()
+  if sum.counts then sum.counts:zero_() end
   return w
 end
 

@@ -45,6 +45,9 @@ describe("graphstep (eagerly, on the CPU)", function()
       assert.is_true(dm.allclose(e.tensor, pb[i].tensor, {rtol = 0, atol = 0}), e.name)
     end
     assert.are.equal(0, gs:window(0).applied)            -- the sums start again
+    gs.sum.loss:fill_(0 / 0)                               -- a non-finite sum is not carried on
+    gs:window(0)
+    assert.are.equal(0, gs:window(0).loss)
     a.loader:close(); b.loader:close()
   end)
 

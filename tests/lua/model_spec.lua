@@ -90,6 +90,28 @@ describe("the Engram tables", function()
   end)
 end)
 
+describe("the Engram tables over micro-batches", function()
+  it("hand the optimiser one summed gradient a step, so clipping reaches the update", function()
+    local m, cfg = build("experiments/tiny.lua", {"schedule.warmup=0"})
+    local opt = dm.optim.new(m, cfg.optim, cfg.schedule, cfg.steps, {quiet = true})
+    local corpus = dm.data.open(dm.data.default_corpus(), {eval_bytes = 4096})
+    dm.scope(function()
+      for k = 0, 1 do                                -- two micro-batches: two lookups, two entries
+        local x, prefix = corpus:batch(k, {batch = 2, seq = 16, seed = 1, ctx = 2})
+        m:forward(x, prefix).loss:backward()
+      end
+      local norm = require("dormouse.core").clip_grads(opt:grads(), 1e-3)
+      assert.is_true(norm > 1e-2)
+      local _, g = m.block.engram:sparse_grad()      -- what the update reads: the clipped sum
+      local left = require("dormouse.core").clip_grads(opt:grads(), 0)
+      assert.is_true(math.abs(left - 1e-3) <= 1e-6, string.format("norm after clipping %.6g", left))
+      assert.is_true(g:abs():max():item() <= 1e-3)
+    end)
+    opt:zero_grad()
+    corpus:close()
+  end)
+end)
+
 describe("without Engram", function()
   it("builds and trains when model.engram.orders is empty", function()
     local m, cfg = build("experiments/tiny.lua", {"model.engram.orders={}", "schedule.warmup=0"})

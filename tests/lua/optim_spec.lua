@@ -394,11 +394,26 @@ describe("optim on the device scalars (step_async)", function()
                  "the sum of squares must be one contiguous f64 element")
   end)
 
-  it("names a group that cannot take device scalars", function()
+  it("names a group that cannot take device scalars, before anything is clipped or counted", function()
     local a, _, oa = twins()
     same_grads(a, a, 1)
-    oa.groups[1].device_scalars = false
+    local g1 = a:named_parameters()[1].tensor.grad:clone()
+    oa.groups[2].device_scalars = false
     oa:prepare(1)
-    expect_error(function() oa:step_async() end, "group 'muon'", "graph mode")
+    expect_error(function() oa:step_async() end, "group 'adamw'", "graph mode")
+    assert.are.equal(0, oa:sync().t)
+    assert.is_true(dm.allclose(a:named_parameters()[1].tensor.grad, g1, {rtol = 0, atol = 0}))
+  end)
+
+  it("keeps one count of updates when eager steps and step_async take turns", function()
+    local a, _, oa = twins()
+    oa:scalars()
+    for step = 1, 3 do
+      same_grads(a, a, 10 * step)
+      if step == 2 then oa:prepare(step); oa:step_async() else oa:step(step) end
+      oa:zero_grad()
+    end
+    assert.are.equal(3, oa:state().step:item())
+    assert.are.equal(3, oa.t)
   end)
 end)

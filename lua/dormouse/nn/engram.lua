@@ -119,6 +119,7 @@ end
 -- grad (eval, sampling) read a table in host memory directly, leaving the
 -- host table's prefetch in flight for the next training step.
 function Engram:lookup(x, prefix)
+  self.summed = nil                                 -- a backward may follow: sparse_grad sums again
   local c = self.current
   if c and c.x == x then return c end
   local training = dm.grad_enabled()
@@ -162,13 +163,18 @@ function Engram:sparse_grad()
   if #ns > 0 then
     core_error("Engram: the static form (graph mode) takes one micro-batch a step, got " .. #rows)
   end
-  local all_rows, inverse = dm.engram_unique(dm.cat(rows, 1))
-  if inverse.device ~= grads[1].device then inverse = inverse:to(grads[1].device) end   -- host rows
-  return all_rows, dm.engram_sparse_grad(dm.cat(grads, 1), inverse, all_rows:size(1))
+  -- The sum is made once (until the next lookup) and handed out again: clipping
+  -- scales it in place, and the update must read that tensor, not a fresh sum.
+  if not self.summed then
+    local all_rows, inverse = dm.engram_unique(dm.cat(rows, 1))
+    if inverse.device ~= grads[1].device then inverse = inverse:to(grads[1].device) end   -- host rows
+    self.summed = {rows = all_rows, g = dm.engram_sparse_grad(dm.cat(grads, 1), inverse, all_rows:size(1))}
+  end
+  return self.summed.rows, self.summed.g
 end
 
 function Engram:clear_sparse()
-  self.entries, self.current = {}, nil
+  self.entries, self.current, self.summed = {}, nil, nil
 end
 
 -- The lookup's tensors outlive the forward (the optimiser reads compact's

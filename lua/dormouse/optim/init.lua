@@ -130,6 +130,7 @@ end
 
 -- One update; returns {grad_norm, lr (adamw_lr times the multiplier), lr_mult, skipped}.
 function Optimizer:step(step)
+  if self.dev then self:sync() end         -- the updates step_async applied count too
   local mult = self.lr_mult(step)
   local device = self.params[1].device
   core.profile_push("clip", "optim", device)
@@ -142,6 +143,7 @@ function Optimizer:step(step)
     return r
   end
   self.t = self.t + 1
+  if self.dev then self.dev.step:copy_(dm.tensor({self.t}, {dtype = "i64"})) end   -- what sync() reads
   for _, g in ipairs(self.groups) do
     core.profile_push(g.name, "optim", device)
     local done, err = pcall(g.update, g, mult, self.t)
@@ -185,16 +187,16 @@ end
 
 -- Clip, check and update with no host read (the firewall decides on the device).
 function Optimizer:step_async()
-  local dev = self:scalars()
-  core.clip_grads_async(self:grads(), self.clip, dev.sumsq)
-  core.optim_tick(dev.step, dev.sumsq)
-  for i, g in ipairs(self.groups) do
+  for _, g in ipairs(self.groups) do      -- refused before anything is updated
     if not g.device_scalars then
       fail("optim: group '%s' (%s) cannot take its scalars from the device yet, so its step cannot run " ..
            "without host reads (graph mode)", g.name, g.kind)
     end
-    g:update(self.mult or 1, math.max(self.t, 1), dev.at[i])
   end
+  local dev = self:scalars()
+  core.clip_grads_async(self:grads(), self.clip, dev.sumsq)
+  core.optim_tick(dev.step, dev.sumsq)
+  for i, g in ipairs(self.groups) do g:update(self.mult or 1, math.max(self.t, 1), dev.at[i]) end
 end
 
 -- Read back what step_async kept on the device: {steps applied so far, the last norm}.
