@@ -341,12 +341,14 @@ __global__ void adam_check_k(unsigned long long *bad, const int64_t *rows, int64
 }
 
 /* each element of each named row, with engram.h's row formula; nothing when the list is bad.
-** hp: the constants in device memory; n_at (or NULL): how many of the n rows are real */
+** The constants: hp_at's (device memory, made from device scalars) when set, else hp's;
+** n_at (or NULL): how many of the n rows are real */
 template <typename T>
 __global__ void adam_k(T *w, T *m, T *v, const int64_t *rows, const T *g, int64_t n, int64_t de,
-                       const unsigned long long *bad, const dm_engram_adam_hp *hp, const int64_t *n_at) {
+                       const unsigned long long *bad, dm_engram_adam_hp hp, const dm_engram_adam_hp *hp_at,
+                       const int64_t *n_at) {
   if (*bad != ~0ull) return;
-  const dm_engram_adam_hp h = *hp;
+  const dm_engram_adam_hp h = hp_at ? *hp_at : hp;
   const int64_t real = n_at && *n_at < n ? *n_at : n;
   DM_GRID_LOOP(i, real * de) {
     int64_t q = i / de, c = i - q * de, at = rows[q] * de + c;
@@ -400,15 +402,14 @@ static void engram_adam_run(dm_tensor *table, dm_tensor *m, dm_tensor *v, const 
   if (at) {
     adam_at_consts_k<<<1, 1, 0, st>>>(hpd, *hp, *at, bad);
     DM_CU_LAUNCHED();
-  } else {
-    DM_CU(cudaMemcpyAsync(hpd, hp, sizeof *hp, cudaMemcpyHostToDevice, st));
   }
+  const dm_engram_adam_hp *hp_at = at ? hpd : NULL;
   if (table->dtype == DM_F32)
     DM_LAUNCH(adam_k<float>, n * de, (float *)dm_data(table), (float *)dm_data(m), (float *)dm_data(v), pr,
-              (const float *)dm_data(grads), n, de, bad, hpd, n_at);
+              (const float *)dm_data(grads), n, de, bad, *hp, hp_at, n_at);
   else
     DM_LAUNCH(adam_k<double>, n * de, (double *)dm_data(table), (double *)dm_data(m), (double *)dm_data(v), pr,
-              (const double *)dm_data(grads), n, de, bad, hpd, n_at);
+              (const double *)dm_data(grads), n, de, bad, *hp, hp_at, n_at);
   dm_scratch_free(bad, nb);
 }
 

@@ -44,6 +44,10 @@ function graphstep.new(r, opts)
   if cfg.grad_accum ~= 1 then
     fail("graph = true captures one micro-batch a step: grad_accum must be 1, got %d", cfg.grad_accum)
   end
+  local engram = r.model.block and r.model.block.engram
+  if engram and engram.ram then
+    fail("graph = true needs the Engram tables on the device (engram.ram = true keeps them in host memory)")
+  end
   local warmup = opts.eager and math.huge or opts.warmup or 2
   if warmup < 1 then fail("graph: at least one eager step must come before the capture, got warmup = %s", warmup) end
   local self = setmetatable({r = r, warmup = warmup, done = 0}, GraphStep)

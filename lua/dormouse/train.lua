@@ -362,6 +362,25 @@ function train.run(cfg, opts)
     self:say("graph: eager steps (" .. why .. ")")
   end
 
+  if self.graph then                    -- the graph's pool goes back also when the loop fails
+    local ok, err = pcall(self.loop, self, opts)
+    self.graph:free()
+    self.graph = nil
+    if not ok then error(err, 0) end
+  else
+    self:loop(opts)
+  end
+  self.loader:close()
+  self.metrics_file:close()
+  self.log_file:close()
+  local e = self.last_eval
+  return {step = self.step, bpb_fin = e and e.fin / instrument.LN2, baselines = self.baselines, dir = self.dir,
+          model = self.model, device = self.device, periter = e and e.periter}
+end
+
+-- The steps of a run, with its log lines, evals, checkpoints and progress bar.
+function Run:loop(opts)
+  local cfg = self.cfg
   local tty = not opts.quiet and core.isatty(1)
   local tokens_per_step = cfg.batch * cfg.seq * cfg.grad_accum
   local window = instrument.window()
@@ -387,13 +406,6 @@ function train.run(cfg, opts)
     end
   end
   if self.bar_shown then io.stdout:write("\r\27[K") end
-  if self.graph then self.graph:free() end
-  self.loader:close()
-  self.metrics_file:close()
-  self.log_file:close()
-  local e = self.last_eval
-  return {step = self.step, bpb_fin = e and e.fin / instrument.LN2, baselines = self.baselines, dir = self.dir,
-          model = self.model, device = self.device, periter = e and e.periter}
 end
 
 return train

@@ -62,14 +62,19 @@ describe("graphstep (eagerly, on the CPU)", function()
     r.loader:close()
   end)
 
-  it("refuses Engram tables in host memory", function()
+  it("refuses Engram tables in host memory, at once and again at the update", function()
     local nn = require "dormouse.nn"
     nn.Engram.ram_on_cpu = true
     local ok, r = pcall(prepared, tiny({"model.engram.ram=true"}))
     nn.Engram.ram_on_cpu = false
     assert.is_true(ok, r)
-    local gs = graphstep.new(r, {eager = true})
-    helpers.has(helpers.err_of(gs.step, gs, 1), "host memory (engram.ram = true)", "graph mode")
+    helpers.has(helpers.err_of(graphstep.new, r, {eager = true}), "needs the Engram tables on the device")
+    r.opt:scalars()
+    r.opt:prepare(1)
+    local x, prefix = r.loader:next()
+    local out = r.model:forward(x, prefix)
+    out.loss:backward()
+    helpers.has(helpers.err_of(r.opt.step_async, r.opt), "host memory (engram.ram = true)", "graph mode")
     r.loader:close()
   end)
 end)

@@ -35,10 +35,15 @@ function MoE:init(d, opts)
   self:buffer("lfb_bias", nn.init.zeros({E}))
 end
 
--- A new forward pass of the model: its routing counts and weight copies start again.
+-- A new forward pass of the model: its routing counts start again, and the
+-- expert banks' compute-dtype copies are made once for the pass's iterations.
+-- update_balance (after the backward) ends the pass. A caller that never
+-- starts one gets fresh copies at every call.
 function MoE:new_pass()
-  self.counts, self.weights = nil, nil
+  self.counts, self.weights, self.in_pass = nil, nil, true
 end
+
+local function end_pass(self) self.weights, self.in_pass = nil, nil end
 
 -- The expert banks in the compute dtype, cast once per forward pass and
 -- shared by its iterations (the same weights each time): one bf16 copy of
@@ -50,11 +55,10 @@ function MoE:compute_weights(x)
   if cd == "f32" or x.dtype ~= "f32" then
     return {Ug = self.Ug, Uu = self.Uu, cg = self.cg, cu = self.cu, D = self.D}
   end
-  if not self.weights then
-    self.weights = {Ug = self.Ug:to(cd), Uu = self.Uu:to(cd), cg = self.cg:to(cd), cu = self.cu:to(cd),
-                    D = self.D:to(cd)}
-  end
-  return self.weights
+  if self.weights then return self.weights end
+  local w = {Ug = self.Ug:to(cd), Uu = self.Uu:to(cd), cg = self.cg:to(cd), cu = self.cu:to(cd), D = self.D:to(cd)}
+  if self.in_pass then self.weights = w end
+  return w
 end
 
 -- The routed experts' products (bf16 tensor-core kernels on the GPU) and their
@@ -85,6 +89,7 @@ end
 -- Loss-free balancing, on the whole step's counts (every iteration's routing):
 -- lfb_bias[e] += gamma · sign(mean_load − load[e]). Returns the counts used.
 function MoE:update_balance()
+  end_pass(self)
   local counts = self.counts
   if not counts then return nil end
   self.counts = nil
