@@ -414,8 +414,73 @@ __global__ void conv_k(S_<DT> *y, S_<DT> *cout, conv_in<DT> in, const S_<DT> *w,
   }
 }
 
+/* The run kernels: a thread owns one channel c of one batch row b and slides
+** over CONV_TL positions, the channel's K weights in registers, warps along
+** channels (coalesced). Each output is the same sum in the same order as in
+** conv_k and conv_bwd_k; the weight gradient sums each run's products in
+** double, then the runs in order. Used when K <= CONV_MAXK and the grid fits. */
+#define CONV_TL 32
+#define CONV_MAXK 8
+#define CONV_CH 128                       /* channels a block */
+
+static bool conv_runs_fit(int64_t B, int64_t span, int64_t K) {
+  return K <= CONV_MAXK && B <= 65535 && (span + CONV_TL - 1) / CONV_TL <= 65535;
+}
+
+static dim3 conv_run_grid(int64_t B, int64_t span, int64_t C) {
+  return dim3((unsigned)((C + CONV_CH - 1) / CONV_CH), (unsigned)((span + CONV_TL - 1) / CONV_TL), (unsigned)B);
+}
+
+template <int DT>
+__device__ __forceinline__ void conv_weights(C_<DT> *wk, const S_<DT> *w, int64_t ws0, int64_t ws1, int64_t c,
+                                             int64_t K) {
+#pragma unroll
+  for (int k = 0; k < CONV_MAXK; k++) wk[k] = k < K ? dt<DT>::load(w[c * ws0 + k * ws1]) : (C_<DT>)0;
+}
+
+/* y [B, T, C] */
+template <int DT>
+__global__ void conv_run_k(S_<DT> *y, conv_in<DT> in, const S_<DT> *w, int64_t ws0, int64_t ws1, int64_t C,
+                           int64_t K, int64_t dil) {
+  typedef C_<DT> CT;
+  const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, b = blockIdx.z;
+  if (c >= C) return;
+  CT wk[CONV_MAXK];
+  conv_weights<DT>(wk, w, ws0, ws1, c, K);
+  const int64_t t0 = (int64_t)blockIdx.y * CONV_TL, t1 = t0 + CONV_TL < in.T ? t0 + CONV_TL : in.T;
+  for (int64_t t = t0; t < t1; t++) {
+    CT acc = 0;
+#pragma unroll
+    for (int k = 0; k < CONV_MAXK; k++)
+      if (k < K) acc += wk[k] * in(b, t - (K - 1 - k) * dil, c);
+    y[(b * in.T + t) * C + c] = dt<DT>::store(acc);
+  }
+}
+
+/* the new cache [B, P, C]: xin's last P positions */
+template <int DT>
+__global__ void conv_cache_k(S_<DT> *cout, conv_in<DT> in, int64_t B, int64_t C) {
+  DM_GRID_LOOP(j, B * in.P * C) {
+    int64_t c, p, b;
+    conv_split(j, C, in.P, &c, &p, &b);
+    cout[j] = dt<DT>::store(in(b, in.T - in.P + p, c));
+  }
+}
+
 static void cuda_conv(dm_tensor *y, dm_tensor *cache_out, const dm_tensor *x, const dm_tensor *w,
                       const dm_tensor *cache, int64_t dil) {
+  int64_t B0 = x->shape[0], T0 = x->shape[1], C0 = x->shape[2], K0 = w->shape[1], P0 = (K0 - 1) * dil;
+  if (conv_runs_fit(B0, T0, K0) && B0 * T0 * C0 > 0) {
+    dm_dispatch_float(x->dtype, "causal_conv1d", [&](auto d) {
+      constexpr int DT = decltype(d)::value;
+      conv_in<DT> in = conv_in_of<DT>(x, cache, P0);
+      conv_run_k<DT><<<conv_run_grid(B0, T0, C0), CONV_CH, 0, dm_cuda_stream()>>>(
+          (S_<DT> *)dm_data(y), in, (const S_<DT> *)dm_data(w), w->strides[0], w->strides[1], C0, K0, dil);
+      DM_CU_LAUNCHED();
+      if (B0 * P0 * C0 > 0) DM_LAUNCH(conv_cache_k<DT>, B0 * P0 * C0, (S_<DT> *)dm_data(cache_out), in, B0, C0);
+    });
+    return;
+  }
   int64_t B = x->shape[0], T = x->shape[1], C = x->shape[2], K = w->shape[1], P = (K - 1) * dil;
   int64_t n = B * T * C + B * P * C;
   if (n == 0) return;
@@ -475,11 +540,108 @@ template <int DT> struct conv_gw_put {
   }
 };
 
+/* gx at positions lo .. hi-1 of xin (gcache for those below 0), as conv_bwd_k */
+template <int DT>
+__global__ void conv_run_bwd_k(S_<DT> *gx, S_<DT> *gc, const S_<DT> *gy, dm_lead Lgy, const S_<DT> *gco,
+                               dm_lead Lgc, const S_<DT> *w, int64_t ws0, int64_t ws1, int64_t T, int64_t C,
+                               int64_t K, int64_t P, int64_t dil, int64_t lo, int64_t hi) {
+  typedef C_<DT> CT;
+  const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, b = blockIdx.z;
+  if (c >= C) return;
+  CT wk[CONV_MAXK];
+  conv_weights<DT>(wk, w, ws0, ws1, c, K);
+  const int64_t p0 = lo + (int64_t)blockIdx.y * CONV_TL, p1 = p0 + CONV_TL < hi ? p0 + CONV_TL : hi;
+  for (int64_t pos = p0; pos < p1; pos++) {
+    CT acc = 0;
+    if (gy)
+#pragma unroll
+      for (int k = 0; k < CONV_MAXK; k++) {
+        int64_t t = pos + (K - 1 - k) * dil;
+        if (k < K && t >= 0 && t < T) acc += wk[k] * dt<DT>::load(gy[dm_lead_off(Lgy, (b * T + t) * C + c)]);
+      }
+    int64_t q = pos - (T - P);
+    if (gco && q >= 0 && q < P) acc += dt<DT>::load(gco[dm_lead_off(Lgc, (b * P + q) * C + c)]);
+    if (pos >= 0) gx[(b * T + pos) * C + c] = dt<DT>::store(acc);
+    else gc[(b * P + P + pos) * C + c] = dt<DT>::store(acc);
+  }
+}
+
+/* part[((b runs + run) K + k) C + c] = the run's sum over t of gy[b, t, c] xin[b, t - (K-1-k) dil, c] */
+template <int DT>
+__global__ void conv_gw_run_k(double *part, const S_<DT> *gy, dm_lead Lgy, conv_in<DT> in, int64_t C, int64_t K,
+                              int64_t dil) {
+  const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, b = blockIdx.z, run = blockIdx.y;
+  if (c >= C) return;
+  double acc[CONV_MAXK];
+#pragma unroll
+  for (int k = 0; k < CONV_MAXK; k++) acc[k] = 0;
+  const int64_t t0 = run * CONV_TL, t1 = t0 + CONV_TL < in.T ? t0 + CONV_TL : in.T;
+  for (int64_t t = t0; t < t1; t++) {
+    C_<DT> g = dt<DT>::load(gy[dm_lead_off(Lgy, (b * in.T + t) * C + c)]);
+#pragma unroll
+    for (int k = 0; k < CONV_MAXK; k++)
+      if (k < K) acc[k] += (double)(g * in(b, t - (K - 1 - k) * dil, c));
+  }
+  double *out = part + ((b * gridDim.y + run) * K) * C + c;
+#pragma unroll
+  for (int k = 0; k < CONV_MAXK; k++)
+    if (k < K) out[k * C] = acc[k];
+}
+
+/* gw[c, k] = the runs' partial sums, added in order */
+template <int DT>
+__global__ void conv_gw_join_k(S_<DT> *gw, int64_t s0, int64_t s1, const double *part, int64_t nparts, int64_t K,
+                               int64_t C) {
+  DM_GRID_LOOP(j, K * C) {
+    double s = 0;
+    for (int64_t p = 0; p < nparts; p++) s += part[p * K * C + j];
+    int64_t k = j / C, c = j - k * C;
+    gw[c * s0 + k * s1] = dt<DT>::store(s);
+  }
+}
+
+static bool conv_bwd_runs(dm_tensor *gx, dm_tensor *gw, dm_tensor *gcache, const dm_tensor *gy,
+                          const dm_tensor *gcache_out, const dm_tensor *x, const dm_tensor *w,
+                          const dm_tensor *cache, int64_t dil) {
+  int64_t B = x->shape[0], T = x->shape[1], C = x->shape[2], K = w->shape[1], P = (K - 1) * dil;
+  int64_t lo = gcache ? -P : 0, hi = gx ? T : 0;
+  if (!conv_runs_fit(B, hi - lo > T ? hi - lo : T, K) || B * C == 0) return false;
+  dm_lead Lgy = gy ? dm_lead_of(gy, 3) : dm_lead{}, Lgc = gcache_out ? dm_lead_of(gcache_out, 3) : dm_lead{};
+  dm_dispatch_float(x->dtype, "causal_conv1d_bwd", [&](auto d) {
+    constexpr int DT = decltype(d)::value;
+    const S_<DT> *pgy = gy ? (const S_<DT> *)dm_data(gy) : NULL;
+    if (hi > lo) {
+      conv_run_bwd_k<DT><<<conv_run_grid(B, hi - lo, C), CONV_CH, 0, dm_cuda_stream()>>>(
+          gx ? (S_<DT> *)dm_data(gx) : NULL, gcache ? (S_<DT> *)dm_data(gcache) : NULL, pgy, Lgy,
+          gcache_out ? (const S_<DT> *)dm_data(gcache_out) : NULL, Lgc, (const S_<DT> *)dm_data(w), w->strides[0],
+          w->strides[1], T, C, K, P, dil, lo, hi);
+      DM_CU_LAUNCHED();
+    }
+    if (!gw) return;
+    int64_t runs = (T + CONV_TL - 1) / CONV_TL, nparts = B * runs;
+    if (!pgy || T == 0) {                                 /* no output gradient: the weights' is 0 */
+      DM_LAUNCH(conv_gw_join_k<DT>, K * C, (S_<DT> *)dm_data(gw), gw->strides[0], gw->strides[1], (const double *)NULL,
+                (int64_t)0, K, C);
+      return;
+    }
+    size_t nb = sizeof(double) * (size_t)(nparts * K * C);
+    double *part = (double *)dm_scratch(nb);
+    conv_gw_run_k<DT><<<conv_run_grid(B, T, C), CONV_CH, 0, dm_cuda_stream()>>>(part, pgy, Lgy,
+                                                                               conv_in_of<DT>(x, cache, P), C, K, dil);
+    DM_CU_LAUNCHED();
+    DM_LAUNCH(conv_gw_join_k<DT>, K * C, (S_<DT> *)dm_data(gw), gw->strides[0], gw->strides[1],
+              (const double *)part, nparts, K, C);
+    dm_scratch_free(part, nb);
+  });
+  return true;
+}
+
 static void cuda_conv_bwd(dm_tensor *gx, dm_tensor *gw, dm_tensor *gcache, const dm_tensor *gy,
                           const dm_tensor *gcache_out, const dm_tensor *x, const dm_tensor *w,
                           const dm_tensor *cache, int64_t dil) {
   int64_t B = x->shape[0], T = x->shape[1], C = x->shape[2], K = w->shape[1], P = (K - 1) * dil;
   int64_t lo = gcache ? -P : 0, hi = gx ? T : 0;     /* the positions whose gradient is wanted */
+  if (conv_bwd_runs(gx, gw, gcache, gy, gcache_out, x, w, cache, dil)) return;
   dm_lead Lgy = gy ? dm_lead_of(gy, 3) : dm_lead{}, Lgc = gcache_out ? dm_lead_of(gcache_out, 3) : dm_lead{};
   dm_dispatch_float(x->dtype, "causal_conv1d_bwd", [&](auto d) {
     constexpr int DT = decltype(d)::value;
