@@ -66,6 +66,10 @@ function GraphStep:body()
   local out = r.model:forward(self.x, self.prefix)
   out.loss:backward()
   local counts = r.model.update_balance and r.model:update_balance()
+  local lookup = r.model.block and r.model.block.engram and r.model.block.engram.current
+  if lookup and lookup.n then                      -- the padded lookups' count, for the log line
+    self.engram = {n = dm.keep(lookup.n), lookups = lookup.inverse:numel()}
+  end
   r.opt:step_async()
   r.opt:zero_grad()
   local ok = r.opt.dev.sumsq:lt(math.huge)                   -- false for inf and NaN: a skipped step
@@ -104,13 +108,18 @@ end
 
 --[[ The window since the last call, read from the device and reset:
 {loss = sum over applied steps, applied, skips, grad_norm = sum over applied
-steps, counts = summed routing counts (a tensor) or nil}. ]]
+steps, counts = summed routing counts (a tensor) or nil, engram = the last
+step's {rows, unique_frac} or nil}. ]]
 function GraphStep:window(steps)
   local sum = self.sum
   local t = self.r.opt:sync().t
   local w = {loss = sum.loss:item(), grad_norm = sum.norm:item(), applied = t - self.t0}
   w.skips = steps - w.applied
   w.counts = sum.counts and sum.counts:clone()
+  if self.engram then
+    local rows = self.engram.n:item()
+    w.engram = {rows = rows, unique_frac = rows / math.max(self.engram.lookups, 1)}
+  end
   self.t0 = t
   sum.loss:zero_()                 -- not mul_(0): a non-finite sum would stay NaN
   sum.norm:zero_()

@@ -224,6 +224,7 @@ function Run:graph_step(window, tokens)
   if self.log_now then
     local w = self.graph:window(window.steps)
     window.loss, window.grad_norm, window.skips, window.counts = w.loss, w.grad_norm, w.skips, w.counts
+    window.engram = w.engram
     self.window_loss = w.applied > 0 and w.loss / w.applied or 0 / 0
     ceiling(self.cfg, self.window_loss, self.step, window)
   end

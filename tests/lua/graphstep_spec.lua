@@ -36,6 +36,8 @@ describe("graphstep (eagerly, on the CPU)", function()
       assert.are.equal(r.lr, res.lr)
     end
     local w = gs:window(6)
+    assert.is_true(w.engram.rows > 0 and w.engram.rows <= 4 * 64 * 2)     -- tiny: B 4, T 64, 2 sub-tables
+    assert.is_true(w.engram.unique_frac > 0 and w.engram.unique_frac <= 1)
     assert.are.equal(6, w.applied)
     assert.are.equal(0, w.skips)
     assert.is_true(math.abs(w.loss - loss_sum) <= 1e-12 * loss_sum)
