@@ -43,13 +43,18 @@ function Dormouse:forward(x, prefix, opts)
   local inputs = x:narrow(2, 1, T)
   local targets = x:narrow(2, 2, T):to("i64")
   self.block.moe:new_pass()                         -- this pass's routing counts and weight copies start here
+  if self.block.engram then self.block.engram:lookup(inputs, prefix) end   -- the pass's rows, made here too
   local h = self.emb:forward(inputs)
   local out = {periter = {}, fin_D = {}, logits = {}}
   local sum_h, total = nil, nil
   local wanted = {}
   for _, D in ipairs(opts.depths or {}) do wanted[D] = true end
   for i = 1, self.max_iter do
-    h = self.block:forward(h, inputs, prefix)
+    if self.cfg.recompute then               -- the block's activations recomputed in the backward (dm.checkpoint)
+      h = dm.checkpoint(function(hi) return self.block:forward(hi, inputs, prefix) end, h)
+    else
+      h = self.block:forward(h, inputs, prefix)
+    end
     out.logits[i] = readout(self, h)
     out.periter[i] = ce(out.logits[i], targets)
     total = total and total + out.periter[i] or out.periter[i]

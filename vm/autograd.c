@@ -14,6 +14,7 @@ static bool in_backward;
 static dm_node **tape;
 static size_t tape_len, tape_cap;
 static uint64_t epoch = 1;            /* 0 marks tensors no recorded op produced (leaves) */
+static uint64_t last_epoch = 1;       /* epochs are never reused, nested tapes' included */
 static dm_node *pending;              /* begun, not yet committed: freed if the forward fails */
 
 bool dm_grad_enabled(void) { return grad_enabled; }
@@ -42,6 +43,7 @@ static void meta_of(dm_meta *m, const dm_tensor *t) {
 }
 
 static void node_free(dm_node *n) {
+  if (n->op->free_ctx && n->ctx.op) n->op->free_ctx(&n->ctx);   /* committed nodes only */
   for (int i = 0; i < n->n_saved; i++) dm_release(n->saved[i]);
   for (int i = 0; i < n->n_out; i++) dm_release(n->gout[i]);
   for (int i = 0; i < n->n_in; i++) dm_release(n->in_leaf[i]);
@@ -128,8 +130,48 @@ dm_dtype dm_in_dtype(dm_ctx *c, int i) { return c->node->in_meta[i].dtype; }
 void dm_tape_clear(void) {
   for (size_t i = 0; i < tape_len; i++) node_free(tape[i]);
   tape_len = 0;
-  epoch++;
+  epoch = ++last_epoch;
 }
+
+/* ---- nested tapes --------------------------------------------------------------------------- */
+
+/* The outer tapes while a nested one records (a backward that recomputes, dm_checkpoint). */
+#define MAX_NESTED 8
+static struct outer {
+  dm_node **tape;
+  size_t len, cap;
+  uint64_t epoch;
+  int suspended;
+  bool in_backward, grad_enabled;
+} outers[MAX_NESTED];
+static int nested;
+
+void dm_tape_push(void) {
+  if (nested == MAX_NESTED) dm_error("autograd: more than %d nested tapes (checkpoints within checkpoints)", MAX_NESTED);
+  outers[nested++] = (struct outer){tape, tape_len, tape_cap, epoch, suspended, in_backward, grad_enabled};
+  tape = NULL;
+  tape_len = tape_cap = 0;
+  epoch = ++last_epoch;
+  suspended = 0;
+  in_backward = false;
+  grad_enabled = true;
+}
+
+void dm_tape_pop(void) {
+  if (nested == 0) dm_error("autograd: no nested tape to leave");
+  dm_tape_clear();
+  free(tape);
+  struct outer *o = &outers[--nested];
+  tape = o->tape;
+  tape_len = o->len;
+  tape_cap = o->cap;
+  epoch = o->epoch;
+  suspended = o->suspended;
+  in_backward = o->in_backward;
+  grad_enabled = o->grad_enabled;
+}
+
+int dm_tape_depth(void) { return nested; }
 
 /* acc += g, taking ownership of g */
 static void accumulate(dm_tensor **acc, dm_tensor *g) {
@@ -223,9 +265,10 @@ void dm_backward(dm_tensor *root, dm_tensor *grad) {
 }
 
 void dm_autograd_recover(void) {
+  if (pending) { node_free(pending); pending = NULL; }
+  while (nested > 0) dm_tape_pop();      /* an error inside a recomputation: back to the outermost tape */
   suspended = 0;
   dm_profile_recover();
-  if (pending) { node_free(pending); pending = NULL; }
   if (in_backward) { in_backward = false; dm_tape_clear(); }
 }
 

@@ -58,6 +58,15 @@ void dm_tape_clear(void);
 size_t dm_tape_size(void);
 uint64_t dm_tape_epoch(void);
 
+/* A nested tape: dm_tape_push() sets the current tape aside and records on an
+** empty one (grad mode on, recording resumed, a new epoch), as a backward that
+** recomputes a checkpointed stretch needs; dm_tape_pop() frees what the
+** nested tape still holds and brings the outer one back. dm_tape_depth() is
+** how many are set aside (> 0 while a checkpoint recomputes). */
+void dm_tape_push(void);
+void dm_tape_pop(void);
+int dm_tape_depth(void);
+
 /* after an error unwinds through the core: restore the recording state */
 void dm_autograd_recover(void);
 

@@ -51,6 +51,7 @@ typedef struct dm_op {
   dm_backward_fn backward;       /* NULL: not differentiable */
   int id;                        /* set at registration */
   const char *family;            /* set at registration: the registering file ("kda") */
+  void (*free_ctx)(dm_ctx *c);   /* optional: releases what the forward kept in attrs (a node is freed) */
 } dm_op;
 
 /* what a forward and a backward see */

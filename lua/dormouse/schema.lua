@@ -199,6 +199,8 @@ local rows = {
     {"heads", positive, 12, "KDA heads H"},
     {"head_dim", positive, 64, "KDA head dim dh (dk = dv = dh)"},
     {"max_iter", positive, 2, "iterations of the weight-shared block"},
+    {"recompute", bool, false, "recompute each iteration's block in the backward instead of keeping its " ..
+     "activations (less memory, one more forward of the block)"},
     {"experts", positive, 64, "routed experts E"},
     {"top_k", positive, 2, "experts chosen per token k"},
     {"expert_rank", positive, 16, "rank r of a routed expert"},

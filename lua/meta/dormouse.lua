@@ -709,6 +709,17 @@ function dm.ops() end
 
 -- ---- grad mode ---------------------------------------------------------------------------
 
+---Activation checkpointing: fn(...) (one tensor) without keeping its activations; the backward
+---runs fn again on a nested tape. fn must compute the same thing both times.
+---@param fn fun(...): dormouse.Tensor
+---@param ... dormouse.Tensor
+---@return dormouse.Tensor
+function dm.checkpoint(fn, ...) end
+
+---True while a checkpointed function runs the second time, in a backward.
+---@return boolean
+function dm.recomputing() end
+
 ---Calls fn(...) with grad mode off (nothing is recorded) and returns its results; restored after an error.
 ---@generic R
 ---@param fn fun(...): R

@@ -35,15 +35,22 @@ function MoE:init(d, opts)
   self:buffer("lfb_bias", nn.init.zeros({E}))
 end
 
+local function cast_banks(self, cd)
+  return {Ug = self.Ug:to(cd), Uu = self.Uu:to(cd), cg = self.cg:to(cd), cu = self.cu:to(cd), D = self.D:to(cd)}
+end
+
 -- A new forward pass of the model: its routing counts start again, and the
--- expert banks' compute-dtype copies are made once for the pass's iterations.
+-- expert banks' compute-dtype copies are made here, once for the pass's
+-- iterations (both here, so that they outlive a checkpointed iteration's scope).
 -- update_balance (after the backward) ends the pass. A caller that never
 -- starts one gets fresh copies at every call.
 function MoE:new_pass()
-  self.counts, self.weights, self.in_pass = nil, nil, true
+  self.counts = dm.zeros({self.experts}, {dtype = "i64", device = self.lfb_bias.device})
+  self.weights = nil
+  if nn.compute_dtype ~= "f32" and self.Ug.dtype == "f32" then self.weights = cast_banks(self, nn.compute_dtype) end
 end
 
-local function end_pass(self) self.weights, self.in_pass = nil, nil end
+local function end_pass(self) self.weights = nil end
 
 -- The expert banks in the compute dtype, cast once per forward pass and
 -- shared by its iterations (the same weights each time): one bf16 copy of
@@ -55,10 +62,10 @@ function MoE:compute_weights(x)
   if cd == "f32" or x.dtype ~= "f32" then
     return {Ug = self.Ug, Uu = self.Uu, cg = self.cg, cu = self.cu, D = self.D}
   end
-  if self.weights then return self.weights end
-  local w = {Ug = self.Ug:to(cd), Uu = self.Uu:to(cd), cg = self.cg:to(cd), cu = self.cu:to(cd), D = self.D:to(cd)}
-  if self.in_pass then self.weights = w end
-  return w
+  -- a checkpointed iteration run again in the backward casts afresh: the copies
+  -- it reads must be on its own tape for the gradients to reach the masters
+  if self.weights and not dm.recomputing() then return self.weights end
+  return cast_banks(self, cd)
 end
 
 -- The routed experts' products (bf16 tensor-core kernels on the GPU) and their
@@ -82,7 +89,9 @@ function MoE:forward(u)
     local shared = self.sd:forward(dm.silu_mul(self.sg:forward(x) * self.scg, self.su:forward(x) * self.scu))
     return self.write:forward(routed + shared), counts
   end)
-  self.counts = self.counts and self.counts + counts or counts   -- summed over the step's iterations
+  if not dm.recomputing() then                 -- summed over the step's iterations, each counted once
+    if self.counts then self.counts:add_(counts) else self.counts = counts end
+  end
   return out:reshape({B, T, d})
 end
 

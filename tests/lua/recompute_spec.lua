@@ -1,0 +1,110 @@
+-- Activation checkpointing: dm.checkpoint and the model's `recompute` key.
+local dm = require "dormouse"
+local nn = require "dormouse.nn"
+local config = require "dormouse.config"
+local train = require "dormouse.train"
+local helpers = require "tests.lua.helpers"
+
+local function same(a, b, what)
+  assert.is_true(dm.allclose(a, b, {rtol = 0, atol = 0}), what .. " differs")
+end
+
+-- equal up to the order of a few additions (relative 1e-12 of the largest entry, f64)
+local function near(a, b, what)
+  local scale = b:abs():max():item()
+  local err = (a - b):abs():max():item()
+  assert.is_true(err <= 1e-12 * scale, string.format("%s: %.3g over %.3g", what, err, scale))
+end
+
+describe("dm.checkpoint", function()
+  local W = dm.randn({8, 8}, {seed = 1, dtype = "f64", requires_grad = true})
+  local function f(a) return a:matmul(W):tanh():matmul(W):sigmoid() end
+
+  it("gives the output and every gradient of the plain call, bit for bit, and leaves no tape", function()
+    local x = dm.randn({4, 8}, {seed = 2, dtype = "f64", requires_grad = true})
+    local y1 = f(x):sum()
+    y1:backward()
+    local gW, gx = W.grad:clone(), x.grad:clone()
+    W.grad, x.grad = nil, nil
+    local y2 = dm.checkpoint(f, x):sum()
+    assert.are.equal(1 + 1, dm.autograd.size())         -- the checkpoint's node and the sum's
+    y2:backward()
+    assert.are.equal(y1:item(), y2:item())
+    same(W.grad, gW, "W's gradient")
+    same(x.grad, gx, "x's gradient")
+    assert.are.equal(0, dm.autograd.size())
+    W.grad = nil
+  end)
+
+  it("says when it recomputes, and runs the function once a pass", function()
+    local runs, again = 0, 0
+    local x = dm.randn({4, 8}, {seed = 3, dtype = "f64", requires_grad = true})
+    local y = dm.checkpoint(function(a)
+      runs = runs + 1
+      if dm.recomputing() then again = again + 1 end
+      return f(a)
+    end, x)
+    assert.are.equal(1, runs)
+    y:sum():backward()
+    assert.are.equal(2, runs)
+    assert.are.equal(1, again)
+    assert.is_false(dm.recomputing())
+    W.grad = nil
+  end)
+
+  it("raises the function's error, in the forward and in the backward, and the tape recovers", function()
+    local x = dm.randn({4, 8}, {seed = 4, dtype = "f64", requires_grad = true})
+    helpers.has(helpers.err_of(dm.checkpoint, function(a) return a + dm.zeros({3}) end, x), "add")
+    helpers.has(helpers.err_of(dm.checkpoint, function() return 7 end, x), "must return one live tensor, got number")
+    helpers.has(helpers.err_of(dm.checkpoint, 7, x), "expected a function, got number")
+    local y = dm.checkpoint(function(a)
+      if dm.recomputing() then error("fails the second time") end
+      return f(a)
+    end, x):sum()
+    helpers.has(helpers.err_of(y.backward, y), "fails the second time")
+    assert.are.equal(0, dm.autograd.size())
+    assert.is_false(dm.recomputing())
+    local z = f(x):sum()                                 -- recording works as before
+    z:backward()
+    assert.is_truthy(x.grad)
+    W.grad = nil
+  end)
+end)
+
+describe("the model with recompute = true", function()
+  local function run(recompute)
+    local cfg = config.load("experiments/tiny.lua", {"model.recompute=" .. tostring(recompute), "device=cpu",
+                                                     "model.max_iter=3"})
+    nn.device = "cpu"
+    dm.manual_seed(cfg.seed)
+    local m = train.build_model(cfg, "."):cast("f64")
+    local corpus = dm.data.open(dm.data.default_corpus(), {eval_bytes = 4096})
+    local x, prefix = corpus:batch(3, {batch = 2, seq = 33, seed = 5, ctx = 2})
+    local out = m:forward(x, prefix)
+    out.loss:backward()
+    return m, out.loss:item(), m:update_balance()
+  end
+
+  -- The forward is the same computation; the gradients add the block's inner
+  -- contributions before the outer ones, so they agree to rounding.
+  it("gives the same loss and routing counts (bit for bit) and gradients (to 1e-12, f64)", function()
+    local a, la, ca = run(false)
+    local b, lb, cb = run(true)
+    assert.are.equal(la, lb)
+    same(ca, cb, "the routing counts")
+    local ra, ga = a.block.engram:sparse_grad()
+    local rb, gb = b.block.engram:sparse_grad()
+    same(ra, rb, "the Engram rows")
+    near(ga, gb, "the Engram gradient")
+    local pb = {}
+    for _, p in ipairs(b:named_parameters()) do pb[p.name] = p.tensor end
+    local checked = 0
+    for _, p in ipairs(a:named_parameters()) do
+      if p.tensor.grad then
+        near(p.tensor.grad, pb[p.name].grad, p.name .. "'s gradient")
+        checked = checked + 1
+      end
+    end
+    assert.is_true(checked > 30)
+  end)
+end)

@@ -1,0 +1,123 @@
+/*
+** ops_checkpoint.c — activation checkpointing: the op "checkpoint".
+**
+** dm_checkpoint(fn, inputs) computes fn(inputs) without recording it: the
+** tape gets one node, which saves only the inputs. Its backward runs fn
+** again on leaves that share the inputs' memory, recording on a nested tape
+** (autograd.h), and back-propagates the output's gradient through that: the
+** inputs' gradients come back to the outer tape, and the parameters fn reads
+** get theirs in their .grad as in any backward. A stretch's activations
+** then live only while its backward runs, for the price of its forward run
+** twice. fn must compute the same thing both times (no random draws that
+** differ; state it keeps must not count the second run: dm_tape_depth() > 0
+** says it is the recomputation).
+**
+** The function travels as a slot number in the node's attributes; the slot
+** is released with the node (free_ctx), so a tape cleared without a
+** backward leaves nothing behind.
+*/
+#include <stdio.h>
+#include <string.h>
+#include "core.h"
+#include "autograd.h"
+#include "checkpoint.h"
+
+#define MAX_SLOTS 1024
+
+static dm_checkpoint_fn slots[MAX_SLOTS];
+static bool used[MAX_SLOTS], kept[MAX_SLOTS];      /* kept: registered for good */
+
+static int slot_take(const dm_checkpoint_fn *fn) {
+  for (int i = 0; i < MAX_SLOTS; i++)
+    if (!used[i]) {
+      used[i] = true;
+      slots[i] = *fn;
+      return i;
+    }
+  if (fn->release) fn->release(fn->ud);
+  dm_error("checkpoint: more than %d checkpoints on the tape at once", MAX_SLOTS);
+}
+
+static void slot_free(int i) {
+  if (i < 0 || i >= MAX_SLOTS || !used[i] || kept[i]) return;
+  used[i] = false;
+  if (slots[i].release) slots[i].release(slots[i].ud);
+}
+
+/* the stretch's output; on a failure the slot is released first when `own`
+** (the forward of an unrecorded call; a recorded node releases it itself) */
+static dm_tensor *run_slot(int i, int n, dm_tensor *const *in, bool own) {
+  char err[512] = "";
+  if (i < 0 || i >= MAX_SLOTS || !used[i]) dm_error("checkpoint: no function in slot %d", i);
+  dm_tensor *out = slots[i].run(slots[i].ud, n, in, err, sizeof err);
+  if (out && !dm_dtype_is_float(out->dtype)) {
+    snprintf(err, sizeof err, "checkpoint: the function must return a float tensor, got %s", dm_dtype_name(out->dtype));
+    dm_release(out);
+    out = NULL;
+  }
+  if (!out) {
+    if (own) slot_free(i);
+    dm_error("%s", err[0] ? err : "checkpoint: the function returned no tensor");
+  }
+  return out;
+}
+
+static void checkpoint_forward(dm_ctx *c) {
+  int slot = (int)c->a.v[0];
+  c->out[0] = run_slot(slot, c->n_in, c->in, true);
+  for (int i = 0; i < c->n_in; i++) dm_save(c, c->in[i]);
+  if (!c->node) slot_free(slot);      /* not recorded: no backward will call it */
+}
+
+/* a leaf sharing t's memory, needing a gradient when the node's input did */
+static dm_tensor *leaf_of(dm_ctx *c, int i, dm_tensor *t) {
+  dm_tensor *v = dm_tensor_view(t, t->ndim, t->shape, t->strides, t->offset);
+  v->requires_grad = dm_needs_grad(c, i);
+  return v;
+}
+
+static void checkpoint_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
+  int n = c->n_in, slot = (int)c->a.v[0];
+  dm_tensor *leaves[DM_MAXIN];
+  dm_tape_push();
+  for (int i = 0; i < n; i++) leaves[i] = leaf_of(c, i, dm_saved(c, i));
+  dm_tensor *out = run_slot(slot, n, leaves, false);
+  if (out->requires_grad) dm_backward(out, gout[0]);
+  dm_release(out);
+  for (int i = 0; i < n; i++) {
+    if (dm_needs_grad(c, i)) {            /* the leaf's gradient moves to gin (Lua may still hold the leaf) */
+      gin[i] = leaves[i]->grad ? leaves[i]->grad
+                               : dm_zeros(leaves[i]->device, leaves[i]->dtype, leaves[i]->ndim, leaves[i]->shape);
+      leaves[i]->grad = NULL;
+    }
+    dm_release(leaves[i]);
+  }
+  dm_tape_pop();
+}
+
+static void checkpoint_free(dm_ctx *c) { slot_free((int)c->a.v[0]); }
+
+static dm_op ops[] = {
+  {.name = "checkpoint", .doc = "fn(inputs) recomputed in backward instead of kept (activation checkpointing)",
+   .n_in = -1, .n_out = 1, .attrs = "slot", .forward = checkpoint_forward, .backward = checkpoint_backward,
+   .free_ctx = checkpoint_free},
+};
+DM_REGISTER_OPS(ops)
+
+dm_tensor *dm_checkpoint(const dm_checkpoint_fn *fn, int n, dm_tensor *const *in) {
+  if (n < 1 || n > DM_MAXIN) {
+    if (fn->release) fn->release(fn->ud);
+    dm_error("checkpoint: takes 1 to %d tensors, got %d", DM_MAXIN, n);
+  }
+  int slot = slot_take(fn);
+  dm_attrs a = dm_attrs_of(1, (double[]){(double)slot});
+  dm_tensor *out[DM_MAXOUT];
+  dm_call(dm_op_get("checkpoint"), n, in, &a, out);
+  return out[0];
+}
+
+int dm_checkpoint_register(const dm_checkpoint_fn *fn) {
+  int slot = slot_take(fn);
+  kept[slot] = true;
+  return slot;
+}
