@@ -65,6 +65,7 @@ function Dormouse:forward(x, prefix, opts)
       if i == self.max_iter then out.fin_logits = logits end
     end
   end
+  if self.cfg.recompute then self.block.moe:drop_weights() end   -- the recomputations cast their own
   out.fin = out.fin_D[self.max_iter]
   out.loss = (total + out.fin) * (1 / (self.max_iter + 1))
   return out

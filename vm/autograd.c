@@ -284,6 +284,8 @@ static void visit_node(const dm_node *n, dm_tape_visit_fn fn, void *ud) {
 }
 
 void dm_tape_visit(dm_tape_visit_fn fn, void *ud) {
+  for (int k = 0; k < nested; k++)                 /* the tapes set aside by a recomputation, too */
+    for (size_t i = 0; i < outers[k].len; i++) visit_node(outers[k].tape[i], fn, ud);
   for (size_t i = 0; i < tape_len; i++) visit_node(tape[i], fn, ud);
   if (pending) visit_node(pending, fn, ud);
 }

@@ -72,7 +72,8 @@ void dm_autograd_recover(void);
 
 /* What the tape holds, for memory accounting (dormouse plan): fn is called for
 ** each node's saved tensors, the gradients of its outputs accumulated so far,
-** and the leaves it will accumulate into, with the node's op name. */
+** and the leaves it will accumulate into, with the node's op name; the tapes
+** a recomputation set aside are visited too. */
 typedef enum { DM_TAPE_SAVED, DM_TAPE_GOUT, DM_TAPE_LEAF } dm_tape_hold;
 typedef void (*dm_tape_visit_fn)(void *ud, const char *op, dm_tape_hold what, dm_tensor *t);
 void dm_tape_visit(dm_tape_visit_fn fn, void *ud);

@@ -52,6 +52,15 @@ end
 
 local function end_pass(self) self.weights = nil end
 
+-- The pass's copies freed at once: only for a pass whose every use was
+-- checkpointed (no tape holds them; the recomputation casts its own).
+function MoE:drop_weights()
+  if self.weights then
+    for _, t in pairs(self.weights) do t:free() end
+    self.weights = nil
+  end
+end
+
 -- The expert banks in the compute dtype, cast once per forward pass and
 -- shared by its iterations (the same weights each time): one bf16 copy of
 -- the banks is saved for backward, not one per iteration. As under autocast,
