@@ -16,6 +16,7 @@ static size_t tape_len, tape_cap;
 static uint64_t epoch = 1;            /* 0 marks tensors no recorded op produced (leaves) */
 static uint64_t last_epoch = 1;       /* epochs are never reused, nested tapes' included */
 static dm_node *pending;              /* begun, not yet committed: freed if the forward fails */
+static unsigned recoveries;           /* how many errors have unwound through the core */
 
 bool dm_grad_enabled(void) { return grad_enabled; }
 void dm_set_grad_enabled(bool on) { grad_enabled = on; }
@@ -143,12 +144,14 @@ static struct outer {
   uint64_t epoch;
   int suspended;
   bool in_backward, grad_enabled;
+  dm_tensor *held[DM_MAXSAVED + 1];   /* what the nested tape's user hands over (dm_tape_own) */
+  int n_held;
 } outers[MAX_NESTED];
 static int nested;
 
 void dm_tape_push(void) {
   if (nested == MAX_NESTED) dm_error("autograd: more than %d nested tapes (checkpoints within checkpoints)", MAX_NESTED);
-  outers[nested++] = (struct outer){tape, tape_len, tape_cap, epoch, suspended, in_backward, grad_enabled};
+  outers[nested++] = (struct outer){tape, tape_len, tape_cap, epoch, suspended, in_backward, grad_enabled, {0}, 0};
   tape = NULL;
   tape_len = tape_cap = 0;
   epoch = ++last_epoch;
@@ -169,6 +172,16 @@ void dm_tape_pop(void) {
   suspended = o->suspended;
   in_backward = o->in_backward;
   grad_enabled = o->grad_enabled;
+  for (int i = 0; i < o->n_held; i++) dm_release(o->held[i]);
+  o->n_held = 0;
+}
+
+void dm_tape_own(dm_tensor *t) {
+  if (nested == 0 || outers[nested - 1].n_held == DM_MAXSAVED + 1) {
+    dm_release(t);
+    dm_error("autograd: %s", nested ? "a nested tape holds too many tensors" : "no nested tape to hold a tensor");
+  }
+  outers[nested - 1].held[outers[nested - 1].n_held++] = t;
 }
 
 int dm_tape_depth(void) { return nested; }
@@ -264,7 +277,10 @@ void dm_backward(dm_tensor *root, dm_tensor *grad) {
   dm_tape_clear();
 }
 
+unsigned dm_autograd_recoveries(void) { return recoveries; }
+
 void dm_autograd_recover(void) {
+  recoveries++;
   if (pending) { node_free(pending); pending = NULL; }
   while (nested > 0) dm_tape_pop();      /* an error inside a recomputation: back to the outermost tape */
   suspended = 0;

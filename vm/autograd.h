@@ -65,10 +65,16 @@ uint64_t dm_tape_epoch(void);
 ** how many are set aside (> 0 while a checkpoint recomputes). */
 void dm_tape_push(void);
 void dm_tape_pop(void);
+/* The nested tape takes over t's reference: released when it is left, by
+** dm_tape_pop or by an error (the recomputation's leaves and output). */
+void dm_tape_own(dm_tensor *t);
 int dm_tape_depth(void);
 
 /* after an error unwinds through the core: restore the recording state */
 void dm_autograd_recover(void);
+/* How many times dm_autograd_recover has run: code that calls back into Lua
+** (dm_checkpoint) sees from it that an error was raised and caught there. */
+unsigned dm_autograd_recoveries(void);
 
 /* What the tape holds, for memory accounting (dormouse plan): fn is called for
 ** each node's saved tensors, the gradients of its outputs accumulated so far,

@@ -52,8 +52,9 @@ static int c_checkpoint(lua_State *L) {
   luaL_checktype(L, 1, LUA_TFUNCTION);
   int n = lua_gettop(L) - 1;
   DM_ENTER(L);
-  dm_tensor *in[DM_MAXIN];
-  if (n < 1 || n > DM_MAXIN) return luaL_error(L, "checkpoint: takes 1 to %d tensors after the function, got %d", DM_MAXIN, n);
+  dm_tensor *in[DM_MAXSAVED];
+  if (n < 1 || n > DM_MAXSAVED)        /* the node saves each input */
+    return luaL_error(L, "checkpoint: takes 1 to %d tensors after the function, got %d", DM_MAXSAVED, n);
   for (int i = 0; i < n; i++) in[i] = dm_lua_check(L, i + 2);
   lua_fn *f = malloc(sizeof *f);
   if (!f) return luaL_error(L, "checkpoint: out of host memory");

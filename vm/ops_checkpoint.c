@@ -49,7 +49,16 @@ static void slot_free(int i) {
 static dm_tensor *run_slot(int i, int n, dm_tensor *const *in, bool own) {
   char err[512] = "";
   if (i < 0 || i >= MAX_SLOTS || !used[i]) dm_error("checkpoint: no function in slot %d", i);
+  unsigned recovered = dm_autograd_recoveries();
   dm_tensor *out = slots[i].run(slots[i].ud, n, in, err, sizeof err);
+  if (out && dm_autograd_recoveries() != recovered) {
+    /* an error of the core raised and caught inside fn (pcall) has already reset
+    ** the recording state (this node, the nested tapes): nothing can go on */
+    snprintf(err, sizeof err, "checkpoint: the function caught an error of the core (pcall) and went on; "
+             "a checkpointed function must let such errors through");
+    dm_release(out);
+    out = NULL;
+  }
   if (out && !dm_dtype_is_float(out->dtype)) {
     snprintf(err, sizeof err, "checkpoint: the function must return a float tensor, got %s", dm_dtype_name(out->dtype));
     dm_release(out);
@@ -64,7 +73,11 @@ static dm_tensor *run_slot(int i, int n, dm_tensor *const *in, bool own) {
 
 static void checkpoint_forward(dm_ctx *c) {
   int slot = (int)c->a.v[0];
-  c->out[0] = run_slot(slot, c->n_in, c->in, true);
+  dm_tensor *out = run_slot(slot, c->n_in, c->in, true);
+  /* the node's output is a tensor of its own: fn may return one it did not make
+  ** (an input, a parameter), which the commit must not mark as this node's */
+  c->out[0] = dm_tensor_view(out, out->ndim, out->shape, out->strides, out->offset);
+  dm_release(out);
   for (int i = 0; i < c->n_in; i++) dm_save(c, c->in[i]);
   if (!c->node) slot_free(slot);      /* not recorded: no backward will call it */
 }
@@ -80,18 +93,19 @@ static void checkpoint_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **g
   int n = c->n_in, slot = (int)c->a.v[0];
   dm_tensor *leaves[DM_MAXIN];
   dm_tape_push();
-  for (int i = 0; i < n; i++) leaves[i] = leaf_of(c, i, dm_saved(c, i));
+  for (int i = 0; i < n; i++) {           /* the nested tape owns them: an error releases them too */
+    leaves[i] = leaf_of(c, i, dm_saved(c, i));
+    dm_tape_own(leaves[i]);
+  }
   dm_tensor *out = run_slot(slot, n, leaves, false);
+  dm_tape_own(out);
   if (out->requires_grad) dm_backward(out, gout[0]);
-  dm_release(out);
-  for (int i = 0; i < n; i++) {
+  for (int i = 0; i < n; i++)
     if (dm_needs_grad(c, i)) {            /* the leaf's gradient moves to gin (Lua may still hold the leaf) */
       gin[i] = leaves[i]->grad ? leaves[i]->grad
                                : dm_zeros(leaves[i]->device, leaves[i]->dtype, leaves[i]->ndim, leaves[i]->shape);
       leaves[i]->grad = NULL;
     }
-    dm_release(leaves[i]);
-  }
   dm_tape_pop();
 }
 
@@ -104,11 +118,27 @@ static dm_op ops[] = {
 };
 DM_REGISTER_OPS(ops)
 
-dm_tensor *dm_checkpoint(const dm_checkpoint_fn *fn, int n, dm_tensor *const *in) {
-  if (n < 1 || n > DM_MAXIN) {
-    if (fn->release) fn->release(fn->ud);
-    dm_error("checkpoint: takes 1 to %d tensors, got %d", DM_MAXIN, n);
+/* What dm_call would refuse before the forward runs, checked before a slot is
+** taken: an error there would leave the slot (and fn) held for good. */
+static void check_args(const dm_checkpoint_fn *fn, int n, dm_tensor *const *in) {
+  char err[256] = "";
+  if (n < 1 || n > DM_MAXSAVED) snprintf(err, sizeof err, "checkpoint: takes 1 to %d tensors, got %d", DM_MAXSAVED, n);
+  for (int i = 0; i < n && !err[0]; i++) {
+    if (!in[i] || !in[i]->storage) snprintf(err, sizeof err, "checkpoint: input %d is missing or freed", i + 1);
+    else if (in[i]->device != in[0]->device)
+      snprintf(err, sizeof err, "checkpoint: input %d is on %s, input 1 on %s", i + 1, dm_device_name(in[i]->device),
+               dm_device_name(in[0]->device));
+    else if (dm_recording() && in[i]->requires_grad && in[i]->node_epoch != 0 && !dm_tensor_node(in[i]))
+      snprintf(err, sizeof err, "checkpoint: input %d came from a graph that backward() or dm.autograd.clear() "
+               "already freed; use :detach() to take it as a constant", i + 1);
   }
+  if (!err[0]) return;
+  if (fn->release) fn->release(fn->ud);
+  dm_error("%s", err);
+}
+
+dm_tensor *dm_checkpoint(const dm_checkpoint_fn *fn, int n, dm_tensor *const *in) {
+  check_args(fn, n, in);
   int slot = slot_take(fn);
   dm_attrs a = dm_attrs_of(1, (double[]){(double)slot});
   dm_tensor *out[DM_MAXOUT];

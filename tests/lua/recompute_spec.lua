@@ -69,6 +69,76 @@ describe("dm.checkpoint", function()
     assert.is_truthy(x.grad)
     W.grad = nil
   end)
+
+  it("gives a tensor of its own when the function returns one it did not make", function()
+    local x = dm.randn({4, 8}, {seed = 5, dtype = "f64", requires_grad = true})
+    local y = dm.checkpoint(function(a) return a end, x)
+    assert.is_false(rawequal(x, y))
+    assert.is_true(x.is_leaf)                            -- not marked as the checkpoint's output
+    y:sum():backward()
+    same(x.grad, dm.ones({4, 8}, {dtype = "f64"}), "x's gradient")
+    local z = (x * 2):sum()                              -- x is still a leaf to record from
+    z:backward()
+    same(x.grad, dm.full({4, 8}, 3, {dtype = "f64"}), "x's gradient, twice")
+  end)
+
+  it("refuses inputs dm_call would refuse before it holds the function", function()
+    local h = W * 2
+    h:sum():backward()                                   -- h's graph is freed
+    for _ = 1, 1030 do                                   -- more than its 1024 slots
+      helpers.has(helpers.err_of(dm.checkpoint, f, h), "already freed")
+    end
+    local xs = {}
+    for i = 1, 9 do xs[i] = dm.randn({2}, {seed = i, dtype = "f64"}) end
+    helpers.has(helpers.err_of(dm.checkpoint, function(a) return a end, table.unpack(xs)), "takes 1 to 8 tensors")
+    local x = dm.randn({4, 8}, {seed = 6, dtype = "f64", requires_grad = true})
+    dm.checkpoint(f, x):sum():backward()
+    assert.is_truthy(x.grad)
+    W.grad = nil
+  end)
+
+  it("raises when the function catches an error of the core and goes on, forward or backward", function()
+    local x = dm.randn({4, 8}, {seed = 7, dtype = "f64", requires_grad = true})
+    local function swallows(a)
+      pcall(function() return a + dm.zeros({3}) end)
+      return f(a)
+    end
+    helpers.has(helpers.err_of(dm.checkpoint, swallows, x), "caught an error of the core")
+    local y = dm.checkpoint(function(a)
+      if dm.recomputing() then return swallows(a) end
+      return f(a)
+    end, x):sum()
+    helpers.has(helpers.err_of(y.backward, y), "caught an error of the core")
+    assert.is_false(dm.recomputing())
+    dm.autograd.clear()
+    local z = f(x):sum()                                 -- recording works as before
+    assert.is_true(z:requires_grad())
+    z:backward()
+    assert.is_truthy(x.grad)
+    W.grad = nil
+  end)
+end)
+
+describe("nn.MoE inside dm.checkpoint, without new_pass", function()
+  it("sums the routing counts of the calls, once each", function()
+    nn.device = "cpu"
+    local function counts(checkpointed)
+      dm.manual_seed(1)
+      local moe = nn.MoE(8, {experts = 4, top_k = 2, rank = 2, shared_rank = 2, ffn = 8}):cast("f64")
+      local x = dm.randn({2, 3, 8}, {seed = 3, dtype = "f64", requires_grad = true})
+      return dm.scope(function()
+        local h = x
+        for _ = 1, 2 do
+          h = checkpointed and dm.checkpoint(function(a) return moe:forward(a) end, h) or moe:forward(h)
+        end
+        h:sum():backward()
+        return moe:update_balance()
+      end)
+    end
+    local c = counts(true)
+    same(c, counts(false), "the routing counts")
+    assert.are.equal(2 * 6 * 2, c:sum():item())          -- two calls, 6 tokens, top 2
+  end)
 end)
 
 describe("the model with recompute = true", function()

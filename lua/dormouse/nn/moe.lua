@@ -45,6 +45,7 @@ end
 -- update_balance (after the backward) ends the pass. A caller that never
 -- starts one gets fresh copies at every call.
 function MoE:new_pass()
+  if dm.recomputing() then return end          -- a checkpoint around the whole pass: the forward's state stands
   self.counts = dm.zeros({self.experts}, {dtype = "i64", device = self.lfb_bias.device})
   self.weights = nil
   if nn.compute_dtype ~= "f32" and self.Ug.dtype == "f32" then self.weights = cast_banks(self, nn.compute_dtype) end
@@ -99,7 +100,9 @@ function MoE:forward(u)
     return self.write:forward(routed + shared), counts
   end)
   if not dm.recomputing() then                 -- summed over the step's iterations, each counted once
-    if self.counts then self.counts:add_(counts) else self.counts = counts end
+    -- without new_pass the first call's counts are the sum: kept out of the scope
+    -- it returns to (a checkpointed call's ends with it)
+    if self.counts then self.counts:add_(counts) else self.counts = dm.keep(counts) end
   end
   return out:reshape({B, T, d})
 end
