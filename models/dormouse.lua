@@ -33,6 +33,14 @@ local function ce(logits, targets)
   return dm.cross_entropy(logits:reshape({-1, V}), targets:reshape({-1}))
 end
 
+-- the logits of h and their cross-entropy; the readout's intermediates are dropped as it returns
+local function scored(self, h, targets)
+  return dm.scope(function()
+    local logits = readout(self, h)
+    return logits, ce(logits, targets)
+  end)
+end
+
 --[[ x [B, T+1] bytes (inputs are x[:, 1..T], targets x[:, 2..T+1]); prefix
 [B, ctx] the bytes before each row (Engram's n-grams reach into them).
 opts.depths: the D of fin_D to report besides fin (e.g. {1, 2}).
@@ -55,13 +63,12 @@ function Dormouse:forward(x, prefix, opts)
     else
       h = self.block:forward(h, inputs, prefix)
     end
-    out.logits[i] = readout(self, h)
-    out.periter[i] = ce(out.logits[i], targets)
+    out.logits[i], out.periter[i] = scored(self, h, targets)
     total = total and total + out.periter[i] or out.periter[i]
     sum_h = sum_h and sum_h + h or h
     if wanted[i] or i == self.max_iter then
-      local logits = readout(self, sum_h * (1 / i))
-      out.fin_D[i] = ce(logits, targets)
+      local logits
+      logits, out.fin_D[i] = scored(self, sum_h * (1 / i), targets)
       if i == self.max_iter then out.fin_logits = logits end
     end
   end
