@@ -73,6 +73,18 @@ function train.graph_mode(cfg, device)
   return true
 end
 
+--[[ What train.step works on, without a run directory: the resolved config's
+device, seeded model and optimiser, corpus and loader (lookahead set), at
+step 0 (dormouse bench and the check scripts). opts.root: the folder of models/. ]]
+function train.prepare(cfg, opts)
+  local r = {cfg = cfg, step = 0, log_now = false, device = train.pick_device(cfg)}
+  r.model, r.opt = train.setup(cfg, r.device, opts and opts.root or ".")
+  r.corpus = train.open_corpus(cfg)
+  r.loader = r.corpus:loader {batch = cfg.batch, seq = cfg.seq, seed = cfg.seed, ctx = train.engram_ctx(cfg)}
+  train.lookahead(r)
+  return r
+end
+
 -- The seeded model and optimiser of a resolved config on `device`.
 function train.setup(cfg, device, root)
   dm.manual_seed(cfg.seed)

@@ -31,13 +31,7 @@ local function sync() if not DRY then dm.cuda.synchronize() end end
 
 -- the run-like table train.step works on (as `dormouse bench` builds it), on DEVICE
 local function setup(file, ram)
-  local cfg = config.load(file, {"device=" .. DEVICE, "model.engram.ram=" .. tostring(ram)})
-  local r = {cfg = cfg, step = 0, log_now = false, device = DEVICE}
-  r.model, r.opt = train.setup(cfg, DEVICE, ".")
-  r.corpus = train.open_corpus(cfg)
-  r.loader = r.corpus:loader {batch = cfg.batch, seq = cfg.seq, seed = cfg.seed, ctx = train.engram_ctx(cfg)}
-  train.lookahead(r)
-  return r
+  return train.prepare(config.load(file, {"device=" .. DEVICE, "model.engram.ram=" .. tostring(ram)}))
 end
 
 -- WARM + STEPS steps: the losses, and the ms a step of the last STEPS

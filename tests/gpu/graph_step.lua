@@ -22,12 +22,7 @@ local checks = common.checks("graph_step")
 local WARM, STEPS = 3, 30
 
 local function setup(file)
-  local cfg = config.load(file, {"device=cuda", "schedule.warmup=5"})
-  local r = {cfg = cfg, step = 0, log_now = false, device = "cuda"}
-  r.model, r.opt = train.setup(cfg, "cuda", ".")
-  r.loader = train.open_corpus(cfg):loader {batch = cfg.batch, seq = cfg.seq, seed = cfg.seed,
-                                              ctx = train.engram_ctx(cfg)}
-  return r
+  return train.prepare(config.load(file, {"device=cuda", "schedule.warmup=5"}))
 end
 
 for _, file in ipairs {"experiments/tiny.lua", "experiments/small.lua"} do

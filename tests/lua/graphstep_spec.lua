@@ -14,13 +14,7 @@ local function tiny(overrides)
 end
 
 -- the run-like table train.step and graphstep take
-local function prepared(cfg)
-  local r = {cfg = cfg, step = 0, device = "cpu"}
-  r.model, r.opt = train.setup(cfg, r.device, ".")
-  r.loader = train.open_corpus(cfg):loader {batch = cfg.batch, seq = cfg.seq, seed = cfg.seed,
-                                              ctx = train.engram_ctx(cfg)}
-  return r
-end
+local prepared = train.prepare
 
 describe("graphstep (eagerly, on the CPU)", function()
   it("trains bit for bit as train.step does and sums the window's loss and norm on the device", function()

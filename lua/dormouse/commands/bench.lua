@@ -31,12 +31,7 @@ end
 -- The run-like table train.step works on: model, optimiser and loader of cfg.
 local function prepare(cfg, root)
   local train = require "dormouse.train"
-  local r = {cfg = cfg, step = 0, log_now = false}
-  r.device = train.pick_device(cfg)
-  r.model, r.opt = train.setup(cfg, r.device, root)
-  r.corpus = train.open_corpus(cfg)
-  r.loader = r.corpus:loader {batch = cfg.batch, seq = cfg.seq, seed = cfg.seed, ctx = train.engram_ctx(cfg)}
-  train.lookahead(r)
+  local r = train.prepare(cfg, {root = root})
   r.sync = r.device == "cuda" and core.cuda_synchronize or function() end
   return r, train
 end

@@ -28,6 +28,7 @@ multiplier. Parameters are f32 masters; their state lives on their device.
 local dm = require "dormouse"
 local core = require "dormouse.core"
 local groups = require "dormouse.optim.groups"
+local profile = require "dormouse.profile"
 local schedule = require "dormouse.optim.schedule"
 local AdamW = require "dormouse.optim.adamw"
 local Muon = require "dormouse.optim.muon"
@@ -133,10 +134,7 @@ function Optimizer:step(step)
   if self.dev then self:sync() end         -- the updates step_async applied count too
   local mult = self.lr_mult(step)
   local device = self.params[1].device
-  core.profile_push("clip", "optim", device)
-  local ok, norm, finite = pcall(core.clip_grads, self:grads(), self.clip)
-  core.profile_pop()
-  if not ok then error(norm, 0) end
+  local norm, finite = profile.region("clip", "optim", device, core.clip_grads, self:grads(), self.clip)
   local r = {grad_norm = norm, lr = self.base_lr * mult, lr_mult = mult, skipped = not finite}
   if not finite then
     self.skips = self.skips + 1
@@ -145,10 +143,7 @@ function Optimizer:step(step)
   self.t = self.t + 1
   if self.dev then self.dev.step:copy_(dm.tensor({self.t}, {dtype = "i64"})) end   -- what sync() reads
   for _, g in ipairs(self.groups) do
-    core.profile_push(g.name, "optim", device)
-    local done, err = pcall(g.update, g, mult, self.t)
-    core.profile_pop()
-    if not done then error(err, 0) end
+    profile.region(g.name, "optim", device, g.update, g, mult, self.t)
   end
   return r
 end
