@@ -175,20 +175,28 @@ static const expert_shape expert_shapes[TRIALS + 1] = {
   {13, 5, 8, 2, 1, 3, false}, {4, 6, 2, 1, 5, 7, false}, {17, 13, 5, 2, 3, 31, true},
   {2048, 768, 64, 2, 16, 2048, false}};                   /* perf: the small preset */
 
-static void in_experts(h_rng *r, int t, dm_tensor **in, dm_attrs *a) {
-  expert_shape s = expert_shapes[t];
-  int64_t su[2] = {s.n, s.d}, sw[3] = {s.e, s.d, s.r}, sc[2] = {s.e, s.r}, sd[3] = {s.e, s.r, s.f};
-  dm_tensor *idx = random_ids(r, s.n, s.k, s.e, s.skip0), *inv;
-  sorted_layout(idx, s.e, &in[X_PERM], &in[X_OFFSETS], &inv);
+/* from idx [n, k] (taken over): the sorted layout, the tokens' rows u [n, d], the expert banks
+** and gates at their usual scales, attribute k */
+static void expert_inputs(h_rng *r, dm_tensor *idx, int64_t n, int64_t d, int64_t rk, int64_t f, int64_t e,
+                          int64_t k, dm_tensor **in, dm_attrs *a) {
+  dm_tensor *inv;
+  sorted_layout(idx, e, &in[X_PERM], &in[X_OFFSETS], &inv);
   dm_release(idx);
   dm_release(inv);
+  int64_t su[2] = {n, d}, sw[3] = {e, d, rk}, sc[2] = {e, rk}, sd[3] = {e, rk, f};
   in[X_U] = h_randn(r, 2, su);
-  in[X_UG] = scaled_randn(r, 3, sw, 1 / sqrt((double)s.d));
-  in[X_UU] = scaled_randn(r, 3, sw, 1 / sqrt((double)s.d));
+  in[X_UG] = scaled_randn(r, 3, sw, 1 / sqrt((double)d));
+  in[X_UU] = scaled_randn(r, 3, sw, 1 / sqrt((double)d));
   in[X_CG] = h_uniform_t(r, 2, sc, 0.5, 1.5);
   in[X_CU] = h_uniform_t(r, 2, sc, 0.5, 1.5);
-  in[X_D] = scaled_randn(r, 3, sd, 1 / sqrt((double)s.r));
-  *a = dm_attrs_of(1, (double[]){(double)s.k});
+  in[X_D] = scaled_randn(r, 3, sd, 1 / sqrt((double)rk));
+  *a = dm_attrs_of(1, (double[]){(double)k});
+}
+
+static void in_experts(h_rng *r, int t, dm_tensor **in, dm_attrs *a) {
+  expert_shape s = expert_shapes[t];
+  dm_tensor *idx = random_ids(r, s.n, s.k, s.e, s.skip0);
+  expert_inputs(r, idx, s.n, s.d, s.r, s.f, s.e, s.k, in, a);
 }
 
 /* Experts with given row counts (0, 1, 17, 33: a tile of 32 rows, a part tile, one past it) at the ranks
@@ -206,20 +214,10 @@ static void in_experts_tc(h_rng *r, int t, dm_tensor **in, dm_attrs *a) {
   int64_t rows = 0;
   for (int64_t x = 0; x < s.e; x++) rows += s.counts[x];
   int64_t n = rows / s.k, sn[2] = {n, s.k}, p = 0;
-  dm_tensor *idx = i64_of(2, sn), *inv;
+  dm_tensor *idx = i64_of(2, sn);
   for (int64_t x = 0; x < s.e; x++)
     for (int64_t c = 0; c < s.counts[x]; c++, p++) h_set(idx, (p % n) * s.k + p / n, (double)x);
-  int64_t su[2] = {n, s.d}, sw[3] = {s.e, s.d, s.r}, sc[2] = {s.e, s.r}, sd[3] = {s.e, s.r, s.f};
-  sorted_layout(idx, s.e, &in[X_PERM], &in[X_OFFSETS], &inv);
-  dm_release(idx);
-  dm_release(inv);
-  in[X_U] = h_randn(r, 2, su);
-  in[X_UG] = scaled_randn(r, 3, sw, 1 / sqrt((double)s.d));
-  in[X_UU] = scaled_randn(r, 3, sw, 1 / sqrt((double)s.d));
-  in[X_CG] = h_uniform_t(r, 2, sc, 0.5, 1.5);
-  in[X_CU] = h_uniform_t(r, 2, sc, 0.5, 1.5);
-  in[X_D] = scaled_randn(r, 3, sd, 1 / sqrt((double)s.r));
-  *a = dm_attrs_of(1, (double[]){(double)s.k});
+  expert_inputs(r, idx, n, s.d, s.r, s.f, s.e, s.k, in, a);
 }
 
 /* one sorted row at a time: its token, its expert, the formula */
