@@ -383,17 +383,8 @@ static void cuda_kda_bwd(dm_tensor *dq, dm_tensor *dk, dm_tensor *dv, dm_tensor 
   kda_io A = kda_io_of(q, k, v, g, beta, s0);
   kda_check_dims(&A);
   A.chunk = chunk;
-  A.dout = dm_data(dout);
-  A.odt = dout->dtype;
-  A.dsf = ds_final ? dm_data(ds_final) : NULL;
-  A.fdt = ds_final ? ds_final->dtype : DM_F32;
   dm_tensor *outs[6] = {dq, dk, dv, dg, dbeta, ds0};
-  void **ptr[6] = {&A.dq, &A.dk_, &A.dv_, &A.dg, &A.dbeta, &A.ds0};
-  int *pdt[6] = {&A.dqdt, &A.dkdt, &A.dvdt, &A.dgdt, &A.dbdt, &A.ds0dt};
-  for (int i = 0; i < 6; i++) {
-    *ptr[i] = outs[i] ? dm_data(outs[i]) : NULL;
-    *pdt[i] = outs[i] ? outs[i]->dtype : DM_F32;
-  }
+  kda_bind_backward(A, dout, ds_final, outs);
   if (q->dtype == DM_F64) kda_backward<double>(A);
   else kda_backward<float>(A);
 }

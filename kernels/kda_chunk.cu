@@ -997,17 +997,8 @@ static void cuda_kda_chunk_bwd(dm_tensor *dq, dm_tensor *dk, dm_tensor *dv, dm_t
                                const dm_tensor *ds_final, int64_t chunk) {
   if (chunk != KC) dm_error("kda_chunk_bwd: the chunk size must be %d, got %lld", KC, (long long)chunk);
   kc_io A = kc_io_of(q, k, v, g, beta, s0);
-  A.dout = dm_data(dout);
-  A.odt = dout->dtype;
-  A.dsf = ds_final ? dm_data(ds_final) : NULL;
-  A.fdt = ds_final ? ds_final->dtype : DM_F32;
   dm_tensor *outs[6] = {dq, dk, dv, dg, dbeta, ds0};
-  void **ptr[6] = {&A.dq, &A.dk_, &A.dv_, &A.dg, &A.dbeta, &A.ds0};
-  int *pdt[6] = {&A.dqdt, &A.dkdt, &A.dvdt, &A.dgdt, &A.dbdt, &A.ds0dt};
-  for (int i = 0; i < 6; i++) {
-    *ptr[i] = outs[i] ? dm_data(outs[i]) : NULL;
-    *pdt[i] = outs[i] ? outs[i]->dtype : DM_F32;
-  }
+  kda_bind_backward(A, dout, ds_final, outs);
   /* dv and dbeta come out of bwy unconditionally: scratch stands in for an unwanted one */
   const int64_t chunks = A.B * A.H * A.NT, n_tok = A.B * A.T * A.H;
   size_t extra = (A.dv_ ? 0 : sizeof(float) * (size_t)(n_tok * A.dv)) + (A.dbeta ? 0 : sizeof(float) * (size_t)n_tok);

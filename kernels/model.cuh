@@ -65,6 +65,24 @@ __device__ __forceinline__ void dm_st(int t, void *p, int64_t i, double v) {
   dm_store_any(t, (char *)p + i * dm_esize(t), v);
 }
 
+/* ---- the KDA backward's arguments --------------------------------------------------------------- */
+
+/* into the io struct of either KDA kernel (kda.cu, kda_chunk.cu): the incoming gradients, and
+** the memory and dtype of each wanted gradient dq, dk, dv, dg, dbeta, ds0 (NULL: not wanted) */
+template <typename IO>
+static void kda_bind_backward(IO &A, const dm_tensor *dout, const dm_tensor *ds_final, dm_tensor *const outs[6]) {
+  A.dout = dm_data(dout);
+  A.odt = dout->dtype;
+  A.dsf = ds_final ? dm_data(ds_final) : NULL;
+  A.fdt = ds_final ? ds_final->dtype : DM_F32;
+  void **ptr[6] = {&A.dq, &A.dk_, &A.dv_, &A.dg, &A.dbeta, &A.ds0};
+  int *pdt[6] = {&A.dqdt, &A.dkdt, &A.dvdt, &A.dgdt, &A.dbdt, &A.ds0dt};
+  for (int i = 0; i < 6; i++) {
+    *ptr[i] = outs[i] ? dm_data(outs[i]) : NULL;
+    *pdt[i] = outs[i] ? outs[i]->dtype : DM_F32;
+  }
+}
+
 /* ---- sums ------------------------------------------------------------------------------- */
 
 /* the butterfly: every lane ends with the same bits */
