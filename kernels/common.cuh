@@ -229,6 +229,18 @@ __device__ __forceinline__ void dm_offsets(const dm_layout &L, int64_t i, int64_
 
 /* ---- launching ----------------------------------------------------------------------------- */
 
+/* a device-side error (an index out of range): the first is recorded, raised at the next
+** synchronisation (kernels/runtime.c) */
+__device__ __forceinline__ void dm_report(dm_device_error *e, int what, int64_t v, int64_t size, int64_t base) {
+  if (atomicCAS(&e->flag, 0, 1) == 0) {
+    e->what = what;
+    e->value = v;
+    e->size = size;
+    e->base = base;
+    __threadfence_system();
+  }
+}
+
 #define DM_GRID_LOOP(i, n)                                                               \
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n);              \
        i += (int64_t)gridDim.x * blockDim.x)

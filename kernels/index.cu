@@ -29,15 +29,6 @@ __device__ __forceinline__ int64_t read_index(int t, const char *p) {
   return t == DM_I64 ? *(const int64_t *)p : t == DM_I32 ? *(const int32_t *)p : *(const uint8_t *)p;
 }
 
-__device__ __forceinline__ void report(dm_device_error *e, int what, int64_t v, int64_t size, int64_t base) {
-  if (atomicCAS(&e->flag, 0, 1) == 0) {
-    e->what = what;
-    e->value = v;
-    e->size = size;
-    e->base = base;
-    __threadfence_system();
-  }
-}
 
 /* what every walk needs beyond its operands */
 struct walk_args {
@@ -53,7 +44,7 @@ struct walk_args {
 __device__ __forceinline__ int64_t position(const walk_args &w, const char *idx, int64_t off) {
   int64_t v = read_index(w.idt, idx + off * w.ies), k = v - w.base;
   if (k >= 0 && k < w.size) return k;
-  report(w.err, w.what, v, w.size, w.base);
+  dm_report(w.err, w.what, v, w.size, w.base);
   return -1;
 }
 

@@ -120,16 +120,6 @@ static inline void dm_scratch_free(void *p, size_t n) { dm_free(DM_CUDA, p, n ? 
 
 /* ---- errors found on the device ------------------------------------------------------------ */
 
-/* records the first error (as index.cu does), raised at the next synchronisation */
-__device__ __forceinline__ void dm_report(dm_device_error *e, int what, int64_t v, int64_t size, int64_t base) {
-  if (atomicCAS(&e->flag, 0, 1) == 0) {
-    e->what = what;
-    e->value = v;
-    e->size = size;
-    e->base = base;
-    __threadfence_system();
-  }
-}
 
 /* ---- column sums ---------------------------------------------------------------------------- */
 
