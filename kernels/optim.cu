@@ -203,10 +203,9 @@ __global__ void momentum_k(mt_list L, float mu, bool nesterov, const double *sum
   if (skipped(sumsq_at)) return;
   int64_t lo, hi;
   int t = mt_entry(L, &lo, &hi);
-  float *b = (float *)L.p[t][0];
   for (int64_t e = lo + threadIdx.x; e < hi; e += blockDim.x) {
-    float g = ldf(L.dt[t][1], L.p[t][1], e), bj = mu * b[e] + g;
-    b[e] = bj;
+    float g = ldf(L.dt[t][1], L.p[t][1], e), bj = mu * ldf(L.dt[t][0], L.p[t][0], e) + g;
+    stf(L.dt[t][0], L.p[t][0], e, bj);           /* f32, or bf16 (momentum_dtype) */
     stf(L.dt[t][2], L.p[t][2], e, nesterov ? g + mu * bj : bj);
   }
 }

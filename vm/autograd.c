@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "autograd.h"
+#include "elementwise.h"
 #include "core.h"
 #include "profile.h"
 
@@ -187,8 +188,25 @@ void dm_tape_own(dm_tensor *t) {
 int dm_tape_depth(void) { return nested; }
 
 /* acc += g, taking ownership of g */
+/* A gradient met again is added in place when nothing else can see the sum's
+** first term (its only holder is this slot, its memory its own): a bank's
+** gradient of a GiB then costs one more buffer at the peak, not two. */
+static bool writable(const dm_tensor *acc, dm_dtype dtype) {
+  return acc->refs == 1 && acc->storage->refs == 1 && dm_is_contiguous(acc) && acc->dtype == dtype &&
+         !acc->requires_grad;
+}
+
+static bool sole_owner(const dm_tensor *acc, const dm_tensor *g) {
+  return writable(acc, g->dtype) && acc->storage != g->storage;
+}
+
 static void accumulate(dm_tensor **acc, dm_tensor *g) {
   if (!*acc) { *acc = g; return; }
+  if (sole_owner(*acc, g)) {
+    dm_add_(*acc, g, 1.0);
+    dm_release(g);
+    return;
+  }
   dm_tensor *sum = dm_add(*acc, g);
   dm_release(*acc);
   dm_release(g);
@@ -222,6 +240,16 @@ static void check_grads(const dm_node *n, dm_tensor **gin) {
   dm_error("%s", msg);
 }
 
+/* the gradient a one-input node's backward_into may add to in place, or NULL */
+static dm_tensor *accumulated_into(const dm_node *n) {
+  if (!n->op->backward_into || n->n_in != 1 || !n->needs[0]) return NULL;
+  dm_tensor *acc = n->in_node[0] ? n->in_node[0]->gout[n->in_out[0]] : n->in_leaf[0]->grad;
+  const dm_meta *m = &n->in_meta[0];
+  if (!acc || !writable(acc, m->dtype) || acc->ndim != m->ndim ||
+      memcmp(acc->shape, m->shape, sizeof(int64_t) * (size_t)m->ndim) != 0) return NULL;
+  return acc;
+}
+
 static void run_node(dm_node *n) {
   for (int i = 0; i < n->n_saved; i++)
     if (!n->saved[i]->storage || n->saved[i]->storage->version != n->saved_version[i])
@@ -234,6 +262,13 @@ static void run_node(dm_node *n) {
     }
   dm_tensor *gin[DM_MAXIN] = {0};
   dm_profile_push(n->op->name, n->op->family, DM_PHASE_BACKWARD, n->out_meta[0].device);
+  dm_tensor *acc = accumulated_into(n);
+  if (acc) {
+    n->op->backward_into(&n->ctx, n->gout, acc);
+    dm_profile_pop();
+    for (int i = 0; i < n->n_out; i++) { dm_release(n->gout[i]); n->gout[i] = NULL; }
+    return;
+  }
   n->op->backward(&n->ctx, n->gout, gin);
   check_grads(n, gin);
   for (int i = 0; i < n->n_in; i++) {

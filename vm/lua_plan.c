@@ -6,7 +6,7 @@
 **   core.meta_trace()              → {allocs, current, peak, peak_at, blocks, blocks_peak, last}
 **   core.meta_watch(at, groups)    at meta allocation number `at`, sort the live bytes by
 **                                  what holds them (below); at = 0 drops the watch
-**   core.meta_watch_result()       → {at, current, last, parts = {{name, kind, bytes}, ...}},
+**   core.meta_watch_result()       → {at, current, last, where, parts = {{name, kind, bytes}, ...}},
 **                                  or nil when the watch has not fired
 **   core.cuda_block_size(n)        → the bytes a request of n takes in the CUDA allocator
 **
@@ -18,13 +18,15 @@
 ** group holds ("leaf gradients"), those leaves themselves ("leaves"), the
 ** gradients of op outputs on their way back ("flowing"). The rest of the live
 ** bytes is "other": tensors the step still holds (Lua's, a backward's
-** intermediates) and the allocation being made.
+** intermediates) and the allocation being made. `where` names the ops open
+** when it is made ("backward of checkpoint > recompute of kda"), `last` its size.
 */
 #include <stdlib.h>
 #include <string.h>
 #include "lua_tensor.h"
 #include "alloc.h"
 #include "autograd.h"
+#include "profile.h"
 
 #define MAX_GROUPS 16
 #define MAX_PARTS 256
@@ -41,6 +43,7 @@ static struct {
   dm_meta_trace trace;            /* as it was when the watch fired */
   part parts[MAX_PARTS];
   int n_parts;
+  char where[512];                /* the ops open at the watched allocation (profile.h) */
 } W;
 
 /* ---- storages counted once: an open-addressing set of pointers --------------------------------- */
@@ -116,6 +119,7 @@ static void count_leaves(void *ud, const char *op, dm_tape_hold what, dm_tensor 
 static void on_watch(void *ud) {
   (void)ud;
   W.trace = dm_meta_trace_get();
+  dm_profile_where(W.where, sizeof W.where);
   W.n_parts = 0;
   seen_clear();
   for (int g = 0; g < W.n_groups; g++) {
@@ -214,6 +218,7 @@ static int p_result(lua_State *L) {
   if (!W.fired) { lua_pushnil(L); return 1; }
   push_trace(L, &W.trace);
   lua_pushinteger(L, (lua_Integer)W.at); lua_setfield(L, -2, "at");
+  lua_pushstring(L, W.where); lua_setfield(L, -2, "where");
   lua_createtable(L, W.n_parts, 0);
   for (int i = 0; i < W.n_parts; i++) {
     lua_createtable(L, 0, 3);

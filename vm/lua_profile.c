@@ -6,7 +6,7 @@
 #include "lua_tensor.h"
 #include "profile.h"
 
-static const char *phase_names[] = {"forward", "backward", "region"};
+static const char *phase_names[] = {"forward", "backward", "region", "recompute"};
 
 /* core.profile_start() */
 static int p_start(lua_State *L) {

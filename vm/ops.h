@@ -37,6 +37,10 @@ typedef void (*dm_forward_fn)(dm_ctx *c);
 /* gout[i] is the gradient of output i (never NULL: missing ones are zeros);
 ** set gin[i] (an owned reference) for every input with dm_needs_grad(c, i). */
 typedef void (*dm_backward_fn)(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin);
+/* a one-input op's backward that adds its input's gradient into acc in place
+** (acc: the gradient met so far, of the input's dtype and shape, held by no one
+** else); it saves the op's gradient as a whole tensor at the peak */
+typedef void (*dm_backward_into_fn)(dm_ctx *c, dm_tensor *const *gout, dm_tensor *acc);
 
 typedef struct dm_op {
   const char *name;
@@ -52,6 +56,7 @@ typedef struct dm_op {
   int id;                        /* set at registration */
   const char *family;            /* set at registration: the registering file ("kda") */
   void (*free_ctx)(dm_ctx *c);   /* optional: releases what the forward kept in attrs (a node is freed) */
+  dm_backward_into_fn backward_into;   /* optional, one-input ops: see dm_backward_into_fn */
 } dm_op;
 
 /* what a forward and a backward see */

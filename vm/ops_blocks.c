@@ -7,7 +7,7 @@
 **   cross_entropy(logits, targets; ignore_index, reduction)
 **                                  fused with its log-softmax; saves only the
 **                                  per-row logsumexp, the backward recomputes softmax
-**   causal_conv1d(x, w, cache?; dilation) -> y, new cache
+**   causal_conv1d(x, w, cache?; dilation, silu) -> y, new cache
 **                                  depthwise, causal, no bias
 **   silu_mul(a, b)                 silu(a) * b, the gate of the experts
 **
@@ -21,6 +21,7 @@
 #include "core.h"
 #include "autograd.h"
 #include "blocks.h"
+#include "elementwise.h"
 
 static int64_t int_attr(const char *op, const char *what, double v) {
   if (v != floor(v) || fabs(v) > 9e15) dm_error("%s: %s must be an integer, got %g", op, what, v);
@@ -121,6 +122,13 @@ static void ce_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
 
 /* ---- causal_conv1d ---------------------------------------------------------------------- */
 
+/* attr 1 (silu): the output is silu of the convolution */
+static bool conv_silu(const dm_ctx *c) {
+  double v = attr_or(c, 1, 0);
+  if (v != 0 && v != 1) dm_error("causal_conv1d: silu must be 0 or 1, got %g", v);
+  return v == 1;
+}
+
 static void conv_forward(dm_ctx *c) {
   dm_tensor *x = c->in[0], *w = c->in[1], *cache = c->in[2];
   int64_t dil = int_attr("causal_conv1d", "dilation", attr_or(c, 0, 1));
@@ -145,6 +153,10 @@ static void conv_forward(dm_ctx *c) {
   dm_tensor *y = dm_tensor_new(x->device, x->dtype, 3, x->shape);
   dm_tensor *cout = dm_tensor_new(x->device, x->dtype, 3, cshape);
   DM_KERNEL(dm_conv_k, "causal_conv1d", x->device)(y, cout, x, w, cache, dil);
+  if (conv_silu(c)) {                /* y = silu(conv): the conv's output is not kept, the backward recomputes it */
+    dm_attrs none = dm_attrs_of(0, NULL);
+    DM_KERNEL(dm_unary_k, "unary", x->device)(DM_UNARY_SILU, y, y, &none);
+  }
   dm_save(c, x);
   dm_save(c, w);
   if (cache) dm_save(c, cache);
@@ -157,8 +169,20 @@ static void conv_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
   dm_tensor *gx = dm_needs_grad(c, 0) ? dm_new_grad(c, 0, x->device) : NULL;
   dm_tensor *gw = dm_needs_grad(c, 1) ? dm_new_grad(c, 1, x->device) : NULL;
   dm_tensor *gc = cache && dm_needs_grad(c, 2) ? dm_new_grad(c, 2, x->device) : NULL;
-  DM_KERNEL(dm_conv_bwd_k, "causal_conv1d_bwd", x->device)(gx, gw, gc, gout[0], gout[1], x, w, cache,
-                                                          (int64_t)attr_or(c, 0, 1));
+  int64_t dil = (int64_t)attr_or(c, 0, 1);
+  dm_tensor *gy = gout[0], *gz = NULL;
+  if (conv_silu(c)) {                /* the convolution again, then dy/dz = silu'(z) in its place */
+    int64_t past = (w->shape[1] - 1) * dil, cshape[3] = {x->shape[0], past, x->shape[2]};
+    gz = dm_tensor_new(x->device, x->dtype, 3, x->shape);
+    dm_tensor *scratch_cache = dm_tensor_new(x->device, x->dtype, 3, cshape);
+    DM_KERNEL(dm_conv_k, "causal_conv1d", x->device)(gz, scratch_cache, x, w, cache, dil);
+    dm_release(scratch_cache);
+    dm_attrs none = dm_attrs_of(0, NULL);
+    DM_KERNEL(dm_unary_bwd_k, "unary_bwd", x->device)(DM_UNARY_SILU, gz, gy, gz, NULL, &none);
+    gy = gz;
+  }
+  DM_KERNEL(dm_conv_bwd_k, "causal_conv1d_bwd", x->device)(gx, gw, gc, gy, gout[1], x, w, cache, dil);
+  dm_release(gz);
   gin[0] = gx;
   gin[1] = gw;
   gin[2] = gc;
@@ -201,8 +225,9 @@ static dm_op ops[] = {
    .forward = ce_forward, .backward = ce_backward},
   {.name = "causal_conv1d",
    .doc = "depthwise causal conv of x [B, T, C] by w [C, K] with a cache [B, (K-1)*dilation, C] "
-          "(optional, zeros) of the past -> y, the new cache",
-   .n_in = 3, .n_out = 2, .attrs = "dilation", .optional = 4,
+          "(optional, zeros) of the past -> y (silu = 1: silu of the conv, recomputed in the backward), "
+          "the new cache",
+   .n_in = 3, .n_out = 2, .attrs = "dilation,silu", .optional = 4,
    .forward = conv_forward, .backward = conv_backward},
   {.name = "silu_mul", .doc = "silu(a) * b in one pass (a and b of one shape)",
    .n_in = 2, .n_out = 1, .attrs = "", .forward = silu_mul_forward, .backward = silu_mul_backward},

@@ -11,6 +11,7 @@
 */
 #include <string.h>
 #include "core.h"
+#include "elementwise.h"
 
 /* ---- helpers --------------------------------------------------------------------------- */
 
@@ -293,6 +294,35 @@ static void cast_bwd(dm_ctx *c, dm_tensor *const *g, dm_tensor **gin) {
   gin[0] = dm_cast(g[0], dm_in_dtype(c, 0));
 }
 
+/* A bf16 copy of an f32 bank met again (a checkpoint casts afresh in each
+** recomputation): its gradient is cast and added slice by slice, so that only
+** a slice of it is ever held in f32, not a second bank. */
+#define CAST_SLICE ((int64_t)1 << 24)          /* elements: 64 MiB of f32 */
+
+static void cast_bwd_into(dm_ctx *c, dm_tensor *const *g, dm_tensor *acc) {
+  dm_tensor *grad = g[0];
+  if (!dm_is_contiguous(grad) || dm_numel(grad) <= CAST_SLICE) {
+    dm_tensor *part = dm_cast(grad, acc->dtype);
+    dm_add_(acc, part, 1.0);
+    dm_release(part);
+    return;
+  }
+  (void)c;
+  int64_t n = dm_numel(grad);
+  dm_tensor *flat_g = dm_reshape(grad, 1, &n), *flat_acc = dm_reshape(acc, 1, &n);
+  for (int64_t at = 0; at < n; at += CAST_SLICE) {
+    int64_t len = n - at < CAST_SLICE ? n - at : CAST_SLICE;
+    dm_tensor *src = dm_narrow(flat_g, 0, at, len), *dst = dm_narrow(flat_acc, 0, at, len);
+    dm_tensor *part = dm_cast(src, acc->dtype);
+    dm_add_(dst, part, 1.0);
+    dm_release(part);
+    dm_release(src);
+    dm_release(dst);
+  }
+  dm_release(flat_g);
+  dm_release(flat_acc);
+}
+
 /* ---- cat, stack --------------------------------------------------------------------------- */
 
 /* every input has the first one's dtype, and its shape except along `skip` (-1: none) */
@@ -382,7 +412,8 @@ static dm_op ops[] = {
   {.name = "clone", .doc = "a contiguous copy",
    .n_in = 1, .n_out = 1, .forward = clone_fwd, .backward = identity_bwd},
   {.name = "cast", .doc = "convert to another dtype (attr = dm_dtype value); integer results take no gradient",
-   .n_in = 1, .n_out = 1, .attrs = "dtype", .forward = cast_fwd, .backward = cast_bwd},
+   .n_in = 1, .n_out = 1, .attrs = "dtype", .forward = cast_fwd, .backward = cast_bwd,
+   .backward_into = cast_bwd_into},
   {.name = "cat", .doc = "join tensors along an existing dim",
    .n_in = -1, .n_out = 1, .attrs = "dim", .forward = cat_fwd, .backward = cat_bwd},
   {.name = "stack", .doc = "join same-shaped tensors along a new dim",

@@ -43,11 +43,17 @@ static void check_companion(const char *op, const char *role, int i, const dm_te
              dm_tensor_shape_str(t, a, sizeof a));
 }
 
-static void check_state(const char *op, const char *role, int i, const dm_tensor *p, const dm_tensor *s) {
+static void check_state_of(const char *op, const char *role, int i, const dm_tensor *p, const dm_tensor *s,
+                           bool bf16_too) {
   if (!s) dm_error("%s: parameter %d has no %s", op, i + 1, role);
   check_companion(op, role, i, p, s);
-  if (s->dtype != DM_F32)
-    dm_error("%s: the %s of parameter %d must be f32, got %s", op, role, i + 1, dm_dtype_name(s->dtype));
+  if (s->dtype != DM_F32 && !(bf16_too && s->dtype == DM_BF16))
+    dm_error("%s: the %s of parameter %d must be f32%s, got %s", op, role, i + 1, bf16_too ? " or bf16" : "",
+             dm_dtype_name(s->dtype));
+}
+
+static void check_state(const char *op, const char *role, int i, const dm_tensor *p, const dm_tensor *s) {
+  check_state_of(op, role, i, p, s, false);
 }
 
 static void check_grad(const char *op, int i, const dm_tensor *p, const dm_tensor *g) {
@@ -347,7 +353,7 @@ static void check_muon(int n, dm_tensor *const *params, dm_tensor *const *grads,
       dm_error("muon: parameter %d has shape %s; Muon takes matrices [m, n] and banks [E, m, n]",
                i + 1, dm_tensor_shape_str(params[i], s, sizeof s));
     check_grad(op, i, params[i], grads[i]);
-    check_state(op, "momentum buffer", i, params[i], bufs[i]);
+    check_state_of(op, "momentum buffer", i, params[i], bufs[i], true);
   }
 }
 

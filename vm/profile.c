@@ -7,11 +7,14 @@
 #include <stdlib.h>
 #include "cuda.h"
 #include "graph.h"
+#include "autograd.h"
+#include <stdio.h>
 
 #define MAX_ROWS 1024
 #define MAX_OPEN 64
 
 typedef struct pending { int row, start, stop; } pending;   /* a CUDA call not yet read */
+typedef struct open_call { const char *name; int phase; bool timed; } open_call;
 
 static struct {
   bool on;
@@ -21,6 +24,10 @@ static struct {
   pending *wait;                   /* CUDA calls to read at dm_profile_read */
   int nwait, capwait;
   struct { int row; dm_device dev; int mark; double t0; } open;   /* the outermost open call */
+  /* every open call, timed or not (the planner asks where an allocation came from);
+  ** a checkpoint is not timed itself: its inner ops are, so time stays with the ops */
+  open_call stack[MAX_OPEN];
+  int nstack;
 } P;
 
 static double host_ms(void) {
@@ -54,8 +61,18 @@ static int row_of(const char *name, const char *family, int phase) {
   return P.nrows++;
 }
 
+static bool untimed(const char *family) { return family && !strcmp(family, "checkpoint"); }
+
 void dm_profile_push(const char *name, const char *family, int phase, dm_device dev) {
-  if (!P.on) return;
+  bool timed = !untimed(family) || phase == DM_PHASE_REGION;
+  /* a forward run again by a checkpoint's backward (directly, or inside such a forward) */
+  const open_call *parent = P.nstack > 0 && P.nstack <= MAX_OPEN ? &P.stack[P.nstack - 1] : NULL;
+  if (phase == DM_PHASE_FORWARD && dm_tape_depth() > 0 && parent &&
+      ((parent->phase == DM_PHASE_BACKWARD && !parent->timed) || parent->phase == DM_PHASE_RECOMPUTE))
+    phase = DM_PHASE_RECOMPUTE;
+  if (P.nstack < MAX_OPEN) P.stack[P.nstack] = (open_call){name, phase, timed};
+  P.nstack++;
+  if (!P.on || !timed) return;
   if (P.depth++ > 0) return;
   P.open.row = row_of(name, family, phase);
   P.open.dev = dev;
@@ -65,7 +82,9 @@ void dm_profile_push(const char *name, const char *family, int phase, dm_device 
 }
 
 void dm_profile_pop(void) {
-  if (!P.on || P.depth == 0) return;
+  bool timed = P.nstack > MAX_OPEN || (P.nstack > 0 && P.stack[P.nstack - 1].timed);
+  if (P.nstack > 0) P.nstack--;
+  if (!P.on || !timed || P.depth == 0) return;
   if (--P.depth > 0) return;
   if (P.open.mark < 0) { P.rows[P.open.row].ms += host_ms() - P.open.t0; return; }
   if (P.nwait == P.capwait) {
@@ -77,7 +96,22 @@ void dm_profile_pop(void) {
   P.wait[P.nwait++] = (pending){P.open.row, P.open.mark, dm_cuda_mark()};
 }
 
-void dm_profile_recover(void) { P.depth = 0; }
+void dm_profile_recover(void) { P.depth = 0; P.nstack = 0; }
+
+static const char *phase_word[] = {"forward", "backward", "region", "recompute"};
+
+size_t dm_profile_where(char *buf, size_t size) {
+  size_t used = 0;
+  if (size) buf[0] = 0;
+  int n = P.nstack < MAX_OPEN ? P.nstack : MAX_OPEN;
+  for (int i = 0; i < n && used + 1 < size; i++) {
+    int w = snprintf(buf + used, size - used, "%s%s of %s", i ? " > " : "", phase_word[P.stack[i].phase],
+                     P.stack[i].name);
+    if (w < 0) break;
+    used += (size_t)w < size - used ? (size_t)w : size - used - 1;
+  }
+  return used;
+}
 
 int dm_profile_read(dm_profile_row *rows, int max) {
   if (P.nwait > 0) {

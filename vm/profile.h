@@ -18,7 +18,9 @@
 
 #include "dm.h"
 
-enum { DM_PHASE_FORWARD, DM_PHASE_BACKWARD, DM_PHASE_REGION };
+/* RECOMPUTE: a forward that a checkpoint's backward runs again (dm_checkpoint);
+** the checkpoint op itself is not timed, its inner ops are */
+enum { DM_PHASE_FORWARD, DM_PHASE_BACKWARD, DM_PHASE_REGION, DM_PHASE_RECOMPUTE };
 
 typedef struct dm_profile_row {
   const char *name, *family;
@@ -37,6 +39,10 @@ void dm_profile_push(const char *name, const char *family, int phase, dm_device 
 void dm_profile_pop(void);
 /* after an error unwound through open calls: they are dropped */
 void dm_profile_recover(void);
+
+/* the open calls, outermost first, whether timed or not ("backward of checkpoint >
+** forward of moe_experts"): written into buf (always terminated), returns its length */
+size_t dm_profile_where(char *buf, size_t size);
 
 /* the table, after waiting for the device: up to max rows, returns the count */
 int dm_profile_read(dm_profile_row *rows, int max);

@@ -369,6 +369,7 @@ function Session:attribute(B, T)
   r.parts[#r.parts + 1] = {name = r.scratch.what .. " (" .. r.scratch.where .. ")", kind = "scratch",
                            bytes = r.scratch.bytes}
   r.watched = w.current - self.base.current - self.host_bytes + r.scratch.bytes
+  r.where, r.last = w.where, w.last
   return r
 end
 
@@ -499,7 +500,8 @@ function plan.format(r)
   end
   say("%s: batch %d x seq %d, grad_accum %d; products in %s, Newton-Schulz in %s", r.name, r.batch, r.seq,
       r.grad_accum, r.dtype, r.ns_dtype)
-  say("the peak: in the %s, at allocation %d of the step", r.phase, r.at)
+  say("the peak: in the %s, at allocation %d of the step (%s, in %s)", r.phase, r.at, size(r.last),
+      r.where ~= "" and r.where or "no op")
   say("")
   say("%-" .. W .. "s %8s %7s", "device memory at the peak", unit, "share")
   for _, row in ipairs(plan.rows(r)) do line(row.op and "  " .. row.label or row.label, row.bytes, true) end

@@ -241,6 +241,7 @@ local rows = {
     {"engram_lr_mult", num{min = 0}, 5, "Engram tables' Adam lr as a multiple of adamw_lr (no weight decay)"},
     {"momentum", num{min = 0, below = 1}, 0.95, "Muon momentum"},
     {"nesterov", bool, true, "Nesterov form of the Muon momentum"},
+    {"momentum_dtype", enum {"f32", "bf16"}, "f32", "Muon momentum buffers: f32, or bf16 (half their memory; for small cards)"},
     {"ns_steps", positive, 5, "Newton-Schulz steps per Muon update"},
     {"ns_coeffs", enum {"quintic", "polar_express"}, "quintic", "Newton-Schulz coefficients: quintic (3.4445, -4.7750, 2.0315) or Polar Express"},
     {"clip", num{min = 0}, 1.0, "global gradient-norm clip (0 = off)"},

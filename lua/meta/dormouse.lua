@@ -788,6 +788,7 @@ function dm.reset_peak(device) end
 ---@field dilation? integer the spacing of the taps (default 1)
 ---@field cache? dormouse.Tensor [B, (K-1) * dilation, C]: the inputs before x (default zeros)
 ---@field return_cache? boolean also return the cache of the next segment
+---@field silu? boolean silu of the convolution, which the backward recomputes (keeps only x)
 
 ---@class dormouse.KdaOptions
 ---@field initial_state? dormouse.Tensor S0 [B, H, dk, dv]

@@ -90,6 +90,41 @@ describe("backward", function()
     near(w.grad:totable(), {3, 3})
   end)
 
+  it("adds a gradient met again in place only when nothing else holds the sum's first term", function()
+    local w = dm.tensor({1, 2}, {dtype = "f64", requires_grad = true})
+    ;(w * 3):sum():backward()
+    local held = w.grad                                  -- a holder: the next sum is a new tensor
+    ;(w * 2):sum():backward()
+    near(held:totable(), {3, 3})
+    near(w.grad:totable(), {5, 5})
+    held = nil
+    collectgarbage(); collectgarbage()
+    local x = dm.tensor({1, 2}, {dtype = "f64", requires_grad = true})
+    ;((x * 2) + (x * 3) + (x * x)):sum():backward()      -- three gradients meet in x.grad
+    near(x.grad:totable(), {7, 9})
+  end)
+
+  -- a bf16 copy of an f32 matrix cast again (as a checkpoint's recomputation does): the
+  -- second cast's gradient is added into the first's slice by slice (vm/ops_shape.c
+  -- cast_bwd_into), never held whole in f32 beside the sum
+  it("adds a cast's gradient into the one met before without a second full copy", function()
+    local n = (1 << 25) + 5                              -- three slices of the cast's backward
+    local w = dm.zeros({n}, {requires_grad = true})
+    local y = w:to("bf16"):sum() + (w:to("bf16") * 3):sum()
+    collectgarbage(); collectgarbage()
+    dm.reset_peak()
+    local before = dm.memory().current
+    y:backward()
+    local rise = dm.memory().peak - before
+    assert.are.equal(4, w.grad:min():item())
+    assert.are.equal(4, w.grad:max():item())
+    assert.are.equal(4, w.grad:narrow(1, n - 4, 5):sum():item() / 5)
+    -- the f32 gradient (4n bytes), one bf16 gradient on its way (2n) and one f32 slice (4 * 2^24)
+    assert.is_true(rise <= 4 * n + 2 * n + 4 * (1 << 24) + (1 << 20),
+                   string.format("the backward rose by %.1f MiB", rise / 2 ^ 20))
+    w.grad = nil
+  end)
+
   it("a leaf's .grad is its own memory, writable in place", function()
     local w = dm.tensor({1, 2}, {requires_grad = true})
     w:sum():backward()

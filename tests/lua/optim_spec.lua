@@ -168,6 +168,22 @@ describe("optim training", function()
     assert.is_true(last < first * 1e-2, ("loss %g -> %g"):format(first, last))
   end)
 
+  it("with bf16 momentum buffers: the first step as with f32 ones, the buffers rounded, then close", function()
+    local function run(dtype, steps)
+      local first, last, opt = regression("proj", {muon_lr = 0.1, adamw_lr = 0.1, weight_decay = 0, clip = 0,
+                                                   momentum_dtype = dtype}, steps)
+      return opt, first, last
+    end
+    local a, b = run("f32", 1), run("bf16", 1)
+    local ma, mb = a.groups[1].state.momentum[1], b.groups[1].state.momentum[1]
+    assert.are.equal("bf16", mb.dtype)
+    assert.is_true(dm.allclose(mb, ma:to("bf16"), {rtol = 0, atol = 0}), "the buffer is the f32 one rounded")
+    -- the update reads the sum before it is rounded: the same parameters after one step
+    assert.is_true(dm.allclose(a.groups[1].params[1], b.groups[1].params[1], {rtol = 0, atol = 0}))
+    local _, first, last = run("bf16", 300)
+    assert.is_true(last < first * 1e-3, ("loss %g -> %g"):format(first, last))
+  end)
+
   it("keeps its state past the scope it was made in", function()
     dm.manual_seed(4)
     local model = Reg("proj")
@@ -267,6 +283,20 @@ describe("optim state", function()
     assert.are.equal(1 + 2 + 2 * 10 + 2, #keys)   -- step, 2 Muon momenta, m and v of 10 AdamW and 1 Engram tensors
   end)
 
+  it("loads an f32 momentum into bf16 buffers (a run resumed with optim.momentum_dtype = bf16)", function()
+    dm.manual_seed(6)
+    local a = Toy()
+    local opt_a = optim.new(a, {}, {warmup = 2}, 20, {quiet = true})
+    for step = 1, 2 do grads_for(a, step); opt_a:step(step) end
+    local opt_b = optim.new(copy_of(a), {momentum_dtype = "bf16"}, {warmup = 2}, 20, {quiet = true})
+    local sa = opt_a:state()
+    opt_b:load_state(sa)
+    local sb = opt_b:state()
+    assert.are.equal("bf16", sb["l1.weight.momentum"].dtype)
+    assert.is_true(dm.allclose(sb["l1.weight.momentum"], sa["l1.weight.momentum"]:to("bf16"), {rtol = 0, atol = 0}))
+    assert.are.equal("f32", sb["l1.bias.m"].dtype)
+  end)
+
   it("refuses a state with a missing, misshapen or unknown key, or no step", function()
     dm.manual_seed(7)
     local opt = optim.new(Toy(), {}, {}, 10, {quiet = true})
@@ -292,6 +322,8 @@ describe("optim settings and the core functions", function()
     expect_error(function() optim.new(m, {muon_lrr = 1}, {}, 10, {quiet = true}) end, "optim: unknown key 'muon_lrr'", "muon_lr")
     expect_error(function() optim.new(m, {ns_coeffs = "cubic"}, {}, 10, {quiet = true}) end,
                  "ns_coeffs must be \"quintic\" or \"polar_express\", got cubic")
+    expect_error(function() optim.new(m, {momentum_dtype = "f16"}, {}, 10, {quiet = true}) end,
+                 "momentum_dtype must be \"f32\" or \"bf16\", got f16")
     expect_error(function() optim.new(m, {ns_dtype = "f64"}, {}, 10, {quiet = true}) end,
                  "ns_dtype must be \"f32\" or \"bf16\" (or false: by device), got f64")
     local half = {{name = "w", tensor = dm.zeros({2, 2}, {dtype = "bf16"})}}

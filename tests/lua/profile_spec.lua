@@ -27,6 +27,21 @@ describe("dm.profile", function()
     assert.equal(3, row(rows, "matmul", "forward").calls)
   end)
 
+  it("times a checkpoint's ops, not the checkpoint: their forward, their recompute, their backward", function()
+    local w = dm.randn({32, 32}, {requires_grad = true})
+    local x = dm.randn({8, 32}, {requires_grad = true})
+    dm.profile.start()
+    local y = dm.checkpoint(function(a) return dm.matmul(a, w):tanh() end, x):sum()
+    y:backward()
+    local rows = dm.profile.stop()
+    assert.is_nil(row(rows, "checkpoint", "forward"))
+    assert.is_nil(row(rows, "checkpoint", "backward"))
+    for _, phase in ipairs {"forward", "recompute", "backward"} do
+      assert.equal(1, row(rows, "matmul", phase).calls, "matmul " .. phase)
+      assert.equal(1, row(rows, "tanh", phase).calls, "tanh " .. phase)
+    end
+  end)
+
   it("counts nothing while stopped, and restarts from an empty table", function()
     dm.profile.start()
     local _ = dm.ones({3}) + 1

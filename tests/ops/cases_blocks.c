@@ -156,6 +156,12 @@ static void conv_inputs(h_rng *r, int k, dm_tensor **in, dm_attrs *a, bool cache
 static void in_conv(h_rng *r, int k, dm_tensor **in, dm_attrs *a) { conv_inputs(r, k, in, a, false, 1); }
 static void in_conv_cache(h_rng *r, int k, dm_tensor **in, dm_attrs *a) { conv_inputs(r, k, in, a, true, 1); }
 static void in_conv_split(h_rng *r, int k, dm_tensor **in, dm_attrs *a) { conv_inputs(r, k, in, a, k & 1, 2); }
+/* silu of the convolution, with a cache in every other trial */
+static void in_conv_silu(h_rng *r, int k, dm_tensor **in, dm_attrs *a) {
+  conv_inputs(r, k, in, a, k & 1, 1);
+  double v[2] = {a->v[0], 1};
+  *a = dm_attrs_of(2, v);
+}
 
 /* xin[b, pos, c] for pos in -P..T-1: the cache (or zeros) then x */
 static double conv_in(const dm_tensor *x, const dm_tensor *cache, int64_t p, int64_t b, int64_t pos, int64_t c) {
@@ -174,6 +180,7 @@ static void o_conv(dm_tensor *const *in, const dm_attrs *a, dm_tensor **ex) {
       for (int64_t t = 0; t < T; t++) {
         double s = 0;
         for (int64_t k = 0; k < K; k++) s += h_at(w, (int64_t[]){c, k}) * conv_in(x, cache, P, b, t - (K - 1 - k) * dil, c);
+        if (a->nv > 1 && a->v[1] == 1) s = s / (1 + exp(-s));      /* silu */
         h_set_at(ex[0], (int64_t[]){b, t, c}, s);
       }
       for (int64_t j = 0; j < P; j++) h_set_at(ex[1], (int64_t[]){b, j, c}, conv_in(x, cache, P, b, T - P + j, c));
@@ -227,6 +234,7 @@ static const dm_case cases[] = {
   {"causal_conv1d", "zeros for the past", in_conv, o_conv, .trials = 16},
   {"causal_conv1d", "a cache", in_conv_cache, o_conv, .trials = 16},
   {"causal_conv1d", "split = whole", in_conv_split, o_conv_split, .trials = 16},
+  {"causal_conv1d", "silu of the conv", in_conv_silu, o_conv, .trials = 16},
   {"silu_mul", "any shape", in_silu_mul, o_silu_mul, .trials = 8},
 };
 DM_REGISTER_CASES(cases)

@@ -125,19 +125,20 @@ static void cpu_muon_momentum(int n, dm_tensor *const *buf, dm_tensor *const *g,
                               double mu, bool nesterov, const double *sumsq_at) {
   (void)sumsq_at;
   const float m = (float)mu;
-  float gt[CHUNK], ot[CHUNK];
+  float gt[CHUNK], ot[CHUNK], bt[CHUNK];
   for (int i = 0; i < n; i++) {
-    float *b = dm_data(buf[i]);
     int64_t total = dm_numel(buf[i]);
     for (int64_t i0 = 0; i0 < total; i0 += CHUNK) {
       int64_t len = span_len(total, i0);
       const float *gg = span(g[i], i0, len, gt);
+      float *b = span(buf[i], i0, len, bt);       /* a bf16 buffer (momentum_dtype) rounds once a step */
       float *o = out[i]->dtype == DM_F32 ? (float *)dm_data(out[i]) + i0 : ot;
       for (int64_t j = 0; j < len; j++) {
-        float bj = m * b[i0 + j] + gg[j];
-        b[i0 + j] = bj;
+        float bj = m * b[j] + gg[j];
+        b[j] = bj;
         o[j] = nesterov ? gg[j] + m * bj : bj;
       }
+      commit(buf[i], i0, len, b);
       commit(out[i], i0, len, o);
     }
   }

@@ -187,7 +187,7 @@ function Engram:forward(u, x, prefix)
     local kx, vx = self.wk:forward(e), self.wv:forward(e)
     local alpha = dm.engram_alpha(u, kx)
     local vt = vx * alpha:unsqueeze(-1)
-    return vt + dm.causal_conv1d(self.norm:forward(vt), self.conv, {dilation = self.dilation}):silu()
+    return vt + dm.causal_conv1d(self.norm:forward(vt), self.conv, {dilation = self.dilation, silu = true})
   end)
 end
 

@@ -35,7 +35,7 @@ function KDA:init(d, heads, head_dim, opts)
   self:child("wo", nn.Linear(hd, d))
 end
 
-local function short_conv(x, w) return dm.causal_conv1d(x, w):silu() end
+local function short_conv(x, w) return dm.causal_conv1d(x, w, {silu = true}) end
 
 -- u [B, T, d]; state (optional) [B, H, dk, dv] carried from the previous segment.
 function KDA:forward(u, state)

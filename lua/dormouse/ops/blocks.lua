@@ -6,7 +6,7 @@ The model's building blocks: single fused ops with their own backward kernels.
   x:l2norm(eps)   dm.l2norm(x, eps)      x / sqrt(sum(x^2) + eps) over the last dim (eps inside
                                          the square root, default 1e-6)
   dm.cross_entropy(logits, targets, {ignore_index = n, reduction = "mean"})
-  dm.causal_conv1d(x, w, {dilation = 1, cache = c, return_cache = true})
+  dm.causal_conv1d(x, w, {dilation = 1, cache = c, return_cache = true, silu = false})
   dm.silu_mul(a, b)                      silu(a) * b in one pass (a and b of one shape)
 
 cross_entropy: logits [..., V], targets [...] of class ids 0..V-1 (values,
@@ -25,7 +25,9 @@ The positions before the first come from cache [B, (K-1) * dilation, C]
 when given (the inputs that preceded x), else they are zeros. With
 return_cache = true the call returns y and the new cache: the last
 (K-1) * dilation inputs, the cache of the next segment. Gradients flow to
-x, w and the cache.
+x, w and the cache. silu = true gives silu(y) in one op that keeps only x for
+its backward (the convolution is run again there): the memory of one
+[B, T, C] tensor less than :silu() after it, for one more convolution.
 ]]
 return function(dm, T, core)
 
@@ -96,10 +98,13 @@ function dm.cross_entropy(logits, targets, opts)
 end
 
 function dm.causal_conv1d(x, w, opts)
-  local o = options(opts, "causal_conv1d", {dilation = true, cache = true, return_cache = true})
+  local o = options(opts, "causal_conv1d", {dilation = true, cache = true, return_cache = true, silu = true})
   local cache = optional_tensor(o.cache, "causal_conv1d", "cache")
+  if o.silu ~= nil and type(o.silu) ~= "boolean" then
+    core.error(string.format("causal_conv1d: silu must be true or false, got %s", type(o.silu)))
+  end
   local y, new_cache = core.call("causal_conv1d", x, w, cache,
-                                 {number_or(o.dilation, 1, "causal_conv1d", "dilation")})
+                                 {number_or(o.dilation, 1, "causal_conv1d", "dilation"), o.silu and 1 or 0})
   if o.return_cache then return y, new_cache end
   return y
 end

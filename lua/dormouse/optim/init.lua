@@ -45,6 +45,7 @@ optim.defaults = {
   clip = 1.0,
   adamw_weight_decay = 0.0,   -- decoupled weight decay of the AdamW group (Engram: always 0)
   ns_dtype = false,           -- "f32" or "bf16"; false = bf16 on the GPU, f32 on the CPU
+  momentum_dtype = "f32",     -- Muon's momentum buffers: "f32", or "bf16" (half the memory)
 }
 
 local function settings(cfg)
@@ -67,6 +68,9 @@ local function settings(cfg)
   end
   if o.ns_dtype and o.ns_dtype ~= "f32" and o.ns_dtype ~= "bf16" then
     fail("optim: ns_dtype must be \"f32\" or \"bf16\" (or false: by device), got %s", tostring(o.ns_dtype))
+  end
+  if o.momentum_dtype ~= "f32" and o.momentum_dtype ~= "bf16" then
+    fail("optim: momentum_dtype must be \"f32\" or \"bf16\", got %s", tostring(o.momentum_dtype))
   end
   return o
 end
@@ -101,7 +105,7 @@ function optim.new(model, ocfg, scfg, steps, opts)
   if #by.muon > 0 then
     self.groups[#self.groups + 1] = Muon.new("muon", by.muon, {
       lr = o.muon_lr, momentum = o.momentum, nesterov = o.nesterov, weight_decay = o.weight_decay,
-      ns_steps = o.ns_steps, coeffs = o.ns_coeffs, ns_dtype = ns_dtype})
+      ns_steps = o.ns_steps, coeffs = o.ns_coeffs, ns_dtype = ns_dtype, momentum_dtype = o.momentum_dtype})
   end
   if #by.adamw > 0 then
     self.groups[#self.groups + 1] = AdamW.new("adamw", by.adamw, {

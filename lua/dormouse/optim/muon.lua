@@ -9,7 +9,8 @@ Muon over one group of matrices [m, n] and banks [E, m, n] (vm/optim.c):
 NS5: X = u / (||u||_F + 1e-7), then 5 Newton-Schulz steps X <- aX + (bA + cA^2)X
 with A = X X^T on the smaller side, (a, b, c) = (3.4445, -4.7750, 2.0315), or
 the per-step Polar Express coefficients. It runs in ns_dtype: bf16 on the
-GPU, f32 on the CPU by default.
+GPU, f32 on the CPU by default. The momentum buffers are f32, or bf16
+(momentum_dtype): half their memory, rounded once a step.
 ]]
 local core = require "dormouse.core"
 local groups = require "dormouse.optim.groups"
@@ -17,9 +18,10 @@ local groups = require "dormouse.optim.groups"
 local Muon = {kind = "muon", device_scalars = true}
 Muon.__index = Muon
 
--- hp: {lr, momentum, nesterov, weight_decay, ns_steps, coeffs, ns_dtype}
+-- hp: {lr, momentum, nesterov, weight_decay, ns_steps, coeffs, ns_dtype, momentum_dtype}
 function Muon.new(name, entries, hp)
-  local self = setmetatable(groups.new_group(name, entries, {"momentum"}), Muon)
+  local dtypes = {momentum = hp.momentum_dtype or "f32"}
+  local self = setmetatable(groups.new_group(name, entries, {"momentum"}, dtypes), Muon)
   for _, k in ipairs {"lr", "momentum", "nesterov", "weight_decay", "ns_steps", "coeffs", "ns_dtype"} do
     self[k] = hp[k]
   end
