@@ -198,22 +198,44 @@ static void cuda_clip_scale(int n, dm_tensor *const *x, const dm_tensor *sumsq, 
 
 /* ---- Muon -------------------------------------------------------------------------------------------------- */
 
-/* roles: buf, g, out. buf = mu buf + g; out = nesterov ? g + mu buf : buf */
-__global__ void momentum_k(mt_list L, float mu, bool nesterov, const double *sumsq_at) {
+/* the stack index of element e: rows `pitch` apart, `cols` of each used (dm_muon_momentum_k) */
+struct pitch_map {
+  int64_t cols, pitch;
+  __device__ __forceinline__ int64_t operator()(int64_t e) const {
+    return pitch == cols ? e : e / cols * pitch + e % cols;
+  }
+};
+
+/* g as clip_k would leave it: (g · s) rounded once to its dtype */
+__device__ __forceinline__ float clipped(int t, float g, double s) {
+  if (t == DM_F32) return (float)(g * s);
+  char r[8];
+  dm_store_any(t, r, g * s);
+  return (float)dm_load_any(t, r);
+}
+
+/* roles: buf, g, out. buf = mu buf + g; out = nesterov ? g + mu buf : buf; g clipped first
+** when clip_at says so (as clip_k would have in a pass of its own) */
+__global__ void momentum_k(mt_list L, float mu, bool nesterov, const double *sumsq_at, const double *clip_at,
+                           double clip, pitch_map at) {
   if (skipped(sumsq_at)) return;
+  double norm = clip_at ? sqrt(*clip_at) : 0, s = clip_at && isfinite(norm) && norm > clip ? clip / norm : 0;
   int64_t lo, hi;
   int t = mt_entry(L, &lo, &hi);
   for (int64_t e = lo + threadIdx.x; e < hi; e += blockDim.x) {
-    float g = ldf(L.dt[t][1], L.p[t][1], e), bj = mu * ldf(L.dt[t][0], L.p[t][0], e) + g;
+    float g = ldf(L.dt[t][1], L.p[t][1], e);
+    if (s != 0) g = clipped(L.dt[t][1], g, s);
+    float bj = mu * ldf(L.dt[t][0], L.p[t][0], e) + g;
     stf(L.dt[t][0], L.p[t][0], e, bj);           /* f32, or bf16 (momentum_dtype) */
-    stf(L.dt[t][2], L.p[t][2], e, nesterov ? g + mu * bj : bj);
+    stf(L.dt[t][2], L.p[t][2], at(e), nesterov ? g + mu * bj : bj);
   }
 }
 
 static void cuda_muon_momentum(int n, dm_tensor *const *buf, dm_tensor *const *g, dm_tensor *const *out, double mu,
-                               bool nesterov, const double *sumsq_at) {
+                               bool nesterov, const double *sumsq_at, const double *clip_at, double clip,
+                               int64_t cols, int64_t pitch) {
   dm_tensor *const *lists[3] = {buf, g, out};
-  mt_run(n, 3, lists, momentum_k, (float)mu, nesterov, sumsq_at);
+  mt_run(n, 3, lists, momentum_k, (float)mu, nesterov, sumsq_at, clip_at, clip, pitch_map{cols, pitch});
 }
 
 /* part[b, s] = the sum of squares of slice s of matrix b */
@@ -228,16 +250,18 @@ __global__ void ns_part_k(double *part, const void *x, int xdt, int64_t per, int
   if (threadIdx.x == 0) part[b * gridDim.y + s] = acc;
 }
 
-/* x_b *= 1 / (|x_b| mult + eps), the norm from the slices in order */
-__global__ void ns_scale_k(void *x, int xdt, const double *part, int64_t nb, int64_t per, int64_t slices, double mult,
-                           double eps) {
-  DM_GRID_LOOP(i, nb * per) {
-    int64_t b = i / per;
-    double s = 0;
-    for (int64_t q = 0; q < slices; q++) s += part[b * slices + q];
-    float r = (float)(1 / (sqrt(s) * mult + eps));
-    stf(xdt, x, i, ldf(xdt, x, i) * r);
-  }
+/* r[b] = 1 / (|x_b| mult + eps), the norm from matrix b's slices added in order */
+__global__ void ns_factor_k(float *r, const double *part, int64_t nb, int64_t slices, double mult, double eps) {
+  int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (b >= nb) return;
+  double s = 0;
+  for (int64_t q = 0; q < slices; q++) s += part[b * slices + q];
+  r[b] = (float)(1 / (sqrt(s) * mult + eps));
+}
+
+/* x_b *= r[b] */
+__global__ void ns_scale_k(void *x, int xdt, const float *r, int64_t nb, int64_t per) {
+  DM_GRID_LOOP(i, nb * per) stf(xdt, x, i, ldf(xdt, x, i) * r[i / per]);
 }
 
 static void cuda_ns_normalize(dm_tensor *x, double mult, double eps) {
@@ -248,12 +272,15 @@ static void cuda_ns_normalize(dm_tensor *x, double mult, double eps) {
   int64_t slices = (per + 16383) / 16384;
   if (slices > 64) slices = 64;
   int64_t slice = (per + slices - 1) / slices;
-  size_t pb = sizeof(double) * (size_t)(nb * slices);
+  size_t pb = sizeof(double) * (size_t)(nb * slices) + sizeof(float) * (size_t)nb;
   double *part = (double *)dm_scratch(pb);
+  float *r = (float *)(part + nb * slices);
   ns_part_k<<<dim3((unsigned)nb, (unsigned)slices), DM_THREADS, 0, dm_cuda_stream()>>>(part, dm_data(x), x->dtype,
                                                                                       per, slice);
   DM_CU_LAUNCHED();
-  DM_LAUNCH(ns_scale_k, nb * per, dm_data(x), x->dtype, part, nb, per, slices, mult, eps);
+  ns_factor_k<<<(unsigned)((nb + 127) / 128), 128, 0, dm_cuda_stream()>>>(r, part, nb, slices, mult, eps);
+  DM_CU_LAUNCHED();
+  DM_LAUNCH(ns_scale_k, nb * per, dm_data(x), x->dtype, r, nb, per);
   dm_scratch_free(part, pb);
 }
 
@@ -300,21 +327,23 @@ __global__ void muon_consts_k(float *c, const double *lr_at, double lr, double w
 }
 
 /* roles: p, o. p = p decay - step o */
-__global__ void muon_apply_k(mt_list L, const float *c) {
+__global__ void muon_apply_k(mt_list L, const float *c, pitch_map at) {
   int64_t lo, hi;
   int t = mt_entry(L, &lo, &hi);
   float *p = (float *)L.p[t][0];
   const float decay = c[0], step = c[1];
   if (c[2] != 0) return;
-  for (int64_t e = lo + threadIdx.x; e < hi; e += blockDim.x) p[e] = p[e] * decay - step * ldf(L.dt[t][1], L.p[t][1], e);
+  for (int64_t e = lo + threadIdx.x; e < hi; e += blockDim.x)
+    p[e] = p[e] * decay - step * ldf(L.dt[t][1], L.p[t][1], at(e));
 }
 
-static void cuda_muon_apply(int n, dm_tensor *const *p, dm_tensor *const *o, const dm_muon_hp *hp, double scale) {
+static void cuda_muon_apply(int n, dm_tensor *const *p, dm_tensor *const *o, const dm_muon_hp *hp, double scale,
+                            int64_t cols, int64_t pitch) {
   float *c = (float *)dm_scratch(3 * sizeof(float));
   muon_consts_k<<<1, 1, 0, dm_cuda_stream()>>>(c, hp->lr_at, hp->lr, hp->weight_decay, scale, hp->sumsq_at);
   DM_CU_LAUNCHED();
   dm_tensor *const *lists[2] = {p, o};
-  mt_run(n, 2, lists, muon_apply_k, (const float *)c);
+  mt_run(n, 2, lists, muon_apply_k, (const float *)c, pitch_map{cols, pitch});
   dm_scratch_free(c, 3 * sizeof(float));
 }
 

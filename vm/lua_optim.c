@@ -4,9 +4,10 @@
 **   core.clip_grad_norm(params, max_norm)        → norm, finite
 **   core.adamw_step(params, ms, vs, hp)          hp: lr beta1 beta2 eps weight_decay step
 **   core.muon_step(params, bufs, hp)             hp: lr momentum nesterov weight_decay
-**                                                    ns_steps coeffs ns_dtype
+**                                                    ns_steps coeffs ns_dtype [clip]
 **   core.newton_schulz(x, steps, coeffs, dtype)  → the orthogonalised x
 **   core.clip_grads_async(grads, max_norm, sumsq) the norm kept on the device
+**   core.clip_scale(grads, max_norm, sumsq)      scale by a sum of squares made before
 **   core.optim_tick(step, sumsq)                 step += 1 when sumsq is finite
 **   core.engram_adam_at(table, m, v, rows, grads, n_at, beta1, beta2, eps, lr_at, step_at, sumsq_at)
 **                                                the Engram tables' sparse Adam from device scalars
@@ -63,6 +64,14 @@ static double number_field(lua_State *L, int hp, const char *fn, const char *key
   return v;
 }
 
+/* hp[key] when present, else dflt */
+static double number_field_or(lua_State *L, int hp, const char *fn, const char *key, double dflt) {
+  lua_getfield(L, hp, key);
+  bool absent = lua_isnil(L, -1);
+  lua_pop(L, 1);
+  return absent ? dflt : number_field(L, hp, fn, key);
+}
+
 /* the memory of hp[key], a one-element tensor of dtype dt, or NULL when absent */
 static const void *scalar_field(lua_State *L, int hp, const char *fn, const char *key, dm_dtype dt,
                                 dm_tensor *const *params, int n) {
@@ -102,6 +111,14 @@ static int c_clip_grads_async(lua_State *L) {
   int n;
   dm_tensor **g = tensor_list(L, 1, "clip_grads_async", "grads", &n);
   dm_clip_grads_async(n, g, luaL_checknumber(L, 2), dm_lua_check(L, 3));
+  return 0;
+}
+
+static int c_clip_scale(lua_State *L) {
+  DM_ENTER(L);
+  int n;
+  dm_tensor **g = tensor_list(L, 1, "clip_scale", "grads", &n);
+  dm_clip_scale(n, g, luaL_checknumber(L, 2), dm_lua_check(L, 3));
   return 0;
 }
 
@@ -193,6 +210,7 @@ static int c_muon_step(lua_State *L) {
     .ns_steps = (int)number_field(L, 3, fn, "ns_steps"), .coeffs = coeffs, .ns_dtype = dt,
     .lr_at = scalar_field(L, 3, fn, "lr_at", DM_F64, p, n),
     .sumsq_at = scalar_field(L, 3, fn, "sumsq_at", DM_F64, p, n),
+    .clip = number_field_or(L, 3, fn, "clip", 0),
   };
   dm_muon_step(n, p, grad_list(L, p, n), b, &hp);
   return 0;
@@ -212,6 +230,7 @@ static int c_newton_schulz(lua_State *L) {
 static const luaL_Reg funcs[] = {
   {"clip_grad_norm", c_clip_grad_norm}, {"clip_grads", c_clip_grads}, {"adamw_step", c_adamw_step},
   {"muon_step", c_muon_step}, {"newton_schulz", c_newton_schulz}, {"clip_grads_async", c_clip_grads_async},
+  {"clip_scale", c_clip_scale},
   {"optim_tick", c_optim_tick}, {"engram_adam_at", c_engram_adam_at}, {NULL, NULL}
 };
 DM_LUA_FUNCS(funcs)

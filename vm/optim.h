@@ -47,6 +47,10 @@ typedef struct dm_muon_hp {
   dm_dtype ns_dtype;          /* DM_F32 or DM_BF16: the dtype Newton–Schulz runs in */
   const double *lr_at;        /* as in dm_adamw_hp */
   const double *sumsq_at;
+  /* > 0: the gradients come unclipped and the momentum pass clips them to this
+  ** global norm, from sumsq_at (needed then), as dm_clip_scale would have: one
+  ** pass over the largest gradients instead of two */
+  double clip;
 } dm_muon_hp;
 
 #define DM_MUON_MAXLIST 1024  /* tensors per dm_muon_step call */
@@ -93,6 +97,9 @@ double dm_clip_grad_norm(int n, dm_tensor *const *grads, double max_norm, bool *
 ** gradients' device) receives the sum of squares, and the scaling decides
 ** on the device. Then dm_optim_tick adds 1 to step (one i64 element) when
 ** that sum is finite: the count of applied updates, AdamW's t. */
+/* grads *= max_norm / norm where norm = sqrt(*sumsq) is finite and above max_norm
+** (what dm_clip_grads_async does after its sum; the sum may cover more gradients) */
+void dm_clip_scale(int n, dm_tensor *const *grads, double max_norm, const dm_tensor *sumsq);
 void dm_clip_grads_async(int n, dm_tensor *const *grads, double max_norm, dm_tensor *sumsq);
 void dm_optim_tick(dm_tensor *step, const dm_tensor *sumsq);
 
@@ -107,9 +114,13 @@ typedef void (*dm_clip_scale_k)(int n, dm_tensor *const *x, const dm_tensor *sum
                                 double max_norm);                                     /* "clip_scale" */
 /* buf = mu·buf + g; out (F32 or BF16) = nesterov ? g + mu·buf : buf; nothing
 ** when sumsq_at (device memory, or NULL) holds a non-finite sum */
+/* out[i] holds the rows of buf[i]'s matrices `pitch` elements apart (cols of them used):
+** element e of buf[i] is out[i]'s (e / cols) * pitch + e % cols; the same for o in apply */
+/* clip_at, clip: each gradient taken as dm_clip_scale(clip, *clip_at) would leave it (clip_at NULL: as it is) */
 typedef void (*dm_muon_momentum_k)(int n, dm_tensor *const *buf, dm_tensor *const *g,
                                    dm_tensor *const *out, double mu, bool nesterov,
-                                   const double *sumsq_at);                          /* "muon_momentum" */
+                                   const double *sumsq_at, const double *clip_at, double clip,
+                                   int64_t cols, int64_t pitch);                     /* "muon_momentum" */
 /* step (i64 [1]) += 1 when sumsq (f64 [1]) is finite */
 typedef void (*dm_optim_tick_k)(dm_tensor *step, const dm_tensor *sumsq);           /* "optim_tick" */
 /* each matrix of x [B, m, n]: x_b /= (‖x_b‖_F·mult + eps) */
@@ -120,6 +131,6 @@ typedef void (*dm_ns_gram_start_k)(dm_tensor *q, const dm_tensor *a, double mult
 typedef void (*dm_ns_axpby_k)(dm_tensor *y, double alpha, const dm_tensor *x, double beta); /* "ns_axpby" */
 /* p = p·(1 − lr·wd) − lr·scale·o */
 typedef void (*dm_muon_apply_k)(int n, dm_tensor *const *p, dm_tensor *const *o,
-                                const dm_muon_hp *hp, double scale);                  /* "muon_apply" */
+                                const dm_muon_hp *hp, double scale, int64_t cols, int64_t pitch);  /* "muon_apply" */
 
 #endif

@@ -423,6 +423,35 @@ static void muon_matches_reference(void) {
   for (int i = 0; i < 4; i++) { free(rp[i]); free(rb[i]); dm_release(p[i]); dm_release(b[i]); }
 }
 
+/* The CPU's momentum and apply kernels with a pitched stack (the layout CUDA
+** uses, rows padded to 8): the stack's pad is left alone, and each element
+** lands on row e / cols, column e % cols. */
+static void muon_kernels_pitched(void) {
+  int64_t ps[3] = {2, 3, 5}, ss[3] = {2, 3, 8};
+  dm_tensor *buf = randn(3, ps, 7, DM_F32), *g = randn(3, ps, 8, DM_F32), *p = randn(3, ps, 9, DM_F32);
+  dm_tensor *out = dm_zeros(DM_CPU, DM_F32, 3, ss);
+  double *b0 = to_doubles(buf), *gd = to_doubles(g), *p0 = to_doubles(p);
+  dm_fill(out, -7.0);
+  dm_muon_momentum_k momentum = DM_KERNEL(dm_muon_momentum_k, "muon_momentum", DM_CPU);
+  momentum(1, &buf, &g, &out, 0.5, true, NULL, NULL, 0, 5, 8);
+  bool ok = true;
+  for (int64_t e = 0; e < 30; e++) {
+    double bj = (float)(0.5f * (float)b0[e] + (float)gd[e]);
+    ok = ok && at(buf, e) == bj && at(out, e / 5 * 8 + e % 5) == (float)((float)gd[e] + 0.5f * (float)bj);
+  }
+  for (int64_t r = 0; r < 6; r++)
+    for (int64_t c = 5; c < 8; c++) ok = ok && at(out, r * 8 + c) == -7.0;
+  CHECK(ok);
+  dm_muon_apply_k apply = DM_KERNEL(dm_muon_apply_k, "muon_apply", DM_CPU);
+  dm_muon_hp hp = {.lr = 0.5, .weight_decay = 0};
+  apply(1, &p, &out, &hp, 1.0, 5, 8);
+  ok = true;
+  for (int64_t e = 0; e < 30; e++) ok = ok && at(p, e) == (float)((float)p0[e] - 0.5f * (float)at(out, e / 5 * 8 + e % 5));
+  CHECK(ok);
+  free(b0); free(gd); free(p0);
+  dm_release(buf); dm_release(g); dm_release(p); dm_release(out);
+}
+
 static void muon_errors(void) {
   int64_t s[2] = {2, 3}, v[1] = {3};
   dm_tensor *p = dm_zeros(DM_CPU, DM_F32, 2, s), *b = dm_zeros(DM_CPU, DM_F32, 2, s);
@@ -525,6 +554,7 @@ int main(void) {
   ns_gram_form();
   ns_bf16_band();
   muon_matches_reference();
+  muon_kernels_pitched();
   muon_errors();
   clip_norm_and_scale();
   clip_reports_non_finite();

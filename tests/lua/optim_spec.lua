@@ -214,10 +214,35 @@ describe("optim clipping and the NaN firewall", function()
     local r = opt:step(1)
     assert.is_true(near(r.grad_norm, math.sqrt(36 * 0.25)))          -- 3
     assert.is_false(r.skipped)
-    local g = model.proj.weight.grad
-    assert.is_true(near(g:totable()[1][1], 0.5 / 3, 1e-7))
-    local n2 = (g * g):sum():item() + (model.proj.bias.grad * model.proj.bias.grad):sum():item()
-    assert.is_true(near(math.sqrt(n2), 1, 1e-6))
+    -- AdamW's gradients are scaled in place; Muon's as its momentum pass reads them
+    assert.is_true(near(model.proj.bias.grad:totable()[1], 0.5 / 3, 1e-7))
+    assert.are.equal(0.5, model.proj.weight.grad:totable()[1][1])
+  end)
+
+  it("updates as if every gradient had been clipped first, bit for bit (eager and on device scalars)", function()
+    local function run(clip_inside, async)
+      dm.manual_seed(5)
+      local model = Reg("proj")
+      local opt = optim.new(model, {clip = clip_inside and 1.0 or 0, muon_lr = 0.02, adamw_lr = 0.01}, {warmup = 0},
+                            10, {quiet = true})
+      for step = 1, 3 do
+        model.proj.weight.grad = dm.randn({4, 8}, {seed = step}) * 2
+        model.proj.bias.grad = dm.randn({4}, {seed = 10 + step}) * 2
+        if not clip_inside then                      -- clipped by hand first, as dm.clip_scale does
+          local grads, sumsq = {model.proj.weight.grad, model.proj.bias.grad}, dm.zeros({1}, {dtype = "f64"})
+          core.clip_grads_async(grads, 1.0, sumsq)
+        end
+        if async then opt:prepare(step); opt:step_async() else opt:step(step) end
+      end
+      return model, opt
+    end
+    for _, async in ipairs {false, true} do
+      local a, oa = run(true, async)
+      local b, ob = run(false, async)
+      assert.is_true(dm.allclose(a.proj.weight, b.proj.weight, {rtol = 0, atol = 0}), "the Muon matrix differs")
+      assert.is_true(dm.allclose(a.proj.bias, b.proj.bias, {rtol = 0, atol = 0}), "the AdamW bias differs")
+      assert.is_true(dm.allclose(oa.groups[1].state.momentum[1], ob.groups[1].state.momentum[1], {rtol = 0, atol = 0}))
+    end
   end)
 
   it("skips a step whose gradient is not finite and leaves everything as it was", function()
@@ -357,6 +382,10 @@ describe("optim settings and the core functions", function()
     local hp = {lr = 1, momentum = 0.9, weight_decay = 0, ns_steps = 5}
     expect_error(function() core.muon_step({p}, {dm.zeros({3, 2})}, hp) end,
                  "muon: parameter 1 has shape [2, 3] but its momentum buffer has shape [3, 2]")
+    expect_error(function() core.muon_step({p}, {dm.zeros({2, 3})}, {lr = 1, momentum = 0.9, weight_decay = 0,
+                                                                  ns_steps = 5, clip = 1}) end,
+                 "muon: clip 1 needs the gradients' sum of squares (sumsq_at)")
+    expect_error(function() core.clip_scale({p}, 1, dm.zeros({1})) end, "clip_scale: the sum of squares")
     hp.ns_dtype = "f16"
     expect_error(function() core.muon_step({p}, {dm.zeros({2, 3})}, hp) end, "dtype must be \"f32\" or \"bf16\", got f16")
     expect_error(function() core.clip_grad_norm({p}, -1) end, "max_norm must be >= 0")

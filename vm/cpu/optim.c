@@ -121,25 +121,55 @@ static void cpu_clip_scale(int n, dm_tensor *const *x, const dm_tensor *sumsq, d
 /* ---- Muon ----------------------------------------------------------------------------------- */
 
 /* (sumsq_at is resolved by the core on the CPU: never set here) */
+/* the stack index of element e of a member: rows `pitch` apart (dm_muon_momentum_k) */
+static inline int64_t pitched(int64_t e, int64_t cols, int64_t pitch) {
+  return pitch == cols ? e : e / cols * pitch + e % cols;
+}
+
+/* a span of g's values as scale_any would leave them: each (value · s) rounded once to g's dtype */
+static const float *clip_span(const dm_tensor *g, const float *v, int64_t len, double s, float *tmp) {
+  for (int64_t j = 0; j < len; j++) {
+    if (g->dtype == DM_F32) { tmp[j] = (float)(v[j] * s); continue; }
+    char r[8];
+    dm_store(g->dtype, r, v[j] * s);
+    tmp[j] = (float)dm_load(g->dtype, r);
+  }
+  return tmp;
+}
+
+/* the factor dm_clip_scale would scale by, and whether it would */
+static bool clip_factor(const double *clip_at, double clip, double *s) {
+  if (!clip_at) return false;
+  double norm = sqrt(*clip_at);
+  if (!isfinite(norm) || !(norm > clip)) return false;
+  *s = clip / norm;
+  return true;
+}
+
 static void cpu_muon_momentum(int n, dm_tensor *const *buf, dm_tensor *const *g, dm_tensor *const *out,
-                              double mu, bool nesterov, const double *sumsq_at) {
+                              double mu, bool nesterov, const double *sumsq_at, const double *clip_at, double clip,
+                              int64_t cols, int64_t pitch) {
   (void)sumsq_at;
+  double s = 1;
+  bool clipped = clip_factor(clip_at, clip, &s);
   const float m = (float)mu;
-  float gt[CHUNK], ot[CHUNK], bt[CHUNK];
+  float gt[CHUNK], bt[CHUNK];
   for (int i = 0; i < n; i++) {
     int64_t total = dm_numel(buf[i]);
+    bool f32 = out[i]->dtype == DM_F32;
     for (int64_t i0 = 0; i0 < total; i0 += CHUNK) {
       int64_t len = span_len(total, i0);
       const float *gg = span(g[i], i0, len, gt);
+      if (clipped) gg = clip_span(g[i], gg, len, s, gt);
       float *b = span(buf[i], i0, len, bt);       /* a bf16 buffer (momentum_dtype) rounds once a step */
-      float *o = out[i]->dtype == DM_F32 ? (float *)dm_data(out[i]) + i0 : ot;
       for (int64_t j = 0; j < len; j++) {
-        float bj = m * b[j] + gg[j];
+        float bj = m * b[j] + gg[j], o = nesterov ? gg[j] + m * bj : bj;
         b[j] = bj;
-        o[j] = nesterov ? gg[j] + m * bj : bj;
+        int64_t at = pitched(i0 + j, cols, pitch);
+        if (f32) ((float *)dm_data(out[i]))[at] = o;
+        else ((uint16_t *)dm_data(out[i]))[at] = dm_f32_to_bf16(o);
       }
       commit(buf[i], i0, len, b);
-      commit(out[i], i0, len, o);
     }
   }
 }
@@ -189,16 +219,16 @@ static void cpu_ns_axpby(dm_tensor *y, double alpha, const dm_tensor *x, double 
 }
 
 static void cpu_muon_apply(int n, dm_tensor *const *p, dm_tensor *const *o, const dm_muon_hp *hp,
-                           double scale) {
+                           double scale, int64_t cols, int64_t pitch) {
   const float decay = (float)(1 - hp->lr * hp->weight_decay), step = (float)(hp->lr * scale);
-  float tmp[CHUNK];
   for (int i = 0; i < n; i++) {
     float *pp = dm_data(p[i]);
     int64_t total = dm_numel(p[i]);
-    for (int64_t i0 = 0; i0 < total; i0 += CHUNK) {
-      int64_t len = span_len(total, i0);
-      const float *u = span(o[i], i0, len, tmp);
-      for (int64_t j = 0; j < len; j++) pp[i0 + j] = pp[i0 + j] * decay - step * u[j];
+    bool f32 = o[i]->dtype == DM_F32;
+    for (int64_t e = 0; e < total; e++) {
+      int64_t at = pitched(e, cols, pitch);
+      float u = f32 ? ((const float *)dm_data(o[i]))[at] : bf16_f32(((const uint16_t *)dm_data(o[i]))[at]);
+      pp[e] = pp[e] * decay - step * u;
     }
   }
 }

@@ -138,16 +138,25 @@ function Optimizer:step(step)
   if self.dev then self:sync() end         -- the updates step_async applied count too
   local mult = self.lr_mult(step)
   local device = self.params[1].device
-  local norm, finite = profile.region("clip", "optim", device, core.clip_grads, self:grads(), self.clip)
+  local dev = self:scalars()
+  local norm, finite = profile.region("clip", "optim", device, function()
+    local all, apart = self:grads_split()
+    core.clip_grads_async(all, 0, dev.sumsq)                -- the norm, read once here
+    local n = math.sqrt(dev.sumsq:item())
+    local ok = n == n and n ~= math.huge
+    if ok then core.clip_scale(apart, self.clip, dev.sumsq) end
+    return n, ok
+  end)
   local r = {grad_norm = norm, lr = self.base_lr * mult, lr_mult = mult, skipped = not finite}
   if not finite then
     self.skips = self.skips + 1
     return r
   end
   self.t = self.t + 1
-  if self.dev then self.dev.step:copy_(dm.tensor({self.t}, {dtype = "i64"})) end   -- what sync() reads
+  dev.step:copy_(dm.tensor({self.t}, {dtype = "i64"}))      -- what sync() reads
   for _, g in ipairs(self.groups) do
-    profile.region(g.name, "optim", device, g.update, g, mult, self.t)
+    local at = g.clips_inside and {sumsq_at = dev.sumsq, clip = self.clip} or nil
+    profile.region(g.name, "optim", device, g.update, g, mult, self.t, at)
   end
   return r
 end
@@ -165,9 +174,9 @@ function Optimizer:scalars()
       sumsq = dm.keep(dm.zeros({1}, {dtype = "f64", device = device})),
     }
     self.dev.at = {}
-    for i in ipairs(self.groups) do
+    for i, g in ipairs(self.groups) do
       self.dev.at[i] = {lr_at = dm.keep(self.dev.lr:narrow(1, i, 1)), step_at = self.dev.step,
-                        sumsq_at = self.dev.sumsq}
+                        sumsq_at = self.dev.sumsq, clip = g.clips_inside and self.clip or nil}
     end
   end
   return self.dev
@@ -193,7 +202,9 @@ function Optimizer:step_async()
     end
   end
   local dev = self:scalars()
-  core.clip_grads_async(self:grads(), self.clip, dev.sumsq)
+  local all, apart = self:grads_split()
+  core.clip_grads_async(all, 0, dev.sumsq)
+  core.clip_scale(apart, self.clip, dev.sumsq)
   core.optim_tick(dev.step, dev.sumsq)
   for i, g in ipairs(self.groups) do g:update(self.mult or 1, math.max(self.t, 1), dev.at[i]) end
 end
@@ -203,6 +214,24 @@ function Optimizer:sync()
   if not self.dev then return {t = self.t} end
   self.t = math.tointeger(self.dev.step:item())
   return {t = self.t, grad_norm = math.sqrt(self.dev.sumsq:item())}
+end
+
+-- The norm's gradients, and those of them clipped in a pass of their own:
+-- all but the ones whose group clips them in its first pass over them
+-- (Muon: the momentum kernel takes them unclipped, with the norm's sum).
+function Optimizer:grads_split()
+  local inside = {}
+  for _, g in ipairs(self.groups) do
+    if g.clips_inside then for _, p in ipairs(g.params) do inside[p] = true end end
+  end
+  local all, apart = self:grads(), {}
+  for _, p in ipairs(self.params) do
+    if p.grad and not inside[p] then apart[#apart + 1] = p.grad end
+  end
+  for _, g in ipairs(self.groups) do
+    if g.grads then for _, grad in ipairs(g:grads()) do apart[#apart + 1] = grad end end
+  end
+  return all, apart
 end
 
 -- What the global norm covers: every parameter's .grad, and the sparse

@@ -15,7 +15,9 @@ GPU, f32 on the CPU by default. The momentum buffers are f32, or bf16
 local core = require "dormouse.core"
 local groups = require "dormouse.optim.groups"
 
-local Muon = {kind = "muon", device_scalars = true}
+-- clips_inside: the gradients reach the momentum pass unclipped, with the
+-- global norm's sum and the clip (at.clip), and are clipped as they are read
+local Muon = {kind = "muon", device_scalars = true, clips_inside = true}
 Muon.__index = Muon
 
 -- hp: {lr, momentum, nesterov, weight_decay, ns_steps, coeffs, ns_dtype, momentum_dtype}
@@ -34,7 +36,7 @@ function Muon:update(mult, _, at)
   core.muon_step(self.params, self.state.momentum, {
     lr = self.lr * mult, momentum = self.momentum, nesterov = self.nesterov,
     weight_decay = self.weight_decay, ns_steps = self.ns_steps, coeffs = self.coeffs,
-    ns_dtype = self.ns_dtype, lr_at = at.lr_at, sumsq_at = at.sumsq_at,
+    ns_dtype = self.ns_dtype, lr_at = at.lr_at, sumsq_at = at.sumsq_at, clip = at.clip,
   })
 end
 

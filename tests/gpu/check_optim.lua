@@ -1,0 +1,66 @@
+--[[
+Muon on the GPU against the CPU: core.muon_step on matrices and banks whose
+rows are not a multiple of 8 elements (the GPU lays the Newton-Schulz stack
+out with rows padded to 8; the CPU does not), in the plain form (a square
+and a wide matrix) and the Gram form (tall and wide banks), with f32 and bf16
+momentum buffers. Newton-Schulz in f32 on both sides; the parameters and
+buffers after two steps agree within 2e-4 of their largest entry (cuBLAS and
+the CPU add in other orders).
+  dormouse run tests/gpu/check_optim.lua
+DRY=1 runs the script with the CPU on both sides.
+]]
+local dm = require "dormouse"
+local common = require "tests.gpu.common"
+local core = require "dormouse.core"
+
+local DRY = os.getenv("DRY") ~= nil
+if not DRY and not common.gpu_or_skip(dm.cuda, "check_optim") then return end
+local GPU = DRY and "cpu" or "cuda"
+local checks = common.checks("check_optim")
+
+local shapes = {
+  {{37, 37}},                       -- plain form, square
+  {{24, 61}, {24, 61}},             -- plain form, wide, two members of one group
+  {{3, 64, 13}},                    -- Gram form, tall bank
+  {{2, 13, 300}, {13, 300}},        -- Gram form, wide: a bank and a matrix of one shape
+  {{5, 64, 5461}},                  -- b1's D bank, five of its experts
+}
+
+local function step_both(list, mom_dtype)
+  local sides = {}
+  for side, device in pairs {cpu = "cpu", gpu = GPU} do
+    local p, b = {}, {}
+    for i, shape in ipairs(list) do
+      p[i] = dm.randn(shape, {seed = i}):to(device)
+      b[i] = dm.zeros(shape, {dtype = mom_dtype}):to(device)
+    end
+    for s = 1, 2 do
+      for i, shape in ipairs(list) do p[i].grad = dm.randn(shape, {seed = 100 * s + i}):to(device) end
+      core.muon_step(p, b, {lr = 0.02, momentum = 0.95, nesterov = true, weight_decay = 0.1, ns_steps = 5,
+                            coeffs = "quintic", ns_dtype = "f32"})
+    end
+    sides[side] = {p = p, b = b}
+  end
+  return sides
+end
+
+for _, mom in ipairs {"f32", "bf16"} do
+  for _, list in ipairs(shapes) do
+    local names = {}
+    for i, shape in ipairs(list) do names[i] = "[" .. table.concat(shape, ", ") .. "]" end
+    checks.check(string.format("muon_step %s, %s momentum: GPU = CPU", table.concat(names, " + "), mom), function()
+      local s = step_both(list, mom)
+      local worst = 0
+      for i in ipairs(list) do
+        local e = common.rel(s.gpu.p[i], s.cpu.p[i])
+        local eb = common.rel(s.gpu.b[i], s.cpu.b[i])
+        assert(e <= 2e-4, string.format("parameter %d: relative error %.3g", i, e))
+        assert(eb <= (mom == "bf16" and 1e-2 or 1e-6), string.format("buffer %d: relative error %.3g", i, eb))
+        worst = math.max(worst, e)
+      end
+      return string.format("worst parameter error %.2g", worst)
+    end)
+  end
+end
+
+checks.finish()
