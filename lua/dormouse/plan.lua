@@ -17,8 +17,11 @@ the activations each op saved for backward, the rest of the step's tensors.
 
 What the meta device cannot see is modelled, each with its source:
   - the scratch CUDA kernels take for themselves (dm_scratch in kernels/*.cu),
-    by phase (plan.scratch); the largest of the peak's phase is added, so the
-    prediction is an upper bound by at most that much;
+    op by op (plan.scratch): while an op runs on the meta device, its forward
+    or its backward, its scratch is a meta allocation of its own
+    (core.meta_scratch), so the trace's peak holds a scratch only where it is
+    live and the table shows it only then. The optimiser's kernels are no ops:
+    the largest of their scratch (a few KB) is added to that phase's peak;
   - memory outside the allocator: cuBLASLt's workspace (plan.OUTSIDE).
 With engram.ram the tables and their Adam moments live in host memory: the
 step is planned with the tables on the device and their bytes, which are held
@@ -101,74 +104,127 @@ plan.OUTSIDE = {
 -- The most dynamic shared memory a block may opt in to on sm_90 (H100, H200):
 -- cudaDevAttrMaxSharedMemoryPerBlockOptin = 227 KiB. KDA keeps its state there when it fits.
 local SMEM_OPTIN = 232448
+local SM_COUNT = 132          -- an H200's SMs: dm_colsum (kernels/model.cuh) takes 8 chunks of rows per SM
 local KDA_CHUNK = 64          -- DM_KDA_CHUNK (vm/kda.h): the backward's checkpoint interval; the model sets none
 local KC, KC_MIN_T, KC_MAXD = 64, 32, 64   -- the chunked kernels' chunk (kernels/kda_chunk.cu), and when
                                            -- "auto" takes them on CUDA (vm/kda.h DM_KDA_CHUNKED_MIN_T, _MAXD)
 local SUMSQ_CHUNK = 65536     -- kernels/optim.cu: elements per block of the sums of squares (one partial each)
+local BS_CHUNK = 256          -- DM_BS_CHUNK (kernels/model.cuh): keys per block of the bucket sort (a row of
+                              -- counters each)
+local CONV_TL, CONV_K = 32, 4 -- kernels/blocks.cu: positions per run of the conv's weight gradient (a partial
+                              -- each); the short convolutions' kernel (nn/kda.lua, nn/engram.lua)
+local TC_RANKS = {[16] = true, [32] = true, [64] = true, [128] = true}   -- kernels/moe.cu tc_fits
 
 local function ceil_div(a, b) return (a + b - 1) // b end
 
+local f32, i64, f64 = 4, 8, 8
+
+-- dm_colsum's partial sums (kernels/model.cuh): rows summed per column in chunks, 8 chunks per SM
+local function colsum(rows, cols)
+  local chunks = math.max(1, math.min(SM_COUNT * 8 // ceil_div(cols, 32), ceil_div(rows, 64), 65535))
+  return f64 * chunks * cols
+end
+
+-- dm_bucket_sort's counters (kernels/model.cuh): a row of nb per block of keys
+local function bucket_sort(n, nb) return n > 0 and i64 * ceil_div(n, BS_CHUNK) * nb or 0 end
+
+-- kernels/engram.cu radix_sort: its bucket offsets and one pass's counters
+local function radix_sort(n) return i64 * 257 + bucket_sort(n, 256) end
+
 --[[ The device scratch the CUDA kernels of one step take for themselves
 (dm_scratch in kernels/*.cu: counted by dm.memory("cuda"), unseen on the meta
-device), by phase: for each phase the largest, {bytes, what, where}. s: {B, T, heads,
-head_dim, experts, top_k, rank, n_sub (Engram sub-tables, 0 without Engram),
-grad_accum, grads = {numel of each gradient the clipping reads}, muon = {{stack,
-rows, cols} per Muon shape group}, kda_chunked (the build has the chunked KDA
-kernels: the kda op takes `algo`)}. Kernels whose scratch is a few scalars
-(the checks, Adam's and Muon's constants) are left out. ]]
+device). s: {B, T, d, heads, head_dim, experts, top_k, rank, n_sub (Engram
+sub-tables, 0 without Engram), ram (Engram's rows are found on the host),
+grad_accum, dtype (of the products), grads = {numel of each gradient the
+clipping reads}, muon = {{stack, rows, cols} per Muon shape group},
+kda_chunked (the build has the chunked KDA kernels: the kda op takes `algo`)}.
+Returns
+  ops: {{op, phase = "forward"|"backward", bytes, what, where}, ...}, what each
+       op's forward or backward holds while it runs (the most of its calls: one
+       entry an op and phase; a forward run again by a checkpoint takes it again);
+  optimiser_ops: the same for the ops of the optimiser's phase (the Engram
+       gradient summed over micro-batches);
+  optimiser: {bytes, what, where}, the largest of the optimiser's kernels,
+       which are no ops (clipping, Newton-Schulz).
+Kernels whose scratch is a few scalars (the checks, Adam's and Muon's
+constants) are left out. ]]
 function plan.scratch(s)
   local B, T, H, dk = s.B, s.T, s.heads, s.head_dim
-  local dv, f32, i64, f64 = dk, 4, 8, 8
+  local dv, hd, N = dk, s.heads * s.head_dim, s.B * s.T
   local bh = B * H            -- (batch, head) pairs: one block each
   local vec = 4 * dk + 3 * dv + 1 + 2 * 8 * dv          -- kda_vec_count (kernels/kda.cu), 8 warps
   local function state_in_smem(copies) return f32 * (vec + copies * dk * dv) <= SMEM_OPTIN end
   local nc, len = ceil_div(T, KDA_CHUNK), math.min(KDA_CHUNK, T)
   local chunked = s.kda_chunked and T >= KC_MIN_T and dk <= KC_MAXD and dv <= KC_MAXD
   local chunks = bh * ceil_div(T, KC)                      -- kc_front: tiles of KC x KC per chunk, and the decays
-  local rows = B * T * s.top_k                            -- MoE assignments, sorted by expert
-  local lookups = B * T * s.n_sub                         -- Engram rows read, one per sub-table
+  local E, rows, R = s.experts, N * s.top_k, s.rank      -- MoE assignments, sorted by expert
+  local tiles = i64 * (E + 1)                             -- make_tiles
+  local tc = (s.dtype == "bf16" or s.dtype == "f16") and TC_RANKS[R] and s.d % 8 == 0   -- the tensor-core kernels
+  local lookups = N * s.n_sub                             -- Engram rows read, one per sub-table
   local all = s.grad_accum * lookups
+  local conv_c = math.max(hd, s.n_sub > 0 and s.d or 0)  -- KDA's convolutions over hd channels, Engram's over d
+  local ops = {}
+  local function op(name, phase, bytes, what, where)
+    if bytes > 0 then ops[#ops + 1] = {op = name, phase = phase, bytes = bytes, what = what, where = where} end
+  end
+  if chunked then
+    op("kda", "forward", f32 * chunks * (5 * KC * KC + KC), "kda chunked forward tiles",
+       "kernels/kda_chunk.cu kc_front")
+    op("kda", "backward", f32 * chunks * (14 * KC * KC + KC), "kda chunked backward tiles",
+       "kernels/kda_chunk.cu kc_front")
+  else
+    op("kda", "forward", f32 * bh * dk * dv * (state_in_smem(1) and 0 or 1), "kda forward state",
+       "kernels/kda.cu kda_forward")
+    op("kda", "backward", f32 * bh * ((nc + len) * dk * dv + len * dv) +
+       f32 * bh * 2 * dk * dv * (state_in_smem(2) and 0 or 1), "kda backward states", "kernels/kda.cu kda_backward")
+  end
+  op("kda_gate", "backward", f64 * hd + colsum(N, 2 * hd), "kda_gate's channel sums", "kernels/kda.cu gate_backward")
+  op("causal_conv1d", "backward", f64 * B * ceil_div(T, CONV_TL) * CONV_K * conv_c, "causal_conv1d weight partials",
+     "kernels/blocks.cu conv_bwd_runs")
+  op("rmsnorm", "backward", math.max(colsum(N, s.d), colsum(N * H, dk)), "rmsnorm gain partials",
+     "kernels/blocks.cu cuda_rownorm_bwd")
+  op("cross_entropy", "forward", f64 * N, "cross-entropy partial sums", "kernels/blocks.cu cuda_ce")
+  op("moe_route", "forward", i64 * (E + 1) + bucket_sort(rows, E), "moe_route counts", "kernels/moe.cu bucket_counts")
+  op("moe_sort", "forward", bucket_sort(rows, E), "moe_sort counters", "kernels/moe.cu cuda_sort")
+  if tc then
+    op("moe_experts", "forward", 2 * rows * R + tiles, "moe experts hidden rows", "kernels/moe.cu tc_forward")
+    op("moe_experts", "backward", (2 * 3 + f32 * 2) * rows * R + tiles, "moe experts backward rows",
+       "kernels/moe.cu tc_backward")
+  else
+    local c = s.dtype == "f64" and f64 or f32
+    op("moe_experts", "forward", tiles, "moe expert tiles", "kernels/moe.cu experts_forward")
+    op("moe_experts", "backward", 5 * c * rows * R + tiles, "moe experts backward rows",
+       "kernels/moe.cu experts_backward")
+  end
+  if not s.ram then            -- (with the tables in host memory a host thread finds the rows)
+    op("engram_unique", "forward", i64 * (6 * lookups + 2) + radix_sort(lookups), "engram_unique sort",
+       "kernels/engram.cu")
+  end
+  local step_ops = ops
+  ops = {}
+  if s.grad_accum > 1 and s.n_sub > 0 then     -- Engram:sparse_grad sums the micro-batches' rows
+    if not s.ram then
+      op("engram_unique", "forward", i64 * (6 * all + 2) + radix_sort(all), "engram_unique of the step's rows",
+         "kernels/engram.cu")
+    end
+    op("engram_sparse_grad", "forward", i64 * (6 * all + 1) + radix_sort(all), "engram_sparse_grad",
+       "kernels/engram.cu")
+  end
   local sumsq = 0
   for _, n in ipairs(s.grads) do sumsq = sumsq + ceil_div(n, SUMSQ_CHUNK) end
   local ns = 0
-  for _, g in ipairs(s.muon) do ns = math.max(ns, g.stack * math.min(64, ceil_div(g.rows * g.cols, 16384))) end
-  local kda_fwd, kda_bwd
-  if chunked then
-    kda_fwd = {f32 * chunks * (5 * KC * KC + KC), "kda chunked forward tiles", "kernels/kda_chunk.cu kc_front"}
-    kda_bwd = {f32 * chunks * (14 * KC * KC + KC), "kda chunked backward tiles", "kernels/kda_chunk.cu kc_front"}
-  else
-    kda_fwd = {f32 * bh * dk * dv * (state_in_smem(1) and 0 or 1), "kda forward state", "kernels/kda.cu kda_forward"}
-    kda_bwd = {f32 * bh * ((nc + len) * dk * dv + len * dv) + f32 * bh * 2 * dk * dv * (state_in_smem(2) and 0 or 1),
-               "kda backward states", "kernels/kda.cu kda_backward"}
+  for _, g in ipairs(s.muon) do          -- each matrix's slices' partials (f64) and its factor (f32)
+    local pitch = ceil_div(g.cols, 8) * 8 -- the stack's rows, padded to 8 on CUDA (vm/optim.c stack_pitch)
+    ns = math.max(ns, f64 * g.stack * math.min(64, ceil_div(g.rows * pitch, 16384)) + f32 * g.stack)
   end
-  local phases = {
-    forward = {
-      kda_fwd,
-      {i64 * (6 * lookups + 2), "engram_unique sort", "kernels/engram.cu"},
-      {f64 * B * T, "cross-entropy partial sums", "kernels/blocks.cu cuda_ce"},
-      {2 * i64 * (s.experts + 1), "moe offsets and tiles", "kernels/moe.cu"},
-    },
-    backward = {
-      kda_bwd,
-      {5 * f32 * rows * s.rank + i64 * (s.experts + 1), "moe experts backward rows",
-       "kernels/moe.cu experts_backward"},
-    },
-    optimiser = {
-      {f64 * math.max(sumsq, 1), "clipping's partial sums", "kernels/optim.cu cuda_sumsq"},
-      {f64 * ns, "Newton-Schulz norm partials", "kernels/optim.cu cuda_ns_normalize"},
-      {s.grad_accum > 1 and i64 * (6 * all + 2) or 0, "engram_unique of the step's rows", "kernels/engram.cu"},
-      {s.grad_accum > 1 and i64 * (6 * all + 1) or 0, "engram_sparse_grad", "kernels/engram.cu"},
-    },
-  }
-  local out = {}
-  for phase, list in pairs(phases) do
-    local best = {bytes = 0, what = "none", where = ""}
-    for _, k in ipairs(list) do
-      if k[1] > best.bytes then best = {bytes = k[1], what = k[2], where = k[3]} end
-    end
-    out[phase] = best
+  local best = {bytes = 0, what = "none", where = ""}
+  for _, k in ipairs {
+    {f64 * math.max(sumsq, 1), "clipping's partial sums", "kernels/optim.cu cuda_sumsq"},
+    {ns, "Newton-Schulz norm partials", "kernels/optim.cu cuda_ns_normalize"},
+  } do
+    if k[1] > best.bytes then best = {bytes = k[1], what = k[2], where = k[3]} end
   end
-  return out
+  return {ops = step_ops, optimiser_ops = ops, optimiser = best}
 end
 
 ---------------------------------------------------------------- a planning session
@@ -275,15 +331,17 @@ function Session:scratch(B, T)
   local engram = self.model.block and self.model.block.engram
   local grads = {table.unpack(self.grad_counts)}
   if engram then grads[#grads + 1] = B * T * engram.n_sub * engram.width * self.grad_accum end
-  return plan.scratch {B = B, T = T, heads = m.heads, head_dim = m.head_dim, experts = m.experts, top_k = m.top_k,
-                       rank = m.expert_rank, n_sub = engram and engram.n_sub or 0, grad_accum = self.grad_accum,
-                       grads = grads, muon = self.muon, kda_chunked = self.kda_chunked}
+  return plan.scratch {B = B, T = T, d = m.d, heads = m.heads, head_dim = m.head_dim, experts = m.experts,
+                       top_k = m.top_k, rank = m.expert_rank, n_sub = engram and engram.n_sub or 0, ram = self.ram,
+                       grad_accum = self.grad_accum, dtype = self.compute, grads = grads, muon = self.muon,
+                       kda_chunked = self.kda_chunked}
 end
 
 --[[ One step at B × T on the meta device; watch_at: the allocation at which to
-sort the live bytes. Returns the phases in order, each {name, peak, at, blocks}
-(bytes over the session's start, the allocation number within the step). ]]
-function Session:run(B, T, watch_at)
+sort the live bytes; scratch: plan.scratch's ops, charged while they run (nil:
+none). Returns the phases in order, each {name, peak, at, blocks} (bytes over
+the session's start, the allocation number within the step). ]]
+function Session:run(B, T, watch_at, scratch)
   local phases, order, current = {}, {}, nil
   local function close()
     if not current then return end
@@ -300,6 +358,7 @@ function Session:run(B, T, watch_at)
   local function mark(name)
     close()
     current = name
+    if scratch then core.meta_scratch(name == "optimiser" and scratch.optimiser_ops or scratch.ops) end
     core.meta_trace_mark()
   end
   local function next_batch()             -- the loader's bytes, as the trainer copies them to the device
@@ -312,6 +371,7 @@ function Session:run(B, T, watch_at)
     plan.step(self.model, self.opt, next_batch, self.grad_accum, mark)
   end)
   close()
+  core.meta_scratch(nil)
   if not ok then
     core.meta_watch(0)
     error(err, 0)
@@ -323,24 +383,25 @@ function Session:run(B, T, watch_at)
   return order
 end
 
+local NO_SCRATCH = {bytes = 0, what = "none", where = ""}
+
 --[[ The prediction at B × T: {peak (bytes as asked), blocks (in allocator
 blocks), need (blocks and what is outside the allocator), phase, at, scratch =
-{bytes, what, where}, seen (the most the meta device saw, scratch apart)}; the
-device's bytes only (engram.ram tables taken out). The peak is the largest of
-each phase's most and its scratch. ]]
+{bytes, what, where} (added to the trace: the optimiser's kernels that are no
+ops, in that phase; the ops' scratch is in the trace already)}; the device's
+bytes only (engram.ram tables taken out). The peak is the largest of each
+phase's most (its scratch included). ]]
 function Session:measure(B, T)
   local scratch = self:scratch(B, T)
-  local best, seen = nil, 0
-  for _, p in ipairs(self:run(B, T)) do
-    local s = scratch[p.name]
+  local best = nil
+  for _, p in ipairs(self:run(B, T, nil, scratch)) do
+    local s = p.name == "optimiser" and scratch.optimiser or NO_SCRATCH
     local peak = p.peak - self.host_bytes + s.bytes
-    seen = math.max(seen, p.peak - self.host_bytes)
     if not best or peak > best.peak then
-      best = {peak = peak, blocks = p.blocks - self.host_blocks + core.cuda_block_size(s.bytes),
+      best = {peak = peak, blocks = p.blocks - self.host_blocks + (s.bytes > 0 and core.cuda_block_size(s.bytes) or 0),
               phase = p.name, at = p.at, scratch = s}
     end
   end
-  best.seen = seen
   local outside = 0
   for _, o in ipairs(plan.OUTSIDE) do outside = outside + o.bytes end
   best.outside = outside
@@ -348,16 +409,26 @@ function Session:measure(B, T)
   return best
 end
 
--- The live bytes at the peak of B × T, sorted by holder: the prediction with `parts`.
+-- The most the meta device sees at B × T without any kernel scratch (the device's bytes only).
+function Session:seen(B, T)
+  local seen = 0
+  for _, p in ipairs(self:run(B, T)) do seen = math.max(seen, p.peak - self.host_bytes) end
+  return seen
+end
+
+--[[ The live bytes at the peak of B × T, sorted by holder: the prediction with
+`parts` (the scratch of the ops open at the peak among them, kind "scratch"),
+and `seen`, the same step's most without any kernel scratch. ]]
 function Session:attribute(B, T)
   local r = self:measure(B, T)
+  local scratch = self:scratch(B, T)
   local at = r.at
   if at == 0 then            -- the phase's most was where it began: sort at the step's own peak
     local top
-    for _, p in ipairs(self:run(B, T)) do if not top or p.peak > top.peak then top = p end end
+    for _, p in ipairs(self:run(B, T, nil, scratch)) do if not top or p.peak > top.peak then top = p end end
     at = top.at
   end
-  self:run(B, T, at)
+  self:run(B, T, at, scratch)
   local w = core.meta_watch_result()
   if not w then error("plan: the step made fewer allocations than the first run (" .. at .. ")", 0) end
   r.parts = {}
@@ -366,10 +437,13 @@ function Session:attribute(B, T)
     if p.kind == "other" then bytes = bytes - self.base.current end      -- meta tensors from before the session
     if p.name ~= "host" then r.parts[#r.parts + 1] = {name = p.name, kind = p.kind, bytes = bytes} end
   end
-  r.parts[#r.parts + 1] = {name = r.scratch.what .. " (" .. r.scratch.where .. ")", kind = "scratch",
-                           bytes = r.scratch.bytes}
+  if r.scratch.bytes > 0 then
+    r.parts[#r.parts + 1] = {name = r.scratch.what .. " (" .. r.scratch.where .. ")", kind = "scratch",
+                             bytes = r.scratch.bytes}
+  end
   r.watched = w.current - self.base.current - self.host_bytes + r.scratch.bytes
   r.where, r.last = w.where, w.last
+  r.seen = self:seen(B, T)
   return r
 end
 

@@ -118,7 +118,7 @@ describe("the predicted peak", function()
       assert.equal(dm.memory("meta").peak - base, planned)
     end)
 
-    it("of " .. file .. " is the sum of its table: what is live at the peak, and the phase's scratch", function()
+    it("of " .. file .. " is the sum of its table: what is live at the peak, the kernels' scratch with it", function()
       local cfg = config.load(file, {"batch=" .. B, "seq=" .. T})
       local r = plan.report(cfg)
       local sum, saved = 0, 0
@@ -129,9 +129,11 @@ describe("the predicted peak", function()
       assert.equal(r.peak, sum)
       assert.is_true(saved > 0)
       local s = plan.session(cfg)
-      assert.equal(meta_peak(s, B, T), r.seen)
+      assert.equal(meta_peak(s, B, T), r.seen)                 -- seen: the step without any scratch
+      local scratch, most = s:scratch(B, T), 0
       s:close()
-      assert.is_true(r.peak >= r.seen and r.peak <= r.seen + r.scratch.bytes)
+      for _, o in ipairs(scratch.ops) do most = most + o.bytes end
+      assert.is_true(r.peak >= r.seen and r.peak <= r.seen + most + scratch.optimiser.bytes)
       assert.equal("backward", r.phase)
       assert.is_true(r.blocks >= r.peak)
       assert.equal(r.blocks + 32 * 2 ^ 20, r.need)
@@ -183,6 +185,122 @@ describe("the predicted peak", function()
     assert.equal(tables, ram.host)
     assert.equal(dev.peak - tables, ram.peak)
     assert.is_nil(dev.host)
+  end)
+end)
+
+describe("the ops' kernel scratch (core.meta_scratch)", function()
+  local MB = 10 ^ 6
+  local function rule(op, phase)
+    return {op = op, phase = phase, bytes = MB, what = "test scratch", where = "plan_spec"}
+  end
+  after_each(function() core.meta_scratch(nil) end)
+
+  -- fn run on the meta device after a trace reset: the trace then, over the start
+  local function traced(fn)
+    collectgarbage()
+    core.meta_trace_reset()
+    local t0 = core.meta_trace()
+    dm.scope(fn)
+    local t = core.meta_trace()
+    return {allocs = t.allocs, peak = t.peak - t0.current, left = t.current - t0.current}
+  end
+
+  it("is held while its op runs, forward or backward (and a checkpoint's recompute), and nowhere else", function()
+    local x = dm.zeros({1000}, {device = "meta"}):requires_grad(true)
+    local function step() x:exp():tanh():sum():backward(); x.grad = nil end
+    local function recomputed()
+      dm.checkpoint(function(a) return a:exp() end, x):tanh():sum():backward()
+      x.grad = nil
+    end
+    local plain = traced(step)
+    core.meta_scratch({rule("exp", "forward")})
+    local fwd = traced(step)
+    assert.equal(plain.allocs + 1, fwd.allocs)                 -- one call, one scratch
+    assert.equal(MB + 4000, fwd.peak)                          -- with exp's output, nothing else live then
+    assert.equal(plain.left, fwd.left)
+    core.meta_scratch({rule("exp", "forward"), rule("tanh", "backward"), rule("sigmoid", "forward")})
+    local both = traced(step)
+    assert.equal(plain.allocs + 2, both.allocs)
+    assert.is_true(both.peak > MB and both.peak <= MB + plain.peak and both.peak < 2 * MB)   -- never both at once
+    assert.equal(plain.left, both.left)
+    core.meta_scratch({rule("exp", "forward")})
+    local rc = traced(recomputed)
+    core.meta_scratch(nil)
+    assert.equal(traced(recomputed).allocs + 2, rc.allocs)     -- the forward, then again in the backward
+  end)
+
+  it("is its own part of the live bytes only where it is live", function()
+    collectgarbage()
+    local base = core.meta_trace().current
+    local x = dm.zeros({1000}, {device = "meta"})
+    core.meta_scratch({rule("exp", "forward")})
+    local function at(n)
+      core.meta_trace_reset()
+      core.meta_watch(n, {{name = "x", tensors = {x}}})
+      dm.scope(function() x:exp():tanh() end)
+      local r = core.meta_watch_result()
+      local parts = {}
+      for _, p in ipairs(r.parts) do parts[p.kind .. " " .. p.name] = p.bytes end
+      return r, parts
+    end
+    local r, parts = at(1)                                     -- the scratch itself, as exp opens
+    assert.equal("forward of exp", r.where)
+    assert.same({["group x"] = 4000, ["other other"] = base, ["scratch test scratch (plan_spec)"] = MB}, parts)
+    r, parts = at(2)                                           -- exp's output, the scratch still held
+    assert.equal(MB, parts["scratch test scratch (plan_spec)"])
+    assert.equal(4000 + base, parts["other other"])
+    r, parts = at(3)                                           -- tanh's output: exp has returned
+    assert.equal("forward of tanh", r.where)
+    assert.is_nil(parts["scratch test scratch (plan_spec)"])
+    x:free()
+  end)
+
+  it("is given back when an error unwinds through its op", function()
+    collectgarbage()
+    local q = dm.zeros({1, 4, 2, 8}, {device = "meta"})
+    local bad = dm.zeros({1, 4, 2, 9}, {device = "meta"})      -- k must have q's shape
+    local v, beta = dm.zeros({1, 4, 2, 8}, {device = "meta"}), dm.zeros({1, 4, 2}, {device = "meta"})
+    core.meta_scratch({rule("kda", "forward")})
+    local before, trace = dm.memory("meta"), core.meta_trace()
+    local allocs = trace.allocs
+    has(err_of(dm.kda, q, bad, v, q, beta), "kda")
+    assert.is_true(core.meta_trace().allocs > allocs)          -- it was taken
+    assert.equal(trace.current, core.meta_trace().current)
+    assert.equal(before.current, dm.memory("meta").current)
+    assert.equal(before.count, dm.memory("meta").count)
+    core.meta_scratch(nil)                                     -- (refused while one is held)
+  end)
+
+  it("refuses malformed entries, keeping none of them", function()
+    has(err_of(core.meta_scratch, {{op = "exp", phase = "sideways", bytes = 1}}),
+        "entry 1 (exp): phase must be 'forward' or 'backward'")
+    has(err_of(core.meta_scratch, {rule("exp", "forward"), {op = "tanh", phase = "forward", bytes = -1}}),
+        "entry 2 (tanh): bytes must be an integer >= 0")
+    has(err_of(core.meta_scratch, {{phase = "forward", bytes = 1}}), "entry 1 has no op name")
+    local x = dm.zeros({10}, {device = "meta"})
+    local plain = traced(function() x:exp() end)
+    assert.equal(1, plain.allocs)                              -- the good entry before the bad one is not kept
+  end)
+
+  it("in the plan of b1 at 8 x 1024, whose peak is in the experts' backward, is that op's and not KDA's", function()
+    local r = plan.report(config.load("experiments/b1.lua"))
+    assert.equal("backward", r.phase)
+    has(r.where, "backward of moe_experts")
+    local s = plan.session(config.load("experiments/b1.lua"))
+    local scratch = s:scratch(8, 1024)
+    s:close()
+    local kda, experts
+    for _, o in ipairs(scratch.ops) do
+      if o.op == "kda" and o.phase == "backward" then kda = o end
+      if o.op == "moe_experts" and o.phase == "backward" then experts = o end
+    end
+    local shown = {}
+    for _, p in ipairs(r.parts) do if p.kind == "scratch" then shown[#shown + 1] = p end end
+    assert.equal(1, #shown)
+    assert.equal(experts.what .. " (" .. experts.where .. ")", shown[1].name)
+    assert.equal(experts.bytes, shown[1].bytes)
+    assert.is_true(r.peak - r.seen < kda.bytes)                -- the KDA backward's tiles are not in the peak
+    for _, row in ipairs(plan.rows(r)) do assert.is_nil(row.label:find("kda chunked", 1, true), row.label) end
   end)
 end)
 
