@@ -20,6 +20,7 @@
 #include "model.cuh"
 extern "C" {
 #include "blocks.h"
+#include "elementwise.h"
 }
 
 template <int DT> using S_ = typename dt<DT>::S;
@@ -438,8 +439,12 @@ __device__ __forceinline__ void conv_weights(C_<DT> *wk, const S_<DT> *w, int64_
   for (int k = 0; k < CONV_MAXK; k++) wk[k] = k < K ? dt<DT>::load(w[c * ws0 + k * ws1]) : (C_<DT>)0;
 }
 
-/* y [B, T, C] */
-template <int DT>
+/* the SiLU of the fused op, in the formula of the elementwise table (vm/elementwise.h) */
+template <typename T> __device__ __forceinline__ T conv_silu(T z) { return z * (T)DM_SIGMOID(z); }
+template <typename T> __device__ __forceinline__ T conv_dsilu(T z) { return (T)DM_DSILU(z); }
+
+/* y [B, T, C]; SILU: y = silu of the sum */
+template <int DT, bool SILU = false>
 __global__ void conv_run_k(S_<DT> *y, conv_in<DT> in, const S_<DT> *w, int64_t ws0, int64_t ws1, int64_t C,
                            int64_t K, int64_t dil) {
   typedef C_<DT> CT;
@@ -453,7 +458,27 @@ __global__ void conv_run_k(S_<DT> *y, conv_in<DT> in, const S_<DT> *w, int64_t w
 #pragma unroll
     for (int k = 0; k < CONV_MAXK; k++)
       if (k < K) acc += wk[k] * in(b, t - (K - 1 - k) * dil, c);
-    y[(b * in.T + t) * C + c] = dt<DT>::store(acc);
+    y[(b * in.T + t) * C + c] = dt<DT>::store(SILU ? conv_silu(acc) : acc);
+  }
+}
+
+/* gz [B, T, C] = gy · silu'(z), z the convolution run again (the fused op's backward) */
+template <int DT>
+__global__ void conv_run_dz_k(S_<DT> *gz, const S_<DT> *gy, dm_lead Lgy, conv_in<DT> in, const S_<DT> *w, int64_t ws0,
+                              int64_t ws1, int64_t C, int64_t K, int64_t dil) {
+  typedef C_<DT> CT;
+  const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, b = blockIdx.z;
+  if (c >= C) return;
+  CT wk[CONV_MAXK];
+  conv_weights<DT>(wk, w, ws0, ws1, c, K);
+  const int64_t t0 = (int64_t)blockIdx.y * CONV_TL, t1 = t0 + CONV_TL < in.T ? t0 + CONV_TL : in.T;
+  for (int64_t t = t0; t < t1; t++) {
+    CT acc = 0;
+#pragma unroll
+    for (int k = 0; k < CONV_MAXK; k++)
+      if (k < K) acc += wk[k] * in(b, t - (K - 1 - k) * dil, c);
+    int64_t i = (b * in.T + t) * C + c;
+    gz[i] = dt<DT>::store(dt<DT>::load(gy[dm_lead_off(Lgy, i)]) * conv_dsilu(acc));
   }
 }
 
@@ -489,6 +514,63 @@ static void cuda_conv(dm_tensor *y, dm_tensor *cache_out, const dm_tensor *x, co
     DM_LAUNCH(conv_k<DT>, n, (S_<DT> *)dm_data(y), (S_<DT> *)dm_data(cache_out), conv_in_of<DT>(x, cache, P),
               (const S_<DT> *)dm_data(w), w->strides[0], w->strides[1], B, C, K, dil);
   });
+}
+
+/* "causal_conv1d_silu": y = silu(conv), in one pass where the run kernels fit, else the
+** convolution then the SiLU in place */
+template <int DT> __global__ void silu_inplace_k(S_<DT> *y, int64_t n) {
+  DM_GRID_LOOP(i, n) y[i] = dt<DT>::store(conv_silu(dt<DT>::load(y[i])));
+}
+
+static void cuda_conv_silu(dm_tensor *y, dm_tensor *cache_out, const dm_tensor *x, const dm_tensor *w,
+                           const dm_tensor *cache, int64_t dil) {
+  int64_t B = x->shape[0], T = x->shape[1], C = x->shape[2], K = w->shape[1], P = (K - 1) * dil;
+  bool runs = conv_runs_fit(B, T, K) && B * T * C > 0;
+  if (!runs) cuda_conv(y, cache_out, x, w, cache, dil);
+  dm_dispatch_float(x->dtype, "causal_conv1d_silu", [&](auto d) {
+    constexpr int DT = decltype(d)::value;
+    if (!runs) {
+      if (B * T * C > 0) DM_LAUNCH(silu_inplace_k<DT>, B * T * C, (S_<DT> *)dm_data(y), B * T * C);
+      return;
+    }
+    conv_in<DT> in = conv_in_of<DT>(x, cache, P);
+    conv_run_k<DT, true><<<conv_run_grid(B, T, C), CONV_CH, 0, dm_cuda_stream()>>>(
+        (S_<DT> *)dm_data(y), in, (const S_<DT> *)dm_data(w), w->strides[0], w->strides[1], C, K, dil);
+    DM_CU_LAUNCHED();
+    if (B * P * C > 0) DM_LAUNCH(conv_cache_k<DT>, B * P * C, (S_<DT> *)dm_data(cache_out), in, B, C);
+  });
+}
+
+/* gz = gy · silu'(gz): the SiLU's backward over a convolution already in gz */
+template <int DT> __global__ void dsilu_inplace_k(S_<DT> *gz, const S_<DT> *gy, dm_lead Lgy, int64_t n) {
+  DM_GRID_LOOP(i, n) gz[i] = dt<DT>::store(dt<DT>::load(gy[dm_lead_off(Lgy, i)]) * conv_dsilu(dt<DT>::load(gz[i])));
+}
+
+/* "causal_conv1d_silu_dz": gz = gy · silu'(conv(x)), in one pass where the run kernels fit */
+static void cuda_conv_silu_dz(dm_tensor *gz, const dm_tensor *gy, const dm_tensor *x, const dm_tensor *w,
+                              const dm_tensor *cache, int64_t dil) {
+  int64_t B = x->shape[0], T = x->shape[1], C = x->shape[2], K = w->shape[1], P = (K - 1) * dil;
+  if (B * T * C == 0) return;
+  bool runs = conv_runs_fit(B, T, K);
+  dm_tensor *scratch_cache = NULL;
+  if (!runs) {
+    int64_t cs[3] = {B, P, C};
+    scratch_cache = dm_tensor_new(DM_CUDA, x->dtype, 3, cs);
+    cuda_conv(gz, scratch_cache, x, w, cache, dil);
+  }
+  dm_lead Lgy = dm_lead_of(gy, 3);
+  dm_dispatch_float(x->dtype, "causal_conv1d_silu_dz", [&](auto d) {
+    constexpr int DT = decltype(d)::value;
+    if (!runs) {
+      DM_LAUNCH(dsilu_inplace_k<DT>, B * T * C, (S_<DT> *)dm_data(gz), (const S_<DT> *)dm_data(gy), Lgy, B * T * C);
+      return;
+    }
+    conv_run_dz_k<DT><<<conv_run_grid(B, T, C), CONV_CH, 0, dm_cuda_stream()>>>(
+        (S_<DT> *)dm_data(gz), (const S_<DT> *)dm_data(gy), Lgy, conv_in_of<DT>(x, cache, P),
+        (const S_<DT> *)dm_data(w), w->strides[0], w->strides[1], C, K, dil);
+    DM_CU_LAUNCHED();
+  });
+  dm_release(scratch_cache);
 }
 
 /* the gradient of xin at every wanted position pos (gx: 0..T-1, gcache: -P..-1): the outputs
@@ -725,6 +807,8 @@ static const dm_kernel_entry kernels[] = {
   {"cross_entropy_bwd", (dm_kernel_fn)cuda_ce_bwd},
   {"causal_conv1d", (dm_kernel_fn)cuda_conv},
   {"causal_conv1d_bwd", (dm_kernel_fn)cuda_conv_bwd},
+  {"causal_conv1d_silu", (dm_kernel_fn)cuda_conv_silu},
+  {"causal_conv1d_silu_dz", (dm_kernel_fn)cuda_conv_silu_dz},
   {"silu_mul", (dm_kernel_fn)cuda_silu_mul},
   {"silu_mul_bwd", (dm_kernel_fn)cuda_silu_mul_bwd},
 };

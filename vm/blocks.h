@@ -57,6 +57,12 @@ typedef void (*dm_conv_k)(dm_tensor *y, dm_tensor *cache_out, const dm_tensor *x
 typedef void (*dm_conv_bwd_k)(dm_tensor *gx, dm_tensor *gw, dm_tensor *gcache, const dm_tensor *gy,
                               const dm_tensor *gcache_out, const dm_tensor *x, const dm_tensor *w,
                               const dm_tensor *cache, int64_t dilation);
+/* Optional, where a backend fuses the SiLU of causal_conv1d(..., silu = 1)
+** (without them the op composes the convolution and the elementwise SiLU):
+** "causal_conv1d_silu", a dm_conv_k giving y = silu of the sum, and
+** "causal_conv1d_silu_dz": gz = gy · silu'(z), z the convolution run again. */
+typedef void (*dm_conv_silu_dz_k)(dm_tensor *gz, const dm_tensor *gy, const dm_tensor *x, const dm_tensor *w,
+                                  const dm_tensor *cache, int64_t dilation);
 
 /* "silu_mul": y = silu(a) * b, a and b of one shape; "silu_mul_bwd": ga and
 ** gb (either NULL), contiguous when both are given */

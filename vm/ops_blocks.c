@@ -152,8 +152,10 @@ static void conv_forward(dm_ctx *c) {
   }
   dm_tensor *y = dm_tensor_new(x->device, x->dtype, 3, x->shape);
   dm_tensor *cout = dm_tensor_new(x->device, x->dtype, 3, cshape);
-  DM_KERNEL(dm_conv_k, "causal_conv1d", x->device)(y, cout, x, w, cache, dil);
-  if (conv_silu(c)) {                /* y = silu(conv): the conv's output is not kept, the backward recomputes it */
+  dm_conv_k fused = conv_silu(c) ? (dm_conv_k)dm_kernel_find("causal_conv1d_silu", x->device) : NULL;
+  if (fused) fused(y, cout, x, w, cache, dil);
+  else DM_KERNEL(dm_conv_k, "causal_conv1d", x->device)(y, cout, x, w, cache, dil);
+  if (conv_silu(c) && !fused) {      /* y = silu(conv): the conv's output is not kept, the backward recomputes it */
     dm_attrs none = dm_attrs_of(0, NULL);
     DM_KERNEL(dm_unary_k, "unary", x->device)(DM_UNARY_SILU, y, y, &none);
   }
@@ -172,13 +174,17 @@ static void conv_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
   int64_t dil = (int64_t)attr_or(c, 0, 1);
   dm_tensor *gy = gout[0], *gz = NULL;
   if (conv_silu(c)) {                /* the convolution again, then dy/dz = silu'(z) in its place */
-    int64_t past = (w->shape[1] - 1) * dil, cshape[3] = {x->shape[0], past, x->shape[2]};
     gz = dm_tensor_new(x->device, x->dtype, 3, x->shape);
-    dm_tensor *scratch_cache = dm_tensor_new(x->device, x->dtype, 3, cshape);
-    DM_KERNEL(dm_conv_k, "causal_conv1d", x->device)(gz, scratch_cache, x, w, cache, dil);
-    dm_release(scratch_cache);
-    dm_attrs none = dm_attrs_of(0, NULL);
-    DM_KERNEL(dm_unary_bwd_k, "unary_bwd", x->device)(DM_UNARY_SILU, gz, gy, gz, NULL, &none);
+    dm_conv_silu_dz_k fused = (dm_conv_silu_dz_k)dm_kernel_find("causal_conv1d_silu_dz", x->device);
+    if (fused) fused(gz, gy, x, w, cache, dil);
+    else {
+      int64_t past = (w->shape[1] - 1) * dil, cshape[3] = {x->shape[0], past, x->shape[2]};
+      dm_tensor *scratch_cache = dm_tensor_new(x->device, x->dtype, 3, cshape);
+      DM_KERNEL(dm_conv_k, "causal_conv1d", x->device)(gz, scratch_cache, x, w, cache, dil);
+      dm_release(scratch_cache);
+      dm_attrs none = dm_attrs_of(0, NULL);
+      DM_KERNEL(dm_unary_bwd_k, "unary_bwd", x->device)(DM_UNARY_SILU, gz, gy, gz, NULL, &none);
+    }
     gy = gz;
   }
   DM_KERNEL(dm_conv_bwd_k, "causal_conv1d_bwd", x->device)(gx, gw, gc, gy, gout[1], x, w, cache, dil);

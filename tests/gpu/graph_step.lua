@@ -5,8 +5,10 @@ weights and data, WARM + STEPS steps each. No two GPU runs give the same
 bits (embedding's gradient adds atomically, and Adam turns a near-zero
 gradient's sign into a full step), so the eager step runs twice to measure
 that noise: over the first WARM steps the graph may differ from the eager
-run by at most 10 times the two eager runs' difference (plus 1e-5), and the
-mean loss of the next STEPS by 1%; the graph was captured once and
+run by at most 10 times the two eager runs' difference plus 2e-4 of the
+loss (the pair's difference is one draw of that noise: on small it has
+come out anywhere from 0 to 1.5e-4, and the graph's from 3e-5 to 6e-4), and
+the mean loss of the next STEPS by 1%; the graph was captured once and
 replayed; and each mode's ms a step is printed.
   dormouse run tests/gpu/graph_step.lua
 ]]
@@ -55,7 +57,7 @@ for _, file in ipairs {"experiments/tiny.lua", "experiments/small.lua"} do
       worst = math.max(worst, math.abs(lg[i] - le[i]))
       noise = math.max(noise, math.abs(la[i] - le[i]))
     end
-    assert(worst <= 10 * noise + 1e-5, string.format("first %d steps: graph differs by %.2e, two eager runs by %.2e " ..
+    assert(worst <= 10 * noise + 2e-4 * le[1], string.format("first %d steps: graph differs by %.2e, two eager runs by %.2e " ..
            "(eager %s; graph %s)", WARM, worst, noise, table.concat(le, " ", 1, WARM), table.concat(lg, " ")))
     local mean_e = 0
     for i = WARM + 1, WARM + STEPS do mean_e = mean_e + le[i] / STEPS end
