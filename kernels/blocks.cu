@@ -443,6 +443,17 @@ __device__ __forceinline__ void conv_weights(C_<DT> *wk, const S_<DT> *w, int64_
 template <typename T> __device__ __forceinline__ T conv_silu(T z) { return z * (T)DM_SIGMOID(z); }
 template <typename T> __device__ __forceinline__ T conv_dsilu(T z) { return (T)DM_DSILU(z); }
 
+/* the convolution's sum at (b, t, c), taps from the registers wk */
+template <int DT>
+__device__ __forceinline__ C_<DT> conv_sum(const C_<DT> *wk, const conv_in<DT> &in, int64_t b, int64_t t, int64_t c,
+                                          int64_t K, int64_t dil) {
+  C_<DT> acc = 0;
+#pragma unroll
+  for (int k = 0; k < CONV_MAXK; k++)
+    if (k < K) acc += wk[k] * in(b, t - (K - 1 - k) * dil, c);
+  return acc;
+}
+
 /* y [B, T, C]; SILU: y = silu of the sum */
 template <int DT, bool SILU = false>
 __global__ void conv_run_k(S_<DT> *y, conv_in<DT> in, const S_<DT> *w, int64_t ws0, int64_t ws1, int64_t C,
@@ -454,10 +465,7 @@ __global__ void conv_run_k(S_<DT> *y, conv_in<DT> in, const S_<DT> *w, int64_t w
   conv_weights<DT>(wk, w, ws0, ws1, c, K);
   const int64_t t0 = (int64_t)blockIdx.y * CONV_TL, t1 = t0 + CONV_TL < in.T ? t0 + CONV_TL : in.T;
   for (int64_t t = t0; t < t1; t++) {
-    CT acc = 0;
-#pragma unroll
-    for (int k = 0; k < CONV_MAXK; k++)
-      if (k < K) acc += wk[k] * in(b, t - (K - 1 - k) * dil, c);
+    CT acc = conv_sum<DT>(wk, in, b, t, c, K, dil);
     y[(b * in.T + t) * C + c] = dt<DT>::store(SILU ? conv_silu(acc) : acc);
   }
 }
@@ -473,10 +481,7 @@ __global__ void conv_run_dz_k(S_<DT> *gz, const S_<DT> *gy, dm_lead Lgy, conv_in
   conv_weights<DT>(wk, w, ws0, ws1, c, K);
   const int64_t t0 = (int64_t)blockIdx.y * CONV_TL, t1 = t0 + CONV_TL < in.T ? t0 + CONV_TL : in.T;
   for (int64_t t = t0; t < t1; t++) {
-    CT acc = 0;
-#pragma unroll
-    for (int k = 0; k < CONV_MAXK; k++)
-      if (k < K) acc += wk[k] * in(b, t - (K - 1 - k) * dil, c);
+    CT acc = conv_sum<DT>(wk, in, b, t, c, K, dil);
     int64_t i = (b * in.T + t) * C + c;
     gz[i] = dt<DT>::store(dt<DT>::load(gy[dm_lead_off(Lgy, i)]) * conv_dsilu(acc));
   }

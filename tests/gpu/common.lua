@@ -13,6 +13,20 @@ function common.rel(a, b)
   return den > 0 and num / den or num
 end
 
+-- One forward+backward of a model of the family: its loss (a number), the
+-- routing counts of the pass (update_balance), every parameter's gradient
+-- by name (the Engram table's sparse one under block.engram.table) and the
+-- Engram rows. The model's tensors stay where they are.
+function common.loss_and_grads(m, x, prefix)
+  local out = m:forward(x, prefix)
+  out.loss:backward()
+  local grads = {}
+  for _, p in ipairs(m:named_parameters()) do grads[p.name] = p.tensor.grad end
+  local rows, g = m.block.engram:sparse_grad()
+  grads["block.engram.table"] = g
+  return out.loss:item(), m:update_balance(), grads, rows
+end
+
 -- False, after one loud line, when there is no CUDA device.
 function common.gpu_or_skip(cuda, what)
   local ok, why = cuda.is_available()

@@ -33,16 +33,7 @@ local function build(file, compute, recompute)
   return train.build_model(cfg, ".")
 end
 
--- loss, routing counts and every gradient (the Engram table's sparse one too)
-local function run(m, x, prefix)
-  local out = m:forward(x, prefix)
-  out.loss:backward()
-  local grads = {}
-  for _, p in ipairs(m:named_parameters()) do grads[p.name] = p.tensor.grad end
-  local rows, g = m.block.engram:sparse_grad()
-  grads["block.engram.table"] = g
-  return out.loss:item(), m:update_balance(), grads, rows
-end
+local run = common.loss_and_grads
 
 local corpus = dm.data.open(dm.data.default_corpus(), {eval_bytes = 4096})
 local file = DRY and "experiments/tiny.lua" or "experiments/small.lua"
