@@ -1289,11 +1289,46 @@ __global__ void combine_k(S_<DT> *y, const S_<DT> *rows, const int64_t *inv, con
   }
 }
 
+/* the same, 8 columns a thread in 16-byte loads and stores (2-byte dtypes, f a multiple of 8, aligned rows) */
+template <int DT>
+__global__ void combine8_k(u16 *y, const u16 *rows, const int64_t *inv, const u16 *w, int64_t n, int64_t f8, int64_t k,
+                           int64_t nrows, dm_device_error *err, int what) {
+  DM_GRID_LOOP(i, n * f8) {
+    int64_t t = i / f8, c = i - t * f8;
+    float acc[8] = {};
+    for (int64_t j = 0; j < k; j++) {
+      int64_t a = t * k + j, p = inv[a];
+      if (p < 0 || p >= nrows) {
+        if (c == 0) dm_report(err, what, p, nrows, 0);
+        continue;
+      }
+      float s = w ? dt<DT>::load(w[a]) : 1.f;
+      uint4 v = *(const uint4 *)(rows + (p * f8 + c) * 8);
+      const u16 *e = (const u16 *)&v;
+#pragma unroll
+      for (int q = 0; q < 8; q++) acc[q] += s * dt<DT>::load(e[q]);
+    }
+    uint4 o;
+    u16 *oe = (u16 *)&o;
+#pragma unroll
+    for (int q = 0; q < 8; q++) oe[q] = dt<DT>::store(acc[q]);
+    *(uint4 *)(y + i * 8) = o;
+  }
+}
+
 static void cuda_combine(dm_tensor *y, const dm_tensor *rows, const dm_tensor *inv, const dm_tensor *w) {
   int64_t n = y->shape[0], f = y->shape[1], k = n ? dm_numel(inv) / n : 0;
   if (n * f == 0) return;
   dm_dispatch_float(y->dtype, "moe_combine", [&](auto d) {
     constexpr int DT = decltype(d)::value;
+    if constexpr (DT == DM_BF16 || DT == DM_F16) {
+      if (f % 8 == 0 && dm_aligned(dm_data(y), 16) && dm_aligned(dm_data(rows), 16)) {
+        DM_LAUNCH(combine8_k<DT>, n * (f / 8), (u16 *)dm_data(y), (const u16 *)dm_data(rows),
+                  (const int64_t *)dm_data(inv), w ? (const u16 *)dm_data(w) : NULL, n, f / 8, k, n * k,
+                  dm_cuda_device_error(), name_id("moe_combine"));
+        return;
+      }
+    }
     DM_LAUNCH(combine_k<DT>, n * f, (S_<DT> *)dm_data(y), (const S_<DT> *)dm_data(rows),
               (const int64_t *)dm_data(inv), w ? (const S_<DT> *)dm_data(w) : NULL, n, f, k, n * k,
               dm_cuda_device_error(), name_id("moe_combine"));
