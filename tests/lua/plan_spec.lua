@@ -378,3 +378,17 @@ describe("dormouse plan", function()
     has(err, "dormouse plan: nothing fits in 1.00 MiB: even batch 1 x seq 64 needs")
   end)
 end)
+
+describe("experiments/b1_16gb.lua", function()
+  -- The issue's memory target: b1 at 8,192 tokens a step within 12 GiB with the
+  -- tables in host memory (the H200 measured 11.878 GiB; the plan is within 0.2%).
+  it("is b1 with host tables, recompute and bf16 momentum, and plans under 12 GiB at 8 x 1024", function()
+    local cfg = config.load("experiments/b1_16gb.lua")
+    assert.is_true(cfg.model.engram.ram and cfg.model.recompute)
+    assert.equal("bf16", cfg.optim.momentum_dtype)
+    assert.equal(8 * 1024, cfg.batch * cfg.seq)
+    local r = plan.report(cfg, {memory = plan.parse_memory("12GiB")})
+    assert.is_true(r.peak < 12 * 2 ^ 30, string.format("planned %.3f GiB", r.peak / 2 ^ 30))
+    assert.is_true(r.peak > 11.5 * 2 ^ 30, string.format("planned %.3f GiB", r.peak / 2 ^ 30))
+  end)
+end)
