@@ -170,7 +170,7 @@ function plan.scratch(s)
   if chunked then
     op("kda", "forward", f32 * chunks * (5 * KC * KC + KC), "kda chunked forward tiles",
        "kernels/kda_chunk.cu kc_front")
-    op("kda", "backward", f32 * chunks * (14 * KC * KC + KC), "kda chunked backward tiles",
+    op("kda", "backward", f32 * chunks * (16 * KC * KC + KC), "kda chunked backward tiles",
        "kernels/kda_chunk.cu kc_front")
   else
     op("kda", "forward", f32 * bh * dk * dv * (state_in_smem(1) and 0 or 1), "kda forward state",
