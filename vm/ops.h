@@ -111,6 +111,17 @@ dm_kernel_fn dm_kernel_get(const char *name, dm_device dev);     /* raises when 
     if (!dm_kcache_[dm_kdev_]) dm_kcache_[dm_kdev_] = dm_kernel_get(name, dm_kdev_); \
     (type)dm_kcache_[dm_kdev_]; })
 
+/* an optional kernel, looked up once per call site and device: NULL when the backend has none */
+#define DM_KERNEL_OPT(type, name, dev) __extension__ ({                   \
+    static dm_kernel_fn dm_kcache_[DM_NDEVICE];                           \
+    static bool dm_klooked_[DM_NDEVICE];                                  \
+    dm_device dm_kdev_ = (dev);                                           \
+    if (!dm_klooked_[dm_kdev_]) {                                         \
+      dm_kcache_[dm_kdev_] = dm_kernel_find(name, dm_kdev_);              \
+      dm_klooked_[dm_kdev_] = true;                                       \
+    }                                                                     \
+    (type)dm_kcache_[dm_kdev_]; })
+
 #define DM_REGISTER_OPS(table)                                            \
   __attribute__((constructor)) static void dm_register_ops_(void) {       \
     for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++)         \

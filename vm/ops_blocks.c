@@ -152,7 +152,7 @@ static void conv_forward(dm_ctx *c) {
   }
   dm_tensor *y = dm_tensor_new(x->device, x->dtype, 3, x->shape);
   dm_tensor *cout = dm_tensor_new(x->device, x->dtype, 3, cshape);
-  dm_conv_k fused = conv_silu(c) ? (dm_conv_k)dm_kernel_find("causal_conv1d_silu", x->device) : NULL;
+  dm_conv_k fused = conv_silu(c) ? DM_KERNEL_OPT(dm_conv_k, "causal_conv1d_silu", x->device) : NULL;
   if (fused) fused(y, cout, x, w, cache, dil);
   else DM_KERNEL(dm_conv_k, "causal_conv1d", x->device)(y, cout, x, w, cache, dil);
   if (conv_silu(c) && !fused) {      /* y = silu(conv): the conv's output is not kept, the backward recomputes it */
@@ -175,7 +175,7 @@ static void conv_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
   dm_tensor *gy = gout[0], *gz = NULL;
   if (conv_silu(c)) {                /* the convolution again, then dy/dz = silu'(z) in its place */
     gz = dm_tensor_new(x->device, x->dtype, 3, x->shape);
-    dm_conv_silu_dz_k fused = (dm_conv_silu_dz_k)dm_kernel_find("causal_conv1d_silu_dz", x->device);
+    dm_conv_silu_dz_k fused = DM_KERNEL_OPT(dm_conv_silu_dz_k, "causal_conv1d_silu_dz", x->device);
     if (fused) fused(gz, gy, x, w, cache, dil);
     else {
       int64_t past = (w->shape[1] - 1) * dil, cshape[3] = {x->shape[0], past, x->shape[2]};

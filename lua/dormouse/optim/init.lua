@@ -135,7 +135,7 @@ end
 
 -- One update; returns {grad_norm, lr (adamw_lr times the multiplier), lr_mult, skipped}.
 function Optimizer:step(step)
-  if self.dev then self:sync() end         -- the updates step_async applied count too
+  if self.async_steps then self:sync() end   -- the updates step_async applied count too
   local mult = self.lr_mult(step)
   local device = self.params[1].device
   local dev = self:scalars()
@@ -206,6 +206,7 @@ function Optimizer:step_async()
   core.clip_grads_async(all, 0, dev.sumsq)
   core.clip_scale(apart, self.clip, dev.sumsq)
   core.optim_tick(dev.step, dev.sumsq)
+  self.async_steps = true                  -- self.t is behind dev.step until sync()
   for i, g in ipairs(self.groups) do g:update(self.mult or 1, math.max(self.t, 1), dev.at[i]) end
 end
 
@@ -213,40 +214,39 @@ end
 function Optimizer:sync()
   if not self.dev then return {t = self.t} end
   self.t = math.tointeger(self.dev.step:item())
+  self.async_steps = nil
   return {t = self.t, grad_norm = math.sqrt(self.dev.sumsq:item())}
 end
 
--- The norm's gradients, and those of them clipped in a pass of their own:
--- all but the ones whose group clips them in its first pass over them
--- (Muon: the momentum kernel takes them unclipped, with the norm's sum).
+-- The norm's gradients (every parameter's .grad and the sparse groups'
+-- gradients of this step), and those of them clipped in a pass of their
+-- own: all but the ones whose group clips them as it reads them (Muon: the
+-- momentum kernel takes them unclipped, with the norm's sum).
 function Optimizer:grads_split()
-  local inside = {}
-  for _, g in ipairs(self.groups) do
-    if g.clips_inside then for _, p in ipairs(g.params) do inside[p] = true end end
+  if not self.clipped_inside then
+    self.clipped_inside = {}
+    for _, g in ipairs(self.groups) do
+      if g.clips_inside then for _, p in ipairs(g.params) do self.clipped_inside[p] = true end end
+    end
   end
-  local all, apart = self:grads(), {}
+  local all, apart = {}, {}
   for _, p in ipairs(self.params) do
-    if p.grad and not inside[p] then apart[#apart + 1] = p.grad end
+    local g = p.grad
+    if g then
+      all[#all + 1] = g
+      if not self.clipped_inside[p] then apart[#apart + 1] = g end
+    end
   end
   for _, g in ipairs(self.groups) do
-    if g.grads then for _, grad in ipairs(g:grads()) do apart[#apart + 1] = grad end end
+    if g.grads then
+      for _, grad in ipairs(g:grads()) do all[#all + 1] = grad; apart[#apart + 1] = grad end
+    end
   end
   return all, apart
 end
 
--- What the global norm covers: every parameter's .grad, and the sparse
--- groups' gradients of this step.
-function Optimizer:grads()
-  local list = {}
-  for _, p in ipairs(self.params) do
-    local g = p.grad
-    if g then list[#list + 1] = g end
-  end
-  for _, g in ipairs(self.groups) do
-    if g.grads then for _, grad in ipairs(g:grads()) do list[#list + 1] = grad end end
-  end
-  return list
-end
+-- What the global norm covers
+function Optimizer:grads() return (self:grads_split()) end
 
 function Optimizer:zero_grad()
   for _, p in ipairs(self.params) do p.grad = nil end
@@ -289,6 +289,7 @@ function Optimizer:load_state(tbl)
   end
   for key, dst in pairs(want) do dst:copy_(tbl[key]) end
   self.t = t
+  self.async_steps = nil
   if self.dev then self.dev.step:copy_(dm.tensor({t}, {dtype = "i64"})) end
 end
 
