@@ -181,13 +181,23 @@ static void cuda_sort(dm_tensor *perm, dm_tensor *offsets, dm_tensor *inv, const
   dm_bucket_sort(s);
 }
 
-/* one thread, in expert order: found = {kind (0 fine, 1 a decrease, 2 the ends), expert, value, value} */
-__global__ void check_offsets_k(const int64_t *off, int64_t s, int64_t e, int64_t rows, int64_t *found,
-                                dm_device_error *err, int what) {
+/* One block: the first expert (in expert order) whose offsets decrease, found by every thread at once
+** (a single thread walking 1,025 offsets took ~115 us of dependent loads at b1); then found =
+** {kind (0 fine, 1 a decrease, 2 the ends), expert, value, value} */
+#define CHECK_THREADS 1024
+__global__ void __launch_bounds__(CHECK_THREADS) check_offsets_k(const int64_t *off, int64_t s, int64_t e,
+                                                                 int64_t rows, int64_t *found, dm_device_error *err,
+                                                                 int what) {
+  __shared__ unsigned long long first;
+  if (threadIdx.x == 0) first = ~0ull;
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < e; i += blockDim.x)
+    if (off[(i + 1) * s] < off[i * s]) atomicMin(&first, (unsigned long long)i);
+  __syncthreads();
+  if (threadIdx.x) return;
   int64_t kind = 0, x = 0, v1 = 0, v2 = 0;
-  for (int64_t i = 0; i < e && !kind; i++)
-    if (off[(i + 1) * s] < off[i * s]) { kind = 1; x = i; v1 = off[i * s]; v2 = off[(i + 1) * s]; }
-  if (!kind && (off[0] != 0 || off[e * s] != rows)) { kind = 2; v1 = off[0]; v2 = off[e * s]; }
+  if (first != ~0ull) { kind = 1; x = (int64_t)first; v1 = off[x * s]; v2 = off[(x + 1) * s]; }
+  else if (off[0] != 0 || off[e * s] != rows) { kind = 2; v1 = off[0]; v2 = off[e * s]; }
   if (found) {
     found[0] = kind; found[1] = x; found[2] = v1; found[3] = v2;
   } else if (kind)
@@ -199,7 +209,7 @@ static void cuda_check_offsets(const dm_tensor *offsets, int64_t rows, const cha
   if (e < 0) return;
   bool now = dm_debug_level() >= 1;
   int64_t *found = now ? (int64_t *)dm_scratch(4 * sizeof(int64_t)) : NULL, got[4];
-  check_offsets_k<<<1, 1, 0, dm_cuda_stream()>>>((const int64_t *)dm_data(offsets), offsets->strides[0], e, rows,
+  check_offsets_k<<<1, CHECK_THREADS, 0, dm_cuda_stream()>>>((const int64_t *)dm_data(offsets), offsets->strides[0], e, rows,
                                                  found, dm_cuda_device_error(), name_id(what));
   DM_CU_LAUNCHED();
   if (!now) return;
@@ -239,28 +249,36 @@ __global__ void tiles_k(int64_t *tiles, const int64_t *off, int64_t e, int64_t t
   }
 }
 
-/* tiles [E + 1] from the offsets (device memory, no host sync) */
-static int64_t *make_tiles(const int64_t *off, int64_t e, int64_t tm, size_t *nbytes) {
-  *nbytes = sizeof(int64_t) * (size_t)(e + 1);
+/* map[t] = the expert of tile t, for t < tiles[e] and t < cap (bad offsets may ask for more tiles than
+** the grids launch; the check reports them) */
+__global__ void tile_map_k(int64_t *map, const int64_t *tiles, int64_t e, int64_t cap) {
+  DM_GRID_LOOP(x, e) {
+    for (int64_t t = tiles[x]; t < tiles[x + 1] && t < cap; t++) map[t] = x;
+  }
+}
+
+/* tiles [E + 1] from the offsets, then the map from tile to expert after them (device memory, no host
+** sync; room for every tile the launches' grids allow, ceil(rows / tm) + e) */
+static int64_t *make_tiles(const int64_t *off, int64_t e, int64_t tm, int64_t rows, size_t *nbytes) {
+  int64_t cap = (rows + tm - 1) / tm + e;
+  *nbytes = sizeof(int64_t) * (size_t)(e + 1 + cap);
   int64_t *tiles = (int64_t *)dm_scratch(*nbytes);
   if (e > 0) DM_LAUNCH(tiles_k, e, tiles, off, e, tm);
   dm_scan(tiles, tiles, e);
+  if (e > 0) DM_LAUNCH(tile_map_k, e, tiles + e + 1, tiles, e, cap);
   return tiles;
 }
 
-/* this block's tile: its expert, first sorted row and row count; false when there is none */
+/* this block's tile: its expert, first sorted row and row count; false when there is none. The expert
+** comes from the map in one read (a binary search over the tiles took ten dependent reads a block). */
 __device__ __forceinline__ bool tile_of(const int64_t *tiles, const int64_t *off, int64_t e, int64_t tm,
                                         int64_t rows, int64_t *x, int64_t *row0, int64_t *nrows) {
   int64_t bi = blockIdx.x;
   if (bi >= tiles[e]) return false;
-  int64_t lo = 0, hi = e - 1;                       /* the last expert with tiles[x] <= bi */
-  while (lo < hi) {
-    int64_t mid = (lo + hi + 1) / 2;
-    if (tiles[mid] <= bi) lo = mid; else hi = mid - 1;
-  }
-  *x = lo;
-  *row0 = off[lo] + (bi - tiles[lo]) * tm;
-  int64_t left = off[lo + 1] - *row0;
+  int64_t xe = tiles[e + 1 + bi];
+  *x = xe;
+  *row0 = off[xe] + (bi - tiles[xe]) * tm;
+  int64_t left = off[xe + 1] - *row0;
   if (left > rows - *row0) left = rows - *row0;     /* offsets past N * k were recorded by the check */
   *nrows = left < tm ? left : tm;
   return *row0 >= 0 && *nrows > 0;
@@ -330,7 +348,7 @@ template <int DT, int TM>
 __global__ void __launch_bounds__(MOE_THREADS) experts_k(S_<DT> *y, const S_<DT> *u, const int64_t *perm,
                                                          const int64_t *off, const int64_t *tiles, const S_<DT> *ug,
                                                          const S_<DT> *uu, const S_<DT> *cg, const S_<DT> *cu,
-                                                         const S_<DT> *dw, moe_dims M) {
+                                                         const S_<DT> *dw, C_<DT> *zs, moe_dims M) {
   typedef C_<DT> C;
   extern __shared__ __align__(16) unsigned char moe_smem[];
   int64_t x, row0, nrows;
@@ -338,6 +356,12 @@ __global__ void __launch_bounds__(MOE_THREADS) experts_k(S_<DT> *y, const S_<DT>
   const int64_t r = M.r, F = M.f;
   C *xs = (C *)moe_smem, *ws = xs + TM * M.chunk, *ag = ws + 2 * M.chunk * r, *au = ag + TM * r, *h = au + TM * r;
   project<DT, TM>(ag, au, xs, ws, u, perm, ug, uu, M, x, row0, nrows);
+  if (zs)
+    for (int64_t i = threadIdx.x; i < nrows * r; i += blockDim.x) {
+      int64_t m = i / r, j = i % r;
+      zs[(row0 + m) * 2 * r + j] = ag[i];
+      zs[(row0 + m) * 2 * r + r + j] = au[i];
+    }
   for (int64_t i = threadIdx.x; i < TM * r; i += blockDim.x) {
     int64_t j = i % r;
     C zg = ag[i] * dt<DT>::load(cg[x * r + j]), zu = au[i] * dt<DT>::load(cu[x * r + j]);
@@ -397,14 +421,14 @@ static void tile_launch(const void *kernel, const moe_dims &M, int tm, size_t sm
                                                                        : (const void *)F<__VA_ARGS__, 1>)
 
 template <int DT>
-static void experts_forward(dm_tensor *y_rows, const dm_tensor *u, const dm_tensor *perm, const dm_tensor *offsets,
-                            const dm_moe_bank *bank, moe_dims M, int tm) {
+static void experts_forward(dm_tensor *y_rows, dm_tensor *z_rows, const dm_tensor *u, const dm_tensor *perm,
+                            const dm_tensor *offsets, const dm_moe_bank *bank, moe_dims M, int tm) {
   size_t tb;
-  int64_t *tiles = make_tiles((const int64_t *)dm_data(offsets), M.e, tm, &tb);
-  void *py = dm_data(y_rows);
+  int64_t *tiles = make_tiles((const int64_t *)dm_data(offsets), M.e, tm, M.rows, &tb);
+  void *py = dm_data(y_rows), *pz = z_rows ? dm_data(z_rows) : NULL;
   const void *pu = dm_data(u), *pp = dm_data(perm), *po = dm_data(offsets), *pug = dm_data(bank->ug),
              *puu = dm_data(bank->uu), *pcg = dm_data(bank->cg), *pcu = dm_data(bank->cu), *pd = dm_data(bank->d);
-  void *args[] = {&py, &pu, &pp, &po, &tiles, &pug, &puu, &pcg, &pcu, &pd, &M};
+  void *args[] = {&py, &pu, &pp, &po, &tiles, &pug, &puu, &pcg, &pcu, &pd, &pz, &M};
   tile_launch(BY_TM(tm, experts_k, DT), M, tm, tile_smem(tm, M, sizeof(C_<DT>)), args);
   dm_scratch_free(tiles, tb);
 }
@@ -566,7 +590,7 @@ static void experts_backward(dm_tensor *gx_rows, const dm_moe_grads *g, const dm
   moe_rows<C> R = {scratch, scratch + M.rows * M.r, scratch + 2 * M.rows * M.r, scratch + 3 * M.rows * M.r,
                    scratch + 4 * M.rows * M.r};
   size_t tb;
-  int64_t *tiles = make_tiles(off, M.e, tm, &tb);
+  int64_t *tiles = make_tiles(off, M.e, tm, M.rows, &tb);
   if (M.rows > 0) {
     const void *pgy = dm_data(gy_rows), *pu = dm_data(u), *pug = dm_data(bank->ug), *puu = dm_data(bank->uu),
                *pcg = dm_data(bank->cg), *pcu = dm_data(bank->cu), *pd = dm_data(bank->d);
@@ -604,12 +628,13 @@ static void experts_backward(dm_tensor *gx_rows, const dm_moe_grads *g, const dm
 ** for comparison). The weights dominate the traffic, so each kernel reads every expert's weights once:
 **
 **   tc_rows_k  a tile of TC_TM rows of one expert: z = x [Ug | Uu] over chunks of d; the forward writes
-**              h; the backward also takes dh = g D^T over chunks of F (the warps split the k steps and
-**              their sums are added in warp order) and goes through the activation: h, [dag | dau]
-**              (storage dtype, for the products below) and pg, pu (f32, for dcg, dcu)
-**   tc_down_k  an (expert, slice of F): y = h D, the slice of D loaded once, the expert's rows in turn
-**   tc_dd_k    an (expert, slice of F): dD = h^T g over the expert's rows, in row order
-**   tc_du_k    an (expert, slice of d): [dUg | dUu] = x^T [dag | dau], likewise
+**              h (and z, for the backward); the backward takes the forward's z (or recomputes it), then
+**              dh = g D^T over chunks of F (the warps split the k steps and their sums are added in warp
+**              order) and goes through the activation: h, [dag | dau] (storage dtype, for the products
+**              below) and pg, pu (f32, for dcg, dcu)
+**   tc_down_k  an (expert, range of chunks of F): y = h D, the chunks of D streamed, the rows in turn
+**   tc_dd_k    an (expert, range of chunks of F): dD = h^T g over the expert's rows, in row order
+**   tc_du_k    an (expert, range of slices of d): [dUg | dUu] = x^T [dag | dau], likewise
 **   tc_gx_k    a tile of rows: gx = [dag | dau] [Ug | Uu]^T over slices of d
 **
 ** Operands move to shared memory as runs of 16-byte chunks (cp.async). A run that does not start on a
@@ -709,39 +734,54 @@ __device__ __forceinline__ void frag_b_cols(uint32_t &b0, uint32_t &b1, const sr
 __device__ __forceinline__ int acc_row(int e) { return ((threadIdx.x & 31) >> 2) + (e >> 1) * 8; }
 __device__ __forceinline__ int acc_col(int e) { return (threadIdx.x & 3) * 2 + (e & 1); }
 
-/* Rows r < nr of a tile t (rows of ld elements): the run of w elements at g + start(r) (start < 0: zeros),
+/* Rows r < NR of a tile t (rows of ld elements): the run of W elements at g + start(r) (start < 0: zeros),
 ** from the 16-byte chunk holding its first element (so offset by start & 7, kept in sh[r] when sh is given;
 ** SHIFT false: every start is a multiple of 8). Chunks past nv elements of the run, or past tot (g's size),
-** read as zeros. The whole block takes part; asynchronous (cp_commit, cp_wait). */
-template <bool SHIFT, typename Start>
-__device__ __forceinline__ void load_runs(u16 *t, unsigned char *sh, int ld, int nr, int w, int nv, const u16 *g,
-                                          int64_t tot, Start start) {
-  const int nch = SHIFT ? (w + 14) >> 3 : w >> 3;
-  for (int i = threadIdx.x; i < nr * nch; i += blockDim.x) {
-    int r = i / nch, c = i - r * nch;
-    int64_t s = start(r), q = s >= 0 ? (s >> 3) + c : 0;
-    int off = s >= 0 ? (int)(s & 7) : 0;
-    int64_t left = s >= 0 && 8 * c < off + nv ? tot - 8 * q : 0;
-    int bytes = left <= 0 ? 0 : left >= 8 ? 16 : (int)left * 2;
-    cp16(t + r * ld + 8 * c, bytes ? g + 8 * q : g, bytes);
-    if (sh && c == 0) sh[r] = (unsigned char)off;
+** read as zeros. The whole block takes part; asynchronous (cp_commit, cp_wait). The tile's shape is known
+** at compile time: each thread's (row, chunk) pairs come without a division (these loops were most of the
+** kernels' instructions when the shape was not). */
+template <bool SHIFT, int NR, int W, typename Start>
+__device__ __forceinline__ void load_runs(u16 *t, unsigned char *sh, int ld, int nv, const u16 *g, int64_t tot,
+                                          Start start) {
+  constexpr int NCH = SHIFT ? (W + 14) >> 3 : W >> 3, N = NR * NCH;
+#pragma unroll
+  for (int k = 0; k < (N + TC_THREADS - 1) / TC_THREADS; k++) {
+    const int i = threadIdx.x + k * TC_THREADS;
+    if (N % TC_THREADS && i >= N) break;
+    const int r = i / NCH, c = i - r * NCH;
+    const int64_t s = start(r);
+    const int off = SHIFT && s >= 0 ? (int)(s & 7) : 0;
+    const int64_t e0 = s - off + 8 * c;                 /* the chunk's first element */
+    int bytes = s >= 0 && 8 * c < off + nv ? 16 : 0;
+    if (bytes && e0 + 8 > tot) bytes = e0 >= tot ? 0 : (int)(tot - e0) * 2;
+    cp16(t + r * ld + 8 * c, bytes ? g + e0 : g, bytes);
+    if (SHIFT && sh && c == 0) sh[r] = (unsigned char)off;
   }
 }
 
-/* rows r < nr of a tile t, row r at t + r ld + (start(r) & 7), to the runs of n elements at g + start(r)
-** (start < 0: none): whole 16-byte chunks at once, the ends element by element */
-template <typename Start>
+/* rows r < nr of a tile t (at most NR), row r at t + r ld + (start(r) & 7), to the runs of n elements (at most
+** W) at g + start(r) (start < 0: none): whole 16-byte chunks at once, the ends element by element. ALIGNED:
+** every start and n are multiples of 8 (whole chunks only). */
+template <int NR, int W, bool ALIGNED, typename Start>
 __device__ __forceinline__ void store_runs(u16 *g, const u16 *t, int ld, int nr, int n, Start start) {
-  const int nch = (n + 14) >> 3;
-  for (int i = threadIdx.x; i < nr * nch; i += blockDim.x) {
-    int r = i / nch, c = i - r * nch;
-    int64_t s = start(r);
+  constexpr int NCH = ALIGNED ? W >> 3 : (W + 14) >> 3, N = NR * NCH;
+#pragma unroll
+  for (int k = 0; k < (N + TC_THREADS - 1) / TC_THREADS; k++) {
+    const int i = threadIdx.x + k * TC_THREADS;
+    if (N % TC_THREADS && i >= N) break;
+    const int r = i / NCH, c = i - r * NCH;
+    if (r >= nr) continue;
+    const int64_t s = start(r);
     if (s < 0) continue;
-    int64_t q = (s >> 3) + c, lo = 8 * q > s ? 8 * q : s, hi = 8 * q + 8 < s + n ? 8 * q + 8 : s + n;
-    if (lo >= hi) continue;
     const u16 *src = t + r * ld + 8 * c;
-    if (hi - lo == 8) *(uint4 *)(g + 8 * q) = *(const uint4 *)src;
-    else for (int64_t e = lo; e < hi; e++) g[e] = src[e - 8 * q];
+    if (ALIGNED) {
+      if (8 * c < n) *(uint4 *)(g + s + 8 * c) = *(const uint4 *)src;
+      continue;
+    }
+    const int64_t e0 = (s & ~(int64_t)7) + 8 * c, lo = e0 > s ? e0 : s, hi = e0 + 8 < s + n ? e0 + 8 : s + n;
+    if (lo >= hi) continue;
+    if (hi - lo == 8) *(uint4 *)(g + e0) = *(const uint4 *)src;
+    else for (int64_t e = lo; e < hi; e++) g[e] = src[e - e0];
   }
 }
 
@@ -762,18 +802,22 @@ template <int R> struct tc_cfg {
   static size_t rows_smem(bool bwd) {
     return 2 * (size_t)TC_STAGES * (bwd && DH > PROJ ? DH : PROJ) + (bwd ? 4 * (size_t)TC_TM * LZ : 0);
   }
-  static size_t down_smem() { return 2 * (size_t)(R * LS + TC_TM * LH + TC_TM * LS); }
-  static size_t du_smem() { return 2 * (size_t)(TC_TM * (TC_DS + 8) + TC_TM * LW + TC_DS * LW); }
+  static constexpr int DOWN_TS = 2;                      /* tc_down_k's depth (its stages hold a chunk of D) */
+  static size_t down_smem() { return 2 * (size_t)(DOWN_TS * (R * LS + TC_TM * LH) + TC_TM * LS); }
+  static size_t dd_smem() { return 2 * (size_t)(TC_STAGES * (TC_TM * LS + TC_TM * LH) + R * LS); }
+  static size_t du_smem() { return 2 * (size_t)(TC_STAGES * (TC_TM * (TC_DS + 8) + TC_TM * LW) + TC_DS * LW); }
   static size_t gx_smem() { return 2 * (size_t)(TC_TM * LW + TC_STAGES * TC_DS * LW + TC_TM * (TC_DS + 8)); }
 };
 
-/* A row tile: z = x [Ug | Uu] (f32, in shared memory); the forward writes h = silu(z_g cg) (z_u cu) to hs,
-** the backward (gy given) also dh = gy D^T and from it hs, dagu = [dzg cg | dzu cu], pg = dzg z_g, pu = dzu z_u. */
-template <int DT, int R, bool BWD>
+/* A row tile: z = x [Ug | Uu] (f32, in shared memory); the forward writes h = silu(z_g cg) (z_u cu) to hs
+** and z to zio when given; the backward (gy given) also dh = gy D^T and from it hs, dagu = [dzg cg | dzu cu],
+** pg = dzg z_g, pu = dzu z_u. With ZIN the backward reads z from zio (the forward's) instead. */
+template <int DT, int R, bool BWD, bool ZIN = false>
 __global__ void __launch_bounds__(TC_THREADS) tc_rows_k(const u16 *u, const int64_t *perm, const int64_t *off,
                                                         const int64_t *tiles, const u16 *ug, const u16 *uu,
                                                         const u16 *cg, const u16 *cu, const u16 *dw, const u16 *gy,
-                                                        u16 *hs, u16 *dagu, float *pg, float *pu, moe_dims M) {
+                                                        u16 *hs, u16 *dagu, float *pg, float *pu, float *zio,
+                                                        moe_dims M) {
   typedef tc_cfg<R> T;
   extern __shared__ __align__(16) unsigned char moe_smem[];
   __shared__ int64_t xrow[TC_TM];
@@ -784,64 +828,71 @@ __global__ void __launch_bounds__(TC_THREADS) tc_rows_k(const u16 *u, const int6
   const int64_t d = M.d, F = M.f;
   u16 *stage = (u16 *)moe_smem;   /* z: after the stages in the backward (they take dh's chunks next), on them in the forward */
   float *z = BWD ? (float *)(stage + TC_STAGES * (T::DH > T::PROJ ? T::DH : T::PROJ)) : (float *)stage;
-  for (int i = threadIdx.x; i < TC_TM; i += blockDim.x) {
-    int64_t a = i < nrows ? perm[row0 + i] : -1;
-    bool ok = a >= 0 && a < M.rows;
-    if (i < nrows && !ok) dm_report(M.err, M.what, a, M.rows, 0);
-    xrow[i] = ok ? (a / M.k) * d : -1;
-  }
-  __syncthreads();
-
-  /* z = x [Ug | Uu]: the units (m tile, n16 group) of z are dealt to the warps */
-  float acc[T::UPW][2][4] = {};
-  const int nk = (int)((d + T::KC - 1) / T::KC);
-  auto load_proj = [&](int kc) {
-    u16 *xs = stage + (kc % TC_STAGES) * T::PROJ, *ws = xs + TC_TM * T::LX;
-    int64_t c0 = (int64_t)kc * T::KC;
-    int nv = (int)(d - c0 < T::KC ? d - c0 : T::KC);
-    load_runs<false>(xs, nullptr, T::LX, TC_TM, T::KC, nv, u, M.rows / M.k * d,
-                     [&](int i) { return xrow[i] >= 0 ? xrow[i] + c0 : (int64_t)-1; });
-    auto wrow = [&](int i) { return c0 + i < d ? ((x * d + c0 + i) * R) : (int64_t)-1; };
-    load_runs<false>(ws, nullptr, T::LW, T::KC, R, R, ug, M.e * d * R, wrow);
-    load_runs<false>(ws + R, nullptr, T::LW, T::KC, R, R, uu, M.e * d * R, wrow);
-  };
-  for (int s = 0; s < TC_STAGES - 1; s++) {
-    if (s < nk) load_proj(s);
-    cp_commit();
-  }
-  for (int kc = 0; kc < nk; kc++) {
-    cp_wait<TC_STAGES - 2>();
+  if constexpr (!ZIN) {
+    for (int i = threadIdx.x; i < TC_TM; i += blockDim.x) {
+      int64_t a = i < nrows ? perm[row0 + i] : -1;
+      bool ok = a >= 0 && a < M.rows;
+      if (i < nrows && !ok) dm_report(M.err, M.what, a, M.rows, 0);
+      xrow[i] = ok ? (a / M.k) * d : -1;
+    }
     __syncthreads();
-    if (kc + TC_STAGES - 1 < nk) load_proj(kc + TC_STAGES - 1);
-    cp_commit();
-    const u16 *xs = stage + (kc % TC_STAGES) * T::PROJ, *ws = xs + TC_TM * T::LX;
+
+    /* z = x [Ug | Uu]: the units (m tile, n16 group) of z are dealt to the warps */
+    float acc[T::UPW][2][4] = {};
+    const int nk = (int)((d + T::KC - 1) / T::KC);
+    auto load_proj = [&](int kc) {
+      u16 *xs = stage + (kc % TC_STAGES) * T::PROJ, *ws = xs + TC_TM * T::LX;
+      int64_t c0 = (int64_t)kc * T::KC;
+      int nv = (int)(d - c0 < T::KC ? d - c0 : T::KC);
+      load_runs<false, TC_TM, T::KC>(xs, nullptr, T::LX, nv, u, M.rows / M.k * d,
+                       [&](int i) { return xrow[i] >= 0 ? xrow[i] + c0 : (int64_t)-1; });
+      auto wrow = [&](int i) { return c0 + i < d ? ((x * d + c0 + i) * R) : (int64_t)-1; };
+      load_runs<false, T::KC, R>(ws, nullptr, T::LW, R, ug, M.e * d * R, wrow);
+      load_runs<false, T::KC, R>(ws + R, nullptr, T::LW, R, uu, M.e * d * R, wrow);
+    };
+    for (int s = 0; s < TC_STAGES - 1; s++) {
+      if (s < nk) load_proj(s);
+      cp_commit();
+    }
+    for (int kc = 0; kc < nk; kc++) {
+      cp_wait<TC_STAGES - 2>();
+      __syncthreads();
+      if (kc + TC_STAGES - 1 < nk) load_proj(kc + TC_STAGES - 1);
+      cp_commit();
+      const u16 *xs = stage + (kc % TC_STAGES) * T::PROJ, *ws = xs + TC_TM * T::LX;
 #pragma unroll
-    for (int ks = 0; ks < T::KC / 16; ks++)
+      for (int ks = 0; ks < T::KC / 16; ks++)
 #pragma unroll
-      for (int w = 0; w < T::UPW; w++) {
-        int unit = warp + 8 * w, mt = unit / T::NG, ng = unit % T::NG;
-        if (unit >= T::MT * T::NG || mt * 16 >= nrows) continue;
-        uint32_t a[4], b[4];
-        frag_a(a, xs, T::LX, mt * 16, ks * 16);
-        frag_b(b, ws, T::LW, ks * 16, ng * 16);
-        mma<DT>(acc[w][0], a, b[0], b[1]);
-        mma<DT>(acc[w][1], a, b[2], b[3]);
-      }
-  }
-  cp_wait<0>();
-  __syncthreads();
+        for (int w = 0; w < T::UPW; w++) {
+          int unit = warp + 8 * w, mt = unit / T::NG, ng = unit % T::NG;
+          if (unit >= T::MT * T::NG || mt * 16 >= nrows) continue;
+          uint32_t a[4], b[4];
+          frag_a(a, xs, T::LX, mt * 16, ks * 16);
+          frag_b(b, ws, T::LW, ks * 16, ng * 16);
+          mma<DT>(acc[w][0], a, b[0], b[1]);
+          mma<DT>(acc[w][1], a, b[2], b[3]);
+        }
+    }
+    cp_wait<0>();
+    __syncthreads();
 #pragma unroll
-  for (int w = 0; w < T::UPW; w++) {
-    int unit = warp + 8 * w, mt = unit / T::NG, ng = unit % T::NG;
-    if (unit >= T::MT * T::NG) continue;
+    for (int w = 0; w < T::UPW; w++) {
+      int unit = warp + 8 * w, mt = unit / T::NG, ng = unit % T::NG;
+      if (unit >= T::MT * T::NG) continue;
 #pragma unroll
-    for (int h = 0; h < 2; h++)
+      for (int h = 0; h < 2; h++)
 #pragma unroll
-      for (int e = 0; e < 4; e++) z[(mt * 16 + acc_row(e)) * T::LZ + ng * 16 + h * 8 + acc_col(e)] = acc[w][h][e];
+        for (int e = 0; e < 4; e++) z[(mt * 16 + acc_row(e)) * T::LZ + ng * 16 + h * 8 + acc_col(e)] = acc[w][h][e];
+    }
   }
   __syncthreads();
 
   if constexpr (!BWD) {
+    if (zio)
+      for (int i = threadIdx.x; i < nrows * 2 * R; i += blockDim.x) {
+        int m = i / (2 * R), j = i - m * 2 * R;
+        zio[(row0 + m) * 2 * R + j] = z[m * T::LZ + j];
+      }
     for (int i = threadIdx.x; i < nrows * R; i += blockDim.x) {
       int m = i / R, j = i - m * R;
       float zg = z[m * T::LZ + j] * dt<DT>::load(cg[x * R + j]), zu = z[m * T::LZ + R + j] * dt<DT>::load(cu[x * R + j]);
@@ -856,10 +907,15 @@ __global__ void __launch_bounds__(TC_THREADS) tc_rows_k(const u16 *u, const int6
       u16 *gs = stage + st * T::DH, *ds = gs + TC_TM * T::LF;
       int64_t f0 = (int64_t)fc * T::FC;
       int nv = (int)(F - f0 < T::FC ? F - f0 : T::FC);
-      load_runs<true>(gs, shg[st], T::LF, TC_TM, T::FC, nv, gy, M.rows * F,
+      load_runs<true, TC_TM, T::FC>(gs, shg[st], T::LF, nv, gy, M.rows * F,
                       [&](int i) { return i < nrows ? (row0 + i) * F + f0 : (int64_t)-1; });
-      load_runs<true>(ds, shd[st], T::LF, R, T::FC, nv, dw, M.e * R * F, [&](int j) { return (x * R + j) * F + f0; });
+      load_runs<true, R, T::FC>(ds, shd[st], T::LF, nv, dw, M.e * R * F, [&](int j) { return (x * R + j) * F + f0; });
     };
+    if constexpr (ZIN)   /* the forward's z, with dh's first chunks (rows past the tile's: zeros) */
+      for (int i = threadIdx.x; i < TC_TM * R / 2; i += blockDim.x) {
+        int m = i / (R / 2), c = i - m * (R / 2);
+        cp16(z + m * T::LZ + 4 * c, m < nrows ? zio + (row0 + m) * 2 * R + 4 * c : zio, m < nrows ? 16 : 0);
+      }
     for (int s = 0; s < TC_STAGES - 1; s++) {
       if (s < nf) load_dh(s);
       cp_commit();
@@ -917,27 +973,80 @@ __global__ void __launch_bounds__(TC_THREADS) tc_rows_k(const u16 *u, const int6
   }
 }
 
-/* an (expert, slice of F): y = h D for the expert's rows, TC_TM at a time; warp w has n8 tiles 2w, 2w + 1 */
+/* The weight-streaming kernels (tc_down_k, tc_dd_k, tc_du_k) take an expert and a range of its chunks
+** (of F or of d) a block, and go through (chunk, row tile) items in that order, TS deep: each item's loads
+** are issued TS - 1 items ahead, so a block streams its expert's weights or gradients instead of waiting
+** on every tile's loads (blocks of one chunk each spent most of their time so, at four blocks an SM). The
+** operand that is the same for every chunk (h, or [dag | dau]) is loaded with the first TS items only
+** when the expert has one row tile (the common case: 16 rows on average at b1), else with every item. */
+struct tc_items {
+  int64_t lo, hi; /* the expert's sorted rows */
+  int nt, c0, n;  /* row tiles (at least one), the first chunk, the items */
+  __device__ tc_items(const int64_t *off, int64_t x, int64_t rows, int64_t nchunks, int cpb) {
+    lo = off[x];
+    hi = off[x + 1] < rows ? off[x + 1] : rows;
+    if (hi < lo) hi = lo;
+    nt = hi > lo ? (int)((hi - lo + TC_TM - 1) / TC_TM) : 1;
+    c0 = (int)blockIdx.y * cpb;
+    int c1 = (int64_t)c0 + cpb < nchunks ? c0 + cpb : (int)nchunks;
+    n = c1 > c0 ? (c1 - c0) * nt : 0;
+  }
+  __device__ int chunk(int it) const { return c0 + it / nt; }
+  __device__ int tile(int it) const { return it % nt; }
+  __device__ int64_t row0(int it) const { return lo + (int64_t)tile(it) * TC_TM; }
+  __device__ int rows(int it) const {
+    int64_t left = hi - row0(it);
+    return left < TC_TM ? (int)left : TC_TM;
+  }
+  /* whether item it loads the operand that does not change with the chunk */
+  __device__ bool fixed(int it, int ts) const { return nt > 1 || it < ts; }
+};
+
+/* chunks a block of the streaming kernels: about a dozen (blocks enough to fill the SMs several times
+** at b1, each long enough to keep its pipeline full) */
+static int tc_cpb(int64_t nchunks) {
+  int64_t splits = (nchunks + 11) / 12;
+  return (int)((nchunks + splits - 1) / (splits > 0 ? splits : 1));
+}
+
+/* where a 16-byte chunk starts: the offset of element i in its chunk (unsigned arithmetic keeps i mod 8) */
+__device__ __forceinline__ int chunk_shift(int64_t i) { return (int)((uint32_t)(uint64_t)i & 7u); }
+
+/* y = h D for an (expert, range of chunks of F): items (chunk, row tile), the chunk of D and the tile of h
+** two deep; warp w has n8 tiles 2w, 2w + 1 of the chunk */
 template <int DT, int R>
-__global__ void __launch_bounds__(TC_THREADS) tc_down_k(u16 *y, const u16 *hs, const int64_t *off, const u16 *dw,
-                                                        moe_dims M) {
+__global__ void __launch_bounds__(TC_THREADS, 4) tc_down_k(u16 *y, const u16 *hs, const int64_t *off, const u16 *dw,
+                                                        moe_dims M, int cpb) {
   typedef tc_cfg<R> T;
+  constexpr int TS = T::DOWN_TS, DSZ = R * T::LS, STAGE = DSZ + TC_TM * T::LH;
   extern __shared__ __align__(16) unsigned char moe_smem[];
-  __shared__ unsigned char shd[R];
-  const int64_t x = blockIdx.x, f0 = (int64_t)blockIdx.y * TC_FS, F = M.f;
-  const int64_t lo = off[x], hi = off[x + 1] < M.rows ? off[x + 1] : M.rows;
-  if (hi <= lo) return;
-  const int nv = (int)(F - f0 < TC_FS ? F - f0 : TC_FS), warp = threadIdx.x >> 5;
-  u16 *ds = (u16 *)moe_smem, *hc = ds + R * T::LS, *os = hc + TC_TM * T::LH;
-  load_runs<true>(ds, shd, T::LS, R, TC_FS, nv, dw, M.e * R * F, [&](int j) { return (x * R + j) * F + f0; });
-  const srows D = {ds, shd, T::LS, 1 << 30};
-  for (int64_t p0 = lo; p0 < hi; p0 += TC_TM) {
-    const int np = (int)(hi - p0 < TC_TM ? hi - p0 : TC_TM);
-    load_runs<false>(hc, nullptr, T::LH, TC_TM, R, R, hs, M.rows * R,
-                     [&](int i) { return i < np ? (p0 + i) * R : (int64_t)-1; });
+  __shared__ unsigned char shd[TS][R];
+  const int64_t x = blockIdx.x, F = M.f;
+  const tc_items I(off, x, M.rows, (F + TC_FS - 1) / TC_FS, cpb);
+  if (I.hi <= I.lo) return;
+  const int warp = threadIdx.x >> 5;
+  u16 *const smem = (u16 *)moe_smem, *os = smem + TS * STAGE;
+  auto load = [&](int it) {
+    u16 *ds = smem + (it % TS) * STAGE, *hc = ds + DSZ;
+    const int64_t f0 = (int64_t)I.chunk(it) * TC_FS, p0 = I.row0(it);
+    const int np = I.rows(it), nv = (int)(F - f0 < TC_FS ? F - f0 : TC_FS);
+    load_runs<true, R, TC_FS>(ds, shd[it % TS], T::LS, nv, dw, M.e * R * F, [&](int j) { return (x * R + j) * F + f0; });
+    if (I.fixed(it, TS))
+      load_runs<false, TC_TM, R>(hc, nullptr, T::LH, R, hs, M.rows * R,
+                       [&](int i) { return i < np ? (p0 + i) * R : (int64_t)-1; });
+  };
+  for (int s = 0; s < TS - 1; s++) {
+    if (s < I.n) load(s);
     cp_commit();
-    cp_wait<0>();
+  }
+  for (int it = 0; it < I.n; it++) {
+    cp_wait<TS - 2>();
     __syncthreads();
+    if (it + TS - 1 < I.n) load(it + TS - 1);
+    cp_commit();
+    const u16 *ds = smem + (it % TS) * STAGE, *hc = ds + DSZ;
+    const srows D = {ds, shd[it % TS], T::LS, 1 << 30};
+    const int np = I.rows(it);
     float acc[T::MT][2][4] = {};
 #pragma unroll
     for (int ks = 0; ks < R / 16; ks++) {
@@ -953,6 +1062,8 @@ __global__ void __launch_bounds__(TC_THREADS) tc_down_k(u16 *y, const u16 *hs, c
         for (int t = 0; t < 2; t++) mma<DT>(acc[mt][t], a, b[t][0], b[t][1]);
       }
     }
+    const int64_t f0 = (int64_t)I.chunk(it) * TC_FS, p0 = I.row0(it);
+    const int nv = (int)(F - f0 < TC_FS ? F - f0 : TC_FS);
 #pragma unroll
     for (int mt = 0; mt < T::MT; mt++)
 #pragma unroll
@@ -960,93 +1071,144 @@ __global__ void __launch_bounds__(TC_THREADS) tc_down_k(u16 *y, const u16 *hs, c
 #pragma unroll
         for (int e = 0; e < 4; e++) {
           int r = mt * 16 + acc_row(e);
-          int sh = (int)(((p0 + r) * F + f0) & 7);
-          os[r * T::LS + sh + (2 * warp + t) * 8 + acc_col(e)] = dt<DT>::store(acc[mt][t][e]);
+          os[r * T::LS + chunk_shift((p0 + r) * F + f0) + (2 * warp + t) * 8 + acc_col(e)] =
+              dt<DT>::store(acc[mt][t][e]);
         }
     __syncthreads();
-    store_runs(y, os, T::LS, np, nv, [&](int i) { return (p0 + i) * F + f0; });
-    __syncthreads();
+    store_runs<TC_TM, TC_FS, false>(y, os, T::LS, np, nv, [&](int i) { return (p0 + i) * F + f0; });
   }
 }
 
-/* an (expert, slice of F): dD = h^T gy over the expert's rows in order (zeros without rows);
-** warp w has n8 tiles 2w, 2w + 1 of the slice and every m16 tile of R */
+/* dD = h^T gy for an (expert, range of chunks of F), each chunk summed over the expert's rows in order
+** (zeros without rows): items (chunk, row tile), TC_STAGES deep; warp w has n8 tiles 2w, 2w + 1 of the
+** chunk and every m16 tile of R */
 template <int DT, int R>
-__global__ void __launch_bounds__(TC_THREADS) tc_dd_k(u16 *dd, const u16 *hs, const u16 *gy, const int64_t *off,
-                                                      moe_dims M) {
+__global__ void __launch_bounds__(TC_THREADS, 3) tc_dd_k(u16 *dd, const u16 *hs, const u16 *gy, const int64_t *off,
+                                                      moe_dims M, int cpb) {
   typedef tc_cfg<R> T;
+  constexpr int TS = TC_STAGES, GSZ = TC_TM * T::LS, STAGE = GSZ + TC_TM * T::LH;
   extern __shared__ __align__(16) unsigned char moe_smem[];
-  __shared__ unsigned char shg[TC_TM];
-  const int64_t x = blockIdx.x, f0 = (int64_t)blockIdx.y * TC_FS, F = M.f;
-  const int64_t lo = off[x], hi = off[x + 1] < M.rows ? off[x + 1] : M.rows;
-  const int nv = (int)(F - f0 < TC_FS ? F - f0 : TC_FS), warp = threadIdx.x >> 5;
-  u16 *gs = (u16 *)moe_smem, *hc = gs + TC_TM * T::LS, *os = hc + TC_TM * T::LH;
-  float acc[R / 16][2][4] = {};
-  for (int64_t p0 = lo; p0 < hi; p0 += TC_TM) {
-    const int np = (int)(hi - p0 < TC_TM ? hi - p0 : TC_TM);
-    __syncthreads();
-    load_runs<true>(gs, shg, T::LS, TC_TM, TC_FS, nv, gy, M.rows * F,
+  __shared__ unsigned char shg[TS][TC_TM];
+  const int64_t x = blockIdx.x, F = M.f;
+  const tc_items I(off, x, M.rows, (F + TC_FS - 1) / TC_FS, cpb);
+  const int warp = threadIdx.x >> 5;
+  u16 *const smem = (u16 *)moe_smem, *os = smem + TS * STAGE;
+  auto load = [&](int it) {
+    u16 *gs = smem + (it % TS) * STAGE, *hc = gs + GSZ;
+    const int64_t f0 = (int64_t)I.chunk(it) * TC_FS, p0 = I.row0(it);
+    const int np = I.rows(it), nv = (int)(F - f0 < TC_FS ? F - f0 : TC_FS);
+    load_runs<true, TC_TM, TC_FS>(gs, shg[it % TS], T::LS, nv, gy, M.rows * F,
                     [&](int i) { return i < np ? (p0 + i) * F + f0 : (int64_t)-1; });
-    load_runs<false>(hc, nullptr, T::LH, TC_TM, R, R, hs, M.rows * R,
-                     [&](int i) { return i < np ? (p0 + i) * R : (int64_t)-1; });
+    if (I.fixed(it, TS))
+      load_runs<false, TC_TM, R>(hc, nullptr, T::LH, R, hs, M.rows * R,
+                       [&](int i) { return i < np ? (p0 + i) * R : (int64_t)-1; });
+  };
+  for (int s = 0; s < TS - 1; s++) {
+    if (s < I.n) load(s);
     cp_commit();
-    cp_wait<0>();
+  }
+  float acc[R / 16][2][4];
+  for (int it = 0; it < I.n; it++) {
+    cp_wait<TS - 2>();
     __syncthreads();
-    const srows G = {gs, shg, T::LS, 1 << 30};
+    if (it + TS - 1 < I.n) load(it + TS - 1);
+    cp_commit();
+    const int t = I.tile(it), np = I.rows(it);
+    if (t == 0)
+#pragma unroll
+      for (int mt = 0; mt < R / 16; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+          for (int e = 0; e < 4; e++) acc[mt][h][e] = 0;
+    const u16 *gs = smem + (it % TS) * STAGE, *hc = gs + GSZ;
+    const srows G = {gs, shg[it % TS], T::LS, 1 << 30};
 #pragma unroll
     for (int ks = 0; ks < TC_TM / 16; ks++) {
       if (ks * 16 >= np) continue;
       uint32_t b[2][2];
 #pragma unroll
-      for (int t = 0; t < 2; t++) frag_b_rows(b[t][0], b[t][1], G, ks * 16, (2 * warp + t) * 8);
+      for (int h = 0; h < 2; h++) frag_b_rows(b[h][0], b[h][1], G, ks * 16, (2 * warp + h) * 8);
 #pragma unroll
       for (int mt = 0; mt < R / 16; mt++) {
         uint32_t a[4];
         frag_a_t(a, hc, T::LH, mt * 16, ks * 16);
 #pragma unroll
-        for (int t = 0; t < 2; t++) mma<DT>(acc[mt][t], a, b[t][0], b[t][1]);
+        for (int h = 0; h < 2; h++) mma<DT>(acc[mt][h], a, b[h][0], b[h][1]);
       }
     }
+    if (t < I.nt - 1) continue;
+    const int64_t f0 = (int64_t)I.chunk(it) * TC_FS;
+    const int nv = (int)(F - f0 < TC_FS ? F - f0 : TC_FS);
+#pragma unroll
+    for (int mt = 0; mt < R / 16; mt++)
+#pragma unroll
+      for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          int j = mt * 16 + acc_row(e);
+          os[j * T::LS + chunk_shift((x * R + j) * F + f0) + (2 * warp + h) * 8 + acc_col(e)] =
+              dt<DT>::store(acc[mt][h][e]);
+        }
+    __syncthreads();
+    store_runs<R, TC_FS, false>(dd, os, T::LS, R, nv, [&](int j) { return (x * R + j) * F + f0; });
   }
-#pragma unroll
-  for (int mt = 0; mt < R / 16; mt++)
-#pragma unroll
-    for (int t = 0; t < 2; t++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        int j = mt * 16 + acc_row(e);
-        int sh = (int)(((x * R + j) * F + f0) & 7);
-        os[j * T::LS + sh + (2 * warp + t) * 8 + acc_col(e)] = dt<DT>::store(acc[mt][t][e]);
-      }
-  __syncthreads();
-  store_runs(dd, os, T::LS, R, nv, [&](int j) { return (x * R + j) * F + f0; });
 }
 
-/* an (expert, slice of d): [dUg | dUu] = x^T [dag | dau] over the expert's rows in order; the units
-** (m16 tile of the slice, n16 group of 2R) are dealt to the warps */
+/* [dUg | dUu] = x^T [dag | dau] for an (expert, range of slices of d), each slice summed over the expert's
+** rows in order: items (slice, row tile), TC_STAGES deep; the units (m16 tile of the slice, n16 group of
+** 2R) are dealt to the warps. An expert of one tile finds its rows' places in u once. */
 template <int DT, int R>
-__global__ void __launch_bounds__(TC_THREADS) tc_du_k(u16 *dug, u16 *duu, const u16 *u, const int64_t *perm,
-                                                      const u16 *dagu, const int64_t *off, moe_dims M) {
+__global__ void __launch_bounds__(TC_THREADS, 3) tc_du_k(u16 *dug, u16 *duu, const u16 *u, const int64_t *perm,
+                                                      const u16 *dagu, const int64_t *off, moe_dims M, int cpb) {
   typedef tc_cfg<R> T;
-  constexpr int LXS = TC_DS + 8, NU = (TC_DS / 16) * T::NG, UPW = (NU + 7) / 8;
+  constexpr int TS = TC_STAGES, LXS = TC_DS + 8, XSZ = TC_TM * LXS, STAGE = XSZ + TC_TM * T::LW;
+  constexpr int NU = (TC_DS / 16) * T::NG, UPW = (NU + 7) / 8;
   extern __shared__ __align__(16) unsigned char moe_smem[];
-  const int64_t x = blockIdx.x, c0 = (int64_t)blockIdx.y * TC_DS, d = M.d;
-  const int64_t lo = off[x], hi = off[x + 1] < M.rows ? off[x + 1] : M.rows;
-  const int nvc = (int)(d - c0 < TC_DS ? d - c0 : TC_DS), warp = threadIdx.x >> 5;
-  u16 *xs = (u16 *)moe_smem, *as = xs + TC_TM * LXS, *os = as + TC_TM * T::LW;
-  float acc[UPW][2][4] = {};
-  for (int64_t p0 = lo; p0 < hi; p0 += TC_TM) {
-    const int np = (int)(hi - p0 < TC_TM ? hi - p0 : TC_TM);
+  __shared__ int64_t xrow[TC_TM];
+  const int64_t x = blockIdx.x, d = M.d;
+  const tc_items I(off, x, M.rows, (d + TC_DS - 1) / TC_DS, cpb);
+  const int warp = threadIdx.x >> 5;
+  u16 *const smem = (u16 *)moe_smem, *os = smem + TS * STAGE;
+  auto place = [&](int64_t p0, int np, int i) {   /* sorted row p0 + i's row of u (d elements), or -1 */
+    int64_t a = i < np ? __ldg(perm + p0 + i) : -1;
+    return a >= 0 && a < M.rows ? (a / M.k) * d : (int64_t)-1;
+  };
+  if (I.nt == 1) {
+    for (int i = threadIdx.x; i < TC_TM; i += blockDim.x) xrow[i] = place(I.lo, I.rows(0), i);
     __syncthreads();
-    load_runs<false>(xs, nullptr, LXS, TC_TM, TC_DS, nvc, u, M.rows / M.k * d, [&](int i) {
-      int64_t a = i < np ? perm[p0 + i] : -1;
-      return a >= 0 && a < M.rows ? (a / M.k) * d + c0 : (int64_t)-1;
+  }
+  auto load = [&](int it) {
+    u16 *xs = smem + (it % TS) * STAGE, *as = xs + XSZ;
+    const int64_t c0 = (int64_t)I.chunk(it) * TC_DS, p0 = I.row0(it);
+    const int np = I.rows(it), nvc = (int)(d - c0 < TC_DS ? d - c0 : TC_DS);
+    load_runs<false, TC_TM, TC_DS>(xs, nullptr, LXS, nvc, u, M.rows / M.k * d, [&](int i) {
+      int64_t a = I.nt == 1 ? xrow[i] : place(p0, np, i);
+      return a >= 0 ? a + c0 : (int64_t)-1;
     });
-    load_runs<false>(as, nullptr, T::LW, TC_TM, 2 * R, 2 * R, dagu, M.rows * 2 * R,
-                     [&](int i) { return i < np ? (p0 + i) * 2 * R : (int64_t)-1; });
+    if (I.fixed(it, TS))
+      load_runs<false, TC_TM, 2 * R>(as, nullptr, T::LW, 2 * R, dagu, M.rows * 2 * R,
+                       [&](int i) { return i < np ? (p0 + i) * 2 * R : (int64_t)-1; });
+  };
+  for (int s = 0; s < TS - 1; s++) {
+    if (s < I.n) load(s);
     cp_commit();
-    cp_wait<0>();
+  }
+  float acc[UPW][2][4];
+  for (int it = 0; it < I.n; it++) {
+    cp_wait<TS - 2>();
     __syncthreads();
+    if (it + TS - 1 < I.n) load(it + TS - 1);
+    cp_commit();
+    const int t = I.tile(it), np = I.rows(it);
+    if (t == 0)
+#pragma unroll
+      for (int w = 0; w < UPW; w++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+          for (int e = 0; e < 4; e++) acc[w][h][e] = 0;
+    const u16 *xs = smem + (it % TS) * STAGE, *as = xs + XSZ;
 #pragma unroll
     for (int ks = 0; ks < TC_TM / 16; ks++) {
       if (ks * 16 >= np) continue;
@@ -1061,21 +1223,24 @@ __global__ void __launch_bounds__(TC_THREADS) tc_du_k(u16 *dug, u16 *duu, const 
         mma<DT>(acc[w][1], a, b[2], b[3]);
       }
     }
+    if (t < I.nt - 1) continue;
+#pragma unroll
+    for (int w = 0; w < UPW; w++) {
+      int unit = warp + 8 * w, mt = unit / T::NG, ng = unit % T::NG;
+      if (unit >= NU) continue;
+#pragma unroll
+      for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+          os[(mt * 16 + acc_row(e)) * T::LW + ng * 16 + h * 8 + acc_col(e)] = dt<DT>::store(acc[w][h][e]);
+    }
+    __syncthreads();
+    const int64_t c0 = (int64_t)I.chunk(it) * TC_DS;
+    const int nvc = (int)(d - c0 < TC_DS ? d - c0 : TC_DS);
+    auto wrow = [&](int c) { return (x * d + c0 + c) * R; };
+    if (dug) store_runs<TC_DS, R, true>(dug, os, T::LW, nvc, R, wrow);
+    if (duu) store_runs<TC_DS, R, true>(duu, os + R, T::LW, nvc, R, wrow);
   }
-#pragma unroll
-  for (int w = 0; w < UPW; w++) {
-    int unit = warp + 8 * w, mt = unit / T::NG, ng = unit % T::NG;
-    if (unit >= NU) continue;
-#pragma unroll
-    for (int h = 0; h < 2; h++)
-#pragma unroll
-      for (int e = 0; e < 4; e++)
-        os[(mt * 16 + acc_row(e)) * T::LW + ng * 16 + h * 8 + acc_col(e)] = dt<DT>::store(acc[w][h][e]);
-  }
-  __syncthreads();
-  auto wrow = [&](int c) { return (x * d + c0 + c) * R; };
-  if (dug) store_runs(dug, os, T::LW, nvc, R, wrow);
-  if (duu) store_runs(duu, os + R, T::LW, nvc, R, wrow);
 }
 
 /* a row tile: gx = [dag | dau] [Ug | Uu]^T over slices of d (TC_STAGES deep); warp w has m16 tile w / 4
@@ -1091,15 +1256,15 @@ __global__ void __launch_bounds__(TC_THREADS) tc_gx_k(u16 *gx, const u16 *dagu, 
   const int nrows = (int)nrows64, warp = threadIdx.x >> 5, mt = warp >> 2, ng = warp & 3;
   const int64_t d = M.d;
   u16 *as = (u16 *)moe_smem, *ws0 = as + TC_TM * T::LW, *os = ws0 + TC_STAGES * TC_DS * T::LW;
-  load_runs<false>(as, nullptr, T::LW, TC_TM, 2 * R, 2 * R, dagu, M.rows * 2 * R,
+  load_runs<false, TC_TM, 2 * R>(as, nullptr, T::LW, 2 * R, dagu, M.rows * 2 * R,
                    [&](int i) { return i < nrows ? (row0 + i) * 2 * R : (int64_t)-1; });
   const int nd = (int)((d + TC_DS - 1) / TC_DS);
   auto load_w = [&](int ci) {
     u16 *ws = ws0 + (ci % TC_STAGES) * TC_DS * T::LW;
     int64_t c0 = (int64_t)ci * TC_DS;
     auto wrow = [&](int c) { return c0 + c < d ? (x * d + c0 + c) * R : (int64_t)-1; };
-    load_runs<false>(ws, nullptr, T::LW, TC_DS, R, R, ug, M.e * d * R, wrow);
-    load_runs<false>(ws + R, nullptr, T::LW, TC_DS, R, R, uu, M.e * d * R, wrow);
+    load_runs<false, TC_DS, R>(ws, nullptr, T::LW, R, ug, M.e * d * R, wrow);
+    load_runs<false, TC_DS, R>(ws + R, nullptr, T::LW, R, uu, M.e * d * R, wrow);
   };
   for (int s = 0; s < TC_STAGES - 1; s++) {
     if (s < nd) load_w(s);
@@ -1130,7 +1295,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_gx_k(u16 *gx, const u16 *dagu, 
           os[(mt * 16 + acc_row(e)) * LO + ng * 16 + h * 8 + acc_col(e)] = dt<DT>::store(acc[h][e]);
     }
     __syncthreads();
-    store_runs(gx, os, LO, nrows, nvc, [&](int i) { return (row0 + i) * d + c0; });
+    store_runs<TC_TM, TC_DS, true>(gx, os, LO, nrows, nvc, [&](int i) { return (row0 + i) * d + c0; });
   }
 }
 
@@ -1156,50 +1321,58 @@ static bool tc_fits(dm_dtype t, const moe_dims &M, const void *const *ptrs, int 
 static unsigned tc_tile_blocks(const moe_dims &M) { return (unsigned)((M.rows + TC_TM - 1) / TC_TM + M.e); }
 
 template <int DT, int R>
-static void tc_forward(dm_tensor *y_rows, const dm_tensor *u, const dm_tensor *perm, const dm_tensor *offsets,
-                       const dm_moe_bank *bank, moe_dims M) {
+static void tc_forward(dm_tensor *y_rows, dm_tensor *z_rows, const dm_tensor *u, const dm_tensor *perm,
+                       const dm_tensor *offsets, const dm_moe_bank *bank, moe_dims M) {
   typedef tc_cfg<R> T;
   const int64_t *off = (const int64_t *)dm_data(offsets);
   size_t hb = sizeof(u16) * (size_t)(M.rows * R), tb;
   u16 *hs = (u16 *)dm_scratch(hb);
-  int64_t *tiles = make_tiles(off, M.e, TC_TM, &tb);
+  int64_t *tiles = make_tiles(off, M.e, TC_TM, M.rows, &tb);
   const void *pu = dm_data(u), *pp = dm_data(perm), *pug = dm_data(bank->ug), *puu = dm_data(bank->uu),
              *pcg = dm_data(bank->cg), *pcu = dm_data(bank->cu), *pd = dm_data(bank->d), *none = NULL;
-  void *py = dm_data(y_rows), *ph = hs;
-  void *rargs[] = {&pu, &pp, &off, &tiles, &pug, &puu, &pcg, &pcu, &pd, &none, &ph, &none, &none, &none, &M};
+  void *py = dm_data(y_rows), *ph = hs, *pz = z_rows ? dm_data(z_rows) : NULL;
+  void *rargs[] = {&pu, &pp, &off, &tiles, &pug, &puu, &pcg, &pcu, &pd, &none, &ph, &none, &none, &none, &pz, &M};
   tc_launch((const void *)tc_rows_k<DT, R, false>, dim3(tc_tile_blocks(M)), T::rows_smem(false), rargs);
-  void *dargs[] = {&py, &ph, &off, &pd, &M};
-  tc_launch((const void *)tc_down_k<DT, R>, dim3((unsigned)M.e, (unsigned)((M.f + TC_FS - 1) / TC_FS)),
-            T::down_smem(), dargs);
+  int64_t nfc = (M.f + TC_FS - 1) / TC_FS;
+  int cpb = tc_cpb(nfc);
+  void *dargs[] = {&py, &ph, &off, &pd, &M, &cpb};
+  tc_launch((const void *)tc_down_k<DT, R>, dim3((unsigned)M.e, (unsigned)((nfc + cpb - 1) / cpb)), T::down_smem(),
+            dargs);
   dm_scratch_free(tiles, tb);
   dm_scratch_free(hs, hb);
 }
 
 template <int DT, int R>
-static void tc_backward(dm_tensor *gx_rows, const dm_moe_grads *g, const dm_tensor *gy_rows, const dm_tensor *u,
-                        const dm_tensor *perm, const dm_tensor *offsets, const dm_moe_bank *bank, moe_dims M) {
+static void tc_backward(dm_tensor *gx_rows, const dm_moe_grads *g, const dm_tensor *gy_rows, const dm_tensor *z_rows,
+                        const dm_tensor *u, const dm_tensor *perm, const dm_tensor *offsets, const dm_moe_bank *bank,
+                        moe_dims M) {
   typedef tc_cfg<R> T;
   const int64_t *off = (const int64_t *)dm_data(offsets);
   size_t nr = (size_t)(M.rows * R), sb = sizeof(u16) * 3 * nr + sizeof(float) * 2 * nr, tb;
   unsigned char *scratch = (unsigned char *)dm_scratch(sb);
   u16 *hs = (u16 *)scratch, *dagu = hs + nr;
   float *pg = (float *)(dagu + 2 * nr), *pu = pg + nr;
-  int64_t *tiles = make_tiles(off, M.e, TC_TM, &tb);
+  int64_t *tiles = make_tiles(off, M.e, TC_TM, M.rows, &tb);
   const void *pgy = dm_data(gy_rows), *pux = dm_data(u), *pp = dm_data(perm), *pug = dm_data(bank->ug),
              *puu = dm_data(bank->uu), *pcg = dm_data(bank->cg), *pcu = dm_data(bank->cu), *pd = dm_data(bank->d);
-  void *ph = hs, *pa = dagu, *ppg = pg, *ppu = pu;
-  void *rargs[] = {&pux, &pp, &off, &tiles, &pug, &puu, &pcg, &pcu, &pd, &pgy, &ph, &pa, &ppg, &ppu, &M};
-  tc_launch((const void *)tc_rows_k<DT, R, true>, dim3(tc_tile_blocks(M)), T::rows_smem(true), rargs);
+  void *ph = hs, *pa = dagu, *ppg = pg, *ppu = pu, *pz = z_rows ? dm_data(z_rows) : NULL;
+  void *rargs[] = {&pux, &pp, &off, &tiles, &pug, &puu, &pcg, &pcu, &pd, &pgy, &ph, &pa, &ppg, &ppu, &pz, &M};
+  tc_launch(pz ? (const void *)tc_rows_k<DT, R, true, true> : (const void *)tc_rows_k<DT, R, true, false>,
+            dim3(tc_tile_blocks(M)), T::rows_smem(true), rargs);
   unsigned ne = (unsigned)M.e;
   if (g->d) {
     void *pdd = dm_data(g->d);
-    void *args[] = {&pdd, &ph, &pgy, &off, &M};
-    tc_launch((const void *)tc_dd_k<DT, R>, dim3(ne, (unsigned)((M.f + TC_FS - 1) / TC_FS)), T::down_smem(), args);
+    int64_t nfc = (M.f + TC_FS - 1) / TC_FS;
+    int cpb = tc_cpb(nfc);
+    void *args[] = {&pdd, &ph, &pgy, &off, &M, &cpb};
+    tc_launch((const void *)tc_dd_k<DT, R>, dim3(ne, (unsigned)((nfc + cpb - 1) / cpb)), T::dd_smem(), args);
   }
   if (g->ug || g->uu) {
     void *pdg = g->ug ? dm_data(g->ug) : NULL, *pdu = g->uu ? dm_data(g->uu) : NULL;
-    void *args[] = {&pdg, &pdu, &pux, &pp, &pa, &off, &M};
-    tc_launch((const void *)tc_du_k<DT, R>, dim3(ne, (unsigned)((M.d + TC_DS - 1) / TC_DS)), T::du_smem(), args);
+    int64_t nds = (M.d + TC_DS - 1) / TC_DS;
+    int cpb = tc_cpb(nds);
+    void *args[] = {&pdg, &pdu, &pux, &pp, &pa, &off, &M, &cpb};
+    tc_launch((const void *)tc_du_k<DT, R>, dim3(ne, (unsigned)((nds + cpb - 1) / cpb)), T::du_smem(), args);
   }
   if ((g->cg || g->cu) && M.e * M.r > 0)
     DM_LAUNCH(expert_csum_k<float>, M.e * M.r, g->cg ? dm_data(g->cg) : NULL, g->cu ? dm_data(g->cu) : NULL, DT,
@@ -1225,39 +1398,44 @@ template <typename Fn> static void tc_by_rank(int64_t r, Fn f) {
 
 /* ---- the experts' entry points ---------------------------------------------------------------------------- */
 
-static void cuda_experts(dm_tensor *y_rows, const dm_tensor *u, const dm_tensor *perm, const dm_tensor *offsets,
-                         const dm_moe_bank *bank, int64_t k) {
+static void cuda_experts(dm_tensor *y_rows, dm_tensor *z_rows, const dm_tensor *u, const dm_tensor *perm,
+                         const dm_tensor *offsets, const dm_moe_bank *bank, int64_t k) {
   moe_dims M = dims_of(u, perm, offsets, bank, k);
   int tm = tile_rows("moe_experts", &M);
   if (M.rows == 0 || M.f == 0) return;
   const void *ptrs[] = {dm_data(y_rows), dm_data(u), dm_data(bank->ug), dm_data(bank->uu), dm_data(bank->d)};
-  bool tc = tc_fits(u->dtype, M, ptrs, 5);
+  bool tc = tc_fits(u->dtype, M, ptrs, 5) && (!z_rows || dm_aligned(dm_data(z_rows), 16));
   dm_dispatch_float(u->dtype, "moe_experts", [&](auto d) {
     constexpr int DT = decltype(d)::value;
     if constexpr (DT == DM_BF16 || DT == DM_F16) {
       if (tc) {
-        tc_by_rank(M.r, [&](auto rr) { tc_forward<DT, decltype(rr)::value>(y_rows, u, perm, offsets, bank, M); });
+        tc_by_rank(M.r, [&](auto rr) {
+          tc_forward<DT, decltype(rr)::value>(y_rows, z_rows, u, perm, offsets, bank, M);
+        });
         return;
       }
     }
-    experts_forward<DT>(y_rows, u, perm, offsets, bank, M, tm);
+    experts_forward<DT>(y_rows, z_rows, u, perm, offsets, bank, M, tm);
   });
 }
 
-static void cuda_experts_bwd(dm_tensor *gx_rows, const dm_moe_grads *g, const dm_tensor *gy_rows, const dm_tensor *u,
-                             const dm_tensor *perm, const dm_tensor *offsets, const dm_moe_bank *bank, int64_t k) {
+static void cuda_experts_bwd(dm_tensor *gx_rows, const dm_moe_grads *g, const dm_tensor *gy_rows,
+                             const dm_tensor *z_rows, const dm_tensor *u, const dm_tensor *perm,
+                             const dm_tensor *offsets, const dm_moe_bank *bank, int64_t k) {
   moe_dims M = dims_of(u, perm, offsets, bank, k);
   int tm = tile_rows("moe_experts_bwd", &M);
   const void *ptrs[] = {gx_rows ? dm_data(gx_rows) : NULL, dm_data(gy_rows), dm_data(u), dm_data(bank->ug),
                         dm_data(bank->uu), dm_data(bank->d), g->ug ? dm_data(g->ug) : NULL,
                         g->uu ? dm_data(g->uu) : NULL, g->d ? dm_data(g->d) : NULL};
   bool tc = tc_fits(u->dtype, M, ptrs, 9);
+  /* the forward's projections when they are there in f32 and aligned (the FMA kernels recompute them) */
+  const dm_tensor *zk = z_rows && z_rows->dtype == DM_F32 && dm_aligned(dm_data(z_rows), 16) ? z_rows : NULL;
   dm_dispatch_float(u->dtype, "moe_experts_bwd", [&](auto d) {
     constexpr int DT = decltype(d)::value;
     if constexpr (DT == DM_BF16 || DT == DM_F16) {
       if (tc) {
         tc_by_rank(M.r, [&](auto rr) {
-          tc_backward<DT, decltype(rr)::value>(gx_rows, g, gy_rows, u, perm, offsets, bank, M);
+          tc_backward<DT, decltype(rr)::value>(gx_rows, g, gy_rows, zk, u, perm, offsets, bank, M);
         });
         return;
       }

@@ -19,7 +19,7 @@
 
 #include "ops.h"
 
-#define DM_FUSE_MAXIN 8                        /* the backward saves every input: DM_MAXSAVED */
+#define DM_FUSE_MAXIN 8                        /* the backward saves every input (at most DM_MAXSAVED) */
 #define DM_FUSE_MAXOPS (2 * DM_FUSE_MAXIN + 1)  /* the backward: 8 gradients, 8 inputs and g */
 
 /* postfix instructions over a stack of values; arg is the operand where one is needed */

@@ -58,16 +58,21 @@ typedef void (*dm_moe_sort_k)(dm_tensor *perm, dm_tensor *offsets, dm_tensor *in
 typedef void (*dm_moe_check_offsets_k)(const dm_tensor *offsets, int64_t rows, const char *what);
 
 /* "moe_experts": y_rows[p] = expert e's output for token perm[p] / k, for
-** every sorted position p of expert e */
-typedef void (*dm_moe_experts_k)(dm_tensor *y_rows, const dm_tensor *u, const dm_tensor *perm,
+** every sorted position p of expert e; z_rows [N * k, 2r] (NULL: not
+** wanted) receives row p's projections [x Ug[e] | x Uu[e]] before the
+** scales cg, cu, in the compute type (f64 for f64 tensors, else f32), for
+** the backward */
+typedef void (*dm_moe_experts_k)(dm_tensor *y_rows, dm_tensor *z_rows, const dm_tensor *u, const dm_tensor *perm,
                                  const dm_tensor *offsets, const dm_moe_bank *bank, int64_t k);
 /* "moe_experts_bwd": from gy_rows [N * k, F], each expert's weight gradients
 ** (written once per expert, zeros for an expert without rows) and gx_rows
 ** [N * k, d], the gradient of each sorted row's input (NULL: not wanted).
-** The expert's projections x Ug[e], x Uu[e] are recomputed, not saved. */
+** z_rows: the forward's projections, or NULL (recomputed then); a kernel
+** may recompute them anyway (the CPU's do: they gather the rows for dUg
+** and dUu all the same), with the same result. */
 typedef void (*dm_moe_experts_bwd_k)(dm_tensor *gx_rows, const dm_moe_grads *g, const dm_tensor *gy_rows,
-                                     const dm_tensor *u, const dm_tensor *perm, const dm_tensor *offsets,
-                                     const dm_moe_bank *bank, int64_t k);
+                                     const dm_tensor *z_rows, const dm_tensor *u, const dm_tensor *perm,
+                                     const dm_tensor *offsets, const dm_moe_bank *bank, int64_t k);
 
 /* "moe_invert": inv[perm[p]] = p */
 typedef void (*dm_moe_invert_k)(dm_tensor *inv, const dm_tensor *perm);

@@ -17,9 +17,11 @@
 ** synchronisation, see cuda.h). The kernels take contiguous tensors; the
 ** forwards make them so.
 **
-** moe_experts saves its inputs only and recomputes the projections x Ug[e],
-** x Uu[e] in its backward: the backward reads those weights and rows anyway,
-** so the recompute costs arithmetic, not memory traffic.
+** moe_experts saves its inputs and, when recorded, the projections
+** [x Ug[e] | x Uu[e]] of each sorted row (f32, 2r a row: 8 MB at b1): a
+** backward that recomputed them read Ug and Uu once more than the floor
+** counts (0.54 GB at b1, the product dx = [dag | dau] [Ug | Uu]^T reads them
+** anyway).
 */
 #include <limits.h>
 #include <math.h>
@@ -198,17 +200,21 @@ static void experts_fwd(dm_ctx *c) {
   check_offsets(what, in[X_OFFSETS], e, n * k, "Ug", ug);
   dm_tensor *x[X_N];
   for (int i = 0; i < X_N; i++) x[i] = dm_contiguous(in[i]);
-  int64_t sy[2] = {n * k, f};
+  int64_t sy[2] = {n * k, f}, sz[2] = {n * k, 2 * r};
   dm_tensor *y = dm_tensor_new(u->device, u->dtype, 2, sy);
+  /* a recorded call keeps the projections: the backward then reads them instead of Ug and Uu again */
+  dm_tensor *z = c->node ? dm_tensor_new(u->device, u->dtype == DM_F64 ? DM_F64 : DM_F32, 2, sz) : NULL;
   dm_moe_bank bank = {x[X_UG], x[X_UU], x[X_CG], x[X_CU], x[X_D]};
-  DM_KERNEL(dm_moe_experts_k, "moe_experts", u->device)(y, x[X_U], x[X_PERM], x[X_OFFSETS], &bank, k);
+  DM_KERNEL(dm_moe_experts_k, "moe_experts", u->device)(y, z, x[X_U], x[X_PERM], x[X_OFFSETS], &bank, k);
   for (int i = 0; i < X_N; i++) { dm_save(c, x[i]); dm_release(x[i]); }
+  if (z) { dm_save(c, z); dm_release(z); }
   c->out[0] = y;
 }
 
 static void experts_bwd(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
   dm_tensor *x[X_N];
   for (int i = 0; i < X_N; i++) x[i] = dm_saved(c, i);
+  dm_tensor *z = dm_saved(c, X_N);
   dm_tensor *gy = dm_contiguous(gout[0]);
   dm_device dev = gy->device;
   dm_tensor *g[X_N] = {0};
@@ -221,7 +227,7 @@ static void experts_bwd(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
   }
   dm_moe_bank bank = {x[X_UG], x[X_UU], x[X_CG], x[X_CU], x[X_D]};
   dm_moe_grads grads = {g[X_UG], g[X_UU], g[X_CG], g[X_CU], g[X_D]};
-  DM_KERNEL(dm_moe_experts_bwd_k, "moe_experts_bwd", dev)(gx_rows, &grads, gy, x[X_U], x[X_PERM], x[X_OFFSETS],
+  DM_KERNEL(dm_moe_experts_bwd_k, "moe_experts_bwd", dev)(gx_rows, &grads, gy, z, x[X_U], x[X_PERM], x[X_OFFSETS],
                                                           &bank, k);
   dm_release(gy);
   for (int i = X_UG; i < X_N; i++) gin[i] = g[i];

@@ -34,6 +34,26 @@ check("moe_sort with an expert id out of range", function()
   local idx = dm.tensor({{0, 1}, {2, 70}}, {dtype = "i64"}):cuda()
   expect_error(function() local p = dm.moe_sort(idx, 64); return p:cpu() end, "70", "64")
 end)
+-- offsets that decrease past the first thousand experts (the check's threads stride over them)
+check("moe_experts with offsets that decrease", function()
+  local E, N, k, d, r, F = 2000, 4, 2, 16, 16, 8
+  local off = {}
+  for e = 0, E do off[e + 1] = e <= 1500 and 0 or e == 1501 and 5 or e == 1502 and 3 or N * k end
+  local perm = dm.tensor({0, 1, 2, 3, 4, 5, 6, 7}, {dtype = "i64"}):cuda()
+  local offsets = dm.tensor(off, {dtype = "i64"}):cuda()
+  local u = dm.randn({N, d}, {device = "cuda"})
+  local ug, uu = dm.randn({E, d, r}, {device = "cuda"}), dm.randn({E, d, r}, {device = "cuda"})
+  local cg, cu, dw = dm.ones({E, r}, {device = "cuda"}), dm.ones({E, r}, {device = "cuda"}), dm.randn({E, r, F}, {device = "cuda"})
+  local function run(o) return dm.moe_experts(u, perm, o, ug, uu, cg, cu, dw, k) end
+  if debug_mode then expect_error(function() return run(offsets) end, "offsets decrease at expert 1501 (5 then 3)")
+  else expect_error(function() return run(offsets):cpu() end, "moe_experts: index 3 is out of range", "size 9") end
+  for e = 1502, E do off[e + 1] = 7 end   -- no decrease now, but the last offset is not N * k
+  local ends = dm.tensor(off, {dtype = "i64"}):cuda()
+  if debug_mode then expect_error(function() return run(ends) end, "offsets run from 0 to 7")
+  else expect_error(function() return run(ends):cpu() end, "moe_experts: index 7 is out of range") end
+  for e = 1502, E do off[e + 1] = N * k end
+  assert(run(dm.tensor(off, {dtype = "i64"}):cuda()):cpu():shape()[1] == N * k)
+end)
 check("engram_sparse_grad with an inverse entry out of range", function()
   local g = dm.randn({3, 4}, {device = "cuda"})
   local inv = dm.tensor({0, 5, 1}, {dtype = "i64"}):cuda()

@@ -9,7 +9,9 @@ every gradient; and two backward runs giving the same bits.
 Routing is skewed on purpose: a selection bias draws most tokens to experts
 0..3 (several tiles of rows each), pushes experts E-4..E-1 out (no rows), and
 the rest get a few rows. F = 384 keeps rows on 16-byte boundaries, F = 383
-does not (the kernels' shifted path).
+does not (the kernels' shifted path); F = 2001 and d = 1000 give the
+streaming kernels more chunks than one block takes (several blocks an
+expert).
 ]]
 local dm = require "dormouse"
 local common = require "tests.gpu.common"
@@ -56,7 +58,7 @@ end
 local NAMES = {"u", "Ug", "Uu", "cg", "cu", "D"}
 
 for _, s in ipairs {{N = 300, E = 64, d = 256, r = 64, F = 384}, {N = 300, E = 64, d = 256, r = 64, F = 383},
-                    {N = 200, E = 16, d = 96, r = 32, F = 77}} do
+                    {N = 200, E = 16, d = 96, r = 32, F = 77}, {N = 200, E = 16, d = 1000, r = 16, F = 2001}} do
   local k = 2
   local perm, offsets, what = layout(s.N, s.E, k, 11)
   local ins = {randn({s.N, s.d}, 1), randn({s.E, s.d, s.r}, 2, s.d ^ -0.5), randn({s.E, s.d, s.r}, 3, s.d ^ -0.5),

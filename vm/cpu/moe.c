@@ -230,14 +230,26 @@ static void expert_activate(expert_job *j, int64_t e, int64_t n) {
     }
 }
 
-static void cpu_experts(dm_tensor *y_rows, const dm_tensor *u, const dm_tensor *perm, const dm_tensor *offsets,
-                        const dm_moe_bank *bank, int64_t k) {
+/* z_rows' rows of expert e (from sorted row lo on): [ag | au] in z's dtype */
+static void expert_keep(expert_job *j, dm_tensor *z_rows, int64_t lo, int64_t n) {
+  int64_t r = j->r;
+  void *z = dm_data(z_rows);
+  for (int64_t p = 0; p < n; p++)
+    for (int64_t i = 0; i < r; i++) {
+      st(z_rows->dtype, z, (lo + p) * 2 * r + i, ld(j->dt, j->ag, p * r + i));
+      st(z_rows->dtype, z, (lo + p) * 2 * r + r + i, ld(j->dt, j->au, p * r + i));
+    }
+}
+
+static void cpu_experts(dm_tensor *y_rows, dm_tensor *z_rows, const dm_tensor *u, const dm_tensor *perm,
+                        const dm_tensor *offsets, const dm_moe_bank *bank, int64_t k) {
   expert_job j;
   job_init(&j, u, perm, offsets, bank, k, false);
   int64_t e = offsets->shape[0] - 1, r = j.r, f = j.f;
   for (int64_t x = 0; x < e; x++) {
     int64_t n = expert_project(&j, x);
     if (n == 0) continue;
+    if (z_rows) expert_keep(&j, z_rows, j.off[x], n);
     expert_activate(&j, x, n);
     gemm(j.dt, false, false, n, f, r, j.h, r, at(j.dw, x * r * f, j.es), f, 0, at(dm_data(y_rows), j.off[x] * f, j.es),
          f);
@@ -249,8 +261,10 @@ static void cpu_experts(dm_tensor *y_rows, const dm_tensor *u, const dm_tensor *
 ** activation to dzg, dzu; dcg = sum over rows of dzg * ag (and so for u);
 ** dag = dzg * cg; dUg = x^T dag; dx = dag Ug^T + dau Uu^T. dh is kept in
 ** h's buffer after dD has used h, dag and dau overwrite ag and au. */
-static void cpu_experts_bwd(dm_tensor *gx_rows, const dm_moe_grads *g, const dm_tensor *gy_rows, const dm_tensor *u,
-                            const dm_tensor *perm, const dm_tensor *offsets, const dm_moe_bank *bank, int64_t k) {
+static void cpu_experts_bwd(dm_tensor *gx_rows, const dm_moe_grads *g, const dm_tensor *gy_rows,
+                            const dm_tensor *z_rows, const dm_tensor *u, const dm_tensor *perm,
+                            const dm_tensor *offsets, const dm_moe_bank *bank, int64_t k) {
+  (void)z_rows;   /* the rows are gathered for dUg and dUu anyway: the projections are recomputed */
   expert_job j;
   job_init(&j, u, perm, offsets, bank, k, true);
   dm_dtype dt = j.dt;
