@@ -639,7 +639,7 @@ static void experts_backward(dm_tensor *gx_rows, const dm_moe_grads *g, const dm
 **
 ** Operands move to shared memory as runs of 16-byte chunks (cp.async). A run that does not start on a
 ** chunk's boundary (rows of F elements when F is odd) keeps its offset in the chunk, sh (0..7), and is
-** read element by element; aligned tiles are read by ldmatrix. Rows past an expert's end load as zeros,
+** moved to the chunk's boundary in shared memory (realign) before ldmatrix reads it. Rows past an expert's end load as zeros,
 ** and so do columns past the summed dim's end. Outputs go through shared memory to whole-chunk stores.
 ** Every weight gradient is written by one block, summing in a fixed order: the same bits on every run.
 */
@@ -702,34 +702,6 @@ __device__ __forceinline__ void frag_b_t(uint32_t (&f)[4], const u16 *b, int ld,
   ldsm(f, b + (n0 + i + (q >> 1) * 8) * ld + k0 + (q & 1) * 8);
 }
 
-/* a tile of shifted rows: element (i, j) at p[i ld + sh[i] + j]; columns from lim on read as 0 */
-struct srows {
-  const u16 *p;
-  const unsigned char *sh;
-  int ld, lim;
-  __device__ __forceinline__ uint32_t at(int i, int j) const { return j < lim ? p[i * ld + sh[i] + j] : 0u; }
-  __device__ __forceinline__ uint32_t two(int i, int j) const { return at(i, j) | at(i, j + 1) << 16; }
-};
-
-/* the same fragments element by element: A[m][k] = s(m, k); B[k][n] = s(k, n) (rows) or s(n, k) (cols) */
-__device__ __forceinline__ void frag_a_s(uint32_t (&f)[4], const srows &s, int m0, int k0) {
-  int l = threadIdx.x & 31, g = l >> 2, q = (l & 3) * 2;
-  f[0] = s.two(m0 + g, k0 + q);
-  f[1] = s.two(m0 + g + 8, k0 + q);
-  f[2] = s.two(m0 + g, k0 + q + 8);
-  f[3] = s.two(m0 + g + 8, k0 + q + 8);
-}
-__device__ __forceinline__ void frag_b_rows(uint32_t &b0, uint32_t &b1, const srows &s, int k0, int n0) {
-  int l = threadIdx.x & 31, g = l >> 2, q = (l & 3) * 2;
-  b0 = s.at(k0 + q, n0 + g) | s.at(k0 + q + 1, n0 + g) << 16;
-  b1 = s.at(k0 + q + 8, n0 + g) | s.at(k0 + q + 9, n0 + g) << 16;
-}
-__device__ __forceinline__ void frag_b_cols(uint32_t &b0, uint32_t &b1, const srows &s, int k0, int n0) {
-  int l = threadIdx.x & 31, g = l >> 2, q = (l & 3) * 2;
-  b0 = s.two(n0 + g, k0 + q);
-  b1 = s.two(n0 + g, k0 + q + 8);
-}
-
 /* where an accumulator element sits: c[e] of the 16 x 8 tile at (m0, n0) is (m0 + row, n0 + col) */
 __device__ __forceinline__ int acc_row(int e) { return ((threadIdx.x & 31) >> 2) + (e >> 1) * 8; }
 __device__ __forceinline__ int acc_col(int e) { return (threadIdx.x & 3) * 2 + (e & 1); }
@@ -750,10 +722,10 @@ __device__ __forceinline__ void load_runs(u16 *t, unsigned char *sh, int ld, int
     if (N % TC_THREADS && i >= N) break;
     const int r = i / NCH, c = i - r * NCH;
     const int64_t s = start(r);
-    const int off = SHIFT && s >= 0 ? (int)(s & 7) : 0;
-    const int64_t e0 = s - off + 8 * c;                 /* the chunk's first element */
+    const int off = SHIFT && s >= 0 ? (int)s & 7 : 0;
+    const int64_t e0 = s - off + 8 * c, room = tot - e0;  /* the chunk's first element; elements from it on */
     int bytes = s >= 0 && 8 * c < off + nv ? 16 : 0;
-    if (bytes && e0 + 8 > tot) bytes = e0 >= tot ? 0 : (int)(tot - e0) * 2;
+    if (room < 8) bytes = room > 0 ? min(bytes, (int)room * 2) : 0;
     cp16(t + r * ld + 8 * c, bytes ? g + e0 : g, bytes);
     if (SHIFT && sh && c == 0) sh[r] = (unsigned char)off;
   }
@@ -778,11 +750,57 @@ __device__ __forceinline__ void store_runs(u16 *g, const u16 *t, int ld, int nr,
       if (8 * c < n) *(uint4 *)(g + s + 8 * c) = *(const uint4 *)src;
       continue;
     }
-    const int64_t e0 = (s & ~(int64_t)7) + 8 * c, lo = e0 > s ? e0 : s, hi = e0 + 8 < s + n ? e0 + 8 : s + n;
-    if (lo >= hi) continue;
-    if (hi - lo == 8) *(uint4 *)(g + e0) = *(const uint4 *)src;
-    else for (int64_t e = lo; e < hi; e++) g[e] = src[e - e0];
+    const int64_t e0 = (s & ~(int64_t)7) + 8 * c;
+    const int a = e0 > s ? 0 : (int)(s - e0), b = e0 + 8 < s + n ? 8 : (int)(s + n - e0);  /* in the chunk */
+    if (a >= b) continue;
+    const uint4 v = *(const uint4 *)src;
+    if (b - a == 8) {
+      *(uint4 *)(g + e0) = v;
+      continue;
+    }
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};   /* a run's end: its elements one by one */
+#pragma unroll
+    for (int m = 0; m < 8; m++)
+      if (m >= a && m < b) g[e0 + m] = (u16)(w[m >> 1] >> (16 * (m & 1)));
   }
+}
+
+/* Rows r < NR of a tile t (rows of ld >= W + 8 elements) whose runs start at offset sh[r] (0..7), as
+** load_runs<true> leaves them: moved to offset 0 in place, so that ldmatrix can read them (the element-by-
+** element fragments of shifted rows were most of the instructions of the kernels that read them). MASK:
+** elements from nv on become zeros (a sum over the run must not take the next row's). Two phases
+** around a barrier (a chunk's source overlaps the next chunk); the whole block takes part and ends with a
+** barrier. */
+template <int NR, int W, bool MASK>
+__device__ __forceinline__ void realign(u16 *t, const unsigned char *sh, int ld, int nv) {
+  constexpr int NCH = W / 8, N = NR * NCH, K = (N + TC_THREADS - 1) / TC_THREADS;
+  uint32_t out[K][4];
+#pragma unroll
+  for (int k = 0; k < K; k++) {
+    const int i = threadIdx.x + k * TC_THREADS;
+    if (N % TC_THREADS && i >= N) break;
+    const int r = i / NCH, c = i - r * NCH, o = sh[r];
+    const uint32_t *w = (const uint32_t *)(t + r * ld + 8 * c + (o & 6));   /* 4-byte aligned */
+    uint32_t v[5];
+#pragma unroll
+    for (int j = 0; j < 5; j++) v[j] = w[j];
+#pragma unroll
+    for (int j = 0; j < 4; j++) out[k][j] = __funnelshift_r(v[j], v[j + 1], 16 * (o & 1));
+    if (MASK && 8 * c + 8 > nv) {
+      const int left = nv - 8 * c;   /* elements of the chunk that stay */
+#pragma unroll
+      for (int j = 0; j < 4; j++) out[k][j] = 2 * j >= left ? 0u : 2 * j + 1 >= left ? out[k][j] & 0xffffu : out[k][j];
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < K; k++) {
+    const int i = threadIdx.x + k * TC_THREADS;
+    if (N % TC_THREADS && i >= N) break;
+    const int r = i / NCH, c = i - r * NCH;
+    *(uint4 *)(t + r * ld + 8 * c) = make_uint4(out[k][0], out[k][1], out[k][2], out[k][3]);
+  }
+  __syncthreads();
 }
 
 /* the shapes of the kernels' tiles at rank R */
@@ -803,6 +821,8 @@ template <int R> struct tc_cfg {
     return 2 * (size_t)TC_STAGES * (bwd && DH > PROJ ? DH : PROJ) + (bwd ? 4 * (size_t)TC_TM * LZ : 0);
   }
   static constexpr int DOWN_TS = 2;                      /* tc_down_k's depth (its stages hold a chunk of D) */
+  /* blocks an SM the streaming kernels' registers must allow (their shared memory allows as many at r <= 64) */
+  static constexpr int DOWN_MINB = R <= 64 ? 4 : 2, GRAD_MINB = R <= 64 ? 3 : 1;
   static size_t down_smem() { return 2 * (size_t)(DOWN_TS * (R * LS + TC_TM * LH) + TC_TM * LS); }
   static size_t dd_smem() { return 2 * (size_t)(TC_STAGES * (TC_TM * LS + TC_TM * LH) + R * LS); }
   static size_t du_smem() { return 2 * (size_t)(TC_STAGES * (TC_TM * (TC_DS + 8) + TC_TM * LW) + TC_DS * LW); }
@@ -926,17 +946,22 @@ __global__ void __launch_bounds__(TC_THREADS) tc_rows_k(const u16 *u, const int6
       if (fc + TC_STAGES - 1 < nf) load_dh(fc + TC_STAGES - 1);
       cp_commit();
       int st = fc % TC_STAGES, nv = (int)(F - (int64_t)fc * T::FC < T::FC ? F - (int64_t)fc * T::FC : T::FC);
+      u16 *gs = stage + st * T::DH, *ds = gs + TC_TM * T::LF;
+      realign<TC_TM, T::FC, true>(gs, shg[st], T::LF, nv);
+      realign<R, T::FC, true>(ds, shd[st], T::LF, nv);
       if (ks * 16 >= nv) continue;
-      const u16 *gs = stage + st * T::DH;
-      srows G = {gs, shg[st], T::LF, nv}, D = {gs + TC_TM * T::LF, shd[st], T::LF, nv};
       uint32_t b[T::NTW][2];
 #pragma unroll
-      for (int t = 0; t < T::NTW; t++) frag_b_cols(b[t][0], b[t][1], D, ks * 16, (nh * T::NTW + t) * 8);
+      for (int t = 0; t < T::NTW; t += 2) {
+        uint32_t f[4];
+        frag_b_t(f, ds, T::LF, ks * 16, (nh * T::NTW + t) * 8);
+        b[t][0] = f[0], b[t][1] = f[1], b[t + 1][0] = f[2], b[t + 1][1] = f[3];
+      }
 #pragma unroll
       for (int mt = 0; mt < T::MT; mt++) {
         if (mt * 16 >= nrows) continue;
         uint32_t a[4];
-        frag_a_s(a, G, mt * 16, ks * 16);
+        frag_a(a, gs, T::LF, mt * 16, ks * 16);
 #pragma unroll
         for (int t = 0; t < T::NTW; t++) mma<DT>(dacc[mt][t], a, b[t][0], b[t][1]);
       }
@@ -991,8 +1016,8 @@ struct tc_items {
     int c1 = (int64_t)c0 + cpb < nchunks ? c0 + cpb : (int)nchunks;
     n = c1 > c0 ? (c1 - c0) * nt : 0;
   }
-  __device__ int chunk(int it) const { return c0 + it / nt; }
-  __device__ int tile(int it) const { return it % nt; }
+  __device__ int chunk(int it) const { return nt == 1 ? c0 + it : c0 + it / nt; }   /* no division in the usual case */
+  __device__ int tile(int it) const { return nt == 1 ? 0 : it % nt; }
   __device__ int64_t row0(int it) const { return lo + (int64_t)tile(it) * TC_TM; }
   __device__ int rows(int it) const {
     int64_t left = hi - row0(it);
@@ -1015,7 +1040,7 @@ __device__ __forceinline__ int chunk_shift(int64_t i) { return (int)((uint32_t)(
 /* y = h D for an (expert, range of chunks of F): items (chunk, row tile), the chunk of D and the tile of h
 ** two deep; warp w has n8 tiles 2w, 2w + 1 of the chunk */
 template <int DT, int R>
-__global__ void __launch_bounds__(TC_THREADS, 4) tc_down_k(u16 *y, const u16 *hs, const int64_t *off, const u16 *dw,
+__global__ void __launch_bounds__(TC_THREADS, tc_cfg<R>::DOWN_MINB) tc_down_k(u16 *y, const u16 *hs, const int64_t *off, const u16 *dw,
                                                         moe_dims M, int cpb) {
   typedef tc_cfg<R> T;
   constexpr int TS = T::DOWN_TS, DSZ = R * T::LS, STAGE = DSZ + TC_TM * T::LH;
@@ -1044,22 +1069,21 @@ __global__ void __launch_bounds__(TC_THREADS, 4) tc_down_k(u16 *y, const u16 *hs
     __syncthreads();
     if (it + TS - 1 < I.n) load(it + TS - 1);
     cp_commit();
-    const u16 *ds = smem + (it % TS) * STAGE, *hc = ds + DSZ;
-    const srows D = {ds, shd[it % TS], T::LS, 1 << 30};
+    u16 *ds = smem + (it % TS) * STAGE, *hc = ds + DSZ;
+    realign<R, TC_FS, false>(ds, shd[it % TS], T::LS, 0);
     const int np = I.rows(it);
     float acc[T::MT][2][4] = {};
 #pragma unroll
     for (int ks = 0; ks < R / 16; ks++) {
-      uint32_t b[2][2];
-#pragma unroll
-      for (int t = 0; t < 2; t++) frag_b_rows(b[t][0], b[t][1], D, ks * 16, (2 * warp + t) * 8);
+      uint32_t b[4];
+      frag_b(b, ds, T::LS, ks * 16, 16 * warp);
 #pragma unroll
       for (int mt = 0; mt < T::MT; mt++) {
         if (mt * 16 >= np) continue;
         uint32_t a[4];
         frag_a(a, hc, T::LH, mt * 16, ks * 16);
-#pragma unroll
-        for (int t = 0; t < 2; t++) mma<DT>(acc[mt][t], a, b[t][0], b[t][1]);
+        mma<DT>(acc[mt][0], a, b[0], b[1]);
+        mma<DT>(acc[mt][1], a, b[2], b[3]);
       }
     }
     const int64_t f0 = (int64_t)I.chunk(it) * TC_FS, p0 = I.row0(it);
@@ -1083,7 +1107,7 @@ __global__ void __launch_bounds__(TC_THREADS, 4) tc_down_k(u16 *y, const u16 *hs
 ** (zeros without rows): items (chunk, row tile), TC_STAGES deep; warp w has n8 tiles 2w, 2w + 1 of the
 ** chunk and every m16 tile of R */
 template <int DT, int R>
-__global__ void __launch_bounds__(TC_THREADS, 3) tc_dd_k(u16 *dd, const u16 *hs, const u16 *gy, const int64_t *off,
+__global__ void __launch_bounds__(TC_THREADS, tc_cfg<R>::GRAD_MINB) tc_dd_k(u16 *dd, const u16 *hs, const u16 *gy, const int64_t *off,
                                                       moe_dims M, int cpb) {
   typedef tc_cfg<R> T;
   constexpr int TS = TC_STAGES, GSZ = TC_TM * T::LS, STAGE = GSZ + TC_TM * T::LH;
@@ -1121,20 +1145,19 @@ __global__ void __launch_bounds__(TC_THREADS, 3) tc_dd_k(u16 *dd, const u16 *hs,
         for (int h = 0; h < 2; h++)
 #pragma unroll
           for (int e = 0; e < 4; e++) acc[mt][h][e] = 0;
-    const u16 *gs = smem + (it % TS) * STAGE, *hc = gs + GSZ;
-    const srows G = {gs, shg[it % TS], T::LS, 1 << 30};
+    u16 *gs = smem + (it % TS) * STAGE, *hc = gs + GSZ;
+    realign<TC_TM, TC_FS, false>(gs, shg[it % TS], T::LS, 0);
 #pragma unroll
     for (int ks = 0; ks < TC_TM / 16; ks++) {
       if (ks * 16 >= np) continue;
-      uint32_t b[2][2];
-#pragma unroll
-      for (int h = 0; h < 2; h++) frag_b_rows(b[h][0], b[h][1], G, ks * 16, (2 * warp + h) * 8);
+      uint32_t b[4];
+      frag_b(b, gs, T::LS, ks * 16, 16 * warp);
 #pragma unroll
       for (int mt = 0; mt < R / 16; mt++) {
         uint32_t a[4];
         frag_a_t(a, hc, T::LH, mt * 16, ks * 16);
-#pragma unroll
-        for (int h = 0; h < 2; h++) mma<DT>(acc[mt][h], a, b[h][0], b[h][1]);
+        mma<DT>(acc[mt][0], a, b[0], b[1]);
+        mma<DT>(acc[mt][1], a, b[2], b[3]);
       }
     }
     if (t < I.nt - 1) continue;
@@ -1159,7 +1182,7 @@ __global__ void __launch_bounds__(TC_THREADS, 3) tc_dd_k(u16 *dd, const u16 *hs,
 ** rows in order: items (slice, row tile), TC_STAGES deep; the units (m16 tile of the slice, n16 group of
 ** 2R) are dealt to the warps. An expert of one tile finds its rows' places in u once. */
 template <int DT, int R>
-__global__ void __launch_bounds__(TC_THREADS, 3) tc_du_k(u16 *dug, u16 *duu, const u16 *u, const int64_t *perm,
+__global__ void __launch_bounds__(TC_THREADS, tc_cfg<R>::GRAD_MINB) tc_du_k(u16 *dug, u16 *duu, const u16 *u, const int64_t *perm,
                                                       const u16 *dagu, const int64_t *off, moe_dims M, int cpb) {
   typedef tc_cfg<R> T;
   constexpr int TS = TC_STAGES, LXS = TC_DS + 8, XSZ = TC_TM * LXS, STAGE = XSZ + TC_TM * T::LW;
