@@ -650,6 +650,7 @@ typedef uint16_t u16;
 #define TC_DS 64            /* d's slice in tc_du_k and tc_gx_k */
 #define TC_THREADS 256
 #define TC_STAGES 3         /* cp.async pipeline depth of the loops over d and F */
+static_assert(TC_TM % 8 == 0, "a tile of rows moves runs of F by a multiple of 8");
 
 __device__ __forceinline__ uint32_t sm_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
@@ -702,6 +703,12 @@ __device__ __forceinline__ void frag_b_t(uint32_t (&f)[4], const u16 *b, int ld,
   ldsm(f, b + (n0 + i + (q >> 1) * 8) * ld + k0 + (q & 1) * 8);
 }
 
+/* accumulators e and e + 1 (the same row, columns c and c + 1) in the storage dtype, as one word */
+template <int DT> __device__ __forceinline__ uint32_t pack2(float a, float b) {
+  const u16 lo = dt<DT>::store(a), hi = dt<DT>::store(b);
+  return (uint32_t)lo | (uint32_t)hi << 16;
+}
+
 /* where an accumulator element sits: c[e] of the 16 x 8 tile at (m0, n0) is (m0 + row, n0 + col) */
 __device__ __forceinline__ int acc_row(int e) { return ((threadIdx.x & 31) >> 2) + (e >> 1) * 8; }
 __device__ __forceinline__ int acc_col(int e) { return (threadIdx.x & 3) * 2 + (e & 1); }
@@ -731,6 +738,59 @@ __device__ __forceinline__ void load_runs(u16 *t, unsigned char *sh, int ld, int
   }
 }
 
+/* The chunks a thread loads of a stream of shifted tiles (NR rows of W elements, as load_runs<true> takes
+** them) whose rows keep their places from one tile to the next but for an offset common to all, a multiple
+** of 8 (the next chunk of F, the next tile of rows): found once (a register a chunk), so that a tile's loads
+** cost little more than the copies. Places count elements from a base pointer and fit 32 bits (tc_fits
+** sees to it); sh[r] receives row r's offset in its first chunk, the same for every tile. */
+template <int NR, int W> struct run_stream {
+  static constexpr int NCH = (W + 14) >> 3, N = NR * NCH, K = (N + TC_THREADS - 1) / TC_THREADS;
+  int at[K];   /* the chunk's first element at offset 0, a multiple of 8, | the row's offset (INT_MIN: none) */
+  template <typename Start> __device__ run_stream(unsigned char *sh, Start start) {
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+      const int i = threadIdx.x + k * TC_THREADS, r = i < N ? i / NCH : 0, c = i - r * NCH;
+      const int64_t s = i < N ? start(r) : -1;
+      const int off = s >= 0 ? (int)s & 7 : 0;
+      at[k] = s >= 0 ? ((int)(s - off) + 8 * c) | off : INT_MIN;
+      if (i < N && c == 0) sh[r] = (unsigned char)off;
+    }
+  }
+  /* the tile at offset delta from g into t (rows ld apart): rows from nr on, chunks from nv elements of the
+  ** run on and elements from tot on (g's size) read as zeros */
+  __device__ __forceinline__ void load(u16 *t, int ld, const u16 *g, int64_t tot, int64_t delta, int nr,
+                                       int nv) const {
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+      const int i = threadIdx.x + k * TC_THREADS;
+      if (N % TC_THREADS && i >= N) break;
+      const int r = i / NCH, c = i - r * NCH;
+      const int64_t e0 = (at[k] & ~7) + delta;
+      int bytes = at[k] != INT_MIN && r < nr && 8 * c - (at[k] & 7) < nv ? 16 : 0;
+      if (e0 + 8 > tot) bytes = e0 < tot ? min(bytes, (int)(tot - e0) * 2) : 0;
+      cp16(t + r * ld + 8 * c, bytes ? g + e0 : g, bytes);
+    }
+  }
+};
+
+/* chunk c of a run of n elements at g + s (s >= 0), from src (16 bytes, aligned): whole, or the part of it
+** in the run element by element */
+__device__ __forceinline__ void store_end(u16 *g, const u16 *src, int64_t s, int c, int n) {
+  if (s < 0) return;
+  const int64_t e0 = (s & ~(int64_t)7) + 8 * c;
+  const int a = e0 > s ? 0 : (int)(s - e0), b = e0 + 8 < s + n ? 8 : (int)(s + n - e0);   /* in the chunk */
+  if (a >= b) return;
+  const uint4 v = *(const uint4 *)src;
+  if (b - a == 8) {
+    *(uint4 *)(g + e0) = v;
+    return;
+  }
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int m = 0; m < 8; m++)
+    if (m >= a && m < b) g[e0 + m] = (u16)(w[m >> 1] >> (16 * (m & 1)));
+}
+
 /* rows r < nr of a tile t (at most NR), row r at t + r ld + (start(r) & 7), to the runs of n elements (at most
 ** W) at g + start(r) (start < 0: none): whole 16-byte chunks at once, the ends element by element. ALIGNED:
 ** every start and n are multiples of 8 (whole chunks only). */
@@ -750,18 +810,7 @@ __device__ __forceinline__ void store_runs(u16 *g, const u16 *t, int ld, int nr,
       if (8 * c < n) *(uint4 *)(g + s + 8 * c) = *(const uint4 *)src;
       continue;
     }
-    const int64_t e0 = (s & ~(int64_t)7) + 8 * c;
-    const int a = e0 > s ? 0 : (int)(s - e0), b = e0 + 8 < s + n ? 8 : (int)(s + n - e0);  /* in the chunk */
-    if (a >= b) continue;
-    const uint4 v = *(const uint4 *)src;
-    if (b - a == 8) {
-      *(uint4 *)(g + e0) = v;
-      continue;
-    }
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};   /* a run's end: its elements one by one */
-#pragma unroll
-    for (int m = 0; m < 8; m++)
-      if (m >= a && m < b) g[e0 + m] = (u16)(w[m >> 1] >> (16 * (m & 1)));
+    store_end(g, src, s, c, n);
   }
 }
 
@@ -822,7 +871,7 @@ template <int R> struct tc_cfg {
   }
   static constexpr int DOWN_TS = 2;                      /* tc_down_k's depth (its stages hold a chunk of D) */
   /* blocks an SM the streaming kernels' registers must allow (their shared memory allows as many at r <= 64) */
-  static constexpr int DOWN_MINB = R <= 64 ? 4 : 2, GRAD_MINB = R <= 64 ? 3 : 1;
+  static constexpr int DOWN_MINB = R <= 64 ? 4 : 2, DD_MINB = R <= 64 ? 2 : 1, GRAD_MINB = R <= 64 ? 3 : 1;
   static size_t down_smem() { return 2 * (size_t)(DOWN_TS * (R * LS + TC_TM * LH) + TC_TM * LS); }
   static size_t dd_smem() { return 2 * (size_t)(TC_STAGES * (TC_TM * LS + TC_TM * LH) + R * LS); }
   static size_t du_smem() { return 2 * (size_t)(TC_STAGES * (TC_TM * (TC_DS + 8) + TC_TM * LW) + TC_DS * LW); }
@@ -833,7 +882,7 @@ template <int R> struct tc_cfg {
 ** and z to zio when given; the backward (gy given) also dh = gy D^T and from it hs, dagu = [dzg cg | dzu cu],
 ** pg = dzg z_g, pu = dzu z_u. With ZIN the backward reads z from zio (the forward's) instead. */
 template <int DT, int R, bool BWD, bool ZIN = false>
-__global__ void __launch_bounds__(TC_THREADS) tc_rows_k(const u16 *u, const int64_t *perm, const int64_t *off,
+__global__ void __launch_bounds__(TC_THREADS, BWD ? 2 : 1) tc_rows_k(const u16 *u, const int64_t *perm, const int64_t *off,
                                                         const int64_t *tiles, const u16 *ug, const u16 *uu,
                                                         const u16 *cg, const u16 *cu, const u16 *dw, const u16 *gy,
                                                         u16 *hs, u16 *dagu, float *pg, float *pu, float *zio,
@@ -841,7 +890,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_rows_k(const u16 *u, const int6
   typedef tc_cfg<R> T;
   extern __shared__ __align__(16) unsigned char moe_smem[];
   __shared__ int64_t xrow[TC_TM];
-  __shared__ unsigned char shg[TC_STAGES][TC_TM], shd[TC_STAGES][R];
+  __shared__ unsigned char shg[TC_TM], shd[R];
   int64_t x, row0, nrows64;
   if (!tile_of(tiles, off, M.e, TC_TM, M.rows, &x, &row0, &nrows64)) return;
   const int nrows = (int)nrows64, warp = threadIdx.x >> 5;
@@ -922,14 +971,17 @@ __global__ void __launch_bounds__(TC_THREADS) tc_rows_k(const u16 *u, const int6
     /* dh = gy D^T over chunks of F: warp w takes k16 step w % KS of each chunk, n8 tiles of part w / KS of R */
     float dacc[T::MT][T::NTW][4] = {};
     const int nf = (int)((F + T::FC - 1) / T::FC), ks = warp % T::KS, nh = warp / T::KS;
+    /* the tile's rows of gy and the expert's D, from 16-byte boundaries */
+    const int64_t gb = row0 * F & ~(int64_t)7, db = x * R * F & ~(int64_t)7;
+    const u16 *gyb = gy + gb, *dwb = dw + db;
+    const run_stream<TC_TM, T::FC> gstream(shg, [&](int i) { return row0 * F - gb + i * F; });
+    const run_stream<R, T::FC> dstream(shd, [&](int j) { return x * R * F - db + j * F; });
     auto load_dh = [&](int fc) {
-      int st = fc % TC_STAGES;
-      u16 *gs = stage + st * T::DH, *ds = gs + TC_TM * T::LF;
+      u16 *gs = stage + (fc % TC_STAGES) * T::DH, *ds = gs + TC_TM * T::LF;
       int64_t f0 = (int64_t)fc * T::FC;
       int nv = (int)(F - f0 < T::FC ? F - f0 : T::FC);
-      load_runs<true, TC_TM, T::FC>(gs, shg[st], T::LF, nv, gy, M.rows * F,
-                      [&](int i) { return i < nrows ? (row0 + i) * F + f0 : (int64_t)-1; });
-      load_runs<true, R, T::FC>(ds, shd[st], T::LF, nv, dw, M.e * R * F, [&](int j) { return (x * R + j) * F + f0; });
+      gstream.load(gs, T::LF, gyb, M.rows * F - gb, f0, nrows, nv);
+      dstream.load(ds, T::LF, dwb, M.e * R * F - db, f0, R, nv);
     };
     if constexpr (ZIN)   /* the forward's z, with dh's first chunks (rows past the tile's: zeros) */
       for (int i = threadIdx.x; i < TC_TM * R / 2; i += blockDim.x) {
@@ -947,8 +999,8 @@ __global__ void __launch_bounds__(TC_THREADS) tc_rows_k(const u16 *u, const int6
       cp_commit();
       int st = fc % TC_STAGES, nv = (int)(F - (int64_t)fc * T::FC < T::FC ? F - (int64_t)fc * T::FC : T::FC);
       u16 *gs = stage + st * T::DH, *ds = gs + TC_TM * T::LF;
-      realign<TC_TM, T::FC, true>(gs, shg[st], T::LF, nv);
-      realign<R, T::FC, true>(ds, shd[st], T::LF, nv);
+      realign<TC_TM, T::FC, true>(gs, shg, T::LF, nv);
+      realign<R, T::FC, true>(ds, shd, T::LF, nv);
       if (ks * 16 >= nv) continue;
       uint32_t b[T::NTW][2];
 #pragma unroll
@@ -1045,7 +1097,7 @@ __global__ void __launch_bounds__(TC_THREADS, tc_cfg<R>::DOWN_MINB) tc_down_k(u1
   typedef tc_cfg<R> T;
   constexpr int TS = T::DOWN_TS, DSZ = R * T::LS, STAGE = DSZ + TC_TM * T::LH;
   extern __shared__ __align__(16) unsigned char moe_smem[];
-  __shared__ unsigned char shd[TS][R];
+  __shared__ unsigned char shd[R];
   const int64_t x = blockIdx.x, F = M.f;
   const tc_items I(off, x, M.rows, (F + TC_FS - 1) / TC_FS, cpb);
   if (I.hi <= I.lo) return;
@@ -1055,7 +1107,8 @@ __global__ void __launch_bounds__(TC_THREADS, tc_cfg<R>::DOWN_MINB) tc_down_k(u1
     u16 *ds = smem + (it % TS) * STAGE, *hc = ds + DSZ;
     const int64_t f0 = (int64_t)I.chunk(it) * TC_FS, p0 = I.row0(it);
     const int np = I.rows(it), nv = (int)(F - f0 < TC_FS ? F - f0 : TC_FS);
-    load_runs<true, R, TC_FS>(ds, shd[it % TS], T::LS, nv, dw, M.e * R * F, [&](int j) { return (x * R + j) * F + f0; });
+    /* (a run_stream here took more registers than tc_down_k has at four blocks an SM, and was slower) */
+    load_runs<true, R, TC_FS>(ds, shd, T::LS, nv, dw, M.e * R * F, [&](int j) { return (x * R + j) * F + f0; });
     if (I.fixed(it, TS))
       load_runs<false, TC_TM, R>(hc, nullptr, T::LH, R, hs, M.rows * R,
                        [&](int i) { return i < np ? (p0 + i) * R : (int64_t)-1; });
@@ -1070,7 +1123,7 @@ __global__ void __launch_bounds__(TC_THREADS, tc_cfg<R>::DOWN_MINB) tc_down_k(u1
     if (it + TS - 1 < I.n) load(it + TS - 1);
     cp_commit();
     u16 *ds = smem + (it % TS) * STAGE, *hc = ds + DSZ;
-    realign<R, TC_FS, false>(ds, shd[it % TS], T::LS, 0);
+    realign<R, TC_FS, false>(ds, shd, T::LS, 0);
     const int np = I.rows(it);
     float acc[T::MT][2][4] = {};
 #pragma unroll
@@ -1107,22 +1160,25 @@ __global__ void __launch_bounds__(TC_THREADS, tc_cfg<R>::DOWN_MINB) tc_down_k(u1
 ** (zeros without rows): items (chunk, row tile), TC_STAGES deep; warp w has n8 tiles 2w, 2w + 1 of the
 ** chunk and every m16 tile of R */
 template <int DT, int R>
-__global__ void __launch_bounds__(TC_THREADS, tc_cfg<R>::GRAD_MINB) tc_dd_k(u16 *dd, const u16 *hs, const u16 *gy, const int64_t *off,
+__global__ void __launch_bounds__(TC_THREADS, tc_cfg<R>::DD_MINB) tc_dd_k(u16 *dd, const u16 *hs, const u16 *gy, const int64_t *off,
                                                       moe_dims M, int cpb) {
   typedef tc_cfg<R> T;
   constexpr int TS = TC_STAGES, GSZ = TC_TM * T::LS, STAGE = GSZ + TC_TM * T::LH;
   extern __shared__ __align__(16) unsigned char moe_smem[];
-  __shared__ unsigned char shg[TS][TC_TM];
+  __shared__ unsigned char shg[TC_TM];
   const int64_t x = blockIdx.x, F = M.f;
   const tc_items I(off, x, M.rows, (F + TC_FS - 1) / TC_FS, cpb);
   const int warp = threadIdx.x >> 5;
   u16 *const smem = (u16 *)moe_smem, *os = smem + TS * STAGE;
+  /* the expert's rows of gy from a 16-byte boundary; a tile of rows TC_TM F further on */
+  const int64_t gb = I.lo * F & ~(int64_t)7;
+  const u16 *gyb = gy + gb;
+  const run_stream<TC_TM, TC_FS> gstream(shg, [&](int i) { return I.lo * F - gb + i * F; });
   auto load = [&](int it) {
     u16 *gs = smem + (it % TS) * STAGE, *hc = gs + GSZ;
     const int64_t f0 = (int64_t)I.chunk(it) * TC_FS, p0 = I.row0(it);
     const int np = I.rows(it), nv = (int)(F - f0 < TC_FS ? F - f0 : TC_FS);
-    load_runs<true, TC_TM, TC_FS>(gs, shg[it % TS], T::LS, nv, gy, M.rows * F,
-                    [&](int i) { return i < np ? (p0 + i) * F + f0 : (int64_t)-1; });
+    gstream.load(gs, T::LS, gyb, M.rows * F - gb, (p0 - I.lo) * F + f0, np, nv);
     if (I.fixed(it, TS))
       load_runs<false, TC_TM, R>(hc, nullptr, T::LH, R, hs, M.rows * R,
                        [&](int i) { return i < np ? (p0 + i) * R : (int64_t)-1; });
@@ -1146,7 +1202,7 @@ __global__ void __launch_bounds__(TC_THREADS, tc_cfg<R>::GRAD_MINB) tc_dd_k(u16 
 #pragma unroll
           for (int e = 0; e < 4; e++) acc[mt][h][e] = 0;
     u16 *gs = smem + (it % TS) * STAGE, *hc = gs + GSZ;
-    realign<TC_TM, TC_FS, false>(gs, shg[it % TS], T::LS, 0);
+    realign<TC_TM, TC_FS, false>(gs, shg, T::LS, 0);
 #pragma unroll
     for (int ks = 0; ks < TC_TM / 16; ks++) {
       if (ks * 16 >= np) continue;
@@ -1254,8 +1310,9 @@ __global__ void __launch_bounds__(TC_THREADS, tc_cfg<R>::GRAD_MINB) tc_du_k(u16 
 #pragma unroll
       for (int h = 0; h < 2; h++)
 #pragma unroll
-        for (int e = 0; e < 4; e++)
-          os[(mt * 16 + acc_row(e)) * T::LW + ng * 16 + h * 8 + acc_col(e)] = dt<DT>::store(acc[w][h][e]);
+        for (int e = 0; e < 4; e += 2)
+          *(uint32_t *)(os + (mt * 16 + acc_row(e)) * T::LW + ng * 16 + h * 8 + acc_col(e)) =
+              pack2<DT>(acc[w][h][e], acc[w][h][e + 1]);
     }
     __syncthreads();
     const int64_t c0 = (int64_t)I.chunk(it) * TC_DS;
@@ -1314,8 +1371,9 @@ __global__ void __launch_bounds__(TC_THREADS) tc_gx_k(u16 *gx, const u16 *dagu, 
 #pragma unroll
       for (int h = 0; h < 2; h++)
 #pragma unroll
-        for (int e = 0; e < 4; e++)
-          os[(mt * 16 + acc_row(e)) * LO + ng * 16 + h * 8 + acc_col(e)] = dt<DT>::store(acc[h][e]);
+        for (int e = 0; e < 4; e += 2)
+          *(uint32_t *)(os + (mt * 16 + acc_row(e)) * LO + ng * 16 + h * 8 + acc_col(e)) =
+              pack2<DT>(acc[h][e], acc[h][e + 1]);
     }
     __syncthreads();
     store_runs<TC_TM, TC_DS, true>(gx, os, LO, nrows, nvc, [&](int i) { return (row0 + i) * d + c0; });
@@ -1336,6 +1394,7 @@ static bool tc_fits(dm_dtype t, const moe_dims &M, const void *const *ptrs, int 
   if (t != DM_BF16 && t != DM_F16) return false;
   if (M.r != 16 && M.r != 32 && M.r != 64 && M.r != 128) return false;
   if (M.d % 8 || M.e > INT_MAX || (M.f + TC_FS - 1) / TC_FS > 65535 || (M.d + TC_DS - 1) / TC_DS > 65535) return false;
+  if ((M.r > TC_TM ? M.r : TC_TM) * M.f >= INT_MAX / 2) return false;   /* run_stream's 32-bit places */
   for (int i = 0; i < n; i++) if (ptrs[i] && !dm_aligned(ptrs[i], 16)) return false;
   const char *s = getenv("DM_MOE_FMA");
   return !(s && *s && strcmp(s, "0"));
