@@ -871,10 +871,13 @@ template <int R> struct tc_cfg {
   }
   static constexpr int DOWN_TS = 2;                      /* tc_down_k's depth (its stages hold a chunk of D) */
   /* blocks an SM the streaming kernels' registers must allow (their shared memory allows as many at r <= 64) */
-  static constexpr int DOWN_MINB = R <= 64 ? 4 : 2, DD_MINB = R <= 64 ? 2 : 1, GRAD_MINB = R <= 64 ? 3 : 1;
+  static constexpr int DOWN_MINB = R <= 64 ? 4 : 2, DD_MINB = R <= 64 ? 2 : 1;
+  /* tc_du_k: two stages at four blocks an SM did better than three at three (1.985 against 2.000 ms for
+  ** the experts' forward+backward at b1, five runs each, interleaved) */
+  static constexpr int DU_TS = R <= 64 ? 2 : TC_STAGES, DU_MINB = R <= 64 ? 4 : 1;
   static size_t down_smem() { return 2 * (size_t)(DOWN_TS * (R * LS + TC_TM * LH) + TC_TM * LS); }
   static size_t dd_smem() { return 2 * (size_t)(TC_STAGES * (TC_TM * LS + TC_TM * LH) + R * LS); }
-  static size_t du_smem() { return 2 * (size_t)(TC_STAGES * (TC_TM * (TC_DS + 8) + TC_TM * LW) + TC_DS * LW); }
+  static size_t du_smem() { return 2 * (size_t)(DU_TS * (TC_TM * (TC_DS + 8) + TC_TM * LW) + TC_DS * LW); }
   static size_t gx_smem() { return 2 * (size_t)(TC_TM * LW + TC_STAGES * TC_DS * LW + TC_TM * (TC_DS + 8)); }
 };
 
@@ -1238,10 +1241,10 @@ __global__ void __launch_bounds__(TC_THREADS, tc_cfg<R>::DD_MINB) tc_dd_k(u16 *d
 ** rows in order: items (slice, row tile), TC_STAGES deep; the units (m16 tile of the slice, n16 group of
 ** 2R) are dealt to the warps. An expert of one tile finds its rows' places in u once. */
 template <int DT, int R>
-__global__ void __launch_bounds__(TC_THREADS, tc_cfg<R>::GRAD_MINB) tc_du_k(u16 *dug, u16 *duu, const u16 *u, const int64_t *perm,
+__global__ void __launch_bounds__(TC_THREADS, tc_cfg<R>::DU_MINB) tc_du_k(u16 *dug, u16 *duu, const u16 *u, const int64_t *perm,
                                                       const u16 *dagu, const int64_t *off, moe_dims M, int cpb) {
   typedef tc_cfg<R> T;
-  constexpr int TS = TC_STAGES, LXS = TC_DS + 8, XSZ = TC_TM * LXS, STAGE = XSZ + TC_TM * T::LW;
+  constexpr int TS = T::DU_TS, LXS = TC_DS + 8, XSZ = TC_TM * LXS, STAGE = XSZ + TC_TM * T::LW;
   constexpr int NU = (TC_DS / 16) * T::NG, UPW = (NU + 7) / 8;
   extern __shared__ __align__(16) unsigned char moe_smem[];
   __shared__ int64_t xrow[TC_TM];
