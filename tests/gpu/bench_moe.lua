@@ -23,7 +23,8 @@ local core = dm.core
 
 if not common.gpu_or_skip(cuda, "bench_moe") then return end
 
-local N, E, K, D, R, F = 8192, 1024, 2, 2048, 64, 5461
+local x = common.moe_b1(dm)
+local N, E, K, D, R, F = x.N, x.E, x.K, x.D, x.R, x.F
 local REPS = 9
 local fma = os.getenv("DM_MOE_FMA")
 fma = fma ~= nil and fma ~= "" and fma ~= "0"
@@ -37,12 +38,7 @@ local COPY = 512 * 1024 * 1024
 local copy_bw = 2 * COPY / (core.cuda_bench_copy(COPY, 15) * 1e-3) / 1e9
 print(string.format("copy bandwidth (cudaMemcpyAsync D2D, 512 MiB, read + written): %.0f GB/s", copy_bw))
 
-local function bf16(shape, seed, scale)
-  return dm.randn(shape, {seed = seed, dtype = "bf16", device = "cuda"}):mul(scale or 1)
-end
-
-local idx = dm.moe_route(dm.randn({N, E}, {seed = 1, dtype = "f32", device = "cuda"}), nil, K)
-local perm, offsets = dm.moe_sort(idx, E)
+local perm, offsets = x.perm, x.offsets
 do
   local off = offsets:cpu():totable()
   local most, least, dead = 0, math.huge, 0
@@ -55,14 +51,7 @@ do
                       least, most, dead))
 end
 
-local u = bf16({N, D}, 2)
-local ug, uu = bf16({E, D, R}, 3, D ^ -0.5), bf16({E, D, R}, 4, D ^ -0.5)
-local cg, cu = dm.ones({E, R}, {dtype = "bf16", device = "cuda"}), dm.ones({E, R}, {dtype = "bf16", device = "cuda"})
-local dw = bf16({E, R, F}, 5, R ^ -0.5)
-local gy = bf16({N * K, F}, 6)
-local params = {u, ug, uu, cg, cu, dw}
-
-local function forward() return dm.moe_experts(u, perm, offsets, ug, uu, cg, cu, dw, K) end
+local gy, params, forward = x.gy, x.params, x.forward
 
 local fwd_ms = cuda.time(function() dm.no_grad(function() forward():free() end) end, {reps = REPS, warmup = 2})
 for _, p in ipairs(params) do p:requires_grad(true) end

@@ -56,4 +56,24 @@ function common.checks(label)
   return self
 end
 
+-- The routed experts at b1's shapes (bench_moe.lua, prof_moe.lua): random
+-- router logits, bf16 banks on the GPU; x.forward() runs moe_experts on them.
+function common.moe_b1(dm)
+  local N, E, K, D, R, F = 8192, 1024, 2, 2048, 64, 5461
+  local function bf16(shape, seed, scale)
+    return dm.randn(shape, {seed = seed, dtype = "bf16", device = "cuda"}):mul(scale or 1)
+  end
+  local idx = dm.moe_route(dm.randn({N, E}, {seed = 1, dtype = "f32", device = "cuda"}), nil, K)
+  local x = {N = N, E = E, K = K, D = D, R = R, F = F}
+  x.perm, x.offsets = dm.moe_sort(idx, E)
+  x.u = bf16({N, D}, 2)
+  x.ug, x.uu = bf16({E, D, R}, 3, D ^ -0.5), bf16({E, D, R}, 4, D ^ -0.5)
+  x.cg, x.cu = dm.ones({E, R}, {dtype = "bf16", device = "cuda"}), dm.ones({E, R}, {dtype = "bf16", device = "cuda"})
+  x.dw = bf16({E, R, F}, 5, R ^ -0.5)
+  x.gy = bf16({N * K, F}, 6)
+  x.params = {x.u, x.ug, x.uu, x.cg, x.cu, x.dw}
+  function x.forward() return dm.moe_experts(x.u, x.perm, x.offsets, x.ug, x.uu, x.cg, x.cu, x.dw, K) end
+  return x
+end
+
 return common
