@@ -870,7 +870,8 @@ template <int R> struct tc_cfg {
     return 2 * (size_t)TC_STAGES * (bwd && DH > PROJ ? DH : PROJ) + (bwd ? 4 * (size_t)TC_TM * LZ : 0);
   }
   static constexpr int DOWN_TS = 2;                      /* tc_down_k's depth (its stages hold a chunk of D) */
-  /* blocks an SM the streaming kernels' registers must allow (their shared memory allows as many at r <= 64) */
+  /* blocks an SM the streaming kernels' registers must allow. tc_dd_k: two (three fit in shared memory,
+  ** but the registers that allows spilled, and it ran 663 against 563 us at b1) */
   static constexpr int DOWN_MINB = R <= 64 ? 4 : 2, DD_MINB = R <= 64 ? 2 : 1;
   /* tc_du_k: two stages at four blocks an SM did better than three at three (1.985 against 2.000 ms for
   ** the experts' forward+backward at b1, five runs each, interleaved) */
