@@ -454,37 +454,37 @@ __device__ __forceinline__ C_<DT> conv_sum(const C_<DT> *wk, const conv_in<DT> &
   return acc;
 }
 
-/* y [B, T, C]; SILU: y = silu of the sum */
-template <int DT, bool SILU = false>
-__global__ void conv_run_k(S_<DT> *y, conv_in<DT> in, const S_<DT> *w, int64_t ws0, int64_t ws1, int64_t C,
-                           int64_t K, int64_t dil) {
+/* What a channel run writes at element i from its sum z: y = z, or silu(z) */
+template <int DT, bool SILU> struct conv_to_y {
+  S_<DT> *y;
+  __device__ void operator()(int64_t i, C_<DT> z) const { y[i] = dt<DT>::store(SILU ? conv_silu(z) : z); }
+};
+/* gz = gy · silu'(z): the fused op's backward, the convolution run again */
+template <int DT> struct conv_to_dz {
+  S_<DT> *gz;
+  const S_<DT> *gy;
+  dm_lead Lgy;
+  __device__ void operator()(int64_t i, C_<DT> z) const {
+    gz[i] = dt<DT>::store(dt<DT>::load(gy[dm_lead_off(Lgy, i)]) * conv_dsilu(z));
+  }
+};
+
+/* out(i, the sum) for each element i of [B, T, C] */
+template <int DT, typename Out>
+__global__ void conv_run_k(Out out, conv_in<DT> in, const S_<DT> *w, int64_t ws0, int64_t ws1, int64_t C, int64_t K,
+                           int64_t dil) {
   typedef C_<DT> CT;
   const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, b = blockIdx.z;
   if (c >= C) return;
   CT wk[CONV_MAXK];
   conv_weights<DT>(wk, w, ws0, ws1, c, K);
   const int64_t t0 = (int64_t)blockIdx.y * CONV_TL, t1 = t0 + CONV_TL < in.T ? t0 + CONV_TL : in.T;
-  for (int64_t t = t0; t < t1; t++) {
-    CT acc = conv_sum<DT>(wk, in, b, t, c, K, dil);
-    y[(b * in.T + t) * C + c] = dt<DT>::store(SILU ? conv_silu(acc) : acc);
-  }
+  for (int64_t t = t0; t < t1; t++) out((b * in.T + t) * C + c, conv_sum<DT>(wk, in, b, t, c, K, dil));
 }
 
-/* gz [B, T, C] = gy · silu'(z), z the convolution run again (the fused op's backward) */
-template <int DT>
-__global__ void conv_run_dz_k(S_<DT> *gz, const S_<DT> *gy, dm_lead Lgy, conv_in<DT> in, const S_<DT> *w, int64_t ws0,
-                              int64_t ws1, int64_t C, int64_t K, int64_t dil) {
-  typedef C_<DT> CT;
-  const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, b = blockIdx.z;
-  if (c >= C) return;
-  CT wk[CONV_MAXK];
-  conv_weights<DT>(wk, w, ws0, ws1, c, K);
-  const int64_t t0 = (int64_t)blockIdx.y * CONV_TL, t1 = t0 + CONV_TL < in.T ? t0 + CONV_TL : in.T;
-  for (int64_t t = t0; t < t1; t++) {
-    CT acc = conv_sum<DT>(wk, in, b, t, c, K, dil);
-    int64_t i = (b * in.T + t) * C + c;
-    gz[i] = dt<DT>::store(dt<DT>::load(gy[dm_lead_off(Lgy, i)]) * conv_dsilu(acc));
-  }
+/* out(i, z[i]) over a convolution already in z (where the run kernels do not fit); out may write z[i] */
+template <int DT, typename Out> __global__ void conv_apply_k(Out out, const S_<DT> *z, int64_t n) {
+  DM_GRID_LOOP(i, n) out(i, (C_<DT>)dt<DT>::load(z[i]));
 }
 
 /* the new cache [B, P, C]: xin's last P positions */
@@ -504,8 +504,9 @@ static void cuda_conv(dm_tensor *y, dm_tensor *cache_out, const dm_tensor *x, co
     dm_dispatch_float(x->dtype, "causal_conv1d", [&](auto d) {
       constexpr int DT = decltype(d)::value;
       conv_in<DT> in = conv_in_of<DT>(x, cache, P0);
+      conv_to_y<DT, false> out = {(S_<DT> *)dm_data(y)};
       conv_run_k<DT><<<conv_run_grid(B0, T0, C0), CONV_CH, 0, dm_cuda_stream()>>>(
-          (S_<DT> *)dm_data(y), in, (const S_<DT> *)dm_data(w), w->strides[0], w->strides[1], C0, K0, dil);
+          out, in, (const S_<DT> *)dm_data(w), w->strides[0], w->strides[1], C0, K0, dil);
       DM_CU_LAUNCHED();
       if (B0 * P0 * C0 > 0) DM_LAUNCH(conv_cache_k<DT>, B0 * P0 * C0, (S_<DT> *)dm_data(cache_out), in, B0, C0);
     });
@@ -523,9 +524,6 @@ static void cuda_conv(dm_tensor *y, dm_tensor *cache_out, const dm_tensor *x, co
 
 /* "causal_conv1d_silu": y = silu(conv), in one pass where the run kernels fit, else the
 ** convolution then the SiLU in place */
-template <int DT> __global__ void silu_inplace_k(S_<DT> *y, int64_t n) {
-  DM_GRID_LOOP(i, n) y[i] = dt<DT>::store(conv_silu(dt<DT>::load(y[i])));
-}
 
 static void cuda_conv_silu(dm_tensor *y, dm_tensor *cache_out, const dm_tensor *x, const dm_tensor *w,
                            const dm_tensor *cache, int64_t dil) {
@@ -534,21 +532,17 @@ static void cuda_conv_silu(dm_tensor *y, dm_tensor *cache_out, const dm_tensor *
   if (!runs) cuda_conv(y, cache_out, x, w, cache, dil);
   dm_dispatch_float(x->dtype, "causal_conv1d_silu", [&](auto d) {
     constexpr int DT = decltype(d)::value;
+    conv_to_y<DT, true> out = {(S_<DT> *)dm_data(y)};
     if (!runs) {
-      if (B * T * C > 0) DM_LAUNCH(silu_inplace_k<DT>, B * T * C, (S_<DT> *)dm_data(y), B * T * C);
+      if (B * T * C > 0) DM_LAUNCH(conv_apply_k<DT>, B * T * C, out, (const S_<DT> *)dm_data(y), B * T * C);
       return;
     }
     conv_in<DT> in = conv_in_of<DT>(x, cache, P);
-    conv_run_k<DT, true><<<conv_run_grid(B, T, C), CONV_CH, 0, dm_cuda_stream()>>>(
-        (S_<DT> *)dm_data(y), in, (const S_<DT> *)dm_data(w), w->strides[0], w->strides[1], C, K, dil);
+    conv_run_k<DT><<<conv_run_grid(B, T, C), CONV_CH, 0, dm_cuda_stream()>>>(
+        out, in, (const S_<DT> *)dm_data(w), w->strides[0], w->strides[1], C, K, dil);
     DM_CU_LAUNCHED();
     if (B * P * C > 0) DM_LAUNCH(conv_cache_k<DT>, B * P * C, (S_<DT> *)dm_data(cache_out), in, B, C);
   });
-}
-
-/* gz = gy · silu'(gz): the SiLU's backward over a convolution already in gz */
-template <int DT> __global__ void dsilu_inplace_k(S_<DT> *gz, const S_<DT> *gy, dm_lead Lgy, int64_t n) {
-  DM_GRID_LOOP(i, n) gz[i] = dt<DT>::store(dt<DT>::load(gy[dm_lead_off(Lgy, i)]) * conv_dsilu(dt<DT>::load(gz[i])));
 }
 
 /* "causal_conv1d_silu_dz": gz = gy · silu'(conv(x)), in one pass where the run kernels fit */
@@ -566,13 +560,13 @@ static void cuda_conv_silu_dz(dm_tensor *gz, const dm_tensor *gy, const dm_tenso
   dm_lead Lgy = dm_lead_of(gy, 3);
   dm_dispatch_float(x->dtype, "causal_conv1d_silu_dz", [&](auto d) {
     constexpr int DT = decltype(d)::value;
-    if (!runs) {
-      DM_LAUNCH(dsilu_inplace_k<DT>, B * T * C, (S_<DT> *)dm_data(gz), (const S_<DT> *)dm_data(gy), Lgy, B * T * C);
+    conv_to_dz<DT> out = {(S_<DT> *)dm_data(gz), (const S_<DT> *)dm_data(gy), Lgy};
+    if (!runs) {   /* the convolution is in gz */
+      DM_LAUNCH(conv_apply_k<DT>, B * T * C, out, (const S_<DT> *)dm_data(gz), B * T * C);
       return;
     }
-    conv_run_dz_k<DT><<<conv_run_grid(B, T, C), CONV_CH, 0, dm_cuda_stream()>>>(
-        (S_<DT> *)dm_data(gz), (const S_<DT> *)dm_data(gy), Lgy, conv_in_of<DT>(x, cache, P),
-        (const S_<DT> *)dm_data(w), w->strides[0], w->strides[1], C, K, dil);
+    conv_run_k<DT><<<conv_run_grid(B, T, C), CONV_CH, 0, dm_cuda_stream()>>>(
+        out, conv_in_of<DT>(x, cache, P), (const S_<DT> *)dm_data(w), w->strides[0], w->strides[1], C, K, dil);
     DM_CU_LAUNCHED();
   });
   dm_release(scratch_cache);
