@@ -67,6 +67,93 @@ __global__ void rownorm_k(S_<DT> *y, C_<DT> *rstd, const S_<DT> *x, dm_lead Lx, 
 
 static double norm_div(int kind, int64_t D) { return kind == DM_NORM_RMS ? (double)D : 1.0; }
 
+/* ---- rownorm on rows of 16-byte vectors: each lane takes V neighbouring elements a load --------
+** For contiguous, aligned rows of D >= 32 V (the model's d-wide norms): a warp reads 512
+** contiguous bytes a load instead of 64. Each lane sums its own elements, then the warp. */
+template <int DT> struct row_v { enum { V = 16 / (int)sizeof(S_<DT>) }; };
+
+template <int DT, int V> __device__ __forceinline__ void row_vload(C_<DT> *v, const S_<DT> *p) {
+  uint4 raw = *(const uint4 *)p;
+  const S_<DT> *e = (const S_<DT> *)&raw;
+#pragma unroll
+  for (int i = 0; i < V; i++) v[i] = dt<DT>::load(e[i]);
+}
+
+template <int DT, int V> __device__ __forceinline__ void row_vstore(S_<DT> *p, const C_<DT> *v) {
+  uint4 raw;
+  S_<DT> *e = (S_<DT> *)&raw;
+#pragma unroll
+  for (int i = 0; i < V; i++) e[i] = dt<DT>::store(v[i]);
+  *(uint4 *)p = raw;
+}
+
+template <int DT, int V>
+__global__ void rownorm_vk(S_<DT> *y, C_<DT> *rstd, const S_<DT> *x, int64_t ld, const S_<DT> *gain, int64_t rows,
+                           int64_t D, double div, double eps) {
+  typedef C_<DT> C;
+  const int lane = threadIdx.x & 31;
+  WARP_LOOP(r, rows) {
+    const S_<DT> *xr = x + r * ld;
+    C ss = 0, v[V];
+    for (int64_t j = lane * V; j < D; j += 32 * V) {
+      row_vload<DT, V>(v, xr + j);
+#pragma unroll
+      for (int i = 0; i < V; i++) ss += v[i] * v[i];
+    }
+    ss = dm_warp_sum(ss);
+    C rs = (C)(1 / sqrt((double)ss / div + eps)), g[V];
+    for (int64_t j = lane * V; j < D; j += 32 * V) {
+      row_vload<DT, V>(v, xr + j);
+      if (gain) row_vload<DT, V>(g, gain + j);
+#pragma unroll
+      for (int i = 0; i < V; i++) v[i] = v[i] * rs * (gain ? g[i] : (C)1);
+      row_vstore<DT, V>(y + r * D + j, v);
+    }
+    if (rstd && lane == 0) rstd[r] = rs;
+  }
+}
+
+/* gx of rownorm_bwd_k on vector rows: g and x rows at ld apart, gain contiguous */
+template <int DT, int V>
+__global__ void rownorm_bwd_vk(S_<DT> *gx, const S_<DT> *g, int64_t lg, const S_<DT> *x, int64_t lx,
+                               const S_<DT> *gain, const C_<DT> *rstd, int64_t rows, int64_t D, double div) {
+  typedef C_<DT> C;
+  const int lane = threadIdx.x & 31;
+  WARP_LOOP(r, rows) {
+    const S_<DT> *xr = x + r * lx, *gr = g + r * lg;
+    C dot = 0, gv[V], xv[V], gn[V];
+    for (int64_t j = lane * V; j < D; j += 32 * V) {
+      row_vload<DT, V>(gv, gr + j);
+      row_vload<DT, V>(xv, xr + j);
+      if (gain) row_vload<DT, V>(gn, gain + j);
+#pragma unroll
+      for (int i = 0; i < V; i++) dot += gv[i] * (gain ? gn[i] : (C)1) * xv[i];
+    }
+    dot = dm_warp_sum(dot);
+    double rd = (double)rstd[r];
+    C rs = (C)rd, c = (C)(rd * rd * (double)dot / div);
+    for (int64_t j = lane * V; j < D; j += 32 * V) {
+      row_vload<DT, V>(gv, gr + j);
+      row_vload<DT, V>(xv, xr + j);
+      if (gain) row_vload<DT, V>(gn, gain + j);
+#pragma unroll
+      for (int i = 0; i < V; i++) gv[i] = rs * (gv[i] * (gain ? gn[i] : (C)1) - xv[i] * c);
+      row_vstore<DT, V>(gx + r * D + j, gv);
+    }
+  }
+}
+
+/* the leading stride of t's rows when they are contiguous, 16-byte aligned vector rows of
+** D >= 32 V that follow one another at one stride (a single lead dim); else 0 */
+static int64_t row_vec_ld(const dm_tensor *t, size_t esize) {
+  if (!t) return 0;
+  const int64_t D = t->shape[t->ndim - 1], V = 16 / (int64_t)esize;
+  if (t->strides[t->ndim - 1] != 1 || D % V != 0 || D < 32 * V || ((uintptr_t)dm_data(t) & 15) != 0) return 0;
+  dm_lead L = dm_lead_of(t, t->ndim - 1);
+  if (L.nd > 1 || (L.nd == 1 && L.st[0] % V != 0)) return 0;
+  return L.nd == 1 ? L.st[0] : D;
+}
+
 static void cuda_rownorm(int kind, dm_tensor *y, dm_tensor *rstd, const dm_tensor *x, const dm_tensor *gain,
                          double eps) {
   int64_t rows = n_rows(x), D = x->shape[x->ndim - 1];
@@ -74,6 +161,14 @@ static void cuda_rownorm(int kind, dm_tensor *y, dm_tensor *rstd, const dm_tenso
   dm_lead Lx = dm_lead_of(x, x->ndim - 1);
   dm_dispatch_float(x->dtype, "rownorm", [&](auto d) {
     constexpr int DT = decltype(d)::value;
+    int64_t ld = row_vec_ld(x, sizeof(S_<DT>));
+    if (ld && (!gain || (gain->strides[0] == 1 && ((uintptr_t)dm_data(gain) & 15) == 0))) {
+      rownorm_vk<DT, row_v<DT>::V><<<row_blocks(rows), DM_THREADS, 0, dm_cuda_stream()>>>(
+          (S_<DT> *)dm_data(y), rstd ? (C_<DT> *)dm_data(rstd) : NULL, (const S_<DT> *)dm_data(x), ld,
+          gain ? (const S_<DT> *)dm_data(gain) : NULL, rows, D, norm_div(kind, D), eps);
+      DM_CU_LAUNCHED();
+      return;
+    }
     rownorm_k<DT><<<row_blocks(rows), DM_THREADS, 0, dm_cuda_stream()>>>(
         (S_<DT> *)dm_data(y), rstd ? (C_<DT> *)dm_data(rstd) : NULL, (const S_<DT> *)dm_data(x), Lx,
         x->strides[x->ndim - 1], gain ? (const S_<DT> *)dm_data(gain) : NULL, gain ? gain->strides[0] : 0, rows, D,
@@ -132,7 +227,14 @@ static void cuda_rownorm_bwd(int kind, dm_tensor *gx, dm_tensor *ggain, const dm
     constexpr int DT = decltype(d)::value;
     const S_<DT> *pg = (const S_<DT> *)dm_data(g), *px = (const S_<DT> *)dm_data(x);
     const C_<DT> *pr = (const C_<DT> *)dm_data(rstd);
-    if (gx && rows > 0) {
+    int64_t lx = row_vec_ld(x, sizeof(S_<DT>)), lg = row_vec_ld(g, sizeof(S_<DT>));
+    bool vec = lx && lg && (!gain || (gain->strides[0] == 1 && ((uintptr_t)dm_data(gain) & 15) == 0));
+    if (gx && rows > 0 && vec) {
+      rownorm_bwd_vk<DT, row_v<DT>::V><<<row_blocks(rows), DM_THREADS, 0, dm_cuda_stream()>>>(
+          (S_<DT> *)dm_data(gx), pg, lg, px, lx, gain ? (const S_<DT> *)dm_data(gain) : NULL, pr, rows, D,
+          norm_div(kind, D));
+      DM_CU_LAUNCHED();
+    } else if (gx && rows > 0) {
       rownorm_bwd_k<DT><<<row_blocks(rows), DM_THREADS, 0, dm_cuda_stream()>>>(
           (S_<DT> *)dm_data(gx), pg, Lg, gst, px, Lx, xs, gain ? (const S_<DT> *)dm_data(gain) : NULL,
           gain ? gain->strides[0] : 0, pr, rows, D, norm_div(kind, D));
@@ -497,6 +599,200 @@ __global__ void conv_cache_k(S_<DT> *cout, conv_in<DT> in, int64_t B, int64_t C)
   }
 }
 
+/* ---- channel vectors: V channels a thread in 16-byte loads and stores ------------------------
+** Where x, its cache, gy and the cache's gradient are contiguous with C a multiple of V and
+** 16-byte aligned rows (the model's case), each thread takes V neighbouring channels: a warp
+** moves 512 contiguous bytes a position instead of 64. The sums are those of the run kernels,
+** term by term and in the same order, so the results are the same bit for bit. */
+#define CONV_VEC_TL 8                     /* positions a thread for y, gz and gx */
+
+template <int DT> struct conv_v { enum { V = 16 / (int)sizeof(S_<DT>) }; };
+
+template <int DT, int V> __device__ __forceinline__ void conv_vload(C_<DT> *v, const S_<DT> *p) {
+  uint4 raw = *(const uint4 *)p;
+  const S_<DT> *e = (const S_<DT> *)&raw;
+#pragma unroll
+  for (int i = 0; i < V; i++) v[i] = dt<DT>::load(e[i]);
+}
+
+template <int DT, int V> __device__ __forceinline__ void conv_vstore(S_<DT> *p, const C_<DT> *v) {
+  uint4 raw;
+  S_<DT> *e = (S_<DT> *)&raw;
+#pragma unroll
+  for (int i = 0; i < V; i++) e[i] = dt<DT>::store(v[i]);
+  *(uint4 *)p = raw;
+}
+
+/* xin at (b, pos), channels c .. c+V-1: x, the cache before it, or zeros */
+template <int DT, int V>
+__device__ __forceinline__ void conv_vin(C_<DT> *v, const conv_in<DT> &in, int64_t b, int64_t pos, int64_t c) {
+  if (pos >= 0) { conv_vload<DT, V>(v, in.x + b * in.xs[0] + pos * in.xs[1] + c); return; }
+  if (in.cache && pos >= -in.P) { conv_vload<DT, V>(v, in.cache + b * in.cs[0] + (in.P + pos) * in.cs[1] + c); return; }
+#pragma unroll
+  for (int i = 0; i < V; i++) v[i] = 0;
+}
+
+template <int DT, int V, int KM>
+__device__ __forceinline__ void conv_vweights(C_<DT> (*wk)[V], const S_<DT> *w, int64_t ws0, int64_t ws1, int64_t c,
+                                              int K) {
+#pragma unroll
+  for (int k = 0; k < KM; k++)
+#pragma unroll
+    for (int i = 0; i < V; i++) wk[k][i] = k < K ? dt<DT>::load(w[(c + i) * ws0 + k * ws1]) : (C_<DT>)0;
+}
+
+/* the epilogues of conv_to_y and conv_to_dz, V elements from i on */
+template <int DT, int V, bool SILU> struct conv_vto_y {
+  S_<DT> *y;
+  __device__ void operator()(int64_t i, C_<DT> *z) const {
+#pragma unroll
+    for (int j = 0; j < V; j++) z[j] = SILU ? conv_silu(z[j]) : z[j];
+    conv_vstore<DT, V>(y + i, z);
+  }
+};
+template <int DT, int V> struct conv_vto_dz {
+  S_<DT> *gz;
+  const S_<DT> *gy;
+  __device__ void operator()(int64_t i, C_<DT> *z) const {
+    C_<DT> g[V];
+    conv_vload<DT, V>(g, gy + i);
+#pragma unroll
+    for (int j = 0; j < V; j++) z[j] = g[j] * conv_dsilu(z[j]);
+    conv_vstore<DT, V>(gz + i, z);
+  }
+};
+
+/* out(i, the sums at i .. i+V-1) over [B, T, C], CONV_VEC_TL positions a thread */
+template <int DT, int V, int KM, typename Out>
+__global__ void conv_vrun_k(Out out, conv_in<DT> in, const S_<DT> *w, int64_t ws0, int64_t ws1, int64_t C, int K,
+                            int64_t dil) {
+  typedef C_<DT> CT;
+  const int64_t c = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * V, b = blockIdx.z;
+  if (c >= C) return;
+  CT wk[KM][V];
+  conv_vweights<DT, V, KM>(wk, w, ws0, ws1, c, K);
+  const int64_t t0 = (int64_t)blockIdx.y * CONV_VEC_TL, t1 = t0 + CONV_VEC_TL < in.T ? t0 + CONV_VEC_TL : in.T;
+  for (int64_t t = t0; t < t1; t++) {
+    CT acc[V], xv[V];
+#pragma unroll
+    for (int i = 0; i < V; i++) acc[i] = 0;
+#pragma unroll
+    for (int k = 0; k < KM; k++)
+      if (k < K) {
+        conv_vin<DT, V>(xv, in, b, t - (K - 1 - k) * dil, c);
+#pragma unroll
+        for (int i = 0; i < V; i++) acc[i] += wk[k][i] * xv[i];
+      }
+    out((b * in.T + t) * C + c, acc);
+  }
+}
+
+/* gx (gcache below position 0) at positions lo .. hi-1, as conv_run_bwd_k; gy, gco contiguous */
+template <int DT, int V, int KM>
+__global__ void conv_vrun_bwd_k(S_<DT> *gx, S_<DT> *gc, const S_<DT> *gy, const S_<DT> *gco, const S_<DT> *w,
+                                int64_t ws0, int64_t ws1, int64_t T, int64_t C, int K, int64_t P, int64_t dil,
+                                int64_t lo, int64_t hi) {
+  typedef C_<DT> CT;
+  const int64_t c = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * V, b = blockIdx.z;
+  if (c >= C) return;
+  CT wk[KM][V];
+  conv_vweights<DT, V, KM>(wk, w, ws0, ws1, c, K);
+  const int64_t p0 = lo + (int64_t)blockIdx.y * CONV_VEC_TL, p1 = p0 + CONV_VEC_TL < hi ? p0 + CONV_VEC_TL : hi;
+  for (int64_t pos = p0; pos < p1; pos++) {
+    CT acc[V], g[V];
+#pragma unroll
+    for (int i = 0; i < V; i++) acc[i] = 0;
+    if (gy)
+#pragma unroll
+      for (int k = 0; k < KM; k++) {
+        int64_t t = pos + (K - 1 - k) * dil;
+        if (k < K && t >= 0 && t < T) {
+          conv_vload<DT, V>(g, gy + (b * T + t) * C + c);
+#pragma unroll
+          for (int i = 0; i < V; i++) acc[i] += wk[k][i] * g[i];
+        }
+      }
+    int64_t q = pos - (T - P);
+    if (gco && q >= 0 && q < P) {
+      conv_vload<DT, V>(g, gco + (b * P + q) * C + c);
+#pragma unroll
+      for (int i = 0; i < V; i++) acc[i] += g[i];
+    }
+    if (pos >= 0) conv_vstore<DT, V>(gx + (b * T + pos) * C + c, acc);
+    else conv_vstore<DT, V>(gc + (b * P + P + pos) * C + c, acc);
+  }
+}
+
+/* the weights' partial sums of conv_gw_run_k (CONV_TL positions a run, in double), V channels a thread */
+template <int DT, int V, int KM>
+__global__ void conv_vgw_run_k(double *part, const S_<DT> *gy, conv_in<DT> in, int64_t C, int K, int64_t dil) {
+  const int64_t c = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * V, b = blockIdx.z, run = blockIdx.y;
+  if (c >= C) return;
+  double acc[KM][V];
+#pragma unroll
+  for (int k = 0; k < KM; k++)
+#pragma unroll
+    for (int i = 0; i < V; i++) acc[k][i] = 0;
+  const int64_t t0 = run * CONV_TL, t1 = t0 + CONV_TL < in.T ? t0 + CONV_TL : in.T;
+#pragma unroll 2
+  for (int64_t t = t0; t < t1; t++) {
+    C_<DT> g[V], xv[V];
+    conv_vload<DT, V>(g, gy + (b * in.T + t) * C + c);
+#pragma unroll
+    for (int k = 0; k < KM; k++)
+      if (k < K) {
+        conv_vin<DT, V>(xv, in, b, t - (K - 1 - k) * dil, c);
+#pragma unroll
+        for (int i = 0; i < V; i++) acc[k][i] += (double)(g[i] * xv[i]);
+      }
+  }
+  double *out = part + ((b * gridDim.y + run) * K) * C + c;
+#pragma unroll
+  for (int k = 0; k < KM; k++)
+    if (k < K)
+#pragma unroll
+      for (int i = 0; i < V; i++) out[k * C + i] = acc[k][i];
+}
+
+/* may the channel-vector kernels take these tensors (each NULL or contiguous [.., .., C], aligned)? */
+static bool conv_vec_fits(int64_t C, int64_t span, size_t esize, const dm_tensor *const *ts, int n) {
+  const int64_t V = 16 / (int64_t)esize;
+  if (C % V != 0 || (span + CONV_VEC_TL - 1) / CONV_VEC_TL > 65535) return false;
+  for (int i = 0; i < n; i++) {
+    const dm_tensor *t = ts[i];
+    if (t && (!dm_is_contiguous(t) || ((uintptr_t)dm_data(t) & 15) != 0)) return false;
+  }
+  return true;
+}
+
+static dim3 conv_vec_grid(int64_t B, int64_t span, int64_t C, int64_t V, int64_t tl) {
+  return dim3((unsigned)((C / V + CONV_CH - 1) / CONV_CH), (unsigned)((span + tl - 1) / tl), (unsigned)B);
+}
+
+/* f(std::integral_constant<int, KM>) for the taps' bound KM >= K: 4 (the model's) or CONV_MAXK */
+template <typename F> static void conv_dispatch_k(int64_t K, F f) {
+  if (K <= 4) f(std::integral_constant<int, 4>());
+  else f(std::integral_constant<int, CONV_MAXK>());
+}
+
+/* out over [B, T, C] by the channel-vector kernel: false where it does not fit */
+template <int DT, typename MakeOut>
+static bool conv_vec_run(MakeOut make, const dm_tensor *x, const dm_tensor *w, const dm_tensor *cache,
+                         const dm_tensor *gy, int64_t dil) {
+  int64_t B = x->shape[0], T = x->shape[1], C = x->shape[2], K = w->shape[1], P = (K - 1) * dil;
+  const dm_tensor *ts[3] = {x, cache, gy};
+  constexpr int V = conv_v<DT>::V;
+  if (!conv_runs_fit(B, T, K) || !conv_vec_fits(C, T, sizeof(S_<DT>), ts, 3) || B * T * C == 0) return false;
+  conv_dispatch_k(K, [&](auto km) {
+    constexpr int KM = decltype(km)::value;
+    conv_vrun_k<DT, V, KM><<<conv_vec_grid(B, T, C, V, CONV_VEC_TL), CONV_CH, 0, dm_cuda_stream()>>>(
+        make(std::integral_constant<int, V>()), conv_in_of<DT>(x, cache, P), (const S_<DT> *)dm_data(w),
+        w->strides[0], w->strides[1], C, (int)K, dil);
+    DM_CU_LAUNCHED();
+  });
+  return true;
+}
+
 static void cuda_conv(dm_tensor *y, dm_tensor *cache_out, const dm_tensor *x, const dm_tensor *w,
                       const dm_tensor *cache, int64_t dil) {
   int64_t B0 = x->shape[0], T0 = x->shape[1], C0 = x->shape[2], K0 = w->shape[1], P0 = (K0 - 1) * dil;
@@ -504,10 +800,13 @@ static void cuda_conv(dm_tensor *y, dm_tensor *cache_out, const dm_tensor *x, co
     dm_dispatch_float(x->dtype, "causal_conv1d", [&](auto d) {
       constexpr int DT = decltype(d)::value;
       conv_in<DT> in = conv_in_of<DT>(x, cache, P0);
-      conv_to_y<DT, false> out = {(S_<DT> *)dm_data(y)};
-      conv_run_k<DT><<<conv_run_grid(B0, T0, C0), CONV_CH, 0, dm_cuda_stream()>>>(
-          out, in, (const S_<DT> *)dm_data(w), w->strides[0], w->strides[1], C0, K0, dil);
-      DM_CU_LAUNCHED();
+      auto vy = [&](auto v) { return conv_vto_y<DT, decltype(v)::value, false>{(S_<DT> *)dm_data(y)}; };
+      if (!conv_vec_run<DT>(vy, x, w, cache, NULL, dil)) {
+        conv_to_y<DT, false> out = {(S_<DT> *)dm_data(y)};
+        conv_run_k<DT><<<conv_run_grid(B0, T0, C0), CONV_CH, 0, dm_cuda_stream()>>>(
+            out, in, (const S_<DT> *)dm_data(w), w->strides[0], w->strides[1], C0, K0, dil);
+        DM_CU_LAUNCHED();
+      }
       if (B0 * P0 * C0 > 0) DM_LAUNCH(conv_cache_k<DT>, B0 * P0 * C0, (S_<DT> *)dm_data(cache_out), in, B0, C0);
     });
     return;
@@ -538,9 +837,12 @@ static void cuda_conv_silu(dm_tensor *y, dm_tensor *cache_out, const dm_tensor *
       return;
     }
     conv_in<DT> in = conv_in_of<DT>(x, cache, P);
-    conv_run_k<DT><<<conv_run_grid(B, T, C), CONV_CH, 0, dm_cuda_stream()>>>(
-        out, in, (const S_<DT> *)dm_data(w), w->strides[0], w->strides[1], C, K, dil);
-    DM_CU_LAUNCHED();
+    auto vy = [&](auto v) { return conv_vto_y<DT, decltype(v)::value, true>{(S_<DT> *)dm_data(y)}; };
+    if (!conv_vec_run<DT>(vy, x, w, cache, NULL, dil)) {
+      conv_run_k<DT><<<conv_run_grid(B, T, C), CONV_CH, 0, dm_cuda_stream()>>>(
+          out, in, (const S_<DT> *)dm_data(w), w->strides[0], w->strides[1], C, K, dil);
+      DM_CU_LAUNCHED();
+    }
     if (B * P * C > 0) DM_LAUNCH(conv_cache_k<DT>, B * P * C, (S_<DT> *)dm_data(cache_out), in, B, C);
   });
 }
@@ -565,6 +867,10 @@ static void cuda_conv_silu_dz(dm_tensor *gz, const dm_tensor *gy, const dm_tenso
       DM_LAUNCH(conv_apply_k<DT>, B * T * C, out, (const S_<DT> *)dm_data(gz), B * T * C);
       return;
     }
+    auto vdz = [&](auto v) {
+      return conv_vto_dz<DT, decltype(v)::value>{(S_<DT> *)dm_data(gz), (const S_<DT> *)dm_data(gy)};
+    };
+    if (conv_vec_run<DT>(vdz, x, w, cache, gy, dil)) return;
     conv_run_k<DT><<<conv_run_grid(B, T, C), CONV_CH, 0, dm_cuda_stream()>>>(
         out, conv_in_of<DT>(x, cache, P), (const S_<DT> *)dm_data(w), w->strides[0], w->strides[1], C, K, dil);
     DM_CU_LAUNCHED();
@@ -688,10 +994,22 @@ static bool conv_bwd_runs(dm_tensor *gx, dm_tensor *gw, dm_tensor *gcache, const
   int64_t lo = gcache ? -P : 0, hi = gx ? T : 0;
   if (!conv_runs_fit(B, hi - lo > T ? hi - lo : T, K) || B * C == 0) return false;
   dm_lead Lgy = gy ? dm_lead_of(gy, 3) : dm_lead{}, Lgc = gcache_out ? dm_lead_of(gcache_out, 3) : dm_lead{};
+  const dm_tensor *vts[4] = {x, cache, gy, gcache_out};
   dm_dispatch_float(x->dtype, "causal_conv1d_bwd", [&](auto d) {
     constexpr int DT = decltype(d)::value;
+    constexpr int V = conv_v<DT>::V;
     const S_<DT> *pgy = gy ? (const S_<DT> *)dm_data(gy) : NULL;
-    if (hi > lo) {
+    const bool vec = conv_vec_fits(C, hi - lo > T ? hi - lo : T, sizeof(S_<DT>), vts, 4);
+    if (vec && hi > lo) {
+      conv_dispatch_k(K, [&](auto km) {
+        constexpr int KM = decltype(km)::value;
+        conv_vrun_bwd_k<DT, V, KM><<<conv_vec_grid(B, hi - lo, C, V, CONV_VEC_TL), CONV_CH, 0, dm_cuda_stream()>>>(
+            gx ? (S_<DT> *)dm_data(gx) : NULL, gcache ? (S_<DT> *)dm_data(gcache) : NULL, pgy,
+            gcache_out ? (const S_<DT> *)dm_data(gcache_out) : NULL, (const S_<DT> *)dm_data(w), w->strides[0],
+            w->strides[1], T, C, (int)K, P, dil, lo, hi);
+        DM_CU_LAUNCHED();
+      });
+    } else if (hi > lo) {
       conv_run_bwd_k<DT><<<conv_run_grid(B, hi - lo, C), CONV_CH, 0, dm_cuda_stream()>>>(
           gx ? (S_<DT> *)dm_data(gx) : NULL, gcache ? (S_<DT> *)dm_data(gcache) : NULL, pgy, Lgy,
           gcache_out ? (const S_<DT> *)dm_data(gcache_out) : NULL, Lgc, (const S_<DT> *)dm_data(w), w->strides[0],
@@ -707,8 +1025,16 @@ static bool conv_bwd_runs(dm_tensor *gx, dm_tensor *gw, dm_tensor *gcache, const
     }
     size_t nb = sizeof(double) * (size_t)(nparts * K * C);
     double *part = (double *)dm_scratch(nb);
-    conv_gw_run_k<DT><<<conv_run_grid(B, T, C), CONV_CH, 0, dm_cuda_stream()>>>(part, pgy, Lgy,
-                                                                               conv_in_of<DT>(x, cache, P), C, K, dil);
+    if (vec) {
+      conv_dispatch_k(K, [&](auto km) {
+        constexpr int KM = decltype(km)::value;
+        conv_vgw_run_k<DT, V, KM><<<conv_vec_grid(B, T, C, V, CONV_TL), CONV_CH, 0, dm_cuda_stream()>>>(
+            part, pgy, conv_in_of<DT>(x, cache, P), C, (int)K, dil);
+      });
+    } else {
+      conv_gw_run_k<DT><<<conv_run_grid(B, T, C), CONV_CH, 0, dm_cuda_stream()>>>(part, pgy, Lgy,
+                                                                                 conv_in_of<DT>(x, cache, P), C, K, dil);
+    }
     DM_CU_LAUNCHED();
     DM_LAUNCH(conv_gw_join_k<DT>, K * C, (S_<DT> *)dm_data(gw), gw->strides[0], gw->strides[1],
               (const double *)part, nparts, K, C);

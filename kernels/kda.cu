@@ -430,38 +430,6 @@ template <typename R> __device__ __forceinline__ R gate_scale(const gate_io &G, 
   return G.a_log ? exp((R)dm_ld(G.adt, G.a_log, c / G.per)) : (R)1;
 }
 
-template <typename R> __device__ __forceinline__ R gate_z(const gate_io &G, int64_t n, int64_t c) {
-  return (R)dm_ld(G.fdt, G.f, n * G.D + c) + (R)dm_ld(G.bdt, G.bias, c);
-}
-
-template <typename R> __global__ void gate_k(R *g, gate_io G) {
-  DM_GRID_LOOP(i, G.N * G.D) {
-    int64_t c = i % G.D, n = i / G.D;
-    g[i] = kda_gate_at<R>(G.kind, (R)G.lb, gate_scale<R>(G, c), gate_z<R>(G, n, c), NULL, NULL);
-  }
-}
-
-/* the incoming gradient times dg/dz (which = 0) or dg/dA (which = 1); 0 where the gradient is 0 */
-template <typename R> __device__ __forceinline__ R gate_term(const gate_io &G, int64_t n, int64_t c, int which) {
-  R gr = (R)dm_ld(G.gdt, G.dg, n * G.D + c);
-  if (gr == 0) return 0;
-  R dz = 0, dA = 0;
-  kda_gate_at<R>(G.kind, (R)G.lb, gate_scale<R>(G, c), gate_z<R>(G, n, c), &dz, &dA);
-  return gr * (which ? dA : dz);
-}
-
-template <typename R> __global__ void gate_df_k(void *df, int dfdt, gate_io G) {
-  DM_GRID_LOOP(i, G.N * G.D) dm_st(dfdt, df, i, (double)gate_term<R>(G, i / G.D, i % G.D, 0));
-}
-
-/* columns 0..D-1: the bias's terms; D..2D-1: the scale's, per channel */
-template <typename R> struct gate_sums {
-  gate_io G;
-  __device__ R operator()(int64_t n, int64_t j) const {
-    return j < G.D ? gate_term<R>(G, n, j, 0) : gate_term<R>(G, n, j - G.D, 1);
-  }
-};
-
 struct gate_put {
   void *dbias;
   int bdt;
@@ -479,6 +447,53 @@ __global__ void gate_heads_k(void *da, int dadt, const double *chan, int64_t hea
     double s = 0;
     for (int64_t c = h * per; c < (h + 1) * per; c++) s += chan[c];
     dm_st(dadt, da, h, s);
+  }
+}
+
+/* The gate by channel runs: a thread takes channel c (coalesced across the warp) over GATE_ROWS
+** rows, with its scale and bias read once; no index division an element. The backward writes df
+** and sums each run's bias and scale terms in double (part[run][2D]: the bias's D, then the
+** scale's), joined in run order by dm_colsum_join_k. */
+#define GATE_ROWS 64
+#define GATE_CH 256
+
+static int64_t gate_rows_per(int64_t N) {
+  int64_t per = GATE_ROWS;
+  while ((N + per - 1) / per > 65535) per *= 2;
+  return per;
+}
+
+template <typename R> __global__ void gate_rows_k(R *g, gate_io G, int64_t per) {
+  const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= G.D) return;
+  const R ea = gate_scale<R>(G, c), bias = (R)dm_ld(G.bdt, G.bias, c), lb = (R)G.lb;
+  const int64_t n0 = (int64_t)blockIdx.y * per, n1 = n0 + per < G.N ? n0 + per : G.N;
+  for (int64_t n = n0; n < n1; n++)
+    g[n * G.D + c] = kda_gate_at<R>(G.kind, lb, ea, (R)dm_ld(G.fdt, G.f, n * G.D + c) + bias, NULL, NULL);
+}
+
+template <typename R> __global__ void gate_rows_bwd_k(void *df, int dfdt, gate_io G, int64_t per, double *part) {
+  const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= G.D) return;
+  const R ea = gate_scale<R>(G, c), bias = (R)dm_ld(G.bdt, G.bias, c), lb = (R)G.lb;
+  const int64_t n0 = (int64_t)blockIdx.y * per, n1 = n0 + per < G.N ? n0 + per : G.N;
+  double sb = 0, sa = 0;
+  for (int64_t n = n0; n < n1; n++) {
+    const int64_t i = n * G.D + c;
+    R gr = (R)dm_ld(G.gdt, G.dg, i), tz = 0, ta = 0;
+    if (gr != 0) {
+      R dz = 0, dA = 0;
+      kda_gate_at<R>(G.kind, lb, ea, (R)dm_ld(G.fdt, G.f, i) + bias, &dz, &dA);
+      tz = gr * dz;
+      ta = gr * dA;
+    }
+    if (df) dm_st(dfdt, df, i, (double)tz);
+    sb += (double)tz;
+    sa += (double)ta;
+  }
+  if (part) {
+    part[(int64_t)blockIdx.y * 2 * G.D + c] = sb;
+    part[(int64_t)blockIdx.y * 2 * G.D + G.D + c] = sa;
   }
 }
 
@@ -502,21 +517,33 @@ static void cuda_kda_gate(dm_tensor *g, const dm_tensor *f, const dm_tensor *a_l
                           int64_t heads, int kind, double lb) {
   gate_io G = gate_io_of(f, a_log, dt_bias, heads, kind, lb);
   if (G.N * G.D == 0) return;
-  if (f->dtype == DM_F64) DM_LAUNCH(gate_k<double>, G.N * G.D, (double *)dm_data(g), G);
-  else DM_LAUNCH(gate_k<float>, G.N * G.D, (float *)dm_data(g), G);
+  const int64_t per = gate_rows_per(G.N);
+  dim3 grid((unsigned)((G.D + GATE_CH - 1) / GATE_CH), (unsigned)((G.N + per - 1) / per));
+  if (f->dtype == DM_F64) gate_rows_k<double><<<grid, GATE_CH, 0, dm_cuda_stream()>>>((double *)dm_data(g), G, per);
+  else gate_rows_k<float><<<grid, GATE_CH, 0, dm_cuda_stream()>>>((float *)dm_data(g), G, per);
+  DM_CU_LAUNCHED();
 }
 
 template <typename R>
 static void gate_backward(dm_tensor *df, dm_tensor *da_log, dm_tensor *ddt_bias, gate_io G, int64_t heads) {
-  if (df && G.N * G.D > 0) DM_LAUNCH(gate_df_k<R>, G.N * G.D, dm_data(df), df->dtype, G);
-  if (!da_log && !ddt_bias) return;
-  size_t nb = sizeof(double) * (size_t)(G.D > 0 ? G.D : 1);
+  const bool sums = da_log || ddt_bias;
+  if (G.D == 0 || (!df && !sums)) return;
+  const int64_t per = gate_rows_per(G.N), runs = G.N > 0 ? (G.N + per - 1) / per : 0;
+  size_t nb = sizeof(double) * (size_t)G.D, np = sizeof(double) * (size_t)(runs * 2 * G.D);
+  double *part = sums && runs > 0 ? (double *)dm_scratch(np) : NULL;
+  if (runs > 0) {
+    dim3 grid((unsigned)((G.D + GATE_CH - 1) / GATE_CH), (unsigned)runs);
+    gate_rows_bwd_k<R><<<grid, GATE_CH, 0, dm_cuda_stream()>>>(df ? dm_data(df) : NULL, df ? df->dtype : DM_F32, G,
+                                                               per, part);
+    DM_CU_LAUNCHED();
+  }
+  if (!sums) return;
   double *chan = (double *)dm_scratch(nb);
-  gate_sums<R> f = {G};
   gate_put put = {ddt_bias ? dm_data(ddt_bias) : NULL, ddt_bias ? ddt_bias->dtype : DM_F32, chan, G.D};
-  dm_colsum(G.N, (da_log ? 2 : 1) * G.D, f, put);
+  DM_LAUNCH(dm_colsum_join_k<gate_put>, 2 * G.D, put, part, runs, 2 * G.D);
   if (da_log && heads > 0) DM_LAUNCH(gate_heads_k, heads, dm_data(da_log), da_log->dtype, chan, heads, G.per);
   dm_scratch_free(chan, nb);
+  if (part) dm_scratch_free(part, np);
 }
 
 static void cuda_kda_gate_bwd(dm_tensor *df, dm_tensor *da_log, dm_tensor *ddt_bias, const dm_tensor *dg,

@@ -24,8 +24,9 @@ function Dormouse:init(m)
   self:child("head", nn.Linear(m.d, 256))
 end
 
+-- the logits in h's dtype (f32), the norm and the product in the compute dtype
 local function readout(self, h)
-  return self.head:forward(self.rmsf:forward(h))
+  return self.head:forward(self.rmsf:forward(nn.activation(h))):to(h.dtype)
 end
 
 local function ce(logits, targets)
@@ -46,11 +47,14 @@ end
 opts.depths: the D of fin_D to report besides fin (e.g. {1, 2}).
 Returns {loss, fin, periter = {CE_1 ...}, fin_D = {[D] = ...}, logits = {...}, fin_logits}. ]]
 function Dormouse:forward(x, prefix, opts)
-  opts = opts or {}
+  return nn.pass(self.pass, self, x, prefix, opts or {})   -- each parameter cast once for the iterations
+end
+
+function Dormouse:pass(x, prefix, opts)
   local T = x:size(2) - 1
   local inputs = x:narrow(2, 1, T)
   local targets = x:narrow(2, 2, T):to("i64")
-  self.block.moe:new_pass()                         -- this pass's routing counts and weight copies start here
+  self.block.moe:new_pass()                         -- this pass's routing counts start here
   if self.block.engram then self.block.engram:lookup(inputs, prefix) end   -- the pass's rows, made here too
   local h = self.emb:forward(inputs)
   local out = {periter = {}, fin_D = {}, logits = {}}
@@ -72,7 +76,6 @@ function Dormouse:forward(x, prefix, opts)
       if i == self.max_iter then out.fin_logits = logits end
     end
   end
-  if self.cfg.recompute then self.block.moe:drop_weights() end   -- the recomputations cast their own
   out.fin = out.fin_D[self.max_iter]
   out.loss = (total + out.fin) * (1 / (self.max_iter + 1))
   return out

@@ -23,9 +23,10 @@ function Layer:init(m)
   self:child("up", nn.Linear(m.d, m.ffn))
   self:child("down", nn.Linear(m.ffn, m.d))
 end
+-- each branch in the compute dtype, added back into the f32 stream (nn.residual)
 function Layer:forward(h)
-  local a = h + self.kda:forward(self.rms1:forward(h))
-  return a + self.down:forward(self.up:forward(self.rms2:forward(a)):silu())
+  local a = nn.residual(h, self.rms1, function(u) return (self.kda:forward(u)) end)
+  return nn.residual(a, self.rms2, function(u) return self.down:forward(self.up:forward(u):silu()) end)
 end
 
 local Stack = nn.class("Stack")
@@ -44,7 +45,7 @@ function Stack:forward(x, prefix, opts)
   local targets = x:narrow(2, 2, T):to("i64"):reshape({-1})
   local h = self.emb:forward(x:narrow(2, 1, T))
   for _, layer in ipairs(self.layers) do h = layer:forward(h) end
-  local logits = self.head:forward(self.rmsf:forward(h))
+  local logits = self.head:forward(self.rmsf:forward(nn.activation(h))):to(h.dtype)
   local ce = dm.cross_entropy(logits:reshape({-1, 256}), targets)
   return {loss = ce, fin = ce, periter = {ce}, fin_D = {}, fin_logits = logits}
 end

@@ -113,6 +113,7 @@ local BS_CHUNK = 256          -- DM_BS_CHUNK (kernels/model.cuh): keys per block
                               -- counters each)
 local CONV_TL, CONV_K = 32, 4 -- kernels/blocks.cu: positions per run of the conv's weight gradient (a partial
                               -- each); the short convolutions' kernel (nn/kda.lua, nn/engram.lua)
+local GATE_ROWS = 64          -- kernels/kda.cu: rows per run of kda_gate's backward (2 hd partial sums each)
 local TC_RANKS = {[16] = true, [32] = true, [64] = true, [128] = true}   -- kernels/moe.cu tc_fits
 
 local function ceil_div(a, b) return (a + b - 1) // b end
@@ -123,6 +124,13 @@ local f32, i64, f64 = 4, 8, 8
 local function colsum(rows, cols)
   local chunks = math.max(1, math.min(SM_COUNT * 8 // ceil_div(cols, 32), ceil_div(rows, 64), 65535))
   return f64 * chunks * cols
+end
+
+-- kda_gate's backward runs (kernels/kda.cu gate_rows_per): GATE_ROWS rows each, doubled until the grid fits
+local function gate_runs(rows)
+  local per = GATE_ROWS
+  while ceil_div(rows, per) > 65535 do per = per * 2 end
+  return ceil_div(rows, per)
 end
 
 -- dm_bucket_sort's counters (kernels/model.cuh): a row of nb per block of keys
@@ -178,7 +186,8 @@ function plan.scratch(s)
     op("kda", "backward", f32 * bh * ((nc + len) * dk * dv + len * dv) +
        f32 * bh * 2 * dk * dv * (state_in_smem(2) and 0 or 1), "kda backward states", "kernels/kda.cu kda_backward")
   end
-  op("kda_gate", "backward", f64 * hd + colsum(N, 2 * hd), "kda_gate's channel sums", "kernels/kda.cu gate_backward")
+  op("kda_gate", "backward", f64 * hd + f64 * gate_runs(N) * 2 * hd, "kda_gate's channel sums",
+     "kernels/kda.cu gate_backward")
   op("causal_conv1d", "backward", f64 * B * ceil_div(T, CONV_TL) * CONV_K * conv_c, "causal_conv1d weight partials",
      "kernels/blocks.cu conv_bwd_runs")
   op("rmsnorm", "backward", math.max(colsum(N, s.d), colsum(N * H, dk)), "rmsnorm gain partials",

@@ -23,12 +23,14 @@ function Block:init(m)
                                shared_rank = m.shared_rank, ffn = m.ffn, lfb_gamma = m.moe.lfb_gamma}))
 end
 
--- Each branch's intermediates are dropped as it returns (dm.scope): what the
--- backward needs, the tape holds.
+-- Each branch runs in the compute dtype and is added back into the f32
+-- residual stream (nn.residual); its intermediates are dropped as it returns
+-- (dm.scope): what the backward needs, the tape holds.
 function Block:forward(h, x, prefix)
-  local a = h + dm.scope(function() return (self.kda:forward(self.rms1:forward(h))) end)
-  local b = self.engram and a + self.engram:forward(self.rms2:forward(a), x, prefix) or a
-  return b + self.moe:forward(self.rms3:forward(b))
+  if self.engram then self.engram:lookup(x, prefix) end     -- the pass's rows, made outside the branch's scope
+  local a = nn.residual(h, self.rms1, function(u) return (self.kda:forward(u)) end)
+  local b = self.engram and nn.residual(a, self.rms2, function(u) return self.engram:forward(u, x, prefix) end) or a
+  return nn.residual(b, self.rms3, function(u) return self.moe:forward(u) end)
 end
 
 nn.Block = Block

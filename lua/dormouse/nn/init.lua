@@ -9,8 +9,12 @@ A module's parameters are float32 masters on its device; nn.compute_dtype
 ("f32" or "bf16") is the dtype the matrix products run in.
 ]]
 local dm = require "dormouse"
+local core_metatable = require("dormouse.core").metatable
 
 local nn = {compute_dtype = "f32", device = "cpu"}
+
+-- The module parameters (weak keys): nn.like caches their copies for a pass.
+local is_param = setmetatable({}, {__mode = "k"})
 
 local Module = {}
 Module.__index = Module
@@ -34,6 +38,7 @@ function Module:init() end
 function Module:param(name, t)
   assert(dm.is_tensor(t), "param " .. name .. ": a tensor is needed")
   t:requires_grad(true)
+  is_param[t] = true
   self._params[#self._params + 1] = name
   self[name] = t
   return t
@@ -100,6 +105,7 @@ function Module:cast(dtype)
   for _, name in ipairs(self._params) do
     self[name] = dm.no_grad(function() return self[name]:to(dtype) end)
     self[name]:requires_grad(true)
+    is_param[self[name]] = true
   end
   for _, name in ipairs(self._buffers or {}) do
     local b = self[name]
@@ -148,12 +154,73 @@ function nn.init.uniform(shape, lo, hi)
   return t:add_(lo)
 end
 
--- A matrix product in the compute dtype: x [..., d_in] @ w^T, w [d_out, d_in].
-function nn.project(x, w)
-  if nn.compute_dtype ~= "f32" and x.dtype == "f32" then
-    return dm.linear(x:to(nn.compute_dtype), w:to(nn.compute_dtype)):to("f32")
+--[[ Activations between ops. With a compute dtype other than f32 (bf16),
+the residual stream stays in f32 and each branch of the block runs in the
+compute dtype from its input to its output: nn.activation(x) is x in the
+compute dtype (one cast on the way in), nn.like(p, x) a parameter in x's
+dtype (the master itself when they agree; otherwise a cast on the tape, so
+that the gradient reaches the f32 master). Tensors of other dtypes (f64
+oracles) pass unchanged. ]]
+function nn.activation(x)
+  local cd = nn.compute_dtype
+  if cd ~= "f32" and x.dtype == "f32" then return x:to(cd) end
+  return x
+end
+
+-- the current forward pass (nn.pass): the compute-dtype copies of the parameters it has read
+local current_pass = nil
+
+function nn.like(t, x)
+  local dt = x.dtype
+  if t.dtype == dt then return t end
+  if not (current_pass and is_param[t]) or dm.recomputing() then return t:to(dt) end
+  local key = current_pass.copies[dt] or {}
+  current_pass.copies[dt] = key
+  local copy = key[t]
+  if not copy then
+    copy = dm.keep(t:to(dt))                        -- outlives the branch's scope it is made in
+    key[t] = copy
   end
-  return dm.linear(x, w)
+  return copy
+end
+
+--[[ nn.pass(fn, ...): fn(...) as one forward pass of a model whose blocks read
+the same parameters several times (the weight-shared block's iterations):
+each parameter is cast to the compute dtype once for the pass, and its
+iterations' gradients meet in that copy before they reach the f32 master (as
+under autocast's cast cache). A checkpointed call run again in the backward
+casts afresh (its copies must be on its own tape). The pass's copies are let
+go when fn returns; the tape holds what the backward needs. ]]
+function nn.pass(fn, ...)
+  if current_pass or dm.recomputing() then return fn(...) end
+  current_pass = {copies = {}}
+  local res = table.pack(pcall(fn, ...))
+  local copies = current_pass.copies
+  current_pass = nil
+  local release = core_metatable.__close
+  for _, key in pairs(copies) do
+    for _, copy in pairs(key) do release(copy) end
+  end
+  if not res[1] then error(res[2], 0) end
+  return table.unpack(res, 2, res.n)
+end
+
+--[[ h + fn(norm(h)): a pre-norm residual branch. The branch runs in the
+compute dtype from its norm's input (nn.activation) to its output, which is
+added back in h's dtype; its intermediates are dropped as it returns. ]]
+function nn.residual(h, norm, fn)
+  return h + dm.scope(function() return (fn(norm:forward(nn.activation(h))):to(h.dtype)) end)
+end
+
+--[[ A matrix product x [..., d_in] @ w^T, w [d_out, d_in], in the compute
+dtype: an input already in it gives an output in it (bf16 between ops); an
+f32 input under a bf16 compute dtype is cast in and its output cast back. ]]
+function nn.project(x, w)
+  local cd = nn.compute_dtype
+  if cd ~= "f32" and x.dtype == "f32" then
+    return dm.linear(x:to(cd), w:to(cd)):to("f32")
+  end
+  return dm.linear(x, nn.like(w, x))
 end
 
 for _, layer in ipairs {"layers", "kda", "engram", "moe", "block"} do require("dormouse.nn." .. layer)(nn, dm) end

@@ -35,9 +35,11 @@ function KDA:init(d, heads, head_dim, opts)
   self:child("wo", nn.Linear(hd, d))
 end
 
-local function short_conv(x, w) return dm.causal_conv1d(x, w, {silu = true}) end
+local function short_conv(x, w) return dm.causal_conv1d(x, nn.like(w, x), {silu = true}) end
 
--- u [B, T, d]; state (optional) [B, H, dk, dv] carried from the previous segment.
+-- u [B, T, d] in the compute dtype; state (optional) [B, H, dk, dv] carried
+-- from the previous segment. q, k, v, o and the output gate stay in u's dtype;
+-- the gates g and beta are float32 (spec/model.md).
 function KDA:forward(u, state)
   local B, T = u:size(1), u:size(2)
   local H, dh = self.heads, self.head_dim
@@ -45,7 +47,7 @@ function KDA:forward(u, state)
   local q = short_conv(self.wq:forward(u), self.conv_q):reshape(heads):l2norm(1e-6) * dh ^ -0.5
   local k = short_conv(self.wk:forward(u), self.conv_k):reshape(heads):l2norm(1e-6)
   local v = short_conv(self.wv:forward(u), self.conv_v):reshape(heads)
-  local beta = self.wb:forward(u):sigmoid()
+  local beta = self.wb:forward(u):to(self.A_log.dtype):sigmoid()
   local f = self.wg2:forward(self.wg1:forward(u)):reshape(heads)
   local g = dm.kda_gate(f, self.A_log, self.dt_bias, {kind = self.gate, lb = self.gate_lb})
   local o, final = dm.kda(q, k, v, g, beta, {initial_state = state, output_final_state = true})

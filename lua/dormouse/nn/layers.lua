@@ -13,7 +13,7 @@ function Linear:init(d_in, d_out, opts)
 end
 function Linear:forward(x)
   local y = nn.project(x, self.weight)
-  if self.bias then y = y + self.bias end
+  if self.bias then y = y + nn.like(self.bias, y) end
   return y
 end
 nn.Linear = Linear
@@ -23,7 +23,7 @@ function RMSNorm:init(d, opts)
   self.eps = (opts and opts.eps) or 1e-6
   self:param("gain", nn.init.ones({d}))
 end
-function RMSNorm:forward(x) return dm.rmsnorm(x, self.gain, {eps = self.eps}) end
+function RMSNorm:forward(x) return dm.rmsnorm(x, nn.like(self.gain, x), {eps = self.eps}) end
 nn.RMSNorm = RMSNorm
 
 local Embedding = nn.class("Embedding")

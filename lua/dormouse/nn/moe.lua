@@ -35,47 +35,26 @@ function MoE:init(d, opts)
   self:buffer("lfb_bias", nn.init.zeros({E}))
 end
 
-local function cast_banks(self, cd)
-  return {Ug = self.Ug:to(cd), Uu = self.Uu:to(cd), cg = self.cg:to(cd), cu = self.cu:to(cd), D = self.D:to(cd)}
-end
-
--- A new forward pass of the model: its routing counts start again, and the
--- expert banks' compute-dtype copies are made here, once for the pass's
--- iterations (both here, so that they outlive a checkpointed iteration's scope).
--- update_balance (after the backward) ends the pass. A caller that never
--- starts one gets fresh copies at every call.
+-- A new forward pass of the model: its routing counts start again.
+-- update_balance (after the backward) ends the pass.
 function MoE:new_pass()
   if dm.recomputing() then return end          -- a checkpoint around the whole pass: the forward's state stands
   self.counts = dm.zeros({self.experts}, {dtype = "i64", device = self.lfb_bias.device})
-  self.weights = nil
-  if nn.compute_dtype ~= "f32" and self.Ug.dtype == "f32" then self.weights = cast_banks(self, nn.compute_dtype) end
 end
 
-local function end_pass(self) self.weights = nil end
-
--- The pass's copies freed at once: only for a pass whose every use was
--- checkpointed (no tape holds them; the recomputation casts its own).
-function MoE:drop_weights()
-  if self.weights then
-    for _, t in pairs(self.weights) do t:free() end
-    self.weights = nil
-  end
-end
-
--- The expert banks in the compute dtype, cast once per forward pass and
--- shared by its iterations (the same weights each time): one bf16 copy of
--- the banks is saved for backward, not one per iteration. As under autocast,
--- the iterations' gradients meet in that copy's dtype, then flow to the f32
--- masters. On the CPU (or in f32) the masters themselves.
-function MoE:compute_weights(x)
+--[[ The expert banks in the compute dtype. Inside nn.pass they are cast once
+for the pass and shared by its iterations (the same weights each time): one
+bf16 copy of the banks is saved for backward, not one per iteration, and the
+iterations' gradients meet in that copy before they reach the f32 masters.
+Outside a pass each call casts afresh. In f32 (or for f64 twins), the masters. ]]
+function MoE:compute_weights()
   local cd = nn.compute_dtype
-  if cd == "f32" or x.dtype ~= "f32" then
+  if cd == "f32" or self.Ug.dtype ~= "f32" then
     return {Ug = self.Ug, Uu = self.Uu, cg = self.cg, cu = self.cu, D = self.D}
   end
-  -- a checkpointed iteration run again in the backward casts afresh: the copies
-  -- it reads must be on its own tape for the gradients to reach the masters
-  if self.weights and not dm.recomputing() then return self.weights end
-  return cast_banks(self, cd)
+  local like = {dtype = cd}
+  return {Ug = nn.like(self.Ug, like), Uu = nn.like(self.Uu, like), cg = nn.like(self.cg, like),
+          cu = nn.like(self.cu, like), D = nn.like(self.D, like)}
 end
 
 -- The routed experts' products (bf16 tensor-core kernels on the GPU) and their
@@ -91,13 +70,15 @@ end
 function MoE:forward(u)
   local B, T, d = u:size(1), u:size(2), u:size(3)
   local x = u:reshape({B * T, d})
-  local W = self:compute_weights(x)
+  local W = self:compute_weights()
   local out, counts = dm.scope(function()
-    local idx, w, counts = dm.moe_route(self.router:forward(x), self.lfb_bias, self.top_k)
+    local scores = self.router:forward(x):to(self.lfb_bias.dtype)       -- routing in float32
+    local idx, w, counts = dm.moe_route(scores, self.lfb_bias, self.top_k)
     local perm, offsets, inv = dm.moe_sort(idx, self.experts)
     local routed = routed_experts(self, W, x, perm, offsets, inv, w)
-    local shared = self.sd:forward(dm.silu_mul(self.sg:forward(x) * self.scg, self.su:forward(x) * self.scu))
-    return self.write:forward(routed + shared), counts
+    local gs, us = self.sg:forward(x), self.su:forward(x)
+    local h = dm.silu_mul(gs * nn.like(self.scg, gs), us * nn.like(self.scu, us))
+    return self.write:forward(routed + self.sd:forward(h)), counts
   end)
   if not dm.recomputing() then                 -- summed over the step's iterations, each counted once
     -- without new_pass the first call's counts are the sum: kept out of the scope
@@ -110,7 +91,6 @@ end
 -- Loss-free balancing, on the whole step's counts (every iteration's routing):
 -- lfb_bias[e] += gamma · sign(mean_load − load[e]). Returns the counts used.
 function MoE:update_balance()
-  end_pass(self)
   local counts = self.counts
   if not counts then return nil end
   self.counts = nil

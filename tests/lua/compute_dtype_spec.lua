@@ -1,0 +1,104 @@
+-- The compute dtype between ops: branches in it, the residual stream in f32,
+-- each parameter cast once a pass.
+-- On the CPU f64 stands in for bf16 (the same code paths; the CPU's experts take f32 and f64).
+local dm = require "dormouse"
+local nn = require "dormouse.nn"
+local config = require "dormouse.config"
+local train = require "dormouse.train"
+
+-- fn inside a scope, as a training step runs (the tape is kept until its end)
+local function with_nn(device, dtype, fn)
+  local d, c = nn.device, nn.compute_dtype
+  nn.device, nn.compute_dtype = device, dtype
+  local ok, err = pcall(dm.scope, fn)
+  nn.device, nn.compute_dtype = d, c
+  if not ok then error(err, 0) end
+end
+
+local function max_diff(a, b) return (a:to("f64") - b:to("f64")):abs():max():item() end
+
+describe("nn.like", function()
+  it("is the tensor itself in its own dtype, a cast in another", function()
+    with_nn("cpu", "f64", function()
+      local L = nn.Linear(3, 2)
+      local x = dm.randn({4, 3}, {seed = 1})
+      assert.equal(L.weight, nn.like(L.weight, x))
+      local c = nn.like(L.weight, x:to("f64"))
+      assert.equal("f64", c.dtype)
+      assert.are_not.equal(c, nn.like(L.weight, x:to("f64")))       -- outside a pass: a cast each call
+    end)
+  end)
+
+  it("casts a parameter once inside nn.pass, lets the copy go after it, and sums its gradients in the master", function()
+    with_nn("cpu", "f64", function()
+      local L = nn.Linear(3, 2)
+      local x = dm.randn({4, 3}, {seed = 2, dtype = "f64"})
+      local copy
+      local loss = nn.pass(function()
+        dm.scope(function() copy = nn.like(L.weight, x) end)            -- made in an inner scope it outlives
+        assert.equal(copy, nn.like(L.weight, x))
+        assert.is_false(copy:is_freed())
+        return (nn.project(x, L.weight):sum() + nn.project(x * 2, L.weight):sum())
+      end)
+      assert.is_true(copy:is_freed())                                   -- the tape holds what backward needs
+      loss:backward()
+      -- d/dW of sum(x W^T) + sum(2x W^T): every row of W gets 3 * (the column sums of x)
+      local want = (x:sum(1) * 3):reshape({1, 3}):expand({2, 3})
+      assert.is_true(max_diff(L.weight.grad, want) < 1e-5, max_diff(L.weight.grad, want))
+      assert.equal("f32", L.weight.grad.dtype)
+    end)
+  end)
+
+  it("gives a recomputation its own copy (on its own tape)", function()
+    with_nn("cpu", "f64", function()
+      local L = nn.Linear(3, 3)
+      local x = dm.randn({2, 3}, {seed = 3, dtype = "f64", requires_grad = true})
+      local y = nn.pass(function()
+        return dm.checkpoint(function(h) return nn.project(nn.project(h, L.weight):tanh(), L.weight) end, x):sum()
+      end)
+      y:backward()
+      local plain = dm.randn({2, 3}, {seed = 3, dtype = "f64", requires_grad = true})
+      local g1 = L.weight.grad
+      L.weight.grad = nil
+      local W = L.weight:to("f64")
+      dm.linear(dm.linear(plain, W):tanh(), W):sum():backward()
+      assert.is_true(max_diff(g1, L.weight.grad) < 1e-6, max_diff(g1, L.weight.grad))
+      assert.is_true(max_diff(x.grad, plain.grad) < 1e-12, max_diff(x.grad, plain.grad))
+    end)
+  end)
+end)
+
+describe("nn.residual", function()
+  it("runs the branch in the compute dtype and adds it back in the stream's", function()
+    with_nn("cpu", "f64", function()
+      local norm = nn.RMSNorm(4)
+      local h = dm.randn({2, 4}, {seed = 4})
+      local seen
+      local out = nn.residual(h, norm, function(u) seen = u.dtype; return u * 2 end)
+      assert.equal("f64", seen)
+      assert.equal("f32", out.dtype)
+      local want = h:to("f64") + dm.rmsnorm(h:to("f64"), norm.gain:to("f64")) * 2
+      assert.is_true(max_diff(out, want) < 1e-6)
+    end)
+  end)
+end)
+
+describe("a b1 step in bf16 (meta device)", function()
+  it("casts each parameter once a pass and each branch's input and output once: at most 94 casts forward", function()
+    local cfg = config.load("experiments/b1.lua")
+    local casts = 0
+    with_nn("meta", "bf16", function()
+      local model = train.build_model(cfg, ".")
+      local x = dm.zeros({cfg.batch, cfg.seq + 1}, {dtype = "u8", device = "meta"})
+      local prefix = dm.zeros({cfg.batch, 4}, {dtype = "u8", device = "meta"})
+      dm.profile.start()
+      dm.scope(function() model:forward(x, prefix).loss:backward() end)
+      for _, r in ipairs(dm.profile.stop()) do
+        if r.name == "cast" and r.phase == "forward" then casts = casts + r.calls end
+      end
+    end)
+    -- 44 parameters read by the block and the readouts, 2 per branch (3 branches, 4 iterations),
+    -- 2 per readout (5), beta, the router's scores and the Engram rows per iteration
+    assert.is_true(casts > 0 and casts <= 94, casts .. " casts")
+  end)
+end)
