@@ -276,6 +276,33 @@ __global__ void reduce_join_k(int kind, const typename dt<DT>::S *x, void *out, 
   }
 }
 
+/* The same join for many partials an output (split >= REDUCE_BLOCK_JOIN), a block an output: each
+** thread combines a contiguous run of the partials in order, then thread 0 the runs in order. One
+** thread walking 1,024 partials in turn took 277 us for a full sum at [8192, 2048]. */
+#define REDUCE_BLOCK_JOIN 64
+
+template <int DT>
+__global__ void reduce_join_block_k(int kind, const typename dt<DT>::S *x, void *out, int64_t *idx, rplan P,
+                                    double p, int64_t base, int split, const racc *part) {
+  __shared__ racc runs[DM_THREADS];
+  const int per = (split + (int)blockDim.x - 1) / (int)blockDim.x, nrun = (split + per - 1) / per;
+  for (int64_t pos = blockIdx.x; pos < P.n_outer; pos += gridDim.x) {
+    const int s0 = (int)threadIdx.x * per, s1 = s0 + per < split ? s0 + per : split;
+    racc a = racc_init(kind);
+    for (int s = s0; s < s1; s++) a = s == s0 ? part[pos * split + s] : combine(kind, a, part[pos * split + s]);
+    __syncthreads();                               /* runs may hold the last position's */
+    if (s0 < s1) runs[threadIdx.x] = a;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      a = runs[0];
+      for (int r = 1; r < nrun; r++) a = combine(kind, a, runs[r]);
+      int64_t off[3];
+      outer_off<3>(P, pos, off);
+      finish<DT>(kind, a, x + off[0], P, out, off[1], idx, off[2], p, base);
+    }
+  }
+}
+
 static bool row_lse(const rplan *P, const dm_tensor *x, dm_tensor *out);
 
 static void cuda_reduce(int kind, dm_tensor *out, dm_tensor *idx, const dm_tensor *x, double p, int64_t base) {
@@ -307,7 +334,14 @@ static void cuda_reduce(int kind, dm_tensor *out, dm_tensor *idx, const dm_tenso
     const S *px = (const S *)dm_data(x);
     reduce_k<DT><<<grid, DM_THREADS, 0, dm_cuda_stream()>>>(kind, px, po, pi, P, p, base, G, (int)split, part);
     DM_CU_LAUNCHED();
-    if (split > 1) DM_LAUNCH(reduce_join_k<DT>, P.n_outer, kind, px, po, pi, P, p, base, (int)split, part);
+    if (split >= REDUCE_BLOCK_JOIN) {
+      int64_t nb = P.n_outer < cap ? P.n_outer : cap;
+      reduce_join_block_k<DT><<<(unsigned)nb, DM_THREADS, 0, dm_cuda_stream()>>>(kind, px, po, pi, P, p, base,
+                                                                                (int)split, part);
+      DM_CU_LAUNCHED();
+    } else if (split > 1) {
+      DM_LAUNCH(reduce_join_k<DT>, P.n_outer, kind, px, po, pi, P, p, base, (int)split, part);
+    }
   });
   if (part) dm_free(DM_CUDA, part, sizeof(racc) * (size_t)(P.n_outer * split));   /* stream-ordered */
 }

@@ -1,5 +1,5 @@
 -- The compute dtype between ops: branches in it, the residual stream in f32,
--- each parameter cast once a pass.
+-- each parameter cast once a pass, and the experts' F padded for aligned products.
 -- On the CPU f64 stands in for bf16 (the same code paths; the CPU's experts take f32 and f64).
 local dm = require "dormouse"
 local nn = require "dormouse.nn"
@@ -80,6 +80,29 @@ describe("nn.residual", function()
       local want = h:to("f64") + dm.rmsnorm(h:to("f64"), norm.gain:to("f64")) * 2
       assert.is_true(max_diff(out, want) < 1e-6)
     end)
+  end)
+end)
+
+describe("the experts' F padded to a multiple of 8", function()
+  it("gives the unpadded forward and gradients (F = 13, float64)", function()
+    local function run(compute)
+      local res
+      with_nn("cpu", compute, function()
+        dm.manual_seed(5)
+        local moe = nn.MoE(8, {experts = 4, top_k = 2, rank = 2, shared_rank = 3, ffn = 13}):cast("f64")
+        local u = dm.randn({2, 5, 8}, {seed = 6, dtype = "f64", requires_grad = true})
+        local y = moe:forward(u)
+        assert.equal(13, moe.write.weight:size(2))                   -- the parameters keep their shapes
+        ;(y * y):sum():backward()
+        res = {y = dm.keep(y:detach()), gu = dm.keep(u.grad), gw = dm.keep(moe.write.weight.grad),
+                                      gsd = dm.keep(moe.sd.weight.grad)}
+      end)
+      return res
+    end
+    local padded, plain = run("f64"), run("f32")     -- an f64 input under an f32 compute dtype: no padding
+    for _, k in ipairs {"y", "gu", "gw", "gsd"} do
+      assert.is_true(max_diff(padded[k], plain[k]) < 1e-12, k)
+    end
   end)
 end)
 

@@ -247,6 +247,16 @@ static void in_ties(h_rng *r, int t, dm_tensor **in, dm_attrs *a) {
   for (int64_t i = 0; i < dm_numel(in[0]); i++) h_set(in[0], i, (double)h_int(r, 0, 2));
 }
 
+/* Rows of 2^20 + 13 (one or two of them): the CUDA reduction splits each row over many blocks and
+** joins a few hundred partials an output; values from {0, 1, 2} on odd trials (ties go to the first) */
+static void in_long(h_rng *r, int t, dm_tensor **in, dm_attrs *a) {
+  int64_t shape[2] = {1 + t % 2, (1 << 20) + 13};
+  *a = dm_attrs_of(3, (double[]){1, t & 2 ? 1 : 0, 0});
+  in[0] = h_new(DM_F64, 2, shape);
+  for (int64_t i = 0; i < dm_numel(in[0]); i++)
+    h_set(in[0], i, t & 1 ? (double)h_int(r, 0, 2) : h_uniform(r, -2, 2));
+}
+
 /* every third trial is shifted by 100: exp would overflow in f32 without the
 ** max shift (a larger shift makes the finite differences of a loss near
 ** 100 * sum(w) lose the 1e-6 they are checked to) */
@@ -391,6 +401,7 @@ static const dm_case cases[] = {
   {"sum", "every dim, keepdim", in_plain, o_sum, .trials = T, .perf_trial = PERF_TRIAL},
   {"sum", "reversed views", in_reversed, o_sum, .trials = T},
   {"sum", "integer inputs", in_ints, o_sum, .trials = T, .no_grad = true},
+  {"sum", "long rows", in_long, o_sum, .trials = 4, .no_grad = true},
   {"mean", "columns", in_columns, o_mean, .trials = 8},
   {"mean", "every dim, keepdim", in_plain, o_mean, .trials = T},
   {"max", "NaN and infinities", in_special, o_max, .trials = T, .no_grad = true},
@@ -399,6 +410,8 @@ static const dm_case cases[] = {
   {"max", "reversed views", in_reversed, o_max, .trials = T},
   {"max", "ties", in_ties, o_max, .trials = T, .no_grad = true},
   {"max", "integer inputs", in_ints, o_max, .trials = T, .no_grad = true},
+  {"max", "long rows", in_long, o_max, .trials = 4, .no_grad = true},
+  {"argmax", "long rows", in_long, o_argmax, .trials = 4, .no_grad = true},
   {"min", "NaN and infinities", in_special, o_min, .trials = T, .no_grad = true},
   {"min", "columns", in_columns, o_min, .trials = 8},
   {"min", "every dim, distinct", in_distinct, o_min, .trials = T},

@@ -65,6 +65,32 @@ local function routed_experts(self, W, x, perm, offsets, inv, w)
   return dm.moe_combine(rows, inv, w:to(W.D.dtype)):to(x.dtype)
 end
 
+--[[ F padded to a multiple of 8 for the products in the compute dtype: rows of
+F = 5,461 bf16 elements start anywhere in 16 bytes, and cuBLAS then takes its
+unaligned kernels for the write and shared-down products (forward and
+backward). The padded columns are zeros (the weights' padded rows and columns
+are zeros and take no gradient), so the results are those of F columns. ]]
+local function ffn_pad(self, x)
+  local F = self.D:size(3)
+  if nn.compute_dtype == "f32" or x.dtype ~= nn.compute_dtype or F % 8 == 0 then return 0 end
+  return 8 - F % 8
+end
+
+-- t with n zero slices more along dim (the last by default)
+local function padded(t, n, dim)
+  dim = dim or t:dim()
+  local shape = t:shape()
+  shape[dim] = n
+  return dm.cat({t, dm.zeros(shape, {dtype = t.dtype, device = t.device})}, dim)
+end
+
+-- W_write(routed + y_s), y_s = sd(h): through F + pad columns when pad > 0
+local function write_out(self, routed, h, pad)
+  if pad == 0 then return self.write:forward(routed + self.sd:forward(h)) end
+  local shared = nn.project(h, padded(nn.like(self.sd.weight, h), pad, 1))          -- [N, F + pad]
+  return nn.project(padded(routed, pad) + shared, padded(nn.like(self.write.weight, h), pad))
+end
+
 -- The step's intermediates (routing, expert rows, the shared expert) are
 -- dropped when it returns (dm.scope); what backward needs the tape holds.
 function MoE:forward(u)
@@ -78,7 +104,7 @@ function MoE:forward(u)
     local routed = routed_experts(self, W, x, perm, offsets, inv, w)
     local gs, us = self.sg:forward(x), self.su:forward(x)
     local h = dm.silu_mul(gs * nn.like(self.scg, gs), us * nn.like(self.scu, us))
-    return self.write:forward(routed + self.sd:forward(h)), counts
+    return write_out(self, routed, h, ffn_pad(self, x)), counts
   end)
   if not dm.recomputing() then                 -- summed over the step's iterations, each counted once
     -- without new_pass the first call's counts are the sum: kept out of the scope
