@@ -26,6 +26,24 @@ extern "C" {
 template <int DT> using S_ = typename dt<DT>::S;
 template <int DT> using C_ = typename dt<DT>::C;
 
+/* 16 bytes of elements: V of them a load or a store (the vector kernels of rownorm and the conv) */
+template <int DT> struct vec16 { enum { V = 16 / (int)sizeof(S_<DT>) }; };
+
+template <int DT, int V> __device__ __forceinline__ void vload16(C_<DT> *v, const S_<DT> *p) {
+  uint4 raw = *(const uint4 *)p;
+  const S_<DT> *e = (const S_<DT> *)&raw;
+#pragma unroll
+  for (int i = 0; i < V; i++) v[i] = dt<DT>::load(e[i]);
+}
+
+template <int DT, int V> __device__ __forceinline__ void vstore16(S_<DT> *p, const C_<DT> *v) {
+  uint4 raw;
+  S_<DT> *e = (S_<DT> *)&raw;
+#pragma unroll
+  for (int i = 0; i < V; i++) e[i] = dt<DT>::store(v[i]);
+  *(uint4 *)p = raw;
+}
+
 static int64_t n_rows(const dm_tensor *t) {
   int64_t d = t->shape[t->ndim - 1];
   return d ? dm_numel(t) / d : 0;
@@ -70,23 +88,6 @@ static double norm_div(int kind, int64_t D) { return kind == DM_NORM_RMS ? (doub
 /* ---- rownorm on rows of 16-byte vectors: each lane takes V neighbouring elements a load --------
 ** For contiguous, aligned rows of D >= 32 V (the model's d-wide norms): a warp reads 512
 ** contiguous bytes a load instead of 64. Each lane sums its own elements, then the warp. */
-template <int DT> struct row_v { enum { V = 16 / (int)sizeof(S_<DT>) }; };
-
-template <int DT, int V> __device__ __forceinline__ void row_vload(C_<DT> *v, const S_<DT> *p) {
-  uint4 raw = *(const uint4 *)p;
-  const S_<DT> *e = (const S_<DT> *)&raw;
-#pragma unroll
-  for (int i = 0; i < V; i++) v[i] = dt<DT>::load(e[i]);
-}
-
-template <int DT, int V> __device__ __forceinline__ void row_vstore(S_<DT> *p, const C_<DT> *v) {
-  uint4 raw;
-  S_<DT> *e = (S_<DT> *)&raw;
-#pragma unroll
-  for (int i = 0; i < V; i++) e[i] = dt<DT>::store(v[i]);
-  *(uint4 *)p = raw;
-}
-
 template <int DT, int V>
 __global__ void rownorm_vk(S_<DT> *y, C_<DT> *rstd, const S_<DT> *x, int64_t ld, const S_<DT> *gain, int64_t rows,
                            int64_t D, double div, double eps) {
@@ -96,18 +97,18 @@ __global__ void rownorm_vk(S_<DT> *y, C_<DT> *rstd, const S_<DT> *x, int64_t ld,
     const S_<DT> *xr = x + r * ld;
     C ss = 0, v[V];
     for (int64_t j = lane * V; j < D; j += 32 * V) {
-      row_vload<DT, V>(v, xr + j);
+      vload16<DT, V>(v, xr + j);
 #pragma unroll
       for (int i = 0; i < V; i++) ss += v[i] * v[i];
     }
     ss = dm_warp_sum(ss);
     C rs = (C)(1 / sqrt((double)ss / div + eps)), g[V];
     for (int64_t j = lane * V; j < D; j += 32 * V) {
-      row_vload<DT, V>(v, xr + j);
-      if (gain) row_vload<DT, V>(g, gain + j);
+      vload16<DT, V>(v, xr + j);
+      if (gain) vload16<DT, V>(g, gain + j);
 #pragma unroll
       for (int i = 0; i < V; i++) v[i] = v[i] * rs * (gain ? g[i] : (C)1);
-      row_vstore<DT, V>(y + r * D + j, v);
+      vstore16<DT, V>(y + r * D + j, v);
     }
     if (rstd && lane == 0) rstd[r] = rs;
   }
@@ -123,9 +124,9 @@ __global__ void rownorm_bwd_vk(S_<DT> *gx, const S_<DT> *g, int64_t lg, const S_
     const S_<DT> *xr = x + r * lx, *gr = g + r * lg;
     C dot = 0, gv[V], xv[V], gn[V];
     for (int64_t j = lane * V; j < D; j += 32 * V) {
-      row_vload<DT, V>(gv, gr + j);
-      row_vload<DT, V>(xv, xr + j);
-      if (gain) row_vload<DT, V>(gn, gain + j);
+      vload16<DT, V>(gv, gr + j);
+      vload16<DT, V>(xv, xr + j);
+      if (gain) vload16<DT, V>(gn, gain + j);
 #pragma unroll
       for (int i = 0; i < V; i++) dot += gv[i] * (gain ? gn[i] : (C)1) * xv[i];
     }
@@ -133,12 +134,12 @@ __global__ void rownorm_bwd_vk(S_<DT> *gx, const S_<DT> *g, int64_t lg, const S_
     double rd = (double)rstd[r];
     C rs = (C)rd, c = (C)(rd * rd * (double)dot / div);
     for (int64_t j = lane * V; j < D; j += 32 * V) {
-      row_vload<DT, V>(gv, gr + j);
-      row_vload<DT, V>(xv, xr + j);
-      if (gain) row_vload<DT, V>(gn, gain + j);
+      vload16<DT, V>(gv, gr + j);
+      vload16<DT, V>(xv, xr + j);
+      if (gain) vload16<DT, V>(gn, gain + j);
 #pragma unroll
       for (int i = 0; i < V; i++) gv[i] = rs * (gv[i] * (gain ? gn[i] : (C)1) - xv[i] * c);
-      row_vstore<DT, V>(gx + r * D + j, gv);
+      vstore16<DT, V>(gx + r * D + j, gv);
     }
   }
 }
@@ -163,7 +164,7 @@ static void cuda_rownorm(int kind, dm_tensor *y, dm_tensor *rstd, const dm_tenso
     constexpr int DT = decltype(d)::value;
     int64_t ld = row_vec_ld(x, sizeof(S_<DT>));
     if (ld && (!gain || (gain->strides[0] == 1 && ((uintptr_t)dm_data(gain) & 15) == 0))) {
-      rownorm_vk<DT, row_v<DT>::V><<<row_blocks(rows), DM_THREADS, 0, dm_cuda_stream()>>>(
+      rownorm_vk<DT, vec16<DT>::V><<<row_blocks(rows), DM_THREADS, 0, dm_cuda_stream()>>>(
           (S_<DT> *)dm_data(y), rstd ? (C_<DT> *)dm_data(rstd) : NULL, (const S_<DT> *)dm_data(x), ld,
           gain ? (const S_<DT> *)dm_data(gain) : NULL, rows, D, norm_div(kind, D), eps);
       DM_CU_LAUNCHED();
@@ -230,7 +231,7 @@ static void cuda_rownorm_bwd(int kind, dm_tensor *gx, dm_tensor *ggain, const dm
     int64_t lx = row_vec_ld(x, sizeof(S_<DT>)), lg = row_vec_ld(g, sizeof(S_<DT>));
     bool vec = lx && lg && (!gain || (gain->strides[0] == 1 && ((uintptr_t)dm_data(gain) & 15) == 0));
     if (gx && rows > 0 && vec) {
-      rownorm_bwd_vk<DT, row_v<DT>::V><<<row_blocks(rows), DM_THREADS, 0, dm_cuda_stream()>>>(
+      rownorm_bwd_vk<DT, vec16<DT>::V><<<row_blocks(rows), DM_THREADS, 0, dm_cuda_stream()>>>(
           (S_<DT> *)dm_data(gx), pg, lg, px, lx, gain ? (const S_<DT> *)dm_data(gain) : NULL, pr, rows, D,
           norm_div(kind, D));
       DM_CU_LAUNCHED();
@@ -606,28 +607,11 @@ __global__ void conv_cache_k(S_<DT> *cout, conv_in<DT> in, int64_t B, int64_t C)
 ** term by term and in the same order, so the results are the same bit for bit. */
 #define CONV_VEC_TL 8                     /* positions a thread for y, gz and gx */
 
-template <int DT> struct conv_v { enum { V = 16 / (int)sizeof(S_<DT>) }; };
-
-template <int DT, int V> __device__ __forceinline__ void conv_vload(C_<DT> *v, const S_<DT> *p) {
-  uint4 raw = *(const uint4 *)p;
-  const S_<DT> *e = (const S_<DT> *)&raw;
-#pragma unroll
-  for (int i = 0; i < V; i++) v[i] = dt<DT>::load(e[i]);
-}
-
-template <int DT, int V> __device__ __forceinline__ void conv_vstore(S_<DT> *p, const C_<DT> *v) {
-  uint4 raw;
-  S_<DT> *e = (S_<DT> *)&raw;
-#pragma unroll
-  for (int i = 0; i < V; i++) e[i] = dt<DT>::store(v[i]);
-  *(uint4 *)p = raw;
-}
-
 /* xin at (b, pos), channels c .. c+V-1: x, the cache before it, or zeros */
 template <int DT, int V>
 __device__ __forceinline__ void conv_vin(C_<DT> *v, const conv_in<DT> &in, int64_t b, int64_t pos, int64_t c) {
-  if (pos >= 0) { conv_vload<DT, V>(v, in.x + b * in.xs[0] + pos * in.xs[1] + c); return; }
-  if (in.cache && pos >= -in.P) { conv_vload<DT, V>(v, in.cache + b * in.cs[0] + (in.P + pos) * in.cs[1] + c); return; }
+  if (pos >= 0) { vload16<DT, V>(v, in.x + b * in.xs[0] + pos * in.xs[1] + c); return; }
+  if (in.cache && pos >= -in.P) { vload16<DT, V>(v, in.cache + b * in.cs[0] + (in.P + pos) * in.cs[1] + c); return; }
 #pragma unroll
   for (int i = 0; i < V; i++) v[i] = 0;
 }
@@ -647,7 +631,7 @@ template <int DT, int V, bool SILU> struct conv_vto_y {
   __device__ void operator()(int64_t i, C_<DT> *z) const {
 #pragma unroll
     for (int j = 0; j < V; j++) z[j] = SILU ? conv_silu(z[j]) : z[j];
-    conv_vstore<DT, V>(y + i, z);
+    vstore16<DT, V>(y + i, z);
   }
 };
 template <int DT, int V> struct conv_vto_dz {
@@ -655,10 +639,10 @@ template <int DT, int V> struct conv_vto_dz {
   const S_<DT> *gy;
   __device__ void operator()(int64_t i, C_<DT> *z) const {
     C_<DT> g[V];
-    conv_vload<DT, V>(g, gy + i);
+    vload16<DT, V>(g, gy + i);
 #pragma unroll
     for (int j = 0; j < V; j++) z[j] = g[j] * conv_dsilu(z[j]);
-    conv_vstore<DT, V>(gz + i, z);
+    vstore16<DT, V>(gz + i, z);
   }
 };
 
@@ -707,19 +691,19 @@ __global__ void conv_vrun_bwd_k(S_<DT> *gx, S_<DT> *gc, const S_<DT> *gy, const 
       for (int k = 0; k < KM; k++) {
         int64_t t = pos + (K - 1 - k) * dil;
         if (k < K && t >= 0 && t < T) {
-          conv_vload<DT, V>(g, gy + (b * T + t) * C + c);
+          vload16<DT, V>(g, gy + (b * T + t) * C + c);
 #pragma unroll
           for (int i = 0; i < V; i++) acc[i] += wk[k][i] * g[i];
         }
       }
     int64_t q = pos - (T - P);
     if (gco && q >= 0 && q < P) {
-      conv_vload<DT, V>(g, gco + (b * P + q) * C + c);
+      vload16<DT, V>(g, gco + (b * P + q) * C + c);
 #pragma unroll
       for (int i = 0; i < V; i++) acc[i] += g[i];
     }
-    if (pos >= 0) conv_vstore<DT, V>(gx + (b * T + pos) * C + c, acc);
-    else conv_vstore<DT, V>(gc + (b * P + P + pos) * C + c, acc);
+    if (pos >= 0) vstore16<DT, V>(gx + (b * T + pos) * C + c, acc);
+    else vstore16<DT, V>(gc + (b * P + P + pos) * C + c, acc);
   }
 }
 
@@ -737,7 +721,7 @@ __global__ void conv_vgw_run_k(double *part, const S_<DT> *gy, conv_in<DT> in, i
 #pragma unroll 2
   for (int64_t t = t0; t < t1; t++) {
     C_<DT> g[V], xv[V];
-    conv_vload<DT, V>(g, gy + (b * in.T + t) * C + c);
+    vload16<DT, V>(g, gy + (b * in.T + t) * C + c);
 #pragma unroll
     for (int k = 0; k < KM; k++)
       if (k < K) {
@@ -781,7 +765,7 @@ static bool conv_vec_run(MakeOut make, const dm_tensor *x, const dm_tensor *w, c
                          const dm_tensor *gy, int64_t dil) {
   int64_t B = x->shape[0], T = x->shape[1], C = x->shape[2], K = w->shape[1], P = (K - 1) * dil;
   const dm_tensor *ts[3] = {x, cache, gy};
-  constexpr int V = conv_v<DT>::V;
+  constexpr int V = vec16<DT>::V;
   if (!conv_runs_fit(B, T, K) || !conv_vec_fits(C, T, sizeof(S_<DT>), ts, 3) || B * T * C == 0) return false;
   conv_dispatch_k(K, [&](auto km) {
     constexpr int KM = decltype(km)::value;
@@ -997,7 +981,7 @@ static bool conv_bwd_runs(dm_tensor *gx, dm_tensor *gw, dm_tensor *gcache, const
   const dm_tensor *vts[4] = {x, cache, gy, gcache_out};
   dm_dispatch_float(x->dtype, "causal_conv1d_bwd", [&](auto d) {
     constexpr int DT = decltype(d)::value;
-    constexpr int V = conv_v<DT>::V;
+    constexpr int V = vec16<DT>::V;
     const S_<DT> *pgy = gy ? (const S_<DT> *)dm_data(gy) : NULL;
     const bool vec = conv_vec_fits(C, hi - lo > T ? hi - lo : T, sizeof(S_<DT>), vts, 4);
     if (vec && hi > lo) {

@@ -10,7 +10,9 @@ measured in the same run (core.cuda_bench_copy, read + written).
 The floor counts each pass's bytes once: forward reads Ug, Uu, cg, cu, D and
 u and writes y_rows; the backward reads the weights, gy_rows and u again and
 writes the weights' gradients and u's. Routing is dm.moe_route on random
-logits, then dm.moe_sort. Times are the median device time of several runs
+logits, then dm.moe_sort; a second case routes as real training reaches
+(common.moe_b1's "skewed": one expert with 40% of the rows, a hundred with
+none), where the same bytes should take about the same time. Times are the median device time of several runs
 after warm-up (forward under no_grad; forward+backward from y:backward(gy)).
 With DM_MOE_FMA=1 the FMA kernels run instead of the tensor cores; given OLD,
 that run writes its times there and a later tensor-core run prints them as
@@ -23,8 +25,6 @@ local core = dm.core
 
 if not common.gpu_or_skip(cuda, "bench_moe") then return end
 
-local x = common.moe_b1(dm)
-local N, E, K, D, R, F = x.N, x.E, x.K, x.D, x.R, x.F
 local REPS = 9
 local fma = os.getenv("DM_MOE_FMA")
 fma = fma ~= nil and fma ~= "" and fma ~= "0"
@@ -38,29 +38,38 @@ local COPY = 512 * 1024 * 1024
 local copy_bw = 2 * COPY / (core.cuda_bench_copy(COPY, 15) * 1e-3) / 1e9
 print(string.format("copy bandwidth (cudaMemcpyAsync D2D, 512 MiB, read + written): %.0f GB/s", copy_bw))
 
-local perm, offsets = x.perm, x.offsets
-do
-  local off = offsets:cpu():totable()
+-- the routing's spread, then the two passes' median times
+local function run_case(x)
+  local off = x.offsets:cpu():totable()
   local most, least, dead = 0, math.huge, 0
-  for e = 1, E do
+  for e = 1, x.E do
     local c = off[e + 1] - off[e]
     most, least = math.max(most, c), math.min(least, c)
     if c == 0 then dead = dead + 1 end
   end
-  print(string.format("routing: %d rows, %.1f an expert on average, %d to %d, %d experts without", N * K, N * K / E,
-                      least, most, dead))
+  print(string.format("routing %s: %d rows, %.1f an expert on average, %d to %d (busiest %.3f), %d experts without",
+                      x.routing, x.N * x.K, x.N * x.K / x.E, least, most, most / (x.N * x.K), dead))
+  local gy, params, forward = x.gy, x.params, x.forward
+  local fwd = cuda.time(function() dm.no_grad(function() forward():free() end) end, {reps = REPS, warmup = 2})
+  for _, p in ipairs(params) do p:requires_grad(true) end
+  local both = cuda.time(function()
+    local y = forward()
+    y:backward(gy)
+    y:free()
+    for _, p in ipairs(params) do p.grad = nil end
+  end, {reps = REPS, warmup = 2})
+  return fwd, both
 end
 
-local gy, params, forward = x.gy, x.params, x.forward
-
-local fwd_ms = cuda.time(function() dm.no_grad(function() forward():free() end) end, {reps = REPS, warmup = 2})
-for _, p in ipairs(params) do p:requires_grad(true) end
-local both_ms = cuda.time(function()
-  local y = forward()
-  y:backward(gy)
-  y:free()
-  for _, p in ipairs(params) do p.grad = nil end
-end, {reps = REPS, warmup = 2})
+local times = {}
+for _, routing in ipairs {"random", "skewed"} do
+  local x = common.moe_b1(dm, routing)
+  x.routing = routing
+  times[routing] = {run_case(x)}
+  collectgarbage()
+end
+local fwd_ms, both_ms = times.random[1], times.random[2]
+local N, E, K, D, R, F = 8192, 1024, 2, 2048, 64, 5461
 
 -- the floor's bytes (bf16: 2 a value)
 local weights = 2 * (2 * E * D * R + 2 * E * R + E * R * F)
@@ -84,7 +93,10 @@ if old_file then
 end
 
 local out = {"| pass | ms | floor bytes | GB/s equivalent | of copy bandwidth | old kernels ms |", "|---|---|---|---|---|---|"}
-for _, r in ipairs {{"forward", fwd_ms, fwd_bytes, old.fwd}, {"forward+backward", both_ms, fwd_bytes + bwd_bytes, old.both}} do
+local skew = times.skewed
+for _, r in ipairs {{"forward", fwd_ms, fwd_bytes, old.fwd}, {"forward+backward", both_ms, fwd_bytes + bwd_bytes, old.both},
+                    {"forward, skewed routing", skew[1], fwd_bytes}, {"forward+backward, skewed routing", skew[2],
+                    fwd_bytes + bwd_bytes}} do
   local gbs = r[3] / (r[2] * 1e-3) / 1e9
   out[#out + 1] = string.format("| %s%s | %.3f | %.3f GB | %.0f | %.1f%% | %s |", r[1], fma and " (FMA)" or "", r[2],
                                 r[3] / 1e9, gbs, 100 * gbs / copy_bw, r[4] and string.format("%.3f", r[4]) or "-")

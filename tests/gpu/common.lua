@@ -56,14 +56,24 @@ function common.checks(label)
   return self
 end
 
--- The routed experts at b1's shapes (bench_moe.lua, prof_moe.lua): random
--- router logits, bf16 banks on the GPU; x.forward() runs moe_experts on them.
-function common.moe_b1(dm)
+--[[ The routed experts at b1's shapes (bench_moe.lua, prof_moe.lua): router
+logits, bf16 banks on the GPU; x.forward() runs moe_experts on them.
+routing "random" (the default): normal logits, about 16 rows an expert;
+"skewed", as real training reaches: expert 1 first for 80% of the tokens (40%
+of the assignments) and experts 2 to 101 never chosen. ]]
+function common.moe_b1(dm, routing)
   local N, E, K, D, R, F = 8192, 1024, 2, 2048, 64, 5461
   local function bf16(shape, seed, scale)
     return dm.randn(shape, {seed = seed, dtype = "bf16", device = "cuda"}):mul(scale or 1)
   end
-  local idx = dm.moe_route(dm.randn({N, E}, {seed = 1, dtype = "f32", device = "cuda"}), nil, K)
+  local logits = dm.randn({N, E}, {seed = 1, dtype = "f32", device = "cuda"})
+  if routing == "skewed" then
+    logits:narrow(1, 1, N * 4 // 5):narrow(2, 1, 1):fill_(10)
+    logits:narrow(2, 2, 100):fill_(-10)
+  elseif routing ~= nil and routing ~= "random" then
+    error("moe_b1: routing is \"random\" or \"skewed\", got " .. tostring(routing))
+  end
+  local idx = dm.moe_route(logits, nil, K)
   local x = {N = N, E = E, K = K, D = D, R = R, F = F}
   x.perm, x.offsets = dm.moe_sort(idx, E)
   x.u = bf16({N, D}, 2)
