@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <ftw.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -930,4 +931,29 @@ void dm_mkdirs(const char *path) {
   }
   struct stat sb;
   if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode)) dm_error("%s: exists and is not a directory", path);
+}
+
+/* One entry of dm_remove_tree's walk, deepest first: a link is removed as a link (FTW_PHYS never
+** follows one), a directory once it is empty. */
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+  (void)sb; (void)ftw;
+  return (flag == FTW_DP ? rmdir(path) : unlink(path)) == 0 ? 0 : errno;
+}
+
+void dm_remove_tree(const char *path) {
+  const char *base = strrchr(path, '/');
+  base = base ? base + 1 : path;
+  if (!*path || !*base || !strcmp(base, ".") || !strcmp(base, ".."))
+    dm_error("remove: refusing to remove '%s' (a named folder is needed, not the current, parent or root one)", path);
+  struct stat sb;
+  if (lstat(path, &sb) != 0) {
+    if (errno == ENOENT) return;
+    dm_error("%s: cannot remove: %s", path, strerror(errno));
+  }
+  if (!S_ISDIR(sb.st_mode)) {                     /* a file or a link: itself, never what a link points to */
+    if (unlink(path) != 0) dm_error("%s: cannot remove: %s", path, strerror(errno));
+    return;
+  }
+  int rc = nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+  if (rc != 0) dm_error("%s: cannot remove all of it: %s", path, strerror(rc > 0 ? rc : errno));
 }

@@ -55,5 +55,8 @@ uint64_t dm_file_checksum(const char *path, int64_t *size);
 void dm_write_file_atomic(const char *path, const void *data, size_t n);   /* tmp, fsync, rename */
 void dm_fsync_dir(const char *path);       /* make renames inside `path` durable */
 void dm_mkdirs(const char *path);          /* mkdir -p */
+/* rm -r without a shell: a folder and everything below it, links removed as links (never followed),
+** not past a mount point; a path that does not exist is nothing to do; ".", ".." and "" are refused */
+void dm_remove_tree(const char *path);
 
 #endif

@@ -150,6 +150,13 @@ static int c_mkdirs(lua_State *L) {
   return 0;
 }
 
+static int c_remove_tree(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  DM_ENTER(L);
+  dm_remove_tree(path);
+  return 0;
+}
+
 static int c_fsync_dir(lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
   DM_ENTER(L);
@@ -181,6 +188,7 @@ static const luaL_Reg funcs[] = {
   {"ckpt_save_tensors", c_save_tensors}, {"ckpt_load_tensors", c_load_tensors},
   {"ckpt_checksum", c_checksum}, {"ckpt_xxh64", c_xxh64}, {"ckpt_write_file", c_write_file},
   {"ckpt_mkdirs", c_mkdirs}, {"ckpt_fsync_dir", c_fsync_dir}, {"ckpt_listdir", c_listdir},
+  {"ckpt_remove_tree", c_remove_tree},
   {NULL, NULL}
 };
 DM_LUA_FUNCS(funcs)

@@ -306,8 +306,14 @@ function ckpt.save(run_dir, step, parts, opts)
   if replacing then remove_dir(old) end
   core.ckpt_fsync_dir(run_dir)
   if keep then
+    -- renamed first, so that a kill in the middle never leaves a partial checkpoint that looks complete
+    -- (recover drops the .tmp left behind)
     local all = ckpt.list(run_dir)
-    for i = 1, #all - keep do remove_dir(all[i].path) end
+    for i = 1, #all - keep do
+      local doomed = all[i].path .. ".tmp"
+      rename(all[i].path, doomed)
+      remove_dir(doomed)
+    end
   end
   return final
 end

@@ -78,9 +78,9 @@ end
 local function extra_commands()
   local lines = {}
   local dir = (cli.root or ".") .. "/lua/dormouse/commands"
-  local p = io.popen('ls "' .. dir .. '" 2>/dev/null')
-  if not p then return "" end
-  for file in p:lines() do
+  local files = require("dormouse.core").ckpt_listdir(dir) or {}
+  table.sort(files)
+  for _, file in ipairs(files) do
     local name = file:match("^([%w_]+)%.lua$")
     if name then
       local ok, mod = pcall(require, "dormouse.commands." .. name)
@@ -89,7 +89,6 @@ local function extra_commands()
       end
     end
   end
-  p:close()
   return #lines > 0 and "\n" .. table.concat(lines, "\n") or ""
 end
 

@@ -308,9 +308,8 @@ function data.default_corpus(opts)
     fail("data.default_corpus: `%s %s` printed %d bytes that are not the King James Bible " ..
          "(is the Debian package bible-kjv-text installed?)", program, BIBLE_RANGE, #text)
   end
-  if not os.execute("mkdir -p " .. quote(dir)) then
-    fail("data.default_corpus: cannot create the cache folder '%s'", dir)
-  end
+  local made, why = pcall(require("dormouse.core").ckpt_mkdirs, dir)
+  if not made then fail("data.default_corpus: cannot create the cache folder '%s': %s", dir, tostring(why)) end
   local tmp = string.format("%s.tmp.%d.%d", path, os.time(), math.random(1 << 30))
   local f, err = io.open(tmp, "wb")
   if not f then fail("data.default_corpus: cannot write '%s': %s", tmp, err) end

@@ -272,7 +272,16 @@ local rows = {
 }
 
 -- Checks across keys, run once every key is valid: each returns a message or nil.
+-- A run name names the folder runs/NAME, so it is one plain path component.
+schema.RUN_NAME_MAX = 100
+function schema.run_name_error(name)
+  if type(name) == "string" and #name <= schema.RUN_NAME_MAX and name:match("^[%w_][%w._%-]*$") then return nil end
+  return ("name: %s is not a run name: letters, digits, '.', '_' and '-', not starting with '.' or '-', at most %d " ..
+          "characters (it names the folder runs/NAME)"):format(show(name), schema.RUN_NAME_MAX)
+end
+
 schema.checks = {
+  function(c) return schema.run_name_error(c.name) end,
   function(c)
     if c.model.top_k > c.model.experts then
       return ("model.top_k (%d) exceeds model.experts (%d)"):format(c.model.top_k, c.model.experts)

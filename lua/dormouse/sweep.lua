@@ -102,8 +102,8 @@ function sweep.run(spec)
   local text = sweep.table(results, names, spec.seeds)
   if not spec.quiet then print(text) end
   local dir = (spec.runs or "runs") .. "/sweep-" .. base_name
-  os.execute("mkdir -p '" .. dir .. "'")
   local core = require "dormouse.core"
+  core.ckpt_mkdirs(dir)
   core.ckpt_write_file(dir .. "/verdict.txt", text .. "\n")
   core.ckpt_write_file(dir .. "/verdict.json", json.encode({arms = results, seeds = spec.seeds}) .. "\n")
   return results

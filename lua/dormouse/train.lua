@@ -18,6 +18,7 @@ local core = require "dormouse.core"
 local nn = require "dormouse.nn"
 local optim = require "dormouse.optim"
 local config = require "dormouse.config"
+local schema = require "dormouse.schema"
 local instrument = require "dormouse.instrument"
 local json = require "dormouse.json"
 local report = require "dormouse.report"
@@ -102,10 +103,12 @@ end
 local Run = {}
 Run.__index = Run
 
+-- A line on stdout and in log.txt; lines said before the run folder exists wait for it.
 function Run:say(line)
   if self.bar_shown then io.stdout:write("\r\27[K"); self.bar_shown = false end
   if not self.silent then print(line) end
-  if self.log_file then self.log_file:write(line, "\n"); self.log_file:flush() end
+  if self.log_file then self.log_file:write(line, "\n"); self.log_file:flush()
+  else self.early_lines[#self.early_lines + 1] = line end
 end
 
 function Run:record(rec)
@@ -132,6 +135,50 @@ function Run:save_checkpoint()
             rng = {seed, offset}, firewall = self.firewall},
   }, {keep = self.cfg.checkpoint.keep > 0 and self.cfg.checkpoint.keep or nil})
   self:say("checkpoint " .. path)
+  if self.replaced then                   -- the run this one overwrote: gone once this one has a checkpoint
+    core.ckpt_remove_tree(self.replaced)
+    self:say("removed the overwritten run (" .. self.replaced .. ")")
+    self.replaced = nil
+  end
+end
+
+--[[ The run folder, made only once everything that can refuse the run has
+passed (the config, the model, the corpus, a resume's checks): a refused run
+leaves the disk as it was. With --overwrite the old run is moved aside to
+runs/.NAME.replaced and removed once the new run has written its first
+checkpoint; a run that fails before that puts it back. ]]
+local function replaced_path(dir)
+  local parent, name = dir:match("^(.*)/([^/]+)$")
+  return (parent or ".") .. "/." .. (name or dir) .. ".replaced"
+end
+
+function Run:open_dir(opts)
+  local aside = replaced_path(self.dir)
+  if core.ckpt_listdir(aside) then
+    error(string.format("%s holds a run that an --overwrite set aside and did not finish replacing: " ..
+                        "move it back to %s or remove it, then run again", aside, self.dir), 0)
+  end
+  if opts.overwrite and not opts.resume and core.ckpt_listdir(self.dir) then
+    local ok, err = os.rename(self.dir, aside)
+    if not ok then error(string.format("--overwrite: cannot move %s aside: %s", self.dir, err), 0) end
+    self.replaced = aside
+  end
+  mkdir(self.dir)
+  self.log_file = assert(io.open(self.dir .. "/log.txt", opts.resume and "a" or "w"))
+  for _, line in ipairs(self.early_lines) do self.log_file:write(line, "\n") end
+  self.log_file:flush()
+  write_atomic(self.dir .. "/config.lua", "return " .. dm.ckpt.serialize(config.plain(self.cfg)) .. "\n")
+end
+
+-- A run that failed after its folder was made: the overwritten run, if still aside, goes back.
+function Run:undo_dir()
+  if self.log_file then pcall(self.log_file.close, self.log_file); self.log_file = nil end
+  if self.metrics_file then pcall(self.metrics_file.close, self.metrics_file); self.metrics_file = nil end
+  if self.replaced then
+    core.ckpt_remove_tree(self.dir)
+    os.rename(self.replaced, self.dir)
+    self.replaced = nil
+  end
 end
 
 -- Refuse a resume whose resolved config differs other than in progress keys.
@@ -312,22 +359,30 @@ the log file still gets every line), root = the folder holding models/, runs = t
 folder of run directories ("runs"), stop_at = a step after which the run
 stops as if killed (tests of resume). Returns a summary {step, bpb_fin,
 baselines, dir, model}. ]]
+local run_body
+
 function train.run(cfg, opts)
   opts = opts or {}
+  local err = schema.run_name_error(cfg.name)
+  if err then error(err, 0) end
   local self = setmetatable({cfg = cfg, records = {}, firewall = instrument.firewall(), step = 0,
-                             data_position = 0, silent = opts.silent}, Run)
+                             data_position = 0, silent = opts.silent, early_lines = {}}, Run)
   self.device = train.pick_device(cfg)
   self.dir = (opts.runs or "runs") .. "/" .. cfg.name
   if not opts.resume and dm.ckpt.latest(self.dir) and not opts.overwrite then
     error(string.format("%s already holds checkpoints: resume it with --resume %s, or choose another " ..
                         "name with --set name=..., or pass --overwrite", self.dir, self.dir), 0)
   end
-  if opts.overwrite and not opts.resume then os.execute("rm -rf '" .. self.dir .. "'") end
-  mkdir(self.dir)
-  self.log_file = assert(io.open(self.dir .. "/log.txt", opts.resume and "a" or "w"))
   self.config_text = config.describe(cfg)
-  write_atomic(self.dir .. "/config.lua", "return " .. dm.ckpt.serialize(config.plain(cfg)) .. "\n")
+  local ok, res = pcall(run_body, self, cfg, opts)
+  if not ok then
+    self:undo_dir()
+    error(res, 0)
+  end
+  return res
+end
 
+function run_body(self, cfg, opts)
   if self.device == "cpu" and cfg.dtype ~= "f32" then
     self:say("cpu: matrix products run in f32 (dtype = " .. cfg.dtype .. " applies on the GPU)")
   end
@@ -345,6 +400,7 @@ function train.run(cfg, opts)
   self:say(self.opt:describe())
 
   if opts.resume then self:restore(opts.resume) end
+  self:open_dir(opts)
   local metrics_path = self.dir .. "/metrics.jsonl"
   if opts.resume then
     self.records = read_records(metrics_path, self.step)

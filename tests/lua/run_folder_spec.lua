@@ -1,0 +1,147 @@
+-- What a run folder promises: names that are one plain folder, no shell, and
+-- refused work that leaves the disk as it was (issue 18, findings 1, 2 and 9).
+local dm = require "dormouse"
+local core = require "dormouse.core"
+local config = require "dormouse.config"
+local train = require "dormouse.train"
+local helpers = require "tests.lua.helpers"
+local tmpdir, has, err_of = helpers.tmpdir, helpers.has, helpers.err_of
+
+local function tiny(overrides)
+  local o = {"steps=4", "eval.every=0", "checkpoint.every=2", "checkpoint.keep=0", "log.every=2",
+             "schedule.warmup=1", "eval.windows=2", "eval.baseline={}"}
+  for _, s in ipairs(overrides or {}) do o[#o + 1] = s end
+  return (config.load("experiments/tiny.lua", o))
+end
+
+local function run_quiet(cfg, opts)
+  opts.quiet, opts.silent, opts.root = true, true, "."
+  return train.run(cfg, opts)
+end
+
+local function read(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+-- every path below dir with its bytes (folders as "dir"), to compare a tree before and after
+local function snapshot(dir, out, prefix)
+  out, prefix = out or {}, prefix or ""
+  for _, name in ipairs(core.ckpt_listdir(dir) or {}) do
+    local path = dir .. "/" .. name
+    if core.ckpt_listdir(path) then
+      out[prefix .. name] = "dir"
+      snapshot(path, out, prefix .. name .. "/")
+    else
+      out[prefix .. name] = read(path) or "?"
+    end
+  end
+  return out
+end
+
+describe("a run name", function()
+  local bad = {"", "../victim", ".hidden", "a/b", "-rf", "x'; touch PWNED; echo '", string.rep("n", 101)}
+
+  it("is one plain folder name, refused by the config with the rule and the value", function()
+    for _, name in ipairs(bad) do
+      local msg = err_of(config.load, "experiments/tiny.lua", {"name=" .. (name == "" and "''" or name)})
+      has(msg, "name: ", "is not a run name", "letters, digits")
+    end
+    assert.equal("ok-name_1.2", tiny {"name=ok-name_1.2"}.name)
+  end)
+
+  it("is refused by train.run before anything is written, and no command runs", function()
+    local root = tmpdir()
+    local runs = root .. "/runs"
+    core.ckpt_mkdirs(runs .. "/keep")
+    core.ckpt_write_file(runs .. "/keep/file", "data")
+    core.ckpt_mkdirs(root .. "/victim")
+    core.ckpt_write_file(root .. "/victim/file", "data")
+    local before = snapshot(root)
+    for _, name in ipairs(bad) do
+      local cfg = tiny()
+      cfg.name = name                              -- past the config's own check
+      has(err_of(run_quiet, cfg, {runs = runs, overwrite = true}), "is not a run name")
+    end
+    assert.are.same(before, snapshot(root))
+    assert.is_nil(read("PWNED"))
+  end)
+end)
+
+describe("--overwrite", function()
+  it("moves the old run aside and removes it once the new run has written its first checkpoint", function()
+    local runs = tmpdir()
+    run_quiet(tiny {"name=o", "steps=2"}, {runs = runs})
+    core.ckpt_write_file(runs .. "/o/old-only", "x")
+    run_quiet(tiny {"name=o"}, {runs = runs, overwrite = true})
+    assert.is_nil(read(runs .. "/o/old-only"))
+    assert.is_nil(core.ckpt_listdir(runs .. "/.o.replaced"))
+    assert.is_truthy(read(runs .. "/o/ckpt-4/meta.lua"))
+    has(read(runs .. "/o/log.txt"), "removed the overwritten run")
+  end)
+
+  it("leaves the old run as it was when the new one is refused or fails before a checkpoint", function()
+    local runs = tmpdir()
+    run_quiet(tiny {"name=f", "steps=2"}, {runs = runs})
+    local before = snapshot(runs)
+    -- refused before the folder is touched: a corpus that does not exist
+    has(err_of(run_quiet, tiny {"name=f", "data.path=" .. runs .. "/no-such-corpus"}, {runs = runs, overwrite = true}),
+        "no-such-corpus")
+    assert.are.same(before, snapshot(runs))
+    -- failing after the folder was made: the CE ceiling ends the run at its first step
+    has(err_of(run_quiet, tiny {"name=f", "ce_ceiling=0.001"}, {runs = runs, overwrite = true}), "ceiling")
+    assert.are.same(before, snapshot(runs))
+  end)
+
+  it("refuses while an earlier overwrite's set-aside run is still there, saying what to do", function()
+    local runs = tmpdir()
+    core.ckpt_mkdirs(runs .. "/.s.replaced")
+    has(err_of(run_quiet, tiny {"name=s"}, {runs = runs, overwrite = true}), ".s.replaced", "move it back")
+    assert.is_nil(core.ckpt_listdir(runs .. "/s"))
+  end)
+end)
+
+describe("a refused resume", function()
+  it("changes nothing in the run folder", function()
+    local runs = tmpdir()
+    run_quiet(tiny {"name=r", "steps=2"}, {runs = runs})
+    local before = snapshot(runs)
+    has(err_of(run_quiet, tiny {"name=r", "seed=9"}, {runs = runs, resume = runs .. "/r"}), "seed")
+    assert.are.same(before, snapshot(runs))
+  end)
+end)
+
+describe("core.ckpt_remove_tree", function()
+  it("removes a folder and what is below it, links as links, never what they point to", function()
+    local root = tmpdir()
+    core.ckpt_mkdirs(root .. "/outside")
+    core.ckpt_write_file(root .. "/outside/precious", "keep me")
+    core.ckpt_mkdirs(root .. "/doomed/deep/er")
+    core.ckpt_write_file(root .. "/doomed/deep/er/f", "x")
+    assert.is_truthy(os.execute("ln -s ../outside '" .. root .. "/doomed/link'"))
+    core.ckpt_remove_tree(root .. "/doomed")
+    assert.is_nil(core.ckpt_listdir(root .. "/doomed"))
+    assert.equal("keep me", read(root .. "/outside/precious"))
+    core.ckpt_remove_tree(root .. "/doomed")                         -- nothing there: nothing to do
+    for _, p in ipairs {"", ".", "..", root .. "/.."} do
+      has(err_of(core.ckpt_remove_tree, p), "refusing to remove")
+    end
+  end)
+end)
+
+describe("pruning old checkpoints", function()
+  it("never leaves a partial checkpoint that counts as complete (a renamed one is dropped at the next save)", function()
+    local runs = tmpdir()
+    run_quiet(tiny {"name=p", "checkpoint.keep=1"}, {runs = runs})
+    local list = dm.ckpt.list(runs .. "/p")
+    assert.equal(1, #list)
+    assert.equal(4, list[1].step)
+    -- what a kill in the middle of a prune leaves: a renamed checkpoint with some of its files
+    core.ckpt_mkdirs(runs .. "/p/ckpt-2.tmp")
+    core.ckpt_write_file(runs .. "/p/ckpt-2.tmp/meta.lua", "return {}")
+    assert.equal(1, #dm.ckpt.list(runs .. "/p"))
+  end)
+end)
