@@ -359,6 +359,7 @@ flags: {resume = "DIR"}. out.flags[name] is true or the value.
 function config.parse_args(argv, first, flags)
   flags = flags or {resume = "DIR"}
   local out = {overrides = {}, flags = {}}
+  local set_at = {}                          -- key -> the --set that gave it
   local i = first or 1
   local function known()
     local names = {"--set KEY=VALUE"}
@@ -381,7 +382,11 @@ function config.parse_args(argv, first, flags)
         s = argv[i]
         if s == nil then error("--set needs KEY=VALUE, such as --set optim.muon_lr=1e-3", 0) end
       end
-      config.split_set(s)                              -- the form is checked now, the key at load
+      local key = config.split_set(s)                  -- the form is checked now, the key at load
+      if set_at[key] then                 -- which one was meant cannot be known: say so rather than pick
+        error(string.format("--set %s is given twice (%s, then %s): give it once", key, set_at[key], s), 0)
+      end
+      set_at[key] = s
       out.overrides[#out.overrides + 1] = s
     elseif name then
       local kind = flags[name]

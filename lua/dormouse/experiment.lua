@@ -10,8 +10,17 @@ local experiment = {}
 
 local FLAGS = {resume = "DIR", overwrite = true, quiet = true, sample = "N"}
 
+-- --sample N: checked before the run starts, not after it has trained
+local function sample_length(text)
+  if text == nil then return 200 end
+  local n = math.tointeger(tonumber(text))
+  if not n or n < 0 then error(string.format("--sample must be an integer >= 0 (bytes; 0: none), got %s", text), 0) end
+  return n
+end
+
 function experiment.run(file, raw, argv, cli)
   local args = config.parse_args(argv, 2, FLAGS)
+  local n = sample_length(args.flags.sample)
   local cfg = config.resolve(raw, file, args.overrides)
   local train = require "dormouse.train"
   local summary = train.run(cfg, {resume = args.flags.resume, overwrite = args.flags.overwrite,
@@ -26,7 +35,6 @@ function experiment.run(file, raw, argv, cli)
     lines[#lines + 1] = table.concat(parts, ", ")
   end
   print(table.concat(lines, "\n"))
-  local n = tonumber(args.flags.sample or 200)
   if n > 0 then
     io.write("sample: ")
     require("dormouse.eval").sample(summary.model, "In the beginning", n, {

@@ -190,6 +190,8 @@ local function check_same_config(saved, cfg, dir)
   end
 end
 
+local FLOATS = {f32 = true, f64 = true, bf16 = true, f16 = true}
+
 function Run:restore(dir)
   local path = dm.ckpt.latest(dir)
   if not path then error("cannot resume " .. dir .. ": it holds no complete checkpoint", 0) end
@@ -199,6 +201,10 @@ function Run:restore(dir)
     for name, t in pairs(named_state(self.model)) do
       local saved = c.model[name]
       if not saved then error(path .. "/model.safetensors has no tensor '" .. name .. "'", 0) end
+      if saved:numel() > 0 and FLOATS[saved.dtype] and not instrument.finite(saved:abs():max():item()) then
+        error(string.format("%s/model.safetensors: tensor '%s' holds non-finite values (NaN or inf); " ..
+                            "resume from an earlier checkpoint", path, name), 0)
+      end
       t:copy_(saved)
     end
   end)
@@ -295,8 +301,9 @@ function Run:log_window(w)
   local elapsed = math.max(core.now() - w.t0, 1e-9)
   local mem = dm.memory(self.device)
   local moe = instrument.moe_counters(w.counts and w.counts:totable())
-  local r = {step = self.step, loss = w.loss / math.max(w.steps - w.skips, 1), tok_s = w.tokens / elapsed,
-             lr = w.lr, grad_norm = w.grad_norm / math.max(w.steps - w.skips, 1), skips = w.skips,
+  local applied = w.steps - w.skips               -- a window of skipped steps only has no loss: nan, never 0
+  local r = {step = self.step, loss = applied > 0 and w.loss / applied or 0 / 0, tok_s = w.tokens / elapsed,
+             lr = w.lr, grad_norm = applied > 0 and w.grad_norm / applied or 0 / 0, skips = w.skips,
              mem = {allocated = mem.allocated, peak = mem.peak}, moe = moe, engram = w.engram}
   self:say(instrument.log_line(r))
   self:record({kind = "log", step = r.step, loss = r.loss, tok_s = r.tok_s, lr = r.lr,
@@ -306,6 +313,10 @@ function Run:log_window(w)
   if instrument.end_window(self.firewall, w) then
     error(string.format("NaN firewall: steps were skipped in two log windows in a row (%d skipped in all, " ..
                         "the last window ends at step %d); the run stops", self.firewall.total, self.step), 0)
+  end
+  if w.skips > 0 and self.step == self.cfg.steps then   -- no later window can clear it: no checkpoint of it
+    error(string.format("NaN firewall: %d of the %d steps of the final log window (to step %d) were skipped; " ..
+                        "the run stops without a checkpoint of that state", w.skips, w.steps, self.step), 0)
   end
 end
 
