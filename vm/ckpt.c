@@ -802,14 +802,27 @@ static void read_tensors(rstate *r, uint64_t data_at) {
   }
 }
 
+/* A file opened for reading only when it is a regular one: O_NONBLOCK keeps a FIFO from blocking
+** the open, and the check refuses it (and devices, sockets, folders) before a byte is read. */
+static const char *file_kind(mode_t m) {
+  return S_ISFIFO(m) ? "a FIFO" : S_ISDIR(m) ? "a directory" : S_ISSOCK(m) ? "a socket"
+       : S_ISCHR(m) || S_ISBLK(m) ? "a device" : "not a plain file";
+}
+
+static int open_regular(const char *path, struct stat *sb) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) dm_error("%s: cannot open: %s", path, strerror(errno));
+  if (fstat(fd, sb) != 0) { int e = errno; close(fd); dm_error("%s: cannot stat: %s", path, strerror(e)); }
+  if (!S_ISREG(sb->st_mode)) { close(fd); dm_error("%s: is %s, not a regular file", path, file_kind(sb->st_mode)); }
+  return fd;
+}
+
 dm_safetensors *dm_safetensors_read(const char *path) {
   rstate r = {.path = path, .fd = -1};
   guard g;
   guard_begin(&g, rstate_cleanup, &r);
-  r.fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (r.fd < 0) dm_error("%s: cannot open: %s", path, strerror(errno));
   struct stat sb;
-  if (fstat(r.fd, &sb) != 0) dm_error("%s: cannot stat: %s", path, strerror(errno));
+  r.fd = open_regular(path, &sb);
   int64_t size = sb.st_size;
   if (size < 8) dm_error("%s: truncated: %lld bytes, too short for the 8-byte header length", path, (long long)size);
   uint64_t hlen;
@@ -890,10 +903,8 @@ uint64_t dm_xxh64(const void *data, size_t n, uint64_t seed) {
 }
 
 uint64_t dm_file_checksum(const char *path, int64_t *size) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) dm_error("%s: cannot open: %s", path, strerror(errno));
   struct stat sb;
-  if (fstat(fd, &sb) != 0) { int e = errno; close(fd); dm_error("%s: cannot stat: %s", path, strerror(e)); }
+  int fd = open_regular(path, &sb);
   size_t n = (size_t)sb.st_size;
   void *map = n ? mmap(NULL, n, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
   int e = errno;

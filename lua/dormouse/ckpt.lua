@@ -15,6 +15,7 @@ A training checkpoint is a directory RUN_DIR/ckpt-STEP/ holding
                         rng    {seed = s, offset = o}, dm.rng_state() at save
                                time unless the caller gave meta.rng
                         files  {[file] = {size = bytes, xxh64 = "16 hex digits"}}
+  meta.xxh64          the xxh64 of meta.lua itself (16 hex digits and a newline)
 
   ckpt.save(run_dir, step, {model = ..., optim = ..., meta = ...}, {keep = K})
   local parts = ckpt.load(ckpt.latest(run_dir))    -- parts.model, parts.optim, parts.meta
@@ -32,6 +33,7 @@ local ckpt = {}
 
 local FILES = {"model.safetensors", "optim.safetensors"}
 local META = "meta.lua"
+local META_SUM = "meta.xxh64"
 
 -- Errors point at the caller's line, not at this library.
 local function fail(fmt, ...)
@@ -187,20 +189,19 @@ end
 
 local function join(dir, name) return dir .. "/" .. name end
 
+-- whether the folder lists the name (opening it could block: a FIFO)
 local function exists(path)
-  local f = io.open(path, "rb")
-  if f then f:close() end
-  return f ~= nil
+  local dir, name = path:match("^(.*)/([^/]+)$")
+  for _, n in ipairs(core.ckpt_listdir(dir or ".") or {}) do
+    if n == (name or path) then return true end
+  end
+  return false
 end
 
--- our own flat directories only: the files inside, then the directory
+-- a checkpoint folder and its files (through the C core: no shell, links not followed)
 local function remove_dir(dir)
-  for _, name in ipairs(core.ckpt_listdir(dir) or {}) do
-    local ok, err = os.remove(join(dir, name))
-    if not ok then fail("ckpt: cannot remove %s", err) end
-  end
-  local ok, err = os.remove(dir)
-  if not ok then fail("ckpt: cannot remove %s", err) end
+  local ok, err = pcall(core.ckpt_remove_tree, dir)
+  if not ok then fail("ckpt: %s", tostring(err)) end
 end
 
 -- The complete checkpoints in run_dir, oldest first: {{step = n, path = ...}, ...}
@@ -270,6 +271,7 @@ local function write_files(dir, step, tensors, parts)
   end
   local meta = meta_with(parts, step, files)
   core.ckpt_write_file(join(dir, META), "return " .. ckpt.serialize(meta, "meta") .. "\n")
+  core.ckpt_write_file(join(dir, META_SUM), (core.ckpt_checksum(join(dir, META))) .. "\n")
   core.ckpt_fsync_dir(dir)
 end
 
@@ -320,11 +322,41 @@ end
 
 -- Read a checkpoint directory after checking every file's size and checksum
 -- against meta.lua: {model = tensors, optim = tensors, meta = table}.
+-- meta.lua against its recorded checksum (refusing what is not a regular file before reading it)
+local warned_unsummed = false
+local function check_meta_sum(dir, meta_path)
+  local sum = core.ckpt_checksum(meta_path)
+  local sum_path = join(dir, META_SUM)
+  if not exists(sum_path) then
+    if not warned_unsummed then        -- checkpoints of earlier versions: said once, then read as before
+      io.stderr:write(string.format("ckpt: %s has no %s (an earlier version's checkpoint): its meta.lua " ..
+                                    "is read without a checksum\n", dir, META_SUM))
+      warned_unsummed = true
+    end
+    return
+  end
+  core.ckpt_checksum(sum_path)         -- a regular file too
+  local want = read_file(sum_path):match("^(%x+)\n?$")
+  if want ~= sum then
+    fail("%s: corrupted: checksum mismatch (%s records xxh64 %s, the file has %s)", meta_path, META_SUM,
+         tostring(want), sum)
+  end
+end
+
+-- the fields every checkpoint's meta holds, each checked with a message naming it
+local function check_meta_fields(meta, meta_path)
+  if math.type(meta.step) ~= "integer" or meta.step < 0 then
+    fail("%s: corrupted: step must be an integer >= 0, got %s", meta_path, tostring(meta.step))
+  end
+  if type(meta.files) ~= "table" then fail("%s: corrupted: no files table", meta_path) end
+end
+
 function ckpt.load(dir)
   if type(dir) ~= "string" then fail("ckpt.load: expected a checkpoint directory, got %s", tostring(dir)) end
   local meta_path = join(dir, META)
+  check_meta_sum(dir, meta_path)
   local meta = ckpt.deserialize(read_file(meta_path), meta_path)
-  if type(meta.files) ~= "table" then fail("%s: corrupted: no files table", meta_path) end
+  check_meta_fields(meta, meta_path)
   for _, file in ipairs(FILES) do
     local want, path = meta.files[file], join(dir, file)
     if type(want) ~= "table" then fail("%s: corrupted: no checksum recorded for %s", meta_path, file) end

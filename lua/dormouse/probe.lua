@@ -18,6 +18,8 @@ local eval = require "dormouse.eval"
 
 local probe = {}
 
+local core = require "dormouse.core"
+
 local LN2 = math.log(2)
 
 local function text_batch(text)
@@ -29,20 +31,24 @@ end
 local function resolve_dir(path)
   local latest = dm.ckpt.latest(path)
   if latest then return latest end
-  local f = io.open(path .. "/meta.lua", "r")
-  if f then f:close(); return path end
+  for _, name in ipairs(core.ckpt_listdir(path) or {}) do       -- (opening meta.lua could block: a FIFO)
+    if name == "meta.lua" then return path end
+  end
   error(path .. " holds no checkpoint (expected runs/NAME or runs/NAME/ckpt-STEP)", 0)
 end
 
 function probe.load(path, root)
+  local train = require "dormouse.train"
   local dir = resolve_dir(path)
   local c = dm.ckpt.load(dir)
+  train.check_meta(c.meta, dir)
   local cfg = config.resolve(c.meta.config, dir .. "/meta.lua")
   nn.device, nn.compute_dtype = "cpu", "f32"
-  local model = require("dormouse.train").build_model(cfg, root)
+  local model = train.build_model(cfg, root)
+  local state = train.named_state(model)
+  train.check_tensors(c.model, state, dir .. "/model.safetensors")
   dm.no_grad(function()
-    for _, p in ipairs(model:named_parameters()) do p.tensor:copy_(c.model[p.name]) end
-    for _, b in ipairs(model:named_buffers()) do b.tensor:copy_(c.model[b.name]) end
+    for name, t in pairs(state) do t:copy_(c.model[name]) end
   end)
   model:eval()
   return model, cfg, dir, c.meta.step

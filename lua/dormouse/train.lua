@@ -119,7 +119,8 @@ end
 
 ---------------------------------------------------------------- checkpoints
 
-local function named_state(model)
+-- the parameters and buffers by name: what model.safetensors holds
+function train.named_state(model)
   local t = {}
   for _, p in ipairs(model:named_parameters()) do t[p.name] = p.tensor end
   for _, b in ipairs(model:named_buffers()) do t[b.name] = b.tensor end
@@ -129,7 +130,7 @@ end
 function Run:save_checkpoint()
   local seed, offset = dm.rng_state()
   local path = dm.ckpt.save(self.dir, self.step, {
-    model = named_state(self.model),
+    model = train.named_state(self.model),
     optim = self.opt:state(),
     meta = {config = config.plain(self.cfg), step = self.step, data = {position = self.loader:position()},
             rng = {seed, offset}, firewall = self.firewall},
@@ -192,21 +193,60 @@ end
 
 local FLOATS = {f32 = true, f64 = true, bf16 = true, f16 = true}
 
+-- the fields a run's meta.lua must hold, each checked with a message naming it and the file
+function train.check_meta(meta, path)
+  local where = path .. "/meta.lua"
+  local function bad(field, want, v)
+    error(string.format("%s: %s must be %s, got %s", where, field, want, v == nil and "nothing" or tostring(v)), 0)
+  end
+  local function count(field, v) if math.type(v) ~= "integer" or v < 0 then bad(field, "an integer >= 0", v) end end
+  if type(meta.config) ~= "table" then bad("config", "the run's config table", meta.config) end
+  if type(meta.rng) ~= "table" then bad("rng", "{seed, offset}", meta.rng) end
+  count("rng[1] (the seed)", meta.rng[1])
+  count("rng[2] (the offset)", meta.rng[2])
+  if type(meta.data) ~= "table" then bad("data", "{position = bytes}", meta.data) end
+  count("data.position", meta.data.position)
+  if meta.firewall ~= nil then
+    if type(meta.firewall) ~= "table" then bad("firewall", "{total, windows_with_skips}", meta.firewall) end
+    count("firewall.total", meta.firewall.total)
+    count("firewall.windows_with_skips", meta.firewall.windows_with_skips)
+  end
+end
+
+-- the saved tensors against the model's: every name, dtype and shape; none missing, none extra
+function train.check_tensors(saved, state, file)
+  local function shape(t) return "[" .. table.concat(t:shape(), ", ") .. "]" end
+  for name, t in pairs(state) do
+    local s = saved[name]
+    if not s then error(file .. " has no tensor '" .. name .. "'", 0) end
+    if s.dtype ~= t.dtype or shape(s) ~= shape(t) then
+      error(string.format("%s: tensor '%s' is %s %s, the model's is %s %s", file, name, s.dtype, shape(s),
+                          t.dtype, shape(t)), 0)
+    end
+    if s:numel() > 0 and FLOATS[s.dtype] and not instrument.finite(s:abs():max():item()) then
+      error(string.format("%s: tensor '%s' holds non-finite values (NaN or inf); resume from an earlier " ..
+                          "checkpoint", file, name), 0)
+    end
+  end
+  local extra = {}
+  for name in pairs(saved) do if not state[name] then extra[#extra + 1] = "'" .. name .. "'" end end
+  table.sort(extra)
+  if #extra > 0 then
+    error(string.format("%s holds %d tensor%s the model does not have: %s", file, #extra, #extra == 1 and "" or "s",
+                        table.concat(extra, ", ")), 0)
+  end
+end
+
 function Run:restore(dir)
   local path = dm.ckpt.latest(dir)
   if not path then error("cannot resume " .. dir .. ": it holds no complete checkpoint", 0) end
   local c = dm.ckpt.load(path)
+  train.check_meta(c.meta, path)
   check_same_config(c.meta.config, self.cfg, dir)
+  local state = train.named_state(self.model)
+  train.check_tensors(c.model, state, path .. "/model.safetensors")
   dm.no_grad(function()
-    for name, t in pairs(named_state(self.model)) do
-      local saved = c.model[name]
-      if not saved then error(path .. "/model.safetensors has no tensor '" .. name .. "'", 0) end
-      if saved:numel() > 0 and FLOATS[saved.dtype] and not instrument.finite(saved:abs():max():item()) then
-        error(string.format("%s/model.safetensors: tensor '%s' holds non-finite values (NaN or inf); " ..
-                            "resume from an earlier checkpoint", path, name), 0)
-      end
-      t:copy_(saved)
-    end
+    for name, t in pairs(state) do t:copy_(c.model[name]) end
   end)
   self.opt:load_state(c.optim)
   dm.set_rng_state(c.meta.rng[1], c.meta.rng[2])

@@ -145,3 +145,40 @@ describe("pruning old checkpoints", function()
     assert.equal(1, #dm.ckpt.list(runs .. "/p"))
   end)
 end)
+
+describe("a resume", function()
+  -- a real run's checkpoint written again with one change (its checksums made anew)
+  local function rewritten(name, change)
+    local runs = tmpdir()
+    run_quiet(tiny {"name=" .. name, "steps=2"}, {runs = runs})
+    local dir = runs .. "/" .. name
+    local c = dm.ckpt.load(dir .. "/ckpt-2")
+    change(c)
+    dm.ckpt.save(dir, 2, {model = c.model, optim = c.optim, meta = c.meta})
+    return runs, dir
+  end
+  local function resume(runs, name)
+    return err_of(run_quiet, tiny {"name=" .. name, "steps=4"}, {runs = runs, resume = runs .. "/" .. name})
+  end
+
+  it("checks every tensor against the model by name, dtype and shape, naming the file and the tensor", function()
+    local runs = rewritten("dt", function(c) c.model["head.weight"] = c.model["head.weight"]:to("i32") end)
+    has(resume(runs, "dt"), "ckpt-2/model.safetensors: tensor 'head.weight' is i32", "the model's is f32")
+    runs = rewritten("sh", function(c) c.model["head.weight"] = c.model["head.weight"]:t():contiguous() end)
+    has(resume(runs, "sh"), "tensor 'head.weight' is f32 [", "the model's is f32 [")
+    runs = rewritten("ex", function(c) c.model["stray.weight"] = dm.zeros({2}) end)
+    has(resume(runs, "ex"), "model.safetensors holds 1 tensor the model does not have: 'stray.weight'")
+    runs = rewritten("mi", function(c) c.model["head.weight"] = nil end)
+    has(resume(runs, "mi"), "model.safetensors has no tensor 'head.weight'")
+  end)
+
+  it("checks meta.lua's fields, naming the field", function()
+    local runs = rewritten("rng", function(c) c.meta.rng = nil end)
+    -- ckpt.save fills a missing rng with the generator's {seed =, offset =}: not the run's {seed, offset}
+    has(resume(runs, "rng"), "meta.lua: rng[1] (the seed) must be an integer >= 0")
+    runs = rewritten("pos", function(c) c.meta.data = {position = -3} end)
+    has(resume(runs, "pos"), "meta.lua: data.position must be an integer >= 0, got -3")
+    runs = rewritten("fw", function(c) c.meta.firewall = {total = "lots"} end)
+    has(resume(runs, "fw"), "meta.lua: firewall.total must be an integer >= 0, got lots")
+  end)
+end)
