@@ -8,9 +8,16 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
 DEB_PACKAGES = gcc make cmake pkg-config liblua5.4-dev lua-lpeg-dev libzstd-dev lua-busted \
-               libreadline-dev libopenblas-dev bible-kjv
+               libreadline-dev libopenblas-dev bible-kjv clang libclang-rt-14-dev
 
-.PHONY: all deps build test test-asan demo clean
+# The sanitizer build: clang, AddressSanitizer and UBSan over the C core (no CUDA: the
+# sanitizers cannot see into kernels, and it runs where there is no GPU driver), with the
+# libFuzzer targets of tests/fuzz, each a test of FUZZ_TEST_SECONDS.
+SAN_FLAGS = -DDM_SANITIZE=ON -DDM_FUZZ=ON -DDM_CUDA=OFF
+FUZZ_TEST_SECONDS ?= 10
+FUZZ_SECONDS ?= 600
+
+.PHONY: all deps build build-asan test test-asan fuzz demo clean
 
 all: build
 
@@ -40,12 +47,26 @@ build: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(ARCH_FLAG) $(CMAKE_FLAGS) >/dev/null
 	cmake --build $(BUILD) -j$(JOBS)
 
-# ctest's summary, then the same counts as one closing line.
-test: build
-	@cd $(BUILD) && ctest --output-on-failure -j$(JOBS) 2>&1 | tee ctest.log; status=$${PIPESTATUS[0]}; \
+build-asan: deps
+	CC=clang cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(SAN_FLAGS) \
+	  -DDM_FUZZ_SECONDS=$(FUZZ_TEST_SECONDS) $(CMAKE_FLAGS) >/dev/null
+	cmake --build $(ASAN_BUILD) -j$(JOBS)
+
+# One ctest run in the folder $(1): its summary, its counts appended to $(2).
+run_ctest = cd $(1) && ctest --output-on-failure -j$(JOBS) 2>&1 | tee ctest.log; status=$${PIPESTATUS[0]}; \
 	grep -h "GPU tests skipped" Testing/Temporary/LastTest.log 2>/dev/null | head -1; \
-	sed -n 's/.* tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\2 \1/p' ctest.log | \
-	  awk '{ printf "%d passed, %d failed\n", $$1 - $$2, $$2 }'; exit $$status
+	sed -n 's/.* tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\2 \1/p' ctest.log >> $(2); \
+	exit $$status
+
+# The suite (C units, the op oracle suite, Busted specs), then the same under the
+# sanitizers with the fuzz targets; both ctest summaries, then the counts as one line.
+test: build build-asan
+	@counts=$$(mktemp); status=0; \
+	echo "== the suite ($(BUILD))"; ( $(call run_ctest,$(BUILD),$$counts) ) || status=1; \
+	echo "== under AddressSanitizer and UBSan, with the fuzz targets ($(ASAN_BUILD))"; \
+	( $(call run_ctest,$(ASAN_BUILD),$$counts) ) || status=1; \
+	awk '{ t += $$1; f += $$2 } END { printf "%d passed, %d failed\n", t - f, f }' $$counts; \
+	rm -f $$counts; exit $$status
 
 # Train the demo preset on the embedded corpus (on the GPU when there is one):
 # progress, eval lines, the held-out BPB beside the order-3 n-gram baseline,
@@ -53,8 +74,28 @@ test: build
 demo: build
 	$(BUILD)/dormouse run experiments/demo.lua --overwrite
 
-test-asan:
-	$(MAKE) test BUILD=$(ASAN_BUILD) CMAKE_FLAGS="-DDM_SANITIZE=ON $(CMAKE_FLAGS)"
+# The sanitizer suite alone.
+test-asan: build-asan
+	@counts=$$(mktemp); ( $(call run_ctest,$(ASAN_BUILD),$$counts) ); status=$$?; \
+	awk '{ printf "%d passed, %d failed\n", $$1 - $$2, $$2 }' $$counts; rm -f $$counts; exit $$status
+
+# Each fuzz target for FUZZ_SECONDS (two at a time), its new inputs kept in $(ASAN_BUILD)/fuzz/TARGET;
+# a crash leaves its input as $(ASAN_BUILD)/fuzz/TARGET-crash-* and fails the run.
+fuzz: build-asan
+	@status=0; for pair in "safetensors corpus" "meta config"; do \
+	  for t in $$pair; do \
+	    ( cd $(ASAN_BUILD) && ./fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 \
+	        -max_len=65536 -print_final_stats=1 -artifact_prefix=fuzz/$$t- fuzz/$$t ../tests/fuzz/seeds/$$t \
+	        > fuzz/$$t.log 2>&1 ) & \
+	  done; wait; \
+	done; \
+	for t in safetensors corpus meta config; do \
+	  log=$(ASAN_BUILD)/fuzz/$$t.log; \
+	  runs=$$(sed -n 's/^stat::number_of_executed_units: *//p' $$log); secs=$$(sed -n 's/^stat::average_exec_per_sec: *//p' $$log); \
+	  crashes=$$(ls $(ASAN_BUILD)/fuzz/$$t-* 2>/dev/null | wc -l); corpus=$$(ls $(ASAN_BUILD)/fuzz/$$t | wc -l); \
+	  printf "fuzz %-12s %10s runs  %6s exec/s  corpus %5d inputs  %d crashes\n" $$t "$$runs" "$$secs" $$corpus $$crashes; \
+	  [ $$crashes -eq 0 ] || status=1; \
+	done; exit $$status
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD)

@@ -879,7 +879,7 @@ static uint64_t xround(uint64_t acc, uint64_t in) { return rotl64(acc + in * XP2
 static uint64_t xmerge(uint64_t h, uint64_t v) { return (h ^ xround(0, v)) * XP1 + XP4; }
 
 uint64_t dm_xxh64(const void *data, size_t n, uint64_t seed) {
-  const unsigned char *p = data, *end = p + n;
+  const unsigned char *p = n ? data : (const void *)"", *end = p + n;   /* (an empty file maps to NULL) */
   uint64_t h;
   if (n >= 32) {
     uint64_t v1 = seed + XP1 + XP2, v2 = seed + XP2, v3 = seed, v4 = seed - XP1;

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -125,6 +126,67 @@ static bool collect(const char *path, strlist *out, char *err) {
   return true;
 }
 
+/* ---- mapped files that shrink ------------------------------------------------------------
+** A mapped file cut short by another process makes the next read past its new end a SIGBUS.
+** The mappings are registered here; a SIGBUS inside one ends the process with a message naming
+** the file (exit status 1) instead of a signal's death; any other SIGBUS stays the default. The
+** handler reads the table only (plain stores under a mutex add and remove its entries). */
+#define MAPS_MAX 4096
+
+static struct { const uint8_t *lo, *hi; const char *path; } maps[MAPS_MAX];
+static pthread_mutex_t maps_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t maps_once = PTHREAD_ONCE_INIT;
+
+static void say(const char *s) {
+  ssize_t r = write(2, s, strlen(s));
+  (void)r;
+}
+
+static void on_sigbus(int sig, siginfo_t *si, void *ctx) {
+  (void)ctx;
+  const uint8_t *a = si->si_addr;
+  for (int i = 0; i < MAPS_MAX; i++) {
+    const char *path = maps[i].path;
+    if (path && a >= maps[i].lo && a < maps[i].hi) {
+      say("dormouse: corpus: '");
+      say(path);
+      say("' became shorter while it was being read (another program truncated or rewrote it); "
+          "the run stops. Its checkpoints are complete: resume once the corpus is whole again.\n");
+      _exit(1);
+    }
+  }
+  signal(sig, SIG_DFL);                   /* not ours: the default death, at the same place */
+}
+
+static void maps_install(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = on_sigbus;
+  sa.sa_flags = SA_SIGINFO;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGBUS, &sa, NULL);
+}
+
+static void maps_add(const part *p) {
+  pthread_once(&maps_once, maps_install);
+  pthread_mutex_lock(&maps_lock);
+  for (int i = 0; i < MAPS_MAX; i++)
+    if (!maps[i].path) {
+      maps[i].lo = p->data;
+      maps[i].hi = p->data + p->size;
+      maps[i].path = p->path;          /* set last: the handler tests it first */
+      break;
+    }
+  pthread_mutex_unlock(&maps_lock);
+}
+
+static void maps_remove(const part *p) {
+  pthread_mutex_lock(&maps_lock);
+  for (int i = 0; i < MAPS_MAX; i++)
+    if (maps[i].path && maps[i].lo == p->data) { maps[i].path = NULL; break; }
+  pthread_mutex_unlock(&maps_lock);
+}
+
 /* ---- loading one file ------------------------------------------------------------------ */
 
 static bool map_file(part *p, char *err) {
@@ -144,6 +206,7 @@ static bool map_file(part *p, char *err) {
     }
     p->data = m;
     p->mapped = true;
+    maps_add(p);
   }
   close(fd);
   return true;
@@ -229,7 +292,7 @@ static void corpus_destroy(dm_corpus *c) {
   if (!c) return;
   for (int i = 0; i < c->nparts; i++) {
     part *p = &c->parts[i];
-    if (p->mapped) munmap((void *)p->data, (size_t)p->size);
+    if (p->mapped) { maps_remove(p); munmap((void *)p->data, (size_t)p->size); }
     else free((void *)p->data);
     free(p->path);
   }

@@ -38,6 +38,8 @@ void dm_lua_register_funcs(const luaL_Reg *funcs);
 
 void dm_lua_open_tensor(lua_State *L);     /* fills the module table on the stack top */
 void dm_lua_open_core(lua_State *L);
+/* a state with the standard libraries, LPeg, the core and root/lua on package.path (NULL: no memory) */
+lua_State *dm_lua_new_state(const char *root);
 int dm_lua_tostring(lua_State *L);
 
 #endif

@@ -14,8 +14,6 @@
 #include <lualib.h>
 #include "lua_tensor.h"
 
-int luaopen_lpeg(lua_State *L);
-
 static bool is_dir_with_cli(const char *lua_dir) {
   char path[PATH_MAX + 32];
   snprintf(path, sizeof path, "%s/dormouse/cli.lua", lua_dir);
@@ -49,17 +47,6 @@ static bool find_root(char *root, size_t n) {
   return false;
 }
 
-static void set_path(lua_State *L, const char *root) {
-  lua_getglobal(L, "package");
-  lua_getfield(L, -1, "path");
-  const char *path = lua_tostring(L, -1);
-  bool user_first = getenv("LUA_PATH_5_4") || getenv("LUA_PATH");
-  if (user_first) lua_pushfstring(L, "%s;%s/lua/?.lua;%s/lua/?/init.lua", path, root, root);
-  else lua_pushfstring(L, "%s/lua/?.lua;%s/lua/?/init.lua;%s", root, root, path);
-  lua_setfield(L, -3, "path");
-  lua_pop(L, 2);
-}
-
 static int traceback(lua_State *L) {
   const char *msg = lua_tostring(L, 1);
   if (!msg) msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
@@ -74,13 +61,8 @@ int main(int argc, char **argv) {
                     "set DORMOUSE_HOME to the folder that holds lua/\n");
     return 1;
   }
-  lua_State *L = luaL_newstate();
+  lua_State *L = dm_lua_new_state(root);
   if (!L) { fprintf(stderr, "dormouse: cannot create a Lua state\n"); return 1; }
-  luaL_openlibs(L);
-  luaL_requiref(L, "lpeg", luaopen_lpeg, 0);
-  lua_pop(L, 1);
-  dm_lua_open_core(L);
-  set_path(L, root);
   lua_pushcfunction(L, traceback);
   lua_getglobal(L, "require");
   lua_pushstring(L, "dormouse.cli");

@@ -138,6 +138,27 @@ os.exit(3)
   end)
 end)
 
+describe("a mapped corpus cut short by another program", function()
+  it("ends the run with a message naming the file and exit 1, not a SIGBUS", function()
+    local corpus = write("shrinking.txt", string.rep("abcdefgh", 1 << 17))        -- 1 MiB
+    local script = write("shrink.lua", string.format([[
+local data = require "dormouse.data"
+local c = data.open(%q, {eval_bytes = 0})
+print(c:bytes(0, 4))
+local f = io.open(%q, "w")            -- truncated to 0 bytes, as another program would
+f:close()
+print(c:bytes(900000, 8))
+print("not reached")
+]], corpus, corpus))
+    -- (under AddressSanitizer its own SIGBUS report would come first: the sanitizer build lets it pass)
+    local code, out, err = dormouse("run '" .. script .. "'", "ASAN_OPTIONS=handle_sigbus=0 ")
+    assert.equal(1, code)
+    has(out, "abcd")
+    lacks(out, "not reached")
+    has(err, "corpus: '" .. corpus .. "' became shorter while it was being read", "resume once the corpus is whole")
+  end)
+end)
+
 describe("the small commands", function()
   it("version", function()
     local code, out = dormouse("version")

@@ -144,6 +144,30 @@ describe("pruning old checkpoints", function()
     core.ckpt_write_file(runs .. "/p/ckpt-2.tmp/meta.lua", "return {}")
     assert.equal(1, #dm.ckpt.list(runs .. "/p"))
   end)
+
+  it("stopped half-way through deleting an old checkpoint, leaves it uncounted", function()
+    local runs = tmpdir()
+    run_quiet(tiny {"name=h", "steps=2"}, {runs = runs})
+    local c = dm.ckpt.load(runs .. "/h/ckpt-2")
+    -- the deletion dies after its first file, wherever it starts (a kill, simulated)
+    local remove, remove_tree = os.remove, core.ckpt_remove_tree
+    local function dies(path)
+      if tostring(path):find("ckpt%-2") then
+        for _, f in ipairs {"optim.safetensors", "model.safetensors"} do remove(path .. "/" .. f) end
+        remove(path:gsub("/[^/]+%.safetensors$", "") .. "/optim.safetensors")
+        error("killed", 0)
+      end
+      return remove(path)
+    end
+    os.remove, core.ckpt_remove_tree = dies, dies
+    c.meta.step = 4
+    local ok = pcall(dm.ckpt.save, runs .. "/h", 4, {model = c.model, optim = c.optim, meta = c.meta}, {keep = 1})
+    os.remove, core.ckpt_remove_tree = remove, remove_tree
+    assert.is_false(ok)
+    local steps = {}
+    for _, e in ipairs(dm.ckpt.list(runs .. "/h")) do steps[#steps + 1] = e.step end
+    assert.are.same({4}, steps)                     -- ckpt-2, its meta.lua still there, is not counted
+  end)
 end)
 
 describe("a resume", function()
