@@ -12,16 +12,11 @@ local helpers = require "tests.lua.helpers"
 local tmpdir = require("tests.lua.helpers").tmpdir
 
 local function tiny(overrides)
-  local o = {"steps=12", "eval.every=4", "checkpoint.every=0", "checkpoint.keep=0", "log.every=1",
-             "schedule.warmup=2", "eval.windows=4", "eval.baseline={}"}
-  for _, s in ipairs(overrides or {}) do o[#o + 1] = s end
-  return (config.load("experiments/tiny.lua", o))
+  return helpers.tiny({"steps=12", "eval.every=4", "checkpoint.every=0", "checkpoint.keep=0", "log.every=1",
+                       "schedule.warmup=2", "eval.windows=4", "eval.baseline={}"}, overrides)
 end
 
-local function run_quiet(cfg, opts)
-  opts.quiet, opts.silent, opts.root = true, true, "."
-  return train.run(cfg, opts)
-end
+local run_quiet = helpers.run_quiet
 
 local function losses(dir)
   local out = {}

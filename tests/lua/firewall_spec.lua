@@ -1,16 +1,13 @@
 -- The NaN firewall's edges (issue 18, finding 3): the final window, an all-skipped
 -- window's line, and non-finite weights in a checkpoint.
 local core = require "dormouse.core"
-local config = require "dormouse.config"
 local train = require "dormouse.train"
 local helpers = require "tests.lua.helpers"
-local tmpdir, has, err_of = helpers.tmpdir, helpers.has, helpers.err_of
+local tmpdir, has, err_of, read = helpers.tmpdir, helpers.has, helpers.err_of, helpers.read
 
 local function tiny(overrides)
-  local o = {"steps=4", "eval.every=0", "checkpoint.keep=0", "schedule.warmup=1", "eval.windows=2",
-             "eval.baseline={}"}
-  for _, s in ipairs(overrides or {}) do o[#o + 1] = s end
-  return (config.load("experiments/tiny.lua", o))
+  return helpers.tiny({"steps=4", "eval.every=0", "checkpoint.keep=0", "schedule.warmup=1", "eval.windows=2",
+                       "eval.baseline={}"}, overrides)
 end
 
 -- train.run with the head's weight poisoned by NaN once the model is built: every step's loss is NaN
@@ -21,19 +18,10 @@ local function run_poisoned(cfg, opts)
     require("dormouse").no_grad(function() model.head.weight:fill_(0 / 0) end)
     return model, opt
   end
-  opts.quiet, opts.silent, opts.root = true, true, "."
-  local ok, err = pcall(train.run, cfg, opts)
+  local ok, err = pcall(helpers.run_quiet, cfg, opts)
   train.setup = setup
   if not ok then error(err, 0) end
   return err
-end
-
-local function read(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
 end
 
 describe("the NaN firewall", function()

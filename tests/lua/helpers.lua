@@ -25,4 +25,27 @@ function helpers.tmpdir()
   return p
 end
 
+-- experiments/tiny.lua with a spec's default overrides, then the test's own (later ones win)
+function helpers.tiny(defaults, overrides)
+  local o = {}
+  for _, s in ipairs(defaults) do o[#o + 1] = s end
+  for _, s in ipairs(overrides or {}) do o[#o + 1] = s end
+  return (require("dormouse.config").load("experiments/tiny.lua", o))
+end
+
+-- train.run without a progress bar or a word on stdout (the log file still gets every line)
+function helpers.run_quiet(cfg, opts)
+  opts.quiet, opts.silent, opts.root = true, true, "."
+  return require("dormouse.train").run(cfg, opts)
+end
+
+-- a file's bytes, or nil when it cannot be opened
+function helpers.read(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
 return helpers

@@ -3,28 +3,13 @@
 local dm = require "dormouse"
 local core = require "dormouse.core"
 local config = require "dormouse.config"
-local train = require "dormouse.train"
 local helpers = require "tests.lua.helpers"
-local tmpdir, has, err_of = helpers.tmpdir, helpers.has, helpers.err_of
+local tmpdir, has, err_of, run_quiet, read = helpers.tmpdir, helpers.has, helpers.err_of, helpers.run_quiet,
+                                              helpers.read
 
 local function tiny(overrides)
-  local o = {"steps=4", "eval.every=0", "checkpoint.every=2", "checkpoint.keep=0", "log.every=2",
-             "schedule.warmup=1", "eval.windows=2", "eval.baseline={}"}
-  for _, s in ipairs(overrides or {}) do o[#o + 1] = s end
-  return (config.load("experiments/tiny.lua", o))
-end
-
-local function run_quiet(cfg, opts)
-  opts.quiet, opts.silent, opts.root = true, true, "."
-  return train.run(cfg, opts)
-end
-
-local function read(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
+  return helpers.tiny({"steps=4", "eval.every=0", "checkpoint.every=2", "checkpoint.keep=0", "log.every=2",
+                       "schedule.warmup=1", "eval.windows=2", "eval.baseline={}"}, overrides)
 end
 
 -- every path below dir with its bytes (folders as "dir"), to compare a tree before and after
