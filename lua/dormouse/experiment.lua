@@ -18,12 +18,23 @@ local function sample_length(text)
   return n
 end
 
+-- the run a --resume path names: runs/NAME (or runs/NAME/ckpt-STEP) -> NAME
+local function resumed_name(path)
+  path = path:gsub("/+$", "")
+  path = path:gsub("/ckpt%-%d+$", "")
+  return path:match("([^/]+)$") or path
+end
+
 function experiment.run(file, raw, argv, cli)
   local args = config.parse_args(argv, 2, FLAGS)
   local n = sample_length(args.flags.sample)
-  local cfg = config.resolve(raw, file, args.overrides)
+  local cfg, info = config.resolve(raw, file, args.overrides)
+  -- a resume takes the run's name from its folder unless --set name= says otherwise (the file's name,
+  -- or its base name, names new runs)
+  local resume = args.flags.resume and (args.flags.resume:gsub("(.)/+$", "%1"))
+  if resume and not info.overridden.name then cfg.name = resumed_name(resume) end
   local train = require "dormouse.train"
-  local summary = train.run(cfg, {resume = args.flags.resume, overwrite = args.flags.overwrite,
+  local summary = train.run(cfg, {resume = resume, overwrite = args.flags.overwrite,
                                   quiet = args.flags.quiet, root = cli.root})
   local lines = {string.format("done: %s, step %d", summary.dir, summary.step)}
   if summary.bpb_fin then

@@ -138,6 +138,29 @@ os.exit(3)
   end)
 end)
 
+describe("dormouse run --resume", function()
+  it("takes the run's name from the folder it resumes", function()
+    local cwd = dir .. "/resume-cwd"
+    assert(os.execute("mkdir -p '" .. cwd .. "'"))
+    local exe = bin:sub(1, 1) == "/" and bin or os.getenv("PWD") .. "/" .. bin
+    local exp = "'" .. os.getenv("PWD") .. "/experiments/tiny.lua'"
+    local run = string.format("cd '%s' && DORMOUSE_HOME='%s' '%s' run %s --quiet --sample 0 ", cwd,
+                              os.getenv("PWD"), exe, exp)
+    local sets = "--set eval.every=0 --set checkpoint.every=10 --set eval.baseline='{}' "
+    local function sh(cmd)
+      local p = assert(io.popen(cmd .. " 2>&1"))
+      local out = p:read("a")
+      local _, _, code = p:close()
+      return code, out
+    end
+    local code, out = sh(run .. sets .. "--set steps=20 --set name=resB")
+    assert.equal(0, code, out)
+    code, out = sh(run .. sets .. "--set steps=30 --resume runs/resB/")
+    assert.equal(0, code, out)
+    has(out, "resumed from runs/resB/ckpt-20 at step 20", "done: runs/resB, step 30")
+  end)
+end)
+
 describe("a mapped corpus cut short by another program", function()
   it("ends the run with a message naming the file and exit 1, not a SIGBUS", function()
     local corpus = write("shrinking.txt", string.rep("abcdefgh", 1 << 17))        -- 1 MiB
