@@ -13,16 +13,17 @@ local function show(v, depth)
   if dm.is_tensor(v) or type(v) ~= "table" or depth > 1 then
     return type(v) == "string" and depth > 0 and string.format("%q", v) or tostring(v)
   end
+  -- raw reads: a table whose __index raises on a missing key (a resolved config) prints too
   local parts, n = {}, 0
-  for i, x in ipairs(v) do n = i; parts[#parts + 1] = show(x, depth + 1) end
+  while rawget(v, n + 1) ~= nil do n = n + 1; parts[n] = show(rawget(v, n), depth + 1) end
   local keys = {}
-  for k in pairs(v) do
+  for k in next, v do
     if not (math.type(k) == "integer" and k >= 1 and k <= n) then keys[#keys + 1] = k end
   end
   table.sort(keys, function(a, b) return tostring(a) < tostring(b) end)
   for _, k in ipairs(keys) do
     local key = type(k) == "string" and k:match("^[%a_][%w_]*$") and k or "[" .. show(k, 2) .. "]"
-    parts[#parts + 1] = key .. " = " .. show(v[k], depth + 1)
+    parts[#parts + 1] = key .. " = " .. show(rawget(v, k), depth + 1)
   end
   if #parts > 40 then parts = {table.concat(parts, ", ", 1, 40), "... (" .. #parts .. " entries)"} end
   return "{" .. table.concat(parts, ", ") .. "}"
@@ -118,9 +119,13 @@ function repl.main(file, cli)
         local msg = res[2]:gsub("\n%s*repl:%d+: in main chunk", ""):gsub("\nstack traceback:$", "")
         io.stderr:write(msg, "\n")
       elseif res.n > 1 then
-        local out = {}
-        for i = 2, res.n do out[#out + 1] = show(res[i]) end
-        print(table.concat(out, "\t"))
+        -- printing is protected too: a value whose printer raises ends nothing but its line
+        local ok, text = pcall(function()
+          local out = {}
+          for i = 2, res.n do out[#out + 1] = show(res[i]) end
+          return table.concat(out, "\t")
+        end)
+        if ok then print(text) else io.stderr:write("cannot print the result: ", tostring(text), "\n") end
         io.stdout:flush()                  -- in order with stderr when both go to one pipe
       end
     end

@@ -138,3 +138,18 @@ describe("dormouse repl on a pipe", function()
     has(err, file .. ":2: attempt to index a nil value")
   end)
 end)
+
+describe("dormouse repl on a checkpoint", function()
+  it("prints cfg and model (a strict config, a module) and the session goes on", function()
+    local runs = os.tmpname()
+    os.remove(runs)
+    local run = require("tests.lua.helpers").run_quiet
+    run(require("tests.lua.helpers").tiny({"steps=2", "eval.every=0", "checkpoint.every=2", "log.every=2",
+                                           "schedule.warmup=1", "eval.windows=2", "eval.baseline={}", "name=p"}),
+        {runs = runs})
+    local code, out, err = repl({"cfg", "model", "print('still here')"}, "'" .. runs .. "/p'")
+    os.execute("rm -rf '" .. runs .. "'")
+    assert.equal(0, code, err)
+    has(out, "{batch = ", "_name = \"Dormouse\"", "still here")
+  end)
+end)
