@@ -27,7 +27,7 @@ timeout 330 "$bin/dormouse" run experiments/small.lua --overwrite --quiet --set 
   --set steps="$steps" > "$out/small.log" 2>&1
 echo "small: rc=$? $((SECONDS - t)) s"
 t=$SECONDS
-timeout 240 "$bin/dormouse" run experiments/sweep_seeds.lua "$sweep_steps" > "$out/sweep.log" 2>&1
+timeout 240 "$bin/dormouse" sweep experiments/sweep_seeds.lua --set steps="$sweep_steps" > "$out/sweep.log" 2>&1
 echo "sweep: rc=$? $((SECONDS - t)) s"
 tar czf "$out/runs.tar.gz" --exclude='ckpt-*' runs 2>/dev/null
 echo "== small"

@@ -112,6 +112,11 @@ function commands.run(argv)
   local code = results[1]
   results = table.pack(table.unpack(results, 2, results.n))
   if code ~= 0 or not (results.n == 1 and type(results[1]) == "table") then return code end
+  if rawget(results[1], "arms") and rawget(results[1], "base") then
+    io.stderr:write(string.format("dormouse run: %s describes a seed sweep; run it with: dormouse sweep %s " ..
+                                  "[--set KEY=VALUE ...]\n", file, file))
+    return 2
+  end
   -- A refusal (a config error, a resume that does not match) is a message; an
   -- error located in code (file:line:) shows its traceback too.
   local ok, e = xpcall(require("dormouse.experiment").run, function(m)

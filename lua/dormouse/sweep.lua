@@ -10,7 +10,16 @@ and evaluated on the same held-out windows, then a verdict table.
   }
 
 Optional: control (the name of the control arm, "control"), name (of the
-sweep, the base file's name), runs (the runs folder), quiet (no output).
+sweep, the base file's name), runs (the runs folder), quiet (no output),
+cli_set (a list of "KEY=VALUE" strings, as --set gives them: they apply to
+every arm over `set`; an arm's own keys still win).
+
+When the runs are shorter than the base's warm-up and decay allow (a short
+sweep of a long preset) and schedule.warmup is set nowhere, the warm-up is
+cut to a tenth of the steps, and a line says so.
+
+`dormouse sweep FILE [--set KEY=VALUE ...]` runs a file that returns such a
+table (experiments/sweep_seeds.lua).
 
 An arm beats the control only when its mean final bpb_fin is lower by more
 than both spreads (the sample standard deviation over seeds of each). The
@@ -38,12 +47,35 @@ local function sorted_arms(arms, control)
   return names
 end
 
-local function overrides_of(set, arm, seed, name)
+-- The overrides of one run: the sweep's set, then the command line's --set, then the arm's own keys.
+-- Each key is given once: the command line's take the set's place, the arm's the command line's.
+local function overrides_of(spec, arm, seed, name)
+  local cli = {}
+  for _, s in ipairs(spec.cli_set or {}) do cli[(config.split_set(s))] = s end
   local o = {}
-  for k, v in pairs(set or {}) do o[k] = v end
+  for k, v in pairs(spec.set or {}) do if not cli[k] then o[k] = v end end
+  for k, s in pairs(cli) do if arm[k] == nil then o[#o + 1] = s end end
   for k, v in pairs(arm) do o[k] = v end
   o.seed, o.name = seed, name
   return o
+end
+
+-- A warm-up the runs can hold: the base's warm-up plus its decay must fit the sweep's steps.
+local function short_schedule(spec, say)
+  local probe = overrides_of(spec, {}, 1, "sweep-probe")
+  if probe["schedule.warmup"] ~= nil then return end
+  for _, s in ipairs(probe) do if config.split_set(s) == "schedule.warmup" then return end end
+  probe["schedule.warmup"] = 1                   -- the steps as the runs will have them, the check aside
+  local ok, cfg = pcall(config.load, spec.base, probe)
+  if not ok then return end                      -- the runs themselves will say what is wrong
+  local warmup = config.load(spec.base).schedule.warmup
+  local decay = cfg.schedule.kind == "wsd" and math.ceil(cfg.schedule.decay * cfg.steps) or 0
+  if warmup + decay <= cfg.steps then return end
+  local short = math.max(1, cfg.steps // 10)
+  spec.set = spec.set or {}
+  spec.set["schedule.warmup"] = short
+  say(string.format("sweep: schedule.warmup %d -> %d for runs of %d steps (the base's warm-up does not fit; " ..
+                    "--set schedule.warmup=N to choose)", warmup, short, cfg.steps))
 end
 
 -- The verdict of each arm against the control.
@@ -83,6 +115,7 @@ function sweep.run(spec)
   local train = require "dormouse.train"
   local base_name = spec.name or spec.base:match("([^/]+)%.lua$")
   local names = sorted_arms(spec.arms, control)
+  short_schedule(spec, function(line) if not spec.quiet then print(line) end end)
   local results = {}
   for _, arm in ipairs(names) do
     results[arm] = {bpb = {}}
@@ -91,7 +124,7 @@ function sweep.run(spec)
       if not spec.quiet then
         print(string.format("== sweep %s: arm %s, seed %d (%s)", base_name, arm, seed, run_name))
       end
-      local cfg = config.load(spec.base, overrides_of(spec.set, spec.arms[arm], seed, run_name))
+      local cfg = config.load(spec.base, overrides_of(spec, spec.arms[arm], seed, run_name))
       local s = train.run(cfg, {overwrite = true, quiet = true, silent = spec.quiet, root = spec.root,
                                 runs = spec.runs})
       results[arm].bpb[i] = s.bpb_fin

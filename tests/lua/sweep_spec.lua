@@ -33,3 +33,44 @@ describe("a sweep", function()
     assert.is_truthy(io.open(dir .. "/sweep-tiny/verdict.txt"))
   end)
 end)
+
+describe("dormouse sweep", function()
+  local bin = arg and arg[-1]
+  local function sh(cmd)
+    local p = assert(io.popen(cmd .. " 2>&1"))
+    local out = p:read("a")
+    local _, _, code = p:close()
+    return code, out
+  end
+
+  it("runs a sweep file with --set over every arm, a short run getting a short warm-up", function()
+    local dir = os.tmpname(); os.remove(dir)
+    assert(os.execute("mkdir -p '" .. dir .. "'"))
+    local cwd = assert(io.popen("pwd")):read("l")
+    local file = dir .. "/s.lua"
+    local f = assert(io.open(file, "w"))
+    f:write(string.format([[return {base = %q, runs = %q, seeds = {1, 2},
+  arms = {control = {}, slow = {["optim.muon_lr"] = 1e-5, ["optim.adamw_lr"] = 1e-5}},
+  set = {steps = 300, ["eval.every"] = 0, ["eval.windows"] = 4, ["eval.baseline"] = {}, ["checkpoint.every"] = 0}}
+]], cwd .. "/experiments/tiny.lua", dir))
+    f:close()
+    -- tiny's warm-up (4) and decay (a fifth) do not fit 4 steps: the sweep says so and cuts it
+    local code, out = sh(string.format("cd '%s' && '%s' sweep '%s' --set steps=4", cwd, bin, file))
+    assert.equal(0, code, out)
+    assert.is_truthy(out:find("sweep: schedule.warmup 4 -> 1 for runs of 4 steps", 1, true), out)
+    assert.is_truthy(out:find("worse than control", 1, true) or out:find("no difference", 1, true), out)
+    local verdict = assert(io.open(dir .. "/sweep-tiny/verdict.txt")):read("a")
+    assert.is_truthy(verdict:find("seed 2", 1, true))
+    os.execute("rm -rf '" .. dir .. "'")
+  end)
+
+  it("refuses a file that is no sweep, and says how to run a sweep given to dormouse run", function()
+    local cwd = assert(io.popen("pwd")):read("l")
+    local code, out = sh(string.format("cd '%s' && '%s' sweep experiments/tiny.lua", cwd, bin))
+    assert.equal(1, code)
+    assert.is_truthy(out:find("must return a sweep", 1, true), out)
+    code, out = sh(string.format("cd '%s' && '%s' run experiments/sweep_seeds.lua", cwd, bin))
+    assert.equal(2, code)
+    assert.is_truthy(out:find("dormouse sweep experiments/sweep_seeds.lua", 1, true), out)
+  end)
+end)

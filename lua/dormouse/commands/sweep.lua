@@ -1,0 +1,42 @@
+--[[
+dormouse sweep FILE.lua [--set KEY=VALUE ...] [--quiet]
+
+Runs a seed sweep: FILE returns the table dm.sweep takes ({base =, arms =,
+seeds =, set =, ...}; experiments/sweep_seeds.lua). Every --set applies to
+every arm, over the file's `set` (an arm's own keys still win); a run shorter
+than the base's warm-up gets a shorter one, and a line says so. Prints the
+verdict table and writes it to runs/sweep-NAME/.
+]]
+local config = require "dormouse.config"
+
+local sweep_cmd = {args = "FILE.lua [--set KEY=VALUE ...]", summary = "a seed sweep: arms x seeds, a verdict table"}
+
+local usage = "usage: dormouse sweep FILE.lua [--set KEY=VALUE ...] [--quiet]"
+
+local function fail(msg, code)
+  io.stderr:write(msg, "\n")
+  return code
+end
+
+function sweep_cmd.run(argv, cli)
+  local ok, args = pcall(config.parse_args, argv, 2, {quiet = true, help = true})
+  if not ok then return fail("dormouse sweep: " .. args .. "\n" .. usage, 2) end
+  if args.flags.help then io.write(usage, "\n"); return 0 end
+  if not args.file then return fail("dormouse sweep: which file?\n" .. usage, 2) end
+  local chunk, err = loadfile(args.file, "t")
+  if not chunk then return fail("dormouse sweep: " .. err, 1) end
+  local ran, spec = pcall(chunk)
+  if not ran then return fail(tostring(spec), 1) end
+  if type(spec) ~= "table" or not (spec.base and spec.arms and spec.seeds) then
+    return fail(string.format("dormouse sweep: %s must return a sweep {base = FILE, arms = {name = {overrides}}, " ..
+                              "seeds = {...}}, got %s", args.file, type(spec)), 1)
+  end
+  spec.cli_set = args.overrides
+  spec.quiet = spec.quiet or args.flags.quiet
+  spec.root = spec.root or cli.root
+  local done, e = pcall(require("dormouse.sweep").run, spec)
+  if not done then return fail(tostring(e), 1) end
+  return 0
+end
+
+return sweep_cmd
