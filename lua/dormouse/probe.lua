@@ -22,7 +22,10 @@ local core = require "dormouse.core"
 
 local LN2 = math.log(2)
 
-local function text_batch(text)
+local function text_batch(text, what)
+  if type(text) ~= "string" then
+    error(string.format("%s(text): text must be a string, got %s", what, type(text)), 3)
+  end
   local bytes = {text:byte(1, -1)}
   if #bytes < 2 then error("the text needs at least two bytes (an input and a target)", 3) end
   return dm.tensor({bytes}, {dtype = "u8"}), dm.zeros({1, 0}, {dtype = "u8"})
@@ -63,11 +66,12 @@ function probe.env(model, cfg)
       temperature = opts.temperature, top_p = opts.top_p, seed = opts.seed,
       on_byte = function(b) io.write(b); io.stdout:flush() end})
     io.write("\n")
-    return nil, text
+    -- streamed already: nothing more to print; {return_text = true} gives the text back
+    if opts.return_text then return text end
   end
 
   function env.loss(text)
-    local x, prefix = text_batch(text)
+    local x, prefix = text_batch(text, "loss")
     local depths = {}
     for D = 1, cfg.model.max_iter do depths[D] = D end
     return dm.no_grad(function()
@@ -81,7 +85,10 @@ function probe.env(model, cfg)
   end
 
   function env.experts(text)
-    local x, prefix = text_batch(text)
+    if not (model.block and model.block.moe) then
+      error("experts(): this model (" .. cfg.model.arch .. ") has no routed experts (model.block.moe)", 2)
+    end
+    local x, prefix = text_batch(text, "experts")
     return dm.no_grad(function()
       model:forward(x, prefix)
       local counts = model.block.moe.counts:totable()
@@ -97,8 +104,10 @@ function probe.env(model, cfg)
   end
 
   function env.engram(text)
-    if not (model.block and model.block.engram) then error("this model has no Engram layer", 2) end
-    local x, prefix = text_batch(text)
+    if not (model.block and model.block.engram) then
+      error("engram(): this model (" .. cfg.model.arch .. ") has no Engram layer (model.block.engram)", 2)
+    end
+    local x, prefix = text_batch(text, "engram")
     local rows = model.block.engram:rows(x:narrow(2, 1, #text - 1), prefix)
     local uniq = dm.engram_unique(rows)
     return {positions = #text - 1, subtables = rows:size(3), lookups = rows:numel(), distinct_rows = uniq:numel()}
@@ -114,6 +123,7 @@ function probe.env(model, cfg)
   end
 
   function env.tensor(name)
+    if type(name) ~= "string" then error("tensor(name): name must be a string (params() lists them)", 2) end
     for _, p in ipairs(model:named_parameters()) do if p.name == name then return p.tensor end end
     for _, b in ipairs(model:named_buffers()) do if b.name == name then return b.tensor end end
     error("no parameter or buffer named '" .. name .. "' (params() lists them)", 2)
@@ -121,7 +131,8 @@ function probe.env(model, cfg)
 
   env.help_text = [[
 model, cfg                     the model and its resolved config
-sample(prompt, n, opts)        stream n bytes after prompt (opts: temperature, top_p, seed)
+sample(prompt, n, opts)        stream n bytes after prompt (opts: temperature, top_p, seed;
+                               return_text = true also returns them)
 loss(text)                     bits per byte: periter (each iteration), fin_D (each depth), fin
 experts(text)                  routed-expert usage: busiest share, entropy, dead, top experts
 engram(text)                   Engram lookups of the text and how many distinct rows

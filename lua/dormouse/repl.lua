@@ -116,7 +116,9 @@ function repl.main(file, cli)
       if res[1] and packed then res = table.pack(true, table.unpack(res[2], 1, res[2].n)) end
       if not res[1] then
         -- the typed line itself is no news: a traceback shows only the functions it called
-        local msg = res[2]:gsub("\n%s*repl:%d+: in main chunk", ""):gsub("\nstack traceback:$", "")
+        -- nor is the error function: a traceback with no frame of the user's left is dropped
+        local msg = res[2]:gsub("\n%s*repl:%d+: in main chunk", ""):gsub("\n%s*%[C%]: in function 'error'", "")
+                          :gsub("\nstack traceback:$", "")
         io.stderr:write(msg, "\n")
       elseif res.n > 1 then
         -- printing is protected too: a value whose printer raises ends nothing but its line

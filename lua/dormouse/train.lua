@@ -46,7 +46,24 @@ function train.build_model(cfg, root)
   local arch = cfg.model.arch
   local path = arch:find("/") and arch or (root .. "/models/" .. arch .. ".lua")
   local chunk, err = loadfile(path)
-  if not chunk then error("model " .. arch .. ": " .. err, 0) end
+  if not chunk then
+    local models, near, best = {}, nil, nil
+    for _, f in ipairs(core.ckpt_listdir(root .. "/models") or {}) do
+      local name = f:match("^(.+)%.lua$")
+      if name then
+        models[#models + 1] = name
+        local d = config.distance(arch, name)
+        if not best or d < best then near, best = name, d end
+      end
+    end
+    table.sort(models)
+    local hint = ""
+    if not arch:find("/") and #models > 0 then
+      hint = string.format(" (%smodels/ holds %s)", near and best <= math.max(2, #arch // 3) and
+                           "did you mean '" .. near .. "'? " or "", table.concat(models, ", "))
+    end
+    error("model.arch " .. arch .. ": " .. err .. hint, 0)
+  end
   local build = chunk()
   if type(build) ~= "function" then
     error(path .. ": a model file must return a function from the model config to a module", 0)

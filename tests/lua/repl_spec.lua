@@ -153,3 +153,36 @@ describe("dormouse repl on a checkpoint", function()
     has(out, "{batch = ", "_name = \"Dormouse\"", "still here")
   end)
 end)
+
+describe("the probes", function()
+  local runs
+  setup(function()
+    runs = os.tmpname()
+    os.remove(runs)
+    local h = require("tests.lua.helpers")
+    h.run_quiet(h.tiny({"steps=2", "eval.every=0", "checkpoint.every=2", "log.every=2", "schedule.warmup=1",
+                        "eval.windows=2", "eval.baseline={}", "name=s"}), {runs = runs})
+    h.run_quiet(h.tiny({"steps=2", "eval.every=0", "checkpoint.every=2", "log.every=2", "schedule.warmup=1",
+                        "eval.windows=2", "eval.baseline={}", "name=st", "model.arch=stack", "model.ffn=64"}),
+                {runs = runs})
+  end)
+  teardown(function() os.execute("rm -rf '" .. runs .. "'") end)
+
+  it("print a sample once, and refuse bad arguments with the probe's name and no traceback", function()
+    local code, out, err = repl({"sample('In', 5, {seed = 1})", "loss(42)", "tensor()", "print('on')"},
+                                "'" .. runs .. "/s'")
+    assert.equal(0, code, err)
+    local lines = {}
+    for l in out:gmatch("[^\n]+") do lines[#lines + 1] = l end
+    assert.equal("on", lines[#lines])
+    assert.equal(3, #lines, out)                 -- the banner, the sample streamed once, and "on"
+    has(err, "loss(text): text must be a string, got number", "tensor(name): name must be a string")
+    assert.is_nil(err:find("stack traceback", 1, true), err)
+  end)
+
+  it("say so for a model without experts or Engram", function()
+    local code, _, err = repl({"experts('In the beginning')", "engram('In the beginning')"}, "'" .. runs .. "/st'")
+    assert.equal(0, code, err)
+    has(err, "experts(): this model (stack) has no routed experts", "engram(): this model (stack) has no Engram layer")
+  end)
+end)
