@@ -442,7 +442,9 @@ function train.run(cfg, opts)
                         "name with --set name=..., or pass --overwrite", self.dir, self.dir), 0)
   end
   self.config_text = config.describe(cfg)
+  core.signals_hold(true)                     -- SIGINT/SIGTERM end the run between steps (Run:loop)
   local ok, res = pcall(run_body, self, cfg, opts)
+  core.signals_hold(false)
   if not ok then
     self:undo_dir()
     error(res, 0)
@@ -532,8 +534,16 @@ function Run:loop(opts)
     else loss = self:eager_step(window, tokens_per_step) end
     if self.log_now then self:log_window(window); window = instrument.window() end
     if (cfg.eval.every > 0 and self.step % cfg.eval.every == 0) or self.step == cfg.steps then self:eval() end
-    if (cfg.checkpoint.every > 0 and self.step % cfg.checkpoint.every == 0) or self.step == cfg.steps then
-      self:save_checkpoint()
+    local saved = (cfg.checkpoint.every > 0 and self.step % cfg.checkpoint.every == 0) or self.step == cfg.steps
+    if saved then self:save_checkpoint() end
+    local sig = self.step < last and core.signal_pending()
+    if sig then                               -- Ctrl-C or a TERM: this step is done; keep it, then stop
+      if self.bar_shown then io.stdout:write("\r\27[K"); self.bar_shown = false end
+      if not saved then self:save_checkpoint() end
+      local msg = string.format("%s: the run stopped after step %d with its checkpoint; continue it with " ..
+                                "--resume %s", sig, self.step, self.dir)
+      self.log_file:write(msg, "\n")
+      error(msg, 0)
     end
     if tty then
       io.stdout:write(instrument.progress(self.step - first, last - first, core.now() - t_start,

@@ -36,6 +36,9 @@ local function dormouse(args, env)
   return code, out, read(errfile)
 end
 
+-- the folder the specs run in (the repository root); $PWD may be ctest's, not it
+local root = assert(io.popen("pwd")):read("l")
+
 local function lacks(s, ...)
   for _, part in ipairs {...} do
     assert.is_falsy(s:find(part, 1, true), "should not contain [" .. part .. "]:\n" .. s)
@@ -142,10 +145,10 @@ describe("dormouse run --resume", function()
   it("takes the run's name from the folder it resumes", function()
     local cwd = dir .. "/resume-cwd"
     assert(os.execute("mkdir -p '" .. cwd .. "'"))
-    local exe = bin:sub(1, 1) == "/" and bin or os.getenv("PWD") .. "/" .. bin
-    local exp = "'" .. os.getenv("PWD") .. "/experiments/tiny.lua'"
+    local exe = bin:sub(1, 1) == "/" and bin or root .. "/" .. bin
+    local exp = "'" .. root .. "/experiments/tiny.lua'"
     local run = string.format("cd '%s' && DORMOUSE_HOME='%s' '%s' run %s --quiet --sample 0 ", cwd,
-                              os.getenv("PWD"), exe, exp)
+                              root, exe, exp)
     local sets = "--set eval.every=0 --set checkpoint.every=10 --set eval.baseline='{}' "
     local function sh(cmd)
       local p = assert(io.popen(cmd .. " 2>&1"))
@@ -159,6 +162,36 @@ describe("dormouse run --resume", function()
     assert.equal(0, code, out)
     has(out, "resumed from runs/resB/ckpt-20 at step 20", "done: runs/resB, step 30")
   end)
+end)
+
+describe("an interrupted run", function()
+  for _, sig in ipairs {"INT", "TERM"} do
+    it("on SIG" .. sig .. " finishes its step, writes a checkpoint, says how to resume and exits 1", function()
+      local cwd = dir .. "/sig-" .. sig
+      assert(os.execute("mkdir -p '" .. cwd .. "'"))
+      local exe = bin:sub(1, 1) == "/" and bin or root .. "/" .. bin
+      local errfile = cwd .. "/stderr"
+      -- the run in the background; the signal once its first log line is in log.txt
+      local script = string.format([[
+cd '%s' || exit 1
+DORMOUSE_HOME='%s' exec '%s' run '%s/experiments/tiny.lua' --quiet --sample 0 --set name=sig --set steps=100000 --set log.every=1 --set eval.every=0 --set checkpoint.every=0 2>'%s' >/dev/null &
+pid=$!
+for i in $(seq 600); do grep -q '^step' runs/sig/log.txt 2>/dev/null && break; sleep 0.1; done
+kill -%s $pid
+wait $pid
+echo "exit $?"
+]], cwd, root, exe, root, errfile, sig)
+      local p = assert(io.popen("bash '" .. write("sig-" .. sig .. ".sh", script) .. "'"))
+      local out = p:read("a")
+      p:close()
+      assert.is_truthy(out:find("exit 1", 1, true), out)
+      local err = read(errfile)
+      local step = tonumber(err:match("SIG" .. sig .. ": the run stopped after step (%d+) with its checkpoint"))
+      assert.is_truthy(step, err)
+      has(err, "--resume runs/sig")
+      assert.is_truthy(io.open(cwd .. "/runs/sig/ckpt-" .. step .. "/meta.lua"), "no checkpoint at step " .. step)
+    end)
+  end
 end)
 
 describe("a mapped corpus cut short by another program", function()
