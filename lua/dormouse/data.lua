@@ -265,7 +265,6 @@ end
 
 -- ---- the default corpus -----------------------------------------------------------------------
 
-local function quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
 
 local function cache_dir()
   local xdg, home = os.getenv("XDG_CACHE_HOME"), os.getenv("HOME")
@@ -297,29 +296,22 @@ function data.default_corpus(opts)
   local path = dir .. "/kjv.txt"
   if exists(path) then return path end
   local program = o.program or "bible"
-  if not os.execute("command -v " .. quote(program) .. " >/dev/null 2>&1") then
+  local core = require "dormouse.core"
+  local argv = {program}
+  for word in BIBLE_RANGE:gmatch("%S+") do argv[#argv + 1] = word end
+  local text = core.run_program(argv)                      -- no shell: the words go to the program as they are
+  if not text then
     fail("data.default_corpus: the program '%s' was not found; it comes with the Debian package " ..
          "bible-kjv: install it with `sudo apt-get install bible-kjv`", program)
   end
-  local p = io.popen(quote(program) .. " " .. BIBLE_RANGE .. " 2>/dev/null")
-  local text = p:read("a")
-  p:close()
   if text:sub(1, 35) ~= "\nGenesis 1\n\n  1 In the beginning Go" or text:sub(-6) ~= "Amen.\n" then
     fail("data.default_corpus: `%s %s` printed %d bytes that are not the King James Bible " ..
          "(is the Debian package bible-kjv-text installed?)", program, BIBLE_RANGE, #text)
   end
-  local made, why = pcall(require("dormouse.core").ckpt_mkdirs, dir)
+  local made, why = pcall(core.ckpt_mkdirs, dir)
   if not made then fail("data.default_corpus: cannot create the cache folder '%s': %s", dir, tostring(why)) end
-  local tmp = string.format("%s.tmp.%d.%d", path, os.time(), math.random(1 << 30))
-  local f, err = io.open(tmp, "wb")
-  if not f then fail("data.default_corpus: cannot write '%s': %s", tmp, err) end
-  local ok, werr = f:write(text)
-  f:close()
-  local renamed, rerr = ok and os.rename(tmp, path)
-  if not renamed then
-    os.remove(tmp)
-    fail("data.default_corpus: cannot write '%s': %s", path, tostring(werr or rerr))
-  end
+  local written, werr = pcall(core.ckpt_write_file, path, text)   -- a temporary name, then renamed
+  if not written then fail("data.default_corpus: cannot write '%s': %s", path, tostring(werr)) end
   return path
 end
 

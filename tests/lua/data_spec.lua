@@ -301,6 +301,13 @@ describe("data.default_corpus", function()
                          "Debian package bible-kjv", "apt-get install bible-kjv"))
   end)
 
+  it("runs the program without a shell: a name with shell syntax is only a name", function()
+    local marker = dir .. "/ran"
+    expect_error(function() data.default_corpus {cache_dir = dir, program = "true; touch '" .. marker .. "'"} end,
+                 "was not found")
+    assert.is_nil(io.open(marker))
+  end)
+
   it("refuses output that is not the Bible", function()
     expect_error(function() data.default_corpus {cache_dir = dir, program = "echo"} end,
                  "printed", "that are not the King James Bible")
