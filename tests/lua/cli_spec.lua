@@ -150,12 +150,7 @@ describe("dormouse run --resume", function()
     local run = string.format("cd '%s' && DORMOUSE_HOME='%s' '%s' run %s --quiet --sample 0 ", cwd,
                               root, exe, exp)
     local sets = "--set eval.every=0 --set checkpoint.every=10 --set eval.baseline='{}' "
-    local function sh(cmd)
-      local p = assert(io.popen(cmd .. " 2>&1"))
-      local out = p:read("a")
-      local _, _, code = p:close()
-      return code, out
-    end
+    local sh = helpers.sh
     local code, out = sh(run .. sets .. "--set steps=20 --set name=resB")
     assert.equal(0, code, out)
     code, out = sh(run .. sets .. "--set steps=30 --resume runs/resB/")

@@ -48,4 +48,12 @@ function helpers.read(path)
   return s
 end
 
+-- a shell command line the test wrote itself: its exit code and its stdout and stderr together
+function helpers.sh(cmd)
+  local p = assert(io.popen(cmd .. " 2>&1"))
+  local out = p:read("a")
+  local _, _, code = p:close()
+  return code, out
+end
+
 return helpers

@@ -36,12 +36,7 @@ end)
 
 describe("dormouse sweep", function()
   local bin = arg and arg[-1]
-  local function sh(cmd)
-    local p = assert(io.popen(cmd .. " 2>&1"))
-    local out = p:read("a")
-    local _, _, code = p:close()
-    return code, out
-  end
+  local sh = require("tests.lua.helpers").sh
 
   it("runs a sweep file with --set over every arm, a short run getting a short warm-up", function()
     local dir = os.tmpname(); os.remove(dir)

@@ -170,8 +170,8 @@ end
 -- the current forward pass (nn.pass): the compute-dtype copies of the parameters it has read
 local current_pass = nil
 
-function nn.like(t, x)
-  local dt = x.dtype
+-- t in dtype dt: itself when it is one, else a cast (once a pass for a parameter inside nn.pass)
+local function as_dtype(t, dt)
   if t.dtype == dt then return t end
   if not (current_pass and is_param[t]) or dm.recomputing() then return t:to(dt) end
   local key = current_pass.copies[dt] or {}
@@ -183,6 +183,11 @@ function nn.like(t, x)
   end
   return copy
 end
+
+function nn.like(t, x) return as_dtype(t, x.dtype) end
+
+-- a parameter in the compute dtype (the expert banks' copies for the kernels)
+function nn.compute(p) return as_dtype(p, nn.compute_dtype) end
 
 --[[ nn.pass(fn, ...): fn(...) as one forward pass of a model whose blocks read
 the same parameters several times (the weight-shared block's iterations):

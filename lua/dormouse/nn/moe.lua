@@ -48,13 +48,11 @@ bf16 copy of the banks is saved for backward, not one per iteration, and the
 iterations' gradients meet in that copy before they reach the f32 masters.
 Outside a pass each call casts afresh. In f32 (or for f64 twins), the masters. ]]
 function MoE:compute_weights()
-  local cd = nn.compute_dtype
-  if cd == "f32" or self.Ug.dtype ~= "f32" then
+  if nn.compute_dtype == "f32" or self.Ug.dtype ~= "f32" then
     return {Ug = self.Ug, Uu = self.Uu, cg = self.cg, cu = self.cu, D = self.D}
   end
-  local like = {dtype = cd}
-  return {Ug = nn.like(self.Ug, like), Uu = nn.like(self.Uu, like), cg = nn.like(self.cg, like),
-          cu = nn.like(self.cu, like), D = nn.like(self.D, like)}
+  return {Ug = nn.compute(self.Ug), Uu = nn.compute(self.Uu), cg = nn.compute(self.cg), cu = nn.compute(self.cu),
+          D = nn.compute(self.D)}
 end
 
 -- The routed experts' products (bf16 tensor-core kernels on the GPU) and their
