@@ -269,11 +269,10 @@ static int64_t *make_tiles(const int64_t *off, int64_t e, int64_t tm, int64_t ro
   return tiles;
 }
 
-/* this block's tile: its expert, first sorted row and row count; false when there is none. The expert
-** comes from the map in one read (a binary search over the tiles took ten dependent reads a block). */
-__device__ __forceinline__ bool tile_of(const int64_t *tiles, const int64_t *off, int64_t e, int64_t tm,
-                                        int64_t rows, int64_t *x, int64_t *row0, int64_t *nrows) {
-  int64_t bi = blockIdx.x;
+/* tile bi: its expert, first sorted row and row count; false when there is none. The expert comes from
+** the map in one read (a binary search over the tiles took ten dependent reads a block). */
+__device__ __forceinline__ bool tile_at(const int64_t *tiles, const int64_t *off, int64_t e, int64_t tm,
+                                        int64_t rows, int64_t bi, int64_t *x, int64_t *row0, int64_t *nrows) {
   if (bi >= tiles[e]) return false;
   int64_t xe = tiles[e + 1 + bi];
   *x = xe;
@@ -282,6 +281,12 @@ __device__ __forceinline__ bool tile_of(const int64_t *tiles, const int64_t *off
   if (left > rows - *row0) left = rows - *row0;     /* offsets past N * k were recorded by the check */
   *nrows = left < tm ? left : tm;
   return *row0 >= 0 && *nrows > 0;
+}
+
+/* this block's tile */
+__device__ __forceinline__ bool tile_of(const int64_t *tiles, const int64_t *off, int64_t e, int64_t tm,
+                                        int64_t rows, int64_t *x, int64_t *row0, int64_t *nrows) {
+  return tile_at(tiles, off, e, tm, rows, blockIdx.x, x, row0, nrows);
 }
 
 #define PAIRS 4                           /* (row, rank) pairs a thread: TM * r <= 1024 */
@@ -632,9 +637,10 @@ static void experts_backward(dm_tensor *gx_rows, const dm_moe_grads *g, const dm
 **              dh = g D^T over chunks of F (the warps split the k steps and their sums are added in warp
 **              order) and goes through the activation: h, [dag | dau] (storage dtype, for the products
 **              below) and pg, pu (f32, for dcg, dcu)
-**   tc_down_k  an (expert, range of chunks of F): y = h D, the chunks of D streamed, the rows in turn
-**   tc_dd_k    an (expert, range of chunks of F): dD = h^T g over the expert's rows, in row order
-**   tc_du_k    an (expert, range of slices of d): [dUg | dUu] = x^T [dag | dau], likewise
+**   tc_down_k  units (an expert's rows, or a group of them, and a range of chunks of F; see "units"):
+**              y = h D, the chunks of D streamed, the rows in turn
+**   tc_dd_k    units likewise: dD = h^T g over the unit's rows, in row order
+**   tc_du_k    units over slices of d: [dUg | dUu] = x^T [dag | dau], likewise
 **   tc_gx_k    a tile of rows: gx = [dag | dau] [Ug | Uu]^T over slices of d
 **
 ** Operands move to shared memory as runs of 16-byte chunks (cp.async). A run that does not start on a
@@ -875,7 +881,7 @@ template <int R> struct tc_cfg {
   static constexpr int DOWN_MINB = R <= 64 ? 4 : 2, DD_MINB = R <= 64 ? 2 : 1;
   /* tc_du_k: two stages at four blocks an SM did better than three at three (1.985 against 2.000 ms for
   ** the experts' forward+backward at b1, five runs each, interleaved) */
-  static constexpr int DU_TS = R <= 64 ? 2 : TC_STAGES, DU_MINB = R <= 64 ? 4 : 1;
+  static constexpr int DU_TS = R <= 64 ? 2 : TC_STAGES, DU_MINB = R <= 64 ? 3 : 1;
   static size_t down_smem() { return 2 * (size_t)(DOWN_TS * (R * LS + TC_TM * LH) + TC_TM * LS); }
   static size_t dd_smem() { return 2 * (size_t)(TC_STAGES * (TC_TM * LS + TC_TM * LH) + R * LS); }
   static size_t du_smem() { return 2 * (size_t)(DU_TS * (TC_TM * (TC_DS + 8) + TC_TM * LW) + TC_DS * LW); }
@@ -1054,57 +1060,214 @@ __global__ void __launch_bounds__(TC_THREADS, BWD ? 2 : 1) tc_rows_k(const u16 *
   }
 }
 
-/* The weight-streaming kernels (tc_down_k, tc_dd_k, tc_du_k) take an expert and a range of its chunks
-** (of F or of d) a block, and go through (chunk, row tile) items in that order, TS deep: each item's loads
-** are issued TS - 1 items ahead, so a block streams its expert's weights or gradients instead of waiting
-** on every tile's loads (blocks of one chunk each spent most of their time so, at four blocks an SM). The
-** operand that is the same for every chunk (h, or [dag | dau]) is loaded with the first TS items only
-** when the expert has one row tile (the common case: 16 rows on average at b1), else with every item. */
-struct tc_items {
-  int64_t lo, hi; /* the expert's sorted rows */
-  int nt, c0, n;  /* row tiles (at least one), the first chunk, the items */
-  __device__ tc_items(const int64_t *off, int64_t x, int64_t rows, int64_t nchunks, int cpb) {
-    lo = off[x];
-    hi = off[x + 1] < rows ? off[x + 1] : rows;
-    if (hi < lo) hi = lo;
-    nt = hi > lo ? (int)((hi - lo + TC_TM - 1) / TC_TM) : 1;
-    c0 = (int)blockIdx.y * cpb;
-    int c1 = (int64_t)c0 + cpb < nchunks ? c0 + cpb : (int)nchunks;
-    n = c1 > c0 ? (c1 - c0) * nt : 0;
-  }
-  __device__ int chunk(int it) const { return nt == 1 ? c0 + it : c0 + it / nt; }   /* no division in the usual case */
-  __device__ int tile(int it) const { return nt == 1 ? 0 : it % nt; }
-  __device__ int64_t row0(int it) const { return lo + (int64_t)tile(it) * TC_TM; }
-  __device__ int rows(int it) const {
-    int64_t left = hi - row0(it);
-    return left < TC_TM ? (int)left : TC_TM;
-  }
-  /* whether item it loads the operand that does not change with the chunk */
-  __device__ bool fixed(int it, int ts) const { return nt > 1 || it < ts; }
-};
+/* ---- the streaming kernels' units ----
+**
+** The weight-streaming kernels (tc_down_k, tc_dd_k, tc_du_k) go through units: a group of at most TC_GT row
+** tiles of one expert and a range of its chunks (of F, or of d). A unit of an expert of one tile takes
+** tc_cpb chunks, one of more tiles proportionally fewer (one at least), so that a unit costs about the same
+** whatever the routing, and an expert of more than TC_GT tiles is split by rows as well: the sums over its
+** rows (tc_dd_k, tc_du_k) then go by group to f32 partial slots that tc_join_k adds in group order (the
+** same bits on every run). The units are laid out on the device from the offsets (no host sync); a grid
+** sized for the units of an even routing goes through them, block b taking units b, b + grid, ..., so a
+** heavy expert's units, which are consecutive, spread over the blocks. Within a unit a block goes through (chunk, row
+** tile) items in that order, TS deep: each item's loads are issued TS - 1 items ahead, so a block streams
+** its expert's weights or gradients instead of waiting on every tile's loads. The operand that is the same
+** for every chunk (h, or [dag | dau]) is loaded with the first TS items only when the unit has one row tile
+** (the common case: 16 rows an expert on average at b1), else with every item. */
+#define TC_GT 32       /* row tiles a unit at most */
+#define TC_WAVES 4     /* the streaming grids: blocks for at least this many waves at the kernels' occupancy */
 
-/* chunks a block of the streaming kernels: about a dozen (blocks enough to fill the SMs several times
-** at b1, each long enough to keep its pipeline full) */
+/* chunks a unit of a one-tile expert: about a dozen (units enough to fill the SMs several times at b1,
+** each long enough to keep its pipeline full) */
 static int tc_cpb(int64_t nchunks) {
   int64_t splits = (nchunks + 11) / 12;
   return (int)((nchunks + splits - 1) / (splits > 0 ? splits : 1));
 }
 
+/* an expert's rows in the sorted order (bad offsets were recorded by the check: none here) */
+__device__ __forceinline__ void expert_span(const int64_t *off, int64_t x, int64_t rows, int64_t *lo, int64_t *hi) {
+  *lo = off[x];
+  *hi = off[x + 1] < rows ? off[x + 1] : rows;
+  if (*hi < *lo) *hi = *lo;
+}
+
+/* an expert of n rows in units: row groups, chunks a unit, units a group */
+struct tc_split {
+  int64_t groups, splits;
+  int cpb;
+  __device__ tc_split(int64_t n, int cpb1, int64_t nch) {
+    const int64_t t = (n + TC_TM - 1) / TC_TM, tg = t < 1 ? 1 : t < TC_GT ? t : TC_GT;
+    groups = t > TC_GT ? (t + TC_GT - 1) / TC_GT : 1;
+    cpb = cpb1 / tg > 1 ? (int)(cpb1 / tg) : 1;
+    splits = (nch + cpb - 1) / cpb;
+  }
+};
+
+/* the units of one launch, in scratch (tc_plan) */
+struct tc_units {
+  int64_t *first;   /* [E + 1]: expert x's first unit; first[E], the units */
+  int64_t *map;     /* [ucap]: unit -> expert */
+  int64_t *slot;    /* [E + 1]: expert x's first partial slot (experts of one group take none); NULL: no partials */
+  int64_t *smap;    /* [scap]: slot -> expert */
+  float *part;      /* [scap][psize] */
+  int64_t e, nch, ucap, scap, psize;
+  int cpb;          /* chunks a unit of a one-tile expert */
+  __device__ int64_t count() const { return first[e] < ucap ? first[e] : ucap; }
+};
+
+/* unit u: its expert x, the first of its row group's rows lo (sorted), nr rows (0 to TC_GT TC_TM), nt row
+** tiles (at least one), chunks from c0, n items; slot: the group's partial slot, -1 for an expert of one
+** group (its sums are whole), -2 when the slots are full (bad offsets: the check has them). Small, since
+** tc_du_k keeps it in registers at 64 a thread. */
+struct tc_items {
+  int64_t lo;
+  int x, nr, slot, nt, c0, n;   /* (E fits an int: tc_fits; slots are under 2 rows / 1024) */
+  __device__ tc_items(const tc_units &U, const int64_t *off, int64_t rows, int u) {
+    x = (int)U.map[u];
+    int64_t elo, ehi;
+    expert_span(off, x, rows, &elo, &ehi);
+    const tc_split sp(ehi - elo, U.cpb, U.nch);
+    const int local = (int)(u - U.first[x]), g = local / (int)sp.splits, s = local - g * (int)sp.splits;
+    lo = elo + (int64_t)g * (TC_GT * TC_TM);
+    nr = ehi - lo < TC_GT * TC_TM ? (int)(ehi > lo ? ehi - lo : 0) : TC_GT * TC_TM;
+    nt = nr > 0 ? (nr + TC_TM - 1) / TC_TM : 1;
+    c0 = s * sp.cpb;
+    const int c1 = (int64_t)c0 + sp.cpb < U.nch ? c0 + sp.cpb : (int)U.nch;
+    n = c1 > c0 ? (c1 - c0) * nt : 0;
+    slot = sp.groups == 1 || !U.slot ? -1 : U.slot[x] + g < U.scap ? (int)(U.slot[x] + g) : -2;
+  }
+  __device__ int chunk(int it) const { return nt == 1 ? c0 + it : c0 + it / nt; }   /* no division in the usual case */
+  __device__ int tile(int it) const { return nt == 1 ? 0 : it % nt; }
+  __device__ int64_t row0(int it) const { return lo + (int64_t)tile(it) * TC_TM; }
+  __device__ int rows(int it) const {
+    const int left = nr - tile(it) * TC_TM;
+    return left < TC_TM ? left : TC_TM;
+  }
+  /* whether item it loads the operand that does not change with the chunk */
+  __device__ bool fixed(int it, int ts) const { return nt > 1 || it < ts; }
+};
+
+/* the units' and the slots' starts (tc_plan), in one block: each thread counts its run of experts, then
+** the block scans the counts */
+__global__ void __launch_bounds__(DM_SCAN_THREADS) units_k(tc_units U, const int64_t *off, int64_t rows) {
+  const int64_t e = U.e, per = (e + blockDim.x - 1) / blockDim.x, lo = threadIdx.x * per;
+  const int64_t hi = lo + per < e ? lo + per : e;
+  auto split = [&](int64_t x) {
+    int64_t a, b;
+    expert_span(off, x, rows, &a, &b);
+    return tc_split(b - a, U.cpb, U.nch);
+  };
+  int64_t nu = 0, ns = 0, tu, ts;
+  for (int64_t x = lo; x < hi; x++) {
+    const tc_split sp = split(x);
+    nu += sp.groups * sp.splits;
+    ns += sp.groups > 1 ? sp.groups : 0;
+  }
+  int64_t ru = dm_block_exscan(nu, &tu), rs = dm_block_exscan(ns, &ts);
+  for (int64_t x = lo; x < hi; x++) {
+    const tc_split sp = split(x);
+    U.first[x] = ru;
+    ru += sp.groups * sp.splits;
+    if (U.slot) U.slot[x] = rs;
+    rs += sp.groups > 1 ? sp.groups : 0;
+  }
+  if (threadIdx.x == 0) {
+    U.first[e] = tu;
+    if (U.slot) U.slot[e] = ts;
+  }
+}
+
+/* map[u] = the expert of unit u (u < ucap), smap[s] = the expert of slot s (s < scap) */
+__global__ void units_map_k(tc_units U) {
+  DM_GRID_LOOP(x, U.e) {
+    for (int64_t u = U.first[x]; u < U.first[x + 1] && u < U.ucap; u++) U.map[u] = x;
+    if (U.slot)
+      for (int64_t q = U.slot[x]; q < U.slot[x + 1] && q < U.scap; q++) U.smap[q] = x;
+  }
+}
+
+/* The units of a launch over nch chunks, from the offsets (device memory, no host sync), and with psize > 0
+** the partial slots of psize floats. Bounds (host): an expert's groups are 1, or ceil(t / TC_GT) for t > TC_GT
+** tiles, so the groups are at most E + (rows / TC_TM + E) / TC_GT, and a group's units at most nch; an expert
+** of more than S = TC_GT TC_TM rows has fewer than 2 n / S groups, so the slots are under 2 rows / S. */
+static tc_units tc_plan(const int64_t *off, const moe_dims &M, int64_t nch, int64_t psize, void **mem,
+                        size_t *nbytes) {
+  tc_units U = {};
+  U.e = M.e, U.nch = nch, U.psize = psize, U.cpb = tc_cpb(nch);
+  U.ucap = (M.e + (M.rows / TC_TM + M.e) / TC_GT + 1) * nch;
+  U.scap = psize > 0 ? 2 * M.rows / (TC_GT * TC_TM) : 0;
+  const size_t ints = (size_t)(2 * (M.e + 1) + U.ucap + U.scap), head = (sizeof(int64_t) * ints + 15) & ~(size_t)15;
+  *nbytes = head + sizeof(float) * (size_t)(U.scap * psize);
+  unsigned char *p = (unsigned char *)dm_scratch(*nbytes);
+  *mem = p;
+  U.first = (int64_t *)p;
+  U.map = U.first + M.e + 1;
+  U.slot = psize > 0 ? U.map + U.ucap : NULL;
+  U.smap = U.map + U.ucap + M.e + 1;
+  U.part = (float *)(p + head);
+  if (M.e == 0) {
+    DM_CU(cudaMemsetAsync(U.first, 0, sizeof(int64_t), dm_cuda_stream()));
+    return U;
+  }
+  units_k<<<1, DM_SCAN_THREADS, 0, dm_cuda_stream()>>>(U, off, M.rows);
+  DM_CU_LAUNCHED();
+  DM_LAUNCH(units_map_k, M.e, U);
+  return U;
+}
+
+/* blocks of a streaming grid: a block a unit when every expert has one tile (the units the host can count
+** without the offsets), TC_WAVES waves at minb blocks an SM at least; blocks go on to further units when
+** there are more */
+static unsigned tc_stream_grid(const tc_units &U, int minb) {
+  int64_t g = (int64_t)dm_cuda_sm_count() * minb * TC_WAVES, even = U.e * ((U.nch + U.cpb - 1) / U.cpb);
+  if (g < even) g = even;
+  return (unsigned)(g < U.ucap ? g : U.ucap);
+}
+
+/* out = the sum of the partial slots of each expert split by rows, in group order, in the storage dtype;
+** a block row a slot (its expert's first slot does the expert). Slot layouts: tc_dd_k's [R, F] to dd
+** [E, R, F] (half 0); tc_du_k's [d, 2R] to dug, duu [E, d, R] (half R, columns R.. to duu) */
+template <int DT>
+__global__ void tc_join_k(u16 *out, u16 *out2, int64_t half, tc_units U) {
+  const int64_t s = blockIdx.y, ns = U.slot[U.e] < U.scap ? U.slot[U.e] : U.scap;
+  if (s >= ns) return;
+  const int64_t x = U.smap[s];
+  if (U.slot[x] != s) return;
+  const int64_t s1 = U.slot[x + 1] < U.scap ? U.slot[x + 1] : U.scap;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < U.psize; i += (int64_t)gridDim.x * blockDim.x) {
+    float v = 0;
+    for (int64_t q = s; q < s1; q++) v += U.part[q * U.psize + i];
+    if (!half) {
+      out[x * U.psize + i] = dt<DT>::store(v);
+      continue;
+    }
+    const int64_t c = i / (2 * half), j = i - c * 2 * half;
+    u16 *o = j < half ? out : out2;
+    if (o) o[(x * (U.psize / (2 * half)) + c) * half + (j < half ? j : j - half)] = dt<DT>::store(v);
+  }
+}
+
+static void tc_join(int dt, u16 *out, u16 *out2, int64_t half, const tc_units &U) {
+  if (U.scap == 0) return;
+  dim3 grid(256, (unsigned)U.scap);
+  if (dt == DM_BF16) tc_join_k<DM_BF16><<<grid, 256, 0, dm_cuda_stream()>>>(out, out2, half, U);
+  else tc_join_k<DM_F16><<<grid, 256, 0, dm_cuda_stream()>>>(out, out2, half, U);
+  DM_CU_LAUNCHED();
+}
+
 /* where a 16-byte chunk starts: the offset of element i in its chunk (unsigned arithmetic keeps i mod 8) */
 __device__ __forceinline__ int chunk_shift(int64_t i) { return (int)((uint32_t)(uint64_t)i & 7u); }
 
-/* y = h D for an (expert, range of chunks of F): items (chunk, row tile), the chunk of D and the tile of h
-** two deep; warp w has n8 tiles 2w, 2w + 1 of the chunk */
+/* y = h D for a unit (an expert's group of row tiles, a range of chunks of F): items (chunk, row tile),
+** the chunk of D and the tile of h two deep; warp w has n8 tiles 2w, 2w + 1 of the chunk */
 template <int DT, int R>
-__global__ void __launch_bounds__(TC_THREADS, tc_cfg<R>::DOWN_MINB) tc_down_k(u16 *y, const u16 *hs, const int64_t *off, const u16 *dw,
-                                                        moe_dims M, int cpb) {
+__device__ __forceinline__ void tc_down_unit(const tc_items &I, u16 *y, const u16 *hs, const u16 *dw, const moe_dims &M) {
   typedef tc_cfg<R> T;
   constexpr int TS = T::DOWN_TS, DSZ = R * T::LS, STAGE = DSZ + TC_TM * T::LH;
   extern __shared__ __align__(16) unsigned char moe_smem[];
   __shared__ unsigned char shd[R];
-  const int64_t x = blockIdx.x, F = M.f;
-  const tc_items I(off, x, M.rows, (F + TC_FS - 1) / TC_FS, cpb);
-  if (I.hi <= I.lo) return;
+  const int64_t x = I.x, F = M.f;
+  if (I.nr == 0) return;
   const int warp = threadIdx.x >> 5;
   u16 *const smem = (u16 *)moe_smem, *os = smem + TS * STAGE;
   auto load = [&](int it) {
@@ -1160,18 +1323,27 @@ __global__ void __launch_bounds__(TC_THREADS, tc_cfg<R>::DOWN_MINB) tc_down_k(u1
   }
 }
 
-/* dD = h^T gy for an (expert, range of chunks of F), each chunk summed over the expert's rows in order
-** (zeros without rows): items (chunk, row tile), TC_STAGES deep; warp w has n8 tiles 2w, 2w + 1 of the
+template <int DT, int R>
+__global__ void __launch_bounds__(TC_THREADS, tc_cfg<R>::DOWN_MINB) tc_down_k(u16 *y, const u16 *hs, const int64_t *off, const u16 *dw,
+                                                        moe_dims M, tc_units U) {
+  for (int u = blockIdx.x; u < U.count(); u += gridDim.x) {
+    __syncthreads();   /* the last unit's reads of shared memory are done */
+    tc_down_unit<DT, R>(tc_items(U, off, M.rows, u), y, hs, dw, M);
+  }
+}
+
+/* dD = h^T gy for a unit, each chunk summed over the unit's rows in order (zeros without rows; to the
+** group's partial slot when the expert is split by rows): items (chunk, row tile), TC_STAGES deep; warp w has n8 tiles 2w, 2w + 1 of the
 ** chunk and every m16 tile of R */
 template <int DT, int R>
-__global__ void __launch_bounds__(TC_THREADS, tc_cfg<R>::DD_MINB) tc_dd_k(u16 *dd, const u16 *hs, const u16 *gy, const int64_t *off,
-                                                      moe_dims M, int cpb) {
+__device__ __forceinline__ void tc_dd_unit(const tc_items &I, u16 *dd, float *part, const u16 *hs, const u16 *gy,
+                                           const moe_dims &M) {
   typedef tc_cfg<R> T;
   constexpr int TS = TC_STAGES, GSZ = TC_TM * T::LS, STAGE = GSZ + TC_TM * T::LH;
   extern __shared__ __align__(16) unsigned char moe_smem[];
   __shared__ unsigned char shg[TC_TM];
-  const int64_t x = blockIdx.x, F = M.f;
-  const tc_items I(off, x, M.rows, (F + TC_FS - 1) / TC_FS, cpb);
+  const int64_t x = I.x, F = M.f;
+  if (I.slot == -2) return;
   const int warp = threadIdx.x >> 5;
   u16 *const smem = (u16 *)moe_smem, *os = smem + TS * STAGE;
   /* the expert's rows of gy from a 16-byte boundary; a tile of rows TC_TM F further on */
@@ -1223,6 +1395,19 @@ __global__ void __launch_bounds__(TC_THREADS, tc_cfg<R>::DD_MINB) tc_dd_k(u16 *d
     if (t < I.nt - 1) continue;
     const int64_t f0 = (int64_t)I.chunk(it) * TC_FS;
     const int nv = (int)(F - f0 < TC_FS ? F - f0 : TC_FS);
+    if (I.slot >= 0) {   /* a group of an expert split by rows: its sums in f32, for tc_join_k */
+      float *p = part + I.slot * R * F;
+#pragma unroll
+      for (int mt = 0; mt < R / 16; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+          for (int e = 0; e < 4; e++) {
+            const int c = (2 * warp + h) * 8 + acc_col(e);
+            if (c < nv) p[(mt * 16 + acc_row(e)) * F + f0 + c] = acc[mt][h][e];
+          }
+      continue;
+    }
 #pragma unroll
     for (int mt = 0; mt < R / 16; mt++)
 #pragma unroll
@@ -1238,19 +1423,29 @@ __global__ void __launch_bounds__(TC_THREADS, tc_cfg<R>::DD_MINB) tc_dd_k(u16 *d
   }
 }
 
-/* [dUg | dUu] = x^T [dag | dau] for an (expert, range of slices of d), each slice summed over the expert's
-** rows in order: items (slice, row tile), TC_STAGES deep; the units (m16 tile of the slice, n16 group of
-** 2R) are dealt to the warps. An expert of one tile finds its rows' places in u once. */
 template <int DT, int R>
-__global__ void __launch_bounds__(TC_THREADS, tc_cfg<R>::DU_MINB) tc_du_k(u16 *dug, u16 *duu, const u16 *u, const int64_t *perm,
-                                                      const u16 *dagu, const int64_t *off, moe_dims M, int cpb) {
+__global__ void __launch_bounds__(TC_THREADS, tc_cfg<R>::DD_MINB) tc_dd_k(u16 *dd, const u16 *hs, const u16 *gy, const int64_t *off,
+                                                      moe_dims M, tc_units U) {
+  for (int u = blockIdx.x; u < U.count(); u += gridDim.x) {
+    __syncthreads();   /* the last unit's reads of shared memory are done */
+    tc_dd_unit<DT, R>(tc_items(U, off, M.rows, u), dd, U.part, hs, gy, M);
+  }
+}
+
+/* [dUg | dUu] = x^T [dag | dau] for a unit (a range of slices of d), each slice summed over the unit's
+** rows in order (to the group's partial slot when the expert is split by rows): items (slice, row tile),
+** TC_STAGES deep; the (m16 tile of the slice, n16 group of 2R) pairs are dealt to the warps. A unit of one
+** tile finds its rows' places in u once. */
+template <int DT, int R>
+__device__ __forceinline__ void tc_du_unit(const tc_items &I, u16 *dug, u16 *duu, float *part, const u16 *u,
+                                           const int64_t *perm, const u16 *dagu, const moe_dims &M) {
   typedef tc_cfg<R> T;
   constexpr int TS = T::DU_TS, LXS = TC_DS + 8, XSZ = TC_TM * LXS, STAGE = XSZ + TC_TM * T::LW;
   constexpr int NU = (TC_DS / 16) * T::NG, UPW = (NU + 7) / 8;
   extern __shared__ __align__(16) unsigned char moe_smem[];
   __shared__ int64_t xrow[TC_TM];
-  const int64_t x = blockIdx.x, d = M.d;
-  const tc_items I(off, x, M.rows, (d + TC_DS - 1) / TC_DS, cpb);
+  const int64_t x = I.x, d = M.d;
+  if (I.slot == -2) return;
   const int warp = threadIdx.x >> 5;
   u16 *const smem = (u16 *)moe_smem, *os = smem + TS * STAGE;
   auto place = [&](int64_t p0, int np, int i) {   /* sorted row p0 + i's row of u (d elements), or -1 */
@@ -1307,6 +1502,23 @@ __global__ void __launch_bounds__(TC_THREADS, tc_cfg<R>::DU_MINB) tc_du_k(u16 *d
       }
     }
     if (t < I.nt - 1) continue;
+    if (I.slot >= 0) {   /* a group of an expert split by rows: its sums in f32, for tc_join_k */
+      const int64_t c0 = (int64_t)I.chunk(it) * TC_DS;
+      float *p = part + I.slot * d * 2 * R;
+#pragma unroll
+      for (int w = 0; w < UPW; w++) {
+        int unit = warp + 8 * w, mt = unit / T::NG, ng = unit % T::NG;
+        if (unit >= NU) continue;
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+          for (int e = 0; e < 4; e++) {
+            const int64_t c = c0 + mt * 16 + acc_row(e);
+            if (c < d) p[c * 2 * R + ng * 16 + h * 8 + acc_col(e)] = acc[w][h][e];
+          }
+      }
+      continue;
+    }
 #pragma unroll
     for (int w = 0; w < UPW; w++) {
       int unit = warp + 8 * w, mt = unit / T::NG, ng = unit % T::NG;
@@ -1324,6 +1536,15 @@ __global__ void __launch_bounds__(TC_THREADS, tc_cfg<R>::DU_MINB) tc_du_k(u16 *d
     auto wrow = [&](int c) { return (x * d + c0 + c) * R; };
     if (dug) store_runs<TC_DS, R, true>(dug, os, T::LW, nvc, R, wrow);
     if (duu) store_runs<TC_DS, R, true>(duu, os + R, T::LW, nvc, R, wrow);
+  }
+}
+
+template <int DT, int R>
+__global__ void __launch_bounds__(TC_THREADS, tc_cfg<R>::DU_MINB) tc_du_k(u16 *dug, u16 *duu, const u16 *u, const int64_t *perm,
+                                                      const u16 *dagu, const int64_t *off, moe_dims M, tc_units U) {
+  for (int un = blockIdx.x; un < U.count(); un += gridDim.x) {
+    __syncthreads();   /* the last unit's reads of shared memory are done */
+    tc_du_unit<DT, R>(tc_items(U, off, M.rows, un), dug, duu, U.part, u, perm, dagu, M);
   }
 }
 
@@ -1384,6 +1605,36 @@ __global__ void __launch_bounds__(TC_THREADS) tc_gx_k(u16 *gx, const u16 *dagu, 
   }
 }
 
+/* dcg, dcu in two steps, so that a heavy expert's rows are summed in parallel: a tile's sums of pg and pu
+** over its rows, in order (ts [cap, 2R]), then an expert's over its tiles, in order */
+__global__ void tile_csum_k(float *ts, const float *pg, const float *pu, const int64_t *tiles, const int64_t *off,
+                            moe_dims M, int64_t cap) {
+  const int64_t r = M.r;
+  DM_GRID_LOOP(i, cap * 2 * r) {
+    int64_t bi = i / (2 * r), j = i - bi * 2 * r, x, row0, nrows;
+    float s = 0;
+    if (tile_at(tiles, off, M.e, TC_TM, M.rows, bi, &x, &row0, &nrows)) {
+      const float *p = j < r ? pg + j : pu + (j - r);
+      for (int64_t m = 0; m < nrows; m++) s += p[(row0 + m) * r];
+    }
+    ts[i] = s;
+  }
+}
+
+__global__ void expert_tsum_k(void *dcg, void *dcu, int odt, const float *ts, const int64_t *tiles, int64_t e,
+                              int64_t r, int64_t cap) {
+  DM_GRID_LOOP(i, e * r) {
+    int64_t x = i / r, j = i - x * r, t1 = tiles[x + 1] < cap ? tiles[x + 1] : cap;
+    float sg = 0, su = 0;
+    for (int64_t t = tiles[x]; t < t1; t++) {
+      sg += ts[t * 2 * r + j];
+      su += ts[t * 2 * r + r + j];
+    }
+    if (dcg) dm_st(odt, dcg, i, (double)sg);
+    if (dcu) dm_st(odt, dcu, i, (double)su);
+  }
+}
+
 /* the kernel's shared memory, raised past 48 KB when needed */
 static void tc_launch(const void *kernel, dim3 grid, size_t smem, void **args) {
   if (grid.x == 0 || grid.y == 0) return;
@@ -1399,6 +1650,9 @@ static bool tc_fits(dm_dtype t, const moe_dims &M, const void *const *ptrs, int 
   if (M.r != 16 && M.r != 32 && M.r != 64 && M.r != 128) return false;
   if (M.d % 8 || M.e > INT_MAX || (M.f + TC_FS - 1) / TC_FS > 65535 || (M.d + TC_DS - 1) / TC_DS > 65535) return false;
   if ((M.r > TC_TM ? M.r : TC_TM) * M.f >= INT_MAX / 2) return false;   /* run_stream's 32-bit places */
+  const int64_t nch = (M.f + TC_FS - 1) / TC_FS > (M.d + TC_DS - 1) / TC_DS ? (M.f + TC_FS - 1) / TC_FS
+                                                                           : (M.d + TC_DS - 1) / TC_DS;
+  if ((M.e + (M.rows / TC_TM + M.e) / TC_GT + 1) * nch >= INT_MAX) return false;   /* tc_plan's units, ints */
   for (int i = 0; i < n; i++) if (ptrs[i] && !dm_aligned(ptrs[i], 16)) return false;
   const char *s = getenv("DM_MOE_FMA");
   return !(s && *s && strcmp(s, "0"));
@@ -1419,11 +1673,12 @@ static void tc_forward(dm_tensor *y_rows, dm_tensor *z_rows, const dm_tensor *u,
   void *py = dm_data(y_rows), *ph = hs, *pz = z_rows ? dm_data(z_rows) : NULL;
   void *rargs[] = {&pu, &pp, &off, &tiles, &pug, &puu, &pcg, &pcu, &pd, &none, &ph, &none, &none, &none, &pz, &M};
   tc_launch((const void *)tc_rows_k<DT, R, false>, dim3(tc_tile_blocks(M)), T::rows_smem(false), rargs);
-  int64_t nfc = (M.f + TC_FS - 1) / TC_FS;
-  int cpb = tc_cpb(nfc);
-  void *dargs[] = {&py, &ph, &off, &pd, &M, &cpb};
-  tc_launch((const void *)tc_down_k<DT, R>, dim3((unsigned)M.e, (unsigned)((nfc + cpb - 1) / cpb)), T::down_smem(),
-            dargs);
+  void *um;
+  size_t ub;
+  tc_units U = tc_plan(off, M, (M.f + TC_FS - 1) / TC_FS, 0, &um, &ub);
+  void *dargs[] = {&py, &ph, &off, &pd, &M, &U};
+  tc_launch((const void *)tc_down_k<DT, R>, dim3(tc_stream_grid(U, T::DOWN_MINB)), T::down_smem(), dargs);
+  dm_scratch_free(um, ub);
   dm_scratch_free(tiles, tb);
   dm_scratch_free(hs, hb);
 }
@@ -1445,24 +1700,33 @@ static void tc_backward(dm_tensor *gx_rows, const dm_moe_grads *g, const dm_tens
   void *rargs[] = {&pux, &pp, &off, &tiles, &pug, &puu, &pcg, &pcu, &pd, &pgy, &ph, &pa, &ppg, &ppu, &pz, &M};
   tc_launch(pz ? (const void *)tc_rows_k<DT, R, true, true> : (const void *)tc_rows_k<DT, R, true, false>,
             dim3(tc_tile_blocks(M)), T::rows_smem(true), rargs);
-  unsigned ne = (unsigned)M.e;
+  void *um;
+  size_t ub;
   if (g->d) {
     void *pdd = dm_data(g->d);
-    int64_t nfc = (M.f + TC_FS - 1) / TC_FS;
-    int cpb = tc_cpb(nfc);
-    void *args[] = {&pdd, &ph, &pgy, &off, &M, &cpb};
-    tc_launch((const void *)tc_dd_k<DT, R>, dim3(ne, (unsigned)((nfc + cpb - 1) / cpb)), T::dd_smem(), args);
+    tc_units U = tc_plan(off, M, (M.f + TC_FS - 1) / TC_FS, R * M.f, &um, &ub);
+    void *args[] = {&pdd, &ph, &pgy, &off, &M, &U};
+    tc_launch((const void *)tc_dd_k<DT, R>, dim3(tc_stream_grid(U, T::DD_MINB)), T::dd_smem(), args);
+    tc_join(DT, (u16 *)pdd, NULL, 0, U);
+    dm_scratch_free(um, ub);
   }
   if (g->ug || g->uu) {
     void *pdg = g->ug ? dm_data(g->ug) : NULL, *pdu = g->uu ? dm_data(g->uu) : NULL;
-    int64_t nds = (M.d + TC_DS - 1) / TC_DS;
-    int cpb = tc_cpb(nds);
-    void *args[] = {&pdg, &pdu, &pux, &pp, &pa, &off, &M, &cpb};
-    tc_launch((const void *)tc_du_k<DT, R>, dim3(ne, (unsigned)((nds + cpb - 1) / cpb)), T::du_smem(), args);
+    tc_units U = tc_plan(off, M, (M.d + TC_DS - 1) / TC_DS, M.d * 2 * R, &um, &ub);
+    void *args[] = {&pdg, &pdu, &pux, &pp, &pa, &off, &M, &U};
+    tc_launch((const void *)tc_du_k<DT, R>, dim3(tc_stream_grid(U, T::DU_MINB)), T::du_smem(), args);
+    tc_join(DT, (u16 *)pdg, (u16 *)pdu, R, U);
+    dm_scratch_free(um, ub);
   }
-  if ((g->cg || g->cu) && M.e * M.r > 0)
-    DM_LAUNCH(expert_csum_k<float>, M.e * M.r, g->cg ? dm_data(g->cg) : NULL, g->cu ? dm_data(g->cu) : NULL, DT,
-              (const float *)pg, (const float *)pu, off, M.e, M.r);
+  if ((g->cg || g->cu) && M.e * M.r > 0) {
+    const int64_t cap = (M.rows + TC_TM - 1) / TC_TM + M.e;
+    size_t tsb = sizeof(float) * (size_t)(cap * 2 * R);
+    float *ts = (float *)dm_scratch(tsb);
+    DM_LAUNCH(tile_csum_k, cap * 2 * R, ts, (const float *)pg, (const float *)pu, tiles, off, M, cap);
+    DM_LAUNCH(expert_tsum_k, M.e * R, g->cg ? dm_data(g->cg) : NULL, g->cu ? dm_data(g->cu) : NULL, DT, ts, tiles,
+              M.e, (int64_t)R, cap);
+    dm_scratch_free(ts, tsb);
+  }
   if (gx_rows && M.rows > 0) {
     void *pgx = dm_data(gx_rows);
     void *args[] = {&pgx, &pa, &off, &tiles, &pug, &puu, &M};

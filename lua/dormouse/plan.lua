@@ -115,6 +115,8 @@ local CONV_TL, CONV_K = 32, 4 -- kernels/blocks.cu: positions per run of the con
                               -- each); the short convolutions' kernel (nn/kda.lua, nn/engram.lua)
 local GATE_ROWS = 64          -- kernels/kda.cu: rows per run of kda_gate's backward (2 hd partial sums each)
 local TC_RANKS = {[16] = true, [32] = true, [64] = true, [128] = true}   -- kernels/moe.cu tc_fits
+local TC_TM, TC_GT, TC_FS, TC_DS = 32, 32, 128, 64   -- kernels/moe.cu: rows a tile, tiles a unit, the chunks
+                                                     -- of F and d the streaming kernels take
 
 local function ceil_div(a, b) return (a + b - 1) // b end
 
@@ -136,12 +138,19 @@ end
 -- dm_bucket_sort's counters (kernels/model.cuh): a row of nb per block of keys
 local function bucket_sort(n, nb) return n > 0 and i64 * ceil_div(n, BS_CHUNK) * nb or 0 end
 
+-- kernels/moe.cu tc_plan: the streaming kernels' units over nch chunks, and psize floats a partial slot
+local function tc_units(E, rows, nch, psize)
+  local ucap = (E + (rows // TC_TM + E) // TC_GT + 1) * nch
+  local scap = psize > 0 and 2 * rows // (TC_GT * TC_TM) or 0
+  return (i64 * (2 * (E + 1) + ucap + scap) + 15) // 16 * 16 + f32 * scap * psize
+end
+
 -- kernels/engram.cu radix_sort: its bucket offsets and one pass's counters
 local function radix_sort(n) return i64 * 257 + bucket_sort(n, 256) end
 
 --[[ The device scratch the CUDA kernels of one step take for themselves
 (dm_scratch in kernels/*.cu: counted by dm.memory("cuda"), unseen on the meta
-device). s: {B, T, d, heads, head_dim, experts, top_k, rank, n_sub (Engram
+device). s: {B, T, d, heads, head_dim, experts, top_k, rank, ffn, n_sub (Engram
 sub-tables, 0 without Engram), ram (Engram's rows are found on the host),
 grad_accum, dtype (of the products), grads = {numel of each gradient the
 clipping reads}, muon = {{stack, rows, cols} per Muon shape group},
@@ -166,7 +175,8 @@ function plan.scratch(s)
   local chunked = s.kda_chunked and T >= KC_MIN_T and dk <= KC_MAXD and dv <= KC_MAXD
   local chunks = bh * ceil_div(T, KC)                      -- kc_front: tiles of KC x KC per chunk, and the decays
   local E, rows, R = s.experts, N * s.top_k, s.rank      -- MoE assignments, sorted by expert
-  local tiles = i64 * (E + 1)                             -- make_tiles
+  local tcap = ceil_div(rows, TC_TM) + E                  -- make_tiles: its tiles at most
+  local tiles = i64 * (E + 1 + tcap)
   local tc = (s.dtype == "bf16" or s.dtype == "f16") and TC_RANKS[R] and s.d % 8 == 0   -- the tensor-core kernels
   local lookups = N * s.n_sub                             -- Engram rows read, one per sub-table
   local all = s.grad_accum * lookups
@@ -196,8 +206,12 @@ function plan.scratch(s)
   op("moe_route", "forward", i64 * (E + 1) + bucket_sort(rows, E), "moe_route counts", "kernels/moe.cu bucket_counts")
   op("moe_sort", "forward", bucket_sort(rows, E), "moe_sort counters", "kernels/moe.cu cuda_sort")
   if tc then
-    op("moe_experts", "forward", 2 * rows * R + tiles, "moe experts hidden rows", "kernels/moe.cu tc_forward")
-    op("moe_experts", "backward", (2 * 3 + f32 * 2) * rows * R + tiles, "moe experts backward rows",
+    local F, d = s.ffn, s.d
+    op("moe_experts", "forward", 2 * rows * R + tiles + tc_units(E, rows, ceil_div(F, TC_FS), 0),
+       "moe experts hidden rows", "kernels/moe.cu tc_forward")
+    local sums = math.max(tc_units(E, rows, ceil_div(F, TC_FS), R * F), tc_units(E, rows, ceil_div(d, TC_DS), d * 2 * R),
+                          f32 * tcap * 2 * R)
+    op("moe_experts", "backward", (2 * 3 + f32 * 2) * rows * R + tiles + sums, "moe experts backward rows",
        "kernels/moe.cu tc_backward")
   else
     local c = s.dtype == "f64" and f64 or f32
@@ -341,7 +355,7 @@ function Session:scratch(B, T)
   local grads = {table.unpack(self.grad_counts)}
   if engram then grads[#grads + 1] = B * T * engram.n_sub * engram.width * self.grad_accum end
   return plan.scratch {B = B, T = T, d = m.d, heads = m.heads, head_dim = m.head_dim, experts = m.experts,
-                       top_k = m.top_k, rank = m.expert_rank, n_sub = engram and engram.n_sub or 0, ram = self.ram,
+                       top_k = m.top_k, rank = m.expert_rank, ffn = m.ffn, n_sub = engram and engram.n_sub or 0, ram = self.ram,
                        grad_accum = self.grad_accum, dtype = self.compute, grads = grads, muon = self.muon,
                        kda_chunked = self.kda_chunked}
 end

@@ -10,8 +10,10 @@ Routing is skewed on purpose: a selection bias draws most tokens to experts
 0..3 (several tiles of rows each), pushes experts E-4..E-1 out (no rows), and
 the rest get a few rows. F = 384 keeps rows on 16-byte boundaries, F = 383
 does not (the kernels' shifted path); F = 2001 and d = 1000 give the
-streaming kernels more chunks than one block takes (several blocks an
-expert).
+streaming kernels more chunks than one unit takes (several units an
+expert). The "heavy" cases send nearly every token to expert 1 (over 1,024
+rows: the streaming kernels split it by rows, and its weight gradients are
+joined from partial sums).
 ]]
 local dm = require "dormouse"
 local common = require "tests.gpu.common"
@@ -26,9 +28,9 @@ local TOL = {bf16 = 2e-2, f16 = 1e-2}
 local function randn(shape, seed, scale) return dm.randn(shape, {seed = seed, dtype = "f64"}):mul(scale or 1) end
 
 -- the sorted layout of a skewed routing of N tokens to E experts, k each (on the CPU)
-local function layout(N, E, k, seed)
+local function layout(N, E, k, seed, heavy)
   local b = {}
-  for e = 1, E do b[e] = e <= 4 and 0.35 or e > E - 4 and -2 or 0 end
+  for e = 1, E do b[e] = heavy and e == 1 and 8 or e <= 4 and 0.35 or e > E - 4 and -2 or 0 end
   local idx = dm.moe_route(randn({N, E}, seed, 1.5), dm.tensor(b, {dtype = "f64"}), k)
   local perm, offsets = dm.moe_sort(idx, E)
   local off = offsets:totable()
@@ -58,9 +60,11 @@ end
 local NAMES = {"u", "Ug", "Uu", "cg", "cu", "D"}
 
 for _, s in ipairs {{N = 300, E = 64, d = 256, r = 64, F = 384}, {N = 300, E = 64, d = 256, r = 64, F = 383},
-                    {N = 200, E = 16, d = 96, r = 32, F = 77}, {N = 200, E = 16, d = 1000, r = 16, F = 2001}} do
+                    {N = 200, E = 16, d = 96, r = 32, F = 77}, {N = 200, E = 16, d = 1000, r = 16, F = 2001},
+                    {N = 2200, E = 8, d = 256, r = 64, F = 383, heavy = true},
+                    {N = 1100, E = 16, d = 1000, r = 16, F = 2001, heavy = true}} do
   local k = 2
-  local perm, offsets, what = layout(s.N, s.E, k, 11)
+  local perm, offsets, what = layout(s.N, s.E, k, 11, s.heavy)
   local ins = {randn({s.N, s.d}, 1), randn({s.E, s.d, s.r}, 2, s.d ^ -0.5), randn({s.E, s.d, s.r}, 3, s.d ^ -0.5),
                dm.rand({s.E, s.r}, {seed = 4, dtype = "f64"}):add(0.5), dm.rand({s.E, s.r}, {seed = 5, dtype = "f64"}):add(0.5),
                randn({s.E, s.r, s.F}, 6, s.r ^ -0.5)}
