@@ -57,14 +57,50 @@ function probe.load(path, root)
   return model, cfg, dir, c.meta.step
 end
 
+--[[ probe.byte_printer(write) -> put(byte), finish(): a model's bytes for a
+terminal, one at a time. Printable ASCII, newlines and tabs go as they are,
+and so do whole valid UTF-8 sequences (held until complete); any other byte
+(a control byte, a stray or cut continuation, an overlong or surrogate form)
+is written as \xNN, so that what a model samples can neither break the
+text nor drive the terminal. finish() writes a cut sequence's bytes so. ]]
+function probe.byte_printer(write)
+  local held = {}          -- the bytes of a sequence not yet complete
+  local want = 0           -- its length
+  local function escape(b) write(string.format("\\x%02X", b)) end
+  local function flush_held()
+    for _, b in ipairs(held) do escape(b) end
+    held, want = {}, 0
+  end
+  local function put(c)
+    local b = c:byte()
+    if want > 0 then
+      if b >= 0x80 and b <= 0xBF then
+        held[#held + 1] = b
+        if #held == want then
+          local seq = string.char(table.unpack(held))
+          if utf8.len(seq) == 1 then write(seq); held, want = {}, 0 else flush_held() end
+        end
+        return
+      end
+      flush_held()
+    end
+    if b == 0x0A or b == 0x09 or (b >= 0x20 and b <= 0x7E) then write(c)
+    elseif b >= 0xC2 and b <= 0xF4 then held, want = {b}, b >= 0xF0 and 4 or b >= 0xE0 and 3 or 2
+    else escape(b) end
+  end
+  return put, flush_held
+end
+
 function probe.env(model, cfg)
   local env = {model = model, cfg = cfg}
 
   function env.sample(prompt, n, opts)
     opts = opts or {}
+    local put, finish = probe.byte_printer(function(s) io.write(s) end)
     local text = eval.sample(model, prompt or "", n or 200, {
       temperature = opts.temperature, top_p = opts.top_p, seed = opts.seed,
-      on_byte = function(b) io.write(b); io.stdout:flush() end})
+      on_byte = function(b) put(b); io.stdout:flush() end})
+    finish()
     io.write("\n")
     -- streamed already: nothing more to print; {return_text = true} gives the text back
     if opts.return_text then return text end

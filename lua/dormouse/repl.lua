@@ -1,7 +1,10 @@
 --[[
-The REPL: readline with history in ~/.dormouse_history, expressions printed
-as they are typed, statements run, incomplete chunks continued on the next
-line. `dm` is loaded; help() lists what there is.
+The REPL: readline with history in ~/.dormouse_history (each line appended
+as it is entered), Tab completing the session's names (dm.ra<Tab>,
+x:su<Tab>), expressions printed as they are typed, statements run,
+incomplete chunks continued on the next line. Ctrl-C drops the line being
+typed, or stops the line that runs ("interrupted"), and the session goes
+on; Ctrl-D leaves. `dm` is loaded; help() lists what there is.
 ]]
 local core = require "dormouse.core"
 local dm = require "dormouse"
@@ -10,7 +13,8 @@ local repl = {}
 
 local function show(v, depth)
   depth = depth or 0
-  if dm.is_tensor(v) or type(v) ~= "table" or depth > 1 then
+  local mt = type(v) == "table" and getmetatable(v)
+  if dm.is_tensor(v) or type(v) ~= "table" or depth > 1 or (mt and rawget(mt, "__tostring")) then
     return type(v) == "string" and depth > 0 and string.format("%q", v) or tostring(v)
   end
   -- raw reads: a table whose __index raises on a missing key (a resolved config) prints too
@@ -38,22 +42,64 @@ dm is the library. Try:
   dm.ops()                                     every op with its doc
   dm.memory()                                  host memory: current, peak, count
 Lines that are expressions print their value; an unfinished line continues.
-Ctrl-D leaves.]]
+Tab completes names (dm.ra<Tab>, x:su<Tab>). Ctrl-C drops the line being typed
+or stops the one running; Ctrl-D leaves.]]
 
 local function history_path()
   local home = os.getenv("HOME")
   return home and home .. "/.dormouse_history"
 end
 
-local function reader(tty)
+-- The names a word before the cursor may complete to: "dm.ra" -> {"dm.rand", "dm.randn", ...};
+-- after ":" the methods only. Lookups never raise (a strict config's __index does on a missing key).
+local function keys_of(v, out, depth)
+  if depth > 3 then return end
+  if type(v) == "table" then for k in next, v do if type(k) == "string" then out[k] = rawget(v, k) end end end
+  local mt = (type(v) == "table" or type(v) == "userdata") and getmetatable(v)
+  local index = type(mt) == "table" and rawget(mt, "__index")
+  if type(index) == "function" and debug and debug.getupvalue then   -- a tensor's: its methods are an upvalue
+    local _, up = debug.getupvalue(index, 1)
+    index = up
+  end
+  if type(index) == "table" and index ~= v then keys_of(index, out, depth + 1) end
+end
+
+local function completions(env, word)
+  local head, sep, part = word:match("^(.-)([.:]?)([%a_]?[%w_]*)$")
+  if not head or (sep == "" and head ~= "") then return {} end
+  local v = env
+  if sep ~= "" then
+    for name in (head .. "."):gmatch("([^.]*)%.") do
+      if not name:match("^[%a_][%w_]*$") then return {} end
+      local ok, got = pcall(function() return v[name] end)
+      if not ok or got == nil then return {} end
+      v = got
+    end
+  end
+  local names = {}
+  keys_of(v, names, 0)
+  local out = {}
+  for k, val in pairs(names) do
+    if k:sub(1, #part) == part and k:match("^[%a_][%w_]*$") and not (k:match("^_") and part == "")
+       and (sep ~= ":" or type(val) == "function") then
+      out[#out + 1] = head .. sep .. k
+    end
+  end
+  table.sort(out)
+  return out
+end
+repl.completions = completions
+
+local function reader(tty, env)
   if tty then
     local hist = history_path()
     if hist then core.read_history(hist) end
+    core.set_completer(function(word) return completions(env, word) end)
     return function(prompt) return core.readline(prompt) end, function(line)
-      if line:match("%S") then core.add_history(line) end
-    end, function() if hist then core.write_history(hist, 1000) end end
+      if line:match("%S") then core.add_history(line, hist, 1000) end
+    end
   end
-  return function() return io.read("l") end, function() end, function() end
+  return function() return io.read("l") end, function() end
 end
 
 -- A line that is an expression list is run as `return pack(line)`: its calls
@@ -100,10 +146,15 @@ function repl.main(file, cli)
     if cli.protect(chunk) ~= 0 then return 1 end
   end
   if tty then print("dormouse " .. dm.version .. " — help() for a start, Ctrl-D to leave") end
-  local read, remember, save = reader(tty)
+  local read, remember = reader(tty, env)
+  if tty then core.repl_interrupts(true) end
   local buffer = nil
   while true do
     local line = read(buffer and ">> " or "> ")
+    if line == false then           -- Ctrl-C at the prompt: the line (and an unfinished chunk) dropped
+      buffer = nil
+      goto continue
+    end
     if not line then break end
     buffer = buffer and buffer .. "\n" .. line or line
     local fn, err, packed = compile(buffer, env)
@@ -134,8 +185,10 @@ function repl.main(file, cli)
     buffer = nil
     ::continue::
   end
-  save()
-  if tty then print() end
+  if tty then
+    core.repl_interrupts(false)
+    print()
+  end
   return 0
 end
 

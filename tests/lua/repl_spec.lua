@@ -150,7 +150,10 @@ describe("dormouse repl on a checkpoint", function()
     local code, out, err = repl({"cfg", "model", "print('still here')"}, "'" .. runs .. "/p'")
     os.execute("rm -rf '" .. runs .. "'")
     assert.equal(0, code, err)
-    has(out, "{batch = ", "_name = \"Dormouse\"", "still here")
+    has(out, "{batch = ", "still here")
+    -- the model prints as its module tree: a line a module, the parameters below it
+    assert.truthy(out:match("\nDormouse%s+Dormouse%s+[%d.]+[KM]?\n"), out)
+    assert.truthy(out:match("\n  block%s+%a+%s+[%d.]+[KM]?\n"), out)
   end)
 end)
 
@@ -184,5 +187,103 @@ describe("the probes", function()
     local code, _, err = repl({"experts('In the beginning')", "engram('In the beginning')"}, "'" .. runs .. "/st'")
     assert.equal(0, code, err)
     has(err, "experts(): this model (stack) has no routed experts", "engram(): this model (stack) has no Engram layer")
+  end)
+end)
+
+describe("the REPL's helpers", function()
+  local repl_mod = require "dormouse.repl"
+  local probe = require "dormouse.probe"
+  local dm = require "dormouse"
+
+  it("complete names through tables, metatables and a tensor's methods, and never raise", function()
+    local strict = setmetatable({model = {d = 8}}, {__index = function(_, k) error("no key " .. k) end})
+    local env = setmetatable({dm = dm, y = dm.zeros({2}), cfg = strict}, {__index = _G})
+    local c = repl_mod.completions
+    assert.same({"dm.randn_like"}, c(env, "dm.randn_l"))
+    assert.same({"y:sum_to"}, c(env, "y:sum_"))
+    assert.same({"cfg.model"}, c(env, "cfg.mo"))
+    assert.same({"cfg.model.d"}, c(env, "cfg.model."))
+    assert.same({}, c(env, "cfg.nothing.x"))           -- the strict table's error stays inside
+    assert.same({"print"}, c(env, "prin"))
+    assert.same({}, c(env, "y:shape()."))               -- not a chain of names
+  end)
+
+  it("print a model's bytes: UTF-8 whole, anything else as \\xNN", function()
+    local function shown(bytes)
+      local out = {}
+      local put, finish = probe.byte_printer(function(s) out[#out + 1] = s end)
+      for i = 1, #bytes do put(bytes:sub(i, i)) end
+      finish()
+      return table.concat(out)
+    end
+    assert.equal("In the\tbeginning\n", shown("In the\tbeginning\n"))
+    assert.equal("é → 𝄞", shown("é → 𝄞"))
+    assert.equal("\\x1B[2J", shown("\27[2J"))                 -- no terminal control from a sample
+    assert.equal("a\\x80b", shown("a\128b"))                  -- a stray continuation byte
+    assert.equal("\\xC3a", shown("\195a"))                    -- a sequence cut by an ASCII byte
+    assert.equal("\\xE2\\x86", shown("\226\134"))             -- cut by the end
+    assert.equal("\\xC0\\x80", shown("\192\128"))             -- overlong
+    assert.equal("\\xED\\xA0\\x80", shown("\237\160\128"))    -- a surrogate
+    assert.equal("\\xFF\\x00", shown("\255\0"))
+  end)
+end)
+
+-- A terminal: `script` (util-linux) gives the REPL a pseudo-terminal, and the keys go in with pauses
+-- between them, as a person types (a Ctrl-C flushes what the line discipline has not yet delivered).
+local function has_script() return os.execute("script -qec true /dev/null >/dev/null 2>&1") == true end
+
+local function on_a_terminal(keys, home)
+  local parts = {}
+  for _, k in ipairs(keys) do
+    if type(k) == "number" then parts[#parts + 1] = "sleep " .. k
+    else parts[#parts + 1] = string.format("printf '%%b' '%s'", k:gsub("'", "'\\''")) end
+  end
+  local out = os.tmpname()
+  local cmd = string.format("(sleep 1; %s) | HOME='%s' timeout 60 script -qefc \"'%s' repl\" /dev/null >'%s' 2>&1",
+                            table.concat(parts, "; sleep 0.4; "), home, bin, out)
+  local ok = os.execute(cmd)
+  local text = read(out):gsub("\27%[[%d;?]*%a", ""):gsub("\r", "")   -- as a terminal shows it
+  return ok, text
+end
+
+describe("dormouse repl on a terminal", function()
+  local home
+  before_each(function()
+    home = os.tmpname()
+    os.remove(home)
+    assert(os.execute("mkdir '" .. home .. "'"))
+  end)
+  after_each(function() os.execute("rm -rf '" .. home .. "'") end)
+
+  it("Ctrl-C drops the line being typed, stops the line that runs, and the session goes on", function()
+    if not has_script() then pending("no `script` here") return end
+    local ok, out = on_a_terminal({"x = (1 +", "\\003", "print(40 + 2)\\n", "while true do end\\n", 1, "\\003",
+                                   "print('still ' .. 'here')\\n", "\\004"}, home)
+    assert.is_true(ok, out)
+    has(out, "42", "interrupted", "still here")
+    assert.is_nil(out:find("[string", 1, true), out)       -- the dropped line was never run
+  end)
+
+  it("Tab completes the session's names", function()
+    if not has_script() then pending("no `script` here") return end
+    local ok, out = on_a_terminal({"y = dm.zeros_l\\t", "(dm.ones({3}))\\n", "y:num\\t()\\n", "\\004"}, home)
+    assert.is_true(ok, out)
+    local f = assert(io.open(home .. "/.dormouse_history"))
+    local hist = f:read("a")
+    f:close()
+    has(hist, "y = dm.zeros_like(dm.ones({3}))", "y:numel()")   -- the lines as completed
+    assert.truthy(out:find("\n3\n", 1, true), out)
+  end)
+
+  it("writes each line to the history as it is entered, so a killed session keeps its lines", function()
+    if not has_script() then pending("no `script` here") return end
+    local ok, out = on_a_terminal({"answer = 42\\n", "print('kept')\\n", "os.execute('kill -9 ' .. " ..
+                                   "io.open('/proc/self/stat'):read('n'))\\n", 1}, home)
+    local f = io.open(home .. "/.dormouse_history")
+    local hist = f and f:read("a") or ""
+    if f then f:close() end
+    has(hist, "answer = 42", "print('kept')")
+    assert.truthy(out:find("kept", 1, true), out)
+    assert.is_not_true(ok)                                 -- it was killed, and wrote no history at exit
   end)
 end)

@@ -29,6 +29,7 @@ function nn.class(name, parent)
   end})
   cls.__index = cls
   cls.__name = name
+  cls.__tostring = function(self) return self:summary() end   -- print(model): the module tree
   return cls
 end
 
@@ -134,8 +135,8 @@ function Module:summary(name, depth, lines)
   local own = 0
   for _, p in ipairs(self._params) do own = own + self[p]:numel() end
   local total = self:n_params()
-  lines[#lines + 1] = string.format("%s%-*s %-10s %10s", string.rep("  ", depth), 28 - 2 * depth,
-                                    name or self._name, self._name, human(total))
+  local indent = string.rep("  ", depth)
+  lines[#lines + 1] = string.format("%-28s %-10s %10s", indent .. (name or self._name), self._name, human(total))
   for _, c in ipairs(self._children) do self[c]:summary(c, depth + 1, lines) end
   if depth == 0 then return table.concat(lines, "\n") end
 end
