@@ -152,6 +152,7 @@ end
 
 function cli.main(argv, root)
   cli.root = root
+  require("dormouse.config").root = root or "."
   local cmd = argv[1]
   if cmd == nil then return commands.repl(argv) end
   if cmd == "--help" or cmd == "-h" then cmd = "help" end

@@ -158,8 +158,8 @@ local function first_leaf(section)
 end
 
 -- One override onto a resolved table; returns an error message or nil.
-local function apply_override(cfg, key, value, form, text)
-  local node = schema.nodes[key]
+local function apply_override(cfg, key, value, form, text, nodes)
+  local node = nodes[key]
   if not node then return unknown_key(key) end
   if node.section then
     return "'" .. key .. "' is a section; set one of its keys, such as '" .. first_leaf(node).key .. "'"
@@ -203,6 +203,40 @@ local function normalise_overrides(overrides)
   return list
 end
 
+---------------------------------------------------------------- a model's own keys
+
+-- Where models/ is: the library's root (the cli sets it).
+config.root = "."
+
+function config.model_path(arch)
+  return arch:find("/") and arch or config.root .. "/models/" .. arch .. ".lua"
+end
+
+--[[ The schema a config resolves against: the runtime's, with the model
+file's own keys under model when the file declares them (it returns
+{keys = {rows}, build = function(model_cfg) ... end} instead of the bare
+function; docs/models.md). The arch comes from the overrides, else the raw
+table, else the default. A file that is not there adds nothing (building
+the model reports it, with the names models/ holds). ]]
+local function schema_for(raw, ovs)
+  local runtime = {root = schema.root, nodes = schema.nodes}
+  local arch = type(raw.model) == "table" and rawget(raw.model, "arch") or nil
+  for _, o in ipairs(ovs) do if o.key == "model.arch" then arch = o.value end end
+  if arch == nil then arch = schema.nodes["model.arch"].default end
+  if type(arch) ~= "string" then return runtime end          -- the type check says what is wrong
+  local path = config.model_path(arch)
+  local f = io.open(path, "r")
+  if not f then return runtime end
+  f:close()
+  local chunk, err = loadfile(path)
+  if not chunk then error(err, 0) end
+  local ok, made = pcall(chunk)
+  if not ok then error(tostring(made):find(path, 1, true) and made or path .. ": " .. tostring(made), 0) end
+  if type(made) ~= "table" or made.keys == nil then return runtime end
+  if type(made.keys) ~= "table" then error(path .. ": keys must be a list of {name, type, default, doc}", 0) end
+  return schema.with_model_keys(made.keys, path)
+end
+
 --[[
 config.resolve(raw, source_name [, overrides]) -> cfg, info
 raw: the table an experiment returns. source_name names it in errors
@@ -215,18 +249,19 @@ function config.resolve(raw, source_name, overrides)
     error(source .. ": a config must be a table, got " .. got(raw), 0)
   end
   local cfg, errs = {}, {}
-  resolve_section(schema.root, raw, cfg, errs)
+  local ovs = normalise_overrides(overrides)
+  local S = schema_for(raw, ovs)
+  resolve_section(S.root, raw, cfg, errs)
   if #errs > 0 then raise(errs, source) end
 
-  local info = {source = source, overridden = {}, derived = {}}
+  local info = {source = source, overridden = {}, derived = {}, schema = S}
   if cfg.name == nil then
     cfg.name = source:match("([^/\\]+)%.lua$") or "run"
     info.derived.name = true
   end
 
-  local ovs = normalise_overrides(overrides)
   for _, o in ipairs(ovs) do
-    local err = apply_override(cfg, o.key, o.value, o.form, o.text)
+    local err = apply_override(cfg, o.key, o.value, o.form, o.text, S.nodes)
     if err then errs[#errs + 1] = o.source .. ": " .. err
     else info.overridden[o.key] = o.source; info.derived[o.key] = nil end
   end
@@ -237,7 +272,7 @@ function config.resolve(raw, source_name, overrides)
     if err then errs[#errs + 1] = err end
   end
   if #errs > 0 then raise(errs, #ovs > 0 and source .. " with its overrides" or source) end
-  return strict(cfg, schema.root), info
+  return strict(cfg, S.root), info
 end
 
 ---------------------------------------------------------------- load
@@ -512,7 +547,8 @@ function config.plain(cfg) return copy(cfg) end
 function config.describe(cfg, info)
   info = info or {overridden = {}, derived = {}}
   local rows, wkey, wval = {}, 0, 0
-  for _, section in ipairs(sections(schema.root, {})) do
+  local S = info.schema or schema_for(cfg, {})                 -- a model's own keys too
+  for _, section in ipairs(sections(S.root, {})) do
     local leaves = {}
     for _, node in ipairs(section.order) do
       if not node.section then leaves[#leaves + 1] = node end

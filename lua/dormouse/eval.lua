@@ -22,9 +22,9 @@ function eval.held_out(model, x, prefix, opts)
         local out = model:forward(xb, pb, {depths = opts.depths})
         local w = len / n
         fin = fin + out.fin:item() * w
-        for i, ce in ipairs(out.periter) do periter[i] = (periter[i] or 0) + ce:item() * w end
-        for _, D in ipairs(opts.depths or {}) do
-          if out.fin_D[D] then depths[D] = (depths[D] or 0) + out.fin_D[D]:item() * w end
+        for i, ce in ipairs(out.periter or {}) do periter[i] = (periter[i] or 0) + ce:item() * w end
+        for _, D in ipairs(opts.depths or {}) do        -- (periter and fin_D are optional: docs/models.md)
+          if out.fin_D and out.fin_D[D] then depths[D] = (depths[D] or 0) + out.fin_D[D]:item() * w end
         end
       end)
     end

@@ -97,7 +97,7 @@ function instrument.eval_line(e, baselines)
   end
   local per = {}
   for i, ce in ipairs(e.periter) do per[i] = string.format("%.3f", ce / LN2) end
-  parts[#parts + 1] = "periter_bpb " .. table.concat(per, "/")
+  if #per > 0 then parts[#parts + 1] = "periter_bpb " .. table.concat(per, "/") end   -- a model may give none
   local depths = {}
   for D, ce in pairs(e.depths or {}) do depths[#depths + 1] = {D, ce} end
   table.sort(depths, function(a, b) return a[1] < b[1] end)

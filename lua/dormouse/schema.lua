@@ -194,7 +194,7 @@ local rows = {
   {"ce_ceiling", num{above = 0}, 100, "a training loss above this ends the run at once"},
 
   {"model", "the model family of spec/model.md", {
-    {"arch", str, "dormouse", "the model file: models/ARCH.lua, a function from this table to a module"},
+    {"arch", str, "dormouse", "the model file: models/ARCH.lua, a function from this table to a module (or {keys, build})"},
     {"d", positive, 768, "model width d"},
     {"heads", positive, 12, "KDA heads H"},
     {"head_dim", positive, 64, "KDA head dim dh (dk = dv = dh)"},
@@ -317,7 +317,8 @@ schema.checks = {
 
 -- root: the section tree. nodes[dotted] = a section or a leaf; leaves: every
 -- leaf in schema order. A leaf: {name, key, type, default, doc, progress, index}.
-local function build(rows_, prefix, section)
+local function build(rows_, prefix, section, nodes, leaves)
+  nodes, leaves = nodes or schema.nodes, leaves or schema.leaves
   section.children, section.order = {}, {}
   for _, row in ipairs(rows_) do
     local name = row[1]
@@ -328,21 +329,67 @@ local function build(rows_, prefix, section)
               progress = row.progress or false, parent = section}
       local ok, err = row[2]:check(row[3])
       assert(err == nil and (ok ~= nil or row[3] == nil), "schema: bad default for " .. key .. ": " .. tostring(err))
-      schema.leaves[#schema.leaves + 1] = node
-      node.index = #schema.leaves
+      leaves[#leaves + 1] = node
+      node.index = #leaves
     else
       node = {name = name, key = key, doc = row[2], section = true, parent = section}
-      build(row[3], key, node)
+      build(row[3], key, node, nodes, leaves)
     end
-    assert(not schema.nodes[key], "schema: duplicate key " .. key)
+    assert(not nodes[key], "schema: duplicate key " .. key)
     section.children[name] = node
     section.order[#section.order + 1] = node
-    schema.nodes[key] = node
+    nodes[key] = node
   end
 end
 
 schema.leaves, schema.nodes = {}, {}
 schema.root = {key = "", doc = "the run"}
 build(rows, "", schema.root)
+
+--[[ schema.with_model_keys(rows, where) -> {root, nodes}: the schema with a
+model file's own keys under model (rows as the schema's: {name, type,
+default, doc}, or a section {name, doc, {rows}}), for one resolve; the
+schema itself is not changed. A name the runtime's model section has is
+refused, naming the file (where). ]]
+function schema.with_model_keys(model_rows, where)
+  local base = schema.nodes.model
+  for _, row in ipairs(model_rows) do
+    if type(row) ~= "table" or type(row[1]) ~= "string" or not row[1]:match("^[%a_][%w_]*$") then
+      error(where .. ": keys: each entry is {name, type, default, doc} or {name, doc, {entries}}", 0)
+    end
+    if base.children[row[1]] then
+      error(string.format("%s: key '%s' is the runtime's own (model.%s); a model's keys need other names",
+                          where, row[1], row[1]), 0)
+    end
+    if not schema.is_type(row[2]) and type(row[3]) ~= "table" then
+      error(string.format("%s: key '%s': its type is not one of dormouse.schema's (schema.integer, " ..
+                          "schema.number, schema.boolean, schema.string, schema.enum{...}, schema.list(t), " ..
+                          "schema.optional(t))", where, row[1]), 0)
+    end
+  end
+  local nodes = setmetatable({}, {__index = schema.nodes})
+  local own = {key = "model", doc = base.doc}
+  local ok, err = pcall(build, model_rows, "model", own, nodes, {})
+  if not ok then error(where .. ": " .. tostring(err):gsub("^schema: ", ""), 0) end
+  local model = {name = "model", key = "model", doc = base.doc, section = true, parent = schema.root,
+                 children = {}, order = {}}
+  for _, node in ipairs(base.order) do
+    model.children[node.name] = node
+    model.order[#model.order + 1] = node
+  end
+  for _, node in ipairs(own.order) do
+    node.parent = model
+    model.children[node.name] = node
+    model.order[#model.order + 1] = node
+  end
+  nodes.model = model
+  local root = {key = "", doc = schema.root.doc, children = {}, order = {}}
+  for _, node in ipairs(schema.root.order) do
+    local n = node.name == "model" and model or node
+    root.children[n.name] = n
+    root.order[#root.order + 1] = n
+  end
+  return {root = root, nodes = nodes}
+end
 
 return schema

@@ -41,7 +41,8 @@ local function write_atomic(path, text)
   core.ckpt_write_file(path, text)
 end
 
--- The model file: models/ARCH.lua returns a function from the model table to a module.
+-- The model file: models/ARCH.lua returns a function from the model table to a module, or
+-- {keys = {rows}, build = that function} when it has keys of its own (config.lua schema_for).
 function train.build_model(cfg, root)
   local arch = cfg.model.arch
   local path = arch:find("/") and arch or (root .. "/models/" .. arch .. ".lua")
@@ -64,9 +65,11 @@ function train.build_model(cfg, root)
     end
     error("model.arch " .. arch .. ": " .. err .. hint, 0)
   end
-  local build = chunk()
+  local made = chunk()
+  local build = type(made) == "table" and made.build or made
   if type(build) ~= "function" then
-    error(path .. ": a model file must return a function from the model config to a module", 0)
+    error(path .. ": a model file must return a function from the model config to a module, or " ..
+          "{keys = {...}, build = function} (docs/models.md)", 0)
   end
   return build(cfg.model)
 end

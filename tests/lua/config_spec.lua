@@ -453,3 +453,85 @@ describe("dormouse config", function()
     has(err, "expected KEY=VALUE", "usage: dormouse config")
   end)
 end)
+
+-- A model file with hyperparameters of its own: it returns {keys = ..., build = ...}, and its keys
+-- are checked, defaulted, overridden and listed as the runtime's are, under model.
+describe("a model file's own keys", function()
+  local dir, path
+  local function write(name, text)
+    local p = dir .. "/" .. name .. ".lua"
+    local f = assert(io.open(p, "w"))
+    f:write(text)
+    f:close()
+    return p
+  end
+  setup(function()
+    dir = helpers.tmpdir()
+    path = write("gated", [[
+local schema = require "dormouse.schema"
+local nn = require "dormouse.nn"
+return {
+  keys = {
+    {"gated", schema.boolean, false, "gate the block's output"},
+    {"gate_bias", schema.number, 1.0, "the gate's initial bias"},
+    {"gate", "the gate's shape", {{"rank", schema.integer{min = 1}, 4, "its rank"}}},
+  },
+  build = function(m) return nn.Linear(m.d, m.gate.rank) end,
+}]])
+  end)
+  teardown(function() os.execute("rm -rf '" .. dir .. "'") end)
+
+  it("are checked, defaulted, set on the command line and listed", function()
+    local cfg, info = config.resolve({model = {arch = path, gated = true}}, "exp.lua", {"model.gate_bias=2.5"})
+    assert.is_true(cfg.model.gated)
+    assert.equal(2.5, cfg.model.gate_bias)
+    assert.equal(4, cfg.model.gate.rank)
+    assert.equal(768, cfg.model.d)                                  -- the runtime's keys as ever
+    has(config.describe(cfg, info), "model.gated", "gate the block's output", "model.gate.rank")
+    local model = require("dormouse.train").build_model(cfg, ".")
+    assert.equal(768 * 4, model:n_params())
+  end)
+
+  it("train, and come back from the checkpoint with the run", function()
+    local tiny = write("tiny_keys", [[
+local dm = require "dormouse"
+local nn = require "dormouse.nn"
+local schema = require "dormouse.schema"
+local M = nn.class("TinyKeys")
+function M:init(m)
+  self:child("emb", nn.Embedding(256, m.d))
+  self:child("head", nn.Linear(m.d, 256))
+  self.scale = m.scale
+end
+function M:forward(x)
+  local T = x:size(2) - 1
+  local targets = x:narrow(2, 2, T):to("i64"):reshape({-1})
+  local h = self.emb:forward(x:narrow(2, 1, T)) * self.scale
+  local logits = self.head:forward(nn.activation(h)):to(h.dtype)
+  local ce = dm.cross_entropy(logits:reshape({-1, 256}), targets)
+  return {loss = ce, fin = ce, fin_logits = logits}
+end
+return {keys = {{"scale", schema.number{above = 0}, 1.0, "the embedding's scale"}},
+        build = function(m) return M(m) end}]])
+    local runs = helpers.tmpdir()
+    helpers.run_quiet(helpers.tiny({"steps=2", "eval.every=0", "checkpoint.every=2", "log.every=2",
+                                    "schedule.warmup=1", "eval.windows=2", "eval.baseline={}", "name=k",
+                                    "model.arch=" .. tiny, "model.scale=0.5"}), {runs = runs})
+    local _, cfg, _, step = require("dormouse.probe").load(runs .. "/k", ".")
+    os.execute("rm -rf '" .. runs .. "'")
+    assert.equal(2, step)
+    assert.equal(0.5, cfg.model.scale)
+  end)
+
+  it("refuse what the schema would: unknown keys, wrong types, the runtime's names", function()
+    has(err_of(config.resolve, {model = {arch = path, gatd = true}}, "exp.lua"), "unknown key 'model.gatd'")
+    has(err_of(config.resolve, {model = {arch = path, gated = 3}}, "exp.lua"), "model.gated", "boolean")
+    has(err_of(config.resolve, {model = {arch = path}}, "exp.lua", {"model.gate.rank=0"}), "model.gate.rank")
+    has(err_of(config.resolve, {model = {gated = true}}, "exp.lua"), "unknown key 'model.gated'")   -- not this arch
+    local clash = write("clash", [[return {keys = {{"d", require("dormouse.schema").integer, 1, "x"}},
+                                           build = function() end}]])
+    has(err_of(config.resolve, {model = {arch = clash}}, "exp.lua"), clash, "key 'd' is the runtime's own")
+    local untyped = write("untyped", [[return {keys = {{"x", "number", 1, "x"}}, build = function() end}]])
+    has(err_of(config.resolve, {model = {arch = untyped}}, "exp.lua"), untyped, "key 'x': its type")
+  end)
+end)
