@@ -76,11 +76,16 @@ local function last_part(key) return key:match("([^.]*)$") end
 -- The nearest valid key among the dotted names of the same section (all
 -- names when the first part is no section). A right name at the wrong depth
 -- (model.lfb_gamma for model.moe.lfb_gamma) is one step away.
-function config.suggest(key)
+function config.suggest(key, extra)
   local top = key:match("^([^.]+)%.")
   local scope = top and schema.nodes[top] and schema.nodes[top].section and top .. "." or ""
   local best, best_score
-  for _, cand in ipairs(all_keys) do
+  local cands = all_keys
+  if extra and #extra > 0 then
+    cands = table.move(all_keys, 1, #all_keys, 1, {})
+    table.move(extra, 1, #extra, #cands + 1, cands)
+  end
+  for _, cand in ipairs(cands) do
     if cand:sub(1, #scope) == scope and cand ~= key then
       local score = math.min(distance(key, cand), distance(last_part(key), last_part(cand)) + 1)
       if not best_score or score < best_score then best, best_score = cand, score end
@@ -89,8 +94,8 @@ function config.suggest(key)
   return best
 end
 
-local function unknown_key(key)
-  local near = config.suggest(key)
+local function unknown_key(key, extra)
+  local near = config.suggest(key, extra)
   return "unknown key '" .. key .. "'" .. (near and " (did you mean '" .. near .. "'?)" or "")
 end
 
@@ -112,14 +117,14 @@ end
 ---------------------------------------------------------------- resolve
 
 -- Check raw against a section of the schema, filling defaults into out.
-local function resolve_section(section, raw, out, errs)
+local function resolve_section(section, raw, out, errs, extra)
   local unknown = {}
   for k in pairs(raw) do
     if type(k) ~= "string" then
       unknown[#unknown + 1] = (section.key == "" and "the top level" or section.key)
         .. ": unexpected list entry [" .. show(k) .. "] (a section takes named keys)"
     elseif not section.children[k] then
-      unknown[#unknown + 1] = unknown_key((section.key == "" and "" or section.key .. ".") .. k)
+      unknown[#unknown + 1] = unknown_key((section.key == "" and "" or section.key .. ".") .. k, extra)
     end
   end
   table.sort(unknown)
@@ -132,7 +137,7 @@ local function resolve_section(section, raw, out, errs)
         errs[#errs + 1] = node.key .. ": expected a table (the section: " .. node.doc .. "), got " .. got(v)
       else
         out[node.name] = {}
-        resolve_section(node, v, out[node.name], errs)
+        resolve_section(node, v, out[node.name], errs, extra)
       end
     elseif v == nil then
       out[node.name] = copy(node.default)
@@ -158,9 +163,9 @@ local function first_leaf(section)
 end
 
 -- One override onto a resolved table; returns an error message or nil.
-local function apply_override(cfg, key, value, form, text, nodes)
-  local node = nodes[key]
-  if not node then return unknown_key(key) end
+local function apply_override(cfg, key, value, form, text, S)
+  local node = S.nodes[key]
+  if not node then return unknown_key(key, S.keys) end
   if node.section then
     return "'" .. key .. "' is a section; set one of its keys, such as '" .. first_leaf(node).key .. "'"
   end
@@ -251,7 +256,7 @@ function config.resolve(raw, source_name, overrides)
   local cfg, errs = {}, {}
   local ovs = normalise_overrides(overrides)
   local S = schema_for(raw, ovs)
-  resolve_section(S.root, raw, cfg, errs)
+  resolve_section(S.root, raw, cfg, errs, S.keys)
   if #errs > 0 then raise(errs, source) end
 
   local info = {source = source, overridden = {}, derived = {}, schema = S}
@@ -261,7 +266,7 @@ function config.resolve(raw, source_name, overrides)
   end
 
   for _, o in ipairs(ovs) do
-    local err = apply_override(cfg, o.key, o.value, o.form, o.text, S.nodes)
+    local err = apply_override(cfg, o.key, o.value, o.form, o.text, S)
     if err then errs[#errs + 1] = o.source .. ": " .. err
     else info.overridden[o.key] = o.source; info.derived[o.key] = nil end
   end

@@ -37,6 +37,20 @@ setmetatable(dm, {__index = function(t, k)
   end
 end})
 
+-- Tensors to and from a safetensors file (the checkpoints' format, which other tools read):
+-- dm.save(path, {name = tensor, ...} [, {key = "text", ...}]) writes it under a temporary name and
+-- renames it (refused input leaves nothing on disk); dm.load(path) -> {name = tensor} on the CPU,
+-- and the metadata.
+function dm.save(path, tensors, metadata)
+  if type(path) ~= "string" then error("dm.save: path must be a string, got " .. type(path), 2) end
+  if type(tensors) ~= "table" then error("dm.save: " .. path .. ": tensors must be a table {name = tensor}", 2) end
+  dm.ckpt.save_tensors(path, tensors, metadata)
+end
+function dm.load(path)
+  if type(path) ~= "string" then error("dm.load: path must be a string, got " .. type(path), 2) end
+  return dm.ckpt.load_tensors(path)
+end
+
 -- Seed sweeps with a verdict table: dm.sweep{base =, arms =, seeds =}.
 function dm.sweep(spec) return require("dormouse.sweep").run(spec) end
 

@@ -346,7 +346,7 @@ schema.leaves, schema.nodes = {}, {}
 schema.root = {key = "", doc = "the run"}
 build(rows, "", schema.root)
 
---[[ schema.with_model_keys(rows, where) -> {root, nodes}: the schema with a
+--[[ schema.with_model_keys(rows, where) -> {root, nodes, keys}: the schema with a
 model file's own keys under model (rows as the schema's: {name, type,
 default, doc}, or a section {name, doc, {rows}}), for one resolve; the
 schema itself is not changed. A name the runtime's model section has is
@@ -383,13 +383,16 @@ function schema.with_model_keys(model_rows, where)
     model.order[#model.order + 1] = node
   end
   nodes.model = model
+  local keys = {}              -- the model's own dotted keys (for "did you mean")
+  for key in pairs(nodes) do keys[#keys + 1] = key end
+  table.sort(keys)
   local root = {key = "", doc = schema.root.doc, children = {}, order = {}}
   for _, node in ipairs(schema.root.order) do
     local n = node.name == "model" and model or node
     root.children[n.name] = n
     root.order[#root.order + 1] = n
   end
-  return {root = root, nodes = nodes}
+  return {root = root, nodes = nodes, keys = keys}
 end
 
 return schema

@@ -1040,6 +1040,20 @@ function dm.moe_counters(counts) end
 ---@return dormouse.Tensor
 function dm.moe_balance_(bias, counts, gamma) end
 
+-- ---- files ------------------------------------------------------------------------------------
+
+---Writes tensors to a safetensors file (a temporary name, then renamed; refused input writes nothing).
+---@param path string
+---@param tensors table<string, dormouse.Tensor>
+---@param metadata? table<string, string>
+function dm.save(path, tensors, metadata) end
+
+---Reads a safetensors file: the tensors by name (contiguous, on the CPU) and the metadata.
+---@param path string
+---@return table<string, dormouse.Tensor> tensors
+---@return table<string, string> metadata
+function dm.load(path) end
+
 -- ---- experiments ------------------------------------------------------------------------------
 
 ---Trains every (arm, seed) of an experiment and prints a verdict table.

@@ -158,6 +158,34 @@ print("\n".join(out))
   end)
 end)
 
+describe("dm.save / dm.load", function()
+  local dir
+  before_each(function() dir = tmpdir() end)
+  after_each(function() rm_rf(dir) end)
+
+  it("write tensors to a safetensors file and read them back, with metadata", function()
+    local w = dm.randn({3, 5}, {seed = 2})
+    local path = dir .. "/w.safetensors"
+    dm.save(path, {w = w, w_bf16 = w:to("bf16"), idx = dm.arange(4), col = w:narrow(2, 2, 2)}, {note = "probe"})
+    local back, meta = dm.load(path)
+    assert.is_true(same(back.w, w))
+    assert.is_true(same(back.w_bf16, w:to("bf16")))
+    assert.is_true(same(back.idx, dm.arange(4)))
+    assert.is_true(same(back.col, w:narrow(2, 2, 2):contiguous()))
+    assert.equal("probe", meta.note)
+    assert.same({"w.safetensors"}, listdir(dir))
+  end)
+
+  it("refuse bad input by name and leave nothing on disk", function()
+    local path = dir .. "/bad.safetensors"
+    expect_error(function() dm.save(path, {w = dm.ones({2}), n = 3}) end, path, "'n' is a number, not a tensor")
+    expect_error(function() dm.save(42, {}) end, "dm.save: path must be a string")
+    expect_error(function() dm.save(path, dm.ones({2})) end, "dm.save", "tensors must be a table")
+    expect_error(function() dm.load(dir .. "/none.safetensors") end, "none.safetensors")
+    assert.same({}, listdir(dir))
+  end)
+end)
+
 describe("ckpt.serialize", function()
   local function round(v)
     return ckpt.deserialize("return " .. ckpt.serialize(v), "test")

@@ -524,7 +524,8 @@ return {keys = {{"scale", schema.number{above = 0}, 1.0, "the embedding's scale"
   end)
 
   it("refuse what the schema would: unknown keys, wrong types, the runtime's names", function()
-    has(err_of(config.resolve, {model = {arch = path, gatd = true}}, "exp.lua"), "unknown key 'model.gatd'")
+    has(err_of(config.resolve, {model = {arch = path, gatedd = true}}, "exp.lua"), "unknown key 'model.gatedd'",
+        "did you mean 'model.gated'?")
     has(err_of(config.resolve, {model = {arch = path, gated = 3}}, "exp.lua"), "model.gated", "boolean")
     has(err_of(config.resolve, {model = {arch = path}}, "exp.lua", {"model.gate.rank=0"}), "model.gate.rank")
     has(err_of(config.resolve, {model = {gated = true}}, "exp.lua"), "unknown key 'model.gated'")   -- not this arch

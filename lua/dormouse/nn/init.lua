@@ -128,15 +128,15 @@ local function human(n)
 end
 nn.human = human
 
--- One line a module: its name, class, own parameters and the total below it.
+-- One line a module: its name, class, the parameters below it, and its own parameters' shapes.
 function Module:summary(name, depth, lines)
   lines = lines or {}
   depth = depth or 0
-  local own = 0
-  for _, p in ipairs(self._params) do own = own + self[p]:numel() end
-  local total = self:n_params()
+  local own = {}
+  for _, p in ipairs(self._params) do own[#own + 1] = p .. " [" .. table.concat(self[p]:shape(), ", ") .. "]" end
   local indent = string.rep("  ", depth)
-  lines[#lines + 1] = string.format("%-28s %-10s %10s", indent .. (name or self._name), self._name, human(total))
+  local line = string.format("%-28s %-10s %10s", indent .. (name or self._name), self._name, human(self:n_params()))
+  lines[#lines + 1] = #own > 0 and line .. "  " .. table.concat(own, "  ") or line
   for _, c in ipairs(self._children) do self[c]:summary(c, depth + 1, lines) end
   if depth == 0 then return table.concat(lines, "\n") end
 end
