@@ -9,7 +9,7 @@
 **   core.readline(prompt)              the line; nil at end of input; false when Ctrl-C dropped it
 **   core.add_history(line [, path [, max]])   to this session's history, and appended at once to
 **                                      path's file, kept to its last max lines
-**   core.read_history(path), core.write_history(path [, max])
+**   core.read_history(path)
 **   core.repl_interrupts(on)           Ctrl-C as above while on (the calling state's main thread)
 **   core.set_completer(fn)             fn(word) -> the completions of the word before the cursor
 **   core.isatty(fd)
@@ -102,15 +102,6 @@ static int r_read_history(lua_State *L) {
   return 1;
 }
 
-/* this session's lines to the file, kept to `max` lines */
-static int r_write_history(lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
-  int max = (int)luaL_optinteger(L, 2, 1000);
-  stifle_history(max);
-  lua_pushboolean(L, write_history(path) == 0);
-  return 1;
-}
-
 static int r_repl_interrupts(lua_State *L) {
   if (lua_toboolean(L, 1) && !repl_L) {
     lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
@@ -189,7 +180,7 @@ static int r_isatty(lua_State *L) {
 
 static const luaL_Reg funcs[] = {
   {"readline", r_readline}, {"add_history", r_add_history}, {"read_history", r_read_history},
-  {"write_history", r_write_history}, {"repl_interrupts", r_repl_interrupts},
+  {"repl_interrupts", r_repl_interrupts},
   {"set_completer", r_set_completer}, {"isatty", r_isatty}, {NULL, NULL}
 };
 DM_LUA_FUNCS(funcs)

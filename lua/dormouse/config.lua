@@ -213,8 +213,9 @@ end
 -- Where models/ is: the library's root (the cli sets it).
 config.root = "."
 
-function config.model_path(arch)
-  return arch:find("/") and arch or config.root .. "/models/" .. arch .. ".lua"
+-- The file model.arch names: a path as it is, else models/ARCH.lua under root (default config.root).
+function config.model_path(arch, root)
+  return arch:find("/") and arch or (root or config.root) .. "/models/" .. arch .. ".lua"
 end
 
 --[[ The schema a config resolves against: the runtime's, with the model

@@ -56,11 +56,7 @@ local function keys_of(v, out, depth)
   if depth > 3 then return end
   if type(v) == "table" then for k in next, v do if type(k) == "string" then out[k] = rawget(v, k) end end end
   local mt = (type(v) == "table" or type(v) == "userdata") and getmetatable(v)
-  local index = type(mt) == "table" and rawget(mt, "__index")
-  if type(index) == "function" and debug and debug.getupvalue then   -- a tensor's: its methods are an upvalue
-    local _, up = debug.getupvalue(index, 1)
-    index = up
-  end
+  local index = dm.is_tensor(v) and core.methods or type(mt) == "table" and rawget(mt, "__index")
   if type(index) == "table" and index ~= v then keys_of(index, out, depth + 1) end
 end
 

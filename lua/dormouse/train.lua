@@ -45,7 +45,7 @@ end
 -- {keys = {rows}, build = that function} when it has keys of its own (config.lua schema_for).
 function train.build_model(cfg, root)
   local arch = cfg.model.arch
-  local path = arch:find("/") and arch or (root .. "/models/" .. arch .. ".lua")
+  local path = config.model_path(arch, root)
   local chunk, err = loadfile(path)
   if not chunk then
     local models, near, best = {}, nil, nil
