@@ -1448,6 +1448,14 @@ __device__ __forceinline__ void tc_du_unit(const tc_items &I, u16 *dug, u16 *duu
   if (I.slot == -2) return;
   const int warp = threadIdx.x >> 5;
   u16 *const smem = (u16 *)moe_smem, *os = smem + TS * STAGE;
+  /* f(w, mt, ng) for each of this warp's (m16 tile of the slice, n16 group of 2R) pairs, acc[w] its sums */
+  auto each_pair = [&](auto f) {
+#pragma unroll
+    for (int w = 0; w < UPW; w++) {
+      const int pr = warp + 8 * w;
+      if (pr < NU) f(w, pr / T::NG, pr % T::NG);
+    }
+  };
   auto place = [&](int64_t p0, int np, int i) {   /* sorted row p0 + i's row of u (d elements), or -1 */
     int64_t a = i < np ? __ldg(perm + p0 + i) : -1;
     return a >= 0 && a < M.rows ? (a / M.k) * d : (int64_t)-1;
@@ -1490,25 +1498,19 @@ __device__ __forceinline__ void tc_du_unit(const tc_items &I, u16 *dug, u16 *duu
 #pragma unroll
     for (int ks = 0; ks < TC_TM / 16; ks++) {
       if (ks * 16 >= np) continue;
-#pragma unroll
-      for (int w = 0; w < UPW; w++) {
-        int unit = warp + 8 * w, mt = unit / T::NG, ng = unit % T::NG;
-        if (unit >= NU) continue;
+      each_pair([&](int w, int mt, int ng) {
         uint32_t a[4], b[4];
         frag_a_t(a, xs, LXS, mt * 16, ks * 16);
         frag_b(b, as, T::LW, ks * 16, ng * 16);
         mma<DT>(acc[w][0], a, b[0], b[1]);
         mma<DT>(acc[w][1], a, b[2], b[3]);
-      }
+      });
     }
     if (t < I.nt - 1) continue;
     if (I.slot >= 0) {   /* a group of an expert split by rows: its sums in f32, for tc_join_k */
       const int64_t c0 = (int64_t)I.chunk(it) * TC_DS;
       float *p = part + I.slot * d * 2 * R;
-#pragma unroll
-      for (int w = 0; w < UPW; w++) {
-        int unit = warp + 8 * w, mt = unit / T::NG, ng = unit % T::NG;
-        if (unit >= NU) continue;
+      each_pair([&](int w, int mt, int ng) {
 #pragma unroll
         for (int h = 0; h < 2; h++)
 #pragma unroll
@@ -1516,20 +1518,17 @@ __device__ __forceinline__ void tc_du_unit(const tc_items &I, u16 *dug, u16 *duu
             const int64_t c = c0 + mt * 16 + acc_row(e);
             if (c < d) p[c * 2 * R + ng * 16 + h * 8 + acc_col(e)] = acc[w][h][e];
           }
-      }
+      });
       continue;
     }
-#pragma unroll
-    for (int w = 0; w < UPW; w++) {
-      int unit = warp + 8 * w, mt = unit / T::NG, ng = unit % T::NG;
-      if (unit >= NU) continue;
+    each_pair([&](int w, int mt, int ng) {
 #pragma unroll
       for (int h = 0; h < 2; h++)
 #pragma unroll
         for (int e = 0; e < 4; e += 2)
           *(uint32_t *)(os + (mt * 16 + acc_row(e)) * T::LW + ng * 16 + h * 8 + acc_col(e)) =
               pack2<DT>(acc[w][h][e], acc[w][h][e + 1]);
-    }
+    });
     __syncthreads();
     const int64_t c0 = (int64_t)I.chunk(it) * TC_DS;
     const int nvc = (int)(d - c0 < TC_DS ? d - c0 : TC_DS);
