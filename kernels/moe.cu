@@ -1364,6 +1364,15 @@ __device__ __forceinline__ void tc_dd_unit(const tc_items &I, u16 *dd, float *pa
     cp_commit();
   }
   float acc[R / 16][2][4];
+  /* f(j, c, v) for each of this thread's sums: row j of R, column c of the chunk, the value */
+  auto each_acc = [&](auto f) {
+#pragma unroll
+    for (int mt = 0; mt < R / 16; mt++)
+#pragma unroll
+      for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) f(mt * 16 + acc_row(e), (2 * warp + h) * 8 + acc_col(e), acc[mt][h][e]);
+  };
   for (int it = 0; it < I.n; it++) {
     cp_wait<TS - 2>();
     __syncthreads();
@@ -1397,27 +1406,10 @@ __device__ __forceinline__ void tc_dd_unit(const tc_items &I, u16 *dd, float *pa
     const int nv = (int)(F - f0 < TC_FS ? F - f0 : TC_FS);
     if (I.slot >= 0) {   /* a group of an expert split by rows: its sums in f32, for tc_join_k */
       float *p = part + I.slot * R * F;
-#pragma unroll
-      for (int mt = 0; mt < R / 16; mt++)
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-#pragma unroll
-          for (int e = 0; e < 4; e++) {
-            const int c = (2 * warp + h) * 8 + acc_col(e);
-            if (c < nv) p[(mt * 16 + acc_row(e)) * F + f0 + c] = acc[mt][h][e];
-          }
+      each_acc([&](int j, int c, float v) { if (c < nv) p[j * F + f0 + c] = v; });
       continue;
     }
-#pragma unroll
-    for (int mt = 0; mt < R / 16; mt++)
-#pragma unroll
-      for (int h = 0; h < 2; h++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-          int j = mt * 16 + acc_row(e);
-          os[j * T::LS + chunk_shift((x * R + j) * F + f0) + (2 * warp + h) * 8 + acc_col(e)] =
-              dt<DT>::store(acc[mt][h][e]);
-        }
+    each_acc([&](int j, int c, float v) { os[j * T::LS + chunk_shift((x * R + j) * F + f0) + c] = dt<DT>::store(v); });
     __syncthreads();
     store_runs<R, TC_FS, false>(dd, os, T::LS, R, nv, [&](int j) { return (x * R + j) * F + f0; });
   }
