@@ -265,7 +265,6 @@ end
 
 -- ---- the default corpus -----------------------------------------------------------------------
 
-
 local function cache_dir()
   local xdg, home = os.getenv("XDG_CACHE_HOME"), os.getenv("HOME")
   if xdg and xdg ~= "" then return xdg .. "/dormouse" end
