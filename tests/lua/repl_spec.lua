@@ -240,11 +240,13 @@ local function on_a_terminal(keys, home)
     else parts[#parts + 1] = string.format("printf '%%b' '%s'", k:gsub("'", "'\\''")) end
   end
   local out = os.tmpname()
-  local cmd = string.format("(sleep 1; %s) | HOME='%s' timeout 60 script -qefc \"'%s' repl\" /dev/null >'%s' 2>&1",
+  -- `exec`: the REPL is the terminal's only process (script runs the command through $SHELL, and a
+  -- shell left waiting as its parent would take the Ctrl-C too and end the session with 130).
+  local cmd = string.format("(sleep 1; %s) | HOME='%s' timeout 60 script -qefc \"exec '%s' repl\" /dev/null >'%s' 2>&1",
                             table.concat(parts, "; sleep 0.4; "), home, bin, out)
-  local ok = os.execute(cmd)
+  local ok, _, code = os.execute(cmd)
   local text = read(out):gsub("\27%[[%d;?]*%a", ""):gsub("\r", "")   -- as a terminal shows it
-  return ok, text
+  return ok, "exit " .. tostring(code) .. "\n" .. text
 end
 
 describe("dormouse repl on a terminal", function()
