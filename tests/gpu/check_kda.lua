@@ -74,8 +74,12 @@ print("device: " .. (DEV == "cuda" and cuda.device_name() or "cpu (dry run)"))
 
 -- ---- against the f64 recurrent oracle -----------------------------------------------------------
 local shapes = {{1, 1, 2, 64, 64}, {2, 15, 2, 64, 64}, {1, 17, 3, 64, 64}, {1, 63, 2, 64, 64}, {2, 65, 2, 64, 64},
-                {1, 1000, 2, 64, 64}, {1, 100, 2, 37, 50}}
+                {1, 1000, 2, 64, 64}, {1, 4096, 1, 64, 64}, {1, 100, 2, 37, 50}}
 local regimes = {"logsig", "weak", "zero", "bound", "far"}
+-- how each dtype's products are taken (kernels/kda_chunk.cu); the dry run's are the CPU's float32 loops
+local PATH = DEV == "cuda" and {f32 = "3xTF32 products", bf16 = "3xTF32 products"}
+             or {f32 = "CPU float32", bf16 = "CPU float32"}
+local worst_of = {f32 = {}, bf16 = {}}                               -- dtype -> output -> the largest error
 local seed = 100
 for _, s in ipairs(shapes) do
   for _, regime in ipairs(regimes) do
@@ -91,7 +95,9 @@ for _, s in ipairs(shapes) do
         local msg, worst = {}, 0
         local function add(name, a, b)
           local e = rel(a, b)
-          worst = math.max(worst, e ~= e and math.huge or e)
+          e = e ~= e and math.huge or e
+          worst = math.max(worst, e)
+          worst_of[dt][name] = math.max(worst_of[dt][name] or 0, e)
           msg[#msg + 1] = string.format("%s %.2g", name, e)
         end
         add("o", got[1], want[1]); add("S", got[2], want[2])
@@ -101,6 +107,15 @@ for _, s in ipairs(shapes) do
       end)
     end
   end
+end
+
+-- each path's largest error against the float64 recurrence, over the shapes and regimes above
+for _, dt in ipairs {"f32", "bf16"} do
+  local parts = {}
+  for _, name in ipairs {"o", "S", "dq", "dk", "dv", "dg", "dbeta", "dS0"} do
+    parts[#parts + 1] = string.format("%s %.2g", name, worst_of[dt][name] or 0)
+  end
+  print(string.format("worst against f64, %s (%s): %s", dt, PATH[dt], table.concat(parts, ", ")))
 end
 
 -- ---- one call against two, the state carried ----------------------------------------------------------
