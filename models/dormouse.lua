@@ -45,7 +45,13 @@ end
 --[[ x [B, T+1] bytes (inputs are x[:, 1..T], targets x[:, 2..T+1]); prefix
 [B, ctx] the bytes before each row (Engram's n-grams reach into them).
 opts.depths: the D of fin_D to report besides fin (e.g. {1, 2}).
-Returns {loss, fin, periter = {CE_1 ...}, fin_D = {[D] = ...}, logits = {...}, fin_logits}. ]]
+opts.state: the state a previous segment of the same rows left (out.state),
+or {} at a sequence's start: the pass then carries every iteration's KDA
+state and convolution inputs from it, and returns its own as out.state
+(docs/models.md, "Segments and streaming"). opts.counts = "add": the pass's
+routing counts add to the step's so far instead of starting them again (a
+step of several segments balances on all of them).
+Returns {loss, fin, periter = {CE_1 ...}, fin_D = {[D] = ...}, logits = {...}, fin_logits[, state]}. ]]
 function Dormouse:forward(x, prefix, opts)
   return nn.pass(self.pass, self, x, prefix, opts or {})   -- each parameter cast once for the iterations
 end
@@ -54,15 +60,23 @@ function Dormouse:pass(x, prefix, opts)
   local T = x:size(2) - 1
   local inputs = x:narrow(2, 1, T)
   local targets = x:narrow(2, 2, T):to("i64")
-  self.block.moe:new_pass()                         -- this pass's routing counts start here
+  if opts.counts ~= "add" then self.block.moe:new_pass() end   -- this pass's routing counts start here
   if self.block.engram then self.block.engram:lookup(inputs, prefix) end   -- the pass's rows, made here too
   local h = self.emb:forward(inputs)
   local out = {periter = {}, fin_D = {}, logits = {}}
   local sum_h, total = nil, nil
   local wanted = {}
   for _, D in ipairs(opts.depths or {}) do wanted[D] = true end
+  local carried = opts.state
+  if carried then out.state = {} end
   for i = 1, self.max_iter do
-    if self.cfg.recompute then               -- the block's activations recomputed in the backward (dm.checkpoint)
+    if carried then
+      if self.cfg.recompute and dm.grad_enabled() then
+        error("model.recompute: a pass that carries state (segments, streaming) is not recomputed yet; " ..
+              "set model.recompute = false", 0)
+      end
+      h, out.state[i] = self.block:forward(h, inputs, prefix, carried[i] or {})
+    elseif self.cfg.recompute then           -- the block's activations recomputed in the backward (dm.checkpoint)
       h = dm.checkpoint(function(hi) return self.block:forward(hi, inputs, prefix) end, h)
     else
       h = self.block:forward(h, inputs, prefix)
@@ -79,6 +93,20 @@ function Dormouse:pass(x, prefix, opts)
   out.fin = out.fin_D[self.max_iter]
   out.loss = (total + out.fin) * (1 / (self.max_iter + 1))
   return out
+end
+
+-- The tensors a training pass leaves on the model for the step's end (the routing counts,
+-- the Engram lookups the optimiser reads): a step that scopes each segment's pass keeps them.
+function Dormouse:held()
+  local out = {self.block.moe.counts}
+  if self.block.engram then self.block.engram:held(out) end
+  return out
+end
+
+-- The bytes before a segment that its forward reads (prefix): Engram's longest n-gram less one.
+function Dormouse:context()
+  local orders = self.cfg.engram.orders
+  return #orders > 0 and orders[#orders] - 1 or 0
 end
 
 -- Move the balancing bias on the last forward's routing counts (all

@@ -23,10 +23,11 @@ function Layer:init(m)
   self:child("up", nn.Linear(m.d, m.ffn))
   self:child("down", nn.Linear(m.ffn, m.d))
 end
--- each branch in the compute dtype, added back into the f32 stream (nn.residual)
-function Layer:forward(h)
-  local a = nn.residual(h, self.rms1, function(u) return (self.kda:forward(u)) end)
-  return nn.residual(a, self.rms2, function(u) return self.down:forward(self.up:forward(u):silu()) end)
+-- each branch in the compute dtype, added back into the f32 stream (nn.residual);
+-- state: the KDA branch's from the previous segment (returned with h when given)
+function Layer:forward(h, state)
+  local a, carried = nn.residual(h, self.rms1, function(u) return self.kda:forward(u, state) end)
+  return nn.residual(a, self.rms2, function(u) return self.down:forward(self.up:forward(u):silu()) end), carried
 end
 
 local Stack = nn.class("Stack")
@@ -38,16 +39,22 @@ function Stack:init(m)
   self:child("head", nn.Linear(m.d, 256))
 end
 
--- The trainer's contract: forward(x [B, T+1], prefix) returns at least loss and
--- fin (and fin_logits for sampling); periter and fin_D are optional.
+-- The trainer's contract: forward(x [B, T+1], prefix, opts) returns at least loss
+-- and fin (and fin_logits for sampling); periter and fin_D are optional. With
+-- opts.state (segments, streaming: docs/models.md) it carries each layer's state
+-- from it and returns its own as state.
 function Stack:forward(x, prefix, opts)
   local T = x:size(2) - 1
   local targets = x:narrow(2, 2, T):to("i64"):reshape({-1})
   local h = self.emb:forward(x:narrow(2, 1, T))
-  for _, layer in ipairs(self.layers) do h = layer:forward(h) end
+  local carried = opts and opts.state
+  local state = carried and {} or nil
+  for l, layer in ipairs(self.layers) do
+    if carried then h, state[l] = layer:forward(h, carried[l] or {}) else h = layer:forward(h) end
+  end
   local logits = self.head:forward(self.rmsf:forward(nn.activation(h))):to(h.dtype)
   local ce = dm.cross_entropy(logits:reshape({-1, 256}), targets)
-  return {loss = ce, fin = ce, periter = {ce}, fin_D = {}, fin_logits = logits}
+  return {loss = ce, fin = ce, periter = {ce}, fin_D = {}, fin_logits = logits, state = state}
 end
 
 return function(model_cfg) return Stack(model_cfg) end

@@ -3,13 +3,26 @@ Evaluation: the held-out loss of a model, and sampling text from it.
 ]]
 local dm = require "dormouse"
 
+local segments = require "dormouse.segments"
+
 local eval = {}
 
---[[ Held-out windows x [n, T+1] with their prefixes, in batches. Returns
-{bytes, fin, periter = {CE_i}, depths = {[D] = fin_D}} in nats per byte. ]]
+-- a forward's losses as numbers (periter and fin_D are optional: docs/models.md)
+local function numbers(out)
+  local r = {fin = out.fin:item(), periter = {}, fin_D = {}}
+  for i, ce in ipairs(out.periter or {}) do r.periter[i] = ce:item() end
+  for D, ce in pairs(out.fin_D or {}) do r.fin_D[D] = ce:item() end
+  return r
+end
+
+--[[ Held-out windows x [n, T+1] with their prefixes, in batches; with
+opts.segment shorter than T, each window by segments with the state
+carried (dormouse.segments). Returns {bytes, ctx = T, segment, fin,
+periter = {CE_i}, depths = {[D] = fin_D}} in nats per byte. ]]
 function eval.held_out(model, x, prefix, opts)
   local n, T = x:size(1), x:size(2) - 1
   local batch = opts.batch or 8
+  local segmented = opts.segment and opts.segment < T
   local fin, periter, depths = 0, {}, {}
   local was_training = model.training
   model:eval()
@@ -19,22 +32,31 @@ function eval.held_out(model, x, prefix, opts)
       dm.scope(function()
         local xb, pb = x:narrow(1, start, len), prefix:narrow(1, start, len)
         if opts.device and opts.device ~= "cpu" then xb, pb = xb:to(opts.device), pb:to(opts.device) end
-        local out = model:forward(xb, pb, {depths = opts.depths})
+        local r = segmented and segments.evaluate(model, xb, pb, opts.segment, {depths = opts.depths})
+                  or numbers(model:forward(xb, pb, {depths = opts.depths}))
         local w = len / n
-        fin = fin + out.fin:item() * w
-        for i, ce in ipairs(out.periter or {}) do periter[i] = (periter[i] or 0) + ce:item() * w end
+        fin = fin + r.fin * w
+        for i, ce in ipairs(r.periter) do periter[i] = (periter[i] or 0) + ce * w end
         for _, D in ipairs(opts.depths or {}) do        -- (periter and fin_D are optional: docs/models.md)
-          if out.fin_D and out.fin_D[D] then depths[D] = (depths[D] or 0) + out.fin_D[D]:item() * w end
+          if r.fin_D[D] then depths[D] = (depths[D] or 0) + r.fin_D[D] * w end
         end
       end)
     end
   end)
   model:train(was_training)
-  return {bytes = n * T, fin = fin, periter = periter, depths = depths}
+  return {bytes = n * T, ctx = T, segment = segmented and opts.segment or nil, fin = fin, periter = periter,
+          depths = depths}
 end
 
--- Pick a byte from logits [256] (a CPU f32 tensor) with temperature and top-p.
+-- Pick a byte from logits [256] (a CPU f32 tensor) with temperature and top-p;
+-- temperature 0 takes the most likely byte (the first of equals).
 local function pick(logits, temperature, top_p, u)
+  if temperature == 0 then
+    local v = logits:totable()
+    local best = 1
+    for b = 2, #v do if v[b] > v[best] then best = b end end
+    return best - 1
+  end
   local probs = (logits * (1 / temperature)):softmax(-1):totable()
   local order = {}
   for b = 1, #probs do order[b] = b end
@@ -53,39 +75,119 @@ local function pick(logits, temperature, top_p, u)
   return keep[#keep] - 1
 end
 
---[[ Sample n bytes after a prompt. opts: temperature (1), top_p (0.95),
-seed (0), context (the bytes of context kept, 256), device, on_byte (called
-with each byte as a one-character string, for streaming). ]]
+-- bytes[from..to] as a [1, n] u8 tensor on device, with zeros before byte 1 where from < 1
+local function byte_row(bytes, from, to, device)
+  local row = {}
+  for j = from, to do row[#row + 1] = j >= 1 and bytes[j] or 0 end
+  local t = #row > 0 and dm.tensor({row}, {dtype = "u8"}) or dm.zeros({1, 0}, {dtype = "u8"})
+  if device and device ~= "cpu" then t = t:to(device) end
+  return t
+end
+
+-- the last position's fin logits of a forward, as a CPU f32 [256]
+local function last_logits(out)
+  local logits = out.fin_logits
+  return logits:narrow(2, logits:size(2), 1):reshape({256}):to("cpu"):to("f32")
+end
+
+local free_state = segments.free
+
+local warned_full = false
+
+--[[ The generator of eval.sample: next() gives the logits of the byte after
+`bytes` (a list the caller appends each chosen byte to), then push(b) adds b.
+Streaming: the prompt is one pass that keeps the model's state, each new
+byte one pass of T = 1 that carries it, so every byte costs the same.
+A model whose forward returns no state (out.state) runs a full forward over
+the last `context` bytes for every byte instead, said once on stderr. ]]
+local function generator(model, bytes, opts)
+  local device, context = opts.device, opts.context or 256
+  local ctx = model.context and model:context() or 0
+  local state, logits
+  local streaming = opts.stream ~= false
+  local function full()
+    return dm.scope(function()
+      local from = math.max(1, #bytes - context + 1)
+      local x = byte_row(bytes, from, #bytes + 1, device)      -- a target slot the forward needs
+      return last_logits(model:forward(x, byte_row(bytes, 1, 0, device)))
+    end)
+  end
+  local function first()
+    local l, s = dm.scope(function()
+      local out = model:forward(byte_row(bytes, 1, #bytes + 1, device), byte_row(bytes, 1, 0, device), {state = {}})
+      return last_logits(out), out.state
+    end)
+    if not s then
+      streaming = false
+      if not warned_full then
+        warned_full = true
+        io.stderr:write("sample: this model's forward carries no state (out.state): each byte runs a full " ..
+                        "forward over the last " .. context .. " bytes\n")
+      end
+    end
+    return l, s
+  end
+  local gen = {}
+  function gen.next()
+    if logits then return logits end
+    if not streaming then logits = full()
+    elseif not state then logits, state = first()
+    else
+      local n = #bytes
+      local l, s = dm.scope(function()
+        local x = byte_row(bytes, n, n + 1, device)               -- the newest byte and a target slot
+        local out = model:forward(x, byte_row(bytes, n - ctx, n - 1, device), {state = state})
+        return last_logits(out), out.state
+      end)
+      free_state(state)
+      logits, state = l, s
+    end
+    return logits
+  end
+  function gen.push(b)                       -- the state covers the bytes before b: next() steps b in
+    bytes[#bytes + 1] = b
+    if logits then logits:free() end
+    logits = nil
+  end
+  function gen.close() free_state(state); state = nil end
+  return gen
+end
+
+--[[ Sample n bytes after a prompt. opts: temperature (1; 0 takes the most
+likely byte), top_p (0.95), seed (0), device, on_byte (called with each
+byte as a one-character string, for streaming), stream (true: the model's
+state carried from byte to byte, the same cost for every byte; false: a
+full forward over the last `context` bytes, 256, for each). ]]
 function eval.sample(model, prompt, n, opts)
   opts = opts or {}
   local temperature, top_p = opts.temperature or 1, opts.top_p or 0.95
-  local context = opts.context or 256
+  if type(temperature) ~= "number" or temperature < 0 then
+    error("sample: temperature must be a number >= 0, got " .. tostring(temperature), 2)
+  end
+  if type(top_p) ~= "number" or top_p <= 0 or top_p > 1 then
+    error("sample: top_p must be a number in (0, 1], got " .. tostring(top_p), 2)
+  end
   local bytes = {prompt:byte(1, -1)}
   if #bytes == 0 then bytes = {10} end
-  local uniforms = dm.rand({n}, {seed = opts.seed or 0}):totable()
+  local uniforms = dm.rand({math.max(n, 1)}, {seed = opts.seed or 0}):totable()
   local was_training = model.training
   model:eval()
   local out = {}
-  dm.no_grad(function()
-    for i = 1, n do
-      dm.scope(function()
-        local from = math.max(1, #bytes - context + 1)
-        local row = {}
-        for j = from, #bytes do row[#row + 1] = bytes[j] end
-        row[#row + 1] = 0                                  -- a target slot the forward needs
-        local x = dm.tensor({row}, {dtype = "u8"})
-        local prefix = dm.zeros({1, 0}, {dtype = "u8"})
-        if opts.device and opts.device ~= "cpu" then x, prefix = x:to(opts.device), prefix:to(opts.device) end
-        local o = model:forward(x, prefix)
-        local logits = o.fin_logits:narrow(2, #row - 1, 1):reshape({256}):to("cpu"):to("f32")
-        local b = pick(logits, temperature, top_p, uniforms[i])
-        bytes[#bytes + 1] = b
+  local ok, err = pcall(dm.no_grad, function()
+    local gen = generator(model, bytes, opts)
+    local done, e = pcall(function()
+      for i = 1, n do
+        local b = pick(gen.next(), temperature, top_p, uniforms[i])
+        gen.push(b)
         out[#out + 1] = string.char(b)
         if opts.on_byte then opts.on_byte(out[#out]) end
-      end)
-    end
+      end
+    end)
+    gen.close()
+    if not done then error(e, 0) end
   end)
   model:train(was_training)
+  if not ok then error(err, 0) end
   return table.concat(out)
 end
 

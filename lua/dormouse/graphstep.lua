@@ -44,6 +44,10 @@ function graphstep.new(r, opts)
   if cfg.grad_accum ~= 1 then
     fail("graph = true captures one micro-batch a step: grad_accum must be 1, got %d", cfg.grad_accum)
   end
+  if cfg.model.segment and cfg.model.segment < cfg.seq then
+    fail("graph = true captures a step of one pass: model.segment = %d splits seq = %d into segments " ..
+         "(set graph = false)", cfg.model.segment, cfg.seq)
+  end
   local engram = r.model.block and r.model.block.engram
   if engram and engram.ram then
     fail("graph = true needs the Engram tables on the device (engram.ram = true keeps them in host memory)")

@@ -84,14 +84,17 @@ function instrument.log_line(r)
   return table.concat(parts, "  ")
 end
 
--- The eval line: window bytes, fin, bpb_fin (beside the n-gram baselines), periter, depths.
+-- The eval line: window bytes, context, fin, bpb_fin (beside the n-gram baselines), periter, depths.
 function instrument.eval_line(e, baselines)
   local parts = {
     string.format("eval %6d", e.step),
     string.format("bytes %d", e.bytes),
-    string.format("fin %.4f", e.fin),
-    string.format("bpb_fin %.4f", e.fin / LN2),
   }
+  if e.ctx then                                      -- the context each byte was scored with
+    parts[#parts + 1] = string.format("ctx %d", e.ctx) .. (e.segment and string.format(" (segments of %d)", e.segment) or "")
+  end
+  parts[#parts + 1] = string.format("fin %.4f", e.fin)
+  parts[#parts + 1] = string.format("bpb_fin %.4f", e.fin / LN2)
   for _, b in ipairs(baselines or {}) do
     parts[#parts + 1] = string.format("ngram%d %.4f", b.order, b.bpb)
   end

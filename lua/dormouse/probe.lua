@@ -40,18 +40,21 @@ local function resolve_dir(path)
   error(path .. " holds no checkpoint (expected runs/NAME or runs/NAME/ckpt-STEP)", 0)
 end
 
-function probe.load(path, root)
+-- The model of a checkpoint (its run's latest, or ckpt-STEP), its config, folder and step.
+-- opts.device: "cpu" (the default, f32) or "cuda" (the run's compute dtype, as it trained).
+function probe.load(path, root, opts)
+  local device = opts and opts.device or "cpu"
   local train = require "dormouse.train"
   local dir = resolve_dir(path)
   local c = dm.ckpt.load(dir)
   train.check_meta(c.meta, dir)
   local cfg = config.resolve(c.meta.config, dir .. "/meta.lua")
-  nn.device, nn.compute_dtype = "cpu", "f32"
+  nn.device, nn.compute_dtype = device, device == "cpu" and "f32" or cfg.dtype
   local model = train.build_model(cfg, root)
   local state = train.named_state(model)
   train.check_tensors(c.model, state, dir .. "/model.safetensors")
   dm.no_grad(function()
-    for name, t in pairs(state) do t:copy_(c.model[name]) end
+    for name, t in pairs(state) do t:copy_(device == "cpu" and c.model[name] or c.model[name]:to(device)) end
   end)
   model:eval()
   return model, cfg, dir, c.meta.step

@@ -201,6 +201,8 @@ local rows = {
     {"max_iter", positive, 2, "iterations of the weight-shared block"},
     {"recompute", bool, false, "recompute each iteration's block in the backward instead of keeping its " ..
      "activations (less memory, one more forward of the block)"},
+    {"segment", optional(positive), nil, "bytes per segment: longer rows (training and eval) run as segments " ..
+     "with the state carried, the gradient exact, memory flat in the length (nil = whole rows)"},
     {"experts", positive, 64, "routed experts E"},
     {"top_k", positive, 2, "experts chosen per token k"},
     {"expert_rank", positive, 16, "rank r of a routed expert"},

@@ -23,6 +23,7 @@ local instrument = require "dormouse.instrument"
 local json = require "dormouse.json"
 local report = require "dormouse.report"
 local evaluate = require "dormouse.eval"
+local segments = require "dormouse.segments"
 
 local train = {}
 
@@ -91,6 +92,9 @@ function train.graph_mode(cfg, device)
   if device ~= "cuda" then return false end
   if cfg.grad_accum ~= 1 then return false, "graph mode takes grad_accum = 1" end
   if cfg.model.engram and cfg.model.engram.ram then return false, "graph mode needs the Engram tables on the device" end
+  if cfg.model.segment and cfg.model.segment < cfg.seq then
+    return false, "graph mode takes a step of one pass (model.segment splits it)"
+  end
   return true
 end
 
@@ -293,17 +297,25 @@ function train.step(r, mark)
       local x, prefix = r.loader:next()
       if r.device ~= "cpu" then x, prefix = x:to(r.device), prefix:to(r.device) end
       mark("data")
-      local out = r.model:forward(x, prefix)
-      local l = out.loss:item()
-      loss = loss + l / cfg.grad_accum
-      mark("forward")
-      if instrument.finite(l) then (out.loss * (1 / cfg.grad_accum)):backward() end
+      local seg = cfg.model.segment
+      if seg and x:size(2) - 1 > seg then        -- by segments, the state carried: forward and backward in one
+        loss = loss + segments.backward(r.model, x, prefix, seg, 1 / cfg.grad_accum) / cfg.grad_accum
+        mark("forward")
+      else
+        local out = r.model:forward(x, prefix)
+        local l = out.loss:item()
+        loss = loss + l / cfg.grad_accum
+        mark("forward")
+        if instrument.finite(l) then (out.loss * (1 / cfg.grad_accum)):backward() end
+      end
       mark("backward")
     end
     local engram
-    local lookup = r.model.block and r.model.block.engram and r.model.block.engram.current
-    if r.log_now and lookup then        -- the last micro-batch's rows, as the forward found them
-      engram = {rows = lookup.rows:numel(), unique_frac = lookup.rows:numel() / lookup.inverse:numel()}
+    local module = r.model.block and r.model.block.engram
+    if r.log_now and module and #module.entries > 0 then   -- the step's lookups (micro-batches, segments)
+      local rows, lookups = 0, 0
+      for _, c in ipairs(module.entries) do rows, lookups = rows + c.rows:numel(), lookups + c.inverse:numel() end
+      engram = {rows = rows, unique_frac = rows / lookups}
     end
     local counts = r.model.update_balance and r.model:update_balance()
     local result
@@ -382,10 +394,11 @@ end
 
 function Run:eval()
   local e = evaluate.held_out(self.model, self.eval_x, self.eval_prefix, {
-    batch = self.cfg.batch, device = self.device, depths = self.cfg.eval.depths})
+    batch = self.cfg.batch, device = self.device, depths = self.cfg.eval.depths, segment = self.cfg.model.segment})
   e.step = self.step
   self:say(instrument.eval_line(e, self.baselines))
-  local rec = {kind = "eval", step = self.step, bytes = e.bytes, fin = e.fin, bpb_fin = e.fin / instrument.LN2,
+  local rec = {kind = "eval", step = self.step, bytes = e.bytes, ctx = e.ctx, segment = e.segment, fin = e.fin,
+               bpb_fin = e.fin / instrument.LN2,
                periter = e.periter, depths = e.depths}
   self:record(rec)
   self.last_eval = e

@@ -112,6 +112,19 @@ describe("Engram tables in host memory, on the CPU through the host table", func
     assert.matches("engram rows %d+ uniq [%d.]+", io.open(runs .. "/ram/log.txt"):read("a"))
   end)
 
+  it("trains by segments (model.segment) like device tables by segments; each segment gathers its rows", function()
+    local runs = tmpdir()
+    local seg = {"seq=64", "model.segment=16"}
+    local dev = run_quiet(tiny {"name=dev", table.unpack(seg)}, {runs = runs})
+    local ram = run_quiet(tiny {"name=ram", "model.engram.ram=true", table.unpack(seg)}, {runs = runs})
+    local ld, lr = losses(runs .. "/dev"), losses(runs .. "/ram")
+    assert.are.equal(12, #ld)
+    for i = 1, #ld do assert.is_true(math.abs(ld[i] - lr[i]) <= 1e-6, "loss " .. i) end
+    same_params(ram.model, dev.model, 1e-6)
+    local c = ram.model.block.engram:counters()
+    assert.are.equal(12 * 4, c.prefetch_missed)          -- (docs/training.md: not prefetched by segment yet)
+  end)
+
   it("resumes bit for bit: 20 steps straight equal 10, a stop, a resume and 10 more", function()
     local runs = tmpdir()
     local o = {"steps=20", "eval.every=0", "checkpoint.every=10", "model.engram.ram=true"}

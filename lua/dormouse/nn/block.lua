@@ -26,11 +26,22 @@ end
 -- Each branch runs in the compute dtype and is added back into the f32
 -- residual stream (nn.residual); its intermediates are dropped as it returns
 -- (dm.scope): what the backward needs, the tape holds.
-function Block:forward(h, x, prefix)
+-- state (optional): this iteration's state from the previous segment, {S, q, k, v}
+-- of the KDA branch and {e} of Engram's convolution in one table (entries nil:
+-- zeros); given, the call returns h' and this segment's state.
+function Block:forward(h, x, prefix, state)
   if self.engram then self.engram:lookup(x, prefix) end     -- the pass's rows, made outside the branch's scope
-  local a = nn.residual(h, self.rms1, function(u) return (self.kda:forward(u)) end)
-  local b = self.engram and nn.residual(a, self.rms2, function(u) return self.engram:forward(u, x, prefix) end) or a
-  return nn.residual(b, self.rms3, function(u) return self.moe:forward(u) end)
+  local a, ks = nn.residual(h, self.rms1, function(u) return self.kda:forward(u, state) end)
+  local b, es = a, nil
+  if self.engram then
+    b, es = nn.residual(a, self.rms2, function(u)
+      return self.engram:forward(u, x, prefix, state and {e = state.e})
+    end)
+  end
+  local out = nn.residual(b, self.rms3, function(u) return self.moe:forward(u) end)
+  if not state then return out end
+  ks.e = es and es.e
+  return out, ks
 end
 
 nn.Block = Block

@@ -173,13 +173,25 @@ function Engram:sparse_grad()
   return self.summed.rows, self.summed.g
 end
 
+-- The tensors this step's training lookups hold for the optimiser (Dormouse:held).
+function Engram:held(out)
+  for _, c in ipairs(self.entries) do
+    for _, key in ipairs {"rows", "inverse", "compact", "n"} do
+      if c[key] then out[#out + 1] = c[key] end
+    end
+  end
+  return out
+end
+
 function Engram:clear_sparse()
   self.entries, self.current, self.summed = {}, nil, nil
 end
 
 -- The lookup's tensors outlive the forward (the optimiser reads compact's
--- gradient); the rest is dropped as it returns (dm.scope).
-function Engram:forward(u, x, prefix)
+-- gradient); the rest is dropped as it returns (dm.scope). state (optional):
+-- {e = the convolution's last inputs from the previous segment (nil: zeros)};
+-- given, the call returns the output and this segment's {e}.
+function Engram:forward(u, x, prefix, state)
   local B, T = u:size(1), u:size(2)
   local c = self:lookup(x, prefix)
   return dm.scope(function()
@@ -189,7 +201,10 @@ function Engram:forward(u, x, prefix)
     local alpha = dm.engram_alpha(u, kx)
     local vt = vx * alpha:unsqueeze(-1)
     local conv = nn.like(self.conv, vt)
-    return vt + dm.causal_conv1d(self.norm:forward(vt), conv, {dilation = self.dilation, silu = true})
+    local opts = {dilation = self.dilation, silu = true}
+    if state then opts.cache, opts.return_cache = state.e, true end
+    local y, cache = dm.causal_conv1d(self.norm:forward(vt), conv, opts)
+    return vt + y, state and {e = cache} or nil
   end)
 end
 

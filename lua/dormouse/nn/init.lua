@@ -213,9 +213,15 @@ end
 
 --[[ h + fn(norm(h)): a pre-norm residual branch. The branch runs in the
 compute dtype from its norm's input (nn.activation) to its output, which is
-added back in h's dtype; its intermediates are dropped as it returns. ]]
+added back in h's dtype; its intermediates are dropped as it returns. A
+second result of fn (a branch's carried state, a table of tensors) is
+returned as well, kept past the branch's scope. ]]
 function nn.residual(h, norm, fn)
-  return h + dm.scope(function() return (fn(norm:forward(nn.activation(h))):to(h.dtype)) end)
+  local y, carried = dm.scope(function()
+    local out, state = fn(norm:forward(nn.activation(h)))
+    return out:to(h.dtype), state
+  end)
+  return h + y, carried
 end
 
 --[[ A matrix product x [..., d_in] @ w^T, w [d_out, d_in], in the compute

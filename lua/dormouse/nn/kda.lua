@@ -35,25 +35,40 @@ function KDA:init(d, heads, head_dim, opts)
   self:child("wo", nn.Linear(hd, d))
 end
 
-local function short_conv(x, w) return dm.causal_conv1d(x, nn.like(w, x), {silu = true}) end
+-- silu(conv4(x)); with carry (a table), the conv reads the inputs before x from carry[name] (nil:
+-- zeros) and leaves its own last inputs there for the next segment
+local function short_conv(x, w, carry, name)
+  if not carry then return dm.causal_conv1d(x, nn.like(w, x), {silu = true}) end
+  local y
+  y, carry[name] = dm.causal_conv1d(x, nn.like(w, x), {silu = true, cache = carry[name], return_cache = true})
+  return y
+end
 
--- u [B, T, d] in the compute dtype; state (optional) [B, H, dk, dv] carried
--- from the previous segment. q, k, v, o and the output gate stay in u's dtype;
--- the gates g and beta are float32 (spec/model.md).
+--[[ u [B, T, d] in the compute dtype. q, k, v, o and the output gate stay in
+u's dtype; the gates g and beta are float32 (spec/model.md).
+state (optional): what a previous segment left, {S = [B, H, dk, dv] f32, q, k, v =
+the short convolutions' last inputs}, any of them nil (zeros); given, the call
+returns the output and this segment's state of the same form. ]]
 function KDA:forward(u, state)
   local B, T = u:size(1), u:size(2)
   local H, dh = self.heads, self.head_dim
   local heads = {B, T, H, dh}
-  local q = short_conv(self.wq:forward(u), self.conv_q):reshape(heads):l2norm(1e-6) * dh ^ -0.5
-  local k = short_conv(self.wk:forward(u), self.conv_k):reshape(heads):l2norm(1e-6)
-  local v = short_conv(self.wv:forward(u), self.conv_v):reshape(heads)
+  local carry = state and {} or nil
+  local function conv(x, name)
+    if carry then carry[name] = state[name] end
+    return short_conv(x, self["conv_" .. name], carry, name)
+  end
+  local q = conv(self.wq:forward(u), "q"):reshape(heads):l2norm(1e-6) * dh ^ -0.5
+  local k = conv(self.wk:forward(u), "k"):reshape(heads):l2norm(1e-6)
+  local v = conv(self.wv:forward(u), "v"):reshape(heads)
   local beta = self.wb:forward(u):to(self.A_log.dtype):sigmoid()
   local f = self.wg2:forward(self.wg1:forward(u)):reshape(heads)
   local g = dm.kda_gate(f, self.A_log, self.dt_bias, {kind = self.gate, lb = self.gate_lb})
-  local o, final = dm.kda(q, k, v, g, beta, {initial_state = state, output_final_state = true})
+  local o, final = dm.kda(q, k, v, g, beta, {initial_state = state and state.S, output_final_state = true})
   local gate = self.wo2:forward(self.wo1:forward(u)):sigmoid()
   local out = self.wo:forward(self.o_norm:forward(o):reshape({B, T, H * dh}) * gate)
-  return out, final
+  if carry then carry.S = final end
+  return out, carry
 end
 
 nn.KDA = KDA

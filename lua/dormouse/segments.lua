@@ -1,0 +1,146 @@
+--[[
+Segments: rows longer than model.segment run as segments of that many bytes,
+each pass carrying the model's state (every iteration's KDA state and
+convolution inputs) from the one before. The loss and the gradient are those
+of the whole rows, exactly; only the boundary states and one segment's
+activations are alive at a time (docs/training.md, "Long sequences").
+
+  segments.split(x, prefix, len)    → {{x = [B, n+1], prefix = [B, P], n = n}, ...}
+  segments.evaluate(model, x, prefix, len, opts)
+                                    → the pass's {fin, periter, fin_D} as numbers, the
+                                      segments' means weighted by their bytes (no gradient)
+  segments.backward(model, x, prefix, len, scale)
+                                    → the whole rows' loss (a number); the gradient of
+                                      scale · loss is added into the parameters'
+
+The backward runs the segments forward without a tape, keeping the state at
+each boundary, then walks them from the last: each is run again on a tape
+from its saved state (a leaf), and the backward of its share of the loss
+plus <its final state, that state's gradient from the segment after> gives
+the gradient of the state it started from, which the segment before takes.
+]]
+local dm = require "dormouse"
+
+local segments = {}
+
+--[[ x [B, T+1] (inputs 1..T, targets 2..T+1), prefix [B, P] the bytes before each
+row: segment s of n bytes reads inputs a..a+n-1 (a = (s-1) len + 1) with their
+targets, and the P bytes before a as its prefix. ]]
+function segments.split(x, prefix, len)
+  local T, P = x:size(2) - 1, prefix:size(2)
+  local whole = P > 0 and dm.cat({prefix, x}, 2) or x
+  local out = {}
+  for a = 1, T, len do
+    local n = math.min(len, T - a + 1)
+    out[#out + 1] = {x = x:narrow(2, a, n + 1), prefix = P > 0 and whole:narrow(2, a, P) or prefix, n = n}
+  end
+  return out
+end
+
+local function each_tensor(state, fn)
+  for i, it in pairs(state) do
+    for k, t in pairs(it) do fn(i, k, t) end
+  end
+end
+
+-- Free a state's tensors now (a pass's out.state; nil: nothing)
+function segments.free(state) if state then each_tensor(state, function(_, _, t) t:free() end) end end
+local free_state = segments.free
+
+local function no_state(model)
+  return string.format("model.segment: the model's forward returns no state (out.state), so it cannot run " ..
+                       "by segments (%s); models/dormouse.lua and models/stack.lua carry it", tostring(model))
+end
+
+-- One pass of a segment from state (nil: the rows' start) without a tape: the output, its state kept
+-- (the state is returned apart: a scope keeps the tensors of a returned table two levels deep)
+local function pass(model, seg, state, opts)
+  local next_state, r = dm.scope(function()
+    local out = model:forward(seg.x, seg.prefix, {state = state or {}, depths = opts and opts.depths})
+    if not out.state then error(no_state(model), 0) end
+    local r = {fin = out.fin:item(), periter = {}, fin_D = {}}
+    for i, ce in ipairs(out.periter or {}) do r.periter[i] = ce:item() end
+    for D, ce in pairs(out.fin_D or {}) do r.fin_D[D] = ce:item() end
+    return out.state, r
+  end)
+  r.state = next_state
+  return r
+end
+
+function segments.evaluate(model, x, prefix, len, opts)
+  local T = x:size(2) - 1
+  local total = {fin = 0, periter = {}, fin_D = {}}
+  dm.no_grad(function()
+    local state
+    for _, seg in ipairs(segments.split(x, prefix, len)) do
+      local r = pass(model, seg, state, opts)
+      free_state(state)
+      state = r.state
+      local w = seg.n / T
+      total.fin = total.fin + r.fin * w
+      for i, v in ipairs(r.periter) do total.periter[i] = (total.periter[i] or 0) + v * w end
+      for D, v in pairs(r.fin_D) do total.fin_D[D] = (total.fin_D[D] or 0) + v * w end
+    end
+    free_state(state)
+  end)
+  return total
+end
+
+-- the state as leaves that take a gradient (copies: the saved state stays as it is)
+local function leaves(state)
+  local out = {}
+  each_tensor(state, function(i, k, t)
+    out[i] = out[i] or {}
+    local leaf = t:clone()
+    leaf:requires_grad(true)
+    out[i][k] = leaf
+  end)
+  return out
+end
+
+function segments.backward(model, x, prefix, len, scale)
+  local T = x:size(2) - 1
+  local segs = segments.split(x, prefix, len)
+  local starts = {}                                  -- starts[s]: the state segment s begins from
+  dm.no_grad(function()
+    for s = 1, #segs - 1 do starts[s + 1] = pass(model, segs[s], starts[s]).state end
+  end)
+  local loss, grads = 0, nil                         -- grads: the gradient of segment s's final state
+  for s = #segs, 1, -1 do
+    local seg = segs[s]
+    local from = starts[s] and leaves(starts[s]) or nil
+    dm.scope(function()
+      -- the last segment starts the step's routing counts; the others add theirs
+      local out = model:forward(seg.x, seg.prefix, {state = from or {}, counts = s < #segs and "add" or nil})
+      if not out.state then error(no_state(model), 0) end
+      local w = seg.n / T
+      loss = loss + out.loss:item() * w
+      local objective = out.loss * (w * scale)
+      if grads then
+        each_tensor(grads, function(i, k, g)
+          local t = out.state[i] and out.state[i][k]
+          if t then objective = objective + (t * g):sum():to(objective.dtype) end
+        end)
+      end
+      objective:backward()
+      return model.held and model:held() or nil      -- what the model keeps for the step's end
+    end)
+    free_state(grads)
+    grads = nil
+    if from then
+      grads = {}
+      each_tensor(from, function(i, k, t)
+        if t.grad then
+          grads[i] = grads[i] or {}
+          grads[i][k] = dm.keep(t.grad:detach())
+        end
+      end)
+      free_state(from)
+      free_state(starts[s])
+    end
+  end
+  free_state(grads)
+  return loss
+end
+
+return segments

@@ -1,0 +1,189 @@
+-- Long sequences: passes by segments with the state carried (exact, against the whole pass),
+-- training and eval by segments, and streaming generation against full forwards.
+local dm = require "dormouse"
+local config = require "dormouse.config"
+local train = require "dormouse.train"
+local segments = require "dormouse.segments"
+local eval = require "dormouse.eval"
+local helpers = require "tests.lua.helpers"
+
+local function build(overrides, dtype)
+  local cfg = config.load("experiments/tiny.lua", overrides)
+  dm.manual_seed(cfg.seed)
+  local m = train.build_model(cfg, ".")
+  return dtype and m:cast(dtype) or m, cfg
+end
+
+local function rel(a, b)
+  local scale = b:abs():max():item()
+  return (a:to("f64") - b:to("f64")):abs():max():item() / (scale > 0 and scale or 1)
+end
+
+local corpus
+setup(function() corpus = dm.data.open(dm.data.default_corpus(), {eval_bytes = 4096}) end)
+teardown(function() corpus:close() end)
+
+local function batch(T, seed) return corpus:batch(3, {batch = 2, seq = T, seed = seed or 5, ctx = 2}) end
+
+describe("a pass by segments with the state carried", function()
+  it("gives the whole pass's logits and loss (f64; segments shorter than the convolutions' reach too)", function()
+    local m = build(nil, "f64")
+    local x, prefix = batch(64)
+    dm.no_grad(function()
+      local whole = m:forward(x, prefix)
+      for _, len in ipairs {17, 5, 1} do            -- 17, 17, 17, 13; Engram's convolution reaches 9 back
+        local state, at, fin = {}, 1, 0
+        for _, seg in ipairs(segments.split(x, prefix, len)) do
+          local out = m:forward(seg.x, seg.prefix, {state = state})
+          assert.is_true(rel(out.fin_logits, whole.fin_logits:narrow(2, at, seg.n)) <= 1e-12, "segment at " .. at)
+          state, at, fin = out.state, at + seg.n, fin + out.fin:item() * seg.n / 64
+        end
+        assert.is_true(math.abs(fin - whole.fin:item()) <= 1e-12 * whole.fin:item(), "len " .. len)
+      end
+    end)
+  end)
+
+  it("gives the whole pass's loss, every gradient, the Engram rows' gradient and the routing counts (f64, 4 segments)",
+     function()
+    local a, b = build(nil, "f64"), build(nil, "f64")
+    local x, prefix = batch(64)
+    dm.scope(function()
+      local out = a:forward(x, prefix)
+      local la = out.loss:item()
+      out.loss:backward()
+      local ca = a:update_balance()
+      local lb = segments.backward(b, x, prefix, 16, 1.0)
+      local cb = b:update_balance()
+      assert.is_true(math.abs(la - lb) <= 1e-12 * la)
+      assert.is_true(dm.allclose(ca, cb, {rtol = 0, atol = 0}), "routing counts")
+      local pb = {}
+      for _, p in ipairs(b:named_parameters()) do pb[p.name] = p.tensor end
+      local checked = 0
+      for _, p in ipairs(a:named_parameters()) do
+        if p.tensor.grad then
+          local e = rel(pb[p.name].grad, p.tensor.grad)
+          assert.is_true(e <= 1e-10, string.format("%s: %.3g", p.name, e))
+          checked = checked + 1
+        end
+      end
+      assert.is_true(checked > 30)
+      local ra, ga = a.block.engram:sparse_grad()
+      local rb, gb = b.block.engram:sparse_grad()
+      assert.is_true(dm.allclose(ra, rb, {rtol = 0, atol = 0}))
+      assert.is_true(rel(gb, ga) <= 1e-10)
+    end)
+  end)
+
+  it("works for models/stack.lua as well", function()
+    local m = build({"model.arch=stack"}, "f64")
+    local x, prefix = batch(48)
+    dm.no_grad(function()
+      local whole = m:forward(x, prefix).fin:item()
+      local by = segments.evaluate(m, x, prefix, 20).fin
+      assert.is_true(math.abs(by - whole) <= 1e-12 * whole)
+    end)
+  end)
+
+  it("refuses a model whose forward carries no state, and model.recompute, by name", function()
+    local m = build(nil, "f64")
+    local x, prefix = batch(32)
+    local stateless = setmetatable({}, {__index = function(_, k)
+      if k == "forward" then return function(_, ...) local o = m:forward(...); o.state = nil; return o end end
+      return m[k]
+    end, __tostring = function() return "a model" end})
+    helpers.has(helpers.err_of(segments.evaluate, stateless, x, prefix, 8), "returns no state (out.state)")
+    local r = build({"model.recompute=true"}, "f64")
+    helpers.has(helpers.err_of(segments.backward, r, x, prefix, 8, 1), "model.recompute", "not recomputed yet")
+  end)
+end)
+
+describe("training with model.segment", function()
+  it("takes the same steps as training on whole rows, and evaluates by segments, saying so", function()
+    local dir = helpers.tmpdir()
+    local base = {"steps=6", "log.every=1", "eval.every=6", "checkpoint.every=0", "seq=64"}
+    local a = helpers.run_quiet(helpers.tiny(base, {"name=whole"}), {runs = dir})
+    local b = helpers.run_quiet(helpers.tiny(base, {"name=seg", "model.segment=16"}), {runs = dir})
+    assert.is_true(math.abs(a.bpb_fin - b.bpb_fin) <= 1e-5 * a.bpb_fin, a.bpb_fin .. " vs " .. b.bpb_fin)
+    local function lines(name, kind)
+      local out = {}
+      for l in io.lines(dir .. "/" .. name .. "/log.txt") do
+        if l:match("^" .. kind) then out[#out + 1] = l end
+      end
+      return out
+    end
+    local sa, sb = lines("whole", "step"), lines("seg", "step")
+    assert.equal(6, #sb)
+    for i = 1, 6 do                                 -- loss and gradient norm as printed
+      assert.equal(sa[i]:match("loss (%S+)"), sb[i]:match("loss (%S+)"))
+      assert.equal(sa[i]:match("gnorm (%S+)"), sb[i]:match("gnorm (%S+)"))
+      assert.equal(sa[i]:match("busiest (%S+)"), sb[i]:match("busiest (%S+)"))
+    end
+    helpers.has(lines("seg", "eval")[1], "ctx 64 (segments of 16)")
+    helpers.has(lines("whole", "eval")[1], "ctx 64  fin")
+    os.execute("rm -rf '" .. dir .. "'")
+  end)
+
+  it("is refused by graph = true, naming both keys", function()
+    local graphstep = require "dormouse.graphstep"
+    local cfg = helpers.tiny({"model.segment=16", "seq=64"})
+    local model = build({"model.segment=16", "seq=64"})
+    local err = helpers.err_of(graphstep.new, {cfg = cfg, device = "cpu", model = model}, {eager = true})
+    helpers.has(err, "model.segment = 16", "seq = 64")
+  end)
+end)
+
+describe("streaming generation", function()
+  local m, dir
+  setup(function()
+    dir = helpers.tmpdir()
+    helpers.run_quiet(helpers.tiny({"steps=30", "eval.every=0", "checkpoint.every=30", "name=st"}), {runs = dir})
+    m = require("dormouse.probe").load(dir .. "/st", ".")
+  end)
+  teardown(function() os.execute("rm -rf '" .. dir .. "'") end)
+
+  it("gives the bytes of generation by full forwards, greedy and sampled (f32, 256 bytes, from a checkpoint)",
+     function()
+    local prompt = "In the beginning God created"
+    local full = eval.sample(m, prompt, 256, {temperature = 0, stream = false, context = 4096})
+    local streamed = eval.sample(m, prompt, 256, {temperature = 0})
+    assert.equal(256, #streamed)
+    assert.equal(full, streamed)
+    assert.equal(eval.sample(m, prompt, 128, {temperature = 0.9, seed = 7, stream = false, context = 4096}),
+                 eval.sample(m, prompt, 128, {temperature = 0.9, seed = 7}))
+    assert.equal(eval.sample(m, "", 64, {temperature = 0, stream = false}), eval.sample(m, "", 64, {temperature = 0}))
+  end)
+
+  it("checks its options", function()
+    helpers.has(helpers.err_of(eval.sample, m, "x", 4, {temperature = -1}), "temperature must be a number >= 0")
+    helpers.has(helpers.err_of(eval.sample, m, "x", 4, {top_p = 0}), "top_p must be a number in (0, 1]")
+  end)
+
+  it("runs as `dormouse sample RUN --prompt TEXT -n N`, the bytes on stdout and their rate on stderr", function()
+    local bin = arg and arg[-1]
+    local function sample(args)
+      local err = dir .. "/stderr"
+      local p = assert(io.popen(string.format("'%s' sample %s 2>'%s' </dev/null", bin, args, err)))
+      local out = p:read("a")
+      local _, _, code = p:close()
+      local f = assert(io.open(err))
+      local text = f:read("a")
+      f:close()
+      return code, out, text
+    end
+    local code, out, err = sample("'" .. dir .. "/st' --prompt 'In the' -n 150 --temperature 0")
+    assert.equal(0, code, err)
+    local want = eval.sample(m, "In the", 150, {temperature = 0})
+    local shown = {}
+    local put, finish = require("dormouse.probe").byte_printer(function(b) shown[#shown + 1] = b end)
+    for i = 1, #want do put(want:sub(i, i)) end
+    finish()
+    assert.equal(table.concat(shown) .. "\n", out)
+    helpers.has(err, "ckpt-30 (step 30), 6 prompt bytes, streaming", "bytes/s over bytes 2-100: ", "101-150: ")
+    code, _, err = sample("'" .. dir .. "/st' --top-p 2")
+    assert.equal(2, code)
+    helpers.has(err, "--top-p takes a number in (0, 1], got '2'", "usage: dormouse sample RUN")
+    code, _, err = sample("'" .. dir .. "/none' --prompt x")
+    assert.equal(1, code)
+    helpers.has(err, "holds no checkpoint")
+  end)
+end)
