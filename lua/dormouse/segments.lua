@@ -12,6 +12,7 @@ activations are alive at a time (docs/training.md, "Long sequences").
   segments.backward(model, x, prefix, len, scale)
                                     → the whole rows' loss (a number); the gradient of
                                       scale · loss is added into the parameters'
+  segments.free(state)              frees a pass's out.state now
 
 The backward runs the segments forward without a tape, keeping the state at
 each boundary, then walks them from the last: each is run again on a tape
