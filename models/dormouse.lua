@@ -98,7 +98,7 @@ end
 -- The tensors a training pass leaves on the model for the step's end (the routing counts,
 -- the Engram lookups the optimiser reads): a step that scopes each segment's pass keeps them.
 function Dormouse:held()
-  local out = {self.block.moe.counts}
+  local out = {self.block.moe.counts, self.block.moe.drops}
   if self.block.engram then self.block.engram:held(out) end
   return out
 end
@@ -110,7 +110,8 @@ function Dormouse:context()
 end
 
 -- Move the balancing bias on the last forward's routing counts (all
--- iterations together); returns those counts [E].
+-- iterations together); returns those counts [E] and, with a capacity factor,
+-- the assignments dropped [E].
 function Dormouse:update_balance()
   return self.block.moe:update_balance()
 end

@@ -249,13 +249,51 @@ raw: the table an experiment returns. source_name names it in errors
 ("experiments/b1.lua"); a name ending in .lua also gives the default run
 name. info = {source, overridden = {key = the --set text}, derived = {name = true}}.
 ]]
+---------------------------------------------------------------- retired keys
+
+local noted = {}
+
+-- raw without the retired keys it names (a copy where it names one), each noted once on stderr
+local function without_retired(raw, source)
+  local out = raw
+  for key, why in pairs(schema.retired) do
+    local parent, t, name = nil, out, nil
+    for part in key:gmatch("[^.]+") do
+      parent, name = t, part
+      t = type(t) == "table" and rawget(t, part) or nil
+    end
+    if t ~= nil and parent then
+      if out == raw then out = copy(raw) end        -- the caller's table stays as it is
+      local p = out
+      for part in key:gmatch("([^.]+)%.") do p = p[part] end
+      p[name] = nil
+      if not noted[key] then
+        noted[key] = true
+        io.stderr:write(string.format("config: %s (in %s) is retired and ignored: %s\n", key, source, why))
+      end
+    end
+  end
+  return out
+end
+
 function config.resolve(raw, source_name, overrides)
   local source = source_name or "config"
   if type(raw) ~= "table" then
     error(source .. ": a config must be a table, got " .. got(raw), 0)
   end
+  raw = without_retired(raw, source)
   local cfg, errs = {}, {}
   local ovs = normalise_overrides(overrides)
+  for i = #ovs, 1, -1 do
+    local why = schema.retired[ovs[i].key]
+    if why then
+      if not noted[ovs[i].key] then
+        noted[ovs[i].key] = true
+        io.stderr:write(string.format("config: %s (%s) is retired and ignored: %s\n", ovs[i].key, ovs[i].source, why))
+      end
+      table.remove(ovs, i)
+    end
+  end
   local S = schema_for(raw, ovs)
   resolve_section(S.root, raw, cfg, errs, S.keys)
   if #errs > 0 then raise(errs, source) end
@@ -499,6 +537,7 @@ dotted keys or sections; default config.progress_keys; {} compares all.
 ]]
 function config.diff(a, b, ignore)
   local skip = as_set(ignore or progress)
+  for key in pairs(schema.retired) do skip[key] = true end
   local fa, fb = flatten(a, "", {}), flatten(b, "", {})
   local keys, seen = {}, {}
   for _, f in ipairs {fa, fb} do

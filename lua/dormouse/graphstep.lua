@@ -69,7 +69,8 @@ function GraphStep:body()
   local r, sum = self.r, self.sum
   local out = r.model:forward(self.x, self.prefix)
   out.loss:backward()
-  local counts = r.model.update_balance and r.model:update_balance()
+  local counts, drops
+  if r.model.update_balance then counts, drops = r.model:update_balance() end
   local lookup = r.model.block and r.model.block.engram and r.model.block.engram.current
   if lookup and lookup.n then                      -- the padded lookups' count, for the log line
     self.engram = {n = dm.keep(lookup.n), lookups = lookup.inverse:numel()}
@@ -79,9 +80,9 @@ function GraphStep:body()
   local ok = r.opt.dev.sumsq:lt(math.huge)                   -- false for inf and NaN: a skipped step
   sum.loss:add_(dm.where(ok, out.loss:detach():to("f64"), sum.zero))
   sum.norm:add_(dm.where(ok, r.opt.dev.sumsq:sqrt(), sum.zero))
-  if counts then
-    if not sum.counts then sum.counts = kept_zeros(counts:shape(), counts.dtype, counts.device) end
-    sum.counts:add_(counts)
+  for key, t in pairs {counts = counts, drops = drops} do   -- the routing counts and drops, summed on the device
+    if not sum[key] then sum[key] = kept_zeros(t:shape(), t.dtype, t.device) end
+    sum[key]:add_(t)
   end
 end
 
@@ -112,7 +113,8 @@ end
 
 --[[ The window since the last call, read from the device and reset:
 {loss = sum over applied steps, applied, skips, grad_norm = sum over applied
-steps, counts = summed routing counts (a tensor) or nil, engram = the last
+steps, counts = summed routing counts (a tensor) or nil, drops = the
+assignments dropped at capacity (a number) or nil, engram = the last
 step's {rows, unique_frac} or nil}. ]]
 function GraphStep:window(steps)
   local sum = self.sum
@@ -120,6 +122,7 @@ function GraphStep:window(steps)
   local w = {loss = sum.loss:item(), grad_norm = sum.norm:item(), applied = t - self.t0}
   w.skips = steps - w.applied
   w.counts = sum.counts and sum.counts:clone()
+  w.drops = sum.drops and sum.drops:sum():item()
   if self.engram then
     local rows = self.engram.n:item()
     w.engram = {rows = rows, unique_frac = rows / math.max(self.engram.lookups, 1)}
@@ -128,6 +131,7 @@ function GraphStep:window(steps)
   sum.loss:zero_()                 -- not mul_(0): a non-finite sum would stay NaN
   sum.norm:zero_()
   if sum.counts then sum.counts:zero_() end
+  if sum.drops then sum.drops:zero_() end
   return w
 end
 

@@ -30,8 +30,9 @@ function instrument.end_window(fw, window)
   return fw.windows_with_skips >= 2
 end
 
--- MoE counters from the window's summed routing counts (a Lua list of E numbers).
-function instrument.moe_counters(counts)
+-- MoE counters from the window's summed routing counts (a Lua list of E numbers)
+-- and the assignments it dropped at capacity (a number; nil: dropless).
+function instrument.moe_counters(counts, drops)
   if not counts then return nil end
   local total, busiest, dead = 0, 0, 0
   for _, c in ipairs(counts) do
@@ -44,7 +45,7 @@ function instrument.moe_counters(counts)
     if c > 0 then local p = c / total; entropy = entropy - p * math.log(p) end
   end
   return {busiest = total > 0 and busiest / total or 0, entropy = entropy / math.log(#counts > 1 and #counts or 2),
-          dead = dead, drops = 0}
+          dead = dead, drops = math.tointeger(drops) or drops or 0}
 end
 
 -- The window's routing counts, summed on the device; read once, at the log line.

@@ -211,7 +211,6 @@ local rows = {
     {"kda", "Kimi Delta Attention", {
       {"gate", enum {"bounded", "softplus"}, "bounded", "decay gate: bounded = lb*sigmoid(.), softplus = -exp(A_log)*softplus(.)"},
       {"gate_lb", num{below = 0}, -5, "lower bound lb of the bounded gate, g in (lb, 0)"},
-      {"chunk", positive, 64, "chunk length of the chunked (WY) fast path"},
     }},
     {"engram", "hashed byte n-gram memory", {
       {"orders", list(int{min = 1, max = 8}), {2, 3, 4}, "byte n-gram orders, ascending ({} turns Engram off)"},
@@ -281,6 +280,13 @@ function schema.run_name_error(name)
   return ("name: %s is not a run name: letters, digits, '.', '_' and '-', not starting with '.' or '-', at most %d " ..
           "characters (it names the folder runs/NAME)"):format(show(name), schema.RUN_NAME_MAX)
 end
+
+-- Keys that configs once had and no code reads any more: a config (an older
+-- checkpoint's, an experiment file, --set) may still name them; each is dropped
+-- with a note, once, and left out of resume's comparison.
+schema.retired = {
+  ["model.kda.chunk"] = "the chunked KDA kernels take chunks of DM_KDA_CHUNK = 64 rows, fixed (vm/kda.h)",
+}
 
 schema.checks = {
   function(c) return schema.run_name_error(c.name) end,

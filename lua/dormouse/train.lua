@@ -287,7 +287,8 @@ r.loader on r.device, updated by r.opt (r: a run, or anything holding those
 fields). mark(phase), when given, is called as each phase ends: "data",
 "forward", "backward" (once per micro-batch), then "optimiser" (the balance,
 clipping and update). Returns the mean loss, the optimiser's result, the
-step's routing counts and, when r.log_now, the Engram counters. ]]
+step's routing counts, when r.log_now the Engram counters, and with a
+capacity factor the assignments dropped per expert. ]]
 function train.step(r, mark)
   local cfg = r.cfg
   mark = mark or function() end
@@ -317,13 +318,14 @@ function train.step(r, mark)
       for _, c in ipairs(module.entries) do rows, lookups = rows + c.rows:numel(), lookups + c.inverse:numel() end
       engram = {rows = rows, unique_frac = rows / lookups}
     end
-    local counts = r.model.update_balance and r.model:update_balance()
+    local counts, drops
+    if r.model.update_balance then counts, drops = r.model:update_balance() end
     local result
     if instrument.finite(loss) then result = r.opt:step(r.step)
     else result = {skipped = true, grad_norm = 0 / 0, lr = 0} end
     r.opt:zero_grad()
     mark("optimiser")
-    return loss, result, counts, engram
+    return loss, result, counts, engram, drops
   end)
 end
 
@@ -338,7 +340,7 @@ end
 
 -- One eager step into the window; returns its loss.
 function Run:eager_step(window, tokens)
-  local loss, r, step_counts, engram = self:train_step()
+  local loss, r, step_counts, engram, drops = self:train_step()
   ceiling(self.cfg, loss, self.step, window)
   window.steps = window.steps + 1
   window.tokens = window.tokens + tokens
@@ -346,6 +348,7 @@ function Run:eager_step(window, tokens)
   if r.skipped then window.skips = window.skips + 1
   else window.loss = window.loss + loss; window.grad_norm = window.grad_norm + r.grad_norm end
   window.counts = instrument.add_counts(window.counts, step_counts)
+  window.drops = instrument.add_counts(window.drops, drops)
   window.engram = engram or window.engram
   return loss
 end
@@ -361,6 +364,7 @@ function Run:graph_step(window, tokens)
   if self.log_now then
     local w = self.graph:window(window.steps)
     window.loss, window.grad_norm, window.skips, window.counts = w.loss, w.grad_norm, w.skips, w.counts
+    window.drops = w.drops
     window.engram = w.engram
     self.window_loss = w.applied > 0 and w.loss / w.applied or 0 / 0
     ceiling(self.cfg, self.window_loss, self.step, window)
@@ -372,7 +376,9 @@ function Run:log_window(w)
   local now = os.time()
   local elapsed = math.max(core.now() - w.t0, 1e-9)
   local mem = dm.memory(self.device)
-  local moe = instrument.moe_counters(w.counts and w.counts:totable())
+  local drops = w.drops
+  if dm.is_tensor(drops) then drops = drops:sum():item() end
+  local moe = instrument.moe_counters(w.counts and w.counts:totable(), drops)
   local applied = w.steps - w.skips               -- a window of skipped steps only has no loss: nan, never 0
   local r = {step = self.step, loss = applied > 0 and w.loss / applied or 0 / 0, tok_s = w.tokens / elapsed,
              lr = w.lr, grad_norm = applied > 0 and w.grad_norm / applied or 0 / 0, skips = w.skips,
@@ -381,7 +387,7 @@ function Run:log_window(w)
   self:record({kind = "log", step = r.step, loss = r.loss, tok_s = r.tok_s, lr = r.lr,
                grad_norm = r.grad_norm, skips = r.skips, mem_allocated = mem.allocated, mem_peak = mem.peak,
                moe_busiest = moe and moe.busiest, moe_entropy = moe and moe.entropy,
-               moe_dead = moe and moe.dead, time = now})
+               moe_dead = moe and moe.dead, moe_drops = moe and moe.drops, time = now})
   if instrument.end_window(self.firewall, w) then
     error(string.format("NaN firewall: steps were skipped in two log windows in a row (%d skipped in all, " ..
                         "the last window ends at step %d); the run stops", self.firewall.total, self.step), 0)

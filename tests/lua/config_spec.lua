@@ -536,3 +536,16 @@ return {keys = {{"scale", schema.number{above = 0}, 1.0, "the embedding's scale"
     has(err_of(config.resolve, {model = {arch = untyped}}, "exp.lua"), untyped, "key 'x': its type")
   end)
 end)
+
+describe("retired keys", function()
+  it("are dropped with a note, from a file, a checkpoint's config or --set, and left out of resume's comparison",
+     function()
+    local helpers = require "tests.lua.helpers"
+    local cfg = config.resolve({model = {kda = {chunk = 32, gate = "softplus"}}}, "old.lua", {"model.kda.chunk=16"})
+    assert.equal("softplus", cfg.model.kda.gate)
+    helpers.has(helpers.err_of(function() return cfg.model.kda.chunk end), "config has no key 'model.kda.chunk'")
+    local saved = config.plain(config.resolve({}, "a"))
+    saved.model.kda.chunk = 64                      -- as a checkpoint of an earlier version holds it
+    assert.same({}, config.diff(saved, config.plain(config.resolve({}, "b"))))
+  end)
+end)

@@ -156,3 +156,39 @@ describe("model.arch", function()
     assert.is_truthy(err:find("did you mean 'dormouse'? models/ holds dormouse, stack", 1, true), err)
   end)
 end)
+
+describe("model.moe.capacity_factor", function()
+  local helpers = require "tests.lua.helpers"
+  local function steps(dir, name)
+    local out = {}
+    for l in io.lines(dir .. "/" .. name .. "/log.txt") do
+      if l:match("^step") then out[#out + 1] = l end
+    end
+    return out
+  end
+
+  it("drops each expert's assignments past its capacity and counts them on the log line; one that drops " ..
+     "nothing trains bit for bit as dropless", function()
+    local dir = helpers.tmpdir()
+    local base = {"steps=6", "log.every=2", "eval.every=0", "checkpoint.every=0"}
+    helpers.run_quiet(helpers.tiny(base, {"name=dropless"}), {runs = dir})
+    helpers.run_quiet(helpers.tiny(base, {"name=roomy", "model.moe.capacity_factor=8"}), {runs = dir})
+    helpers.run_quiet(helpers.tiny(base, {"name=tight", "model.moe.capacity_factor=0.5"}), {runs = dir})
+    local dropless, roomy, tight = steps(dir, "dropless"), steps(dir, "roomy"), steps(dir, "tight")
+    assert.equal(3, #tight)
+    for i = 1, 3 do
+      assert.equal(dropless[i]:match("loss %S+  bpb %S+"), roomy[i]:match("loss %S+  bpb %S+"))
+      assert.equal(dropless[i]:match("gnorm %S+"), roomy[i]:match("gnorm %S+"))
+      assert.equal("0", roomy[i]:match("drops (%d+)"))
+      assert.equal("0", dropless[i]:match("drops (%d+)"))
+      -- at 0.5 an expert keeps ceil(0.5 N k / E) rows: at least half the assignments go, two steps a window
+      local drops = tonumber(tight[i]:match("drops (%d+)"))
+      assert.is_true(drops >= 2 * 2 * (4 * 64 * 2) / 2, tight[i])
+      assert.are_not.equal(dropless[i]:match("gnorm %S+"), tight[i]:match("gnorm %S+"))
+    end
+    local f = assert(io.open(dir .. "/tight/metrics.jsonl"))
+    assert.truthy(f:read("a"):find('"moe_drops":%d'))
+    f:close()
+    os.execute("rm -rf '" .. dir .. "'")
+  end)
+end)

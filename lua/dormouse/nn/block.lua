@@ -20,7 +20,8 @@ function Block:init(m)
   end
   self:child("rms3", nn.RMSNorm(d))
   self:child("moe", nn.MoE(d, {experts = m.experts, top_k = m.top_k, rank = m.expert_rank,
-                               shared_rank = m.shared_rank, ffn = m.ffn, lfb_gamma = m.moe.lfb_gamma}))
+                               shared_rank = m.shared_rank, ffn = m.ffn, lfb_gamma = m.moe.lfb_gamma,
+                               capacity_factor = m.moe.capacity_factor}))
 end
 
 -- Each branch runs in the compute dtype and is added back into the f32

@@ -8,9 +8,11 @@ MoE — routed low-rank experts with a shared expert (spec/model.md):
   shared:    y_s = the same form at rank r_s
   out    = W_write( y_s + sum_{e in idx} w_e y_e )
 
-Dispatch is dropless: assignments are sorted by expert and the expert products
-run grouped, with per-expert offsets (no host sync). After each step
-update_balance() moves lfb_bias towards equal load.
+Dispatch is dropless by default: assignments are sorted by expert and the expert
+products run grouped, with per-expert offsets (no host sync). With a capacity
+factor (model.moe.capacity_factor), each expert's assignments past
+ceil(factor · N k / E) get gate 0 and are counted (the log line's drops).
+After each step update_balance() moves lfb_bias towards equal load.
 ]]
 return function(nn, dm)
 
@@ -19,6 +21,7 @@ local MoE = nn.class("MoE")
 function MoE:init(d, opts)
   local E, r, F = opts.experts, opts.rank, opts.ffn
   self.experts, self.top_k, self.gamma = E, opts.top_k, opts.lfb_gamma or 1e-3
+  self.capacity_factor = opts.capacity_factor     -- nil: dropless
   self:child("router", nn.Linear(d, E))
   self:param("Ug", nn.init.normal({E, d, r}, d ^ -0.5))
   self:param("Uu", nn.init.normal({E, d, r}, d ^ -0.5))
@@ -40,6 +43,7 @@ end
 function MoE:new_pass()
   if dm.recomputing() then return end          -- a checkpoint around the whole pass: the forward's state stands
   self.counts = dm.zeros({self.experts}, {dtype = "i64", device = self.lfb_bias.device})
+  self.drops = self.capacity_factor and dm.zeros({self.experts}, {dtype = "i64", device = self.lfb_bias.device})
 end
 
 --[[ The expert banks in the compute dtype. Inside nn.pass they are cast once
@@ -95,31 +99,39 @@ function MoE:forward(u)
   local B, T, d = u:size(1), u:size(2), u:size(3)
   local x = u:reshape({B * T, d})
   local W = self:compute_weights()
-  local out, counts = dm.scope(function()
+  local out, counts, drops = dm.scope(function()
     local scores = self.router:forward(x):to(self.lfb_bias.dtype)       -- routing in float32
     local idx, w, counts = dm.moe_route(scores, self.lfb_bias, self.top_k)
     local perm, offsets, inv = dm.moe_sort(idx, self.experts)
+    local drops
+    if self.capacity_factor then                -- each expert's rows past its capacity: gate 0, counted
+      w, drops = dm.moe_capacity(w, idx, inv, offsets, self.capacity_factor)
+    end
     local routed = routed_experts(self, W, x, perm, offsets, inv, w)
     local gs, us = self.sg:forward(x), self.su:forward(x)
     local h = dm.silu_mul(gs * nn.like(self.scg, gs), us * nn.like(self.scu, us))
-    return write_out(self, routed, h, ffn_pad(self, x)), counts
+    return write_out(self, routed, h, ffn_pad(self, x)), counts, drops
   end)
   if not dm.recomputing() then                 -- summed over the step's iterations, each counted once
     -- without new_pass the first call's counts are the sum: kept out of the scope
     -- it returns to (a checkpointed call's ends with it)
     if self.counts then self.counts:add_(counts) else self.counts = dm.keep(counts) end
+    if drops then
+      if self.drops then self.drops:add_(drops) else self.drops = dm.keep(drops) end
+    end
   end
   return out:reshape({B, T, d})
 end
 
 -- Loss-free balancing, on the whole step's counts (every iteration's routing):
--- lfb_bias[e] += gamma · sign(mean_load − load[e]). Returns the counts used.
+-- lfb_bias[e] += gamma · sign(mean_load − load[e]). Returns the counts used and,
+-- with a capacity factor, the step's dropped assignments per expert.
 function MoE:update_balance()
-  local counts = self.counts
+  local counts, drops = self.counts, self.drops
   if not counts then return nil end
-  self.counts = nil
+  self.counts, self.drops = nil, nil
   dm.no_grad(function() dm.moe_balance_(self.lfb_bias, counts, self.gamma) end)   -- on the device, no sync
-  return counts
+  return counts, drops
 end
 
 nn.MoE = MoE
