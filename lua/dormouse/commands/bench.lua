@@ -7,10 +7,12 @@ optimiser and loader of the resolved config, `warmup` untimed steps, then
 of a step into its phases (a second pass, the device synchronised between
 phases: data, forward, backward, optimiser, the optimiser's own split into
 clipping and each group's update); and each op family's share of the step
-(a third pass, every op timed with CUDA events); then, on a GPU, the step
+(a third pass, every op timed: CUDA events on a GPU, the wall clock on the
+CPU); then, on a GPU, the step
 captured as one CUDA graph and replayed (lua/dormouse/graphstep.lua), or
-why it cannot be. Nothing is written but
---json's file. --set batch=... --set seq=... as usual.
+why it cannot be. On the CPU the step is what `dormouse run` would run there
+(f32 products, whatever cfg.dtype says; the header names them). Nothing is
+written but --json's file. --set batch=... --set seq=... as usual.
 ]]
 local config = require "dormouse.config"
 local core = require "dormouse.core"
@@ -114,8 +116,9 @@ local function report(r, res)
   local out = {}
   local function line(fmt, ...) out[#out + 1] = string.format(fmt, ...) end
   local where = r.device == "cuda" and dm.cuda.device_name() or "cpu"
-  line("bench %s on %s: batch %d x seq %d x accum %d = %d tokens a step, %s, %d warm-up + %d timed steps",
-       cfg.name, where, cfg.batch, cfg.seq, cfg.grad_accum, res.tokens, cfg.dtype, res.warmup, res.steps)
+  -- the products' dtype the step really ran (train.setup: f32 on the CPU, whatever cfg.dtype says)
+  line("bench %s on %s: batch %d x seq %d x accum %d = %d tokens a step, %s products, %d warm-up + %d timed steps",
+       cfg.name, where, cfg.batch, cfg.seq, cfg.grad_accum, res.tokens, res.compute_dtype, res.warmup, res.steps)
   line("")
   line("%-7s %12s %10s %14s %14s", "mode", "tokens/s", "ms/step", "peak alloc", "reserved")
   line("%-7s %12.0f %10.2f %14s %14s", "eager", res.tokens / res.ms * 1e3, res.ms,
@@ -139,7 +142,8 @@ local function report(r, res)
   end
   line("  %-12s %9.2f ms", "sum", total)
   line("")
-  line("op families of an eager step (each op timed with CUDA events; shares of the %.2f ms step):", res.ms)
+  line("op families of an eager step (each op timed %s; shares of the %.2f ms step):",
+       r.device == "cuda" and "with CUDA events" or "by the wall clock", res.ms)
   line("%s", profile.table(res.rows, res.ms, {steps = res.steps, top = 15}))
   return table.concat(out, "\n")
 end
@@ -151,7 +155,8 @@ local function bench(args, cli)
   local r, train = prepare(cfg, cli.root or ".")
   io.stderr:write(string.format("bench: %s, %d warm-up steps...\n", cfg.name, warmup))
   run_steps(r, train, warmup)
-  local res = {steps = steps, warmup = warmup, tokens = cfg.batch * cfg.seq * cfg.grad_accum}
+  local res = {steps = steps, warmup = warmup, tokens = cfg.batch * cfg.seq * cfg.grad_accum,
+               compute_dtype = require("dormouse.nn").compute_dtype}
   io.stderr:write(string.format("bench: %d timed steps, then the split and the op profile...\n", steps))
   res.ms = time_steps(r, train, steps)
   local mem = core.memory(r.device)
