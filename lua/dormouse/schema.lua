@@ -269,6 +269,7 @@ local rows = {
 
   {"log", "the log line", {
     {"every", positive, 10, "steps per log line (the window of its counters)", progress = true},
+    {"tensorboard", bool, false, "also write the metrics as TensorBoard event files in runs/NAME/tb", progress = true},
   }},
 }
 

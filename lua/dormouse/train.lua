@@ -139,6 +139,7 @@ function Run:record(rec)
   self.records[#self.records + 1] = rec
   self.metrics_file:write(json.encode(rec), "\n")
   self.metrics_file:flush()
+  if self.tensorboard then self.tensorboard:add(rec) end
 end
 
 ---------------------------------------------------------------- checkpoints
@@ -199,6 +200,7 @@ end
 function Run:undo_dir()
   if self.log_file then pcall(self.log_file.close, self.log_file); self.log_file = nil end
   if self.metrics_file then pcall(self.metrics_file.close, self.metrics_file); self.metrics_file = nil end
+  if self.tensorboard then self.tensorboard:close(); self.tensorboard = nil end
   if self.replaced then
     core.ckpt_remove_tree(self.dir)
     os.rename(self.replaced, self.dir)
@@ -403,7 +405,8 @@ function Run:eval()
     batch = self.cfg.batch, device = self.device, depths = self.cfg.eval.depths, segment = self.cfg.model.segment})
   e.step = self.step
   self:say(instrument.eval_line(e, self.baselines))
-  local rec = {kind = "eval", step = self.step, bytes = e.bytes, ctx = e.ctx, segment = e.segment, fin = e.fin,
+  local rec = {kind = "eval", step = self.step, time = os.time(), bytes = e.bytes, ctx = e.ctx, segment = e.segment,
+               fin = e.fin,
                bpb_fin = e.fin / instrument.LN2,
                periter = e.periter, depths = e.depths}
   self:record(rec)
@@ -435,6 +438,12 @@ local function read_records(path, upto)
       if per then
         rec.periter = {}
         for v in per:gmatch("[^,]+") do rec.periter[#rec.periter + 1] = tonumber(v) end
+      end
+      local dlist, dobj = line:match('"depths":%[([^%]]*)%]'), line:match('"depths":{([^}]*)}')
+      if dlist or dobj then                 -- depth -> fin_D: a list when the depths are 1..n, else an object
+        rec.depths = {}
+        for v in (dlist or ""):gmatch("[^,]+") do rec.depths[#rec.depths + 1] = tonumber(v) end
+        for k, v in (dobj or ""):gmatch('"(%d+)":([^,]+)') do rec.depths[tonumber(k)] = tonumber(v) end
       end
       records[#records + 1] = rec
     end
@@ -501,6 +510,10 @@ function run_body(self, cfg, opts)
     write_atomic(metrics_path, #lines > 0 and table.concat(lines, "\n") .. "\n" or "")
   end
   self.metrics_file = assert(io.open(metrics_path, opts.resume and "a" or "w"))
+  if cfg.log.tensorboard then                -- dir/tb: on resume made again from the metrics kept
+    local tb = require "dormouse.tensorboard"
+    self.tensorboard = opts.resume and tb.rewrite(self.dir .. "/tb", self.records) or tb.open(self.dir .. "/tb")
+  end
 
   local ctx = train.engram_ctx(cfg)
   local eval_seq = cfg.data.ctx or cfg.seq
@@ -533,6 +546,7 @@ function run_body(self, cfg, opts)
   end
   self.loader:close()
   self.metrics_file:close()
+  if self.tensorboard then self.tensorboard:close() end
   self.log_file:close()
   local e = self.last_eval
   return {step = self.step, bpb_fin = e and e.fin / instrument.LN2, baselines = self.baselines, dir = self.dir,
