@@ -123,33 +123,60 @@ function probe.env(model, cfg)
     end)
   end
 
-  function env.experts(text)
-    if not (model.block and model.block.moe) then
-      error("experts(): this model (" .. cfg.model.arch .. ") has no routed experts (model.block.moe)", 2)
+  -- The modules of the model that implement a probe method (docs/models.md, "Probes"), or an
+  -- error naming the method when none does.
+  local function implementing(method, probe_name)
+    local found = {}
+    for _, m in ipairs(model.named_modules and model:named_modules() or {{name = "", module = model}}) do
+      if type(m.module[method]) == "function" then found[#found + 1] = m end
     end
+    if #found == 0 then
+      error(string.format("%s(): no module of this model (%s) implements %s() (docs/models.md, \"Probes\")",
+                          probe_name, cfg.model.arch, method), 3)
+    end
+    return found
+  end
+
+  -- usage of one routing's counts: busiest share, entropy, dead, the top experts
+  local function usage(counts, tokens)
+    local c = require("dormouse.instrument").moe_counters(counts)
+    local order = {}
+    for e = 1, #counts do order[e] = e end
+    table.sort(order, function(a, b) return counts[a] > counts[b] end)
+    c.top = {}
+    for i = 1, math.min(8, #order) do c.top[i] = string.format("%d:%d", order[i], counts[order[i]]) end
+    c.tokens = tokens
+    return c
+  end
+
+  -- one result, or a table of them by module name when several modules answer
+  local function by_module(found, one)
+    if #found == 1 then return one(found[1].module) end
+    local out = {}
+    for _, m in ipairs(found) do out[m.name] = one(m.module) end
+    return out
+  end
+
+  function env.experts(text)
+    local found = implementing("routing", "experts")
     local x, prefix = text_batch(text, "experts")
     return dm.no_grad(function()
       model:forward(x, prefix)
-      local counts = model.block.moe.counts:totable()
-      local c = require("dormouse.instrument").moe_counters(counts)
-      local order = {}
-      for e = 1, #counts do order[e] = e end
-      table.sort(order, function(a, b) return counts[a] > counts[b] end)
-      c.top = {}
-      for i = 1, math.min(8, #order) do c.top[i] = string.format("%d:%d", order[i], counts[order[i]]) end
-      c.tokens = #text - 1
-      return c
+      return by_module(found, function(m)
+        local counts = m:routing()
+        return counts and usage(counts:totable(), #text - 1) or nil
+      end)
     end)
   end
 
   function env.engram(text)
-    if not (model.block and model.block.engram) then
-      error("engram(): this model (" .. cfg.model.arch .. ") has no Engram layer (model.block.engram)", 2)
-    end
+    local found = implementing("lookups", "engram")
     local x, prefix = text_batch(text, "engram")
-    local rows = model.block.engram:rows(x:narrow(2, 1, #text - 1), prefix)
-    local uniq = dm.engram_unique(rows)
-    return {positions = #text - 1, subtables = rows:size(3), lookups = rows:numel(), distinct_rows = uniq:numel()}
+    return by_module(found, function(m)
+      local rows = m:lookups(x:narrow(2, 1, #text - 1), prefix)
+      return {positions = #text - 1, subtables = rows:size(3), lookups = rows:numel(),
+              distinct_rows = dm.engram_unique(rows):numel()}
+    end)
   end
 
   function env.params()
@@ -174,7 +201,9 @@ sample(prompt, n, opts)        stream n bytes after prompt (opts: temperature, t
                                return_text = true also returns them)
 loss(text)                     bits per byte: periter (each iteration), fin_D (each depth), fin
 experts(text)                  routed-expert usage: busiest share, entropy, dead, top experts
+                               (every module with routing(); several: a table by module name)
 engram(text)                   Engram lookups of the text and how many distinct rows
+                               (every module with lookups(x, prefix))
 params()                       every parameter: name, shape, norm
 tensor(name)                   a parameter or buffer by name]]
   return env

@@ -187,7 +187,30 @@ describe("the probes", function()
   it("say so for a model without experts or Engram", function()
     local code, _, err = repl({"experts('In the beginning')", "engram('In the beginning')"}, "'" .. runs .. "/st'")
     assert.equal(0, code, err)
-    has(err, "experts(): this model (stack) has no routed experts", "engram(): this model (stack) has no Engram layer")
+    has(err, "experts(): no module of this model (stack) implements routing()",
+        "engram(): no module of this model (stack) implements lookups()")
+  end)
+
+  it("reach any module that implements the protocol, by name when several do", function()
+    local dm, nn, probe = require "dormouse", require "dormouse.nn", require "dormouse.probe"
+    local Router = nn.class("Router")              -- a module of a new architecture, counting its own routing
+    function Router:init(n) self.n = n end
+    function Router:forward(x) self.counts = dm.tensor({self.n, 0, 1}, {dtype = "i64"}) end
+    function Router:routing() return self.counts end
+    local Two = nn.class("Two")
+    function Two:init() self:child("a", Router(5)); self:child("b", Router(2)) end
+    function Two:forward(x) self.a:forward(x); self.b:forward(x) end
+    local one = nn.class("One")
+    function one:init() self:child("only", Router(3)) end
+    function one:forward(x) self.only:forward(x) end
+    local cfg = {model = {arch = "mine", max_iter = 1}}
+    local r = probe.env(one(), cfg).experts("abc")
+    assert.equal(0.75, r.busiest)
+    assert.equal(1, r.dead)
+    assert.equal("1:3", r.top[1])
+    local both = probe.env(Two(), cfg).experts("abc")
+    assert.equal(5 / 6, both.a.busiest)
+    assert.equal(2 / 3, both.b.busiest)
   end)
 end)
 

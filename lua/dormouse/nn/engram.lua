@@ -47,6 +47,10 @@ end
 -- The table rows this batch reads: [B, T, subtables].
 function Engram:rows(x, prefix) return dm.engram_index(x, prefix, self.layout) end
 
+-- The probe protocol (docs/models.md, "Probes"): the rows the inputs x [B, T] (prefix: the bytes
+-- before them) look up, [B, T, subtables].
+function Engram:lookups(x, prefix) return self:rows(x, prefix) end
+
 --[[ ram: the table's dm.HostTable over the optimiser's Adam moments m, v (its
 state, so that checkpoints keep them); optim's SparseAdam makes it and
 applies each step's gradient through it. Returns it. ]]

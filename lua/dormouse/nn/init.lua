@@ -78,6 +78,16 @@ function Module:named_buffers(prefix, out)
   return out
 end
 
+-- {name = "block.moe", module = m} for this module ("" unless prefix) and every module under it, depth first.
+function Module:named_modules(prefix, out)
+  out = out or {}
+  out[#out + 1] = {name = prefix or "", module = self}
+  for _, name in ipairs(self._children) do
+    self[name]:named_modules((prefix and prefix ~= "" and prefix .. "." or "") .. name, out)
+  end
+  return out
+end
+
 function Module:parameters()
   local list = {}
   for _, p in ipairs(self:named_parameters()) do list[#list + 1] = p.tensor end

@@ -123,6 +123,10 @@ function MoE:forward(u)
   return out:reshape({B, T, d})
 end
 
+-- The probe protocol (docs/models.md, "Probes"): this module's routing counts [E] over its
+-- calls since the pass began (a forward's every iteration), or nil before any.
+function MoE:routing() return self.counts end
+
 -- Loss-free balancing, on the whole step's counts (every iteration's routing):
 -- lfb_bias[e] += gamma · sign(mean_load − load[e]). Returns the counts used and,
 -- with a capacity factor, the step's dropped assignments per expert.
