@@ -219,6 +219,14 @@ local rows = {
       {"hash_heads", positive, 1, "hash heads K per hashed order"},
       {"ram", bool, false, "keep the tables in host memory (gathered rows, host-side sparse Adam)"},
     }},
+    {"init", "initialisation choices the spec leaves open (docs/training.md, \"Learning quality\")", {
+      {"branch_out", enum {"fan_in", "depth"}, "fan_in", "std of the branches' output projections (KDA W_o, " ..
+       "Engram W_v, the experts' W_write): fan_in^-1/2, or that times (3 max_iter)^-1/2"},
+      {"engram_std", num{above = 0}, 0.02, "std of the Engram tables' rows at initialisation"},
+      {"dt_bias", enum {"zeros", "log_uniform"}, "zeros", "KDA's dt_bias: zeros, or the inverse softplus of " ..
+       "dt ~ log-uniform [1e-3, 1e-1] (Mamba, FLA)"},
+      {"conv", enum {"normal", "uniform"}, "normal", "KDA's short convolutions: N(0, 0.5^2), or U(-1/2, 1/2)"},
+    }},
     {"moe", "routed low-rank experts with a shared expert", {
       {"lfb_gamma", num{min = 0}, 1e-3, "loss-free balancing step: bias += gamma*sign(mean_load - load)"},
       {"capacity_factor", optional(num{above = 0}), nil, "nil = dropless; else assignments over factor*T*k/E per expert are dropped and counted"},

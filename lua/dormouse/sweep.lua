@@ -78,6 +78,22 @@ local function short_schedule(spec, say)
                     "--set schedule.warmup=N to choose)", warmup, short, cfg.steps))
 end
 
+-- The resolved config of every (arm, seed): cfgs[arm][i] for spec.seeds[i]. A key an arm gets
+-- wrong is an error naming the arm before any run trains.
+function sweep.configs(spec, names, base_name)
+  local cfgs = {}
+  for _, arm in ipairs(names) do
+    cfgs[arm] = {}
+    for i, seed in ipairs(spec.seeds) do
+      local run_name = string.format("%s-%s-s%d", base_name, arm, seed)
+      local ok, cfg = pcall(config.load, spec.base, overrides_of(spec, spec.arms[arm], seed, run_name))
+      if not ok then error(string.format("sweep: arm %s, seed %d: %s", arm, seed, tostring(cfg)), 0) end
+      cfgs[arm][i] = cfg
+    end
+  end
+  return cfgs
+end
+
 -- The verdict of each arm against the control.
 function sweep.verdicts(results, control)
   local c = results[control]
@@ -116,15 +132,15 @@ function sweep.run(spec)
   local base_name = spec.name or spec.base:match("([^/]+)%.lua$")
   local names = sorted_arms(spec.arms, control)
   short_schedule(spec, function(line) if not spec.quiet then print(line) end end)
+  local cfgs = sweep.configs(spec, names, base_name)    -- every run's config, checked before the first trains
   local results = {}
   for _, arm in ipairs(names) do
     results[arm] = {bpb = {}}
     for i, seed in ipairs(spec.seeds) do
-      local run_name = string.format("%s-%s-s%d", base_name, arm, seed)
+      local cfg = cfgs[arm][i]
       if not spec.quiet then
-        print(string.format("== sweep %s: arm %s, seed %d (%s)", base_name, arm, seed, run_name))
+        print(string.format("== sweep %s: arm %s, seed %d (%s)", base_name, arm, seed, cfg.name))
       end
-      local cfg = config.load(spec.base, overrides_of(spec, spec.arms[arm], seed, run_name))
       local s = train.run(cfg, {overwrite = true, quiet = true, silent = spec.quiet, root = spec.root,
                                 runs = spec.runs})
       results[arm].bpb[i] = s.bpb_fin

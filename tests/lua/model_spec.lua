@@ -192,3 +192,53 @@ describe("model.moe.capacity_factor", function()
     os.execute("rm -rf '" .. dir .. "'")
   end)
 end)
+
+describe("model.init", function()
+  local function params(overrides)
+    local m = build("experiments/tiny.lua", overrides)
+    local out = {}
+    for _, p in ipairs(m:named_parameters()) do out[p.name] = p.tensor end
+    return out
+  end
+  local function differ(a, b)
+    local names = {}
+    for name, t in pairs(a) do
+      if not dm.allclose(t, b[name], {rtol = 0, atol = 0}) then names[#names + 1] = name end
+    end
+    table.sort(names)
+    return names
+  end
+  local base = params()
+
+  it("defaults to the choices before it (pinned)", function()
+    local cfg = config.load("experiments/tiny.lua")
+    assert.same({branch_out = "fan_in", engram_std = 0.02, dt_bias = "zeros", conv = "normal"},
+                {branch_out = cfg.model.init.branch_out, engram_std = cfg.model.init.engram_std,
+                 dt_bias = cfg.model.init.dt_bias, conv = cfg.model.init.conv})
+  end)
+
+  it("branch_out = depth scales the three branch outputs by (3 max_iter)^-1/2 and touches nothing else", function()
+    local p = params {"model.init.branch_out=depth"}
+    assert.same({"block.engram.wv.weight", "block.kda.wo.weight", "block.moe.write.weight"}, differ(base, p))
+    for _, name in ipairs(differ(base, p)) do
+      assert.is_true(dm.allclose(p[name], base[name] * (3 * 2) ^ -0.5, {rtol = 1e-6, atol = 0}), name)
+    end
+  end)
+
+  it("engram_std sets the tables' std, conv = uniform draws U(-1/2, 1/2), each touching its own", function()
+    local p = params {"model.init.engram_std=1"}
+    assert.same({"block.engram.table"}, differ(base, p))
+    assert.is_true(dm.allclose(p["block.engram.table"], base["block.engram.table"] * 50, {rtol = 1e-6, atol = 0}))
+    local q = params {"model.init.conv=uniform"}
+    assert.same({"block.kda.conv_k", "block.kda.conv_q", "block.kda.conv_v"}, differ(base, q))
+    for _, name in ipairs {"block.kda.conv_k", "block.kda.conv_q", "block.kda.conv_v"} do
+      assert.is_true(q[name]:abs():max():item() <= 0.5)
+    end
+  end)
+
+  it("dt_bias = log_uniform gives softplus(dt_bias) in [1e-3, 1e-1]", function()
+    local dt = (params {"model.init.dt_bias=log_uniform"}["block.kda.dt_bias"]:exp() + 1):log()
+    assert.is_true(dt:min():item() >= 1e-3 * (1 - 1e-5) and dt:max():item() <= 1e-1 * (1 + 1e-5))
+    assert.is_true(dt:max():item() / dt:min():item() > 10)    -- spread over the range, not one value
+  end)
+end)

@@ -69,3 +69,33 @@ describe("dormouse sweep", function()
     assert.is_truthy(out:find("dormouse sweep experiments/sweep_seeds.lua", 1, true), out)
   end)
 end)
+
+describe("the sweep files in experiments/", function()
+  it("resolve for every arm and seed", function()
+    local core = require "dormouse.core"
+    local checked = 0
+    for _, file in ipairs(core.ckpt_listdir("experiments")) do
+      local path = "experiments/" .. file
+      local spec = file:match("%.lua$") and dofile(path)
+      if type(spec) == "table" and rawget(spec, "arms") and rawget(spec, "base") then
+        local names = {}
+        for name in pairs(spec.arms) do names[#names + 1] = name end
+        local cfgs = sweep.configs(spec, names, "check")
+        for _, name in ipairs(names) do assert.equal(#spec.seeds, #cfgs[name], path .. " " .. name) end
+        checked = checked + 1
+      end
+    end
+    assert.is_true(checked >= 2)
+  end)
+
+  it("name the arm whose key is wrong before any run trains", function()
+    local runs = os.tmpname()
+    os.remove(runs)
+    local err = select(2, pcall(sweep.run, {base = "experiments/tiny.lua", seeds = {1},
+                                             arms = {control = {}, typo = {["model.init.branch"] = "depth"}},
+                                             quiet = true, runs = runs}))
+    assert.is_nil(io.open(runs), "nothing was written")
+    assert.truthy(tostring(err):find("sweep: arm typo, seed 1:", 1, true), err)
+    assert.truthy(tostring(err):find("model.init.branch", 1, true), err)
+  end)
+end)

@@ -11,17 +11,23 @@ local Block = nn.class("Block")
 
 function Block:init(m)
   local d = m.d
+  local init = m.init or {}
+  -- the branches' output projections: their fan-in std, times (3 max_iter)^-1/2 with init.branch_out = "depth"
+  local out_factor = init.branch_out == "depth" and (3 * m.max_iter) ^ -0.5 or 1
   self:child("rms1", nn.RMSNorm(d))
-  self:child("kda", nn.KDA(d, m.heads, m.head_dim, {gate = m.kda.gate, gate_lb = m.kda.gate_lb}))
+  self:child("kda", nn.KDA(d, m.heads, m.head_dim, {gate = m.kda.gate, gate_lb = m.kda.gate_lb,
+                                                     init = {conv = init.conv, dt_bias = init.dt_bias,
+                                                             out_factor = out_factor}}))
   if #m.engram.orders > 0 then                      -- engram.orders = {} turns Engram off
     self:child("rms2", nn.RMSNorm(d))
     self:child("engram", nn.Engram(d, {orders = m.engram.orders, heads = m.engram.hash_heads,
-                                       rows = m.engram.rows, width = m.engram.width, ram = m.engram.ram}))
+                                       rows = m.engram.rows, width = m.engram.width, ram = m.engram.ram,
+                                       std = init.engram_std, out_factor = out_factor}))
   end
   self:child("rms3", nn.RMSNorm(d))
   self:child("moe", nn.MoE(d, {experts = m.experts, top_k = m.top_k, rank = m.expert_rank,
                                shared_rank = m.shared_rank, ffn = m.ffn, lfb_gamma = m.moe.lfb_gamma,
-                               capacity_factor = m.moe.capacity_factor}))
+                               capacity_factor = m.moe.capacity_factor, out_factor = out_factor}))
 end
 
 -- Each branch runs in the compute dtype and is added back into the f32

@@ -38,7 +38,8 @@ function Engram:init(d, opts)
   self.entries = {}
   self.prefetches = {used = 0, missed = 0}       -- training lookups that found their prefetch, or not
   self:child("wk", nn.Linear(subtables * opts.width, d))
-  self:child("wv", nn.Linear(subtables * opts.width, d))
+  self:child("wv", nn.Linear(subtables * opts.width, d,                   -- the branch's output
+                             {std = (subtables * opts.width) ^ -0.5 * (opts.out_factor or 1)}))
   self:child("norm", nn.RMSNorm(d))
   self:param("conv", nn.init.zeros({d, 4}))
   self.dilation = opts.orders[#opts.orders]

@@ -20,19 +20,31 @@ function KDA:init(d, heads, head_dim, opts)
   self:child("wq", nn.Linear(d, hd))
   self:child("wk", nn.Linear(d, hd))
   self:child("wv", nn.Linear(d, hd))
-  self:param("conv_q", nn.init.normal({hd, 4}, 0.5))
-  self:param("conv_k", nn.init.normal({hd, 4}, 0.5))
-  self:param("conv_v", nn.init.normal({hd, 4}, 0.5))
+  local init = opts.init or {}
+  -- the short convolutions: N(0, 0.5^2), or U(-1/2, 1/2) (init.conv = "uniform")
+  local function conv_weight()
+    if init.conv == "uniform" then return nn.init.uniform({hd, 4}, -0.5, 0.5) end
+    return nn.init.normal({hd, 4}, 0.5)
+  end
+  self:param("conv_q", conv_weight())
+  self:param("conv_k", conv_weight())
+  self:param("conv_v", conv_weight())
   self:child("wb", nn.Linear(d, heads))
   self:child("wg1", nn.Linear(d, head_dim))
   self:child("wg2", nn.Linear(head_dim, hd))
   -- decay rates spread over heads: exp(A_log) in [1, 16], as in Mamba and FLA
   self:param("A_log", nn.init.uniform({heads}, 0, math.log(16)))
-  self:param("dt_bias", nn.init.zeros({hd}))
+  -- zeros, or as Mamba and FLA: the inverse softplus of dt ~ log-uniform on [1e-3, 1e-1] (init.dt_bias)
+  if init.dt_bias == "log_uniform" then
+    local dt = nn.init.uniform({hd}, math.log(1e-3), math.log(1e-1)):exp()
+    self:param("dt_bias", dt + (-(-dt):exp() + 1):log())          -- dt + log(1 - e^-dt)
+  else
+    self:param("dt_bias", nn.init.zeros({hd}))
+  end
   self:child("o_norm", nn.RMSNorm(head_dim))
   self:child("wo1", nn.Linear(d, head_dim))
   self:child("wo2", nn.Linear(head_dim, hd, {bias = true}))
-  self:child("wo", nn.Linear(hd, d))
+  self:child("wo", nn.Linear(hd, d, {std = hd ^ -0.5 * (init.out_factor or 1)}))   -- the branch's output
 end
 
 -- silu(conv4(x)); with carry (a table), the conv reads the inputs before x from carry[name] (nil:

@@ -34,7 +34,7 @@ function MoE:init(d, opts)
   self:param("scg", nn.init.ones({rs}))
   self:param("scu", nn.init.ones({rs}))
   self:child("sd", nn.Linear(rs, F))
-  self:child("write", nn.Linear(F, d))
+  self:child("write", nn.Linear(F, d, {std = F ^ -0.5 * (opts.out_factor or 1)}))   -- the branch's output
   self:buffer("lfb_bias", nn.init.zeros({E}))
 end
 
