@@ -9,6 +9,8 @@ CMAKE_FLAGS ?=
 
 DEB_PACKAGES = gcc make cmake pkg-config liblua5.4-dev lua-lpeg-dev libzstd-dev lua-busted \
                libreadline-dev libopenblas-dev bible-kjv clang libclang-rt-14-dev
+# what the tests need besides: a headless browser renders the run report (tests/lua/report_spec.lua)
+TEST_PACKAGES = chromium
 
 # The sanitizer build: clang, AddressSanitizer and UBSan over the C core (no CUDA: the
 # sanitizers cannot see into kernels, and it runs where there is no GPU driver), with the
@@ -17,13 +19,12 @@ SAN_FLAGS = -DDM_SANITIZE=ON -DDM_FUZZ=ON -DDM_CUDA=OFF
 FUZZ_TEST_SECONDS ?= 10
 FUZZ_SECONDS ?= 600
 
-.PHONY: all deps build build-asan test test-asan fuzz demo clean
+.PHONY: all deps deps-test build build-asan test test-asan fuzz demo clean
 
 all: build
 
-# Install only what is absent; apt-get update runs only when something is.
-deps:
-	@missing=""; for p in $(DEB_PACKAGES); do \
+# Install only what is absent of the packages $(1); apt-get update runs only when something is.
+install_missing = missing=""; for p in $(1); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
 	done; \
 	if [ -n "$$missing" ]; then \
@@ -32,6 +33,12 @@ deps:
 	  DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
+
+deps:
+	@$(call install_missing,$(DEB_PACKAGES))
+
+deps-test: deps
+	@$(call install_missing,$(TEST_PACKAGES))
 
 # Without a visible GPU the CUDA kernels (when nvcc is there) are built for one
 # architecture only, as in CI: they are compiled and checked, and the build stays short.
@@ -60,7 +67,7 @@ run_ctest = cd $(1) && ctest --output-on-failure -j$(JOBS) 2>&1 | tee ctest.log;
 
 # The suite (C units, the op oracle suite, Busted specs), then the same under the
 # sanitizers with the fuzz targets; both ctest summaries, then the counts as one line.
-test: build build-asan
+test: deps-test build build-asan
 	@counts=$$(mktemp); status=0; \
 	echo "== the suite ($(BUILD))"; ( $(call run_ctest,$(BUILD),$$counts) ) || status=1; \
 	echo "== under AddressSanitizer and UBSan, with the fuzz targets ($(ASAN_BUILD))"; \

@@ -35,7 +35,8 @@ static void stop_hook(lua_State *L, lua_Debug *ar) {
   (void)ar;
   lua_sethook(L, NULL, 0, 0);
   stopping = 0;
-  luaL_error(L, "interrupted");
+  lua_pushliteral(L, "interrupted");         /* no position: where the hook fired says nothing */
+  lua_error(L);
 }
 
 static void on_ctrl_c(int sig) {

@@ -48,6 +48,16 @@ function instrument.moe_counters(counts, drops)
           dead = dead, drops = math.tointeger(drops) or drops or 0}
 end
 
+-- Each expert's share of the window's assignments, to 4 places (the report's load map); nil without counts.
+function instrument.shares(counts)
+  if not counts then return nil end
+  local total = 0
+  for _, c in ipairs(counts) do total = total + c end
+  local out = {}
+  for e, c in ipairs(counts) do out[e] = total > 0 and math.floor(c / total * 1e4 + 0.5) / 1e4 or 0 end
+  return out
+end
+
 -- The window's routing counts, summed on the device; read once, at the log line.
 function instrument.add_counts(acc, counts)
   if not counts then return acc end

@@ -1,6 +1,7 @@
 --[[
 A JSON encoder for metrics.jsonl and the report: numbers (non-finite ones
-as null), strings, booleans, arrays (tables with 1..n) and objects (sorted keys).
+as null), strings, booleans, arrays (tables with 1..n) and objects (sorted keys);
+and json.decode_string, which reads one of its strings back.
 ]]
 local json = {}
 
@@ -45,6 +46,38 @@ local function encode(v, out)
   else
     error("json: cannot encode a " .. t)
   end
+end
+
+local unescapes = {['"'] = '"', ['\\'] = '\\', ['/'] = '/', b = '\b', f = '\f', n = '\n', r = '\r', t = '\t'}
+
+-- The JSON string that starts at s[i] (its opening quote): its value and the position after its
+-- closing quote; nil when there is none. \uXXXX is read back as the byte it stands for below 256
+-- (what encode writes for control bytes), as UTF-8 above.
+function json.decode_string(s, i)
+  if s:sub(i, i) ~= '"' then return nil end
+  local out, j = {}, i + 1
+  while j <= #s do
+    local c = s:sub(j, j)
+    if c == '"' then return table.concat(out), j + 1 end
+    if c == "\\" then
+      local e = s:sub(j + 1, j + 1)
+      if e == "u" then
+        local code = tonumber(s:sub(j + 2, j + 5), 16)
+        if not code then return nil end
+        out[#out + 1] = code < 256 and string.char(code) or utf8.char(code)
+        j = j + 6
+      elseif unescapes[e] then
+        out[#out + 1] = unescapes[e]
+        j = j + 2
+      else
+        return nil
+      end
+    else
+      out[#out + 1] = c
+      j = j + 1
+    end
+  end
+  return nil
 end
 
 function json.encode(v)

@@ -268,6 +268,7 @@ local rows = {
     {"windows", optional(positive), nil, "ctx-byte sequences read per eval (nil = the whole held-out split)", progress = true},
     {"depths", list(positive), {}, "depths D < max_iter whose fin_D is reported too (fin itself always is)", progress = true},
     {"baseline", list(int{min = 1, max = 8}), {3, 5}, "byte n-gram orders (Kneser-Ney, fit on the train split) printed beside bpb_fin", progress = true},
+    {"sample", int{min = 0}, 160, "bytes sampled after each eval for the report (temperature 0.8; 0 = none)", progress = true},
   }},
 
   {"checkpoint", "checkpoints", {

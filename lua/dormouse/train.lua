@@ -6,8 +6,8 @@ The training loop. One run, from a resolved config:
       for each micro-batch:  loss = model(x).loss / grad_accum ;  loss:backward()
       balance the experts on the step's routing counts
       clip, check (the NaN firewall), update
-      every log.every steps:      a log line with the window's counters
-      every eval.every steps:     held-out fin, bpb_fin, periter, depths; report.html
+      every log.every steps:      a log line with the window's counters (report.html at most every 30 s)
+      every eval.every steps:     held-out fin, bpb_fin, periter, depths, a short sample; report.html
       every checkpoint.every:     a checkpoint (the last `keep` kept)
 
 Everything a run writes goes to runs/NAME/: config.lua (resolved), log.txt,
@@ -380,7 +380,8 @@ function Run:log_window(w)
   local mem = dm.memory(self.device)
   local drops = w.drops
   if dm.is_tensor(drops) then drops = drops:sum():item() end
-  local moe = instrument.moe_counters(w.counts and w.counts:totable(), drops)
+  local counts = w.counts and w.counts:totable()
+  local moe = instrument.moe_counters(counts, drops)
   local applied = w.steps - w.skips               -- a window of skipped steps only has no loss: nan, never 0
   local r = {step = self.step, loss = applied > 0 and w.loss / applied or 0 / 0, tok_s = w.tokens / elapsed,
              lr = w.lr, grad_norm = applied > 0 and w.grad_norm / applied or 0 / 0, skips = w.skips,
@@ -389,7 +390,11 @@ function Run:log_window(w)
   self:record({kind = "log", step = r.step, loss = r.loss, tok_s = r.tok_s, lr = r.lr,
                grad_norm = r.grad_norm, skips = r.skips, mem_allocated = mem.allocated, mem_peak = mem.peak,
                moe_busiest = moe and moe.busiest, moe_entropy = moe and moe.entropy,
-               moe_dead = moe and moe.dead, moe_drops = moe and moe.drops, time = now})
+               moe_dead = moe and moe.dead, moe_drops = moe and moe.drops, moe_load = instrument.shares(counts),
+               engram_rows = w.engram and w.engram.rows, engram_unique = w.engram and w.engram.unique_frac,
+               time = now})
+  -- the page between evals, at most every 30 s (as often as it reloads); the last comes with the final eval
+  if self.step < self.cfg.steps and core.now() - (self.report_at or -math.huge) >= 30 then self:write_report(true) end
   if instrument.end_window(self.firewall, w) then
     error(string.format("NaN firewall: steps were skipped in two log windows in a row (%d skipped in all, " ..
                         "the last window ends at step %d); the run stops", self.firewall.total, self.step), 0)
@@ -411,9 +416,20 @@ function Run:eval()
                periter = e.periter, depths = e.depths}
   self:record(rec)
   self.last_eval = e
-  write_atomic(self.dir .. "/report.html", report.html({name = self.cfg.name, config_text = self.config_text,
-    summary = self.summary}, self.records, self.baselines))
+  if self.cfg.eval.sample > 0 then          -- a short sample for the report (streamed: a pass a byte)
+    local text = evaluate.sample(self.model, "In the beginning", self.cfg.eval.sample,
+                                 {temperature = 0.8, seed = self.cfg.seed, device = self.device})
+    self:record({kind = "sample", step = self.step, time = os.time(), text = text})
+  end
+  self:write_report(self.step < self.cfg.steps)
   return e
+end
+
+-- report.html from the records so far; live: the page reloads itself while the run goes
+function Run:write_report(live)
+  self.report_at = core.now()
+  write_atomic(self.dir .. "/report.html", report.html({name = self.cfg.name, config_text = self.config_text,
+    summary = self.summary, live = live}, self.records, self.baselines))
 end
 
 ---------------------------------------------------------------- the run
@@ -439,6 +455,8 @@ local function read_records(path, upto)
         rec.periter = {}
         for v in per:gmatch("[^,]+") do rec.periter[#rec.periter + 1] = tonumber(v) end
       end
+      local at = line:find('"text":"', 1, true)          -- a sample's bytes
+      if at then rec.text = json.decode_string(line, at + 7) end
       local dlist, dobj = line:match('"depths":%[([^%]]*)%]'), line:match('"depths":{([^}]*)}')
       if dlist or dobj then                 -- depth -> fin_D: a list when the depths are 1..n, else an object
         rec.depths = {}

@@ -1,0 +1,105 @@
+-- report.html: the charts drawn by headless Chromium (the page says how many it made and how many
+-- drew ink in their plots), live while the run goes, and the inline-SVG page without the library.
+local helpers = require "tests.lua.helpers"
+local core = require "dormouse.core"
+
+local function browser()
+  for _, name in ipairs {"chromium", "chromium-browser", "google-chrome"} do
+    if os.execute("command -v " .. name .. " >/dev/null 2>&1") == true then return name end
+  end
+end
+
+-- the page's DOM after its scripts ran, as headless Chromium has it
+local function rendered(path)
+  local p = assert(io.popen(string.format("timeout 120 %s --headless=new --no-sandbox --disable-gpu " ..
+    "--virtual-time-budget=5000 --dump-dom 'file://%s' 2>/dev/null", browser(), path)))
+  local dom = p:read("a")
+  p:close()
+  return dom
+end
+
+local function read(path)
+  local f = assert(io.open(path))
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+describe("report.html", function()
+  local runs, dir
+  setup(function()
+    runs = helpers.tmpdir()
+    helpers.run_quiet(helpers.tiny({"steps=40", "eval.every=20", "log.every=5", "checkpoint.every=0", "name=r"}),
+                      {runs = runs})
+    helpers.run_quiet(helpers.tiny({"steps=40", "eval.every=10", "log.every=5", "checkpoint.every=10", "name=live"}),
+                      {runs = runs, stop_at = 20})
+    dir = runs .. "/r"
+  end)
+  teardown(function() os.execute("rm -rf '" .. runs .. "'") end)
+
+  it("holds its charts' data, the eval table and the latest sample, and stands alone", function()
+    if not core.vendor("uplot.js") then pending("this build has no chart library (configured offline)") return end
+    local html = read(dir .. "/report.html")
+    helpers.has(html, '<script id="data" type="application/json">', "held-out bits per byte", "<th>bpb_fin</th>",
+                "<h2>latest sample</h2><p>at step 40:</p><pre>", "finished; last record at step 40")
+    assert.is_nil(html:find("http-equiv=\"refresh\"", 1, true), "a finished run's page does not reload")
+    assert.is_nil(html:find("<script src", 1, true), "nothing loaded from elsewhere")
+    assert.is_nil(html:find("<link", 1, true))
+  end)
+
+  it("draws every chart in headless Chromium, ink in each plot and no script error", function()
+    if not core.vendor("uplot.js") then pending("this build has no chart library (configured offline)") return end
+    if not browser() then pending("no headless Chromium here (make test installs it)") return end
+    local body = rendered(dir .. "/report.html"):match("<body[^>]*>")
+    assert.truthy(body, "no body in the rendered page")
+    assert.is_nil(body:find("data-error", 1, true), body)
+    local charts, drawn = tonumber(body:match('data%-charts="(%d+)"')), tonumber(body:match('data%-drawn="(%d+)"'))
+    assert.equal(8, charts, body)                  -- seven curves and the experts' load map
+    assert.equal(charts, drawn, body)
+  end)
+
+  it("reloads itself while the run goes", function()
+    if not core.vendor("uplot.js") then pending("this build has no chart library (configured offline)") return end
+    local html = read(runs .. "/live/report.html")           -- stopped after step 20 of 40
+    helpers.has(html, '<meta http-equiv="refresh" content="30">', "running: this page reloads every 30 s")
+  end)
+
+  it("is inline SVG, said once, when the build has no chart library", function()
+    local report = require "dormouse.report"
+    local vendor = core.vendor
+    core.vendor = function() return nil end
+    local ok, html = pcall(report.html, {name = "x"}, {{kind = "log", step = 5, loss = 2, tok_s = 10, lr = 1e-3}}, {})
+    core.vendor = vendor
+    assert.is_true(ok, html)
+    helpers.has(html, "<svg", "bits per byte")
+  end)
+end)
+
+describe("json.decode_string", function()
+  it("reads back every string json.encode writes, and refuses a broken one", function()
+    local json = require "dormouse.json"
+    for _, t in ipairs {"plain", 'q"uote\\back\nnl\ttab/', "\1\2\31 ctl", "é → 𝄞", "\255\128 raw", ""} do
+      local enc = json.encode(t)
+      local dec, after = json.decode_string(enc, 1)
+      assert.equal(t, dec)
+      assert.equal(#enc + 1, after)
+    end
+    assert.is_nil(json.decode_string('"open', 1))
+    assert.is_nil(json.decode_string('"bad \\q"', 1))
+    assert.is_nil(json.decode_string('x"', 1))
+  end)
+end)
+
+describe("a resumed run's report", function()
+  it("keeps the samples of the steps before the resume", function()
+    local runs = helpers.tmpdir()
+    local o = {"steps=20", "eval.every=10", "log.every=5", "checkpoint.every=10", "name=res", "eval.sample=24"}
+    helpers.run_quiet(helpers.tiny(o), {runs = runs, stop_at = 10})
+    local before = read(runs .. "/res/metrics.jsonl"):match('"kind":"sample".-"text":("[^\n]-"),"time"')
+    helpers.run_quiet(helpers.tiny(o), {runs = runs, resume = runs .. "/res"})
+    assert.truthy(before)
+    local html = read(runs .. "/res/report.html")
+    helpers.has(html, "<p>at step 20:</p>")
+    os.execute("rm -rf '" .. runs .. "'")
+  end)
+end)
