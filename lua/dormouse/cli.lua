@@ -75,6 +75,27 @@ function cli.command(name)
   return function(argv) return mod.run(argv, cli) end
 end
 
+--[[ The frame of a command in commands/: parse(argv) → args (an error: the message and the usage
+on stderr, exit 2; args.help: the usage, exit 0), then body(args) (an error: its message on stderr
+without its Lua position, exit 1; else body's exit code, 0 when none). ]]
+function cli.framed(name, usage, parse, body)
+  return function(argv)
+    local ok, args = pcall(parse, argv)
+    if not ok then
+      io.stderr:write("dormouse ", name, ": ", tostring(args), "\n", usage, "\n")
+      return 2
+    end
+    if args.help then print(usage) return 0 end
+    local done, code = pcall(body, args)
+    if not done then
+      -- the messages name the file, key or value; the Lua line they were raised on is noise here
+      io.stderr:write("dormouse ", name, ": ", (tostring(code):gsub("^[^\n]-%.lua:%d+: ", "")), "\n")
+      return 1
+    end
+    return code or 0
+  end
+end
+
 local function extra_commands()
   local lines = {}
   local dir = (cli.root or ".") .. "/lua/dormouse/commands"

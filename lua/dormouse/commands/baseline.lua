@@ -99,23 +99,12 @@ local function report(src, orders)
   end
 end
 
-local function run(argv)
-  local ok, args = pcall(parse, argv)
-  if not ok then
-    io.stderr:write("dormouse baseline: ", args, "\n", usage, "\n")
-    return 2
-  end
-  if args.help then print(usage) return 0 end
-  local t0 = os.clock()
-  local err
-  ok, err = pcall(function() report(resolve(args), args.orders) end)
-  if not ok then
-    -- the data layer's messages name the file, key or offset; its Lua line would only be noise here
-    io.stderr:write("dormouse baseline: ", (tostring(err):gsub("^[^\n]-%.lua:%d+: ", "")), "\n")
-    return 1
-  end
-  print(string.format("took %.2f s of CPU time", os.clock() - t0))
-  return 0
+local function run(argv, cli)
+  return cli.framed("baseline", usage, parse, function(args)
+    local t0 = os.clock()
+    report(resolve(args), args.orders)
+    print(string.format("took %.2f s of CPU time", os.clock() - t0))
+  end)(argv)
 end
 
 return {

@@ -84,14 +84,7 @@ local function rates(stamps)
 end
 
 local function run(argv, cli)
-  local ok, args = pcall(parse, argv)
-  if not ok then
-    io.stderr:write("dormouse sample: ", args, "\n", usage, "\n")
-    return 2
-  end
-  if args.help then print(usage) return 0 end
-  local err
-  ok, err = pcall(function()
+  return cli.framed("sample", usage, parse, function(args)
     if args.device == "cuda" and not dm.cuda.is_available() then
       error("--device cuda: no CUDA device here (or this build has no CUDA backend)", 0)
     end
@@ -116,12 +109,7 @@ local function run(argv, cli)
     io.stdout:write("\n")
     io.stderr:write(string.format("sample: the prompt and the first byte %.3f s; bytes/s over bytes %s\n",
                                   stamps[1] - t_start, #stamps > 1 and rates(stamps) or "(one byte)"))
-  end)
-  if not ok then
-    io.stderr:write("dormouse sample: ", (tostring(err):gsub("^[^\n]-%.lua:%d+: ", "")), "\n")
-    return 1
-  end
-  return 0
+  end)(argv)
 end
 
 return {
