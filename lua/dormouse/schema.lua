@@ -229,6 +229,11 @@ local rows = {
     }},
     {"moe", "routed low-rank experts with a shared expert", {
       {"lfb_gamma", num{min = 0}, 1e-3, "loss-free balancing step: bias += gamma*sign(mean_load - load)"},
+      {"balance", enum {"sign", "proportional"}, "sign", "the balancing step: gamma*sign(mean_load - load), " ..
+       "or gamma*(mean_load - load)/mean_load (in proportion to the load error)"},
+      {"router_dtype", enum {"compute", "f32"}, "compute", "the router's product: in the compute dtype " ..
+       "(its scores cast to f32), or in f32 from an f32 copy of its input"},
+      {"router_std", optional(num{above = 0}), nil, "std of the router's weights at initialisation (nil = d^-1/2)"},
       {"capacity_factor", optional(num{above = 0}), nil, "nil = dropless; else assignments over factor*T*k/E per expert are dropped and counted"},
     }},
   }},

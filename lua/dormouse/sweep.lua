@@ -22,8 +22,11 @@ cut to a tenth of the steps, and a line says so.
 table (experiments/sweep_seeds.lua).
 
 An arm beats the control only when its mean final bpb_fin is lower by more
-than both spreads (the sample standard deviation over seeds of each). The
-table goes to stdout and to runs/sweep-NAME/verdict.txt and verdict.json.
+than both spreads (the sample standard deviation over seeds of each); with
+one seed there is no spread and the verdict says so. When the runs route
+experts, the table also gives the busiest expert's share and the dead
+experts of each arm's last log window (means over seeds). The table goes to
+stdout and to runs/sweep-NAME/verdict.txt and verdict.json.
 ]]
 local config = require "dormouse.config"
 local json = require "dormouse.json"
@@ -99,6 +102,9 @@ function sweep.verdicts(results, control)
   local c = results[control]
   for name, r in pairs(results) do
     if name == control then r.verdict = "control"
+    elseif #r.bpb == 1 or #c.bpb == 1 then          -- one seed: no spread to judge by
+      r.verdict = string.format("one seed: %s by %.4f, no spread to judge by", r.mean < c.mean and "lower" or "higher",
+                                math.abs(c.mean - r.mean))
     else
       local diff = c.mean - r.mean
       if diff > r.spread and diff > c.spread then r.verdict = "beats control"
@@ -108,15 +114,29 @@ function sweep.verdicts(results, control)
   end
 end
 
+-- mean of the numbers in list (nil when none)
+local function mean_of(list)
+  local n, sum = 0, 0
+  for _, v in pairs(list or {}) do n, sum = n + 1, sum + v end
+  return n > 0 and sum / n or nil
+end
+
 function sweep.table(results, names, seeds)
+  local routing = false                           -- the last log window's routing, when the runs route
+  for _, name in ipairs(names) do routing = routing or mean_of(results[name].busiest) ~= nil end
   local head = {string.format("%-14s %9s %9s", "arm", "mean", "spread")}
   for _, s in ipairs(seeds) do head[#head + 1] = string.format("%9s", "seed " .. s) end
+  if routing then head[#head + 1] = string.format("%8s %6s", "busiest", "dead") end
   head[#head + 1] = "  verdict"
   local lines = {table.concat(head, " ")}
   for _, name in ipairs(names) do
     local r = results[name]
     local row = {string.format("%-14s %9.4f %9.4f", name, r.mean, r.spread)}
     for i = 1, #seeds do row[#row + 1] = string.format("%9.4f", r.bpb[i]) end
+    if routing then
+      local b, d = mean_of(r.busiest), mean_of(r.dead)
+      row[#row + 1] = string.format("%8s %6s", b and string.format("%.3f", b) or "-", d and string.format("%.1f", d) or "-")
+    end
     row[#row + 1] = "  " .. r.verdict
     lines[#lines + 1] = table.concat(row, " ")
   end
@@ -144,6 +164,11 @@ function sweep.run(spec)
       local s = train.run(cfg, {overwrite = true, quiet = true, silent = spec.quiet, root = spec.root,
                                 runs = spec.runs})
       results[arm].bpb[i] = s.bpb_fin
+      if s.moe then                                  -- the last log window's routing
+        results[arm].busiest = results[arm].busiest or {}
+        results[arm].dead = results[arm].dead or {}
+        results[arm].busiest[i], results[arm].dead[i] = s.moe.busiest, s.moe.dead
+      end
     end
     results[arm].mean, results[arm].spread = stats(results[arm].bpb)
   end

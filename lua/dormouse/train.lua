@@ -387,6 +387,7 @@ function Run:log_window(w)
              lr = w.lr, grad_norm = applied > 0 and w.grad_norm / applied or 0 / 0, skips = w.skips,
              mem = {allocated = mem.allocated, peak = mem.peak}, moe = moe, engram = w.engram}
   self:say(instrument.log_line(r))
+  self.last_moe = moe
   self:record({kind = "log", step = r.step, loss = r.loss, tok_s = r.tok_s, lr = r.lr,
                grad_norm = r.grad_norm, skips = r.skips, mem_allocated = mem.allocated, mem_peak = mem.peak,
                moe_busiest = moe and moe.busiest, moe_entropy = moe and moe.entropy,
@@ -475,7 +476,8 @@ quiet = bool (no progress bar), silent = bool (nothing on stdout;
 the log file still gets every line), root = the folder holding models/, runs = the
 folder of run directories ("runs"), stop_at = a step after which the run
 stops as if killed (tests of resume). Returns a summary {step, bpb_fin,
-baselines, dir, model}. ]]
+baselines, dir, model, device, periter, moe = the last log window's routing
+counters}. ]]
 local run_body
 
 function train.run(cfg, opts)
@@ -568,7 +570,7 @@ function run_body(self, cfg, opts)
   self.log_file:close()
   local e = self.last_eval
   return {step = self.step, bpb_fin = e and e.fin / instrument.LN2, baselines = self.baselines, dir = self.dir,
-          model = self.model, device = self.device, periter = e and e.periter}
+          model = self.model, device = self.device, periter = e and e.periter, moe = self.last_moe}
 end
 
 -- The steps of a run, with its log lines, evals, checkpoints and progress bar.

@@ -242,3 +242,38 @@ describe("model.init", function()
     assert.is_true(dt:max():item() / dt:min():item() > 10)    -- spread over the range, not one value
   end)
 end)
+
+describe("the balancing options", function()
+  it("balance = proportional moves each bias by gamma times its relative load error; sign stays the default",
+     function()
+    local m = nn.MoE(8, {experts = 4, top_k = 1, rank = 2, shared_rank = 2, ffn = 4, lfb_gamma = 0.1,
+                         balance = "proportional"})
+    m.counts = dm.tensor({6, 2, 0, 0}, {dtype = "i64"})        -- mean 2
+    m:update_balance()
+    assert.is_true(dm.allclose(m.lfb_bias, dm.tensor({-0.2, 0, 0.1, 0.1}), {rtol = 1e-6, atol = 1e-7}))
+    local s = nn.MoE(8, {experts = 4, top_k = 1, rank = 2, shared_rank = 2, ffn = 4, lfb_gamma = 0.1})
+    s.counts = dm.tensor({6, 2, 0, 0}, {dtype = "i64"})
+    s:update_balance()
+    assert.is_true(dm.allclose(s.lfb_bias, dm.tensor({-0.1, 0, 0.1, 0.1}), {rtol = 1e-6, atol = 1e-7}))
+    assert.equal("sign", config.load("experiments/tiny.lua").model.moe.balance)
+  end)
+
+  it("router_dtype = f32 runs the router's product in f32 under another compute dtype; router_std sets its init",
+     function()
+    local seen = {}
+    local linear = dm.linear
+    local before = nn.compute_dtype
+    nn.compute_dtype = "f64"                       -- on the CPU f64 stands in for bf16 (compute_dtype_spec)
+    local ok, err = pcall(function()
+      local m = nn.MoE(8, {experts = 4, top_k = 1, rank = 2, shared_rank = 2, ffn = 4, router_dtype = "f32",
+                           router_std = 1e-3})
+      assert.is_true(m.router.weight:abs():max():item() < 1e-2)
+      dm.linear = function(x, w) seen[#seen + 1] = x.dtype .. "/" .. w.dtype; return linear(x, w) end
+      dm.scope(function() m:forward(dm.randn({1, 3, 8}, {seed = 1, dtype = "f64"})) end)
+    end)
+    dm.linear, nn.compute_dtype = linear, before
+    assert.is_true(ok, err)
+    assert.equal("f32/f32", seen[1])               -- the router first, in f32
+    assert.equal("f64/f64", seen[2])               -- the rest in the compute dtype
+  end)
+end)

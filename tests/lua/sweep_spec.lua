@@ -99,3 +99,15 @@ describe("the sweep files in experiments/", function()
     assert.truthy(tostring(err):find("model.init.branch", 1, true), err)
   end)
 end)
+
+describe("a one-seed sweep", function()
+  it("says it has no spread to judge by, and gives the routing of each arm's last log window", function()
+    local res = {control = {mean = 2.0, spread = 0, bpb = {2.0}, busiest = {0.3}, dead = {2}},
+                 a = {mean = 1.9, spread = 0, bpb = {1.9}, busiest = {0.1}, dead = {0}}}
+    sweep.verdicts(res, "control")
+    assert.equal("one seed: lower by 0.1000, no spread to judge by", res.a.verdict)
+    local text = sweep.table(res, {"control", "a"}, {1})
+    assert.truthy(text:find("busiest", 1, true), text)
+    assert.truthy(text:find("1.9000    0.100    0.0", 1, true), text)
+  end)
+end)

@@ -27,7 +27,9 @@ function Block:init(m)
   self:child("rms3", nn.RMSNorm(d))
   self:child("moe", nn.MoE(d, {experts = m.experts, top_k = m.top_k, rank = m.expert_rank,
                                shared_rank = m.shared_rank, ffn = m.ffn, lfb_gamma = m.moe.lfb_gamma,
-                               capacity_factor = m.moe.capacity_factor, out_factor = out_factor}))
+                               capacity_factor = m.moe.capacity_factor, out_factor = out_factor,
+                               balance = m.moe.balance, router_dtype = m.moe.router_dtype,
+                               router_std = m.moe.router_std}))
 end
 
 -- Each branch runs in the compute dtype and is added back into the f32

@@ -22,7 +22,9 @@ function MoE:init(d, opts)
   local E, r, F = opts.experts, opts.rank, opts.ffn
   self.experts, self.top_k, self.gamma = E, opts.top_k, opts.lfb_gamma or 1e-3
   self.capacity_factor = opts.capacity_factor     -- nil: dropless
-  self:child("router", nn.Linear(d, E))
+  self.balance = opts.balance or "sign"
+  self.router_f32 = opts.router_dtype == "f32"
+  self:child("router", nn.Linear(d, E, {std = opts.router_std}))
   self:param("Ug", nn.init.normal({E, d, r}, d ^ -0.5))
   self:param("Uu", nn.init.normal({E, d, r}, d ^ -0.5))
   self:param("cg", nn.init.ones({E, r}))
@@ -100,7 +102,8 @@ function MoE:forward(u)
   local x = u:reshape({B * T, d})
   local W = self:compute_weights()
   local out, counts, drops = dm.scope(function()
-    local scores = self.router:forward(x):to(self.lfb_bias.dtype)       -- routing in float32
+    local scores = self.router_f32 and dm.linear(x:to("f32"), self.router.weight)        -- routing in float32
+                   or self.router:forward(x):to(self.lfb_bias.dtype)
     local idx, w, counts = dm.moe_route(scores, self.lfb_bias, self.top_k)
     local perm, offsets, inv = dm.moe_sort(idx, self.experts)
     local drops
@@ -128,13 +131,22 @@ end
 function MoE:routing() return self.counts end
 
 -- Loss-free balancing, on the whole step's counts (every iteration's routing):
--- lfb_bias[e] += gamma · sign(mean_load − load[e]). Returns the counts used and,
+-- lfb_bias[e] += gamma · sign(mean_load − load[e]), or with balance = "proportional"
+-- gamma · (mean_load − load[e]) / mean_load. Returns the counts used and,
 -- with a capacity factor, the step's dropped assignments per expert.
 function MoE:update_balance()
   local counts, drops = self.counts, self.drops
   if not counts then return nil end
   self.counts, self.drops = nil, nil
-  dm.no_grad(function() dm.moe_balance_(self.lfb_bias, counts, self.gamma) end)   -- on the device, no sync
+  dm.no_grad(function()                        -- on the device, no sync
+    if self.balance == "proportional" then      -- the step in proportion to each expert's load error
+      local load = counts:to(self.lfb_bias.dtype)
+      local mean = load:sum() * (1 / self.experts)
+      self.lfb_bias:add_((mean - load) / (mean + 1e-12) * self.gamma)
+    else
+      dm.moe_balance_(self.lfb_bias, counts, self.gamma)
+    end
+  end)
   return counts, drops
 end
 
