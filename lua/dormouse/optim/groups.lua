@@ -68,12 +68,7 @@ function groups.assign(entries)
   return out
 end
 
-local function human(n)
-  if n >= 1e9 then return string.format("%.2fB", n / 1e9) end
-  if n >= 1e6 then return string.format("%.2fM", n / 1e6) end
-  if n >= 1e3 then return string.format("%.1fK", n / 1e3) end
-  return tostring(n)
-end
+local human = require("dormouse.nn").human      -- parameter counts as 1.23M, the module tree's form
 
 -- names joined up to `width` characters, then "(+N more)"
 local function abbreviate(names, width)
