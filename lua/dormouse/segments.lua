@@ -9,9 +9,11 @@ activations are alive at a time (docs/training.md, "Long sequences").
   segments.evaluate(model, x, prefix, len, opts)
                                     → the pass's {fin, periter, fin_D} as numbers, the
                                       segments' means weighted by their bytes (no gradient)
-  segments.backward(model, x, prefix, len, scale)
+  segments.backward(model, x, prefix, len, scale [, mark])
                                     → the whole rows' loss (a number); the gradient of
                                       scale · loss is added into the parameters'
+                                      (mark(phase), when given: as each forward and
+                                      backward ends, as train.step's)
   segments.free(state)              frees a pass's out.state now
 
 The backward runs the segments forward without a tape, keeping the state at
@@ -99,13 +101,15 @@ local function leaves(state)
   return out
 end
 
-function segments.backward(model, x, prefix, len, scale)
+function segments.backward(model, x, prefix, len, scale, mark)
+  mark = mark or function() end
   local T = x:size(2) - 1
   local segs = segments.split(x, prefix, len)
   local starts = {}                                  -- starts[s]: the state segment s begins from
   dm.no_grad(function()
     for s = 1, #segs - 1 do starts[s + 1] = pass(model, segs[s], starts[s]).state end
   end)
+  mark("forward")
   local loss, grads = 0, nil                         -- grads: the gradient of segment s's final state
   for s = #segs, 1, -1 do
     local seg = segs[s]
@@ -116,6 +120,7 @@ function segments.backward(model, x, prefix, len, scale)
       if not out.state then error(no_state(model), 0) end
       local w = seg.n / T
       loss = loss + out.loss:item() * w
+      mark("forward")
       local objective = out.loss * (w * scale)
       if grads then
         each_tensor(grads, function(i, k, g)
@@ -124,6 +129,7 @@ function segments.backward(model, x, prefix, len, scale)
         end)
       end
       objective:backward()
+      mark("backward")
       return model.held and model:held() or nil      -- what the model keeps for the step's end
     end)
     free_state(grads)

@@ -302,16 +302,15 @@ function train.step(r, mark)
       mark("data")
       local seg = cfg.model.segment
       if seg and x:size(2) - 1 > seg then        -- by segments, the state carried: forward and backward in one
-        loss = loss + segments.backward(r.model, x, prefix, seg, 1 / cfg.grad_accum) / cfg.grad_accum
-        mark("forward")
+        loss = loss + segments.backward(r.model, x, prefix, seg, 1 / cfg.grad_accum, mark) / cfg.grad_accum
       else
         local out = r.model:forward(x, prefix)
         local l = out.loss:item()
         loss = loss + l / cfg.grad_accum
         mark("forward")
         if instrument.finite(l) then (out.loss * (1 / cfg.grad_accum)):backward() end
+        mark("backward")
       end
-      mark("backward")
     end
     local engram
     local module = r.model.block and r.model.block.engram
