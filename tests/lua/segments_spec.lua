@@ -187,3 +187,22 @@ describe("streaming generation", function()
     helpers.has(err, "holds no checkpoint")
   end)
 end)
+
+describe("long sequences", function()
+  it("are measured by `dormouse long`: a table of lengths by segments and generation's rate", function()
+    local bin = arg and arg[-1]
+    local p = assert(io.popen(string.format("'%s' long experiments/tiny.lua --lengths 64,128 --segment 64 " ..
+                                            "--steps 1 --bytes 120 --prompt-bytes 16 2>/dev/null", bin)))
+    local out = p:read("a")
+    local _, _, code = p:close()
+    assert.equal(0, code, out)
+    assert.truthy(out:find("\n%s+64%s+1%s+%d+"), out)          -- T, segments, tokens/s
+    assert.truthy(out:find("\n%s+128%s+2%s+%d+"), out)
+    helpers.has(out, "a 16-byte prompt", "bytes      2-100", "bytes    101-120")
+    p = assert(io.popen(string.format("'%s' long experiments/tiny.lua --lengths 64,x 2>&1", bin)))
+    local err = p:read("a")
+    _, _, code = p:close()
+    assert.equal(2, code)
+    helpers.has(err, "--lengths must be an integer >= 2, got x", "usage: dormouse long")
+  end)
+end)
