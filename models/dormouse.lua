@@ -56,6 +56,45 @@ function Dormouse:forward(x, prefix, opts)
   return nn.pass(self.pass, self, x, prefix, opts or {})   -- each parameter cast once for the iterations
 end
 
+-- An iteration's state: the KDA state, the short convolutions' and Engram's last inputs (nn/block.lua).
+local STATE_KEYS = {"S", "q", "k", "v", "e"}
+
+--[[ The block under dm.checkpoint (model.recompute) in a pass that carries state: the
+checkpoint takes h and the state's tensors and returns one tensor, so h' and the next
+state travel through it packed, flat, in h's dtype (f32, or f64 for a twin: the layout
+read from the run, each part cast back to its dtype; a bf16 cache's round trip through
+f32 is exact). ]]
+local function recomputed_block(self, h, x, prefix, state)
+  local keys, inputs = {}, {h}
+  for _, k in ipairs(STATE_KEYS) do
+    if state[k] then keys[#keys + 1], inputs[#inputs + 1] = k, state[k] end
+  end
+  local layout
+  local packed = dm.checkpoint(function(hi, ...)
+    local given, st = {...}, {}
+    for j, k in ipairs(keys) do st[k] = given[j] end
+    local ho, so = self.block:forward(hi, x, prefix, st)
+    local parts, lay = {ho:reshape({-1})}, {{key = "h", shape = ho:shape(), dtype = ho.dtype}}
+    for _, k in ipairs(STATE_KEYS) do
+      if so[k] then
+        parts[#parts + 1] = so[k]:reshape({-1}):to(ho.dtype)
+        lay[#lay + 1] = {key = k, shape = so[k]:shape(), dtype = so[k].dtype}
+      end
+    end
+    layout = layout or lay
+    return dm.cat(parts, 1)
+  end, table.unpack(inputs))
+  local at, h_out, s_out = 0, nil, {}
+  for _, l in ipairs(layout) do
+    local n = 1
+    for _, e in ipairs(l.shape) do n = n * e end
+    local t = packed:narrow(1, at + 1, n):reshape(l.shape):to(l.dtype)
+    at = at + n
+    if l.key == "h" then h_out = t else s_out[l.key] = t end
+  end
+  return h_out, s_out
+end
+
 function Dormouse:pass(x, prefix, opts)
   local T = x:size(2) - 1
   local inputs = x:narrow(2, 1, T)
@@ -70,11 +109,9 @@ function Dormouse:pass(x, prefix, opts)
   local carried = opts.state
   if carried then out.state = {} end
   for i = 1, self.max_iter do
-    if carried then
-      if self.cfg.recompute and dm.grad_enabled() then
-        error("model.recompute: a pass that carries state (segments, streaming) is not recomputed yet; " ..
-              "set model.recompute = false", 0)
-      end
+    if carried and self.cfg.recompute and dm.grad_enabled() then
+      h, out.state[i] = recomputed_block(self, h, inputs, prefix, carried[i] or {})
+    elseif carried then
       h, out.state[i] = self.block:forward(h, inputs, prefix, carried[i] or {})
     elseif self.cfg.recompute then           -- the block's activations recomputed in the backward (dm.checkpoint)
       h = dm.checkpoint(function(hi) return self.block:forward(hi, inputs, prefix) end, h)
