@@ -211,6 +211,7 @@ local rows = {
     {"kda", "Kimi Delta Attention", {
       {"gate", enum {"bounded", "softplus"}, "bounded", "decay gate: bounded = lb*sigmoid(.), softplus = -exp(A_log)*softplus(.)"},
       {"gate_lb", num{below = 0}, -5, "lower bound lb of the bounded gate, g in (lb, 0)"},
+      {"output_bias", bool, true, "a bias on the output gate's projection (W_o2)"},
     }},
     {"engram", "hashed byte n-gram memory", {
       {"orders", list(int{min = 1, max = 8}), {2, 3, 4}, "byte n-gram orders, ascending ({} turns Engram off)"},
@@ -218,6 +219,8 @@ local rows = {
       {"width", positive, 32, "row width de"},
       {"hash_heads", positive, 1, "hash heads K per hashed order"},
       {"ram", bool, false, "keep the tables in host memory (gathered rows, host-side sparse Adam)"},
+      {"output", enum {"spec", "projection"}, "spec", "the branch's output: spec = vt + silu(conv(rmsnorm(vt))); " ..
+       "projection = W_e conv(vt), a d x d projection after a plain convolution (not the spec's form)"},
     }},
     {"init", "initialisation choices the spec leaves open (docs/training.md, \"Learning quality\")", {
       {"branch_out", enum {"fan_in", "depth"}, "fan_in", "std of the branches' output projections (KDA W_o, " ..

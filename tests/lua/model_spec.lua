@@ -277,3 +277,43 @@ describe("the balancing options", function()
     assert.equal("f64/f64", seen[2])               -- the rest in the compute dtype
   end)
 end)
+
+describe("the structural options", function()
+  local function grads_agree(overrides)
+    local m32 = build("experiments/tiny.lua", overrides)
+    local m64 = build("experiments/tiny.lua", overrides):cast("f64")
+    local corpus = dm.data.open(dm.data.default_corpus(), {eval_bytes = 4096})
+    local x, prefix = corpus:batch(3, {batch = 2, seq = 33, seed = 5, ctx = 2})
+    corpus:close()
+    local names = {}
+    dm.scope(function()
+      local l32 = m32:forward(x, prefix).loss
+      l32:backward()
+      local l64 = m64:forward(x, prefix).loss
+      l64:backward()
+      assert.is_true(math.abs(l32:item() - l64:item()) <= 1e-4 * math.abs(l64:item()))
+      local p64 = {}
+      for _, p in ipairs(m64:named_parameters()) do p64[p.name] = p.tensor end
+      for _, p in ipairs(m32:named_parameters()) do
+        names[#names + 1] = p.name
+        local g32, g64 = p.tensor.grad, p64[p.name].grad
+        if g32 then
+          local err = (g32:to("f64") - g64):abs():max():item()
+          assert.is_true(err <= 1e-4 * g64:abs():max():item() + 1e-7, p.name)
+        end
+      end
+    end)
+    return table.concat(names, " ")
+  end
+
+  it("engram.output = projection: W_e after a plain convolution, float32 against float64", function()
+    local names = grads_agree {"model.engram.output=projection"}
+    assert.truthy(names:find("block.engram.we.weight", 1, true))
+  end)
+
+  it("kda.output_bias = false: the output gate's projection has no bias", function()
+    local names = grads_agree {"model.kda.output_bias=false"}
+    assert.is_nil(names:find("block.kda.wo2.bias", 1, true))
+    assert.truthy(names:find("block.kda.wo2.weight", 1, true))
+  end)
+end)

@@ -16,13 +16,15 @@ function Block:init(m)
   local out_factor = init.branch_out == "depth" and (3 * m.max_iter) ^ -0.5 or 1
   self:child("rms1", nn.RMSNorm(d))
   self:child("kda", nn.KDA(d, m.heads, m.head_dim, {gate = m.kda.gate, gate_lb = m.kda.gate_lb,
+                                                     output_bias = m.kda.output_bias,
                                                      init = {conv = init.conv, dt_bias = init.dt_bias,
                                                              out_factor = out_factor}}))
   if #m.engram.orders > 0 then                      -- engram.orders = {} turns Engram off
     self:child("rms2", nn.RMSNorm(d))
     self:child("engram", nn.Engram(d, {orders = m.engram.orders, heads = m.engram.hash_heads,
                                        rows = m.engram.rows, width = m.engram.width, ram = m.engram.ram,
-                                       std = init.engram_std, out_factor = out_factor}))
+                                       std = init.engram_std, out_factor = out_factor,
+                                       output = m.engram.output}))
   end
   self:child("rms3", nn.RMSNorm(d))
   self:child("moe", nn.MoE(d, {experts = m.experts, top_k = m.top_k, rank = m.expert_rank,

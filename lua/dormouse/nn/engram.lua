@@ -6,6 +6,9 @@ Engram — hashed byte n-gram memory (spec/model.md):
   alpha = sigmoid( dot(rmsnorm(u_t), rmsnorm(kx_t)) / sqrt(d) )
   vt    = alpha · vx
   out   = vt + silu( causal_conv(rmsnorm(vt)) )      kernel 4, dilation = max order, zero-initialised
+
+(model.engram.output = "projection", an option the spec does not have: out = W_e conv(vt),
+a d x d projection after a plain convolution.)
 ]]
 return function(nn, dm)
 local core_error = require("dormouse.core").error
@@ -43,6 +46,10 @@ function Engram:init(d, opts)
   self:child("norm", nn.RMSNorm(d))
   self:param("conv", nn.init.zeros({d, 4}))
   self.dilation = opts.orders[#opts.orders]
+  self.output = opts.output or "spec"
+  if self.output == "projection" then             -- W_e after a plain convolution (an option: not the spec's)
+    self:child("we", nn.Linear(d, d, {std = d ^ -0.5 * (opts.out_factor or 1)}))
+  end
 end
 
 -- The table rows this batch reads: [B, T, subtables].
@@ -206,9 +213,14 @@ function Engram:forward(u, x, prefix, state)
     local alpha = dm.engram_alpha(u, kx)
     local vt = vx * alpha:unsqueeze(-1)
     local conv = nn.like(self.conv, vt)
-    local opts = {dilation = self.dilation, silu = true}
+    local projected = self.output == "projection"
+    local opts = {dilation = self.dilation, silu = not projected}
     if state then opts.cache, opts.return_cache = state.e, true end
-    local y, cache = dm.causal_conv1d(self.norm:forward(vt), conv, opts)
+    if projected then                             -- W_e conv(vt)
+      local y, cache = dm.causal_conv1d(vt, conv, opts)
+      return self.we:forward(y), state and {e = cache} or nil
+    end
+    local y, cache = dm.causal_conv1d(self.norm:forward(vt), conv, opts)   -- vt + silu(conv(rmsnorm(vt)))
     return vt + y, state and {e = cache} or nil
   end)
 end

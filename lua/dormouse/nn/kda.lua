@@ -43,7 +43,7 @@ function KDA:init(d, heads, head_dim, opts)
   end
   self:child("o_norm", nn.RMSNorm(head_dim))
   self:child("wo1", nn.Linear(d, head_dim))
-  self:child("wo2", nn.Linear(head_dim, hd, {bias = true}))
+  self:child("wo2", nn.Linear(head_dim, hd, {bias = opts.output_bias ~= false}))
   self:child("wo", nn.Linear(hd, d, {std = hd ^ -0.5 * (init.out_factor or 1)}))   -- the branch's output
 end
 
