@@ -22,6 +22,18 @@ function Dormouse:init(m)
   self:child("block", nn.Block(m))
   self:child("rmsf", nn.RMSNorm(m.d))
   self:child("head", nn.Linear(m.d, 256))
+  if m.aux.future > 0 then                          -- an arm: the byte after next, from the fin readout's input
+    self.future_weight = m.aux.future
+    self:child("future_head", nn.Linear(m.d, 256))
+  end
+end
+
+-- The arms that are on, each a phrase for the run's start (docs/arms.md)
+function Dormouse:arms()
+  local on = {}
+  if self.future_head then on[#on + 1] = string.format("future-byte head at weight %g (aux_future on the log line)",
+                                                        self.future_weight) end
+  return on
 end
 
 -- the logits in h's dtype (f32), the norm and the product in the compute dtype
@@ -32,6 +44,16 @@ end
 local function ce(logits, targets)
   local V = logits:size(-1)
   return dm.cross_entropy(logits:reshape({-1, V}), targets:reshape({-1}))
+end
+
+-- the future head's cross-entropy: from position t, the byte at t + 2 (the positions before the last)
+local function future_ce(self, h, x)
+  local T = h:size(2)
+  return dm.scope(function()
+    local hs = h:narrow(2, 1, T - 1)
+    local logits = self.future_head:forward(self.rmsf:forward(nn.activation(hs))):to(h.dtype)
+    return ce(logits, x:narrow(2, 3, T - 1):to("i64"))
+  end)
 end
 
 -- the logits of h and their cross-entropy; the readout's intermediates are dropped as it returns
@@ -51,7 +73,8 @@ state and convolution inputs from it, and returns its own as out.state
 (docs/models.md, "Segments and streaming"). opts.counts = "add": the pass's
 routing counts add to the step's so far instead of starting them again (a
 step of several segments balances on all of them).
-Returns {loss, fin, periter = {CE_1 ...}, fin_D = {[D] = ...}, logits = {...}, fin_logits[, state]}. ]]
+Returns {loss, fin, periter = {CE_1 ...}, fin_D = {[D] = ...}, logits = {...}, fin_logits[, state]
+[, extras = {name = scalar}: what the log line shows besides the loss (the arms' own terms)]}. ]]
 function Dormouse:forward(x, prefix, opts)
   return nn.pass(self.pass, self, x, prefix, opts or {})   -- each parameter cast once for the iterations
 end
@@ -129,6 +152,15 @@ function Dormouse:pass(x, prefix, opts)
   end
   out.fin = out.fin_D[self.max_iter]
   out.loss = (total + out.fin) * (1 / (self.max_iter + 1))
+  if self.future_head and dm.grad_enabled() and T >= 2 then   -- training only: evals stay the pure CE
+    if carried then
+      error("model.aux.future: a pass by segments would lose each segment's last target (it lies in the " ..
+            "next); set model.segment = nil or model.aux.future = 0", 0)
+    end
+    local aux = future_ce(self, sum_h * (1 / self.max_iter), x)
+    out.extras = {aux_future = aux}
+    out.loss = out.loss + aux * self.future_weight
+  end
   return out
 end
 

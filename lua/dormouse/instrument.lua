@@ -85,6 +85,10 @@ function instrument.log_line(r)
     string.format("skips %d", r.skips),
     string.format("mem %.0f/%.0fMiB", mib(r.mem.allocated), mib(r.mem.peak)),
   }
+  local names = {}                                  -- a model's own terms (an arm's loss), by name
+  for name in pairs(r.extras or {}) do names[#names + 1] = name end
+  table.sort(names)
+  for _, name in ipairs(names) do parts[#parts + 1] = string.format("%s %.4f", name, r.extras[name]) end
   if r.moe then
     parts[#parts + 1] = string.format("moe busiest %.3f entropy %.3f dead %d drops %d",
                                       r.moe.busiest, r.moe.entropy, r.moe.dead, r.moe.drops)

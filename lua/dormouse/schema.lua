@@ -222,6 +222,10 @@ local rows = {
       {"output", enum {"spec", "projection"}, "spec", "the branch's output: spec = vt + silu(conv(rmsnorm(vt))); " ..
        "projection = W_e conv(vt), a d x d projection after a plain convolution (not the spec's form)"},
     }},
+    {"aux", "auxiliary heads, arms of the model (docs/arms.md)", {
+      {"future", num{min = 0}, 0, "weight of a head predicting the byte after next from the fin readout's " ..
+       "input, added to the training loss (0 = off; evals stay the pure CE)"},
+    }},
     {"init", "initialisation choices the spec leaves open (docs/training.md, \"Learning quality\")", {
       {"branch_out", enum {"fan_in", "depth"}, "fan_in", "std of the branches' output projections (KDA W_o, " ..
        "Engram W_v, the experts' W_write): fan_in^-1/2, or that times (3 max_iter)^-1/2"},

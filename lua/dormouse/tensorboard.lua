@@ -116,6 +116,7 @@ function tensorboard.scalars_of(rec)
     v["mem/peak_mib"] = rec.mem_peak and rec.mem_peak / 2 ^ 20
     v["moe/busiest"], v["moe/entropy"], v["moe/dead"], v["moe/drops"] =
       rec.moe_busiest, rec.moe_entropy, rec.moe_dead, rec.moe_drops
+    for name, x in pairs(rec.extras or {}) do v["train/" .. name] = x end     -- a model's own terms
   elseif rec.kind == "eval" then
     v["eval/bpb_fin"] = rec.bpb_fin
     for i, ce in ipairs(rec.periter or {}) do v["eval/bpb_iter" .. i] = ce / LN2 end

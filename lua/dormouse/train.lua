@@ -289,13 +289,14 @@ r.loader on r.device, updated by r.opt (r: a run, or anything holding those
 fields). mark(phase), when given, is called as each phase ends: "data",
 "forward", "backward" (once per micro-batch), then "optimiser" (the balance,
 clipping and update). Returns the mean loss, the optimiser's result, the
-step's routing counts, when r.log_now the Engram counters, and with a
-capacity factor the assignments dropped per expert. ]]
+step's routing counts, when r.log_now the Engram counters, with a
+capacity factor the assignments dropped per expert, and the mean of each
+of the forward's extras (out.extras: an arm's own terms) by name. ]]
 function train.step(r, mark)
   local cfg = r.cfg
   mark = mark or function() end
   return dm.scope(function()
-    local loss = 0
+    local loss, extras = 0, {}
     for _ = 1, cfg.grad_accum do
       local x, prefix = r.loader:next()
       if r.device ~= "cpu" then x, prefix = x:to(r.device), prefix:to(r.device) end
@@ -307,6 +308,7 @@ function train.step(r, mark)
         local out = r.model:forward(x, prefix)
         local l = out.loss:item()
         loss = loss + l / cfg.grad_accum
+        for name, v in pairs(out.extras or {}) do extras[name] = (extras[name] or 0) + v:item() / cfg.grad_accum end
         mark("forward")
         if instrument.finite(l) then (out.loss * (1 / cfg.grad_accum)):backward() end
         mark("backward")
@@ -326,7 +328,7 @@ function train.step(r, mark)
     else result = {skipped = true, grad_norm = 0 / 0, lr = 0} end
     r.opt:zero_grad()
     mark("optimiser")
-    return loss, result, counts, engram, drops
+    return loss, result, counts, engram, drops, extras
   end)
 end
 
@@ -341,13 +343,18 @@ end
 
 -- One eager step into the window; returns its loss.
 function Run:eager_step(window, tokens)
-  local loss, r, step_counts, engram, drops = self:train_step()
+  local loss, r, step_counts, engram, drops, extras = self:train_step()
   ceiling(self.cfg, loss, self.step, window)
   window.steps = window.steps + 1
   window.tokens = window.tokens + tokens
   window.lr = r.lr
   if r.skipped then window.skips = window.skips + 1
-  else window.loss = window.loss + loss; window.grad_norm = window.grad_norm + r.grad_norm end
+  else
+    window.loss = window.loss + loss
+    window.grad_norm = window.grad_norm + r.grad_norm
+    window.extras = window.extras or {}
+    for name, v in pairs(extras or {}) do window.extras[name] = (window.extras[name] or 0) + v end
+  end
   window.counts = instrument.add_counts(window.counts, step_counts)
   window.drops = instrument.add_counts(window.drops, drops)
   window.engram = engram or window.engram
@@ -365,7 +372,7 @@ function Run:graph_step(window, tokens)
   if self.log_now then
     local w = self.graph:window(window.steps)
     window.loss, window.grad_norm, window.skips, window.counts = w.loss, w.grad_norm, w.skips, w.counts
-    window.drops = w.drops
+    window.drops, window.extras = w.drops, w.extras
     window.engram = w.engram
     self.window_loss = w.applied > 0 and w.loss / w.applied or 0 / 0
     ceiling(self.cfg, self.window_loss, self.step, window)
@@ -382,9 +389,14 @@ function Run:log_window(w)
   local counts = w.counts and w.counts:totable()
   local moe = instrument.moe_counters(counts, drops)
   local applied = w.steps - w.skips               -- a window of skipped steps only has no loss: nan, never 0
+  local extras
+  for name, v in pairs(w.extras or {}) do
+    extras = extras or {}
+    extras[name] = applied > 0 and v / applied or 0 / 0
+  end
   local r = {step = self.step, loss = applied > 0 and w.loss / applied or 0 / 0, tok_s = w.tokens / elapsed,
              lr = w.lr, grad_norm = applied > 0 and w.grad_norm / applied or 0 / 0, skips = w.skips,
-             mem = {allocated = mem.allocated, peak = mem.peak}, moe = moe, engram = w.engram}
+             mem = {allocated = mem.allocated, peak = mem.peak}, moe = moe, engram = w.engram, extras = extras}
   self:say(instrument.log_line(r))
   self.last_moe = moe
   self:record({kind = "log", step = r.step, loss = r.loss, tok_s = r.tok_s, lr = r.lr,
@@ -392,7 +404,7 @@ function Run:log_window(w)
                moe_busiest = moe and moe.busiest, moe_entropy = moe and moe.entropy,
                moe_dead = moe and moe.dead, moe_drops = moe and moe.drops, moe_load = instrument.shares(counts),
                engram_rows = w.engram and w.engram.rows, engram_unique = w.engram and w.engram.unique_frac,
-               time = now})
+               extras = extras, time = now})
   -- the page between evals, at most every 30 s (as often as it reloads); the last comes with the final eval
   if self.step < self.cfg.steps and core.now() - (self.report_at or -math.huge) >= 30 then self:write_report(true) end
   if instrument.end_window(self.firewall, w) then
@@ -454,6 +466,11 @@ local function read_records(path, upto)
       if per then
         rec.periter = {}
         for v in per:gmatch("[^,]+") do rec.periter[#rec.periter + 1] = tonumber(v) end
+      end
+      local ex = line:match('"extras":{([^}]*)}')          -- a model's own terms
+      if ex then
+        rec.extras = {}
+        for k, v in ex:gmatch('"([%w_]+)":([^,]+)') do rec.extras[k] = tonumber(v) end
       end
       local at = line:find('"text":"', 1, true)          -- a sample's bytes
       if at then rec.text = json.decode_string(line, at + 7) end
@@ -518,6 +535,8 @@ function run_body(self, cfg, opts)
     path, corpus:size(), corpus:eval_size(), self.device)
   self:say(self.summary)
   self:say(self.opt:describe())
+  local arms = self.model.arms and self.model:arms() or {}
+  if #arms > 0 then self:say("arms: " .. table.concat(arms, "; ")) end
 
   if opts.resume then self:restore(opts.resume) end
   self:open_dir(opts)

@@ -311,6 +311,39 @@ describe("the structural options", function()
     assert.truthy(names:find("block.engram.we.weight", 1, true))
   end)
 
+  it("aux.future: a head on the byte after next, in the training loss only, float32 against float64", function()
+    local names = grads_agree {"model.aux.future=0.1"}
+    assert.truthy(names:find("future_head.weight", 1, true))
+    assert.is_nil(grads_agree({}):find("future_head", 1, true))        -- off: no head at all
+    local m = build("experiments/tiny.lua", {"model.aux.future=0.1"})
+    local plain = build("experiments/tiny.lua")
+    local corpus = dm.data.open(dm.data.default_corpus(), {eval_bytes = 4096})
+    local x, prefix = corpus:batch(3, {batch = 2, seq = 33, seed = 5, ctx = 2})
+    corpus:close()
+    dm.no_grad(function()                          -- evals stay the pure CE: the same numbers without the head
+      local a, b = m:forward(x, prefix), plain:forward(x, prefix)
+      assert.equal(b.loss:item(), a.loss:item())
+      assert.is_nil(a.extras)
+    end)
+    local on = dm.scope(function() return m:forward(x, prefix).extras.aux_future:item() end)
+    assert.is_true(on > 0)
+    local segments = require "dormouse.segments"
+    local helpers = require "tests.lua.helpers"
+    helpers.has(helpers.err_of(segments.backward, m, x, prefix, 8, 1), "model.aux.future", "model.segment")
+  end)
+
+  it("aux.future is named at the start and counted on the log line", function()
+    local helpers = require "tests.lua.helpers"
+    local runs = helpers.tmpdir()
+    helpers.run_quiet(helpers.tiny({"steps=6", "log.every=3", "eval.every=0", "checkpoint.every=0", "name=aux",
+                                    "model.aux.future=0.1"}), {runs = runs})
+    local log = io.open(runs .. "/aux/log.txt"):read("a")
+    helpers.has(log, "arms: future-byte head at weight 0.1", "gnorm")
+    assert.truthy(log:find("step      3 .- aux_future %d"), log)
+    assert.is_nil(log:match("eval[^\n]*aux_future"), log)
+    os.execute("rm -rf '" .. runs .. "'")
+  end)
+
   it("kda.output_bias = false: the output gate's projection has no bias", function()
     local names = grads_agree {"model.kda.output_bias=false"}
     assert.is_nil(names:find("block.kda.wo2.bias", 1, true))

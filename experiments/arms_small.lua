@@ -1,0 +1,12 @@
+-- The model's optional arms against the control (docs/arms.md): small over its 2,000 steps,
+-- three seeds an arm, judged on the held-out bpb_fin (the evals are the pure CE).
+--   dormouse sweep experiments/arms_small.lua
+return {
+  base = "experiments/small.lua",
+  arms = {
+    control = {},
+    future_byte = {["model.aux.future"] = 0.1},
+  },
+  seeds = {1, 2, 3},
+  set = {["checkpoint.every"] = 0},
+}
