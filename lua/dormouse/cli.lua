@@ -96,18 +96,26 @@ function cli.framed(name, usage, parse, body)
   end
 end
 
+-- the names of the commands in commands/, sorted
+local function extra_names()
+  local names = {}
+  local dir = (cli.root or ".") .. "/lua/dormouse/commands"
+  for _, file in ipairs(require("dormouse.core").ckpt_listdir(dir) or {}) do
+    local name = file:match("^([%w_]+)%.lua$")
+    if name then names[#names + 1] = name end
+  end
+  table.sort(names)
+  return names
+end
+
 local function extra_commands()
   local lines = {}
-  local dir = (cli.root or ".") .. "/lua/dormouse/commands"
-  local files = require("dormouse.core").ckpt_listdir(dir) or {}
-  table.sort(files)
-  for _, file in ipairs(files) do
-    local name = file:match("^([%w_]+)%.lua$")
-    if name then
-      local ok, mod = pcall(require, "dormouse.commands." .. name)
-      if ok and type(mod) == "table" then
-        lines[#lines + 1] = string.format("  %-24s %s", name .. " " .. (mod.args or ""), mod.summary or "")
-      end
+  for _, name in ipairs(extra_names()) do
+    local ok, mod = pcall(require, "dormouse.commands." .. name)
+    if ok and type(mod) == "table" then
+      local left = name .. " " .. (mod.args or "")
+      lines[#lines + 1] = #left <= 24 and string.format("  %-24s %s", left, mod.summary or "")
+                          or string.format("  %s\n  %-24s %s", left, "", mod.summary or "")   -- a long one: its own line
     end
   end
   return #lines > 0 and "\n" .. table.concat(lines, "\n") or ""
@@ -166,9 +174,25 @@ function commands.version()
   return 0
 end
 
+-- the usage with every command, those of commands/ after the built-in ones
+local function full_usage() return (usage:gsub("(\n  help[^\n]*)", "%1" .. extra_commands(), 1)) end
+
 function commands.help()
-  print((usage:gsub("(\n  help[^\n]*)", "%1" .. extra_commands(), 1)))
+  print(full_usage())
   return 0
+end
+
+-- the nearest command name to a mistyped one, when it is near
+local function nearest_command(name)
+  local config = require "dormouse.config"
+  local best, score
+  local all = {"run", "repl", "test", "version", "help"}
+  for _, n in ipairs(extra_names()) do all[#all + 1] = n end
+  for _, n in ipairs(all) do
+    local d = config.distance(name, n)
+    if not score or d < score then best, score = n, d end
+  end
+  return score and score <= math.max(1, #name // 3) and best or nil
 end
 
 function cli.main(argv, root)
@@ -180,7 +204,9 @@ function cli.main(argv, root)
   if cmd == "--version" then cmd = "version" end
   local run = commands[cmd] or cli.command(cmd)
   if not run then
-    io.stderr:write("dormouse: unknown command '", cmd, "'\n\n", usage, "\n")
+    local near = nearest_command(cmd)
+    io.stderr:write("dormouse: unknown command '", cmd, "'", near and " (did you mean '" .. near .. "'?)" or "",
+                    "\n\n", full_usage(), "\n")
     return 2
   end
   return run(argv)
