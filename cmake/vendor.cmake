@@ -5,8 +5,8 @@
 option(DM_VENDOR "embed the report's chart library (downloaded once from the npm registry)" ON)
 set(DM_UPLOT_VERSION 1.6.32)
 set(DM_UPLOT_SHA512 2883159c6ebccefbb95d751b0b82d010f9e1c0ec41b8bc96d401eda66e882935c89a46cb824332fa369b8cb8122cc6ac36e186cd09bf7a9ded3a4c93c6989023)
-set(DM_VENDOR_DIR ${CMAKE_BINARY_DIR}/vendor)
-set(DM_VENDOR_C ${DM_VENDOR_DIR}/vendor_files.c)
+set(DM_VENDOR_DIR ${CMAKE_BINARY_DIR}/vendor/uplot-${DM_UPLOT_VERSION})   # a new version: a new folder
+set(DM_VENDOR_C ${CMAKE_BINARY_DIR}/vendor/vendor_files.c)
 
 set(dm_vendor_files)                       # name;path pairs
 if(DM_VENDOR)

@@ -112,11 +112,20 @@ local function generator(model, bytes, opts)
       return last_logits(model:forward(x, byte_row(bytes, 1, 0, device)))
     end)
   end
+  -- the prompt in chunks of opts.prompt_chunk bytes (8,192), each carrying the state: memory stays flat
   local function first()
-    local l, s = dm.scope(function()
-      local out = model:forward(byte_row(bytes, 1, #bytes + 1, device), byte_row(bytes, 1, 0, device), {state = {}})
-      return last_logits(out), out.state
-    end)
+    local n, chunk, l, s = #bytes, opts.prompt_chunk or 8192, nil, {}
+    for a = 1, n, chunk do
+      local b = math.min(n, a + chunk - 1)
+      local prev = s
+      l, s = dm.scope(function()
+        local out = model:forward(byte_row(bytes, a, b + 1, device), byte_row(bytes, math.max(1, a - ctx), a - 1, device),
+                                  {state = prev})
+        return b == n and last_logits(out) or nil, out.state
+      end)
+      if a > 1 then free_state(prev) end
+      if not s then break end                 -- no state: the model streams nothing (below)
+    end
     if not s then
       streaming = false
       if not warned_full then
@@ -156,8 +165,9 @@ end
 --[[ Sample n bytes after a prompt. opts: temperature (1; 0 takes the most
 likely byte), top_p (0.95), seed (0), device, on_byte (called with each
 byte as a one-character string, for streaming), stream (true: the model's
-state carried from byte to byte, the same cost for every byte; false: a
-full forward over the last `context` bytes, 256, for each). ]]
+state carried from byte to byte, the same cost for every byte, the prompt
+in chunks of prompt_chunk bytes, 8,192; false: a full forward over the
+last `context` bytes, 256, for each). ]]
 function eval.sample(model, prompt, n, opts)
   opts = opts or {}
   local temperature, top_p = opts.temperature or 1, opts.top_p or 0.95
@@ -167,7 +177,10 @@ function eval.sample(model, prompt, n, opts)
   if type(top_p) ~= "number" or top_p <= 0 or top_p > 1 then
     error("sample: top_p must be a number in (0, 1], got " .. tostring(top_p), 2)
   end
-  local bytes = {prompt:byte(1, -1)}
+  local bytes = {}
+  for i = 1, #prompt, 4096 do                    -- a long prompt: a slice at a time (string.byte's limit)
+    table.move({prompt:byte(i, math.min(#prompt, i + 4095))}, 1, math.min(4096, #prompt - i + 1), #bytes + 1, bytes)
+  end
   if #bytes == 0 then bytes = {10} end
   local uniforms = dm.rand({math.max(n, 1)}, {seed = opts.seed or 0}):totable()
   local was_training = model.training

@@ -8,6 +8,32 @@ local json = {}
 local escapes = {['"'] = '\\"', ['\\'] = '\\\\', ['\b'] = '\\b', ['\f'] = '\\f',
                  ['\n'] = '\\n', ['\r'] = '\\r', ['\t'] = '\\t'}
 
+-- s with every byte that is not part of a valid UTF-8 sequence written as \u00XX (the byte's value:
+-- decode_string reads it back as that byte), so that the output is valid JSON
+local function valid_utf8(s)
+  if utf8.len(s) then return s end
+  local out, i = {}, 1
+  while i <= #s do
+    local b = s:byte(i)
+    local n = b < 0x80 and 1 or b >= 0xF0 and 4 or b >= 0xE0 and 3 or b >= 0xC2 and 2 or 0
+    if n > 0 and i + n - 1 <= #s and utf8.len(s, i, i + n - 1) == 1 then
+      out[#out + 1] = s:sub(i, i + n - 1)
+      i = i + n
+    else
+      out[#out + 1] = string.format("\\u%04x", b)
+      i = i + 1
+    end
+  end
+  return table.concat(out)
+end
+
+-- a list: keys exactly 1..n (an empty table too); any other table is an object
+local function is_array(v)
+  local n = 0
+  for _ in pairs(v) do n = n + 1 end
+  return n == #v
+end
+
 local function encode(v, out)
   local t = type(v)
   if t == "nil" then out[#out + 1] = "null"
@@ -17,11 +43,10 @@ local function encode(v, out)
     elseif math.type(v) == "integer" then out[#out + 1] = tostring(v)
     else out[#out + 1] = string.format("%.8g", v) end
   elseif t == "string" then
-    out[#out + 1] = '"' .. v:gsub('[%c"\\]', function(c)
-      return escapes[c] or string.format("\\u%04x", c:byte())
-    end) .. '"'
+    local escaped = v:gsub('[%c"\\]', function(c) return escapes[c] or string.format("\\u%04x", c:byte()) end)
+    out[#out + 1] = '"' .. valid_utf8(escaped) .. '"'
   elseif t == "table" then
-    if #v > 0 or next(v) == nil then
+    if is_array(v) then
       out[#out + 1] = "["
       for i = 1, #v do
         if i > 1 then out[#out + 1] = "," end

@@ -67,7 +67,8 @@ end
 
 ---------------------------------------------------------------- the step
 
---[[ One optimiser step as the trainer takes it (train.lua, Run:train_step),
+--[[ One optimiser step as the trainer takes it on whole rows (train.lua, Run:train_step; a
+step by segments is planned as one segment's: Session:run),
 with the same allocations and no value read back, so that it runs on the meta
 device as on the GPU: next_batch() -> x, prefix on the model's device;
 grad_accum micro-batches of forward and backward; the balancing; the global
@@ -285,7 +286,7 @@ function plan.session(cfg, opts)
   local ocfg = config.plain(cfg.optim)
   ocfg.ns_dtype = ocfg.ns_dtype or "bf16"  -- the GPU's default (optim.new picks by the parameters' device)
   local self = setmetatable({cfg = cfg, m = m, ram = ram, compute = cfg.dtype, grad_accum = cfg.grad_accum,
-                             ctx = engram_ctx(m), ns_dtype = ocfg.ns_dtype}, Session)
+                             ctx = engram_ctx(m), ns_dtype = ocfg.ns_dtype, segment = m.segment}, Session)
   collectgarbage()          -- meta tensors no one holds go now, not in the middle of a step
   core.meta_trace_reset()
   self.base = core.meta_trace()
@@ -353,8 +354,9 @@ function Session:scratch(B, T)
   local m = self.m
   local engram = self.model.block and self.model.block.engram
   local grads = {table.unpack(self.grad_counts)}
-  if engram then grads[#grads + 1] = B * T * engram.n_sub * engram.width * self.grad_accum end
-  return plan.scratch {B = B, T = T, d = m.d, heads = m.heads, head_dim = m.head_dim, experts = m.experts,
+  if engram then grads[#grads + 1] = B * T * engram.n_sub * engram.width * self.grad_accum end   -- every segment's
+  local Tk = self.segment and math.min(T, self.segment) or T     -- the kernels see one segment's rows
+  return plan.scratch {B = B, T = Tk, d = m.d, heads = m.heads, head_dim = m.head_dim, experts = m.experts,
                        top_k = m.top_k, rank = m.expert_rank, ffn = m.ffn, n_sub = engram and engram.n_sub or 0, ram = self.ram,
                        grad_accum = self.grad_accum, dtype = self.compute, grads = grads, muon = self.muon,
                        kda_chunked = self.kda_chunked}
@@ -365,6 +367,9 @@ sort the live bytes; scratch: plan.scratch's ops, charged while they run (nil:
 none). Returns the phases in order, each {name, peak, at, blocks} (bytes over
 the session's start, the allocation number within the step). ]]
 function Session:run(B, T, watch_at, scratch)
+  -- by segments (model.segment) a step holds one segment's pass at a time: its peak is that of a
+  -- step at T = segment (the boundary states, a few MiB, aside)
+  if self.segment and T > self.segment then T = self.segment end
   local phases, order, current = {}, {}, nil
   local function close()
     if not current then return end
@@ -535,6 +540,7 @@ function plan.report(cfg, opts)
     local r = s:attribute(cfg.batch, cfg.seq)
     r.name, r.batch, r.seq, r.grad_accum, r.dtype, r.ns_dtype = cfg.name, cfg.batch, cfg.seq, cfg.grad_accum,
                                                                   cfg.dtype, s.ns_dtype
+    r.segment = cfg.model.segment
     r.host = s.ram and s.host_bytes or nil
     if opts.memory then
       r.memory = opts.memory
@@ -597,6 +603,10 @@ function plan.format(r)
   end
   say("%s: batch %d x seq %d, grad_accum %d; products in %s, Newton-Schulz in %s", r.name, r.batch, r.seq,
       r.grad_accum, r.dtype, r.ns_dtype)
+  if r.segment and r.segment < r.seq then
+    say("by segments of %d (model.segment): planned as one segment's pass, batch %d x seq %d; the boundary " ..
+        "states aside", r.segment, r.batch, r.segment)
+  end
   say("the peak: in the %s, at allocation %d of the step (%s, in %s)", r.phase, r.at, size(r.last),
       r.where ~= "" and r.where or "no op")
   say("")

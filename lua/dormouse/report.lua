@@ -8,7 +8,7 @@ balance and each expert's load over time, Engram's distinct rows, memory;
 then an eval table and the latest sample. Without it (a build configured
 offline) the page is inline SVG, said once on stderr.
 
-  report.html(run, records, baselines)    run = {name, summary, config_text, live}
+  report.html(run, records, baselines)    run = {name, summary, config_text, live, stopped = its last step}
 ]]
 local json = require "dormouse.json"
 local core = require "dormouse.core"
@@ -162,7 +162,7 @@ local function chart_data(records, baselines)
     elseif r.kind == "eval" then
       local i = #evals.step + 1
       evals.step[i] = r.step
-      evals.bpb_fin[i] = r.bpb_fin or r.fin / LN2
+      evals.bpb_fin[i] = r.bpb_fin or (r.fin and r.fin / LN2) or 0 / 0    -- a non-finite one was saved as null
       for k, ce in ipairs(r.periter or {}) do
         evals.iters[k] = evals.iters[k] or {}
         evals.iters[k][i] = ce / LN2
@@ -366,7 +366,7 @@ local function eval_table(records)
   out[#out + 1] = "</tr>"
   for k = #rows, 1, -1 do                        -- the latest first
     local r = rows[k]
-    out[#out + 1] = string.format("<tr><td>%d</td><td>%.4f</td>", r.step, r.bpb_fin or r.fin / LN2)
+    out[#out + 1] = string.format("<tr><td>%d</td><td>%.4f</td>", r.step, r.bpb_fin or (r.fin and r.fin / LN2) or 0 / 0)
     for i = 1, iters do
       local v = r.periter and r.periter[i]
       out[#out + 1] = v and string.format("<td>%.4f</td>", v / LN2) or "<td></td>"
@@ -402,7 +402,8 @@ function report.html(run, records, baselines)
     run.live and "<meta http-equiv=\"refresh\" content=\"30\">" or "",
     "<title>", esc(run.name), " — dormouse</title><style>", css, CSS, "</style></head><body>",
     "<h1>", esc(run.name), "</h1><p>", esc(run.summary or ""), "</p>",
-    "<p class=\"status\">", run.live and "running: this page reloads every 30 s; " or "finished; ",
+    "<p class=\"status\">", run.live and "running: this page reloads every 30 s; "
+      or run.stopped and string.format("stopped after step %d (--resume continues it); ", run.stopped) or "finished; ",
     "last record at step ", tostring(last and last.step or 0), "</p>",
     "<div id=\"charts\"></div>",
     "<h2>held-out evals (bits per byte)</h2>", eval_table(records),
@@ -410,7 +411,8 @@ function report.html(run, records, baselines)
                                                          sample_html(sample.text)) or "<p>none yet</p>",
     "<h2>config</h2><pre>", esc(run.config_text or ""), "</pre>",
     "<script id=\"data\" type=\"application/json\">", data, "</script>",
-    "<script>", lib, "</script><script>", JS, "</script></body></html>\n",
+    "<!-- the charts: uPlot, embedded (its license follows) --><!--\n", ((core.vendor("uplot.LICENSE") or ""):gsub("%-%-", "- -")),
+    "\n--><script>", lib, "</script><script>", JS, "</script></body></html>\n",
   }
 end
 

@@ -312,6 +312,17 @@ schema.retired = {
 
 schema.checks = {
   function(c) return schema.run_name_error(c.name) end,
+  function(c)                                    -- segments are exact only where nothing spans a segment
+    if not (c.model.segment and c.model.segment < c.seq) then return nil end
+    if c.model.moe.capacity_factor then
+      return ("model.segment (%d) with model.moe.capacity_factor: the capacity counts a segment's rows, not " ..
+              "the row's, so the drops differ from the whole pass; set one of them to nil"):format(c.model.segment)
+    end
+    if c.model.aux.future > 0 then
+      return ("model.segment (%d) with model.aux.future: the head's last target in each segment lies in the " ..
+              "next; set model.segment = nil or model.aux.future = 0"):format(c.model.segment)
+    end
+  end,
   function(c)
     if c.model.top_k > c.model.experts then
       return ("model.top_k (%d) exceeds model.experts (%d)"):format(c.model.top_k, c.model.experts)

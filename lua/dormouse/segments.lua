@@ -51,8 +51,9 @@ function segments.free(state) if state then each_tensor(state, function(_, _, t)
 local free_state = segments.free
 
 local function no_state(model)
-  return string.format("model.segment: the model's forward returns no state (out.state), so it cannot run " ..
-                       "by segments (%s); models/dormouse.lua and models/stack.lua carry it", tostring(model))
+  local name = model.cfg and model.cfg.arch or model._name or "this model"
+  return string.format("model.segment: the forward of %s returns no state (out.state), so it cannot run by " ..
+                       "segments; models/dormouse.lua and models/stack.lua carry it (docs/models.md)", name)
 end
 
 -- One pass of a segment from state (nil: the rows' start) without a tape: the output, its state kept

@@ -79,6 +79,8 @@ end
 the next batch's rows while this step runs) gets a function that shows the
 loader's next batch without taking it: model:set_lookahead(fn), fn() → x, prefix. ]]
 function train.lookahead(r)
+  local seg = r.cfg and r.cfg.model.segment
+  if seg and seg < r.cfg.seq then return end     -- by segments each lookup is a segment's, not the batch's
   if r.model.set_lookahead and r.loader.peek then
     r.model:set_lookahead(function() return r.loader:peek() end)
   end
@@ -437,11 +439,12 @@ function Run:eval()
   return e
 end
 
--- report.html from the records so far; live: the page reloads itself while the run goes
-function Run:write_report(live)
+-- report.html from the records so far; live: the page reloads itself while the run goes;
+-- stopped: the run ended before its last step (a stop, a signal)
+function Run:write_report(live, stopped)
   self.report_at = core.now()
   write_atomic(self.dir .. "/report.html", report.html({name = self.cfg.name, config_text = self.config_text,
-    summary = self.summary, live = live}, self.records, self.baselines))
+    summary = self.summary, live = live, stopped = stopped and self.step}, self.records, self.baselines))
 end
 
 ---------------------------------------------------------------- the run
@@ -466,6 +469,11 @@ local function read_records(path, upto)
       if per then
         rec.periter = {}
         for v in per:gmatch("[^,]+") do rec.periter[#rec.periter + 1] = tonumber(v) end
+      end
+      local load = line:match('"moe_load":%[([^%]]*)%]')    -- each expert's share (the report's load map)
+      if load then
+        rec.moe_load = {}
+        for v in load:gmatch("[^,]+") do rec.moe_load[#rec.moe_load + 1] = tonumber(v) end
       end
       local ex = line:match('"extras":{([^}]*)}')          -- a model's own terms
       if ex then
@@ -614,6 +622,7 @@ function Run:loop(opts)
     if sig then                               -- Ctrl-C or a TERM: this step is done; keep it, then stop
       if self.bar_shown then io.stdout:write("\r\27[K"); self.bar_shown = false end
       if not saved then self:save_checkpoint() end
+      self:write_report(false, true)
       local msg = string.format("%s: the run stopped after step %d with its checkpoint; continue it with " ..
                                 "--resume %s", sig, self.step, self.dir)
       self.log_file:write(msg, "\n")
@@ -627,6 +636,7 @@ function Run:loop(opts)
     end
   end
   if self.bar_shown then io.stdout:write("\r\27[K") end
+  if self.step < cfg.steps then self:write_report(false, true) end   -- stopped early (stop_at): not live
 end
 
 return train

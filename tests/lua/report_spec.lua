@@ -58,10 +58,15 @@ describe("report.html", function()
     assert.equal(charts, drawn, body)
   end)
 
-  it("reloads itself while the run goes", function()
+  it("reloads itself while the run goes, and not once it has stopped", function()
     if not core.vendor("uplot.js") then pending("this build has no chart library (configured offline)") return end
+    local report = require "dormouse.report"
+    local recs = {{kind = "log", step = 5, loss = 2, tok_s = 10, lr = 1e-3}}
+    helpers.has(report.html({name = "x", live = true}, recs, {}), '<meta http-equiv="refresh" content="30">',
+                "running: this page reloads every 30 s")
     local html = read(runs .. "/live/report.html")           -- stopped after step 20 of 40
-    helpers.has(html, '<meta http-equiv="refresh" content="30">', "running: this page reloads every 30 s")
+    assert.is_nil(html:find("http-equiv", 1, true))
+    helpers.has(html, "stopped after step 20 (--resume continues it)")
   end)
 
   it("is inline SVG, said once, when the build has no chart library", function()
@@ -95,11 +100,18 @@ describe("a resumed run's report", function()
     local runs = helpers.tmpdir()
     local o = {"steps=20", "eval.every=10", "log.every=5", "checkpoint.every=10", "name=res", "eval.sample=24"}
     helpers.run_quiet(helpers.tiny(o), {runs = runs, stop_at = 10})
-    local before = read(runs .. "/res/metrics.jsonl"):match('"kind":"sample".-"text":("[^\n]-"),"time"')
+    local line = read(runs .. "/res/metrics.jsonl"):match('[^\n]*"kind":"sample"[^\n]*')
+    local at = line:find('"text":"', 1, true)
+    local text = require("dormouse.json").decode_string(line, at + 7)
+    o[#o] = "eval.sample=0"                        -- the resumed run samples nothing: the page shows the kept one
     helpers.run_quiet(helpers.tiny(o), {runs = runs, resume = runs .. "/res"})
-    assert.truthy(before)
     local html = read(runs .. "/res/report.html")
-    helpers.has(html, "<p>at step 20:</p>")
+    local shown = {}
+    local put, finish = require("dormouse.probe").byte_printer(function(b) shown[#shown + 1] = b end)
+    for i = 1, #text do put(text:sub(i, i)) end
+    finish()
+    local esc = table.concat(shown):gsub("&", "&amp;"):gsub("<", "&lt;"):gsub(">", "&gt;")
+    helpers.has(html, "<p>at step 10:</p><pre>" .. esc .. "</pre>")
     os.execute("rm -rf '" .. runs .. "'")
   end)
 end)

@@ -169,6 +169,15 @@ describe("streaming generation", function()
     assert.equal(eval.sample(m, prompt, 128, {temperature = 0.9, seed = 7, stream = false, context = 4096}),
                  eval.sample(m, prompt, 128, {temperature = 0.9, seed = 7}))
     assert.equal(eval.sample(m, "", 64, {temperature = 0, stream = false}), eval.sample(m, "", 64, {temperature = 0}))
+    assert.equal(full, eval.sample(m, prompt, 256, {temperature = 0, prompt_chunk = 7}))   -- the prompt in chunks
+  end)
+
+  it("takes a long prompt in chunks, as one pass would", function()
+    local corpus = dm.data.open(dm.data.default_corpus(), {eval_bytes = 4096})
+    local prompt = corpus:bytes(0, 20000)
+    corpus:close()
+    assert.equal(eval.sample(m, prompt, 32, {temperature = 0, prompt_chunk = 20000}),
+                 eval.sample(m, prompt, 32, {temperature = 0, prompt_chunk = 8192}))
   end)
 
   it("checks its options", function()
