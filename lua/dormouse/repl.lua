@@ -11,24 +11,29 @@ local dm = require "dormouse"
 
 local repl = {}
 
-local function show(v, depth)
-  depth = depth or 0
+-- a value as the REPL prints it: tables to four levels ({...} below, and for a table met again
+-- on the way down), strings quoted inside them
+local function show(v, depth, seen)
+  depth, seen = depth or 0, seen or {}
   local mt = type(v) == "table" and getmetatable(v)
-  if dm.is_tensor(v) or type(v) ~= "table" or depth > 1 or (mt and rawget(mt, "__tostring")) then
+  if dm.is_tensor(v) or type(v) ~= "table" or (mt and rawget(mt, "__tostring")) then
     return type(v) == "string" and depth > 0 and string.format("%q", v) or tostring(v)
   end
+  if depth > 3 or seen[v] then return "{...}" end
+  seen[v] = true
   -- raw reads: a table whose __index raises on a missing key (a resolved config) prints too
   local parts, n = {}, 0
-  while rawget(v, n + 1) ~= nil do n = n + 1; parts[n] = show(rawget(v, n), depth + 1) end
+  while rawget(v, n + 1) ~= nil do n = n + 1; parts[n] = show(rawget(v, n), depth + 1, seen) end
   local keys = {}
   for k in next, v do
     if not (math.type(k) == "integer" and k >= 1 and k <= n) then keys[#keys + 1] = k end
   end
   table.sort(keys, function(a, b) return tostring(a) < tostring(b) end)
   for _, k in ipairs(keys) do
-    local key = type(k) == "string" and k:match("^[%a_][%w_]*$") and k or "[" .. show(k, 2) .. "]"
-    parts[#parts + 1] = key .. " = " .. show(rawget(v, k), depth + 1)
+    local key = type(k) == "string" and k:match("^[%a_][%w_]*$") and k or "[" .. show(k, 4, seen) .. "]"
+    parts[#parts + 1] = key .. " = " .. show(rawget(v, k), depth + 1, seen)
   end
+  seen[v] = nil                                  -- a table met twice side by side prints twice; a cycle once
   if #parts > 40 then parts = {table.concat(parts, ", ", 1, 40), "... (" .. #parts .. " entries)"} end
   return "{" .. table.concat(parts, ", ") .. "}"
 end

@@ -232,6 +232,16 @@ describe("the REPL's helpers", function()
     assert.same({}, c(env, "y:shape()."))               -- not a chain of names
   end)
 
+  it("print tables four levels deep (a config's lists too), a cycle once", function()
+    local show = repl_mod.show
+    local cfg = require("dormouse.config").load("experiments/tiny.lua")
+    assert.truthy(show(cfg.model):find("orders = {2, 3}", 1, true), show(cfg.model))
+    local t = {a = {b = {c = {d = {e = 1}}}}, list = {2, 3}}
+    t.self = t
+    assert.equal("{a = {b = {c = {d = {...}}}}, list = {2, 3}, self = {...}}", show(t))
+    assert.equal("{{1, 2}, {1, 2}}", show({{1, 2}, {1, 2}}))
+  end)
+
   it("print a model's bytes: UTF-8 whole, anything else as \\xNN", function()
     local function shown(bytes)
       local out = {}
