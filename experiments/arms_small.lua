@@ -6,6 +6,7 @@ return {
   arms = {
     control = {},
     future_byte = {["model.aux.future"] = 0.1},
+    retract_100 = {["model.moe.retract_every"] = 100},
   },
   seeds = {1, 2, 3},
   set = {["checkpoint.every"] = 0},

@@ -28,9 +28,23 @@ function Dormouse:init(m)
   end
 end
 
+-- After each optimiser step (train.step, the graph step outside its capture): the arms that act
+-- on the weights. Returns the events of the step by name ({retract = 1}), or nil.
+function Dormouse:after_step(step)
+  local every = self.cfg.moe.retract_every
+  if every > 0 and step % every == 0 then
+    self.block.moe:retract()
+    return {retract = 1}
+  end
+end
+
 -- The arms that are on, each a phrase for the run's start (docs/arms.md)
 function Dormouse:arms()
   local on = {}
+  if self.cfg.moe.retract_every > 0 then
+    on[#on + 1] = string.format("retraction of Ug, Uu to orthonormal columns every %d steps (retract on the " ..
+                                "log line)", self.cfg.moe.retract_every)
+  end
   if self.future_head then on[#on + 1] = string.format("future-byte head at weight %g (aux_future on the log line)",
                                                         self.future_weight) end
   return on

@@ -91,7 +91,7 @@ function GraphStep:body()
   end
 end
 
--- One training step; returns {lr, lr_mult}.
+-- One training step; returns {lr, lr_mult, events = model:after_step's or nil}.
 function GraphStep:step(step)
   local r = self.r
   local x, prefix = r.loader:next()
@@ -113,6 +113,9 @@ function GraphStep:step(step)
     self.graph:replay()
   end
   self.done = self.done + 1
+  -- the arms that act on the weights, outside the capture (their step numbers decide): in place,
+  -- so the graph reads the new values where it reads the parameters
+  if r.model.after_step then res.events = r.model:after_step(step) end
   return res
 end
 

@@ -58,6 +58,14 @@ function instrument.shares(counts)
   return out
 end
 
+-- A window's events (an arm acting on the weights, {retract = 1} a step), summed by name.
+function instrument.add_events(acc, events)
+  if not events then return acc end
+  acc = acc or {}
+  for name, n in pairs(events) do acc[name] = (acc[name] or 0) + n end
+  return acc
+end
+
 -- The window's routing counts, summed on the device; read once, at the log line.
 function instrument.add_counts(acc, counts)
   if not counts then return acc end
@@ -89,6 +97,10 @@ function instrument.log_line(r)
   for name in pairs(r.extras or {}) do names[#names + 1] = name end
   table.sort(names)
   for _, name in ipairs(names) do parts[#parts + 1] = string.format("%s %.4f", name, r.extras[name]) end
+  local events = {}                                 -- an arm's actions in the window, counted
+  for name in pairs(r.events or {}) do events[#events + 1] = name end
+  table.sort(events)
+  for _, name in ipairs(events) do parts[#parts + 1] = string.format("%s %d", name, r.events[name]) end
   if r.moe then
     parts[#parts + 1] = string.format("moe busiest %.3f entropy %.3f dead %d drops %d",
                                       r.moe.busiest, r.moe.entropy, r.moe.dead, r.moe.drops)

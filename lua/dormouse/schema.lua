@@ -241,6 +241,8 @@ local rows = {
       {"router_dtype", enum {"compute", "f32"}, "compute", "the router's product: in the compute dtype " ..
        "(its scores cast to f32), or in f32 from an f32 copy of its input"},
       {"router_std", optional(num{above = 0}), nil, "std of the router's weights at initialisation (nil = d^-1/2)"},
+      {"retract_every", int{min = 0}, 0, "an arm: every N optimiser steps, Ug and Uu pulled back to orthonormal " ..
+       "columns (each expert's polar factor; 0 = off)"},
       {"capacity_factor", optional(num{above = 0}), nil, "nil = dropless; else assignments over factor*T*k/E per expert are dropped and counted"},
     }},
   }},

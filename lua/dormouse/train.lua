@@ -292,8 +292,9 @@ fields). mark(phase), when given, is called as each phase ends: "data",
 "forward", "backward" (once per micro-batch), then "optimiser" (the balance,
 clipping and update). Returns the mean loss, the optimiser's result, the
 step's routing counts, when r.log_now the Engram counters, with a
-capacity factor the assignments dropped per expert, and the mean of each
-of the forward's extras (out.extras: an arm's own terms) by name. ]]
+capacity factor the assignments dropped per expert, the mean of each
+of the forward's extras (out.extras: an arm's own terms) by name, and the
+events of model:after_step (an arm acting on the weights: {retract = 1}). ]]
 function train.step(r, mark)
   local cfg = r.cfg
   mark = mark or function() end
@@ -325,12 +326,13 @@ function train.step(r, mark)
     end
     local counts, drops
     if r.model.update_balance then counts, drops = r.model:update_balance() end
-    local result
+    local result, events
     if instrument.finite(loss) then result = r.opt:step(r.step)
     else result = {skipped = true, grad_norm = 0 / 0, lr = 0} end
     r.opt:zero_grad()
+    if not result.skipped and r.model.after_step then events = r.model:after_step(r.step) end
     mark("optimiser")
-    return loss, result, counts, engram, drops, extras
+    return loss, result, counts, engram, drops, extras, events
   end)
 end
 
@@ -345,7 +347,8 @@ end
 
 -- One eager step into the window; returns its loss.
 function Run:eager_step(window, tokens)
-  local loss, r, step_counts, engram, drops, extras = self:train_step()
+  local loss, r, step_counts, engram, drops, extras, events = self:train_step()
+  window.events = instrument.add_events(window.events, events)
   ceiling(self.cfg, loss, self.step, window)
   window.steps = window.steps + 1
   window.tokens = window.tokens + tokens
@@ -368,6 +371,7 @@ end
 -- window's mean. Returns the last window's loss.
 function Run:graph_step(window, tokens)
   local r = self.graph:step(self.step)
+  window.events = instrument.add_events(window.events, r.events)
   window.steps = window.steps + 1
   window.tokens = window.tokens + tokens
   window.lr = r.lr
@@ -398,7 +402,8 @@ function Run:log_window(w)
   end
   local r = {step = self.step, loss = applied > 0 and w.loss / applied or 0 / 0, tok_s = w.tokens / elapsed,
              lr = w.lr, grad_norm = applied > 0 and w.grad_norm / applied or 0 / 0, skips = w.skips,
-             mem = {allocated = mem.allocated, peak = mem.peak}, moe = moe, engram = w.engram, extras = extras}
+             mem = {allocated = mem.allocated, peak = mem.peak}, moe = moe, engram = w.engram, extras = extras,
+             events = w.events}
   self:say(instrument.log_line(r))
   self.last_moe = moe
   self:record({kind = "log", step = r.step, loss = r.loss, tok_s = r.tok_s, lr = r.lr,
@@ -406,7 +411,7 @@ function Run:log_window(w)
                moe_busiest = moe and moe.busiest, moe_entropy = moe and moe.entropy,
                moe_dead = moe and moe.dead, moe_drops = moe and moe.drops, moe_load = instrument.shares(counts),
                engram_rows = w.engram and w.engram.rows, engram_unique = w.engram and w.engram.unique_frac,
-               extras = extras, time = now})
+               extras = extras, events = w.events, time = now})
   -- the page between evals, at most every 30 s (as often as it reloads); the last comes with the final eval
   if self.step < self.cfg.steps and core.now() - (self.report_at or -math.huge) >= 30 then self:write_report(true) end
   if instrument.end_window(self.firewall, w) then

@@ -350,3 +350,31 @@ describe("the structural options", function()
     assert.truthy(names:find("block.kda.wo2.weight", 1, true))
   end)
 end)
+
+describe("retraction (model.moe.retract_every)", function()
+  it("replaces each expert's Ug and Uu by its polar factor: orthonormal columns, W = U P with P symmetric", function()
+    local m = nn.MoE(32, {experts = 3, top_k = 1, rank = 4, shared_rank = 2, ffn = 4})
+    dm.no_grad(function() m.Ug:copy_(dm.randn({3, 32, 4}, {seed = 3}) * 0.3 + 0.05) end)   -- not orthonormal
+    local before = m.Ug:detach():clone()
+    m:retract()
+    local U = m.Ug
+    local eye = dm.tensor({{{1, 0, 0, 0}, {0, 1, 0, 0}, {0, 0, 1, 0}, {0, 0, 0, 1}}})
+    assert.is_true((U:transpose(2, 3):matmul(U) - eye):abs():max():item() < 1e-5)
+    local P = U:transpose(2, 3):matmul(before)
+    assert.is_true((P - P:transpose(2, 3)):abs():max():item() < 1e-5)
+    assert.is_true((m.Uu:transpose(2, 3):matmul(m.Uu) - eye):abs():max():item() < 1e-5)
+  end)
+
+  it("is named at the start and counted on the log line; off, the model takes no action after a step", function()
+    local helpers = require "tests.lua.helpers"
+    local runs = helpers.tmpdir()
+    helpers.run_quiet(helpers.tiny({"steps=6", "log.every=3", "eval.every=0", "checkpoint.every=0", "name=rt",
+                                    "model.moe.retract_every=2"}), {runs = runs})
+    local log = io.open(runs .. "/rt/log.txt"):read("a")
+    helpers.has(log, "arms: retraction of Ug, Uu to orthonormal columns every 2 steps")
+    assert.truthy(log:find("step      3 [^\n]- retract 1 "), log)            -- step 2 of 1..3
+    assert.truthy(log:find("step      6 [^\n]- retract 2 "), log)            -- steps 4 and 6
+    os.execute("rm -rf '" .. runs .. "'")
+    assert.is_nil(build("experiments/tiny.lua"):after_step(2))
+  end)
+end)

@@ -127,6 +127,38 @@ function MoE:forward(u)
   return out:reshape({B, T, d})
 end
 
+-- Retraction (an arm, model.moe.retract_every; docs/arms.md): Ug and Uu pulled back to orthonormal
+-- columns, each expert's [d, r] factor W replaced by its polar factor W (W^T W)^-1/2. The inverse
+-- square root of the Gram matrix G = W^T W (r x r, batched over experts) comes from the coupled
+-- Newton-Schulz iteration Y <- Y T, Z <- T Z, T = (3 I - Z Y) / 2 from Y = G / ||G||_F, Z = I
+-- (every eigenvalue of Y in (0, 1]: it converges), so (G / c)^-1/2 = Z and G^-1/2 = Z / sqrt(c).
+local RETRACT_STEPS = 14                 -- the iteration's steps: orthonormal to 1e-6 in f32 from a random init
+
+function MoE:retract()
+  dm.no_grad(function()
+    dm.scope(function()
+      for _, name in ipairs {"Ug", "Uu"} do
+        local W = self[name]
+        local E, r = W:size(1), W:size(3)
+        local rows = {}
+        for i = 1, r do
+          rows[i] = {}
+          for j = 1, r do rows[i][j] = i == j and 1 or 0 end
+        end
+        local I = dm.tensor({rows}, {dtype = W.dtype, device = W.device})
+        local G = W:transpose(2, 3):matmul(W)
+        local c = G:square():sum_to({E, 1, 1}):sqrt()
+        local Y, Z = G / c, I
+        for _ = 1, RETRACT_STEPS do
+          local T = I * 1.5 - Z:matmul(Y) * 0.5
+          Y, Z = Y:matmul(T), T:matmul(Z)
+        end
+        W:copy_(W:matmul(Z) / c:sqrt())
+      end
+    end)
+  end)
+end
+
 -- The probe protocol (docs/models.md, "Probes"): this module's routing counts [E] over its
 -- calls since the pass began (a forward's every iteration), or nil before any.
 function MoE:routing() return self.counts end
