@@ -14,6 +14,19 @@ local function build(file, overrides, device)
   return m, cfg
 end
 
+-- the log of 6 tiny steps (a line every 3) with one arm's override
+local function arm_log(override)
+  local helpers = require "tests.lua.helpers"
+  local runs = helpers.tmpdir()
+  helpers.run_quiet(helpers.tiny({"steps=6", "log.every=3", "eval.every=0", "checkpoint.every=0", "name=arm",
+                                  override}), {runs = runs})
+  local f = assert(io.open(runs .. "/arm/log.txt"))
+  local log = f:read("a")
+  f:close()
+  os.execute("rm -rf '" .. runs .. "'")
+  return log
+end
+
 describe("b1", function()
   it("has its parameter counts, pinned, on the meta device (no memory)", function()
     local cpu = dm.memory("cpu").current
@@ -334,14 +347,10 @@ describe("the structural options", function()
 
   it("aux.future is named at the start and counted on the log line", function()
     local helpers = require "tests.lua.helpers"
-    local runs = helpers.tmpdir()
-    helpers.run_quiet(helpers.tiny({"steps=6", "log.every=3", "eval.every=0", "checkpoint.every=0", "name=aux",
-                                    "model.aux.future=0.1"}), {runs = runs})
-    local log = io.open(runs .. "/aux/log.txt"):read("a")
+    local log = arm_log("model.aux.future=0.1")
     helpers.has(log, "arms: future-byte head at weight 0.1", "gnorm")
     assert.truthy(log:find("step      3 .- aux_future %d"), log)
     assert.is_nil(log:match("eval[^\n]*aux_future"), log)
-    os.execute("rm -rf '" .. runs .. "'")
   end)
 
   it("kda.output_bias = false: the output gate's projection has no bias", function()
@@ -367,14 +376,10 @@ describe("retraction (model.moe.retract_every)", function()
 
   it("is named at the start and counted on the log line; off, the model takes no action after a step", function()
     local helpers = require "tests.lua.helpers"
-    local runs = helpers.tmpdir()
-    helpers.run_quiet(helpers.tiny({"steps=6", "log.every=3", "eval.every=0", "checkpoint.every=0", "name=rt",
-                                    "model.moe.retract_every=2"}), {runs = runs})
-    local log = io.open(runs .. "/rt/log.txt"):read("a")
+    local log = arm_log("model.moe.retract_every=2")
     helpers.has(log, "arms: retraction of Ug, Uu to orthonormal columns every 2 steps")
     assert.truthy(log:find("step      3 [^\n]- retract 1 "), log)            -- step 2 of 1..3
     assert.truthy(log:find("step      6 [^\n]- retract 2 "), log)            -- steps 4 and 6
-    os.execute("rm -rf '" .. runs .. "'")
     assert.is_nil(build("experiments/tiny.lua"):after_step(2))
   end)
 end)
