@@ -435,10 +435,15 @@ function Run:eval()
                periter = e.periter, depths = e.depths}
   self:record(rec)
   self.last_eval = e
-  if self.cfg.eval.sample > 0 then          -- a short sample for the report (streamed: a pass a byte)
-    local text = evaluate.sample(self.model, "In the beginning", self.cfg.eval.sample,
-                                 {temperature = 0.8, seed = self.cfg.seed, device = self.device})
-    self:record({kind = "sample", step = self.step, time = os.time(), text = text})
+  if self.cfg.eval.sample > 0 and not self.sample_failed then   -- a short sample for the report (streamed)
+    local ok, text = pcall(evaluate.sample, self.model, "In the beginning", self.cfg.eval.sample,
+                           {temperature = 0.8, seed = self.cfg.seed, device = self.device})
+    if ok then
+      self:record({kind = "sample", step = self.step, time = os.time(), text = text})
+    else                                    -- the report's sample is not worth the run: said, then off
+      self.sample_failed = true
+      self:say("eval: the report's sample failed, and is off for the rest of the run: " .. tostring(text))
+    end
   end
   self:write_report(self.step < self.cfg.steps)
   return e

@@ -115,3 +115,21 @@ describe("a resumed run's report", function()
     os.execute("rm -rf '" .. runs .. "'")
   end)
 end)
+
+describe("the report's sample", function()
+  it("failing, is said once and turned off; the run goes on", function()
+    local eval = require "dormouse.eval"
+    local sample = eval.sample
+    eval.sample = function() error("no sampling here") end
+    local runs = helpers.tmpdir()
+    local ok, res = pcall(helpers.run_quiet, helpers.tiny({"steps=20", "eval.every=10", "log.every=10",
+                                                           "checkpoint.every=0", "name=sf"}), {runs = runs})
+    eval.sample = sample
+    assert.is_true(ok, res)
+    local log = read(runs .. "/sf/log.txt")
+    local _, n = log:gsub("the report's sample failed", "")
+    assert.equal(1, n, log)
+    helpers.has(log, "no sampling here")
+    os.execute("rm -rf '" .. runs .. "'")
+  end)
+end)
