@@ -48,10 +48,12 @@ function experiment.run(file, raw, argv, cli)
   print(table.concat(lines, "\n"))
   if n > 0 then
     io.write("sample: ")
-    require("dormouse.eval").sample(summary.model, "In the beginning", n, {
+    local ok, err = pcall(require("dormouse.eval").sample, summary.model, "In the beginning", n, {
       temperature = 0.8, device = summary.device, seed = cfg.seed,
       on_byte = function(b) io.write(b); io.stdout:flush() end})
     io.write("\n")
+    -- the run is done and saved: a sample that fails is said, and the run still succeeds
+    if not ok then io.stderr:write("sample: failed: ", tostring(err), "\n") end
   end
   print("report: " .. summary.dir .. "/report.html")
   return summary
