@@ -4,7 +4,7 @@
 **   core.clip_grad_norm(params, max_norm)        → norm, finite
 **   core.adamw_step(params, ms, vs, hp)          hp: lr beta1 beta2 eps weight_decay step
 **   core.muon_step(params, bufs, hp)             hp: lr momentum nesterov weight_decay
-**                                                    ns_steps coeffs ns_dtype [clip]
+**                                                    ns_steps coeffs ns_dtype [clip] [normalize]
 **   core.newton_schulz(x, steps, coeffs, dtype)  → the orthogonalised x
 **   core.clip_grads_async(grads, max_norm, sumsq) the norm kept on the device
 **   core.clip_scale(grads, max_norm, sumsq)      scale by a sum of squares made before
@@ -189,6 +189,17 @@ static dm_dtype ns_dtype_arg(lua_State *L, int idx, const char *fn) {
            name ? name : luaL_typename(L, idx));
 }
 
+/* Muon+'s normalisation by name: "none", "col", "row" or "colrow" */
+static int normalize_arg(lua_State *L, int idx, const char *fn) {
+  const char *name = lua_tostring(L, idx);
+  if (name && strcmp(name, "none") == 0) return DM_MUON_NORM_NONE;
+  if (name && strcmp(name, "col") == 0) return DM_MUON_NORM_COL;
+  if (name && strcmp(name, "row") == 0) return DM_MUON_NORM_ROW;
+  if (name && strcmp(name, "colrow") == 0) return DM_MUON_NORM_COL | DM_MUON_NORM_ROW;
+  return luaL_error(L, "%s: normalize must be \"none\", \"col\", \"row\" or \"colrow\", got %s", fn,
+                    name ? name : luaL_typename(L, idx));
+}
+
 static int c_muon_step(lua_State *L) {
   DM_ENTER(L);
   const char *fn = "muon_step";
@@ -203,8 +214,11 @@ static int c_muon_step(lua_State *L) {
   dm_ns_coeffs coeffs = lua_isnil(L, -1) ? DM_NS_QUINTIC : coeffs_arg(L, -1, fn);
   lua_getfield(L, 3, "ns_dtype");
   dm_dtype dt = lua_isnil(L, -1) ? DM_F32 : ns_dtype_arg(L, -1, fn);
-  lua_pop(L, 3);
+  lua_getfield(L, 3, "normalize");
+  int normalize = lua_isnil(L, -1) ? DM_MUON_NORM_NONE : normalize_arg(L, -1, fn);
+  lua_pop(L, 4);
   dm_muon_hp hp = {
+    .normalize = normalize,
     .lr = number_field(L, 3, fn, "lr"), .momentum = number_field(L, 3, fn, "momentum"),
     .weight_decay = number_field(L, 3, fn, "weight_decay"), .nesterov = nesterov,
     .ns_steps = (int)number_field(L, 3, fn, "ns_steps"), .coeffs = coeffs, .ns_dtype = dt,

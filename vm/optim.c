@@ -317,6 +317,23 @@ static void stack_views(const dm_tensor *stack, int k, dm_tensor *const *p, int6
   }
 }
 
+/* x [B, m, n] / (its l2 norms over dim + 1e-7): dim 1 normalises each column, dim 2 each row. The
+** stack's zero pad columns stay zero and add nothing to a row's norm. Takes x, returns a new tensor. */
+static dm_tensor *l2_normalized(dm_tensor *x, int dim) {
+  dm_tensor *sq = dm_mul(x, x), *sum = dm_sum(sq, dim, true);
+  dm_tensor *norm = dm_unary("sqrt", sum), *den = dm_affine(norm, 1.0, 1e-7);
+  dm_tensor *y = dm_div(x, den);
+  dm_release(sq); dm_release(sum); dm_release(norm); dm_release(den); dm_release(x);
+  return y;
+}
+
+/* Muon+: the orthogonalised stack normalised as hp->normalize asks (columns, then rows) */
+static dm_tensor *muon_plus(dm_tensor *ortho, int normalize) {
+  if (normalize & DM_MUON_NORM_COL) ortho = l2_normalized(ortho, 1);
+  if (normalize & DM_MUON_NORM_ROW) ortho = l2_normalized(ortho, 2);
+  return ortho;
+}
+
 /* One shape group (members idx[0..k)): momentum into a stack [B, m, n],
 ** Newton–Schulz on the stack, the scaled update from its slices. */
 static void muon_group(int k, const int *idx, dm_tensor *const *params, dm_tensor *const *grads,
@@ -340,7 +357,7 @@ static void muon_group(int k, const int *idx, dm_tensor *const *params, dm_tenso
   stack_views(stack, k, p, rows, pitch, o);
   momentum(k, b, g, o, hp->momentum, hp->nesterov, hp->sumsq_at, clip_at, hp->clip, cols, pitch);
   for (int j = 0; j < k; j++) dm_release(o[j]);
-  dm_tensor *ortho = ns_run(stack, hp->ns_steps, hp->coeffs, &nsk, hp->ns_dtype);
+  dm_tensor *ortho = muon_plus(ns_run(stack, hp->ns_steps, hp->coeffs, &nsk, hp->ns_dtype), hp->normalize);
   stack_views(ortho, k, p, rows, pitch, o);
   /* 0.2·sqrt(max(m, n)) brings the update's RMS to AdamW's (Moonlight) */
   apply(k, p, o, hp, 0.2 * sqrt((double)(rows > cols ? rows : cols)), cols, pitch);

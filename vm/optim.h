@@ -39,8 +39,13 @@ typedef struct dm_adamw_hp {
 
 typedef enum { DM_NS_QUINTIC, DM_NS_POLAR_EXPRESS } dm_ns_coeffs;
 
+/* Muon+ (Zhang et al., arXiv 2602.21545): the orthogonalised update l2-normalised by column, by
+** row, or both (columns first) before its scale; a bit mask */
+enum { DM_MUON_NORM_NONE = 0, DM_MUON_NORM_COL = 1, DM_MUON_NORM_ROW = 2 };
+
 typedef struct dm_muon_hp {
   double lr, momentum, weight_decay;
+  int normalize;              /* DM_MUON_NORM_* bits; 0: plain Muon */
   bool nesterov;              /* update = g + mu·buf after buf = mu·buf + g; else update = buf */
   int ns_steps;               /* >= 1 */
   dm_ns_coeffs coeffs;

@@ -267,6 +267,8 @@ local rows = {
     {"momentum_dtype", enum {"f32", "bf16"}, "f32", "Muon momentum buffers: f32, or bf16 (half their memory; for small cards)"},
     {"ns_steps", positive, 5, "Newton-Schulz steps per Muon update"},
     {"ns_coeffs", enum {"quintic", "polar_express"}, "quintic", "Newton-Schulz coefficients: quintic (3.4445, -4.7750, 2.0315) or Polar Express"},
+    {"muon_plus", enum {"none", "col", "row", "colrow"}, "none", "Muon+: the orthogonalised update l2-normalised " ..
+     "by column, by row, or both before its scale (none = plain Muon)"},
     {"clip", num{min = 0}, 1.0, "global gradient-norm clip (0 = off)"},
   }},
 

@@ -371,6 +371,39 @@ describe("optim settings and the core functions", function()
     expect_error(function() core.newton_schulz(dm.randn({6}), 5) end, "newton_schulz: takes a matrix")
   end)
 
+  it("Muon+ normalises the orthogonalised update by column, row or both before its scale", function()
+    -- one step from zero momentum: the update is NS(g (1 + mu)) normalised, times lr 0.2 sqrt(max(m, n))
+    local function l2(x, dim)
+      local sq = x * x
+      local shape = x:shape()
+      shape[dim] = 1
+      return x / (sq:sum_to(shape):sqrt() + 1e-7)
+    end
+    for _, case in ipairs {{shape = {6, 10}}, {shape = {2, 16, 4}}} do     -- a matrix, and a bank (Gram form)
+      for _, how in ipairs {"col", "row", "colrow"} do
+        local g = dm.randn(case.shape, {seed = 7})
+        local p = dm.zeros(case.shape)
+        p.grad = g
+        local mu, lr = 0.9, 0.1
+        core.muon_step({p}, {dm.zeros(case.shape)}, {lr = lr, momentum = mu, weight_decay = 0, ns_steps = 5,
+                                                      coeffs = "quintic", ns_dtype = "f32", normalize = how})
+        local n = #case.shape
+        local o = core.newton_schulz(g * (1 + mu), 5, "quintic", "f32")
+        if how ~= "row" then o = l2(o, n - 1) end
+        if how ~= "col" then o = l2(o, n) end
+        local m_, n_ = case.shape[n - 1], case.shape[n]
+        local want = o * (-lr * 0.2 * math.sqrt(math.max(m_, n_)))
+        local err = (p - want):abs():max():item() / want:abs():max():item()
+        assert.is_true(err < 1e-5, string.format("%s %s: %.3g", table.concat(case.shape, "x"), how, err))
+      end
+    end
+    expect_error(function()
+      core.muon_step({dm.zeros({2, 3})}, {dm.zeros({2, 3})}, {lr = 1, momentum = 0.9, weight_decay = 0, ns_steps = 5,
+                                                             normalize = "both"})
+    end, 'normalize must be "none", "col", "row" or "colrow", got both')
+    assert.equal("none", require("dormouse.config").load("experiments/tiny.lua").optim.muon_plus)
+  end)
+
   it("core steps name a missing hyper-parameter, a bad list and a mismatched state", function()
     local p = dm.zeros({2, 3})
     p.grad = dm.ones({2, 3})

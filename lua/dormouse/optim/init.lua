@@ -46,6 +46,7 @@ optim.defaults = {
   adamw_weight_decay = 0.0,   -- decoupled weight decay of the AdamW group (Engram: always 0)
   ns_dtype = false,           -- "f32" or "bf16"; false = bf16 on the GPU, f32 on the CPU
   momentum_dtype = "f32",     -- Muon's momentum buffers: "f32", or "bf16" (half the memory)
+  muon_plus = "none",         -- Muon+: "col", "row" or "colrow" normalisation of the update
 }
 
 local function settings(cfg)
@@ -105,7 +106,8 @@ function optim.new(model, ocfg, scfg, steps, opts)
   if #by.muon > 0 then
     self.groups[#self.groups + 1] = Muon.new("muon", by.muon, {
       lr = o.muon_lr, momentum = o.momentum, nesterov = o.nesterov, weight_decay = o.weight_decay,
-      ns_steps = o.ns_steps, coeffs = o.ns_coeffs, ns_dtype = ns_dtype, momentum_dtype = o.momentum_dtype})
+      ns_steps = o.ns_steps, coeffs = o.ns_coeffs, ns_dtype = ns_dtype, momentum_dtype = o.momentum_dtype,
+      normalize = o.muon_plus})
   end
   if #by.adamw > 0 then
     self.groups[#self.groups + 1] = AdamW.new("adamw", by.adamw, {

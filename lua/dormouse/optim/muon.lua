@@ -4,6 +4,7 @@ Muon over one group of matrices [m, n] and banks [E, m, n] (vm/optim.c):
   buf <- mu buf + g ;  u = g + mu buf (Nesterov) or buf
   O   =  NS5(u)       each matrix on its own; every matrix of one shape is
                       stacked and iterated with batched products
+  O   <- O normalised by column, row or both (normalize: Muon+, arXiv 2602.21545; "none" by default)
   p   <- p (1 - lr wd) - lr 0.2 sqrt(max(m, n)) O
 
 NS5: X = u / (||u||_F + 1e-7), then 5 Newton-Schulz steps X <- aX + (bA + cA^2)X
@@ -20,11 +21,11 @@ local groups = require "dormouse.optim.groups"
 local Muon = {kind = "muon", device_scalars = true, clips_inside = true}
 Muon.__index = Muon
 
--- hp: {lr, momentum, nesterov, weight_decay, ns_steps, coeffs, ns_dtype, momentum_dtype}
+-- hp: {lr, momentum, nesterov, weight_decay, ns_steps, coeffs, ns_dtype, momentum_dtype, normalize}
 function Muon.new(name, entries, hp)
   local dtypes = {momentum = hp.momentum_dtype or "f32"}
   local self = setmetatable(groups.new_group(name, entries, {"momentum"}, dtypes), Muon)
-  for _, k in ipairs {"lr", "momentum", "nesterov", "weight_decay", "ns_steps", "coeffs", "ns_dtype"} do
+  for _, k in ipairs {"lr", "momentum", "nesterov", "weight_decay", "ns_steps", "coeffs", "ns_dtype", "normalize"} do
     self[k] = hp[k]
   end
   return self
@@ -36,7 +37,7 @@ function Muon:update(mult, _, at)
   core.muon_step(self.params, self.state.momentum, {
     lr = self.lr * mult, momentum = self.momentum, nesterov = self.nesterov,
     weight_decay = self.weight_decay, ns_steps = self.ns_steps, coeffs = self.coeffs,
-    ns_dtype = self.ns_dtype, lr_at = at.lr_at, sumsq_at = at.sumsq_at, clip = at.clip,
+    ns_dtype = self.ns_dtype, lr_at = at.lr_at, sumsq_at = at.sumsq_at, clip = at.clip, normalize = self.normalize,
   })
 end
 

@@ -1,0 +1,15 @@
+-- Learning quality, the optimiser (docs/training.md, "Learning quality"): Muon+ (each
+-- orthogonalised update l2-normalised by column, row or both before its scale) against plain
+-- Muon; small over its 2,000 steps, three seeds an arm.
+--   dormouse sweep experiments/quality_optim.lua
+return {
+  base = "experiments/small.lua",
+  arms = {
+    control = {},
+    colrow = {["optim.muon_plus"] = "colrow"},
+    col = {["optim.muon_plus"] = "col"},
+    row = {["optim.muon_plus"] = "row"},
+  },
+  seeds = {1, 2, 3},
+  set = {["checkpoint.every"] = 0},
+}
