@@ -1,6 +1,6 @@
 -- Learning quality, the optimiser (docs/training.md, "Learning quality"): Muon+ (each
 -- orthogonalised update l2-normalised by column, row or both before its scale) against plain
--- Muon; small over its 2,000 steps, three seeds an arm.
+-- Muon, and the Engram tables by a dense Adam; small over its 2,000 steps, three seeds an arm.
 --   dormouse sweep experiments/quality_optim.lua
 return {
   base = "experiments/small.lua",
@@ -9,6 +9,7 @@ return {
     colrow = {["optim.muon_plus"] = "colrow"},
     col = {["optim.muon_plus"] = "col"},
     row = {["optim.muon_plus"] = "row"},
+    engram_dense = {["optim.engram_adam"] = "dense"},
   },
   seeds = {1, 2, 3},
   set = {["checkpoint.every"] = 0},

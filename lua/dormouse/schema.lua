@@ -262,6 +262,8 @@ local rows = {
     {"adamw_weight_decay", num{min = 0}, 0.0, "decoupled weight decay of the AdamW group (never the Engram tables)"},
     {"ns_dtype", optional(enum {"f32", "bf16"}), nil, "Newton-Schulz dtype (nil = bf16 on the GPU, f32 on the CPU)"},
     {"engram_lr_mult", num{min = 0}, 5, "Engram tables' Adam lr as a multiple of adamw_lr (no weight decay)"},
+    {"engram_adam", enum {"sparse", "dense"}, "sparse", "the tables' Adam: the touched rows only (the spec), or " ..
+     "dense: every row's moments decay and every row moves each step (not the spec's; tables on the device)"},
     {"momentum", num{min = 0, below = 1}, 0.95, "Muon momentum"},
     {"nesterov", bool, true, "Nesterov form of the Muon momentum"},
     {"momentum_dtype", enum {"f32", "bf16"}, "f32", "Muon momentum buffers: f32, or bf16 (half their memory; for small cards)"},

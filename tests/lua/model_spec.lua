@@ -383,3 +383,28 @@ describe("retraction (model.moe.retract_every)", function()
     assert.is_nil(build("experiments/tiny.lua"):after_step(2))
   end)
 end)
+
+describe("optim.engram_adam = dense", function()
+  it("moves every row with a moment each step (the sparse Adam: the step's rows), the first step alike", function()
+    local helpers = require "tests.lua.helpers"
+    local function two_steps(o)
+      local r = train.prepare(helpers.tiny({"steps=3", "schedule.warmup=1"}, o), {root = "."})
+      r.step = 1; train.step(r)
+      local t1 = r.model.block.engram.table:clone()
+      r.step = 2; train.step(r)
+      local t = r.model.block.engram.table
+      local moved = (t - t1):abs():sum_to({t:size(1), 1}):gt(0):to("f64"):sum():item()
+      r.loader:close(); r.corpus:close()
+      return t1, moved
+    end
+    local s1, sparse_moved = two_steps {}
+    local d1, dense_moved = two_steps {"optim.engram_adam=dense"}
+    assert.is_true(dm.allclose(d1, s1, {rtol = 1e-5, atol = 1e-7}), "the first step differs")
+    assert.is_true(dense_moved > sparse_moved, dense_moved .. " vs " .. sparse_moved)
+    assert.equal("sparse", config.load("experiments/tiny.lua").optim.engram_adam)
+    local SparseAdam = require "dormouse.optim.sparse"
+    local on_host = setmetatable({hosts = {true}, params = {}, dense = true}, SparseAdam)
+    require("tests.lua.helpers").has(require("tests.lua.helpers").err_of(on_host.apply_dense, on_host, 1),
+                                     'engram_adam = "dense" needs the Engram tables on the device')
+  end)
+end)

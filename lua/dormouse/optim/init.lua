@@ -47,6 +47,7 @@ optim.defaults = {
   ns_dtype = false,           -- "f32" or "bf16"; false = bf16 on the GPU, f32 on the CPU
   momentum_dtype = "f32",     -- Muon's momentum buffers: "f32", or "bf16" (half the memory)
   muon_plus = "none",         -- Muon+: "col", "row" or "colrow" normalisation of the update
+  engram_adam = "sparse",     -- the Engram tables: touched rows only, or "dense" (every row, every step)
 }
 
 local function settings(cfg)
@@ -120,7 +121,8 @@ function optim.new(model, ocfg, scfg, steps, opts)
       local list = (e.module and e.module.sparse_grad) and sparse or dense
       list[#list + 1] = e
     end
-    local hp = {lr = o.adamw_lr * o.engram_lr_mult, betas = o.betas, eps = o.eps, weight_decay = 0}
+    local hp = {lr = o.adamw_lr * o.engram_lr_mult, betas = o.betas, eps = o.eps, weight_decay = 0,
+                dense = o.engram_adam == "dense"}
     if #sparse > 0 then self.groups[#self.groups + 1] = SparseAdam.new("engram", sparse, hp) end
     if #dense > 0 then
       self.groups[#self.groups + 1] = AdamW.new(#sparse > 0 and "engram_dense" or "engram", dense, hp)

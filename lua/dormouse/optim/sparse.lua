@@ -22,10 +22,14 @@ local groups = require "dormouse.optim.groups"
 local SparseAdam = {kind = "sparse_adam", device_scalars = true}
 SparseAdam.__index = SparseAdam
 
--- hp: {lr, betas = {b1, b2}, eps}
+-- hp: {lr, betas = {b1, b2}, eps, dense}. dense (optim.engram_adam = "dense", an option the spec
+-- does not have): every row's moments decay and every row moves each step, as a dense Adam over
+-- the table would, from the step's rows scattered into a dense gradient (the table's size, made
+-- and dropped each step); the table must be on the device.
 function SparseAdam.new(name, entries, hp)
   local self = setmetatable(groups.new_group(name, entries, {"m", "v"}), SparseAdam)
   self.lr, self.betas, self.eps, self.weight_decay = hp.lr, hp.betas, hp.eps, 0
+  self.dense = hp.dense or false
   self.hosts = {}
   for i, e in ipairs(entries) do
     if e.module.ram and e.module.host_table then
@@ -71,11 +75,36 @@ function SparseAdam:apply_at(i, rows, g, n, at)
                       self.betas[2], self.eps, at.lr_at, at.step_at, at.sumsq_at)
 end
 
+-- Entry i as a dense Adam: the step's rows (none: a zero gradient) scattered into the table's
+-- shape, then the fused AdamW over the whole table (weight decay 0); at: device scalars or nil.
+function SparseAdam:apply_dense(i, rows, g, mult, t, at)
+  if self.hosts[i] then
+    core.error("optim: engram_adam = \"dense\" needs the Engram tables on the device (engram.ram = true " ..
+               "keeps them in host memory)")
+  end
+  at = at or {}
+  local p = self.params[i]
+  dm.scope(function()
+    local dense = dm.zeros(p:shape(), {device = p.device})
+    if rows then
+      -- row ids count from 0; scatter_add's positions from 1, as Lua's
+      local idx = (rows:to("i64") + 1):reshape({-1, 1}):expand({rows:numel(), p:size(2)})
+      dense = dm.no_grad(dm.scatter_add, dense, 1, idx, g:to(dense.dtype))
+    end
+    p.grad = dense
+    core.adamw_step({p}, {self.state.m[i]}, {self.state.v[i]}, {
+      lr = self.lr * mult, beta1 = self.betas[1], beta2 = self.betas[2], eps = self.eps, weight_decay = 0,
+      step = t, lr_at = at.lr_at, step_at = at.step_at, sumsq_at = at.sumsq_at})
+    p.grad = nil
+  end)
+end
+
 -- at: device scalars (optim/init.lua's step_async), or nil
 function SparseAdam:update(mult, t, at)
   for i, e in ipairs(self.entries) do
     local rows, g, n = e.module:sparse_grad()
-    if rows and at then self:apply_at(i, rows, g, n, at)
+    if self.dense then self:apply_dense(i, rows, g, mult, t, at)
+    elseif rows and at then self:apply_at(i, rows, g, n, at)
     elseif rows then self:apply(i, rows, g, mult, t) end
   end
 end
