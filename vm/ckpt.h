@@ -1,5 +1,6 @@
 /*
-** ckpt.h — checkpoint I/O: safetensors files, atomic writes, checksums.
+** ckpt.h — checkpoint I/O: safetensors files, atomic writes, checksums
+** (safetensors.c, json_read.c, xxh64.c, fileio.c).
 **
 ** A safetensors file is an 8-byte little-endian header length N, N bytes of
 ** JSON header, then the raw little-endian data of every tensor:
