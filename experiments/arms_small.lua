@@ -7,6 +7,7 @@ return {
     control = {},
     future_byte = {["model.aux.future"] = 0.1},
     retract_100 = {["model.moe.retract_every"] = 100},
+    loom = {["model.loom"] = true},
   },
   seeds = {1, 2, 3},
   set = {["checkpoint.every"] = 0},

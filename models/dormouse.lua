@@ -22,6 +22,9 @@ function Dormouse:init(m)
   self:child("block", nn.Block(m))
   self:child("rmsf", nn.RMSNorm(m.d))
   self:child("head", nn.Linear(m.d, 256))
+  if m.loom then                                    -- an arm: a zero gate per iteration on its normalised write
+    self:param("loom_gate", nn.init.zeros({m.max_iter, m.d}))
+  end
   if m.aux.future > 0 then                          -- an arm: the byte after next, from the fin readout's input
     self.future_weight = m.aux.future
     self:child("future_head", nn.Linear(m.d, 256))
@@ -41,6 +44,7 @@ end
 -- The arms that are on, each a phrase for the run's start (docs/arms.md)
 function Dormouse:arms()
   local on = {}
+  if self.loom_gate then on[#on + 1] = "LOOM: a zero gate per iteration on its normalised write (loom on the log line)" end
   if self.cfg.moe.retract_every > 0 then
     on[#on + 1] = string.format("retraction of Ug, Uu to orthonormal columns every %d steps (retract on the " ..
                                 "log line)", self.cfg.moe.retract_every)
@@ -91,6 +95,16 @@ Returns {loss, fin, periter = {CE_1 ...}, fin_D = {[D] = ...}, logits = {...}, f
 [, extras = {name = scalar}: what the log line shows besides the loss (the arms' own terms)]}. ]]
 function Dormouse:forward(x, prefix, opts)
   return nn.pass(self.pass, self, x, prefix, opts or {})   -- each parameter cast once for the iterations
+end
+
+--[[ LOOM (an arm, model.loom; docs/arms.md): iteration i's write w = h' - h into the residual
+stream gets a gate of its own on its RMS-normalised form, h' + g_i rms(w), g_i [d] zero at
+initialisation: the identity then, bit for bit (0 times a finite number added to h'). ]]
+local function loom(self, h_in, h_out, i)
+  return dm.scope(function()
+    local w = h_out - h_in
+    return h_out + dm.rmsnorm(w, nil) * self.loom_gate:narrow(1, i, 1):reshape({-1})
+  end)
 end
 
 -- An iteration's state: the KDA state, the short convolutions' and Engram's last inputs (nn/block.lua).
@@ -146,6 +160,7 @@ function Dormouse:pass(x, prefix, opts)
   local carried = opts.state
   if carried then out.state = {} end
   for i = 1, self.max_iter do
+    local h_in = h
     if carried and self.cfg.recompute and dm.grad_enabled() then
       h, out.state[i] = recomputed_block(self, h, inputs, prefix, carried[i] or {})
     elseif carried then
@@ -155,6 +170,7 @@ function Dormouse:pass(x, prefix, opts)
     else
       h = self.block:forward(h, inputs, prefix)
     end
+    if self.loom_gate then h = loom(self, h_in, h, i) end
     out.logits[i], out.periter[i] = scored(self, h, targets)
     total = total and total + out.periter[i] or out.periter[i]
     sum_h = sum_h and sum_h + h or h
@@ -166,13 +182,18 @@ function Dormouse:pass(x, prefix, opts)
   end
   out.fin = out.fin_D[self.max_iter]
   out.loss = (total + out.fin) * (1 / (self.max_iter + 1))
+  if self.loom_gate and dm.grad_enabled() then     -- the gates' size on the log line
+    out.extras = out.extras or {}
+    out.extras.loom = self.loom_gate:detach():abs():mean()
+  end
   if self.future_head and dm.grad_enabled() and T >= 2 then   -- training only: evals stay the pure CE
     if carried then
       error("model.aux.future: a pass by segments would lose each segment's last target (it lies in the " ..
             "next); set model.segment = nil or model.aux.future = 0", 0)
     end
     local aux = future_ce(self, sum_h * (1 / self.max_iter), x)
-    out.extras = {aux_future = aux}
+    out.extras = out.extras or {}
+    out.extras.aux_future = aux
     out.loss = out.loss + aux * self.future_weight
   end
   return out

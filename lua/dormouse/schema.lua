@@ -222,6 +222,8 @@ local rows = {
       {"output", enum {"spec", "projection"}, "spec", "the branch's output: spec = vt + silu(conv(rmsnorm(vt))); " ..
        "projection = W_e conv(vt), a d x d projection after a plain convolution (not the spec's form)"},
     }},
+    {"loom", bool, false, "an arm: iteration i's write w into the residual stream gets a zero-initialised " ..
+     "gate on its RMS-normalised form, h' + g_i rms(w) (docs/arms.md)"},
     {"aux", "auxiliary heads, arms of the model (docs/arms.md)", {
       {"future", num{min = 0}, 0, "weight of a head predicting the byte after next from the fin readout's " ..
        "input, added to the training loss (0 = off; evals stay the pure CE)"},

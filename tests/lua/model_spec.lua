@@ -360,6 +360,38 @@ describe("the structural options", function()
   end)
 end)
 
+describe("LOOM (model.loom)", function()
+  it("is the identity at initialisation, bit for bit; its gates learn, by AdamW; named and counted", function()
+    local corpus = dm.data.open(dm.data.default_corpus(), {eval_bytes = 4096})
+    local x, prefix = corpus:batch(3, {batch = 2, seq = 33, seed = 5, ctx = 2})
+    corpus:close()
+    local plain, loom = build("experiments/tiny.lua"), build("experiments/tiny.lua", {"model.loom=true"})
+    dm.scope(function()
+      local a, b = plain:forward(x, prefix), loom:forward(x, prefix)
+      assert.equal(a.loss:item(), b.loss:item())
+      assert.equal(0, b.extras.loom:item())
+      b.loss:backward()
+      assert.is_true(loom.loom_gate.grad:abs():max():item() > 0)
+    end)
+    local groups = require "dormouse.optim.groups"
+    local why = {}
+    for _, e in ipairs(groups.assign(loom:named_parameters()).adamw) do why[e.name] = e.why end
+    assert.equal("gate", why.loom_gate)
+    local helpers = require "tests.lua.helpers"
+    local log = arm_log("model.loom=true")
+    helpers.has(log, "arms: LOOM: a zero gate per iteration on its normalised write")
+    assert.truthy(log:find("step      6 [^\n]- loom 0%.%d+"), log)
+  end)
+
+  it("the future head learns with AdamW, as the head does", function()
+    local groups = require "dormouse.optim.groups"
+    local by = groups.assign(build("experiments/tiny.lua", {"model.aux.future=0.1"}):named_parameters())
+    local names = {}
+    for _, e in ipairs(by.adamw) do names[e.name] = e.why end
+    assert.equal("head", names["future_head.weight"])
+  end)
+end)
+
 describe("retraction (model.moe.retract_every)", function()
   it("replaces each expert's Ug and Uu by its polar factor: orthonormal columns, W = U P with P symmetric", function()
     local m = nn.MoE(32, {experts = 3, top_k = 1, rank = 4, shared_rank = 2, ffn = 4})

@@ -34,7 +34,8 @@ local gates = {wb = true, wg1 = true, wg2 = true, wo1 = true, wo2 = true}
 groups.rules = {
   {"engram", "Engram table", function(e) return leaf(e.name) == "table" and (class_of(e) == "Engram" or e.name:find("engram", 1, true)) end},
   {"adamw", "embedding", function(e) return class_of(e) == "Embedding" or e.name:match("^emb%.") end},
-  {"adamw", "head", function(e) return e.name:match("^head%.") end},
+  {"adamw", "head", function(e) return e.name:match("^head%.") or e.name:match("^future_head%.") end},
+  {"adamw", "gate", function(e) return leaf(e.name) == "loom_gate" end},   -- LOOM's per-iteration gates
   {"adamw", "gain", function(e) return leaf(e.name) == "gain" end},
   {"adamw", "bias", function(e) return leaf(e.name):match("bias$") end},
   {"adamw", "router", function(e) return owner(e.name) == "router" end},
