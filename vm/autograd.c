@@ -314,6 +314,9 @@ void dm_backward(dm_tensor *root, dm_tensor *grad) {
 
 unsigned dm_autograd_recoveries(void) { return recoveries; }
 
+/* every dm_error unwinds the recording state (error.c calls what is registered) */
+__attribute__((constructor)) static void register_recovery(void) { dm_on_error_unwind(dm_autograd_recover); }
+
 void dm_autograd_recover(void) {
   recoveries++;
   if (pending) { node_free(pending); pending = NULL; }

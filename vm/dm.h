@@ -47,6 +47,10 @@ void dm_store(dm_dtype t, void *p, double v);
 typedef void (*dm_error_handler)(const char *msg, void *ud);
 void dm_set_error_handler(dm_error_handler h, void *ud);
 void dm_get_error_handler(dm_error_handler *h, void **ud);
+/* a layer above that must put its state back as an error unwinds through it (the tape:
+** autograd.c) registers a function here, once; dm_error calls them in order, before the handler */
+typedef void (*dm_unwind_fn)(void);
+void dm_on_error_unwind(dm_unwind_fn fn);
 #if defined(__GNUC__)
 __attribute__((noreturn, format(printf, 1, 2)))
 #endif

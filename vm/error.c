@@ -5,10 +5,23 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include "dm.h"
-#include "autograd.h"
 
 static dm_error_handler handler;
 static void *handler_ud;
+
+/* what the layers above registered to run as an error unwinds (dm_on_error_unwind): error.c
+** knows no layer above it by name */
+#define MAX_UNWIND 8
+static dm_unwind_fn unwinders[MAX_UNWIND];
+static int n_unwinders;
+
+void dm_on_error_unwind(dm_unwind_fn fn) {
+  if (n_unwinders == MAX_UNWIND) {
+    fprintf(stderr, "dormouse: more than %d error-unwind functions registered\n", MAX_UNWIND);
+    abort();
+  }
+  unwinders[n_unwinders++] = fn;
+}
 
 void dm_set_error_handler(dm_error_handler h, void *ud) { handler = h; handler_ud = ud; }
 void dm_get_error_handler(dm_error_handler *h, void **ud) { *h = handler; *ud = handler_ud; }
@@ -19,7 +32,7 @@ void dm_error(const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  dm_autograd_recover();     /* the error unwinds through whatever op was running */
+  for (int i = 0; i < n_unwinders; i++) unwinders[i]();   /* it unwinds through whatever op was running */
   if (handler) handler(msg, handler_ud);
   /* no handler installed, or it returned: nothing sensible is left to do */
   fprintf(stderr, "dormouse: %s\n", msg);
