@@ -71,6 +71,16 @@ local function pass(model, seg, state, opts)
   return r
 end
 
+-- The state a segment leaves, from state (nil: the rows' start), without a tape and reading no value
+-- back (the backward's first sweep: nothing waits for the device)
+local function state_after(model, seg, state)
+  return dm.scope(function()
+    local out = model:forward(seg.x, seg.prefix, {state = state or {}})
+    if not out.state then error(no_state(model), 0) end
+    return out.state
+  end)
+end
+
 function segments.evaluate(model, x, prefix, len, opts)
   local T = x:size(2) - 1
   local total = {fin = 0, periter = {}, fin_D = {}}
@@ -108,19 +118,19 @@ function segments.backward(model, x, prefix, len, scale, mark)
   local segs = segments.split(x, prefix, len)
   local starts = {}                                  -- starts[s]: the state segment s begins from
   dm.no_grad(function()
-    for s = 1, #segs - 1 do starts[s + 1] = pass(model, segs[s], starts[s]).state end
+    for s = 1, #segs - 1 do starts[s + 1] = state_after(model, segs[s], starts[s]) end
   end)
   mark("forward")
-  local loss, grads = 0, nil                         -- grads: the gradient of segment s's final state
+  local loss, grads = nil, nil                       -- loss: the row's, summed on the device; grads: the
+                                                     -- gradient of segment s's final state
   for s = #segs, 1, -1 do
     local seg = segs[s]
     local from = starts[s] and leaves(starts[s]) or nil
-    dm.scope(function()
+    local share = dm.scope(function()
       -- the last segment starts the step's routing counts; the others add theirs
       local out = model:forward(seg.x, seg.prefix, {state = from or {}, counts = s < #segs and "add" or nil})
       if not out.state then error(no_state(model), 0) end
       local w = seg.n / T
-      loss = loss + out.loss:item() * w
       mark("forward")
       local objective = out.loss * (w * scale)
       if grads then
@@ -131,8 +141,10 @@ function segments.backward(model, x, prefix, len, scale, mark)
       end
       objective:backward()
       mark("backward")
-      return model.held and model:held() or nil      -- what the model keeps for the step's end
+      -- this segment's share of the loss, and what the model keeps for the step's end
+      return out.loss:detach() * w, model.held and model:held() or nil
     end)
+    loss = loss and loss + share or share
     free_state(grads)
     grads = nil
     if from then
@@ -148,7 +160,7 @@ function segments.backward(model, x, prefix, len, scale, mark)
     end
   end
   free_state(grads)
-  return loss
+  return loss:item()                                 -- the step's one read of a value
 end
 
 return segments
