@@ -80,9 +80,9 @@ function GraphStep:body()
   local ok = r.opt.dev.sumsq:lt(math.huge)                   -- false for inf and NaN: a skipped step
   sum.loss:add_(dm.where(ok, out.loss:detach():to("f64"), sum.zero))
   for name, v in pairs(out.extras or {}) do            -- an arm's own terms, summed as the loss is
-    local key = "extra:" .. name
-    if not sum[key] then sum[key] = kept_zeros({1}, "f64", v.device) end
-    sum[key]:add_(dm.where(ok, v:detach():to("f64"), sum.zero))
+    sum.extras = sum.extras or {}
+    if not sum.extras[name] then sum.extras[name] = kept_zeros({1}, "f64", v.device) end
+    sum.extras[name]:add_(dm.where(ok, v:detach():to("f64"), sum.zero))
   end
   sum.norm:add_(dm.where(ok, r.opt.dev.sumsq:sqrt(), sum.zero))
   for key, t in pairs {counts = counts, drops = drops} do   -- the routing counts and drops, summed on the device
@@ -131,13 +131,10 @@ function GraphStep:window(steps)
   w.skips = steps - w.applied
   w.counts = sum.counts and sum.counts:clone()
   w.drops = sum.drops and sum.drops:sum():item()
-  for key, t in pairs(sum) do
-    local name = key:match("^extra:(.+)$")
-    if name then
-      w.extras = w.extras or {}
-      w.extras[name] = t:item()
-      t:zero_()
-    end
+  for name, t in pairs(sum.extras or {}) do
+    w.extras = w.extras or {}
+    w.extras[name] = t:item()
+    t:zero_()
   end
   if self.engram then
     local rows = self.engram.n:item()

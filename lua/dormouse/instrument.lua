@@ -66,7 +66,8 @@ function instrument.add_events(acc, events)
   return acc
 end
 
--- The window's routing counts, summed on the device; read once, at the log line.
+-- The window's routing counts (or any device sum: drops, an arm's terms), summed on the device;
+-- read once, at the log line.
 function instrument.add_counts(acc, counts)
   if not counts then return acc end
   return acc and acc + counts or counts

@@ -293,7 +293,7 @@ fields). mark(phase), when given, is called as each phase ends: "data",
 clipping and update). Returns the mean loss, the optimiser's result, the
 step's routing counts, when r.log_now the Engram counters, with a
 capacity factor the assignments dropped per expert, the mean of each
-of the forward's extras (out.extras: an arm's own terms) by name, and the
+of the forward's extras (out.extras: an arm's own terms, device scalars) by name, and the
 events of model:after_step (an arm acting on the weights: {retract = 1}). ]]
 function train.step(r, mark)
   local cfg = r.cfg
@@ -311,7 +311,10 @@ function train.step(r, mark)
         local out = r.model:forward(x, prefix)
         local l = out.loss:item()
         loss = loss + l / cfg.grad_accum
-        for name, v in pairs(out.extras or {}) do extras[name] = (extras[name] or 0) + v:item() / cfg.grad_accum end
+        for name, v in pairs(out.extras or {}) do      -- kept on the device: read at the log line
+          local part = v:detach() * (1 / cfg.grad_accum)
+          extras[name] = extras[name] and extras[name] + part or part
+        end
         mark("forward")
         if instrument.finite(l) then (out.loss * (1 / cfg.grad_accum)):backward() end
         mark("backward")
@@ -358,7 +361,7 @@ function Run:eager_step(window, tokens)
     window.loss = window.loss + loss
     window.grad_norm = window.grad_norm + r.grad_norm
     window.extras = window.extras or {}
-    for name, v in pairs(extras or {}) do window.extras[name] = (window.extras[name] or 0) + v end
+    for name, v in pairs(extras or {}) do window.extras[name] = instrument.add_counts(window.extras[name], v) end
   end
   window.counts = instrument.add_counts(window.counts, step_counts)
   window.drops = instrument.add_counts(window.drops, drops)
@@ -396,9 +399,9 @@ function Run:log_window(w)
   local moe = instrument.moe_counters(counts, drops)
   local applied = w.steps - w.skips               -- a window of skipped steps only has no loss: nan, never 0
   local extras
-  for name, v in pairs(w.extras or {}) do
+  for name, v in pairs(w.extras or {}) do       -- device sums (eager) or numbers (the graph's window)
     extras = extras or {}
-    extras[name] = applied > 0 and v / applied or 0 / 0
+    extras[name] = applied > 0 and (dm.is_tensor(v) and v:item() or v) / applied or 0 / 0
   end
   local r = {step = self.step, loss = applied > 0 and w.loss / applied or 0 / 0, tok_s = w.tokens / elapsed,
              lr = w.lr, grad_norm = applied > 0 and w.grad_norm / applied or 0 / 0, skips = w.skips,
