@@ -107,8 +107,13 @@ local function loom(self, h_in, h_out, i)
   end)
 end
 
--- An iteration's state: the KDA state, the short convolutions' and Engram's last inputs (nn/block.lua).
-local STATE_KEYS = {"S", "q", "k", "v", "e"}
+-- a table's keys, sorted: a state's parts in a fixed order (whatever the block carries, nn/block.lua)
+local function sorted_keys(t)
+  local keys = {}
+  for k in pairs(t) do keys[#keys + 1] = k end
+  table.sort(keys)
+  return keys
+end
 
 --[[ The block under dm.checkpoint (model.recompute) in a pass that carries state: the
 checkpoint takes h and the state's tensors and returns one tensor, so h' and the next
@@ -116,21 +121,17 @@ state travel through it packed, flat, in h's dtype (f32, or f64 for a twin: the 
 read from the run, each part cast back to its dtype; a bf16 cache's round trip through
 f32 is exact). ]]
 local function recomputed_block(self, h, x, prefix, state)
-  local keys, inputs = {}, {h}
-  for _, k in ipairs(STATE_KEYS) do
-    if state[k] then keys[#keys + 1], inputs[#inputs + 1] = k, state[k] end
-  end
+  local keys, inputs = sorted_keys(state), {h}
+  for _, k in ipairs(keys) do inputs[#inputs + 1] = state[k] end
   local layout
   local packed = dm.checkpoint(function(hi, ...)
     local given, st = {...}, {}
     for j, k in ipairs(keys) do st[k] = given[j] end
     local ho, so = self.block:forward(hi, x, prefix, st)
     local parts, lay = {ho:reshape({-1})}, {{key = "h", shape = ho:shape(), dtype = ho.dtype}}
-    for _, k in ipairs(STATE_KEYS) do
-      if so[k] then
-        parts[#parts + 1] = so[k]:reshape({-1}):to(ho.dtype)
-        lay[#lay + 1] = {key = k, shape = so[k]:shape(), dtype = so[k].dtype}
-      end
+    for _, k in ipairs(sorted_keys(so)) do
+      parts[#parts + 1] = so[k]:reshape({-1}):to(ho.dtype)
+      lay[#lay + 1] = {key = k, shape = so[k]:shape(), dtype = so[k].dtype}
     end
     layout = layout or lay
     return dm.cat(parts, 1)
@@ -208,10 +209,7 @@ function Dormouse:held()
 end
 
 -- The bytes before a segment that its forward reads (prefix): Engram's longest n-gram less one.
-function Dormouse:context()
-  local orders = self.cfg.engram.orders
-  return #orders > 0 and orders[#orders] - 1 or 0
-end
+function Dormouse:context() return nn.Engram.context_for(self.cfg.engram.orders) end
 
 -- Move the balancing bias on the last forward's routing counts (all
 -- iterations together); returns those counts [E] and, with a capacity factor,

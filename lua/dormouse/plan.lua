@@ -256,10 +256,7 @@ end
 local Session = {}
 Session.__index = Session
 
-local function engram_ctx(m)
-  local orders = m.engram.orders
-  return #orders > 0 and orders[#orders] - 1 or 0
-end
+local function engram_ctx(m) return require("dormouse.nn").Engram.context_for(m.engram.orders) end
 
 -- set nn's device and compute dtype for fn, and put them (and the generator) back
 local function on_meta(compute, fn)
@@ -355,8 +352,8 @@ function Session:scratch(B, T)
   local engram = self.model.block and self.model.block.engram
   local grads = {table.unpack(self.grad_counts)}
   if engram then grads[#grads + 1] = B * T * engram.n_sub * engram.width * self.grad_accum end   -- every segment's
-  local Tk = self.segment and math.min(T, self.segment) or T     -- the kernels see one segment's rows
-  return plan.scratch {B = B, T = Tk, d = m.d, heads = m.heads, head_dim = m.head_dim, experts = m.experts,
+  -- the kernels see one segment's rows
+  return plan.scratch {B = B, T = self:pass_rows(T), d = m.d, heads = m.heads, head_dim = m.head_dim, experts = m.experts,
                        top_k = m.top_k, rank = m.expert_rank, ffn = m.ffn, n_sub = engram and engram.n_sub or 0, ram = self.ram,
                        grad_accum = self.grad_accum, dtype = self.compute, grads = grads, muon = self.muon,
                        kda_chunked = self.kda_chunked}
@@ -366,10 +363,12 @@ end
 sort the live bytes; scratch: plan.scratch's ops, charged while they run (nil:
 none). Returns the phases in order, each {name, peak, at, blocks} (bytes over
 the session's start, the allocation number within the step). ]]
+-- The rows a pass of a step of B × T sees: by segments (model.segment) a step holds one segment's
+-- pass at a time, so its peak is that of a step at T = segment (the boundary states, a few MiB, aside)
+function Session:pass_rows(T) return self.segment and math.min(T, self.segment) or T end
+
 function Session:run(B, T, watch_at, scratch)
-  -- by segments (model.segment) a step holds one segment's pass at a time: its peak is that of a
-  -- step at T = segment (the boundary states, a few MiB, aside)
-  if self.segment and T > self.segment then T = self.segment end
+  T = self:pass_rows(T)
   local phases, order, current = {}, {}, nil
   local function close()
     if not current then return end

@@ -121,10 +121,7 @@ function train.setup(cfg, device, root)
   return model, optim.new(model, cfg.optim, cfg.schedule, cfg.steps, {quiet = true})
 end
 
-function train.engram_ctx(cfg)
-  local orders = cfg.model.engram.orders
-  return #orders > 0 and orders[#orders] - 1 or 0
-end
+function train.engram_ctx(cfg) return nn.Engram.context_for(cfg.model.engram.orders) end
 
 local Run = {}
 Run.__index = Run

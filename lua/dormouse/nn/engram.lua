@@ -52,6 +52,10 @@ function Engram:init(d, opts)
   end
 end
 
+-- The bytes before a row that n-grams of these orders read (the longest less one); the one place
+-- this is worked out (the loaders' ctx, the planner, a model's context())
+function Engram.context_for(orders) return #orders > 0 and orders[#orders] - 1 or 0 end
+
 -- The table rows this batch reads: [B, T, subtables].
 function Engram:rows(x, prefix) return dm.engram_index(x, prefix, self.layout) end
 

@@ -47,12 +47,12 @@ function KDA:init(d, heads, head_dim, opts)
   self:child("wo", nn.Linear(hd, d, {std = hd ^ -0.5 * (init.out_factor or 1)}))   -- the branch's output
 end
 
--- silu(conv4(x)); with carry (a table), the conv reads the inputs before x from carry[name] (nil:
--- zeros) and leaves its own last inputs there for the next segment
-local function short_conv(x, w, carry, name)
+-- silu(conv4(x)); with a state, the conv reads the inputs before x from state[name] (nil: zeros)
+-- and leaves its own last inputs in carry[name] for the next segment
+local function short_conv(x, w, state, carry, name)
   if not carry then return dm.causal_conv1d(x, nn.like(w, x), {silu = true}) end
   local y
-  y, carry[name] = dm.causal_conv1d(x, nn.like(w, x), {silu = true, cache = carry[name], return_cache = true})
+  y, carry[name] = dm.causal_conv1d(x, nn.like(w, x), {silu = true, cache = state[name], return_cache = true})
   return y
 end
 
@@ -66,10 +66,7 @@ function KDA:forward(u, state)
   local H, dh = self.heads, self.head_dim
   local heads = {B, T, H, dh}
   local carry = state and {} or nil
-  local function conv(x, name)
-    if carry then carry[name] = state[name] end
-    return short_conv(x, self["conv_" .. name], carry, name)
-  end
+  local function conv(x, name) return short_conv(x, self["conv_" .. name], state, carry, name) end
   local q = conv(self.wq:forward(u), "q"):reshape(heads):l2norm(1e-6) * dh ^ -0.5
   local k = conv(self.wk:forward(u), "k"):reshape(heads):l2norm(1e-6)
   local v = conv(self.wv:forward(u), "v"):reshape(heads)
