@@ -162,6 +162,20 @@ local function generator(model, bytes, opts)
   return gen
 end
 
+--[[ The rate of generation from the wall times at which the bytes came (stamps[i]: byte i; the
+first one's holds the prompt's pass): {{from, to, rate}, ...} over bytes 2-100, 101-1000,
+1001-10000, ..., in bytes/s (dormouse sample, dormouse long). ]]
+function eval.rates(stamps)
+  local out, from, to = {}, 2, 100
+  while from <= #stamps do
+    local last = math.min(to, #stamps)
+    local dt = stamps[last] - stamps[from - 1]
+    out[#out + 1] = {from = from, to = last, rate = dt > 0 and (last - from + 1) / dt or 0 / 0}
+    from, to = last + 1, to * 10
+  end
+  return out
+end
+
 --[[ Sample n bytes after a prompt. opts: temperature (1; 0 takes the most
 likely byte), top_p (0.95), seed (0), device, on_byte (called with each
 byte as a one-character string, for streaming), stream (true: the model's

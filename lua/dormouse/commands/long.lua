@@ -81,13 +81,7 @@ local function generation(args, root)
   local stamps, t0 = {}, core.now()
   eval.sample(model, prompt, args.bytes, {temperature = 0.8, seed = cfg.seed, device = device,
     on_byte = function() sync(); stamps[#stamps + 1] = core.now() end})
-  local rates, from, to = {}, 2, 100
-  while from <= #stamps do
-    local last = math.min(to, #stamps)
-    rates[#rates + 1] = {from = from, to = last, rate = (last - from + 1) / math.max(stamps[last] - stamps[from - 1], 1e-9)}
-    from, to = last + 1, to * 10
-  end
-  return {prompt = #prompt, first = stamps[1] - t0, rates = rates, name = cfg.name, device = device}
+  return {prompt = #prompt, first = stamps[1] - t0, rates = eval.rates(stamps), name = cfg.name, device = device}
 end
 
 local function body(args, cli)
