@@ -5,9 +5,7 @@
 */
 #include <string.h>
 #include "lua_tensor.h"
-
-typedef struct { const char *name, *data; size_t size; } dm_vendor_file;
-extern const dm_vendor_file dm_vendor_files[];
+#include "vendor.h"
 
 static int v_vendor(lua_State *L) {
   const char *name = luaL_checkstring(L, 1);
