@@ -253,10 +253,17 @@ name. info = {source, overridden = {key = the --set text}, derived = {name = tru
 
 local noted = {}
 
+-- a retired key's note, once a process
+local function note_retired(key, where)
+  if noted[key] then return end
+  noted[key] = true
+  io.stderr:write(string.format("config: %s (%s) is retired and ignored: %s\n", key, where, schema.retired[key]))
+end
+
 -- raw without the retired keys it names (a copy where it names one), each noted once on stderr
 local function without_retired(raw, source)
   local out = raw
-  for key, why in pairs(schema.retired) do
+  for key in pairs(schema.retired) do
     local parent, t, name = nil, out, nil
     for part in key:gmatch("[^.]+") do
       parent, name = t, part
@@ -267,10 +274,7 @@ local function without_retired(raw, source)
       local p = out
       for part in key:gmatch("([^.]+)%.") do p = p[part] end
       p[name] = nil
-      if not noted[key] then
-        noted[key] = true
-        io.stderr:write(string.format("config: %s (in %s) is retired and ignored: %s\n", key, source, why))
-      end
+      note_retired(key, "in " .. source)
     end
   end
   return out
@@ -285,12 +289,8 @@ function config.resolve(raw, source_name, overrides)
   local cfg, errs = {}, {}
   local ovs = normalise_overrides(overrides)
   for i = #ovs, 1, -1 do
-    local why = schema.retired[ovs[i].key]
-    if why then
-      if not noted[ovs[i].key] then
-        noted[ovs[i].key] = true
-        io.stderr:write(string.format("config: %s (%s) is retired and ignored: %s\n", ovs[i].key, ovs[i].source, why))
-      end
+    if schema.retired[ovs[i].key] then
+      note_retired(ovs[i].key, ovs[i].source)
       table.remove(ovs, i)
     end
   end
