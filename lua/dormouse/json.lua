@@ -1,7 +1,7 @@
 --[[
 A JSON encoder for metrics.jsonl and the report: numbers (non-finite ones
 as null), strings, booleans, arrays (tables with 1..n) and objects (sorted keys);
-and json.decode_string, which reads one of its strings back.
+json.decode_string, which reads one of its strings back, and json.decode.
 ]]
 local json = {}
 
@@ -103,6 +103,62 @@ function json.decode_string(s, i)
     end
   end
   return nil
+end
+
+local function skip(s, i) return s:find("[^ \t\r\n]", i) or #s + 1 end
+
+local decode_value
+
+local function decode_list(s, i, close, keyed)   -- s[i] opens it; returns the table and the next position
+  local out, n = {}, 0
+  i = skip(s, i + 1)
+  if s:sub(i, i) == close then return out, i + 1 end
+  while true do
+    local key
+    if keyed then
+      key, i = json.decode_string(s, skip(s, i))
+      if not key then error("json: a key (a string) expected at " .. i, 0) end
+      i = skip(s, i)
+      if s:sub(i, i) ~= ":" then error("json: ':' expected at " .. i, 0) end
+      i = i + 1
+    end
+    local v
+    v, i = decode_value(s, i)
+    n = n + 1
+    if keyed then out[key] = v else out[n] = v end  -- null leaves a hole (as a non-finite number was written)
+    i = skip(s, i)
+    local c = s:sub(i, i)
+    if c == close then return out, i + 1 end
+    if c ~= "," then error("json: ',' or '" .. close .. "' expected at " .. i, 0) end
+    i = i + 1
+  end
+end
+
+function decode_value(s, i)
+  i = skip(s, i)
+  local c = s:sub(i, i)
+  if c == "{" then return decode_list(s, i, "}", true) end
+  if c == "[" then return decode_list(s, i, "]", false) end
+  if c == '"' then
+    local v, j = json.decode_string(s, i)
+    if not v then error("json: a broken string at " .. i, 0) end
+    return v, j
+  end
+  if s:sub(i, i + 3) == "null" then return nil, i + 4 end
+  if s:sub(i, i + 3) == "true" then return true, i + 4 end
+  if s:sub(i, i + 4) == "false" then return false, i + 5 end
+  local num = s:match("^%-?%d+%.?%d*[eE]?[%+%-]?%d*", i)
+  if not num or not tonumber(num) then error("json: a value expected at " .. i, 0) end
+  return tonumber(num), i + #num
+end
+
+-- The value of the JSON text s (objects and arrays as tables, null as nil); an error names the
+-- position of what is wrong. It reads what encode writes, and plain JSON besides.
+function json.decode(s)
+  local v, i = decode_value(s, 1)
+  i = skip(s, i)
+  if i <= #s then error("json: text after the value at " .. i, 0) end
+  return v
 end
 
 function json.encode(v)

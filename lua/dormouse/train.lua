@@ -470,33 +470,14 @@ local function read_records(path, upto)
   local f = io.open(path, "r")
   if not f then return records end
   for line in f:lines() do
-    local step = tonumber(line:match('"step":(%-?%d+)'))
-    local kind = line:match('"kind":"(%a+)"')
-    if step and step <= upto and kind then
-      local rec = {kind = kind, step = step, raw = line}
-      for k, v in line:gmatch('"([%w_]+)":(%-?[%d%.eE%+%-]+)') do rec[k] = tonumber(v) end
-      local per = line:match('"periter":%[([^%]]*)%]')
-      if per then
-        rec.periter = {}
-        for v in per:gmatch("[^,]+") do rec.periter[#rec.periter + 1] = tonumber(v) end
-      end
-      local load = line:match('"moe_load":%[([^%]]*)%]')    -- each expert's share (the report's load map)
-      if load then
-        rec.moe_load = {}
-        for v in load:gmatch("[^,]+") do rec.moe_load[#rec.moe_load + 1] = tonumber(v) end
-      end
-      local ex = line:match('"extras":{([^}]*)}')          -- a model's own terms
-      if ex then
-        rec.extras = {}
-        for k, v in ex:gmatch('"([%w_]+)":([^,]+)') do rec.extras[k] = tonumber(v) end
-      end
-      local at = line:find('"text":"', 1, true)          -- a sample's bytes
-      if at then rec.text = json.decode_string(line, at + 7) end
-      local dlist, dobj = line:match('"depths":%[([^%]]*)%]'), line:match('"depths":{([^}]*)}')
-      if dlist or dobj then                 -- depth -> fin_D: a list when the depths are 1..n, else an object
-        rec.depths = {}
-        for v in (dlist or ""):gmatch("[^,]+") do rec.depths[#rec.depths + 1] = tonumber(v) end
-        for k, v in (dobj or ""):gmatch('"(%d+)":([^,]+)') do rec.depths[tonumber(k)] = tonumber(v) end
+    local ok, rec = pcall(json.decode, line)        -- a line cut by a kill is no record
+    if ok and type(rec) == "table" and type(rec.kind) == "string" and math.type(rec.step) == "integer"
+       and rec.step <= upto then
+      rec.raw = line
+      if rec.depths then                  -- depth -> fin_D: a list when the depths are 1..n, else an object
+        local depths = {}
+        for D, v in pairs(rec.depths) do depths[tonumber(D)] = v end
+        rec.depths = depths
       end
       records[#records + 1] = rec
     end

@@ -80,8 +80,8 @@ describe("report.html", function()
   end)
 end)
 
-describe("json.decode_string", function()
-  it("reads back every string json.encode writes, and refuses a broken one", function()
+describe("json.decode_string and json.decode", function()
+  it("read back every string and record json.encode writes, and refuse a broken one", function()
     local json = require "dormouse.json"
     for _, t in ipairs {"plain", 'q"uote\\back\nnl\ttab/', "\1\2\31 ctl", "é → 𝄞", "\255\128 raw", ""} do
       local enc = json.encode(t)
@@ -89,6 +89,18 @@ describe("json.decode_string", function()
       assert.equal(t, dec)
       assert.equal(#enc + 1, after)
     end
+    local rec = {kind = "eval", step = 40, periter = {1.6, 0 / 0, 1.4}, depths = {[2] = 1.7}, text = 'a"\n\255',
+                 flags = {true, false}, nested = {a = {b = {}}}}
+    local back = json.decode(json.encode(rec))
+    assert.equal(40, back.step)
+    assert.equal("integer", math.type(back.step))
+    assert.same({1.6, nil, 1.4}, back.periter)                 -- a non-finite number was written as null
+    assert.same({["2"] = 1.7}, back.depths)
+    assert.equal(rec.text, back.text)
+    assert.same({true, false}, back.flags)
+    assert.same({a = {b = {}}}, back.nested)
+    assert.is_false(pcall(json.decode, '{"a":1'))
+    assert.is_false(pcall(json.decode, '[1, 2] x'))
     assert.is_nil(json.decode_string('"open', 1))
     assert.is_nil(json.decode_string('"bad \\q"', 1))
     assert.is_nil(json.decode_string('x"', 1))
