@@ -7,13 +7,7 @@ local segments = require "dormouse.segments"
 
 local eval = {}
 
--- a forward's losses as numbers (periter and fin_D are optional: docs/models.md)
-local function numbers(out)
-  local r = {fin = out.fin:item(), periter = {}, fin_D = {}}
-  for i, ce in ipairs(out.periter or {}) do r.periter[i] = ce:item() end
-  for D, ce in pairs(out.fin_D or {}) do r.fin_D[D] = ce:item() end
-  return r
-end
+local numbers = segments.numbers                -- a forward's losses as numbers
 
 --[[ Held-out windows x [n, T+1] with their prefixes, in batches; with
 opts.segment shorter than T, each window by segments with the state

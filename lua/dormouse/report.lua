@@ -12,6 +12,7 @@ offline) the page is inline SVG, said once on stderr.
 ]]
 local json = require "dormouse.json"
 local core = require "dormouse.core"
+local LN2 = require("dormouse.instrument").LN2
 local report = {}
 
 local colors = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf", "#7f7f7f"}
@@ -103,7 +104,6 @@ end
 kind "log" (step, loss, tok_s, lr, moe_busiest, moe_entropy) and kind "eval"
 (step, fin, periter = {...}). ]]
 local function svg_page(run, records, baselines)
-  local LN2 = math.log(2)
   local bpb = {series_of(records, "log", "loss", "train loss (bpb)", 1 / LN2),
                series_of(records, "eval", "fin", "held-out bpb_fin", 1 / LN2)}
   local iters = 0
@@ -141,7 +141,6 @@ local function svg_page(run, records, baselines)
 end
 
 local function chart_data(records, baselines)
-  local LN2 = math.log(2)
   local logs = {step = {}, bpb = {}, tok_s = {}, lr = {}, grad_norm = {}, busiest = {}, entropy = {}, dead = {},
                 drops = {}, mem_allocated = {}, mem_peak = {}, engram_unique = {}, engram_rows = {}}
   local evals = {step = {}, bpb_fin = {}, iters = {}, depths = {}}
@@ -348,7 +347,6 @@ local function sample_html(text)
 end
 
 local function eval_table(records)
-  local LN2 = math.log(2)
   local rows, iters, depths = {}, 0, {}
   for _, r in ipairs(records) do
     if r.kind == "eval" then

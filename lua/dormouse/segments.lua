@@ -56,16 +56,21 @@ local function no_state(model)
                        "segments; models/dormouse.lua and models/stack.lua carry it (docs/models.md)", name)
 end
 
+-- A forward's losses as numbers {fin, periter, fin_D} (periter and fin_D are optional: docs/models.md)
+function segments.numbers(out)
+  local r = {fin = out.fin:item(), periter = {}, fin_D = {}}
+  for i, ce in ipairs(out.periter or {}) do r.periter[i] = ce:item() end
+  for D, ce in pairs(out.fin_D or {}) do r.fin_D[D] = ce:item() end
+  return r
+end
+
 -- One pass of a segment from state (nil: the rows' start) without a tape: the output, its state kept
 -- (the state is returned apart: a scope keeps the tensors of a returned table two levels deep)
 local function pass(model, seg, state, opts)
   local next_state, r = dm.scope(function()
     local out = model:forward(seg.x, seg.prefix, {state = state or {}, depths = opts and opts.depths})
     if not out.state then error(no_state(model), 0) end
-    local r = {fin = out.fin:item(), periter = {}, fin_D = {}}
-    for i, ce in ipairs(out.periter or {}) do r.periter[i] = ce:item() end
-    for D, ce in pairs(out.fin_D or {}) do r.fin_D[D] = ce:item() end
-    return out.state, r
+    return out.state, segments.numbers(out)
   end)
   r.state = next_state
   return r

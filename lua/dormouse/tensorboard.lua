@@ -19,6 +19,7 @@ string) or summary (5: Summary, whose repeated value (1) holds a tag (1,
 string) and a simple_value (2, float)), in protobuf's wire format.
 ]]
 local core = require "dormouse.core"
+local LN2 = require("dormouse.instrument").LN2
 
 local tensorboard = {}
 
@@ -102,7 +103,6 @@ end
 
 function Writer:close() if self.file then self.file:close(); self.file = nil end end
 
-local LN2 = math.log(2)
 
 -- The scalars of a metrics.jsonl record: training windows under train/, mem/ and moe/,
 -- held-out evals under eval/ (bits per byte; per iteration and per depth).

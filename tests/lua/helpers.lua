@@ -17,6 +17,14 @@ function helpers.has(msg, ...)
   end
 end
 
+-- A file's whole text.
+function helpers.read(path)
+  local f = assert(io.open(path, "rb"))
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
 -- A new empty directory (its path).
 function helpers.tmpdir()
   local p = os.tmpname()

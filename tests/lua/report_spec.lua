@@ -18,12 +18,7 @@ local function rendered(path)
   return dom
 end
 
-local function read(path)
-  local f = assert(io.open(path))
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local read = helpers.read
 
 describe("report.html", function()
   local runs, dir
