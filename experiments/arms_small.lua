@@ -1,6 +1,6 @@
 -- The model's optional arms against the control (docs/arms.md): small over its 2,000 steps,
 -- three seeds an arm, judged on the held-out bpb_fin (the evals are the pure CE).
---   dormouse sweep experiments/arms_small.lua
+--   dormouse sweep experiments/arms_small.lua [--jobs 6]   (six runs at once share one GPU)
 return {
   base = "experiments/small.lua",
   arms = {

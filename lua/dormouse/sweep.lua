@@ -12,7 +12,16 @@ and evaluated on the same held-out windows, then a verdict table.
 Optional: control (the name of the control arm, "control"), name (of the
 sweep, the base file's name), runs (the runs folder), quiet (no output),
 cli_set (a list of "KEY=VALUE" strings, as --set gives them: they apply to
-every arm over `set`; an arm's own keys still win).
+every arm over `set`; an arm's own keys still win), jobs (runs at once, 1:
+with more, each run is a process of its own, `dormouse sweep FILE --run
+ARM:SEED`, its output in runs/sweep-NAME/ARM-sSEED.log; several small runs
+share one GPU well), file (the sweep's file, which those processes read).
+
+Each run's result goes to runs/sweep-NAME/ARM-sSEED.json: its final
+bpb_fin, its tokens/s (the median log window but the first) and its peak
+device memory. With jobs > 1 the runs share the device, so their tokens/s
+is each run's share of it, comparable only between runs that overlapped
+alike; `dormouse bench` measures one arm alone.
 
 When the runs are shorter than the base's warm-up and decay allow (a short
 sweep of a long preset) and schedule.warmup is set nowhere, the warm-up is
@@ -121,11 +130,14 @@ local function mean_of(list)
   return n > 0 and sum / n or nil
 end
 
+local MiB = 1024 * 1024
+
 function sweep.table(results, names, seeds)
   local routing = false                           -- the last log window's routing, when the runs route
   for _, name in ipairs(names) do routing = routing or mean_of(results[name].busiest) ~= nil end
   local head = {string.format("%-14s %9s %9s", "arm", "mean", "spread")}
   for _, s in ipairs(seeds) do head[#head + 1] = string.format("%9s", "seed " .. s) end
+  head[#head + 1] = string.format("%9s %8s", "tok/s", "peak MiB")
   if routing then head[#head + 1] = string.format("%8s %6s", "busiest", "dead") end
   head[#head + 1] = "  verdict"
   local lines = {table.concat(head, " ")}
@@ -133,6 +145,9 @@ function sweep.table(results, names, seeds)
     local r = results[name]
     local row = {string.format("%-14s %9.4f %9.4f", name, r.mean, r.spread)}
     for i = 1, #seeds do row[#row + 1] = string.format("%9.4f", r.bpb[i]) end
+    local tok, peak = mean_of(r.tok_s), mean_of(r.mem_peak)
+    row[#row + 1] = string.format("%9s %8s", tok and string.format("%.0f", tok) or "-",
+                                  peak and string.format("%.0f", peak / MiB) or "-")
     if routing then
       local b, d = mean_of(r.busiest), mean_of(r.dead)
       row[#row + 1] = string.format("%8s %6s", b and string.format("%.3f", b) or "-", d and string.format("%.1f", d) or "-")
@@ -143,41 +158,131 @@ function sweep.table(results, names, seeds)
   return table.concat(lines, "\n")
 end
 
+local function result_path(dir, arm, seed) return string.format("%s/%s-s%d", dir, arm, seed) end
+
+-- One run's figures, as its result file holds them
+local function result_of(s)
+  return {bpb_fin = s.bpb_fin, tok_s = s.tok_s, mem_peak = s.mem_peak,
+          busiest = s.moe and s.moe.busiest, dead = s.moe and s.moe.dead}
+end
+
+-- Train one (arm, seed) in this process; its result file is written when it ends
+local function train_one(spec, cfg, dir, arm, seed)
+  local train = require "dormouse.train"
+  local s = train.run(cfg, {overwrite = true, quiet = true, silent = spec.quiet, root = spec.root, runs = spec.runs})
+  local r = result_of(s)
+  local core = require "dormouse.core"
+  core.ckpt_write_file(result_path(dir, arm, seed) .. ".json", json.encode(r) .. "\n")
+  return r
+end
+
+local function read_result(path)
+  local f = io.open(path, "r")
+  if not f then return nil end
+  local text = f:read("a")
+  f:close()
+  local ok, r = pcall(json.decode, text)
+  return ok and type(r) == "table" and r or nil
+end
+
+-- The runs as processes of their own, `jobs` at a time; each writes its result file. Every run
+-- is waited for; then a failed one is an error naming its log.
+local function train_jobs(spec, jobs, dir, names, say)
+  local core = require "dormouse.core"
+  local queue, running, failed = {}, {}, {}
+  for _, arm in ipairs(names) do
+    for _, seed in ipairs(spec.seeds) do queue[#queue + 1] = {arm = arm, seed = seed} end
+  end
+  local next_run, left = 1, #queue
+  local function start(job)
+    local argv = {"/proc/self/exe", "sweep", spec.file}
+    for _, s in ipairs(spec.cli_set or {}) do argv[#argv + 1] = "--set"; argv[#argv + 1] = s end
+    argv[#argv + 1] = "--run"
+    argv[#argv + 1] = job.arm .. ":" .. job.seed
+    job.log = result_path(dir, job.arm, job.seed) .. ".log"
+    os.remove(result_path(dir, job.arm, job.seed) .. ".json")        -- a result is this sweep's, never an old one
+    running[core.spawn_program(argv, job.log)] = job
+    say(string.format("== sweep: arm %s, seed %d started (%s)", job.arm, job.seed, job.log))
+  end
+  while left > 0 do
+    while next_run <= #queue and next_run - (#queue - left) <= jobs do
+      start(queue[next_run]); next_run = next_run + 1
+    end
+    local pid, status = core.wait_program()
+    if not pid then break end
+    local job = running[pid]
+    if job then
+      running[pid], left = nil, left - 1
+      local r = status == 0 and read_result(result_path(dir, job.arm, job.seed) .. ".json")
+      if r then
+        say(string.format("== sweep: arm %s, seed %d done: bpb_fin %.4f (%d of %d left)", job.arm, job.seed,
+                          r.bpb_fin or 0 / 0, left, #queue))
+      else
+        failed[#failed + 1] = string.format("arm %s, seed %d (status %d; %s)", job.arm, job.seed, status, job.log)
+        say("== sweep: " .. failed[#failed])
+      end
+    end
+  end
+  if #failed > 0 then
+    error(string.format("sweep: %d of %d runs failed: %s", #failed, #queue, table.concat(failed, "; ")), 0)
+  end
+end
+
 function sweep.run(spec)
   assert(type(spec) == "table" and spec.base and spec.arms and spec.seeds,
          "dm.sweep{base = FILE, arms = {name = {overrides}}, seeds = {...}}")
   local control = spec.control or "control"
   if not spec.arms[control] then error("dm.sweep: no arm named '" .. control .. "' (the control)", 2) end
-  local train = require "dormouse.train"
   local base_name = spec.name or spec.base:match("([^/]+)%.lua$")
   local names = sorted_arms(spec.arms, control)
-  short_schedule(spec, function(line) if not spec.quiet then print(line) end end)
+  local function say(line) if not spec.quiet then print(line) end end
+  short_schedule(spec, say)
   local cfgs = sweep.configs(spec, names, base_name)    -- every run's config, checked before the first trains
-  local results = {}
-  for _, arm in ipairs(names) do
-    results[arm] = {bpb = {}}
-    for i, seed in ipairs(spec.seeds) do
-      local cfg = cfgs[arm][i]
-      if not spec.quiet then
-        print(string.format("== sweep %s: arm %s, seed %d (%s)", base_name, arm, seed, cfg.name))
-      end
-      local s = train.run(cfg, {overwrite = true, quiet = true, silent = spec.quiet, root = spec.root,
-                                runs = spec.runs})
-      results[arm].bpb[i] = s.bpb_fin
-      if s.moe then                                  -- the last log window's routing
-        results[arm].busiest = results[arm].busiest or {}
-        results[arm].dead = results[arm].dead or {}
-        results[arm].busiest[i], results[arm].dead[i] = s.moe.busiest, s.moe.dead
-      end
-    end
-    results[arm].mean, results[arm].spread = stats(results[arm].bpb)
-  end
-  sweep.verdicts(results, control)
-  local text = sweep.table(results, names, spec.seeds)
-  if not spec.quiet then print(text) end
   local dir = (spec.runs or "runs") .. "/sweep-" .. base_name
   local core = require "dormouse.core"
   core.ckpt_mkdirs(dir)
+  if spec.only then                                      -- one run, a job of a sweep with jobs > 1
+    local arm, seed = spec.only:match("^(.+):(%d+)$")
+    local i
+    for j, s in ipairs(spec.seeds) do if s == tonumber(seed) then i = j end end
+    if not (arm and cfgs[arm] and i) then
+      error(string.format("sweep: --run %s names no run of this sweep (ARM:SEED, arms %s, seeds %s)", spec.only,
+                          table.concat(names, ", "), table.concat(spec.seeds, ", ")), 0)
+    end
+    return {[arm] = train_one(spec, cfgs[arm][i], dir, arm, tonumber(seed))}
+  end
+  local jobs = math.tointeger(spec.jobs or 1)
+  if not jobs or jobs < 1 then error("sweep: jobs must be a whole number of at least 1, got " .. tostring(spec.jobs), 0) end
+  if jobs > 1 then
+    if not spec.file then error("sweep: jobs > 1 needs the sweep's file (spec.file), which each run's process reads", 0) end
+    train_jobs(spec, jobs, dir, names, say)
+  end
+  local results = {}
+  for _, arm in ipairs(names) do
+    local r = {bpb = {}, tok_s = {}, mem_peak = {}}
+    for i, seed in ipairs(spec.seeds) do
+      local one
+      if jobs > 1 then
+        one = assert(read_result(result_path(dir, arm, seed) .. ".json"))
+      else
+        say(string.format("== sweep %s: arm %s, seed %d (%s)", base_name, arm, seed, cfgs[arm][i].name))
+        one = train_one(spec, cfgs[arm][i], dir, arm, seed)
+      end
+      r.bpb[i], r.tok_s[i], r.mem_peak[i] = one.bpb_fin, one.tok_s, one.mem_peak
+      if one.busiest then                            -- the last log window's routing
+        r.busiest, r.dead = r.busiest or {}, r.dead or {}
+        r.busiest[i], r.dead[i] = one.busiest, one.dead
+      end
+    end
+    r.mean, r.spread = stats(r.bpb)
+    results[arm] = r
+  end
+  sweep.verdicts(results, control)
+  local text = sweep.table(results, names, spec.seeds)
+  if jobs > 1 then
+    text = text .. string.format("\n(%d runs at once shared the device: tok/s is each run's share of it)", jobs)
+  end
+  say(text)
   core.ckpt_write_file(dir .. "/verdict.txt", text .. "\n")
   core.ckpt_write_file(dir .. "/verdict.json", json.encode({arms = results, seeds = spec.seeds}) .. "\n")
   return results

@@ -486,13 +486,29 @@ local function read_records(path, upto)
   return records
 end
 
+-- A run's steady rate: the median tokens/s of its log windows but the first (which holds the
+-- warm-up and any capture), or of the one there is; and the peak device memory any window saw.
+local function steady_rate(records)
+  local rates, peak = {}, nil
+  for _, r in ipairs(records) do
+    if r.kind == "log" then
+      rates[#rates + 1] = r.tok_s
+      if r.mem_peak then peak = math.max(peak or 0, r.mem_peak) end
+    end
+  end
+  if #rates > 1 then table.remove(rates, 1) end
+  table.sort(rates)
+  return rates[(#rates + 1) // 2], peak
+end
+
 --[[ Train from a resolved config. opts: resume = run dir, overwrite = bool,
 quiet = bool (no progress bar), silent = bool (nothing on stdout;
 the log file still gets every line), root = the folder holding models/, runs = the
 folder of run directories ("runs"), stop_at = a step after which the run
 stops as if killed (tests of resume). Returns a summary {step, bpb_fin,
 baselines, dir, model, device, periter, moe = the last log window's routing
-counters}. ]]
+counters, tok_s = the median log window's tokens/s but the first, mem_peak =
+the peak device memory in bytes}. ]]
 local run_body
 
 function train.run(cfg, opts)
@@ -586,8 +602,10 @@ function run_body(self, cfg, opts)
   if self.tensorboard then self.tensorboard:close() end
   self.log_file:close()
   local e = self.last_eval
+  local tok_s, mem_peak = steady_rate(self.records)
   return {step = self.step, bpb_fin = e and e.fin / instrument.LN2, baselines = self.baselines, dir = self.dir,
-          model = self.model, device = self.device, periter = e and e.periter, moe = self.last_moe}
+          model = self.model, device = self.device, periter = e and e.periter, moe = self.last_moe,
+          tok_s = tok_s, mem_peak = mem_peak}
 end
 
 -- The steps of a run, with its log lines, evals, checkpoints and progress bar.

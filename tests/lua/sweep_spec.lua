@@ -59,6 +59,42 @@ describe("dormouse sweep", function()
     os.execute("rm -rf '" .. dir .. "'")
   end)
 
+  it("with --jobs trains the runs as processes of their own, to the same figures as one process", function()
+    local dir = os.tmpname(); os.remove(dir)
+    assert(os.execute("mkdir -p '" .. dir .. "'"))
+    local cwd = assert(io.popen("pwd")):read("l")
+    local file = dir .. "/s.lua"
+    local f = assert(io.open(file, "w"))
+    f:write(string.format([[return {base = %q, runs = %q, seeds = {1, 2},
+  arms = {control = {}, loom = {["model.loom"] = true}},
+  set = {steps = 6, ["schedule.warmup"] = 1, ["eval.every"] = 0, ["eval.windows"] = 4, ["eval.baseline"] = {},
+         ["checkpoint.every"] = 0, ["log.every"] = 2}}
+]], cwd .. "/experiments/tiny.lua", dir))
+    f:close()
+    local code, out = sh(string.format("cd '%s' && '%s' sweep '%s'", cwd, bin, file))
+    assert.equal(0, code, out)
+    local one = assert(io.open(dir .. "/sweep-tiny/verdict.json")):read("a")
+    code, out = sh(string.format("cd '%s' && '%s' sweep '%s' --jobs 3", cwd, bin, file))
+    assert.equal(0, code, out)
+    assert.is_truthy(out:find("== sweep: arm loom, seed 2 started", 1, true), out)
+    assert.is_truthy(out:find("shared the device", 1, true), out)
+    local json = require "dormouse.json"
+    local a, b = json.decode(one), json.decode(assert(io.open(dir .. "/sweep-tiny/verdict.json")):read("a"))
+    for _, arm in ipairs({"control", "loom"}) do
+      for i = 1, 2 do assert.are.equal(a.arms[arm].bpb[i], b.arms[arm].bpb[i]) end
+      assert.is_true(b.arms[arm].tok_s[1] > 0 and b.arms[arm].mem_peak[1] > 0)
+    end
+    assert.is_truthy(io.open(dir .. "/sweep-tiny/loom-s2.log"))
+    -- a run that fails is named with its log, after the others end; a --run no sweep has is refused
+    code, out = sh(string.format("cd '%s' && '%s' sweep '%s' --jobs 2 --set model.max_iter=0", cwd, bin, file))
+    assert.equal(1, code, out)
+    assert.is_truthy(out:find("max_iter", 1, true), out)
+    code, out = sh(string.format("cd '%s' && '%s' sweep '%s' --run loom:9", cwd, bin, file))
+    assert.equal(1, code, out)
+    assert.is_truthy(out:find("--run loom:9 names no run of this sweep", 1, true), out)
+    os.execute("rm -rf '" .. dir .. "'")
+  end)
+
   it("refuses a file that is no sweep, and says how to run a sweep given to dormouse run", function()
     local cwd = assert(io.popen("pwd")):read("l")
     local code, out = sh(string.format("cd '%s' && '%s' sweep experiments/tiny.lua", cwd, bin))
@@ -103,11 +139,13 @@ end)
 describe("a one-seed sweep", function()
   it("says it has no spread to judge by, and gives the routing of each arm's last log window", function()
     local res = {control = {mean = 2.0, spread = 0, bpb = {2.0}, busiest = {0.3}, dead = {2}},
-                 a = {mean = 1.9, spread = 0, bpb = {1.9}, busiest = {0.1}, dead = {0}}}
+                 a = {mean = 1.9, spread = 0, bpb = {1.9}, busiest = {0.1}, dead = {0}, tok_s = {1234.4},
+                      mem_peak = {3 * 1024 * 1024}}}
     sweep.verdicts(res, "control")
     assert.equal("one seed: lower by 0.1000, no spread to judge by", res.a.verdict)
     local text = sweep.table(res, {"control", "a"}, {1})
     assert.truthy(text:find("busiest", 1, true), text)
-    assert.truthy(text:find("1.9000    0.100    0.0", 1, true), text)
+    assert.truthy(text:find("1.9000      1234        3    0.100    0.0", 1, true), text)
+    assert.truthy(text:find("2.0000         -        -    0.300", 1, true), text)   -- no figures: a dash
   end)
 end)

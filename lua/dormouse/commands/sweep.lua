@@ -1,17 +1,20 @@
 --[[
-dormouse sweep FILE.lua [--set KEY=VALUE ...] [--quiet]
+dormouse sweep FILE.lua [--set KEY=VALUE ...] [--jobs N] [--quiet]
 
 Runs a seed sweep: FILE returns the table dm.sweep takes ({base =, arms =,
 seeds =, set =, ...}; experiments/sweep_seeds.lua). Every --set applies to
 every arm, over the file's `set` (an arm's own keys still win); a run shorter
 than the base's warm-up gets a shorter one, and a line says so. Prints the
-verdict table and writes it to runs/sweep-NAME/.
+verdict table and writes it to runs/sweep-NAME/. --jobs N trains N runs at
+once, each a process of its own (several small runs share a GPU well; their
+output goes to runs/sweep-NAME/ARM-sSEED.log). --run ARM:SEED trains that
+one run of the sweep alone (what each of those processes does).
 ]]
 local config = require "dormouse.config"
 
 local sweep_cmd = {args = "FILE.lua [--set KEY=VALUE ...]", summary = "a seed sweep: arms x seeds, a verdict table"}
 
-local usage = "usage: dormouse sweep FILE.lua [--set KEY=VALUE ...] [--quiet]"
+local usage = "usage: dormouse sweep FILE.lua [--set KEY=VALUE ...] [--jobs N] [--run ARM:SEED] [--quiet]"
 
 local function fail(msg, code)
   io.stderr:write(msg, "\n")
@@ -19,7 +22,7 @@ local function fail(msg, code)
 end
 
 function sweep_cmd.run(argv, cli)
-  local ok, args = pcall(config.parse_args, argv, 2, {quiet = true, help = true})
+  local ok, args = pcall(config.parse_args, argv, 2, {quiet = true, help = true, jobs = "N", run = "ARM:SEED"})
   if not ok then return fail("dormouse sweep: " .. args .. "\n" .. usage, 2) end
   if args.flags.help then io.write(usage, "\n"); return 0 end
   if not args.file then return fail("dormouse sweep: which file?\n" .. usage, 2) end
@@ -34,6 +37,14 @@ function sweep_cmd.run(argv, cli)
   spec.cli_set = args.overrides
   spec.quiet = spec.quiet or args.flags.quiet
   spec.root = spec.root or cli.root
+  spec.file = args.file
+  spec.only = args.flags.run
+  if args.flags.jobs then
+    spec.jobs = math.tointeger(tonumber(args.flags.jobs))
+    if not spec.jobs or spec.jobs < 1 then
+      return fail("dormouse sweep: --jobs takes a whole number of at least 1, got " .. args.flags.jobs, 2)
+    end
+  end
   local done, e = pcall(require("dormouse.sweep").run, spec)
   if not done then return fail(tostring(e), 1) end
   return 0
