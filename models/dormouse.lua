@@ -41,6 +41,27 @@ function Dormouse:after_step(step)
   end
 end
 
+--[[ QAT's format at `step` of a run of `steps` (nil before model.moe.qat_from of the run, or
+when off): one format, or the ladder's fp8_e4m3, nvfp4, ternary in equal thirds of the rest. ]]
+local LADDER = {"fp8_e4m3", "nvfp4", "ternary"}
+local function qat_format(moe_cfg, step, steps)
+  local from = math.floor(moe_cfg.qat_from * steps)
+  if moe_cfg.qat == "off" or step <= from then return nil end
+  if moe_cfg.qat ~= "ladder" then return moe_cfg.qat end
+  return LADDER[math.min(3, (step - from - 1) * 3 // math.max(steps - from, 1) + 1)]
+end
+
+-- Before each training step (train.step, the graph step): the arms that depend on the step.
+-- Returns true when the step's computation differs from the step before (QAT's format changed),
+-- which a captured graph cannot follow.
+function Dormouse:before_step(step, steps)
+  local format = qat_format(self.cfg.moe, step, steps)
+  local moe = self.block.moe
+  local changed = format ~= moe.qat
+  moe.qat = format
+  return changed
+end
+
 -- The arms that are on, each a phrase for the run's start (docs/arms.md)
 function Dormouse:arms()
   local on = {}
@@ -51,6 +72,12 @@ function Dormouse:arms()
   end
   if self.future_head then on[#on + 1] = string.format("future-byte head at weight %g (aux_future on the log line)",
                                                         self.future_weight) end
+  local qat = self.cfg.moe.qat
+  if qat ~= "off" then
+    on[#on + 1] = string.format("QAT of the experts' factors after %g of the steps: %s (qat, the factors' " ..
+                                "relative error, on the log line)", self.cfg.moe.qat_from,
+                                qat == "ladder" and "fp8_e4m3, nvfp4, ternary in thirds" or qat)
+  end
   return on
 end
 
@@ -183,6 +210,11 @@ function Dormouse:pass(x, prefix, opts)
   end
   out.fin = out.fin_D[self.max_iter]
   out.loss = (total + out.fin) * (1 / (self.max_iter + 1))
+  local qat_err = self.block.moe.qat_err
+  if qat_err and dm.grad_enabled() then            -- QAT's error on the factors, on the log line
+    out.extras = out.extras or {}
+    out.extras.qat = qat_err
+  end
   if self.loom_gate and dm.grad_enabled() then     -- the gates' size on the log line
     out.extras = out.extras or {}
     out.extras.loom = self.loom_gate:detach():abs():mean()

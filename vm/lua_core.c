@@ -2,6 +2,7 @@
 ** lua_core.c — the module `dormouse.core`: calling ops, creating tensors,
 ** grad mode, the generator, memory statistics.
 */
+#include <stdio.h>
 #include <string.h>
 #include "lua_tensor.h"
 #include "core.h"
@@ -22,6 +23,30 @@ static const dm_op *check_op(lua_State *L, int idx) {
   return op;
 }
 
+/* An enum attribute given by name: op->attrs declares attribute i as "name=a|b|c", and the
+** spelling's position in that list is its value. Anything else is an error naming the spellings. */
+static double spelled_attr(lua_State *L, const dm_op *op, int i, const char *word) {
+  const char *p = op->attrs ? op->attrs : "";
+  for (int k = 0; k < i && p; k++) {               /* attribute i's declaration */
+    p = strchr(p, ',');
+    if (p) p++;
+  }
+  const char *end = p ? strchr(p, ',') : NULL, *eq = p ? strchr(p, '=') : NULL;
+  if (!p || !eq || (end && eq > end))
+    luaL_error(L, "%s: attribute %d takes a number, not the name '%s'", op->name, i + 1, word);
+  size_t len = strlen(word);
+  int value = 0;
+  for (const char *s = eq + 1; s && (!end || s < end); value++) {
+    const char *bar = strchr(s, '|'), *stop = bar && (!end || bar < end) ? bar : end ? end : s + strlen(s);
+    if ((size_t)(stop - s) == len && strncmp(s, word, len) == 0) return value;
+    s = stop == end || *stop == '\0' ? NULL : stop + 1;
+  }
+  char msg[256];
+  int name_len = (int)(eq - p), list_len = end ? (int)(end - eq - 1) : (int)strlen(eq + 1);
+  snprintf(msg, sizeof msg, "%s: %.*s must be one of %.*s, got '%s'", op->name, name_len, p, list_len, eq + 1, word);
+  return luaL_error(L, "%s", msg);
+}
+
 static void read_attrs(lua_State *L, int idx, const dm_op *op, dm_attrs *a) {
   memset(a, 0, sizeof *a);
   if (lua_isnoneornil(L, idx)) return;
@@ -32,7 +57,8 @@ static void read_attrs(lua_State *L, int idx, const dm_op *op, dm_attrs *a) {
     int t = lua_geti(L, idx, i + 1);
     if (t == LUA_TBOOLEAN) a->v[i] = lua_toboolean(L, -1);
     else if (t == LUA_TNUMBER) a->v[i] = lua_tonumber(L, -1);
-    else luaL_error(L, "%s: attribute %d must be a number or boolean, got %s", op->name, i + 1,
+    else if (t == LUA_TSTRING) a->v[i] = spelled_attr(L, op, i, lua_tostring(L, -1));
+    else luaL_error(L, "%s: attribute %d must be a number, boolean or spelling, got %s", op->name, i + 1,
                     luaL_typename(L, -1));
     lua_pop(L, 1);
   }

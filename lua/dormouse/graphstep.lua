@@ -102,6 +102,10 @@ function GraphStep:step(step)
   self.x:copy_(x)
   self.prefix:copy_(prefix)
   local res = r.opt:prepare(step)
+  if r.model.before_step and r.model:before_step(step, r.cfg.steps) and self.graph then
+    error(string.format("graph: the model's step changed at step %d after it was captured (model.moe.qat's " ..
+                        "format); run with graph = false", step), 0)
+  end
   if self.graph then
     self.graph:replay()
   elseif self.done < self.warmup then

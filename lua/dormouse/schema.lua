@@ -174,6 +174,24 @@ schema.enum, schema.list, schema.optional = enum, list, optional
 
 ---------------------------------------------------------------- the keys
 
+-- An op's enum attribute, spelled as its descriptor declares it ("format=a|b|c" in the op's attrs,
+-- vm/ops_*.c): the names a key that chooses among them takes, never a copy of them.
+local function op_spellings(op_name, attr)
+  for _, op in ipairs(require("dormouse.core").ops()) do
+    if op.name == op_name then
+      for decl in op.attrs:gmatch("[^,]+") do
+        local name, words = decl:match("^([^=]+)=(.+)$")
+        if name == attr then
+          local out = {}
+          for w in words:gmatch("[^|]+") do out[#out + 1] = w end
+          return out
+        end
+      end
+    end
+  end
+  error(string.format("schema: the op %s declares no spelled attribute %s", op_name, attr))
+end
+
 local int, num, bool, str = integer, number, boolean, string_t
 local positive = int{min = 1}
 local fraction = num{min = 0, max = 1}
@@ -245,6 +263,10 @@ local rows = {
       {"router_std", optional(num{above = 0}), nil, "std of the router's weights at initialisation (nil = d^-1/2)"},
       {"retract_every", int{min = 0}, 0, "an arm: every N optimiser steps, Ug and Uu pulled back to orthonormal " ..
        "columns (each expert's polar factor; 0 = off)"},
+      {"qat", enum {"off", "ladder", table.unpack(op_spellings("quantize", "format"))}, "off",
+       "an arm: the experts' factors Ug, Uu, D fake-quantised (straight through) from qat_from of the run on, " ..
+       "in one format, or ladder: fp8_e4m3, nvfp4, ternary in equal thirds of that span (docs/arms.md)"},
+      {"qat_from", fraction, 0.85, "the fraction of the run's steps after which model.moe.qat begins"},
       {"capacity_factor", optional(num{above = 0}), nil, "nil = dropless; else assignments over factor*T*k/E per expert are dropped and counted"},
     }},
   }},
@@ -318,8 +340,21 @@ schema.retired = {
   ["model.kda.chunk"] = "the chunked KDA kernels take chunks of DM_KDA_CHUNK = 64 rows, fixed (vm/kda.h)",
 }
 
+-- Whether model.moe.qat changes the experts' products during a run (a captured graph holds one)
+function schema.qat_changes(c)
+  local m = c.model.moe
+  return m.qat ~= "off" and (m.qat == "ladder" or m.qat_from > 0)
+end
+
 schema.checks = {
   function(c) return schema.run_name_error(c.name) end,
+  function(c)
+    if c.graph == true and schema.qat_changes(c) then
+      return ("graph = true with model.moe.qat = %s from %g of the run: the format changes during the run and a " ..
+              "captured graph holds one; set graph = nil (eager) or model.moe.qat_from = 0 with one format")
+             :format(c.model.moe.qat, c.model.moe.qat_from)
+    end
+  end,
   function(c)                                    -- segments are exact only where nothing spans a segment
     if not (c.model.segment and c.model.segment < c.seq) then return nil end
     if c.model.moe.capacity_factor then

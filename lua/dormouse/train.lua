@@ -97,6 +97,9 @@ function train.graph_mode(cfg, device)
   if cfg.model.segment and cfg.model.segment < cfg.seq then
     return false, "graph mode takes a step of one pass (model.segment splits it)"
   end
+  if schema.qat_changes(cfg) then
+    return false, "model.moe.qat changes the experts' products during the run; a captured graph holds one"
+  end
   return true
 end
 
@@ -295,6 +298,7 @@ events of model:after_step (an arm acting on the weights: {retract = 1}). ]]
 function train.step(r, mark)
   local cfg = r.cfg
   mark = mark or function() end
+  if r.model.before_step then r.model:before_step(r.step, cfg.steps) end
   return dm.scope(function()
     local loss, extras = 0, {}
     for _ = 1, cfg.grad_accum do

@@ -465,6 +465,18 @@ function Tensor:l2norm(eps) end
 ---@return dormouse.Tensor
 function Tensor:silu_mul(b) end
 
+---x through a low-bit format block by block along its last dim, dequantised (no gradient).
+---@param format "fp8_e4m3"|"nvfp4"|"ternary"
+---@param block? integer elements per scale (nil: 16 for nvfp4, 32 for the others)
+---@return dormouse.Tensor
+function Tensor:quantize(format, block) end
+
+---quantize's values forward, the gradient passed straight through (quantisation-aware training).
+---@param format "fp8_e4m3"|"nvfp4"|"ternary"
+---@param block? integer
+---@return dormouse.Tensor
+function Tensor:fake_quantize(format, block) end
+
 -- ---- autograd -------------------------------------------------------------------------
 
 ---Runs the tape back from this tensor, accumulates the leaves' .grad, then frees the tape.
@@ -894,6 +906,20 @@ function dm.l2norm(x, eps) end
 ---@param b dormouse.Tensor
 ---@return dormouse.Tensor
 function dm.silu_mul(a, b) end
+
+---x through a low-bit format block by block along its last dim, dequantised (no gradient).
+---@param x dormouse.Tensor
+---@param format "fp8_e4m3"|"nvfp4"|"ternary"
+---@param block? integer elements per scale (nil: 16 for nvfp4, 32 for the others)
+---@return dormouse.Tensor
+function dm.quantize(x, format, block) end
+
+---quantize's values forward, the gradient passed straight through to x.
+---@param x dormouse.Tensor
+---@param format "fp8_e4m3"|"nvfp4"|"ternary"
+---@param block? integer
+---@return dormouse.Tensor
+function dm.fake_quantize(x, format, block) end
 
 ---Cross-entropy of logits [..., V] against class ids [...] (0..V-1), fused with its log-softmax.
 ---@param logits dormouse.Tensor

@@ -18,8 +18,9 @@ end
 local function arm_log(override)
   local helpers = require "tests.lua.helpers"
   local runs = helpers.tmpdir()
-  helpers.run_quiet(helpers.tiny({"steps=6", "log.every=3", "eval.every=0", "checkpoint.every=0", "name=arm",
-                                  override}), {runs = runs})
+  local sets = {"steps=6", "log.every=3", "eval.every=0", "checkpoint.every=0", "name=arm"}
+  for _, o in ipairs(type(override) == "table" and override or {override}) do sets[#sets + 1] = o end
+  helpers.run_quiet(helpers.tiny(sets), {runs = runs})
   local f = assert(io.open(runs .. "/arm/log.txt"))
   local log = f:read("a")
   f:close()
@@ -413,6 +414,68 @@ describe("retraction (model.moe.retract_every)", function()
     assert.truthy(log:find("step      3 [^\n]- retract 1 "), log)            -- step 2 of 1..3
     assert.truthy(log:find("step      6 [^\n]- retract 2 "), log)            -- steps 4 and 6
     assert.is_nil(build("experiments/tiny.lua"):after_step(2))
+  end)
+end)
+
+describe("QAT (model.moe.qat)", function()
+  local function batch()
+    local corpus = dm.data.open(dm.data.default_corpus(), {eval_bytes = 4096})
+    local x, prefix = corpus:batch(3, {batch = 2, seq = 33, seed = 5, ctx = 2})
+    corpus:close()
+    return x, prefix
+  end
+
+  it("forwards the factors' quantised values and passes their gradient straight through", function()
+    local x, prefix = batch()
+    local m = build("experiments/tiny.lua", {"model.moe.qat=nvfp4", "model.moe.qat_from=0"})
+    local twin = build("experiments/tiny.lua")                 -- the same weights, the factors replaced
+    assert.is_true(m:before_step(1, 10))
+    assert.equal("nvfp4", m.block.moe.qat)
+    dm.no_grad(function()
+      for _, name in ipairs {"Ug", "Uu", "D"} do twin.block.moe[name]:copy_(dm.quantize(m.block.moe[name], "nvfp4")) end
+    end)
+    local function loss_of(model)
+      return dm.scope(function()
+        local out = model:forward(x, prefix)
+        out.loss:backward()
+        return out.loss:item(), out.extras and out.extras.qat:item()
+      end)
+    end
+    local la, err = loss_of(m)
+    local lb = loss_of(twin)
+    assert.equal(lb, la)
+    assert.is_true(err > 0.01 and err < 0.3, tostring(err))      -- nvfp4 on normal weights: some per cent
+    do
+      for _, name in ipairs {"Ug", "Uu", "D", "cg"} do
+        local ga, gb = m.block.moe[name].grad, twin.block.moe[name].grad
+        assert.is_true((ga - gb):abs():max():item() <= 1e-6 * gb:abs():max():item(), name)
+      end
+    end
+  end)
+
+  it("climbs the ladder fp8_e4m3, nvfp4, ternary over the steps after qat_from; off, nothing changes", function()
+    local m = build("experiments/tiny.lua", {"model.moe.qat=ladder", "model.moe.qat_from=0.7"})
+    local seen = {}
+    for step = 1, 100 do m:before_step(step, 100); seen[step] = m.block.moe.qat or "-" end
+    assert.same({"-", "fp8_e4m3", "fp8_e4m3", "nvfp4", "nvfp4", "ternary", "ternary"},
+                {seen[70], seen[71], seen[80], seen[81], seen[90], seen[91], seen[100]})
+    local plain = build("experiments/tiny.lua")
+    assert.is_false(plain:before_step(1, 10))
+    assert.is_nil(plain.block.moe.qat)
+    local x, prefix = batch()
+    assert.is_nil(dm.scope(function() return plain:forward(x, prefix).extras end))
+  end)
+
+  it("is named at the start and counted on the log line; a graph it would outdate is refused", function()
+    local helpers = require "tests.lua.helpers"
+    local log = arm_log({"model.moe.qat=ladder", "model.moe.qat_from=0.5"})
+    helpers.has(log, "arms: QAT of the experts' factors after 0.5 of the steps: fp8_e4m3, nvfp4, ternary in thirds")
+    assert.is_nil(log:match("step      3 [^\n]- qat "), log)                 -- steps 1..3: not yet
+    assert.truthy(log:find("step      6 [^\n]- qat 0%.%d+"), log)
+    helpers.has(helpers.err_of(helpers.tiny, {"graph=true", "model.moe.qat=ternary"}),
+                "graph = true with model.moe.qat = ternary", "model.moe.qat_from = 0")
+    assert.is_true((pcall(helpers.tiny, {"graph=true", "model.moe.qat=ternary", "model.moe.qat_from=0"})))
+    helpers.has(helpers.err_of(helpers.tiny, {"model.moe.qat=int4"}), "fp8_e4m3", "ladder")
   end)
 end)
 

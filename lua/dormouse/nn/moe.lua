@@ -44,6 +44,7 @@ end
 -- update_balance (after the backward) ends the pass.
 function MoE:new_pass()
   if dm.recomputing() then return end          -- a checkpoint around the whole pass: the forward's state stands
+  self.qat_err = nil
   self.counts = dm.zeros({self.experts}, {dtype = "i64", device = self.lfb_bias.device})
   self.drops = self.capacity_factor and dm.zeros({self.experts}, {dtype = "i64", device = self.lfb_bias.device})
 end
@@ -54,11 +55,33 @@ bf16 copy of the banks is saved for backward, not one per iteration, and the
 iterations' gradients meet in that copy before they reach the f32 masters.
 Outside a pass each call casts afresh. In f32 (or for f64 twins), the masters. ]]
 function MoE:compute_weights()
+  local W
   if nn.compute_dtype == "f32" or self.Ug.dtype ~= "f32" then
-    return {Ug = self.Ug, Uu = self.Uu, cg = self.cg, cu = self.cu, D = self.D}
+    W = {Ug = self.Ug, Uu = self.Uu, cg = self.cg, cu = self.cu, D = self.D}
+  else
+    W = {Ug = nn.compute(self.Ug), Uu = nn.compute(self.Uu), cg = nn.compute(self.cg), cu = nn.compute(self.cu),
+         D = nn.compute(self.D)}
   end
-  return {Ug = nn.compute(self.Ug), Uu = nn.compute(self.Uu), cg = nn.compute(self.cg), cu = nn.compute(self.cu),
-          D = nn.compute(self.D)}
+  if self.qat then self:fake_quantized(W) end
+  return W
+end
+
+--[[ QAT (an arm, model.moe.qat; docs/arms.md): the factors Ug, Uu, D through the format
+self.qat (set by the model before each step), their gradient passed straight through to the
+weights. The scales cg, cu stay as they are. The pass's first call also measures the format's
+relative error on the factors, ||q(W) - W|| / ||W|| (the log line's qat). ]]
+function MoE:fake_quantized(W)
+  local err2, norm2 = nil, nil
+  for _, name in ipairs {"Ug", "Uu", "D"} do
+    local q = dm.fake_quantize(W[name], self.qat)
+    if not self.qat_err and dm.grad_enabled() then
+      local held = W[name]:detach():to("f32")
+      local e, n = (q:detach():to("f32") - held):pow(2):sum(), held:pow(2):sum()
+      err2, norm2 = err2 and err2 + e or e, norm2 and norm2 + n or n
+    end
+    W[name] = q
+  end
+  if err2 then self.qat_err = dm.keep((err2 / norm2):sqrt()) end
 end
 
 -- The routed experts' products (bf16 tensor-core kernels on the GPU) and their

@@ -1,0 +1,32 @@
+--[[
+The low-bit number formats of the expert banks (vm/quant.h):
+
+  dm.quantize(x, format, block)     x through the format block by block along its last dim,
+  x:quantize(format, block)         dequantised: the values the format can hold, in x's dtype
+  dm.fake_quantize(x, format, block)  the same values forward, the gradient passed straight
+                                    through to x (quantisation-aware training)
+
+format: "fp8_e4m3" (a scale amax/448 per block, E4M3 elements), "nvfp4" (an
+E4M3 scale amax/6 per block, E2M1 elements) or "ternary" (the block's mean
+|x| times -1, 0 or 1). block: elements per scale along the last dim (a row's
+last block may be shorter); nil takes the format's own (16 for nvfp4, 32 for
+the others). quantize takes no gradient; fake_quantize's forward is exactly
+quantize's (q + (x - x), the difference detached), its gradient 1.
+]]
+return function(dm, T, core)
+
+function dm.quantize(x, format, block)
+  if type(format) ~= "string" then
+    core.error(string.format("quantize: format must be a format's name (a string), got %s", type(format)))
+  end
+  return core.call("quantize", x, {format, block or 0})       -- the op knows its formats' names
+end
+T.quantize = dm.quantize
+
+function dm.fake_quantize(x, format, block)
+  local held = x:detach()
+  return dm.quantize(held, format, block) + (x - held)
+end
+T.fake_quantize = dm.fake_quantize
+
+end
