@@ -8,6 +8,8 @@ return {
     future_byte = {["model.aux.future"] = 0.1},
     retract_100 = {["model.moe.retract_every"] = 100},
     loom = {["model.loom"] = true},
+    dspark = {["model.aux.draft"] = 0.1},
+    qat_ladder = {["model.moe.qat"] = "ladder"},
   },
   seeds = {1, 2, 3},
   set = {["checkpoint.every"] = 0},

@@ -29,6 +29,10 @@ function Dormouse:init(m)
     self.future_weight = m.aux.future
     self:child("future_head", nn.Linear(m.d, 256))
   end
+  if m.aux.draft > 0 then                           -- an arm: a draft of the byte after next, given the next
+    self.draft_weight = m.aux.draft
+    self:child("draft_head", nn.Linear(m.d, 256))
+  end
 end
 
 -- After each optimiser step (train.step, the graph step outside its capture): the arms that act
@@ -72,6 +76,10 @@ function Dormouse:arms()
   end
   if self.future_head then on[#on + 1] = string.format("future-byte head at weight %g (aux_future on the log line)",
                                                         self.future_weight) end
+  if self.draft_head then
+    on[#on + 1] = string.format("DSpark draft head at weight %g (aux_draft on the log line, draft_accept on the " ..
+                                "eval line)", self.draft_weight)
+  end
   local qat = self.cfg.moe.qat
   if qat ~= "off" then
     on[#on + 1] = string.format("QAT of the experts' factors after %g of the steps: %s (qat, the factors' " ..
@@ -101,6 +109,30 @@ local function future_ce(self, h, x)
   end)
 end
 
+--[[ DSpark (an arm, model.aux.draft; docs/arms.md): a draft head for speculative decoding. Once
+the model has picked byte t+1 at position t, the head drafts byte t+2 from what is already there,
+the fin readout's input at t plus the embedding of byte t+1, without another pass:
+draft_t = W_draft rmsf(hbar_t + Emb[x_{t+1}]). Trained on the byte after next, weight gamma; at
+evaluation its greedy draft is accepted where it equals the model's own greedy byte at t+1
+(draft_accept: the share of drafts a greedy speculative decoder would keep). ]]
+local function draft(self, hbar, inputs, x)
+  local T = hbar:size(2)
+  return dm.scope(function()
+    local hs = hbar:narrow(2, 1, T - 1) + self.emb:forward(inputs:narrow(2, 2, T - 1)):to(hbar.dtype)
+    local logits = self.draft_head:forward(self.rmsf:forward(nn.activation(hs))):to(hbar.dtype)
+    return logits, ce(logits, x:narrow(2, 3, T - 1):to("i64"))
+  end)
+end
+
+-- the share of positions 1..T-1 where the draft's greedy byte is the model's greedy byte at t+1
+local function accepted(draft_logits, fin_logits)
+  local T = fin_logits:size(2)
+  return dm.scope(function()
+    local ours = fin_logits:narrow(2, 2, T - 1):argmax(-1)
+    return draft_logits:argmax(-1):eq(ours):to("f32"):mean()
+  end)
+end
+
 -- the logits of h and their cross-entropy; the readout's intermediates are dropped as it returns
 local function scored(self, h, targets)
   return dm.scope(function()
@@ -119,7 +151,8 @@ state and convolution inputs from it, and returns its own as out.state
 routing counts add to the step's so far instead of starting them again (a
 step of several segments balances on all of them).
 Returns {loss, fin, periter = {CE_1 ...}, fin_D = {[D] = ...}, logits = {...}, fin_logits[, state]
-[, extras = {name = scalar}: what the log line shows besides the loss (the arms' own terms)]}. ]]
+[, extras = {name = scalar}: what the log line shows besides the loss (the arms' own terms)]
+[, measures = {name = scalar}: without a tape, what the eval line shows besides the CE]}. ]]
 function Dormouse:forward(x, prefix, opts)
   return nn.pass(self.pass, self, x, prefix, opts or {})   -- each parameter cast once for the iterations
 end
@@ -218,6 +251,19 @@ function Dormouse:pass(x, prefix, opts)
   if self.loom_gate and dm.grad_enabled() then     -- the gates' size on the log line
     out.extras = out.extras or {}
     out.extras.loom = self.loom_gate:detach():abs():mean()
+  end
+  if self.draft_head and T >= 2 and dm.grad_enabled() then   -- training: the loss gets its term
+    if carried then
+      error("model.aux.draft: a pass by segments would lose each segment's last target (it lies in the " ..
+            "next); set model.segment = nil or model.aux.draft = 0", 0)
+    end
+    local _, aux = draft(self, sum_h * (1 / self.max_iter), inputs, x)
+    out.extras = out.extras or {}
+    out.extras.aux_draft = aux
+    out.loss = out.loss + aux * self.draft_weight
+  elseif self.draft_head and T >= 2 and not carried then       -- an evaluation: what a decoder would keep
+    local logits = draft(self, sum_h * (1 / self.max_iter), inputs, x)
+    out.measures = {draft_accept = accepted(logits, out.fin_logits)}
   end
   if self.future_head and dm.grad_enabled() and T >= 2 then   -- training only: evals stay the pure CE
     if carried then

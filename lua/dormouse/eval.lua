@@ -17,7 +17,7 @@ function eval.held_out(model, x, prefix, opts)
   local n, T = x:size(1), x:size(2) - 1
   local batch = opts.batch or 8
   local segmented = opts.segment and opts.segment < T
-  local fin, periter, depths = 0, {}, {}
+  local fin, periter, depths, measures = 0, {}, {}, nil
   local was_training = model.training
   model:eval()
   dm.no_grad(function()
@@ -34,12 +34,16 @@ function eval.held_out(model, x, prefix, opts)
         for _, D in ipairs(opts.depths or {}) do        -- (periter and fin_D are optional: docs/models.md)
           if r.fin_D[D] then depths[D] = (depths[D] or 0) + r.fin_D[D] * w end
         end
+        for name, v in pairs(r.measures or {}) do         -- a model's own measures (an arm's), averaged alike
+          measures = measures or {}
+          measures[name] = (measures[name] or 0) + v * w
+        end
       end)
     end
   end)
   model:train(was_training)
   return {bytes = n * T, ctx = T, segment = segmented and opts.segment or nil, fin = fin, periter = periter,
-          depths = depths}
+          depths = depths, measures = measures}
 end
 
 -- Pick a byte from logits [256] (a CPU f32 tensor) with temperature and top-p;

@@ -133,6 +133,10 @@ function instrument.eval_line(e, baselines)
   for D, ce in pairs(e.depths or {}) do depths[#depths + 1] = {D, ce} end
   table.sort(depths, function(a, b) return a[1] < b[1] end)
   for _, d in ipairs(depths) do parts[#parts + 1] = string.format("fin_%d %.4f", d[1], d[2] / LN2) end
+  local names = {}                                   -- the model's own measures (an arm's), by name
+  for name in pairs(e.measures or {}) do names[#names + 1] = name end
+  table.sort(names)
+  for _, name in ipairs(names) do parts[#parts + 1] = string.format("%s %.4f", name, e.measures[name]) end
   return table.concat(parts, "  ")
 end
 

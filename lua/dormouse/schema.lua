@@ -245,6 +245,8 @@ local rows = {
     {"aux", "auxiliary heads, arms of the model (docs/arms.md)", {
       {"future", num{min = 0}, 0, "weight of a head predicting the byte after next from the fin readout's " ..
        "input, added to the training loss (0 = off; evals stay the pure CE)"},
+      {"draft", num{min = 0}, 0, "weight of DSpark's draft head: the byte after next from the fin readout's " ..
+       "input and the next byte's embedding, for speculative decoding (0 = off; draft_accept on the eval line)"},
     }},
     {"init", "initialisation choices the spec leaves open (docs/training.md, \"Learning quality\")", {
       {"branch_out", enum {"fan_in", "depth"}, "fan_in", "std of the branches' output projections (KDA W_o, " ..
@@ -361,9 +363,11 @@ schema.checks = {
       return ("model.segment (%d) with model.moe.capacity_factor: the capacity counts a segment's rows, not " ..
               "the row's, so the drops differ from the whole pass; set one of them to nil"):format(c.model.segment)
     end
-    if c.model.aux.future > 0 then
-      return ("model.segment (%d) with model.aux.future: the head's last target in each segment lies in the " ..
-              "next; set model.segment = nil or model.aux.future = 0"):format(c.model.segment)
+    for _, head in ipairs {"future", "draft"} do
+      if c.model.aux[head] > 0 then
+        return ("model.segment (%d) with model.aux.%s: the head's last target in each segment lies in the " ..
+                "next; set model.segment = nil or model.aux.%s = 0"):format(c.model.segment, head, head)
+      end
     end
   end,
   function(c)

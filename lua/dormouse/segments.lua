@@ -61,6 +61,10 @@ function segments.numbers(out)
   local r = {fin = out.fin:item(), periter = {}, fin_D = {}}
   for i, ce in ipairs(out.periter or {}) do r.periter[i] = ce:item() end
   for D, ce in pairs(out.fin_D or {}) do r.fin_D[D] = ce:item() end
+  if out.measures then
+    r.measures = {}
+    for name, v in pairs(out.measures) do r.measures[name] = v:item() end
+  end
   return r
 end
 

@@ -15,11 +15,12 @@ cli_set (a list of "KEY=VALUE" strings, as --set gives them: they apply to
 every arm over `set`; an arm's own keys still win), jobs (runs at once, 1:
 with more, each run is a process of its own, `dormouse sweep FILE --run
 ARM:SEED`, its output in runs/sweep-NAME/ARM-sSEED.log; several small runs
-share one GPU well), file (the sweep's file, which those processes read).
+share one GPU well), file (the sweep's file, which those processes read),
+select ("a,b": those arms only, besides the control; --arms).
 
 Each run's result goes to runs/sweep-NAME/ARM-sSEED.json: its final
-bpb_fin, its tokens/s (the median log window but the first) and its peak
-device memory. With jobs > 1 the runs share the device, so their tokens/s
+bpb_fin, its tokens/s (the median log window but the first), its peak
+device memory and the last eval's measures (an arm's own: draft_accept). With jobs > 1 the runs share the device, so their tokens/s
 is each run's share of it, comparable only between runs that overlapped
 alike; `dormouse bench` measures one arm alone.
 
@@ -163,7 +164,7 @@ local function result_path(dir, arm, seed) return string.format("%s/%s-s%d", dir
 -- One run's figures, as its result file holds them
 local function result_of(s)
   return {bpb_fin = s.bpb_fin, tok_s = s.tok_s, mem_peak = s.mem_peak,
-          busiest = s.moe and s.moe.busiest, dead = s.moe and s.moe.dead}
+          busiest = s.moe and s.moe.busiest, dead = s.moe and s.moe.dead, measures = s.measures}
 end
 
 -- Train one (arm, seed) in this process; its result file is written when it ends
@@ -197,6 +198,7 @@ local function train_jobs(spec, jobs, dir, names, say)
   local function start(job)
     local argv = {"/proc/self/exe", "sweep", spec.file}
     for _, s in ipairs(spec.cli_set or {}) do argv[#argv + 1] = "--set"; argv[#argv + 1] = s end
+    if spec.select then argv[#argv + 1] = "--arms"; argv[#argv + 1] = spec.select end
     argv[#argv + 1] = "--run"
     argv[#argv + 1] = job.arm .. ":" .. job.seed
     job.log = result_path(dir, job.arm, job.seed) .. ".log"
@@ -235,6 +237,19 @@ function sweep.run(spec)
   if not spec.arms[control] then error("dm.sweep: no arm named '" .. control .. "' (the control)", 2) end
   local base_name = spec.name or spec.base:match("([^/]+)%.lua$")
   local names = sorted_arms(spec.arms, control)
+  if spec.select then                                    -- some of the arms (--arms), the control always
+    local chosen = {[control] = true}
+    for name in spec.select:gmatch("[^,%s]+") do
+      if not spec.arms[name] then
+        error(string.format("sweep: --arms names '%s', which this sweep does not have (arms: %s)", name,
+                            table.concat(names, ", ")), 0)
+      end
+      chosen[name] = true
+    end
+    local kept = {}
+    for _, name in ipairs(names) do if chosen[name] then kept[#kept + 1] = name end end
+    names = kept
+  end
   local function say(line) if not spec.quiet then print(line) end end
   short_schedule(spec, say)
   local cfgs = sweep.configs(spec, names, base_name)    -- every run's config, checked before the first trains

@@ -436,7 +436,7 @@ function Run:eval()
   local rec = {kind = "eval", step = self.step, time = os.time(), bytes = e.bytes, ctx = e.ctx, segment = e.segment,
                fin = e.fin,
                bpb_fin = e.fin / instrument.LN2,
-               periter = e.periter, depths = e.depths}
+               periter = e.periter, depths = e.depths, measures = e.measures}
   self:record(rec)
   self.last_eval = e
   if self.cfg.eval.sample > 0 and not self.sample_failed then   -- a short sample for the report (streamed)
@@ -609,7 +609,7 @@ function run_body(self, cfg, opts)
   local tok_s, mem_peak = steady_rate(self.records)
   return {step = self.step, bpb_fin = e and e.fin / instrument.LN2, baselines = self.baselines, dir = self.dir,
           model = self.model, device = self.device, periter = e and e.periter, moe = self.last_moe,
-          tok_s = tok_s, mem_peak = mem_peak}
+          tok_s = tok_s, mem_peak = mem_peak, measures = e and e.measures}
 end
 
 -- The steps of a run, with its log lines, evals, checkpoints and progress bar.

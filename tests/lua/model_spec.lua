@@ -354,6 +354,51 @@ describe("the structural options", function()
     assert.is_nil(log:match("eval[^\n]*aux_future"), log)
   end)
 
+  it("aux.draft: DSpark's draft head, in the training loss only; its accept rate at evaluation", function()
+    local names = grads_agree {"model.aux.draft=0.1"}
+    assert.truthy(names:find("draft_head.weight", 1, true))
+    local m = build("experiments/tiny.lua", {"model.aux.draft=0.1"})
+    local plain = build("experiments/tiny.lua")
+    local corpus = dm.data.open(dm.data.default_corpus(), {eval_bytes = 4096})
+    local x, prefix = corpus:batch(3, {batch = 2, seq = 33, seed = 5, ctx = 2})
+    corpus:close()
+    dm.no_grad(function()
+      local a, b = m:forward(x, prefix), plain:forward(x, prefix)
+      assert.equal(b.loss:item(), a.loss:item())   -- evals stay the pure CE
+      assert.is_nil(a.extras)
+      -- the accept rate by hand: the draft's greedy byte against the model's own at t+1
+      local T = 33
+      local hs = a.fin_logits                      -- [B, T, 256]
+      local want = 0
+      local ours = hs:narrow(2, 2, T - 1):argmax(-1):totable()
+      local hbar
+      do                                           -- the fin readout's input again, as the pass makes it
+        local h, sum = m.emb:forward(x:narrow(2, 1, T)), nil
+        for _ = 1, m.max_iter do h = m.block:forward(h, x:narrow(2, 1, T), prefix); sum = sum and sum + h or h end
+        hbar = sum * (1 / m.max_iter)
+      end
+      local d = m.draft_head:forward(m.rmsf:forward(hbar:narrow(2, 1, T - 1) + m.emb:forward(x:narrow(2, 2, T - 1))))
+      local drafted = d:argmax(-1):totable()
+      for i = 1, 2 do for t = 1, T - 1 do if drafted[i][t] == ours[i][t] then want = want + 1 end end end
+      assert.near(want / (2 * (T - 1)), a.measures.draft_accept:item(), 1e-6)
+    end)
+    local on = dm.scope(function() return m:forward(x, prefix).extras.aux_draft:item() end)
+    assert.is_true(on > 0)
+    local segments = require "dormouse.segments"
+    local helpers = require "tests.lua.helpers"
+    helpers.has(helpers.err_of(segments.backward, m, x, prefix, 8, 1), "model.aux.draft", "model.segment")
+    helpers.has(helpers.err_of(helpers.tiny, {"model.segment=16", "seq=32", "model.aux.draft=0.1"}),
+                "model.aux.draft = 0")
+  end)
+
+  it("aux.draft is named at the start, counted on the log line and measured on the eval line", function()
+    local helpers = require "tests.lua.helpers"
+    local log = arm_log({"model.aux.draft=0.1", "eval.every=6", "eval.windows=4", "eval.baseline={}"})
+    helpers.has(log, "arms: DSpark draft head at weight 0.1")
+    assert.truthy(log:find("step      3 .- aux_draft %d"), log)
+    assert.truthy(log:find("eval      6 [^\n]- draft_accept 0%.%d+"), log)
+  end)
+
   it("kda.output_bias = false: the output gate's projection has no bias", function()
     local names = grads_agree {"model.kda.output_bias=false"}
     assert.is_nil(names:find("block.kda.wo2.bias", 1, true))

@@ -1,5 +1,5 @@
 --[[
-dormouse sweep FILE.lua [--set KEY=VALUE ...] [--jobs N] [--quiet]
+dormouse sweep FILE.lua [--set KEY=VALUE ...] [--arms A,B] [--jobs N] [--quiet]
 
 Runs a seed sweep: FILE returns the table dm.sweep takes ({base =, arms =,
 seeds =, set =, ...}; experiments/sweep_seeds.lua). Every --set applies to
@@ -8,13 +8,14 @@ than the base's warm-up gets a shorter one, and a line says so. Prints the
 verdict table and writes it to runs/sweep-NAME/. --jobs N trains N runs at
 once, each a process of its own (several small runs share a GPU well; their
 output goes to runs/sweep-NAME/ARM-sSEED.log). --run ARM:SEED trains that
-one run of the sweep alone (what each of those processes does).
+one run of the sweep alone (what each of those processes does). --arms A,B
+runs those arms only, besides the control.
 ]]
 local config = require "dormouse.config"
 
 local sweep_cmd = {args = "FILE.lua [--set KEY=VALUE ...]", summary = "a seed sweep: arms x seeds, a verdict table"}
 
-local usage = "usage: dormouse sweep FILE.lua [--set KEY=VALUE ...] [--jobs N] [--run ARM:SEED] [--quiet]"
+local usage = "usage: dormouse sweep FILE.lua [--set KEY=VALUE ...] [--arms A,B] [--jobs N] [--run ARM:SEED] [--quiet]"
 
 local function fail(msg, code)
   io.stderr:write(msg, "\n")
@@ -22,7 +23,7 @@ local function fail(msg, code)
 end
 
 function sweep_cmd.run(argv, cli)
-  local ok, args = pcall(config.parse_args, argv, 2, {quiet = true, help = true, jobs = "N", run = "ARM:SEED"})
+  local ok, args = pcall(config.parse_args, argv, 2, {quiet = true, help = true, jobs = "N", run = "ARM:SEED", arms = "A,B"})
   if not ok then return fail("dormouse sweep: " .. args .. "\n" .. usage, 2) end
   if args.flags.help then io.write(usage, "\n"); return 0 end
   if not args.file then return fail("dormouse sweep: which file?\n" .. usage, 2) end
@@ -39,6 +40,7 @@ function sweep_cmd.run(argv, cli)
   spec.root = spec.root or cli.root
   spec.file = args.file
   spec.only = args.flags.run
+  spec.select = args.flags.arms
   if args.flags.jobs then
     spec.jobs = math.tointeger(tonumber(args.flags.jobs))
     if not spec.jobs or spec.jobs < 1 then
