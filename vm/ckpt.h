@@ -44,6 +44,10 @@ typedef struct dm_safetensors {
 void dm_safetensors_write(const char *path, int n, const char *const *names,
                           dm_tensor *const *tensors, int nmeta,
                           const char *const *meta_keys, const char *const *meta_values);
+/* the same, tensor i written as the file dtype as[i] where it is not NULL (F8_E4M3 for u8 codes) */
+void dm_safetensors_write_as(const char *path, int n, const char *const *names, dm_tensor *const *tensors,
+                             const char *const *as, int nmeta, const char *const *meta_keys,
+                             const char *const *meta_values);
 dm_safetensors *dm_safetensors_read(const char *path);
 void dm_safetensors_free(dm_safetensors *st);    /* NULL is fine */
 

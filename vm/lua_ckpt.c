@@ -33,12 +33,15 @@ static int count_string_keys(lua_State *L, int idx, const char *path, const char
 }
 
 /* core.ckpt_save_tensors(path, {name = tensor, ...}, {key = "value", ...} or nil) */
+/* core.ckpt_save_tensors(path, {name = tensor}, metadata?, as?): as = {name = "F8_E4M3"}, the file
+** dtype of those tensors (u8 codes) */
 static int c_save_tensors(lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
   luaL_checktype(L, 2, LUA_TTABLE);
-  if (lua_isnoneornil(L, 3)) { lua_settop(L, 2); lua_newtable(L); }
+  lua_settop(L, 4);
+  if (lua_isnil(L, 3)) { lua_newtable(L); lua_replace(L, 3); }
   luaL_checktype(L, 3, LUA_TTABLE);
-  lua_settop(L, 3);
+  if (!lua_isnil(L, 4)) luaL_checktype(L, 4, LUA_TTABLE);
   DM_ENTER(L);
   int n = count_string_keys(L, 2, path, "tensor names");
   int nmeta = count_string_keys(L, 3, path, "metadata keys");
@@ -47,10 +50,18 @@ static int c_save_tensors(lua_State *L) {
   dm_tensor **tensors = lua_newuserdatauv(L, sizeof(dm_tensor *) * (size_t)(n + 1), 0);
   const char **keys = lua_newuserdatauv(L, sizeof(char *) * (size_t)(nmeta + 1), 0);
   const char **values = lua_newuserdatauv(L, sizeof(char *) * (size_t)(nmeta + 1), 0);
+  const char **as = lua_newuserdatauv(L, sizeof(char *) * (size_t)(n + 1), 0);
+  bool any_as = false;
   int i = 0;
   lua_pushnil(L);
   while (lua_next(L, 2)) {   /* the keys stay alive in the table while the core runs */
     names[i] = check_cstring(L, -2, path, "tensor name");
+    as[i] = NULL;
+    if (!lua_isnil(L, 4)) {
+      lua_pushvalue(L, -2);
+      if (lua_gettable(L, 4) == LUA_TSTRING) { as[i] = lua_tostring(L, -1); any_as = true; }  /* kept by table 4 */
+      lua_pop(L, 1);
+    }
     dm_tensor **box = luaL_testudata(L, -1, DM_TENSOR_MT);
     if (!box) dm_error("%s: '%s' is a %s, not a tensor", path, names[i], luaL_typename(L, -1));
     if (!*box) dm_error("%s: tensor '%s' was freed", path, names[i]);
@@ -69,7 +80,7 @@ static int c_save_tensors(lua_State *L) {
     i++;
     lua_pop(L, 1);
   }
-  dm_safetensors_write(path, n, names, tensors, nmeta, keys, values);
+  dm_safetensors_write_as(path, n, names, tensors, any_as ? as : NULL, nmeta, keys, values);
   return 0;
 }
 

@@ -3,6 +3,8 @@
 **
 **   quantize(x; format, block)     x through fp8_e4m3, nvfp4 or ternary, block by block along the
 **                                  last dim, dequantised (vm/quant.h has the formats)
+**   quant_encode(x; format, block) -> codes, scales     the same values as bits (a file's form)
+**   quant_decode(codes, scales; format, block, n) -> y  and back, f32
 **
 ** It takes no gradient: quantisation-aware training passes the gradient
 ** straight through, w + (quantize(w) - w) with the difference detached
@@ -12,20 +14,90 @@
 #include "core.h"
 #include "quant.h"
 
+/* the format and block attributes (0, 1), checked; block 0 is the format's own */
+static int format_block(const dm_ctx *c, int64_t *block) {
+  const char *name = c->op->name;
+  double fv = c->a.nv > 0 ? c->a.v[0] : -1, bv = c->a.nv > 1 ? c->a.v[1] : 0;
+  if (fv != floor(fv) || fv < 0 || fv >= DM_QUANT_NFORMATS)
+    dm_error("%s: format must be one of " DM_QUANT_SPELLINGS " (0..%d), got %g", name, DM_QUANT_NFORMATS - 1, fv);
+  if (bv != floor(bv) || bv < 0 || bv > 1e9)
+    dm_error("%s: block must be a whole number >= 0 (0: the format's own), got %g", name, bv);
+  int format = (int)fv;
+  *block = bv > 0 ? (int64_t)bv : dm_quant_default_block(format);
+  return format;
+}
+
+static void check_rows(const char *name, const dm_tensor *x) {
+  if (x->ndim == 0) dm_error("%s: x must have at least 1 dim (the rows' blocks lie along the last), got a 0-dim tensor", name);
+}
+
 static void quantize_forward(dm_ctx *c) {
   dm_tensor *x = c->in[0];
   dm_check_float("quantize", "x", x);
-  double fv = c->a.nv > 0 ? c->a.v[0] : -1, bv = c->a.nv > 1 ? c->a.v[1] : 0;
-  if (fv != floor(fv) || fv < 0 || fv >= DM_QUANT_NFORMATS)
-    dm_error("quantize: format must be one of " DM_QUANT_SPELLINGS " (0..%d), got %g", DM_QUANT_NFORMATS - 1, fv);
-  if (bv != floor(bv) || bv < 0 || bv > 1e9) dm_error("quantize: block must be a whole number >= 0 (0: the format's own), got %g", bv);
-  int format = (int)fv;
-  int64_t block = bv > 0 ? (int64_t)bv : dm_quant_default_block(format);
-  if (x->ndim == 0) dm_error("quantize: x must have at least 1 dim (the rows' blocks lie along the last), got a 0-dim tensor");
+  int64_t block;
+  int format = format_block(c, &block);
+  check_rows("quantize", x);
   dm_tensor *xc = dm_contiguous(x);
   dm_tensor *y = dm_tensor_new(x->device, x->dtype, x->ndim, x->shape);
   DM_KERNEL(dm_quantize_k, "quantize", x->device)(y, xc, format, block);
   dm_release(xc);
+  c->out[0] = y;
+}
+
+/* x's shape with the last dim replaced by last */
+static dm_tensor *shaped_like(const dm_tensor *x, int64_t last, dm_dtype dt) {
+  int64_t shape[DM_MAXDIM];
+  for (int d = 0; d < x->ndim; d++) shape[d] = x->shape[d];
+  shape[x->ndim - 1] = last;
+  return dm_tensor_new(x->device, dt, x->ndim, shape);
+}
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+static void encode_forward(dm_ctx *c) {
+  dm_tensor *x = c->in[0];
+  dm_check_float("quant_encode", "x", x);
+  int64_t block;
+  int format = format_block(c, &block);
+  check_rows("quant_encode", x);
+  int64_t n = x->shape[x->ndim - 1];
+  dm_tensor *xc = dm_contiguous(x);
+  dm_tensor *codes = shaped_like(x, ceil_div(n, dm_quant_per_byte(format)), DM_U8);
+  dm_tensor *scales = shaped_like(x, ceil_div(n, block), format == DM_QUANT_NVFP4 ? DM_U8 : DM_F32);
+  DM_KERNEL(dm_quant_encode_k, "quant_encode", x->device)(codes, scales, xc, format, block);
+  dm_release(xc);
+  c->out[0] = codes;
+  c->out[1] = scales;
+}
+
+static void decode_forward(dm_ctx *c) {
+  dm_tensor *codes = c->in[0], *scales = c->in[1];
+  int64_t block;
+  int format = format_block(c, &block);
+  double nv = c->a.nv > 2 ? c->a.v[2] : -1;
+  if (nv != floor(nv) || nv < 0 || nv > 9e15) dm_error("quant_decode: n (the row's elements) must be a whole number >= 0, got %g", nv);
+  int64_t n = (int64_t)nv;
+  char sc[128], ss[128];
+  dm_shape_str(sc, sizeof sc, codes->ndim, codes->shape);
+  dm_shape_str(ss, sizeof ss, scales->ndim, scales->shape);
+  bool e4m3_scales = format == DM_QUANT_NVFP4;
+  if (codes->dtype != DM_U8 || (e4m3_scales ? scales->dtype != DM_U8 : !dm_dtype_is_float(scales->dtype)))
+    dm_error("quant_decode: codes must be u8 and scales %s for this format, got %s and %s",
+             e4m3_scales ? "u8 (E4M3 codes)" : "a float tensor", dm_dtype_name(codes->dtype), dm_dtype_name(scales->dtype));
+  check_rows("quant_decode", codes);
+  bool fits = codes->ndim == scales->ndim && codes->shape[codes->ndim - 1] == ceil_div(n, dm_quant_per_byte(format)) &&
+              scales->shape[scales->ndim - 1] == ceil_div(n, block);
+  for (int d = 0; fits && d < codes->ndim - 1; d++) fits = codes->shape[d] == scales->shape[d];
+  if (!fits)
+    dm_error("quant_decode: codes %s and scales %s are not the form of rows of %lld elements in blocks of %lld "
+             "(%d to a byte)", sc, ss, (long long)n, (long long)block, dm_quant_per_byte(format));
+  dm_check_device_equal("quant_decode", codes, scales);
+  dm_tensor *cc = dm_contiguous(codes);
+  dm_tensor *scc = e4m3_scales || scales->dtype == DM_F32 ? dm_contiguous(scales) : dm_cast(scales, DM_F32);
+  dm_tensor *y = shaped_like(codes, n, DM_F32);
+  DM_KERNEL(dm_quant_decode_k, "quant_decode", codes->device)(y, cc, scc, format, block);
+  dm_release(cc);
+  dm_release(scc);
   c->out[0] = y;
 }
 
@@ -35,6 +107,14 @@ static dm_op ops[] = {
           "block 0: 32 for fp8_e4m3 and ternary, 16 for nvfp4)",
    .n_in = 1, .n_out = 1, .attrs = "format=" DM_QUANT_SPELLINGS ",block", .nondiff = 1,
    .forward = quantize_forward},
+  {.name = "quant_encode",
+   .doc = "x as a low-bit format's codes [..., ceil(n / per byte)] u8 and its blocks' scales [..., ceil(n / block)] "
+          "(f32; E4M3 codes in u8 for nvfp4)",
+   .n_in = 1, .n_out = 2, .attrs = "format=" DM_QUANT_SPELLINGS ",block", .nondiff = 1,
+   .forward = encode_forward},
+  {.name = "quant_decode", .doc = "a low-bit format's codes and scales back to values, rows of n elements, f32",
+   .n_in = 2, .n_out = 1, .attrs = "format=" DM_QUANT_SPELLINGS ",block,n", .nondiff = 3,
+   .forward = decode_forward},
 };
 DM_REGISTER_OPS(ops)
 
@@ -43,5 +123,23 @@ dm_tensor *dm_quantize(dm_tensor *x, int format, int64_t block) {
   dm_attrs at = dm_attrs_of(2, v);
   dm_tensor *out[DM_MAXOUT];
   dm_call(&ops[0], 1, &x, &at, out);
+  return out[0];
+}
+
+dm_tensor *dm_quant_encode(dm_tensor *x, int format, int64_t block, dm_tensor **scales) {
+  double v[2] = {format, (double)block};
+  dm_attrs at = dm_attrs_of(2, v);
+  dm_tensor *out[DM_MAXOUT];
+  dm_call(&ops[1], 1, &x, &at, out);
+  if (scales) *scales = out[1];
+  else dm_release(out[1]);
+  return out[0];
+}
+
+dm_tensor *dm_quant_decode(dm_tensor *codes, dm_tensor *scales, int format, int64_t block, int64_t n) {
+  double v[3] = {format, (double)block, (double)n};
+  dm_attrs at = dm_attrs_of(3, v);
+  dm_tensor *in[2] = {codes, scales}, *out[DM_MAXOUT];
+  dm_call(&ops[2], 2, in, &at, out);
   return out[0];
 }

@@ -61,12 +61,13 @@ DM_QUANT_FN double dm_round_e2m1(double v) {
   return copysign(rint(a / step) * step, v);
 }
 
-/* A block's scale from its amax and mean |x| (0: the block is zeros) */
+/* A block's scale from its amax and mean |x| (0: the block is zeros): a float32 for fp8_e4m3 and
+** ternary, an E4M3 value for nvfp4, so that a file's scales give back exactly these values */
 DM_QUANT_FN double dm_quant_scale(int format, double amax, double absmean) {
   switch (format) {
-  case DM_QUANT_FP8_E4M3: return amax / DM_E4M3_MAX;
+  case DM_QUANT_FP8_E4M3: return (float)(amax / DM_E4M3_MAX);
   case DM_QUANT_NVFP4: return dm_round_e4m3(amax / DM_E2M1_MAX);
-  default: return absmean;
+  default: return (float)absmean;
   }
 }
 
@@ -80,10 +81,80 @@ DM_QUANT_FN double dm_quant_value(int format, double x, double s) {
   }
 }
 
+/* ---- codes: the formats as bits (the files' form) ---------------------------------------------- */
+
+/* the E4M3FN code of a value dm_round_e4m3 gave (sign, 4 exponent bits biased by 7, 3 mantissa bits) */
+DM_QUANT_FN unsigned dm_e4m3_code(double r) {
+  unsigned sign = r < 0 ? 0x80u : 0u;
+  double a = fabs(r);
+  if (!(a > 0)) return sign;
+  int e;
+  frexp(a, &e);
+  if (e - 1 < -6) return sign | (unsigned)rint(a * 512);            /* subnormal: m 2^-9 */
+  return sign | (unsigned)(e - 1 + 7) << 3 | ((unsigned)rint(ldexp(a, -(e - 1)) * 8) - 8);
+}
+
+DM_QUANT_FN double dm_e4m3_value(unsigned code) {
+  unsigned e = (code >> 3) & 15, m = code & 7;
+  double v = e == 0 ? ldexp((double)m, -9) : ldexp(8.0 + m, (int)e - 10);
+  if (e == 15 && m == 7) v = NAN;
+  return code & 0x80u ? -v : v;
+}
+
+/* the E2M1 code (sign, 2 exponent bits biased by 1, 1 mantissa bit) of a value dm_round_e2m1 gave */
+DM_QUANT_FN unsigned dm_e2m1_code(double r) {
+  double a = fabs(r);
+  unsigned mag = a < 0.25 ? 0 : a < 0.75 ? 1 : a < 1.25 ? 2 : a < 1.75 ? 3 : a < 2.5 ? 4 : a < 3.5 ? 5 : a < 5 ? 6 : 7;
+  return (r < 0 ? 8u : 0u) | mag;
+}
+
+DM_QUANT_FN double dm_e2m1_value(unsigned code) {
+  const double mags[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+  return code & 8u ? -mags[code & 7] : mags[code & 7];
+}
+
+/* ternary's 2-bit codes: 0 is 0, 1 is +1, 2 is -1 */
+DM_QUANT_FN unsigned dm_ternary_code(double q) { return q > 0 ? 1u : q < 0 ? 2u : 0u; }
+DM_QUANT_FN double dm_ternary_value(unsigned code) { return code == 1 ? 1.0 : code == 2 ? -1.0 : 0.0; }
+
+/* elements per byte of a format's codes: 1 (E4M3), 2 (E2M1, the lower nibble first), 4 (ternary,
+** the lowest two bits first); a row of n elements takes ceil(n / per) bytes */
+DM_QUANT_FN int dm_quant_per_byte(int format) {
+  return format == DM_QUANT_FP8_E4M3 ? 1 : format == DM_QUANT_NVFP4 ? 2 : 4;
+}
+DM_QUANT_FN int dm_quant_code_bits(int format) { return 8 / dm_quant_per_byte(format); }
+
+/* the code of one element of a block (scale s > 0; 0 gives the zero code), and its value back */
+DM_QUANT_FN unsigned dm_quant_code(int format, double x, double s) {
+  if (!(s > 0)) return 0;
+  double u = x / s;
+  switch (format) {
+  case DM_QUANT_FP8_E4M3: return dm_e4m3_code(dm_round_e4m3(u));
+  case DM_QUANT_NVFP4: return dm_e2m1_code(dm_round_e2m1(u));
+  default: { double r = rint(u); return dm_ternary_code(r > 1 ? 1 : r < -1 ? -1 : r); }
+  }
+}
+
+DM_QUANT_FN double dm_quant_code_value(int format, unsigned code, double s) {
+  double v = format == DM_QUANT_FP8_E4M3 ? dm_e4m3_value(code) : format == DM_QUANT_NVFP4 ? dm_e2m1_value(code)
+           : dm_ternary_value(code);
+  return v * s;
+}
+
+/* "quant_encode": x [..., n] (contiguous) to codes [..., ceil(n / per_byte)] u8 and scales
+** [..., ceil(n / block)]: f32 (fp8_e4m3, ternary) or E4M3 codes in u8 (nvfp4). A block with a NaN
+** gets scale NaN (f32) or the E4M3 NaN code. "quant_decode": the values back, y [..., n] f32. */
+typedef void (*dm_quant_encode_k)(dm_tensor *codes, dm_tensor *scales, const dm_tensor *x, int format,
+                                  int64_t block);
+typedef void (*dm_quant_decode_k)(dm_tensor *y, const dm_tensor *codes, const dm_tensor *scales, int format,
+                                  int64_t block);
+
 /* "quantize": y = the blocks of x through the format, dequantised; x and y contiguous, of one
 ** shape and dtype; rows of n elements (the last dim), blocks of `block` (>= 1) within a row */
 typedef void (*dm_quantize_k)(dm_tensor *y, const dm_tensor *x, int format, int64_t block);
 
 dm_tensor *dm_quantize(dm_tensor *x, int format, int64_t block);
+dm_tensor *dm_quant_encode(dm_tensor *x, int format, int64_t block, dm_tensor **scales);
+dm_tensor *dm_quant_decode(dm_tensor *codes, dm_tensor *scales, int format, int64_t block, int64_t n);
 
 #endif

@@ -26,9 +26,12 @@
 /* safetensors' own reader refuses headers above 100 MB; so do we */
 #define MAX_HEADER ((uint64_t)100 * 1000 * 1000)
 
+/* A file's dtypes and the runtime's: the first entry of a dtype names it when written; F8_E4M3
+** (the low-bit banks' codes, vm/quant.h) reads as its bytes, u8, and is written for a u8 tensor
+** declared so (dm_safetensors_write_as). */
 static const struct { const char *name; dm_dtype dtype; } st_dtypes[] = {
   {"F32", DM_F32}, {"F64", DM_F64}, {"BF16", DM_BF16}, {"F16", DM_F16},
-  {"I32", DM_I32}, {"I64", DM_I64}, {"U8", DM_U8},
+  {"I32", DM_I32}, {"I64", DM_I64}, {"U8", DM_U8}, {"F8_E4M3", DM_U8},
 };
 #define N_ST_DTYPES ((int)(sizeof st_dtypes / sizeof st_dtypes[0]))
 
@@ -135,7 +138,7 @@ static void check_tensors(const char *path, int n, const char *const *names, dm_
 static size_t tensor_nbytes(const dm_tensor *t) { return (size_t)dm_numel(t) * dm_dtype_size(t->dtype); }
 
 static void build_header(wstate *w, int n, const char *const *names, dm_tensor *const *tensors,
-                         int nmeta, const char *const *keys, const char *const *values) {
+                         const char *const *as, int nmeta, const char *const *keys, const char *const *values) {
   sbuf *b = &w->header;
   sb_str(b, "{");
   if (nmeta > 0) {
@@ -154,7 +157,8 @@ static void build_header(wstate *w, int n, const char *const *names, dm_tensor *
     const dm_tensor *t = tensors[w->order[k]];
     if (k || nmeta > 0) sb_str(b, ",");
     sb_json_string(b, names[w->order[k]]);
-    sb_printf(b, ":{\"dtype\":\"%s\",\"shape\":[", st_dtype_name(t->dtype));
+    const char *as_name = as ? as[w->order[k]] : NULL;
+    sb_printf(b, ":{\"dtype\":\"%s\",\"shape\":[", as_name ? as_name : st_dtype_name(t->dtype));
     for (int d = 0; d < t->ndim; d++) sb_printf(b, d ? ",%lld" : "%lld", (long long)t->shape[d]);
     size_t nb = tensor_nbytes(t);
     sb_printf(b, "],\"data_offsets\":[%zu,%zu]}", offset, offset + nb);
@@ -174,7 +178,25 @@ static const void *host_bytes(wstate *w, dm_tensor *t) {
 void dm_safetensors_write(const char *path, int n, const char *const *names,
                           dm_tensor *const *tensors, int nmeta,
                           const char *const *meta_keys, const char *const *meta_values) {
+  dm_safetensors_write_as(path, n, names, tensors, NULL, nmeta, meta_keys, meta_values);
+}
+
+/* as[i]: the file dtype of tensor i when it is not its own (NULL: its own); only F8_E4M3, for u8 */
+static void check_as(const char *path, int n, const char *const *names, dm_tensor *const *tensors,
+                     const char *const *as) {
+  for (int i = 0; as && i < n; i++) {
+    if (!as[i]) continue;
+    if (strcmp(as[i], "F8_E4M3") != 0 || tensors[i]->dtype != DM_U8)
+      dm_error("%s: tensor '%s' (%s) cannot be written as %s: only u8 codes go as F8_E4M3", path, names[i],
+               dm_dtype_name(tensors[i]->dtype), as[i]);
+  }
+}
+
+void dm_safetensors_write_as(const char *path, int n, const char *const *names, dm_tensor *const *tensors,
+                             const char *const *as, int nmeta, const char *const *meta_keys,
+                             const char *const *meta_values) {
   check_tensors(path, n, names, tensors);
+  check_as(path, n, names, tensors, as);
   for (int k = 0; k < nmeta; k++) {
     check_name(path, "metadata key", meta_keys[k]);
     if (!meta_values[k] || !dm_utf8_valid(meta_values[k]))
@@ -185,7 +207,7 @@ void dm_safetensors_write(const char *path, int n, const char *const *names,
   dm_guard_begin(&g, wstate_cleanup, &w);
   sort_names(path, "tensor name", n, names, &w.order);
   sort_names(path, "metadata key", nmeta, meta_keys, &w.morder);
-  build_header(&w, n, names, tensors, nmeta, meta_keys, meta_values);
+  build_header(&w, n, names, tensors, as, nmeta, meta_keys, meta_values);
   if (w.header.n > MAX_HEADER)
     dm_error("%s: the header would be %zu bytes, more than the 100 MB readers accept", path, w.header.n);
   dm_afile_open(&w.f, path);

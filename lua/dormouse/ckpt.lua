@@ -265,7 +265,8 @@ local function write_files(dir, step, tensors, parts)
   local files = {}
   for i, file in ipairs(FILES) do
     local path = join(dir, file)
-    core.ckpt_save_tensors(path, tensors[i], {producer = "dormouse " .. core.version, step = tostring(step)})
+    core.ckpt_save_tensors(path, tensors[i], {producer = "dormouse " .. core.version, step = tostring(step)},
+                           i == 1 and parts.model_as or nil)
     local sum, size = core.ckpt_checksum(path)
     files[file] = {size = size, xxh64 = sum}
   end
@@ -280,7 +281,8 @@ local function rename(from, to)
   if not ok then fail("ckpt.save: cannot rename %s to %s: %s", from, to, err) end
 end
 
--- Write run_dir/ckpt-STEP/ from parts = {model = tensors, optim = tensors, meta = table};
+-- Write run_dir/ckpt-STEP/ from parts = {model = tensors, optim = tensors, meta = table[, model_as =
+-- {name = file dtype}: the model's u8 codes written as F8_E4M3 (banks.lua)]};
 -- with opts.keep = K, keep only the newest K checkpoints. Returns the directory.
 function ckpt.save(run_dir, step, parts, opts)
   if math.type(step) ~= "integer" or step < 0 then fail("ckpt.save: step must be a non-negative integer, got %s", tostring(step)) end

@@ -52,6 +52,7 @@ function probe.load(path, root, opts)
   nn.device, nn.compute_dtype = device, device == "cpu" and "f32" or cfg.dtype
   local model = train.build_model(cfg, root)
   local state = train.named_state(model)
+  c.model = require("dormouse.banks").unpack(c.model, c.meta.banks, dir .. "/model.safetensors")
   train.check_tensors(c.model, state, dir .. "/model.safetensors")
   dm.no_grad(function()
     for name, t in pairs(state) do t:copy_(device == "cpu" and c.model[name] or c.model[name]:to(device)) end

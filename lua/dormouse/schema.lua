@@ -318,6 +318,9 @@ local rows = {
   {"checkpoint", "checkpoints", {
     {"every", int{min = 0}, 500, "steps between checkpoints (0 = only at the end)", progress = true},
     {"keep", int{min = 0}, 3, "newest checkpoints kept on disk (0 = all)", progress = true},
+    {"banks", enum {"f32", table.unpack(op_spellings("quantize", "format"))}, "f32",
+     "the experts' banks in model.safetensors: the f32 masters, or a low-bit format's codes and scales " ..
+     "(a resume from those continues from their values; docs/arms.md)", progress = true},
   }},
 
   {"log", "the log line", {

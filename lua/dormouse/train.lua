@@ -19,6 +19,7 @@ local nn = require "dormouse.nn"
 local optim = require "dormouse.optim"
 local config = require "dormouse.config"
 local schema = require "dormouse.schema"
+local banks = require "dormouse.banks"
 local instrument = require "dormouse.instrument"
 local json = require "dormouse.json"
 local report = require "dormouse.report"
@@ -156,11 +157,15 @@ end
 
 function Run:save_checkpoint()
   local seed, offset = dm.rng_state()
+  local model, model_as, bank_info = train.named_state(self.model), nil, nil
+  if self.cfg.checkpoint.banks ~= "f32" then        -- the banks as a low-bit format's codes (banks.lua)
+    model, model_as, bank_info = banks.pack(self.model, model, self.cfg.checkpoint.banks)
+  end
   local path = dm.ckpt.save(self.dir, self.step, {
-    model = train.named_state(self.model),
+    model = model, model_as = model_as,
     optim = self.opt:state(),
     meta = {config = config.plain(self.cfg), step = self.step, data = {position = self.loader:position()},
-            rng = {seed, offset}, firewall = self.firewall},
+            rng = {seed, offset}, firewall = self.firewall, banks = bank_info},
   }, {keep = self.cfg.checkpoint.keep > 0 and self.cfg.checkpoint.keep or nil})
   self:say("checkpoint " .. path)
   if self.replaced then                   -- the run this one overwrote: gone once this one has a checkpoint
@@ -234,6 +239,10 @@ function train.check_meta(meta, path)
   count("rng[2] (the offset)", meta.rng[2])
   if type(meta.data) ~= "table" then bad("data", "{position = bytes}", meta.data) end
   count("data.position", meta.data.position)
+  if meta.banks ~= nil and (type(meta.banks) ~= "table" or type(meta.banks.format) ~= "string" or
+                            type(meta.banks.shapes) ~= "table") then
+    bad("banks", "{format = name, shapes = {bank = shape}}", meta.banks)
+  end
   if meta.firewall ~= nil then
     if type(meta.firewall) ~= "table" then bad("firewall", "{total, windows_with_skips}", meta.firewall) end
     count("firewall.total", meta.firewall.total)
@@ -272,6 +281,7 @@ function Run:restore(dir)
   train.check_meta(c.meta, path)
   check_same_config(c.meta.config, self.cfg, dir)
   local state = train.named_state(self.model)
+  c.model = banks.unpack(c.model, c.meta.banks, path .. "/model.safetensors")
   train.check_tensors(c.model, state, path .. "/model.safetensors")
   dm.no_grad(function()
     for name, t in pairs(state) do t:copy_(c.model[name]) end
@@ -282,6 +292,11 @@ function Run:restore(dir)
   self.data_position = c.meta.data.position
   self.firewall = c.meta.firewall or self.firewall
   self:say(string.format("resumed from %s at step %d", path, self.step))
+  if c.meta.banks then
+    self:say(string.format("resume: the experts' banks were saved as %s: training continues from the values of " ..
+                           "their codes, not from the f32 masters (a resume from them is not the run's own)",
+                           c.meta.banks.format))
+  end
 end
 
 ---------------------------------------------------------------- the step

@@ -921,6 +921,23 @@ function dm.quantize(x, format, block) end
 ---@return dormouse.Tensor
 function dm.fake_quantize(x, format, block) end
 
+---x as a low-bit format's codes (u8) and its blocks' scales (f32; E4M3 codes in u8 for nvfp4).
+---@param x dormouse.Tensor
+---@param format "fp8_e4m3"|"nvfp4"|"ternary"
+---@param block? integer
+---@return dormouse.Tensor codes
+---@return dormouse.Tensor scales
+function dm.quant_encode(x, format, block) end
+
+---A low-bit format's codes and scales back to values: rows of n elements, f32.
+---@param codes dormouse.Tensor
+---@param scales dormouse.Tensor
+---@param format "fp8_e4m3"|"nvfp4"|"ternary"
+---@param block? integer
+---@param n integer
+---@return dormouse.Tensor
+function dm.quant_decode(codes, scales, format, block, n) end
+
 ---Cross-entropy of logits [..., V] against class ids [...] (0..V-1), fused with its log-softmax.
 ---@param logits dormouse.Tensor
 ---@param targets dormouse.Tensor

@@ -524,6 +524,53 @@ describe("QAT (model.moe.qat)", function()
   end)
 end)
 
+describe("low-bit banks in checkpoints (checkpoint.banks)", function()
+  local helpers = require "tests.lua.helpers"
+  local probe = require "dormouse.probe"
+  local banks = require "dormouse.banks"
+
+  it("writes the banks as codes and scales, F8_E4M3 where they are E4M3, and loads their values back", function()
+    local runs = helpers.tmpdir()
+    local function trained(name, format)
+      helpers.run_quiet(helpers.tiny({"steps=3", "schedule.warmup=1", "log.every=3", "eval.every=0", "checkpoint.every=0", "name=" .. name,
+                                      "checkpoint.banks=" .. format}), {runs = runs})
+      return runs .. "/" .. name .. "/ckpt-3"
+    end
+    local plain_dir = trained("plain", "f32")
+    local plain = probe.load(plain_dir, ".")
+    local sizes = {}
+    local f32_size = #helpers.read(plain_dir .. "/model.safetensors")
+    for _, format in ipairs {"fp8_e4m3", "nvfp4", "ternary"} do
+      local dir = trained(format, format)
+      local m = probe.load(dir, ".")
+      local want, got = train.named_state(plain), train.named_state(m)
+      local is_bank = {}
+      for _, name in ipairs(banks.names(plain)) do is_bank[name] = true end
+      assert.same({"block.moe.Ug", "block.moe.Uu", "block.moe.D"}, banks.names(plain))
+      for name, t in pairs(want) do                     -- the same run: banks as their codes' values, the rest as is
+        local expect = is_bank[name] and dm.quantize(t, format) or t
+        assert.equal(0, (got[name] - expect):abs():max():item(), format .. " " .. name)
+      end
+      local raw = helpers.read(dir .. "/model.safetensors")
+      sizes[format] = #raw
+      local header = raw:sub(9, 8 + string.unpack("<I8", raw))
+      if format == "fp8_e4m3" then
+        helpers.has(header, '"block.moe.Ug.codes":{"dtype":"F8_E4M3"', '"block.moe.Ug.scales":{"dtype":"F32"')
+      elseif format == "nvfp4" then
+        helpers.has(header, '"block.moe.D.codes":{"dtype":"U8"', '"block.moe.D.scales":{"dtype":"F8_E4M3"')
+      end
+      assert.is_nil(header:find('"block.moe.Ug":', 1, true))
+    end
+    assert.is_true(sizes.fp8_e4m3 < f32_size and sizes.nvfp4 < sizes.fp8_e4m3 and sizes.ternary < sizes.nvfp4)
+    -- a resume from such a checkpoint says that it continues from the codes' values
+    local cfg = helpers.tiny({"steps=4", "schedule.warmup=1", "log.every=4", "eval.every=0", "checkpoint.every=0", "name=nvfp4",
+                              "checkpoint.banks=nvfp4"})
+    helpers.run_quiet(cfg, {runs = runs, resume = runs .. "/nvfp4"})
+    helpers.has(helpers.read(runs .. "/nvfp4/log.txt"), "resume: the experts' banks were saved as nvfp4")
+    os.execute("rm -rf '" .. runs .. "'")
+  end)
+end)
+
 describe("optim.engram_adam = dense", function()
   it("moves every row with a moment each step (the sparse Adam: the step's rows), the first step alike", function()
     local helpers = require "tests.lua.helpers"

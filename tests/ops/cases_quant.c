@@ -46,6 +46,40 @@ static double half_even(double u) {
   return f;
 }
 
+/* the code of the nearest value (as nearest() picks it); a zero of either sign is code 0 */
+static int nearest_code(double (*value)(int), int n, double v) {
+  double r = nearest(value, n, v);
+  for (int c = 0; c < n; c++) if (value(c) == r) return c;
+  return 0;
+}
+
+/* an element's code: E4M3, E2M1, or ternary's 0 / 1 (+1) / 2 (-1) */
+static int code_of(int format, double u) {
+  if (format == DM_QUANT_FP8_E4M3) return nearest_code(e4m3_value, 256, u);
+  if (format == DM_QUANT_NVFP4) return nearest_code(e2m1_value, 16, u);
+  double q = fmax(-1, fmin(1, half_even(u)));
+  return q > 0 ? 1 : q < 0 ? 2 : 0;
+}
+
+static double value_of(int format, int code) {
+  if (format == DM_QUANT_FP8_E4M3) return e4m3_value(code);
+  if (format == DM_QUANT_NVFP4) return e2m1_value(code);
+  return code == 1 ? 1 : code == 2 ? -1 : 0;
+}
+
+/* a block's scale, as the files keep it: a float32, or an E4M3 value for nvfp4 */
+static double block_scale(int format, double amax, double absmean) {
+  if (format == DM_QUANT_FP8_E4M3) return (float)(amax / 448);
+  if (format == DM_QUANT_NVFP4) return nearest(e4m3_value, 256, amax / 6);
+  return (float)absmean;
+}
+
+static int64_t block_of(int format, const dm_attrs *a) {
+  return a->v[1] > 0 ? (int64_t)a->v[1] : (format == DM_QUANT_NVFP4 ? 16 : 32);
+}
+
+static int per_byte(int format) { return format == DM_QUANT_FP8_E4M3 ? 1 : format == DM_QUANT_NVFP4 ? 2 : 4; }
+
 static void o_quantize(dm_tensor *const *in, const dm_attrs *a, dm_tensor **ex) {
   dm_tensor *x = in[0];
   int format = (int)a->v[0];
@@ -57,14 +91,10 @@ static void o_quantize(dm_tensor *const *in, const dm_attrs *a, dm_tensor **ex) 
       int64_t at = row * n + b, len = n - b < block ? n - b : block;
       double amax = 0, sum = 0;
       for (int64_t i = 0; i < len; i++) { amax = fmax(amax, fabs(h_get(x, at + i))); sum += fabs(h_get(x, at + i)); }
-      double s = format == DM_QUANT_FP8_E4M3 ? amax / 448
-               : format == DM_QUANT_NVFP4 ? nearest(e4m3_value, 256, amax / 6) : sum / (double)len;
+      double s = block_scale(format, amax, sum / (double)len);
       for (int64_t i = 0; i < len; i++) {
-        double u = s > 0 ? h_get(x, at + i) / s : 0, q;
-        if (format == DM_QUANT_FP8_E4M3) q = nearest(e4m3_value, 256, u);
-        else if (format == DM_QUANT_NVFP4) q = nearest(e2m1_value, 16, u);
-        else q = fmax(-1, fmin(1, half_even(u)));
-        h_set(ex[0], at + i, s > 0 ? q * s : 0);
+        double u = s > 0 ? h_get(x, at + i) / s : 0;
+        h_set(ex[0], at + i, s > 0 ? value_of(format, code_of(format, u)) * s : 0);
       }
     }
 }
@@ -88,8 +118,81 @@ static void in_quantize(h_rng *r, int trial, dm_tensor **in, dm_attrs *a) {
   a->v[1] = (double)blocks[h_next(r) % 6];
 }
 
+/* codes and scales of each block, packed as quant.h lays them out */
+static void o_encode(dm_tensor *const *in, const dm_attrs *a, dm_tensor **ex) {
+  dm_tensor *x = in[0];
+  int format = (int)a->v[0], per = per_byte(format), bits = 8 / per;
+  int64_t block = block_of(format, a), n = x->shape[x->ndim - 1], rows = dm_numel(x) / n;
+  int64_t row_bytes = (n + per - 1) / per, bpr = (n + block - 1) / block;
+  int64_t shape[DM_MAXDIM];
+  for (int d = 0; d < x->ndim; d++) shape[d] = x->shape[d];
+  shape[x->ndim - 1] = row_bytes;
+  ex[0] = h_new(DM_F64, x->ndim, shape);
+  shape[x->ndim - 1] = bpr;
+  ex[1] = h_new(DM_F64, x->ndim, shape);
+  for (int64_t r = 0; r < rows; r++) {
+    for (int64_t b = 0; b < n; b += block) {
+      int64_t at = r * n + b, len = n - b < block ? n - b : block;
+      double amax = 0, sum = 0;
+      for (int64_t i = 0; i < len; i++) { amax = fmax(amax, fabs(h_get(x, at + i))); sum += fabs(h_get(x, at + i)); }
+      double s = block_scale(format, amax, sum / (double)len);
+      h_set(ex[1], r * bpr + b / block, format == DM_QUANT_NVFP4 ? nearest_code(e4m3_value, 256, s) : s);
+      for (int64_t i = 0; i < len; i++) {
+        int64_t j = b + i, byte = r * row_bytes + j / per;
+        int code = s > 0 ? code_of(format, h_get(x, at + i) / s) : 0;
+        h_set(ex[0], byte, h_get(ex[0], byte) + (double)(code << (bits * (j % per))));
+      }
+    }
+  }
+}
+
+static void in_decode(h_rng *r, int trial, dm_tensor **in, dm_attrs *a) {
+  static const int64_t rows[] = {1, 3, 5, 17, 33, 64};
+  static const int64_t blocks[] = {0, 1, 3, 16, 32};
+  int format = trial % DM_QUANT_NFORMATS, per = per_byte(format);
+  int64_t block = blocks[h_next(r) % 5], n = rows[h_next(r) % 6];
+  int64_t eff = block > 0 ? block : (format == DM_QUANT_NVFP4 ? 16 : 32);
+  int64_t lead = h_int(r, 1, 4), cshape[2] = {lead, (n + per - 1) / per}, sshape[2] = {lead, (n + eff - 1) / eff};
+  dm_tensor *codes = h_new(DM_F64, 2, cshape), *scales = h_new(DM_F64, 2, sshape);
+  for (int64_t i = 0; i < dm_numel(codes); i++) {                  /* valid codes, never E4M3's NaN */
+    int64_t c = h_int(r, 0, 255);
+    if (format == DM_QUANT_FP8_E4M3 && (c & 0x7F) == 0x7F) c = 0x7E;
+    if (format == DM_QUANT_TERNARY) {                              /* four codes of 0, 1, 2: never 3 */
+      c = 0;
+      for (int e = 0; e < 4; e++) c |= h_int(r, 0, 2) << (2 * e);
+    }
+    h_set(codes, i, (double)c);
+  }
+  for (int64_t i = 0; i < dm_numel(scales); i++)
+    h_set(scales, i, format == DM_QUANT_NVFP4 ? (double)h_int(r, 1, 0x7E) : ldexp(1 + h_int(r, 0, 255) / 256.0, (int)h_int(r, -20, 4)));
+  in[0] = dm_cast(codes, DM_U8);
+  in[1] = format == DM_QUANT_NVFP4 ? dm_cast(scales, DM_U8) : scales;
+  if (format == DM_QUANT_NVFP4) dm_release(scales);
+  dm_release(codes);
+  a->nv = 3;
+  a->v[0] = format;
+  a->v[1] = (double)block;
+  a->v[2] = (double)n;
+}
+
+static void o_decode(dm_tensor *const *in, const dm_attrs *a, dm_tensor **ex) {
+  int format = (int)a->v[0], per = per_byte(format), bits = 8 / per;
+  int64_t block = block_of(format, a), n = (int64_t)a->v[2], rows = in[0]->shape[0];
+  int64_t row_bytes = in[0]->shape[1], bpr = in[1]->shape[1], shape[2] = {rows, n};
+  ex[0] = h_new(DM_F64, 2, shape);
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t j = 0; j < n; j++) {
+      double sv = h_get(in[1], r * bpr + j / block);
+      double s = format == DM_QUANT_NVFP4 ? e4m3_value((int)sv) : sv;
+      int code = ((int)h_get(in[0], r * row_bytes + j / per) >> (bits * (j % per))) & ((1 << bits) - 1);
+      h_set(ex[0], r * n + j, value_of(format, code) * s);
+    }
+}
+
 static const dm_case cases[] = {
   {"quantize", "fp8_e4m3, nvfp4, ternary; odd rows and blocks", in_quantize, o_quantize, .trials = 36,
    .f32_tol = 1e-6, .no_grad = true},
+  {"quant_encode", "codes and scales; odd rows and blocks", in_quantize, o_encode, .trials = 36, .no_grad = true},
+  {"quant_decode", "valid codes, any scales", in_decode, o_decode, .trials = 24, .no_grad = true},
 };
 DM_REGISTER_CASES(cases)

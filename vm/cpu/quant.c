@@ -1,6 +1,7 @@
 /*
 ** cpu/quant.c — the CPU kernel of the low-bit formats (vm/quant.h), in double.
 */
+#include <string.h>
 #include "../quant.h"
 #include "vec.h"
 
@@ -35,7 +36,68 @@ static void cpu_quantize(dm_tensor *y, const dm_tensor *x, int format, int64_t b
     }
 }
 
+/* a block's scale: amax and mean |x| of its n elements (NaN when one is NaN) */
+static double block_scale(dm_dtype dt, size_t es, const char *x, int64_t n, int format) {
+  double amax = 0, sum = 0;
+  bool nan = false;
+  for (int64_t i = 0; i < n; i++) {
+    double a = fabs(ld(dt, x + i * es));
+    nan |= a != a;
+    if (a > amax) amax = a;
+    sum += a;
+  }
+  return nan ? NAN : dm_quant_scale(format, amax, sum / (double)n);
+}
+
+static void cpu_quant_encode(dm_tensor *codes, dm_tensor *scales, const dm_tensor *x, int format, int64_t block) {
+  int64_t total = dm_numel(x);
+  if (total == 0) return;
+  int64_t n = x->shape[x->ndim - 1], rows = total / n;
+  int per = dm_quant_per_byte(format), bits = dm_quant_code_bits(format);
+  int64_t row_bytes = codes->shape[codes->ndim - 1], bpr = scales->shape[scales->ndim - 1];
+  size_t es = dm_dtype_size(x->dtype);
+  const char *xp = dm_data(x);
+  uint8_t *cp = dm_data(codes);
+  for (int64_t r = 0; r < rows; r++) {
+    uint8_t *crow = cp + r * row_bytes;
+    memset(crow, 0, (size_t)row_bytes);
+    for (int64_t b = 0, k = 0; b < n; b += block, k++) {
+      const char *xb = xp + (r * n + b) * (int64_t)es;
+      int64_t len = n - b < block ? n - b : block;
+      double s = block_scale(x->dtype, es, xb, len, format);
+      if (format == DM_QUANT_NVFP4) ((uint8_t *)dm_data(scales))[r * bpr + k] = (uint8_t)(s != s ? 0x7F : dm_e4m3_code(s));
+      else ((float *)dm_data(scales))[r * bpr + k] = (float)s;
+      for (int64_t i = 0; i < len; i++) {
+        int64_t j = b + i;
+        unsigned code = s != s ? 0 : dm_quant_code(format, ld(x->dtype, xb + i * es), s);
+        crow[j / per] |= (uint8_t)(code << (bits * (j % per)));
+      }
+    }
+  }
+}
+
+static void cpu_quant_decode(dm_tensor *y, const dm_tensor *codes, const dm_tensor *scales, int format, int64_t block) {
+  int64_t total = dm_numel(y);
+  if (total == 0) return;
+  int64_t n = y->shape[y->ndim - 1], rows = total / n;
+  int per = dm_quant_per_byte(format), bits = dm_quant_code_bits(format);
+  int64_t row_bytes = codes->shape[codes->ndim - 1], bpr = scales->shape[scales->ndim - 1];
+  unsigned mask = (1u << bits) - 1;
+  const uint8_t *cp = dm_data(codes);
+  float *yp = dm_data(y);
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t j = 0; j < n; j++) {
+      int64_t k = r * bpr + j / block;
+      double s = format == DM_QUANT_NVFP4 ? dm_e4m3_value(((const uint8_t *)dm_data(scales))[k])
+                                          : ((const float *)dm_data(scales))[k];
+      unsigned code = (cp[r * row_bytes + j / per] >> (bits * (j % per))) & mask;
+      yp[r * n + j] = (float)dm_quant_code_value(format, code, s);
+    }
+}
+
 static const dm_kernel_entry kernels[] = {
   {"quantize", (dm_kernel_fn)cpu_quantize},
+  {"quant_encode", (dm_kernel_fn)cpu_quant_encode},
+  {"quant_decode", (dm_kernel_fn)cpu_quant_decode},
 };
 DM_REGISTER_KERNELS(DM_CPU, kernels)

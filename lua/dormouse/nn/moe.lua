@@ -17,6 +17,7 @@ After each step update_balance() moves lfb_bias towards equal load.
 return function(nn, dm)
 
 local MoE = nn.class("MoE")
+MoE.banks = {"Ug", "Uu", "D"}          -- the parameters a checkpoint may keep in a low-bit format (banks.lua)
 
 function MoE:init(d, opts)
   local E, r, F = opts.experts, opts.rank, opts.ffn

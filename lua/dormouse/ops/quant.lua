@@ -5,6 +5,14 @@ The low-bit number formats of the expert banks (vm/quant.h):
   x:quantize(format, block)         dequantised: the values the format can hold, in x's dtype
   dm.fake_quantize(x, format, block)  the same values forward, the gradient passed straight
                                     through to x (quantisation-aware training)
+  dm.quant_encode(x, format, block)   the same values as bits: codes, scales
+  dm.quant_decode(codes, scales, format, block, n)   and back (f32, rows of n elements)
+
+Codes are u8, [..., ceil(n / per byte)]: one E4M3 code a byte (fp8_e4m3), two
+E2M1 codes (nvfp4, the lower nibble first) or four 2-bit ternary codes (0, +1
+as 1, -1 as 2; the lowest bits first). Scales are [..., ceil(n / block)], f32,
+or E4M3 codes in u8 for nvfp4. quant_decode(quant_encode(x)) is quantize(x)
+in f32, bit for bit.
 
 format: "fp8_e4m3" (a scale amax/448 per block, E4M3 elements), "nvfp4" (an
 E4M3 scale amax/6 per block, E2M1 elements) or "ternary" (the block's mean
@@ -22,6 +30,14 @@ function dm.quantize(x, format, block)
   return core.call("quantize", x, {format, block or 0})       -- the op knows its formats' names
 end
 T.quantize = dm.quantize
+
+function dm.quant_encode(x, format, block)
+  return core.call("quant_encode", x, {format, block or 0})
+end
+
+function dm.quant_decode(codes, scales, format, block, n)
+  return core.call("quant_decode", codes, scales, {format, block or 0, n})
+end
 
 function dm.fake_quantize(x, format, block)
   local held = x:detach()
