@@ -136,10 +136,18 @@ local MiB = 1024 * 1024
 function sweep.table(results, names, seeds)
   local routing = false                           -- the last log window's routing, when the runs route
   for _, name in ipairs(names) do routing = routing or mean_of(results[name].busiest) ~= nil end
+  local measured, seen = {}, {}                   -- an arm's own eval measures (draft_accept), each a column
+  for _, name in ipairs(names) do
+    for m in pairs(results[name].measures or {}) do
+      if not seen[m] then seen[m] = true; measured[#measured + 1] = m end
+    end
+  end
+  table.sort(measured)
   local head = {string.format("%-14s %9s %9s", "arm", "mean", "spread")}
   for _, s in ipairs(seeds) do head[#head + 1] = string.format("%9s", "seed " .. s) end
   head[#head + 1] = string.format("%9s %8s", "tok/s", "peak MiB")
   if routing then head[#head + 1] = string.format("%8s %6s", "busiest", "dead") end
+  for _, m in ipairs(measured) do head[#head + 1] = string.format("%12s", m) end
   head[#head + 1] = "  verdict"
   local lines = {table.concat(head, " ")}
   for _, name in ipairs(names) do
@@ -152,6 +160,10 @@ function sweep.table(results, names, seeds)
     if routing then
       local b, d = mean_of(r.busiest), mean_of(r.dead)
       row[#row + 1] = string.format("%8s %6s", b and string.format("%.3f", b) or "-", d and string.format("%.1f", d) or "-")
+    end
+    for _, m in ipairs(measured) do
+      local v = mean_of(r.measures and r.measures[m])
+      row[#row + 1] = string.format("%12s", v and string.format("%.4f", v) or "-")
     end
     row[#row + 1] = "  " .. r.verdict
     lines[#lines + 1] = table.concat(row, " ")
@@ -284,6 +296,11 @@ function sweep.run(spec)
         one = train_one(spec, cfgs[arm][i], dir, arm, seed)
       end
       r.bpb[i], r.tok_s[i], r.mem_peak[i] = one.bpb_fin, one.tok_s, one.mem_peak
+      for m, v in pairs(one.measures or {}) do
+        r.measures = r.measures or {}
+        r.measures[m] = r.measures[m] or {}
+        r.measures[m][i] = v
+      end
       if one.busiest then                            -- the last log window's routing
         r.busiest, r.dead = r.busiest or {}, r.dead or {}
         r.busiest[i], r.dead[i] = one.busiest, one.dead

@@ -153,5 +153,10 @@ describe("a one-seed sweep", function()
     assert.truthy(text:find("busiest", 1, true), text)
     assert.truthy(text:find("1.9000      1234        3    0.100    0.0", 1, true), text)
     assert.truthy(text:find("2.0000         -        -    0.300", 1, true), text)   -- no figures: a dash
+    res.a.measures = {draft_accept = {0.25}}               -- an arm's own measure: a column, a dash elsewhere
+    text = sweep.table(res, {"control", "a"}, {1})
+    assert.truthy(text:find("dead draft_accept", 1, true), text)
+    assert.truthy(text:find("0.0       0.2500  ", 1, true), text)
+    assert.truthy(text:find("2.0            -  ", 1, true), text)
   end)
 end)

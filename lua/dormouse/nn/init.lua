@@ -197,6 +197,9 @@ end
 
 function nn.like(t, x) return as_dtype(t, x.dtype) end
 
+-- Let a kept tensor go now (its memory back at once, not at the next collection)
+function nn.release(t) core_metatable.__close(t) end
+
 -- a parameter in the compute dtype (the expert banks' copies for the kernels)
 function nn.compute(p) return as_dtype(p, nn.compute_dtype) end
 

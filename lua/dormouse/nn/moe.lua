@@ -46,6 +46,8 @@ end
 function MoE:new_pass()
   if dm.recomputing() then return end          -- a checkpoint around the whole pass: the forward's state stands
   self.qat_err = nil
+  for _, q in pairs(self.qat_cache or {}) do nn.release(q) end   -- the last pass's, its backward done
+  self.qat_cache = self.qat and setmetatable({}, {__mode = "k"}) or nil
   self.counts = dm.zeros({self.experts}, {dtype = "i64", device = self.lfb_bias.device})
   self.drops = self.capacity_factor and dm.zeros({self.experts}, {dtype = "i64", device = self.lfb_bias.device})
 end
@@ -70,15 +72,23 @@ end
 --[[ QAT (an arm, model.moe.qat; docs/arms.md): the factors Ug, Uu, D through the format
 self.qat (set by the model before each step), their gradient passed straight through to the
 weights. The scales cg, cu stay as they are. The pass's first call also measures the format's
-relative error on the factors, ||q(W) - W|| / ||W|| (the log line's qat). ]]
+relative error, ||q(W) - W|| / ||W||, on the first 8 experts' factors (the log line's qat). ]]
 function MoE:fake_quantized(W)
-  local err2, norm2 = nil, nil
+  local cache, err2, norm2 = self.qat_cache, nil, nil
   for _, name in ipairs {"Ug", "Uu", "D"} do
-    local q = dm.fake_quantize(W[name], self.qat)
-    if not self.qat_err and dm.grad_enabled() then
-      local held = W[name]:detach():to("f32")
-      local e, n = (q:detach():to("f32") - held):pow(2):sum(), held:pow(2):sum()
-      err2, norm2 = err2 and err2 + e or e, norm2 and norm2 + n or n
+    local w = W[name]
+    local q = cache and cache[w]
+    if not q then
+      q = dm.fake_quantize(w, self.qat)
+      -- the pass's iterations read one copy of the banks (nn.pass): they share its quantised form too,
+      -- made once (a recomputed block casts afresh, and quantises afresh)
+      if cache and not dm.recomputing() then cache[w] = dm.keep(q) end
+      if not self.qat_err and dm.grad_enabled() then      -- measured on a sample: the first 8 experts
+        local k = math.min(8, self.experts)
+        local held, qs = w:detach():narrow(1, 1, k):to("f32"), q:detach():narrow(1, 1, k):to("f32")
+        local e, n = (qs - held):pow(2):sum(), held:pow(2):sum()
+        err2, norm2 = err2 and err2 + e or e, norm2 and norm2 + n or n
+      end
     end
     W[name] = q
   end
