@@ -10,6 +10,7 @@ return {
     loom = {["model.loom"] = true},
     dspark = {["model.aux.draft"] = 0.1},
     qat_ladder = {["model.moe.qat"] = "ladder"},
+    msa = {["model.msa.top_k"] = 2, ["model.msa.block"] = 64},
   },
   seeds = {1, 2, 3},
   set = {["checkpoint.every"] = 0},

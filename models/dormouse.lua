@@ -76,6 +76,10 @@ function Dormouse:arms()
   end
   if self.future_head then on[#on + 1] = string.format("future-byte head at weight %g (aux_future on the log line)",
                                                         self.future_weight) end
+  if self.block.msa then
+    on[#on + 1] = string.format("MSA: each query reads its top %d past blocks of %d positions (msa_far on the " ..
+                                "log line)", self.cfg.msa.top_k, self.cfg.msa.block)
+  end
   if self.draft_head then
     on[#on + 1] = string.format("DSpark draft head at weight %g (aux_draft on the log line, draft_accept on the " ..
                                 "eval line)", self.draft_weight)
@@ -219,6 +223,7 @@ function Dormouse:pass(x, prefix, opts)
   local wanted = {}
   for _, D in ipairs(opts.depths or {}) do wanted[D] = true end
   local carried = opts.state
+  if carried and self.block.msa then carried = nil end   -- MSA keeps no past keys: a pass without state
   if carried then out.state = {} end
   for i = 1, self.max_iter do
     local h_in = h
@@ -243,6 +248,12 @@ function Dormouse:pass(x, prefix, opts)
   end
   out.fin = out.fin_D[self.max_iter]
   out.loss = (total + out.fin) * (1 / (self.max_iter + 1))
+  local msa = self.block.msa
+  local far = msa and msa:take_far()
+  if far and dm.grad_enabled() then                -- MSA's attention on the past blocks, on the log line
+    out.extras = out.extras or {}
+    out.extras.msa_far = far
+  end
   local qat_err = self.block.moe.qat_err
   if qat_err and dm.grad_enabled() then            -- QAT's error on the factors, on the log line
     out.extras = out.extras or {}

@@ -240,6 +240,10 @@ local rows = {
       {"output", enum {"spec", "projection"}, "spec", "the branch's output: spec = vt + silu(conv(rmsnorm(vt))); " ..
        "projection = W_e conv(vt), a d x d projection after a plain convolution (not the spec's form)"},
     }},
+    {"msa", "block top-k sparse attention over past blocks, an extra branch (an arm; docs/arms.md)", {
+      {"top_k", int{min = 0}, 0, "past blocks each query reads (0 = off)"},
+      {"block", positive, 64, "positions a block (a sequence's last block may be short)"},
+    }},
     {"loom", bool, false, "an arm: iteration i's write w into the residual stream gets a zero-initialised " ..
      "gate on its RMS-normalised form, h' + g_i rms(w) (docs/arms.md)"},
     {"aux", "auxiliary heads, arms of the model (docs/arms.md)", {
@@ -365,6 +369,10 @@ schema.checks = {
     if c.model.moe.capacity_factor then
       return ("model.segment (%d) with model.moe.capacity_factor: the capacity counts a segment's rows, not " ..
               "the row's, so the drops differ from the whole pass; set one of them to nil"):format(c.model.segment)
+    end
+    if c.model.msa.top_k > 0 then
+      return ("model.segment (%d) with model.msa: the branch keeps no past keys across segments; set " ..
+              "model.segment = nil or model.msa.top_k = 0"):format(c.model.segment)
     end
     for _, head in ipairs {"future", "draft"} do
       if c.model.aux[head] > 0 then

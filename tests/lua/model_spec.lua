@@ -524,6 +524,92 @@ describe("QAT (model.moe.qat)", function()
   end)
 end)
 
+describe("MSA (model.msa)", function()
+  -- the branch's function by plain loops in double: per head and query, the top-k past blocks by
+  -- q . mean(k over the block), then a softmax over their positions and the query's block up to it
+  local function reference(m, u)
+    local W = {}
+    for _, name in ipairs {"wq", "wk", "wv", "wo"} do W[name] = m[name].weight:to("f64"):totable() end
+    local x = u:totable()
+    local B, T, d, H, dh, n, k = #x, #x[1], #x[1][1], m.heads, m.head_dim, m.block, m.top_k
+    local function proj(w, row) local out = {} for i = 1, #w do local a = 0 for j = 1, #row do a = a + w[i][j] * row[j] end out[i] = a end return out end
+    local out = {}
+    for b = 1, B do
+      local q, kk, v = {}, {}, {}
+      for t = 1, T do q[t], kk[t], v[t] = proj(W.wq, x[b][t]), proj(W.wk, x[b][t]), proj(W.wv, x[b][t]) end
+      local o = {}
+      for t = 1, T do o[t] = {} end
+      for h = 0, H - 1 do
+        local function dot(a, c) local s = 0 for e = 1, dh do s = s + a[h * dh + e] * c[h * dh + e] end return s end
+        local nb = math.ceil(T / n)
+        local kbar = {}
+        for j = 0, nb - 1 do                         -- a short last block's mean counts its padding as zeros
+          local mean = {}
+          for e = 1, H * dh do mean[e] = 0 end
+          for s = j * n + 1, math.min(T, (j + 1) * n) do for e = 1, H * dh do mean[e] = mean[e] + kk[s][e] / n end end
+          kbar[j] = mean
+        end
+        for t = 1, T do
+          local bt = (t - 1) // n
+          local cand = {}
+          for j = 0, bt - 1 do cand[#cand + 1] = {j, dot(q[t], kbar[j])} end
+          table.sort(cand, function(a, c) return a[2] > c[2] end)
+          local reads = {}
+          for i = 1, math.min(k, #cand) do for s = cand[i][1] * n + 1, (cand[i][1] + 1) * n do reads[#reads + 1] = s end end
+          for s = bt * n + 1, t do reads[#reads + 1] = s end
+          local mx, w, z = -math.huge, {}, 0
+          for i, s in ipairs(reads) do w[i] = dot(q[t], kk[s]) / math.sqrt(dh); mx = math.max(mx, w[i]) end
+          for i in ipairs(reads) do w[i] = math.exp(w[i] - mx); z = z + w[i] end
+          for e = 1, dh do
+            local a = 0
+            for i, s in ipairs(reads) do a = a + w[i] / z * v[s][h * dh + e] end
+            o[t][h * dh + e] = a
+          end
+        end
+      end
+      out[b] = {}
+      for t = 1, T do out[b][t] = proj(W.wo, o[t]) end
+    end
+    return dm.tensor(out, {dtype = "f64"})
+  end
+
+  it("is its definition in float64 (short last blocks, k of 1 and 2), identity at initialisation", function()
+    for _, k in ipairs {1, 2} do
+      local m = nn.MSA(6, 2, 3, {block = 4, top_k = k})
+      assert.equal(0, m.wo.weight:abs():max():item())           -- W_o zero: the branch adds 0
+      dm.no_grad(function() m.wo.weight:copy_(dm.randn({6, 6}, {seed = 9}) * 0.5) end)
+      local u = dm.randn({2, 10, 6}, {seed = 4, dtype = "f64"}) * 2
+      local got, want = m:forward(u), reference(m, u)
+      assert.is_true((got - want):abs():max():item() < 1e-12, tostring((got - want):abs():max():item()))
+    end
+  end)
+
+  it("leaves the control's draws and loss as they are at initialisation; its weights learn", function()
+    local corpus = dm.data.open(dm.data.default_corpus(), {eval_bytes = 4096})
+    local x, prefix = corpus:batch(3, {batch = 2, seq = 33, seed = 5, ctx = 2})
+    corpus:close()
+    local plain, on = build("experiments/tiny.lua"), build("experiments/tiny.lua", {"model.msa.top_k=2", "model.msa.block=8"})
+    local p = {}
+    for _, e in ipairs(plain:named_parameters()) do p[e.name] = e.tensor end
+    for _, e in ipairs(on:named_parameters()) do
+      if p[e.name] then assert.equal(0, (p[e.name] - e.tensor):abs():max():item(), e.name) end
+    end
+    dm.scope(function()
+      local a, b = plain:forward(x, prefix), on:forward(x, prefix)
+      assert.equal(a.loss:item(), b.loss:item())
+      assert.is_true(b.extras.msa_far:item() > 0)
+      b.loss:backward()
+      assert.is_true(on.block.msa.wo.weight.grad:abs():max():item() > 0)
+    end)
+    local helpers = require "tests.lua.helpers"
+    local log = arm_log({"model.msa.top_k=2", "model.msa.block=16"})
+    helpers.has(log, "arms: MSA: each query reads its top 2 past blocks of 16 positions")
+    assert.truthy(log:find("step      6 [^\n]- msa_far 0%.%d+"), log)
+    helpers.has(helpers.err_of(helpers.tiny, {"model.segment=16", "seq=32", "model.msa.top_k=1"}),
+                "model.msa.top_k = 0")
+  end)
+end)
+
 describe("the control, every arm off", function()
   -- tiny's loss at initialisation and over its first 4 steps, as the tree computed them before the
   -- first arm existed (commit 38ac55e's parent, run again on the same binary: the same bits). Here

@@ -1,7 +1,7 @@
 --[[
 The weight-shared block, applied max_iter times:
 
-  a   = h + KDA(rms1(h))
+  a   = h + KDA(rms1(h))        [a = a + MSA(rms_msa(a)): an arm, model.msa]
   b   = a + Engram(rms2(a), x)
   h'  = b + MoE(rms3(b))
 ]]
@@ -26,6 +26,10 @@ function Block:init(m)
                                        std = init.engram_std, out_factor = out_factor,
                                        output = m.engram.output}))
   end
+  if m.msa.top_k > 0 then                           -- an arm: block top-k sparse attention (docs/arms.md)
+    self:child("rms_msa", nn.RMSNorm(d))
+    self:child("msa", nn.MSA(d, m.heads, m.head_dim, {block = m.msa.block, top_k = m.msa.top_k}))
+  end
   self:child("rms3", nn.RMSNorm(d))
   self:child("moe", nn.MoE(d, {experts = m.experts, top_k = m.top_k, rank = m.expert_rank,
                                shared_rank = m.shared_rank, ffn = m.ffn, lfb_gamma = m.moe.lfb_gamma,
@@ -43,6 +47,13 @@ end
 function Block:forward(h, x, prefix, state)
   if self.engram then self.engram:lookup(x, prefix) end     -- the pass's rows, made outside the branch's scope
   local a, ks = nn.residual(h, self.rms1, function(u) return self.kda:forward(u, state) end)
+  if self.msa then
+    if state then
+      error("model.msa keeps no state across passes (no cache of past keys): it takes whole sequences, not " ..
+            "segments or streamed generation; set model.msa.top_k = 0 for those", 0)
+    end
+    a = nn.residual(a, self.rms_msa, function(u) return self.msa:forward(u) end)
+  end
   local b, es = a, nil
   if self.engram then
     b, es = nn.residual(a, self.rms2, function(u)

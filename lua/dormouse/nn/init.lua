@@ -248,6 +248,6 @@ function nn.project(x, w)
   return dm.linear(x, nn.like(w, x))
 end
 
-for _, layer in ipairs {"layers", "kda", "engram", "moe", "block"} do require("dormouse.nn." .. layer)(nn, dm) end
+for _, layer in ipairs {"layers", "kda", "engram", "moe", "msa", "block"} do require("dormouse.nn." .. layer)(nn, dm) end
 
 return nn

@@ -8,7 +8,8 @@ function Linear:init(d_in, d_out, opts)
   opts = opts or {}
   self.d_in, self.d_out = d_in, d_out
   local std = opts.std or d_in ^ -0.5
-  self:param("weight", opts.zero and nn.init.zeros({d_out, d_in}) or nn.init.normal({d_out, d_in}, std))
+  -- opts.weight: the initial weight [d_out, d_in], drawn by the caller (MSA draws from its own generator)
+  self:param("weight", opts.weight or opts.zero and nn.init.zeros({d_out, d_in}) or nn.init.normal({d_out, d_in}, std))
   if opts.bias then self:param("bias", nn.init.zeros({d_out})) end
 end
 function Linear:forward(x)
