@@ -10,12 +10,15 @@
 **   core.spawn_program({...}, log_path)      → its pid: started, not waited for; its stdout
 **                                               and stderr go to log_path (made, or emptied)
 **   core.wait_program()                      → the pid and exit status of a child that ended
-**                                               (waits for one; nil when none is left)
+**                                               (waits for one); nil, "no child" when none is
+**                                               left, nil, "interrupted" when a signal came
+**   core.signal_program(pid, "SIGTERM")      → sends it (SIGINT or SIGTERM); true when sent
 ** An exit status is the program's own, or 128 + the signal that ended it.
 */
 #define _GNU_SOURCE     /* pipe2 */
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -99,14 +102,27 @@ static int c_spawn_program(lua_State *L) {
 
 static int c_wait_program(lua_State *L) {
   int status = 0;
-  pid_t pid;
-  while ((pid = waitpid(-1, &status, 0)) < 0 && errno == EINTR) {}
-  if (pid < 0) { lua_pushnil(L); return 1; }        /* ECHILD: no child left */
+  pid_t pid = waitpid(-1, &status, 0);
+  if (pid < 0) {                                     /* a signal came (handlers held), or no child is left */
+    lua_pushnil(L);
+    lua_pushstring(L, errno == EINTR ? "interrupted" : "no child");
+    return 2;
+  }
   lua_pushinteger(L, pid);
   lua_pushinteger(L, exit_status(status));
   return 2;
 }
 
+static int c_signal_program(lua_State *L) {
+  pid_t pid = (pid_t)luaL_checkinteger(L, 1);
+  const char *name = luaL_checkstring(L, 2);
+  int sig = strcmp(name, "SIGINT") == 0 ? SIGINT : strcmp(name, "SIGTERM") == 0 ? SIGTERM : 0;
+  if (!sig) return luaL_error(L, "signal_program: SIGINT or SIGTERM, got '%s'", name);
+  lua_pushboolean(L, kill(pid, sig) == 0);
+  return 1;
+}
+
 static const luaL_Reg funcs[] = {{"run_program", c_run_program}, {"spawn_program", c_spawn_program},
-                                 {"wait_program", c_wait_program}, {NULL, NULL}};
+                                 {"wait_program", c_wait_program}, {"signal_program", c_signal_program},
+                                 {NULL, NULL}};
 DM_LUA_FUNCS(funcs)

@@ -200,13 +200,19 @@ end
 
 -- The runs as processes of their own, `jobs` at a time; each writes its result file. Every run
 -- is waited for; then a failed one is an error naming its log.
+local function count(t)
+  local n = 0
+  for _ in pairs(t) do n = n + 1 end
+  return n
+end
+
 local function train_jobs(spec, jobs, dir, names, say)
   local core = require "dormouse.core"
   local queue, running, failed = {}, {}, {}
   for _, arm in ipairs(names) do
     for _, seed in ipairs(spec.seeds) do queue[#queue + 1] = {arm = arm, seed = seed} end
   end
-  local next_run, left = 1, #queue
+  local next_run, left, done = 1, #queue, 0
   local function start(job)
     local argv = {"/proc/self/exe", "sweep", spec.file}
     for _, s in ipairs(spec.cli_set or {}) do argv[#argv + 1] = "--set"; argv[#argv + 1] = s end
@@ -218,17 +224,27 @@ local function train_jobs(spec, jobs, dir, names, say)
     running[core.spawn_program(argv, job.log)] = job
     say(string.format("== sweep: arm %s, seed %d started (%s)", job.arm, job.seed, job.log))
   end
+  local stopped                                   -- SIGINT or SIGTERM: passed to every run, none started after
+  core.signals_hold(true)
   while left > 0 do
-    while next_run <= #queue and next_run - (#queue - left) <= jobs do
+    while not stopped and next_run <= #queue and next_run - (#queue - left) <= jobs do
       start(queue[next_run]); next_run = next_run + 1
     end
     local pid, status = core.wait_program()
-    if not pid then break end
-    local job = running[pid]
+    local sig = not stopped and core.signal_pending()
+    if sig then                                   -- each run stops as a run does: its step, a checkpoint
+      stopped = sig
+      for child in pairs(running) do core.signal_program(child, sig) end
+      left = count(running)
+      say(string.format("== sweep: %s: the %d runs going stop after their step; no more start", sig, left))
+    end
+    if not pid and status ~= "interrupted" then break end
+    local job = pid and running[pid]
     if job then
       running[pid], left = nil, left - 1
       local r = status == 0 and read_result(result_path(dir, job.arm, job.seed) .. ".json")
       if r then
+        done = done + 1
         say(string.format("== sweep: arm %s, seed %d done: bpb_fin %.4f (%d of %d left)", job.arm, job.seed,
                           r.bpb_fin or 0 / 0, left, #queue))
       else
@@ -236,6 +252,11 @@ local function train_jobs(spec, jobs, dir, names, say)
         say("== sweep: " .. failed[#failed])
       end
     end
+  end
+  core.signals_hold(false)
+  if stopped then
+    error(string.format("sweep: stopped by %s: %d of %d runs were not finished (%s)", stopped, #queue - done,
+                        #queue, dir), 0)
   end
   if #failed > 0 then
     error(string.format("sweep: %d of %d runs failed: %s", #failed, #queue, table.concat(failed, "; ")), 0)

@@ -101,6 +101,30 @@ describe("dormouse sweep", function()
     os.execute("rm -rf '" .. dir .. "'")
   end)
 
+  it("with --jobs passes a SIGTERM on to its runs, which stop with a checkpoint; none is left running", function()
+    local dir = os.tmpname(); os.remove(dir)
+    assert(os.execute("mkdir -p '" .. dir .. "'"))
+    local cwd = assert(io.popen("pwd")):read("l")
+    local file = dir .. "/s.lua"
+    local f = assert(io.open(file, "w"))
+    f:write(string.format([[return {base = %q, runs = %q, seeds = {1, 2}, arms = {control = {}},
+  set = {steps = 100000, ["eval.every"] = 0, ["eval.windows"] = 4, ["eval.baseline"] = {}, ["checkpoint.every"] = 0}}
+]], cwd .. "/experiments/tiny.lua", dir))
+    f:close()
+    -- the parent alone gets the signal (not its process group), once its runs have begun
+    local code, out = sh(string.format("cd '%s' && ('%s' sweep '%s' --jobs 2 & p=$!; " ..
+      "for i in $(seq 100); do grep -q '^step' '%s'/sweep-tiny/control-s2.log 2>/dev/null && break; sleep 0.1; done; " ..
+      "kill -TERM $p; wait $p)", cwd, bin, file, dir))
+    assert.equal(1, code, out)
+    assert.is_truthy(out:find("== sweep: SIGTERM: the 2 runs going stop after their step", 1, true), out)
+    assert.is_truthy(out:find("sweep: stopped by SIGTERM: 2 of 2 runs were not finished", 1, true), out)
+    local log = assert(io.open(dir .. "/sweep-tiny/control-s1.log")):read("a")
+    assert.is_truthy(log:find("SIGTERM: the run stopped after step", 1, true), log)
+    local _, left = sh("pgrep -f '[s]weep " .. file .. "' || true")     -- [s]: not this pgrep's own shell
+    assert.equal("", left)
+    os.execute("rm -rf '" .. dir .. "'")
+  end)
+
   it("refuses a file that is no sweep, and says how to run a sweep given to dormouse run", function()
     local cwd = assert(io.popen("pwd")):read("l")
     local code, out = sh(string.format("cd '%s' && '%s' sweep experiments/tiny.lua", cwd, bin))

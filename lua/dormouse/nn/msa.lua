@@ -93,7 +93,15 @@ function MSA:forward(x)
     local q = split_heads(self.wq:forward(u), H)
     local k = split_heads(self.wk:forward(u), H)
     local v = split_heads(self.wv:forward(u), H)
-    local past, near, owner = masks(T, n, u.device)
+    local key = T .. ":" .. u.device                     -- made once a shape: a captured graph reads them again
+    self.masks = self.masks or {}
+    local m = self.masks[key]
+    if not m then
+      m = {masks(T, n, u.device)}
+      for _, t in ipairs(m) do dm.keep(t) end
+      self.masks[key] = m
+    end
+    local past, near, owner = m[1], m[2], m[3]
     local nb = T // n
     local kbar = k:reshape({B, H, nb, n, -1}):mean(4)                       -- [B, H, nb, dh]
     local sb = dm.no_grad(function() return q:detach():matmul(kbar:detach():transpose(3, 4)) end)
