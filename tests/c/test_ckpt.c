@@ -243,6 +243,30 @@ static void header_is_standard_and_padded(void) {
   dm_release(b);
 }
 
+/* u8 codes written as F8_E4M3 (the low-bit banks) read back as their bytes; nothing else goes so */
+static void e4m3_codes_as_f8(void) {
+  dm_tensor *c = dm_tensor_new(DM_CPU, DM_U8, 1, (int64_t[]){3});
+  uint8_t *cp = dm_data(c);
+  cp[0] = 0x38; cp[1] = 0xB8; cp[2] = 0x7E;                    /* 1.0, -1.0, 448 */
+  const char *names[] = {"c"}, *as[] = {"F8_E4M3"};
+  dm_safetensors_write_as(at("f8.safetensors"), 1, names, &c, as, 0, NULL, NULL);
+  size_t n;
+  unsigned char *p = read_bytes(at("f8.safetensors"), &n);
+  const char *want = "{\"c\":{\"dtype\":\"F8_E4M3\",\"shape\":[3],\"data_offsets\":[0,3]}}";
+  CHECK(n > 8 + strlen(want) && memcmp(p + 8, want, strlen(want)) == 0);
+  free(p);
+  dm_safetensors *st = dm_safetensors_read(at("f8.safetensors"));
+  dm_tensor *back = find(st, "c");
+  CHECK(back && back->dtype == DM_U8 && memcmp(dm_data(back), cp, 3) == 0);
+  dm_safetensors_free(st);
+  dm_tensor *f = dm_tensor_new(DM_CPU, DM_F32, 1, (int64_t[]){1});
+  ((float *)dm_data(f))[0] = 1;
+  EXPECT_ERROR(dm_safetensors_write_as(at("f8bad.safetensors"), 1, names, &f, as, 0, NULL, NULL),
+               "only u8 codes go as F8_E4M3");
+  dm_release(f);
+  dm_release(c);
+}
+
 /* what another writer might produce: other key order, whitespace, escapes, no padding */
 static void reads_foreign_layouts(void) {
   const char *header =
@@ -320,7 +344,7 @@ static void refuses_bad_files(void) {
 
   /* the entries */
   bad_header("{\"a\":{\"dtype\":\"f32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, "tensor 'a': unknown dtype 'f32'");
-  bad_header("{\"a\":{\"dtype\":\"F8_E4M3\",\"shape\":[2],\"data_offsets\":[0,2]}}", 2, "unknown dtype 'F8_E4M3'");
+  bad_header("{\"a\":{\"dtype\":\"F8_E5M2\",\"shape\":[2],\"data_offsets\":[0,2]}}", 2, "unknown dtype 'F8_E5M2'");
   bad_header("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,12]}}", 12,
              "tensor 'a': data_offsets [0, 12] hold 12 bytes, but shape [2] of F32 needs 8");
   bad_header("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}", 8, "data_offsets [8, 0] hold -8 bytes");
@@ -457,6 +481,7 @@ int main(void) {
   round_trip_every_dtype();
   cuda_tensors_round_trip();
   header_is_standard_and_padded();
+  e4m3_codes_as_f8();
   reads_foreign_layouts();
   refuses_bad_files();
   write_errors_leave_nothing();
