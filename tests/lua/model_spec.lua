@@ -14,6 +14,14 @@ local function build(file, overrides, device)
   return m, cfg
 end
 
+-- one batch of 2 rows of 33 bytes from the default corpus (the arms' tests)
+local function tiny_batch()
+  local corpus = dm.data.open(dm.data.default_corpus(), {eval_bytes = 4096})
+  local x, prefix = corpus:batch(3, {batch = 2, seq = 33, seed = 5, ctx = 2})
+  corpus:close()
+  return x, prefix
+end
+
 -- the log of 6 tiny steps (a line every 3) with one arm's override
 local function arm_log(override)
   local helpers = require "tests.lua.helpers"
@@ -296,9 +304,7 @@ describe("the structural options", function()
   local function grads_agree(overrides)
     local m32 = build("experiments/tiny.lua", overrides)
     local m64 = build("experiments/tiny.lua", overrides):cast("f64")
-    local corpus = dm.data.open(dm.data.default_corpus(), {eval_bytes = 4096})
-    local x, prefix = corpus:batch(3, {batch = 2, seq = 33, seed = 5, ctx = 2})
-    corpus:close()
+    local x, prefix = tiny_batch()
     local names = {}
     dm.scope(function()
       local l32 = m32:forward(x, prefix).loss
@@ -331,9 +337,7 @@ describe("the structural options", function()
     assert.is_nil(grads_agree({}):find("future_head", 1, true))        -- off: no head at all
     local m = build("experiments/tiny.lua", {"model.aux.future=0.1"})
     local plain = build("experiments/tiny.lua")
-    local corpus = dm.data.open(dm.data.default_corpus(), {eval_bytes = 4096})
-    local x, prefix = corpus:batch(3, {batch = 2, seq = 33, seed = 5, ctx = 2})
-    corpus:close()
+    local x, prefix = tiny_batch()
     dm.no_grad(function()                          -- evals stay the pure CE: the same numbers without the head
       local a, b = m:forward(x, prefix), plain:forward(x, prefix)
       assert.equal(b.loss:item(), a.loss:item())
@@ -359,9 +363,7 @@ describe("the structural options", function()
     assert.truthy(names:find("draft_head.weight", 1, true))
     local m = build("experiments/tiny.lua", {"model.aux.draft=0.1"})
     local plain = build("experiments/tiny.lua")
-    local corpus = dm.data.open(dm.data.default_corpus(), {eval_bytes = 4096})
-    local x, prefix = corpus:batch(3, {batch = 2, seq = 33, seed = 5, ctx = 2})
-    corpus:close()
+    local x, prefix = tiny_batch()
     dm.no_grad(function()
       local a, b = m:forward(x, prefix), plain:forward(x, prefix)
       assert.equal(b.loss:item(), a.loss:item())   -- evals stay the pure CE
@@ -408,9 +410,7 @@ end)
 
 describe("LOOM (model.loom)", function()
   it("is the identity at initialisation, bit for bit; its gates learn, by AdamW; named and counted", function()
-    local corpus = dm.data.open(dm.data.default_corpus(), {eval_bytes = 4096})
-    local x, prefix = corpus:batch(3, {batch = 2, seq = 33, seed = 5, ctx = 2})
-    corpus:close()
+    local x, prefix = tiny_batch()
     local plain, loom = build("experiments/tiny.lua"), build("experiments/tiny.lua", {"model.loom=true"})
     dm.scope(function()
       local a, b = plain:forward(x, prefix), loom:forward(x, prefix)
@@ -464,14 +464,12 @@ end)
 
 describe("QAT (model.moe.qat)", function()
   local function batch()
-    local corpus = dm.data.open(dm.data.default_corpus(), {eval_bytes = 4096})
-    local x, prefix = corpus:batch(3, {batch = 2, seq = 33, seed = 5, ctx = 2})
-    corpus:close()
+    local x, prefix = tiny_batch()
     return x, prefix
   end
 
   it("forwards the factors' quantised values and passes their gradient straight through", function()
-    local x, prefix = batch()
+    local x, prefix = tiny_batch()
     local m = build("experiments/tiny.lua", {"model.moe.qat=nvfp4", "model.moe.qat_from=0"})
     local twin = build("experiments/tiny.lua")                 -- the same weights, the factors replaced
     assert.is_true(m:before_step(1, 10))
@@ -507,7 +505,7 @@ describe("QAT (model.moe.qat)", function()
     local plain = build("experiments/tiny.lua")
     assert.is_false(plain:before_step(1, 10))
     assert.is_nil(plain.block.moe.qat)
-    local x, prefix = batch()
+    local x, prefix = tiny_batch()
     assert.is_nil(dm.scope(function() return plain:forward(x, prefix).extras end))
   end)
 
@@ -585,9 +583,7 @@ describe("MSA (model.msa)", function()
   end)
 
   it("leaves the control's draws and loss as they are at initialisation; its weights learn", function()
-    local corpus = dm.data.open(dm.data.default_corpus(), {eval_bytes = 4096})
-    local x, prefix = corpus:batch(3, {batch = 2, seq = 33, seed = 5, ctx = 2})
-    corpus:close()
+    local x, prefix = tiny_batch()
     local plain, on = build("experiments/tiny.lua"), build("experiments/tiny.lua", {"model.msa.top_k=2", "model.msa.block=8"})
     local p = {}
     for _, e in ipairs(plain:named_parameters()) do p[e.name] = e.tensor end
@@ -625,9 +621,7 @@ describe("the control, every arm off", function()
     local seen = {}
     for k, overrides in ipairs {{}, OFF} do
       local m = build("experiments/tiny.lua", overrides)
-      local corpus = dm.data.open(dm.data.default_corpus(), {eval_bytes = 4096})
-      local x, prefix = corpus:batch(3, {batch = 2, seq = 33, seed = 5, ctx = 2})
-      corpus:close()
+      local x, prefix = tiny_batch()
       local init = dm.no_grad(function() return m:forward(x, prefix).loss:item() end)
       near(INIT, init, "the loss at initialisation")
       assert.same({}, m:arms())

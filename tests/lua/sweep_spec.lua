@@ -38,17 +38,23 @@ describe("dormouse sweep", function()
   local bin = arg and arg[-1]
   local sh = require("tests.lua.helpers").sh
 
-  it("runs a sweep file with --set over every arm, a short run getting a short warm-up", function()
+  -- a sweep file over tiny in a fresh folder (its runs there too): the folder, the file, the cwd.
+  -- body: the table's fields after base and runs, as Lua source
+  local function sweep_file(body)
     local dir = os.tmpname(); os.remove(dir)
     assert(os.execute("mkdir -p '" .. dir .. "'"))
     local cwd = assert(io.popen("pwd")):read("l")
     local file = dir .. "/s.lua"
     local f = assert(io.open(file, "w"))
-    f:write(string.format([[return {base = %q, runs = %q, seeds = {1, 2},
-  arms = {control = {}, slow = {["optim.muon_lr"] = 1e-5, ["optim.adamw_lr"] = 1e-5}},
-  set = {steps = 300, ["eval.every"] = 0, ["eval.windows"] = 4, ["eval.baseline"] = {}, ["checkpoint.every"] = 0}}
-]], cwd .. "/experiments/tiny.lua", dir))
+    f:write(string.format("return {base = %q, runs = %q, %s}\n", cwd .. "/experiments/tiny.lua", dir, body))
     f:close()
+    return dir, file, cwd
+  end
+
+  it("runs a sweep file with --set over every arm, a short run getting a short warm-up", function()
+    local dir, file, cwd = sweep_file([[seeds = {1, 2},
+  arms = {control = {}, slow = {["optim.muon_lr"] = 1e-5, ["optim.adamw_lr"] = 1e-5}},
+  set = {steps = 300, ["eval.every"] = 0, ["eval.windows"] = 4, ["eval.baseline"] = {}, ["checkpoint.every"] = 0}]])
     -- tiny's warm-up (4) and decay (a fifth) do not fit 4 steps: the sweep says so and cuts it
     local code, out = sh(string.format("cd '%s' && '%s' sweep '%s' --set steps=4", cwd, bin, file))
     assert.equal(0, code, out)
@@ -60,17 +66,10 @@ describe("dormouse sweep", function()
   end)
 
   it("with --jobs trains the runs as processes of their own, to the same figures as one process", function()
-    local dir = os.tmpname(); os.remove(dir)
-    assert(os.execute("mkdir -p '" .. dir .. "'"))
-    local cwd = assert(io.popen("pwd")):read("l")
-    local file = dir .. "/s.lua"
-    local f = assert(io.open(file, "w"))
-    f:write(string.format([[return {base = %q, runs = %q, seeds = {1, 2},
+    local dir, file, cwd = sweep_file([[seeds = {1, 2},
   arms = {control = {}, loom = {["model.loom"] = true}},
   set = {steps = 6, ["schedule.warmup"] = 1, ["eval.every"] = 0, ["eval.windows"] = 4, ["eval.baseline"] = {},
-         ["checkpoint.every"] = 0, ["log.every"] = 2}}
-]], cwd .. "/experiments/tiny.lua", dir))
-    f:close()
+         ["checkpoint.every"] = 0, ["log.every"] = 2}]])
     local code, out = sh(string.format("cd '%s' && '%s' sweep '%s'", cwd, bin, file))
     assert.equal(0, code, out)
     local one = assert(io.open(dir .. "/sweep-tiny/verdict.json")):read("a")
@@ -102,15 +101,8 @@ describe("dormouse sweep", function()
   end)
 
   it("with --jobs passes a SIGTERM on to its runs, which stop with a checkpoint; none is left running", function()
-    local dir = os.tmpname(); os.remove(dir)
-    assert(os.execute("mkdir -p '" .. dir .. "'"))
-    local cwd = assert(io.popen("pwd")):read("l")
-    local file = dir .. "/s.lua"
-    local f = assert(io.open(file, "w"))
-    f:write(string.format([[return {base = %q, runs = %q, seeds = {1, 2}, arms = {control = {}},
-  set = {steps = 100000, ["eval.every"] = 0, ["eval.windows"] = 4, ["eval.baseline"] = {}, ["checkpoint.every"] = 0}}
-]], cwd .. "/experiments/tiny.lua", dir))
-    f:close()
+    local dir, file, cwd = sweep_file([[seeds = {1, 2}, arms = {control = {}},
+  set = {steps = 100000, ["eval.every"] = 0, ["eval.windows"] = 4, ["eval.baseline"] = {}, ["checkpoint.every"] = 0}]])
     -- the parent alone gets the signal (not its process group), once its runs have begun
     local code, out = sh(string.format("cd '%s' && ('%s' sweep '%s' --jobs 2 & p=$!; " ..
       "for i in $(seq 100); do grep -q '^step' '%s'/sweep-tiny/control-s2.log 2>/dev/null && break; sleep 0.1; done; " ..

@@ -5,8 +5,8 @@
 #include "../quant.h"
 #include "vec.h"
 
-/* one block of n elements, es bytes apart: its statistics, then each element */
-static void quantize_block(dm_dtype dt, size_t es, char *y, const char *x, int64_t n, int format) {
+/* a block's scale: amax and mean |x| of its n elements (NaN when one is NaN) */
+static double block_scale(dm_dtype dt, size_t es, const char *x, int64_t n, int format) {
   double amax = 0, sum = 0;
   bool nan = false;
   for (int64_t i = 0; i < n; i++) {
@@ -15,9 +15,14 @@ static void quantize_block(dm_dtype dt, size_t es, char *y, const char *x, int64
     if (a > amax) amax = a;
     sum += a;
   }
-  double s = dm_quant_scale(format, amax, sum / (double)n);
+  return nan ? NAN : dm_quant_scale(format, amax, sum / (double)n);
+}
+
+/* one block of n elements, es bytes apart: its scale, then each element */
+static void quantize_block(dm_dtype dt, size_t es, char *y, const char *x, int64_t n, int format) {
+  double s = block_scale(dt, es, x, n, format);
   for (int64_t i = 0; i < n; i++) {
-    double v = nan ? NAN : s > 0 ? dm_quant_value(format, ld(dt, x + i * es), s) : 0.0;
+    double v = s != s ? NAN : s > 0 ? dm_quant_value(format, ld(dt, x + i * es), s) : 0.0;
     st(dt, y + i * es, v);
   }
 }
@@ -34,19 +39,6 @@ static void cpu_quantize(dm_tensor *y, const dm_tensor *x, int format, int64_t b
       int64_t at = (r * n + b) * (int64_t)es, len = n - b < block ? n - b : block;
       quantize_block(x->dtype, es, yp + at, xp + at, len, format);
     }
-}
-
-/* a block's scale: amax and mean |x| of its n elements (NaN when one is NaN) */
-static double block_scale(dm_dtype dt, size_t es, const char *x, int64_t n, int format) {
-  double amax = 0, sum = 0;
-  bool nan = false;
-  for (int64_t i = 0; i < n; i++) {
-    double a = fabs(ld(dt, x + i * es));
-    nan |= a != a;
-    if (a > amax) amax = a;
-    sum += a;
-  }
-  return nan ? NAN : dm_quant_scale(format, amax, sum / (double)n);
 }
 
 static void cpu_quant_encode(dm_tensor *codes, dm_tensor *scales, const dm_tensor *x, int format, int64_t block) {
