@@ -247,6 +247,8 @@ local function train_jobs(spec, jobs, dir, names, say)
         done = done + 1
         say(string.format("== sweep: arm %s, seed %d done: bpb_fin %.4f (%d of %d left)", job.arm, job.seed,
                           r.bpb_fin or 0 / 0, left, #queue))
+      elseif stopped then                         -- stopped by the signal, not failed: its log says where
+        say(string.format("== sweep: arm %s, seed %d stopped (%s)", job.arm, job.seed, job.log))
       else
         failed[#failed + 1] = string.format("arm %s, seed %d (status %d; %s)", job.arm, job.seed, status, job.log)
         say("== sweep: " .. failed[#failed])

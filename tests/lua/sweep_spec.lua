@@ -110,6 +110,7 @@ describe("dormouse sweep", function()
     assert.equal(1, code, out)
     assert.is_truthy(out:find("== sweep: SIGTERM: the 2 runs going stop after their step", 1, true), out)
     assert.is_truthy(out:find("sweep: stopped by SIGTERM: 2 of 2 runs were not finished", 1, true), out)
+    assert.is_truthy(out:find("== sweep: arm control, seed 1 stopped", 1, true), out)
     local log = assert(io.open(dir .. "/sweep-tiny/control-s1.log")):read("a")
     assert.is_truthy(log:find("SIGTERM: the run stopped after step", 1, true), log)
     local _, left = sh("pgrep -f '[s]weep " .. file .. "' || true")     -- [s]: not this pgrep's own shell

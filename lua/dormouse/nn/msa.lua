@@ -48,18 +48,15 @@ end
 
 -- The masks of a length-T sequence in blocks of n, on device (constants, u8):
 -- past [T, nb]: block j lies before t's block; near [T, T]: s in t's block and s <= t;
--- owner [T]: each position's block (0-based)
+-- owner [T]: each position's block (0-based, i64)
 local function masks(T, n, device)
-  local nb = T // n
-  local past, near, owner = {}, {}, {}
-  for t = 0, T - 1 do
-    local pr, nr = {}, {}
-    for j = 0, nb - 1 do pr[j + 1] = j < t // n and 1 or 0 end
-    for s = 0, T - 1 do nr[s + 1] = (s // n == t // n and s <= t) and 1 or 0 end
-    past[t + 1], near[t + 1], owner[t + 1] = pr, nr, t // n
-  end
-  return dm.tensor(past, {dtype = "u8", device = device}), dm.tensor(near, {dtype = "u8", device = device}),
-         dm.tensor(owner, {dtype = "i64", device = device})
+  local nb, blocks = T // n, {}
+  for t = 0, T - 1 do blocks[t + 1] = t // n end
+  local owner = dm.tensor(blocks, {dtype = "i64", device = device})
+  local pos = dm.arange(T, {dtype = "i64", device = device})
+  local past = dm.arange(nb, {dtype = "i64", device = device}):reshape({1, nb}):lt(owner:reshape({T, 1}))
+  local near = owner:reshape({1, T}):eq(owner:reshape({T, 1})):mul(pos:reshape({1, T}):le(pos:reshape({T, 1})))
+  return past, near, owner
 end
 
 -- the top_k past blocks of each query by its block scores sb [B, H, T, nb] (past: [T, nb]): a u8 mask
