@@ -648,9 +648,9 @@ describe("low-bit banks in checkpoints (checkpoint.banks)", function()
   it("writes the banks as codes and scales, F8_E4M3 where they are E4M3, and loads their values back", function()
     local runs = helpers.tmpdir()
     local function trained(name, format)
-      helpers.run_quiet(helpers.tiny({"steps=3", "schedule.warmup=1", "log.every=3", "eval.every=0", "checkpoint.every=0", "name=" .. name,
+      helpers.run_quiet(helpers.tiny({"steps=2", "schedule.warmup=1", "log.every=2", "eval.every=0", "checkpoint.every=0", "name=" .. name,
                                       "checkpoint.banks=" .. format}), {runs = runs})
-      return runs .. "/" .. name .. "/ckpt-3"
+      return runs .. "/" .. name .. "/ckpt-2"
     end
     local plain_dir = trained("plain", "f32")
     local plain = probe.load(plain_dir, ".")
@@ -679,7 +679,7 @@ describe("low-bit banks in checkpoints (checkpoint.banks)", function()
     end
     assert.is_true(sizes.fp8_e4m3 < f32_size and sizes.nvfp4 < sizes.fp8_e4m3 and sizes.ternary < sizes.nvfp4)
     -- a resume from such a checkpoint says that it continues from the codes' values
-    local cfg = helpers.tiny({"steps=4", "schedule.warmup=1", "log.every=4", "eval.every=0", "checkpoint.every=0", "name=nvfp4",
+    local cfg = helpers.tiny({"steps=3", "schedule.warmup=1", "log.every=3", "eval.every=0", "checkpoint.every=0", "name=nvfp4",
                               "checkpoint.banks=nvfp4"})
     helpers.run_quiet(cfg, {runs = runs, resume = runs .. "/nvfp4"})
     helpers.has(helpers.read(runs .. "/nvfp4/log.txt"), "resume: the experts' banks were saved as nvfp4")

@@ -68,8 +68,8 @@ describe("dormouse sweep", function()
   it("with --jobs trains the runs as processes of their own, to the same figures as one process", function()
     local dir, file, cwd = sweep_file([[seeds = {1, 2},
   arms = {control = {}, loom = {["model.loom"] = true}},
-  set = {steps = 6, ["schedule.warmup"] = 1, ["eval.every"] = 0, ["eval.windows"] = 4, ["eval.baseline"] = {},
-         ["checkpoint.every"] = 0, ["log.every"] = 2}]])
+  set = {steps = 3, ["schedule.warmup"] = 1, ["eval.every"] = 0, ["eval.windows"] = 4, ["eval.baseline"] = {},
+         ["checkpoint.every"] = 0, ["log.every"] = 1}]])
     local code, out = sh(string.format("cd '%s' && '%s' sweep '%s'", cwd, bin, file))
     assert.equal(0, code, out)
     local one = assert(io.open(dir .. "/sweep-tiny/verdict.json")):read("a")
