@@ -11,6 +11,8 @@ return {
     dspark = {["model.aux.draft"] = 0.1},
     qat_ladder = {["model.moe.qat"] = "ladder"},
     msa = {["model.msa.top_k"] = 2, ["model.msa.block"] = 64},
+    littlebit = {["model.moe.littlebit"] = "sign"},
+    littlebit_res = {["model.moe.littlebit"] = "residual"},
   },
   seeds = {1, 2, 3},
   set = {["checkpoint.every"] = 0},

@@ -1,9 +1,10 @@
 /*
 ** quant.cu — the low-bit formats on CUDA (vm/quant.h has the contract and
-** the rounding, shared with the CPU and the oracle): quantize gives one
-** thread a block of elements, its statistics then its values, in double as
-** on the CPU; quant_encode finds the blocks' scales first, then writes each
-** byte of codes; quant_decode reads one element a thread.
+** the rounding, shared with the CPU and the oracle): quantize gives a group
+** of lanes a block of elements, its statistics by shuffles, then its
+** values, in double as on the CPU; quant_encode finds the blocks' scales the
+** same way first, then writes each byte of codes; quant_decode reads one
+** element a thread.
 */
 #include "common.cuh"
 extern "C" {
@@ -12,27 +13,86 @@ extern "C" {
 
 template <int DT> using S_ = typename dt<DT>::S;
 
-template <int DT>
+/* A group of W lanes (a power of two up to 32, within a warp) takes one block of elements: lane i
+** reads elements i, i + W, ... and the group's statistics meet by shuffles, so a warp reads runs of
+** consecutive elements (the rows' blocks lie end to end). A lane takes up to 4 of a block's
+** elements (blocks up to 32; W = 8 for 32), so that a block's shuffles are few. The double sum of
+** up to 32 float magnitudes is exact in any order while they span less than 2^24, so the scales
+** are then the CPU's, bit for bit (beyond that, or from f64 input, they agree to the sum's
+** rounding). amax carries a NaN on (the max below keeps it), so the NaN flag needs no shuffle. */
+struct block_stat {
+  double amax, sum;
+  bool nan;
+};
+
+__device__ __forceinline__ double nan_max(double a, double b) { return b != b || b > a ? b : a; }
+
+template <int DT, int W>
+__device__ __forceinline__ block_stat group_stat(const S_<DT> *x, int64_t at, int64_t len, int lane) {
+  double amax = 0, sum = 0;
+  for (int64_t i = lane; i < len; i += W) {
+    double a = fabs((double)dt<DT>::load(x[at + i]));
+    amax = nan_max(amax, a);
+    sum += a;
+  }
+  for (int o = W / 2; o > 0; o /= 2) {
+    amax = nan_max(amax, __shfl_xor_sync(0xffffffffu, amax, o, W));
+    sum += __shfl_xor_sync(0xffffffffu, sum, o, W);
+  }
+  return {amax, sum, amax != amax};
+}
+
+/* the block a group takes, and where it lies: its first element and its length */
+struct block_at {
+  int64_t at, len;
+};
+__device__ __forceinline__ block_at block_of(int64_t j, int64_t n, int64_t block, int64_t blocks_per_row) {
+  int64_t row = j / blocks_per_row, b = (j % blocks_per_row) * block;
+  return {row * n + b, n - b < block ? n - b : block};
+}
+
+/* The groups' loop: a warp takes 32 / W consecutive blocks a trip (block j for the group its lane
+** is in), and its trips are the same for all its lanes, as the shuffles need; a group past the end
+** takes a block of no elements. */
+#define DM_GROUP_LOOP(j, n_blocks, W)                                                                    \
+  for (int64_t base_ = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32 * (32 / (W)),              \
+               j = base_ + (threadIdx.x % 32) / (W);                                                   \
+       base_ < (n_blocks); base_ += (int64_t)gridDim.x * blockDim.x / 32 * (32 / (W)),                 \
+               j = base_ + (threadIdx.x % 32) / (W))
+
+template <int DT, int W>
 __global__ void quantize_k(S_<DT> *y, const S_<DT> *x, int64_t n, int64_t block, int64_t blocks_per_row,
                            int64_t n_blocks, int format) {
-  DM_GRID_LOOP(j, n_blocks) {
-    int64_t row = j / blocks_per_row, b = (j % blocks_per_row) * block;
-    int64_t len = n - b < block ? n - b : block, at = row * n + b;
-    double amax = 0, sum = 0;
-    bool nan = false;
-    for (int64_t i = 0; i < len; i++) {
-      double a = fabs((double)dt<DT>::load(x[at + i]));
-      nan |= a != a;
-      amax = a > amax ? a : amax;
-      sum += a;
-    }
-    double s = dm_quant_scale(format, amax, sum / (double)len);
-    for (int64_t i = 0; i < len; i++) {
-      double v = nan ? (double)NAN : s > 0 ? dm_quant_value(format, (double)dt<DT>::load(x[at + i]), s) : 0.0;
-      y[at + i] = dt<DT>::store(v);
+  int lane = threadIdx.x % W;
+  DM_GROUP_LOOP(j, n_blocks, W) {
+    block_at b = block_of(j, n, block, blocks_per_row);
+    if (j >= n_blocks) b.len = 0;
+    block_stat st = group_stat<DT, W>(x, b.at, b.len, lane);
+    double s = dm_quant_scale(format, st.amax, b.len ? st.sum / (double)b.len : 0);
+    for (int64_t i = lane; i < b.len; i += W) {
+      double v = st.nan ? (double)NAN : s > 0 ? dm_quant_value(format, (double)dt<DT>::load(x[b.at + i]), s) : 0.0;
+      y[b.at + i] = dt<DT>::store(v);
     }
   }
 }
+
+/* lanes a block: 4 for blocks up to 16 (nvfp4's), 8 up to 32 (the others'), a warp beyond;
+** DM_BY_LANES runs its body with W set */
+static int group_lanes(int64_t block) { return block <= 16 ? 4 : block <= 32 ? 8 : 32; }
+#define DM_BY_LANES(block, ...)                                                                      \
+  do {                                                                                               \
+    switch (group_lanes(block)) {                                                                    \
+    case 4: { constexpr int W = 4; __VA_ARGS__; } break;                                             \
+    case 8: { constexpr int W = 8; __VA_ARGS__; } break;                                             \
+    default: { constexpr int W = 32; __VA_ARGS__; } break;                                           \
+    }                                                                                                \
+  } while (0)
+
+/* a launch of `groups` groups of W lanes */
+#define DM_GROUP_LAUNCH(kernel, groups, W, ...) do {                                                 \
+    kernel<<<dm_grid((groups) * (W)), DM_THREADS, 0, dm_cuda_stream()>>>(__VA_ARGS__);                \
+    DM_CU_LAUNCHED();                                                                                \
+  } while (0)
 
 static void cuda_quantize(dm_tensor *y, const dm_tensor *x, int format, int64_t block) {
   int64_t total = dm_numel(x);
@@ -40,28 +100,23 @@ static void cuda_quantize(dm_tensor *y, const dm_tensor *x, int format, int64_t 
   int64_t n = x->shape[x->ndim - 1], per_row = (n + block - 1) / block, n_blocks = total / n * per_row;
   dm_dispatch_float(x->dtype, "quantize", [&](auto d) {
     constexpr int DT = decltype(d)::value;
-    DM_LAUNCH(quantize_k<DT>, n_blocks, (S_<DT> *)dm_data(y), (const S_<DT> *)dm_data(x), n, block, per_row,
-              n_blocks, format);
+    DM_BY_LANES(block, DM_GROUP_LAUNCH((quantize_k<DT, W>), n_blocks, W, (S_<DT> *)dm_data(y),
+                                       (const S_<DT> *)dm_data(x), n, block, per_row, n_blocks, format));
   });
 }
 
-/* the codes: first each block's scale (one thread a block), then each byte of codes (one thread a
-** byte, its elements' scales read back from the first pass: blocks need not align with bytes) */
-template <int DT>
+/* the codes: first each block's scale (a group a block, as quantize), then each byte of codes (one
+** thread a byte, its elements' scales read back from the first pass: blocks need not align with bytes) */
+template <int DT, int W>
 __global__ void encode_scales_k(float *sf32, uint8_t *s8, const S_<DT> *x, int64_t n, int64_t block,
                                 int64_t blocks_per_row, int64_t n_blocks, int format) {
-  DM_GRID_LOOP(j, n_blocks) {
-    int64_t row = j / blocks_per_row, b = (j % blocks_per_row) * block;
-    int64_t len = n - b < block ? n - b : block, at = row * n + b;
-    double amax = 0, sum = 0;
-    bool nan = false;
-    for (int64_t i = 0; i < len; i++) {
-      double a = fabs((double)dt<DT>::load(x[at + i]));
-      nan |= a != a;
-      amax = a > amax ? a : amax;
-      sum += a;
-    }
-    double sc = nan ? (double)NAN : dm_quant_scale(format, amax, sum / (double)len);
+  int lane = threadIdx.x % W;
+  DM_GROUP_LOOP(j, n_blocks, W) {
+    block_at b = block_of(j, n, block, blocks_per_row);
+    if (j >= n_blocks) b.len = 0;
+    block_stat st = group_stat<DT, W>(x, b.at, b.len, lane);
+    if (lane != 0 || j >= n_blocks) continue;
+    double sc = st.nan ? (double)NAN : dm_quant_scale(format, st.amax, st.sum / (double)b.len);
     if (s8) s8[j] = (uint8_t)(sc != sc ? 0x7F : dm_e4m3_code(sc));
     else sf32[j] = (float)sc;
   }
@@ -98,7 +153,8 @@ static void cuda_quant_encode(dm_tensor *codes, dm_tensor *scales, const dm_tens
   dm_dispatch_float(x->dtype, "quant_encode", [&](auto d) {
     constexpr int DT = decltype(d)::value;
     const S_<DT> *xp = (const S_<DT> *)dm_data(x);
-    DM_LAUNCH(encode_scales_k<DT>, rows * bpr, sf32, s8, xp, n, block, bpr, rows * bpr, format);
+    DM_BY_LANES(block, DM_GROUP_LAUNCH((encode_scales_k<DT, W>), rows * bpr, W, sf32, s8, xp, n, block, bpr,
+                                       rows * bpr, format));
     DM_LAUNCH(encode_codes_k<DT>, rows * row_bytes, (uint8_t *)dm_data(codes), sf32, s8, xp, n, block, bpr,
               row_bytes, rows * row_bytes, format);
   });

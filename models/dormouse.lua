@@ -90,6 +90,12 @@ function Dormouse:arms()
                                 "relative error, on the log line)", self.cfg.moe.qat_from,
                                 qat == "ladder" and "fp8_e4m3, nvfp4, ternary in thirds" or qat)
   end
+  local lb = self.cfg.moe.littlebit
+  if lb ~= "off" then
+    on[#on + 1] = "LittleBit experts: Ug, Uu, D as row * sign(latent) * col, learned scales" ..
+                  (lb == "residual" and ", plus a residual binary term" or "") ..
+                  " (lb_flip, the share of signs flipped a step, on the log line)"
+  end
   return on
 end
 
@@ -258,6 +264,11 @@ function Dormouse:pass(x, prefix, opts)
   if qat_err and dm.grad_enabled() then            -- QAT's error on the factors, on the log line
     out.extras = out.extras or {}
     out.extras.qat = qat_err
+  end
+  local lb_flip = self.block.moe.lb_flip
+  if lb_flip and dm.grad_enabled() then             -- LittleBit: the share of latent signs that flipped
+    out.extras = out.extras or {}
+    out.extras.lb_flip = lb_flip
   end
   if self.loom_gate and dm.grad_enabled() then     -- the gates' size on the log line
     out.extras = out.extras or {}

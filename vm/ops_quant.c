@@ -31,16 +31,29 @@ static void check_rows(const char *name, const dm_tensor *x) {
   if (x->ndim == 0) dm_error("%s: x must have at least 1 dim (the rows' blocks lie along the last), got a 0-dim tensor", name);
 }
 
-static void quantize_forward(dm_ctx *c) {
-  dm_tensor *x = c->in[0];
-  dm_check_float("quantize", "x", x);
+/* quantize's and quant_encode's input: x checked (a float tensor with a last dim), the format
+** and block read; x made contiguous (released by the caller) */
+typedef struct {
+  dm_tensor *x;
+  int format;
   int64_t block;
-  int format = format_block(c, &block);
-  check_rows("quantize", x);
-  dm_tensor *xc = dm_contiguous(x);
-  dm_tensor *y = dm_tensor_new(x->device, x->dtype, x->ndim, x->shape);
-  DM_KERNEL(dm_quantize_k, "quantize", x->device)(y, xc, format, block);
-  dm_release(xc);
+} quant_input;
+
+static quant_input quant_input_of(dm_ctx *c) {
+  const char *name = c->op->name;
+  quant_input q;
+  dm_check_float(name, "x", c->in[0]);
+  q.format = format_block(c, &q.block);
+  check_rows(name, c->in[0]);
+  q.x = dm_contiguous(c->in[0]);
+  return q;
+}
+
+static void quantize_forward(dm_ctx *c) {
+  quant_input q = quant_input_of(c);
+  dm_tensor *y = dm_tensor_new(q.x->device, q.x->dtype, q.x->ndim, q.x->shape);
+  DM_KERNEL(dm_quantize_k, "quantize", q.x->device)(y, q.x, q.format, q.block);
+  dm_release(q.x);
   c->out[0] = y;
 }
 
@@ -55,17 +68,12 @@ static dm_tensor *shaped_like(const dm_tensor *x, int64_t last, dm_dtype dt) {
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 static void encode_forward(dm_ctx *c) {
-  dm_tensor *x = c->in[0];
-  dm_check_float("quant_encode", "x", x);
-  int64_t block;
-  int format = format_block(c, &block);
-  check_rows("quant_encode", x);
-  int64_t n = x->shape[x->ndim - 1];
-  dm_tensor *xc = dm_contiguous(x);
-  dm_tensor *codes = shaped_like(x, ceil_div(n, dm_quant_per_byte(format)), DM_U8);
-  dm_tensor *scales = shaped_like(x, ceil_div(n, block), format == DM_QUANT_NVFP4 ? DM_U8 : DM_F32);
-  DM_KERNEL(dm_quant_encode_k, "quant_encode", x->device)(codes, scales, xc, format, block);
-  dm_release(xc);
+  quant_input q = quant_input_of(c);
+  int64_t n = q.x->shape[q.x->ndim - 1];
+  dm_tensor *codes = shaped_like(q.x, ceil_div(n, dm_quant_per_byte(q.format)), DM_U8);
+  dm_tensor *scales = shaped_like(q.x, ceil_div(n, q.block), q.format == DM_QUANT_NVFP4 ? DM_U8 : DM_F32);
+  DM_KERNEL(dm_quant_encode_k, "quant_encode", q.x->device)(codes, scales, q.x, q.format, q.block);
+  dm_release(q.x);
   c->out[0] = codes;
   c->out[1] = scales;
 }

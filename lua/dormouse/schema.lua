@@ -273,6 +273,9 @@ local rows = {
        "an arm: the experts' factors Ug, Uu, D fake-quantised (straight through) from qat_from of the run on, " ..
        "in one format, or ladder: fp8_e4m3, nvfp4, ternary in equal thirds of that span (docs/arms.md)"},
       {"qat_from", fraction, 0.85, "the fraction of the run's steps after which model.moe.qat begins"},
+      {"littlebit", enum {"off", "sign", "residual"}, "off", "an arm: the experts' factors Ug, Uu, D as " ..
+       "row * sign(latent) * col with learned row and column scales (LittleBit), residual: plus a second " ..
+       "such term on a latent of its own (docs/arms.md)"},
       {"capacity_factor", optional(num{above = 0}), nil, "nil = dropless; else assignments over factor*T*k/E per expert are dropped and counted"},
     }},
   }},
@@ -362,6 +365,18 @@ schema.checks = {
       return ("graph = true with model.moe.qat = %s from %g of the run: the format changes during the run and a " ..
               "captured graph holds one; set graph = nil (eager) or model.moe.qat_from = 0 with one format")
              :format(c.model.moe.qat, c.model.moe.qat_from)
+    end
+  end,
+  function(c)
+    local m = c.model.moe
+    if m.littlebit == "off" then return nil end
+    if m.qat ~= "off" then
+      return ("model.moe.littlebit = %s with model.moe.qat = %s: the factors are signs under learned scales " ..
+              "already; set one of them to off"):format(m.littlebit, m.qat)
+    end
+    if m.retract_every > 0 then
+      return ("model.moe.littlebit = %s with model.moe.retract_every = %d: retraction would move the latents, " ..
+              "whose signs are the weights; set model.moe.retract_every = 0"):format(m.littlebit, m.retract_every)
     end
   end,
   function(c)                                    -- segments are exact only where nothing spans a segment

@@ -522,6 +522,86 @@ describe("QAT (model.moe.qat)", function()
   end)
 end)
 
+describe("LittleBit (model.moe.littlebit)", function()
+  -- the factor's LittleBit form by hand: row * sign(X) * col (+ the residual term)
+  local function by_hand(moe, name)
+    local function term(X, row, col) return row * X:sign() * col end
+    local v = term(moe[name], moe[name .. "_row"], moe[name .. "_col"])
+    if moe[name .. "_res"] then v = v + term(moe[name .. "_res"], moe[name .. "_res_row"], moe[name .. "_res_col"]) end
+    return v
+  end
+
+  for _, form in ipairs {"sign", "residual"} do
+    it("forwards " .. form .. "'s binary factors and passes the sign's gradient straight through", function()
+      local x, prefix = tiny_batch()
+      local m = build("experiments/tiny.lua", {"model.moe.littlebit=" .. form})
+      local twin = build("experiments/tiny.lua")                  -- the same draws; its factors set by hand
+      local moe, tm = m.block.moe, twin.block.moe
+      dm.no_grad(function()
+        for _, name in ipairs {"Ug", "Uu", "D"} do tm[name]:copy_(by_hand(moe, name)) end
+      end)
+      local function loss_of(model)
+        return dm.scope(function()
+          local out = model:forward(x, prefix)
+          out.loss:backward()
+          return out.loss:item()
+        end)
+      end
+      assert.equal(loss_of(twin), loss_of(m))
+      local function near(a, b, what)
+        assert.is_true((a - b):abs():max():item() <= 1e-6 * b:abs():max():item(), what)
+      end
+      for _, name in ipairs {"Ug", "Uu", "D"} do
+        local g = tm[name].grad
+        near(moe[name].grad, g * moe[name .. "_row"] * moe[name .. "_col"], name)        -- straight through
+        local row = moe[name .. "_row"]
+        near(row.grad, (g * moe[name]:sign() * moe[name .. "_col"]):sum_to(row:shape()), name .. "_row")
+        if form == "residual" then
+          near(moe[name .. "_res"].grad, g * moe[name .. "_res_row"] * moe[name .. "_res_col"], name .. "_res")
+        end
+      end
+    end)
+  end
+
+  it("starts each term's scales at the rank-1 fit of |X| and the residual latent at what the first leaves", function()
+    local moe = build("experiments/tiny.lua", {"model.moe.littlebit=residual"}).block.moe
+    local plain = build("experiments/tiny.lua").block.moe
+    assert.equal(0, (moe.Ug - plain.Ug):abs():max():item())         -- the control's draws, untouched
+    local X, E = moe.D, moe.D:size(1)
+    local A = X:abs()
+    local fit = A:sum_to({E, X:size(2), 1}) * A:sum_to({E, 1, X:size(3)}) / A:sum_to({E, 1, 1})
+    local got = moe.D_row * moe.D_col
+    assert.is_true((got - fit):abs():max():item() <= 1e-5 * fit:abs():max():item())
+    local R = X - moe.D_row * X:sign() * moe.D_col
+    assert.is_true((moe.D_res - R):abs():max():item() <= 1e-6)
+    local e = (by_hand(moe, "D") - X):pow(2):sum():item() / X:pow(2):sum():item()
+    local e1 = (moe.D_row * X:sign() * moe.D_col - X):pow(2):sum():item() / X:pow(2):sum():item()
+    assert.is_true(e < e1 and e1 < 0.5, e .. " " .. e1)             -- the residual term halves the error or better
+  end)
+
+  it("puts the scales with AdamW and the residual latents with the banks under Muon", function()
+    local groups = require "dormouse.optim.groups"
+    local m = build("experiments/tiny.lua", {"model.moe.littlebit=residual"})
+    local seen = {}
+    for _, e in ipairs(m:named_parameters()) do seen[e.name] = (groups.classify(e)) end
+    assert.equal("adamw", seen["block.moe.Ug_row"])
+    assert.equal("adamw", seen["block.moe.D_res_col"])
+    assert.equal("muon", seen["block.moe.D_res"])
+    assert.equal("muon", seen["block.moe.Ug"])
+  end)
+
+  it("is named at the start and counted on the log line; QAT or retraction with it is refused", function()
+    local helpers = require "tests.lua.helpers"
+    local log = arm_log({"model.moe.littlebit=sign"})
+    helpers.has(log, "arms: LittleBit experts: Ug, Uu, D as row * sign(latent) * col")
+    assert.truthy(log:find("step      6 [^\n]- lb_flip 0%.%d+"), log)
+    helpers.has(helpers.err_of(helpers.tiny, {"model.moe.littlebit=sign", "model.moe.qat=nvfp4"}),
+                "model.moe.littlebit = sign with model.moe.qat = nvfp4")
+    helpers.has(helpers.err_of(helpers.tiny, {"model.moe.littlebit=residual", "model.moe.retract_every=10"}),
+                "model.moe.retract_every = 0")
+  end)
+end)
+
 describe("MSA (model.msa)", function()
   -- the branch's function by plain loops in double: per head and query, the top-k past blocks by
   -- q . mean(k over the block), then a softmax over their positions and the query's block up to it
@@ -615,7 +695,7 @@ describe("the control, every arm off", function()
   local STEPS = {6.0994386672973633, 6.0621547698974609}          -- with steps = 2: the same first steps
   local function near(want, got, what) assert.is_true(math.abs(got - want) <= 1e-6 * want, what .. ": " .. got) end
   local OFF = {"model.aux.future=0", "model.aux.draft=0", "model.loom=false", "model.moe.retract_every=0",
-               "model.moe.qat=off", "checkpoint.banks=f32"}
+               "model.moe.qat=off", "model.moe.littlebit=off", "model.msa.top_k=0", "checkpoint.banks=f32"}
 
   it("computes what the model computed before the arms, bit for bit, with every arm's key off", function()
     local seen = {}

@@ -39,15 +39,91 @@ function MoE:init(d, opts)
   self:child("sd", nn.Linear(rs, F))
   self:child("write", nn.Linear(F, d, {std = F ^ -0.5 * (opts.out_factor or 1)}))   -- the branch's output
   self:buffer("lfb_bias", nn.init.zeros({E}))
+  self.littlebit = opts.littlebit ~= nil and opts.littlebit ~= "off" and opts.littlebit or nil
+  if self.littlebit then self:littlebit_init(self.littlebit == "residual") end
+end
+
+--[[ LittleBit (an arm, model.moe.littlebit; docs/arms.md; arXiv 2506.13771): each factor X of
+Ug, Uu [E, d, r] and D [E, r, F] is used as row * sign(X) * col, the latent X's signs under a
+learned scale per row ([E, m, 1]) and per column ([E, 1, n]); the per-rank scales cg, cu stay.
+The sign's gradient is passed straight through to the latent. "residual" adds a second term of
+the same form on a latent of its own, X_res, which starts as what the first term leaves,
+X - row * sign(X) * col. Each term's scales start at the rank-1 fit of its latent's |X| from
+the marginals, row_i col_j = mean_j |X_ij| mean_i |X_ij| / mean |X|. Nothing is drawn: the
+control's parameters are drawn as before. ]]
+local function marginal_scales(X)
+  local E, m, n = X:size(1), X:size(2), X:size(3)
+  local A = X:abs()
+  local row = A:sum_to({E, m, 1}) * (1 / n)
+  local col = A:sum_to({E, 1, n}) * (1 / m) / (A:sum_to({E, 1, 1}) * (1 / (m * n)) + 1e-30)
+  return row, col
+end
+
+local function binary_term(latent, row, col)
+  local held = latent:detach()
+  local signs = held:sign() + (latent - held)        -- sign(X) forward, the gradient straight through
+  return nn.like(row, signs) * signs * nn.like(col, signs)
+end
+
+function MoE:littlebit_init(residual)
+  dm.no_grad(function()
+    for _, name in ipairs(MoE.banks) do
+      local X = self[name]
+      local row, col = marginal_scales(X)
+      self:param(name .. "_row", row:contiguous())
+      self:param(name .. "_col", col:contiguous())
+      if residual then
+        local R = (X - row * X:sign() * col):contiguous()
+        local rrow, rcol = marginal_scales(R)
+        self:param(name .. "_res", R)
+        self:param(name .. "_res_row", rrow:contiguous())
+        self:param(name .. "_res_col", rcol:contiguous())
+      end
+    end
+  end)
+end
+
+-- The factor `name`'s LittleBit form from its latent w (the compute copy of the bank)
+function MoE:binarised(name, w)
+  local v = binary_term(w, self[name .. "_row"], self[name .. "_col"])
+  local res = self[name .. "_res"]
+  if res then
+    v = v + binary_term(nn.like(res, w), self[name .. "_res_row"], self[name .. "_res_col"])
+  end
+  return v
+end
+
+--[[ LittleBit's counter (lb_flip on the log line): the share of the latents' signs, on the first 8
+experts' factors, that differ from the last training pass's (0 at the first). Device tensors only:
+the previous signs are kept and overwritten in place. ]]
+function MoE:littlebit_flips()
+  return dm.no_grad(function()
+    local k = math.min(8, self.experts)
+    local flips, total = nil, 0
+    self.lb_signs = self.lb_signs or {}
+    for _, name in ipairs(MoE.banks) do
+      local now = self[name]:narrow(1, 1, k):sign()
+      local before = self.lb_signs[name]
+      if before then
+        local changed = now:ne(before):to("f32"):sum()
+        flips = flips and flips + changed or changed
+        before:copy_(now)
+      else
+        self.lb_signs[name] = dm.keep(now)
+      end
+      total = total + now:numel()
+    end
+    return flips and dm.keep(flips * (1 / total)) or dm.keep(dm.zeros({}, {device = self.lfb_bias.device}))
+  end)
 end
 
 -- A new forward pass of the model: its routing counts start again.
 -- update_balance (after the backward) ends the pass.
 function MoE:new_pass()
   if dm.recomputing() then return end          -- a checkpoint around the whole pass: the forward's state stands
-  self.qat_err = nil
-  for _, q in pairs(self.qat_cache or {}) do nn.release(q) end   -- the last pass's, its backward done
-  self.qat_cache = self.qat and setmetatable({}, {__mode = "k"}) or nil
+  self.qat_err, self.lb_flip = nil, nil
+  for _, q in pairs(self.bank_cache or {}) do nn.release(q) end   -- the last pass's, its backward done
+  self.bank_cache = (self.qat or self.littlebit) and setmetatable({}, {__mode = "k"}) or nil
   self.counts = dm.zeros({self.experts}, {dtype = "i64", device = self.lfb_bias.device})
   self.drops = self.capacity_factor and dm.zeros({self.experts}, {dtype = "i64", device = self.lfb_bias.device})
 end
@@ -66,7 +142,25 @@ function MoE:compute_weights()
          D = nn.compute(self.D)}
   end
   if self.qat then self:fake_quantized(W) end
+  if self.littlebit then self:binarised_banks(W) end
   return W
+end
+
+-- The banks in W replaced by their LittleBit form, once a pass (shared by its iterations, as QAT's)
+function MoE:binarised_banks(W)
+  local cache = self.bank_cache
+  if cache and not self.lb_flip and dm.grad_enabled() and not dm.recomputing() then
+    self.lb_flip = self:littlebit_flips()
+  end
+  for _, name in ipairs(MoE.banks) do
+    local w = W[name]
+    local v = cache and cache[w]
+    if not v then
+      v = self:binarised(name, w)
+      if cache and not dm.recomputing() then cache[w] = dm.keep(v) end
+    end
+    W[name] = v
+  end
 end
 
 --[[ QAT (an arm, model.moe.qat; docs/arms.md): the factors Ug, Uu, D through the format
@@ -74,7 +168,7 @@ self.qat (set by the model before each step), their gradient passed straight thr
 weights. The scales cg, cu stay as they are. The pass's first call also measures the format's
 relative error, ||q(W) - W|| / ||W||, on the first 8 experts' factors (the log line's qat). ]]
 function MoE:fake_quantized(W)
-  local cache, err2, norm2 = self.qat_cache, nil, nil
+  local cache, err2, norm2 = self.bank_cache, nil, nil
   for _, name in ipairs {"Ug", "Uu", "D"} do
     local w = W[name]
     local q = cache and cache[w]

@@ -4,7 +4,7 @@ Parameter groups, chosen by name and shape (spec/model.md, Optimisers):
   muon     every 2-D weight and every 3-D bank [E, m, n] of the hidden layers
            (each expert's matrix orthogonalised on its own)
   adamw    embeddings, the head, gains, biases (dt_bias too), the router,
-           scales (cg, cu, scg, scu), gates, A_log, convolution weights, and
+           scales (cg, cu, scg, scu, LittleBit's rows and columns), gates, A_log, convolution weights, and
            anything that is not 2-D or 3-D
   engram   the Engram tables: Adam at engram_lr_mult × adamw_lr, no weight
            decay. For now a dense AdamW group; the sparse touched-rows Adam
@@ -40,6 +40,9 @@ groups.rules = {
   {"adamw", "bias", function(e) return leaf(e.name):match("bias$") end},
   {"adamw", "router", function(e) return owner(e.name) == "router" end},
   {"adamw", "scale", function(e) return scales[leaf(e.name)] end},
+  {"adamw", "scale", function(e)                                       -- LittleBit's row and column scales
+    return class_of(e) == "MoE" and (leaf(e.name):match("_row$") or leaf(e.name):match("_col$")) ~= nil
+  end},
   {"adamw", "gate", function(e) return gates[owner(e.name) or ""] end},
   {"adamw", "A_log", function(e) return leaf(e.name) == "A_log" end},
   {"adamw", "conv", function(e) return leaf(e.name):match("^conv") end},
