@@ -1,7 +1,7 @@
 /*
 ** ops_quant.c — the low-bit formats as an op:
 **
-**   quantize(x; format, block)     x through fp8_e4m3, nvfp4 or ternary, block by block along the
+**   quantize(x; format, block)     x through fp8_e4m3, nvfp4, ternary or binary, block by block along the
 **                                  last dim, dequantised (vm/quant.h has the formats)
 **   quant_encode(x; format, block) -> codes, scales     the same values as bits (a file's form)
 **   quant_decode(codes, scales; format, block, n) -> y  and back, f32
@@ -112,7 +112,7 @@ static void decode_forward(dm_ctx *c) {
 static dm_op ops[] = {
   {.name = "quantize",
    .doc = "x through a low-bit format block by block along the last dim, dequantised (no gradient; "
-          "block 0: 32 for fp8_e4m3 and ternary, 16 for nvfp4)",
+          "block 0: 16 for nvfp4, 32 for the others)",
    .n_in = 1, .n_out = 1, .attrs = "format=" DM_QUANT_SPELLINGS ",block", .nondiff = 1,
    .forward = quantize_forward},
   {.name = "quant_encode",

@@ -13,6 +13,8 @@
 **             e4m3 scale per block of 16, without NVFP4's second, per-tensor f32 scale: banks'
 **             block maxima sit well inside e4m3's range)
 **   ternary   s = mean(|x|), q = clamp(round(x / s), -1, 1) s                 (absmean, BitNet b1.58)
+**   binary    s = mean(|x|), q = s for x >= 0, -s for x < 0       (absmean signs, one bit; LittleBit's
+**             banks are their latents' signs, which this keeps exactly)
 **
 ** Rounding is to nearest, ties to even, in double; a block of zeros stays
 ** zeros, and a NaN in a block makes the whole block NaN (loud, not hidden).
@@ -30,10 +32,10 @@
 #endif
 
 /* the formats, in the order of the op's attribute spellings (DM_QUANT_SPELLINGS) */
-enum { DM_QUANT_FP8_E4M3, DM_QUANT_NVFP4, DM_QUANT_TERNARY, DM_QUANT_NFORMATS };
-#define DM_QUANT_SPELLINGS "fp8_e4m3|nvfp4|ternary"
+enum { DM_QUANT_FP8_E4M3, DM_QUANT_NVFP4, DM_QUANT_TERNARY, DM_QUANT_BINARY, DM_QUANT_NFORMATS };
+#define DM_QUANT_SPELLINGS "fp8_e4m3|nvfp4|ternary|binary"
 
-/* elements per scale block when the call gives 0: MX-style 32 for fp8, NVFP4's 16, 32 for ternary */
+/* elements per scale block when the call gives 0: MX-style 32 for fp8, NVFP4's 16, 32 for the others */
 DM_QUANT_FN int dm_quant_default_block(int format) { return format == DM_QUANT_NVFP4 ? 16 : 32; }
 
 /* the largest magnitude each element format holds */
@@ -77,6 +79,7 @@ DM_QUANT_FN double dm_quant_value(int format, double x, double s) {
   switch (format) {
   case DM_QUANT_FP8_E4M3: return dm_round_e4m3(u) * s;
   case DM_QUANT_NVFP4: return dm_round_e2m1(u) * s;
+  case DM_QUANT_BINARY: return u < 0 ? -s : s;
   default: { double r = rint(u); return (r > 1 ? 1 : r < -1 ? -1 : r) * s; }
   }
 }
@@ -113,14 +116,19 @@ DM_QUANT_FN double dm_e2m1_value(unsigned code) {
   return code & 8u ? -mags[code & 7] : mags[code & 7];
 }
 
+/* binary's 1-bit codes: 0 is +1, 1 is -1 (a sign bit) */
+DM_QUANT_FN unsigned dm_binary_code(double u) { return u < 0 ? 1u : 0u; }
+DM_QUANT_FN double dm_binary_value(unsigned code) { return code ? -1.0 : 1.0; }
+
 /* ternary's 2-bit codes: 0 is 0, 1 is +1, 2 is -1 */
 DM_QUANT_FN unsigned dm_ternary_code(double q) { return q > 0 ? 1u : q < 0 ? 2u : 0u; }
 DM_QUANT_FN double dm_ternary_value(unsigned code) { return code == 1 ? 1.0 : code == 2 ? -1.0 : 0.0; }
 
 /* elements per byte of a format's codes: 1 (E4M3), 2 (E2M1, the lower nibble first), 4 (ternary,
-** the lowest two bits first); a row of n elements takes ceil(n / per) bytes */
+** the lowest two bits first), 8 (binary, the lowest bit first); a row of n elements takes
+** ceil(n / per) bytes */
 DM_QUANT_FN int dm_quant_per_byte(int format) {
-  return format == DM_QUANT_FP8_E4M3 ? 1 : format == DM_QUANT_NVFP4 ? 2 : 4;
+  return format == DM_QUANT_FP8_E4M3 ? 1 : format == DM_QUANT_NVFP4 ? 2 : format == DM_QUANT_TERNARY ? 4 : 8;
 }
 DM_QUANT_FN int dm_quant_code_bits(int format) { return 8 / dm_quant_per_byte(format); }
 
@@ -131,13 +139,14 @@ DM_QUANT_FN unsigned dm_quant_code(int format, double x, double s) {
   switch (format) {
   case DM_QUANT_FP8_E4M3: return dm_e4m3_code(dm_round_e4m3(u));
   case DM_QUANT_NVFP4: return dm_e2m1_code(dm_round_e2m1(u));
+  case DM_QUANT_BINARY: return dm_binary_code(u);
   default: { double r = rint(u); return dm_ternary_code(r > 1 ? 1 : r < -1 ? -1 : r); }
   }
 }
 
 DM_QUANT_FN double dm_quant_code_value(int format, unsigned code, double s) {
   double v = format == DM_QUANT_FP8_E4M3 ? dm_e4m3_value(code) : format == DM_QUANT_NVFP4 ? dm_e2m1_value(code)
-           : dm_ternary_value(code);
+           : format == DM_QUANT_BINARY ? dm_binary_value(code) : dm_ternary_value(code);
   return v * s;
 }
 

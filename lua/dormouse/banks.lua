@@ -14,7 +14,10 @@ instead of its f32 values, and read back as the f32 values those codes hold.
 In the files: fp8_e4m3 codes are F8_E4M3 with F32 scales (one per 32
 elements of a row); nvfp4 codes are U8, two E2M1 codes a byte, with F8_E4M3
 scales (one per 16); ternary codes are U8, four 2-bit codes a byte, with F32
-scales (one per 32). A checkpoint so written loads into the model as the
+scales (one per 32); binary codes are U8, eight sign bits a byte, with F32
+scales (one per 32): a LittleBit model's banks (model.moe.littlebit) are
+their latents' signs, which binary keeps exactly, so its forward loads back
+bit for bit. A checkpoint so written loads into the model as the
 values of its codes, which are not the masters it trained with: a resume
 from it continues from those values, and says so.
 ]]

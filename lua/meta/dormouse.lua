@@ -466,13 +466,13 @@ function Tensor:l2norm(eps) end
 function Tensor:silu_mul(b) end
 
 ---x through a low-bit format block by block along its last dim, dequantised (no gradient).
----@param format "fp8_e4m3"|"nvfp4"|"ternary"
+---@param format "fp8_e4m3"|"nvfp4"|"ternary"|"binary"
 ---@param block? integer elements per scale (nil: 16 for nvfp4, 32 for the others)
 ---@return dormouse.Tensor
 function Tensor:quantize(format, block) end
 
 ---quantize's values forward, the gradient passed straight through (quantisation-aware training).
----@param format "fp8_e4m3"|"nvfp4"|"ternary"
+---@param format "fp8_e4m3"|"nvfp4"|"ternary"|"binary"
 ---@param block? integer
 ---@return dormouse.Tensor
 function Tensor:fake_quantize(format, block) end
@@ -909,21 +909,21 @@ function dm.silu_mul(a, b) end
 
 ---x through a low-bit format block by block along its last dim, dequantised (no gradient).
 ---@param x dormouse.Tensor
----@param format "fp8_e4m3"|"nvfp4"|"ternary"
+---@param format "fp8_e4m3"|"nvfp4"|"ternary"|"binary"
 ---@param block? integer elements per scale (nil: 16 for nvfp4, 32 for the others)
 ---@return dormouse.Tensor
 function dm.quantize(x, format, block) end
 
 ---quantize's values forward, the gradient passed straight through to x.
 ---@param x dormouse.Tensor
----@param format "fp8_e4m3"|"nvfp4"|"ternary"
+---@param format "fp8_e4m3"|"nvfp4"|"ternary"|"binary"
 ---@param block? integer
 ---@return dormouse.Tensor
 function dm.fake_quantize(x, format, block) end
 
 ---x as a low-bit format's codes (u8) and its blocks' scales (f32; E4M3 codes in u8 for nvfp4).
 ---@param x dormouse.Tensor
----@param format "fp8_e4m3"|"nvfp4"|"ternary"
+---@param format "fp8_e4m3"|"nvfp4"|"ternary"|"binary"
 ---@param block? integer
 ---@return dormouse.Tensor codes
 ---@return dormouse.Tensor scales
@@ -932,7 +932,7 @@ function dm.quant_encode(x, format, block) end
 ---A low-bit format's codes and scales back to values: rows of n elements, f32.
 ---@param codes dormouse.Tensor
 ---@param scales dormouse.Tensor
----@param format "fp8_e4m3"|"nvfp4"|"ternary"
+---@param format "fp8_e4m3"|"nvfp4"|"ternary"|"binary"
 ---@param block? integer
 ---@param n integer
 ---@return dormouse.Tensor

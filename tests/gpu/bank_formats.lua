@@ -38,7 +38,7 @@ for _, t in pairs(banks) do
 end
 local rows = {{"f32 (masters)", total32, "-", "-", "-", "-"},
               {"bf16 (compute copy)", total16, "-", string.format("%.2f", cast_ms), "-", "-"}}
-for _, format in ipairs {"fp8_e4m3", "nvfp4", "ternary"} do
+for _, format in ipairs {"fp8_e4m3", "nvfp4", "ternary", "binary"} do
   local size, err2, norm2, q_ms, enc_ms, dec_ms = 0, 0, 0, 0, 0, 0
   for _, name in ipairs {"Ug", "Uu", "D"} do
     local w = banks[name]

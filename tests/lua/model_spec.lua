@@ -590,6 +590,45 @@ describe("LittleBit (model.moe.littlebit)", function()
     assert.equal("muon", seen["block.moe.Ug"])
   end)
 
+  it("stores its banks, the residual latents too, as binary signs and loads its forward back bit for bit", function()
+    local helpers = require "tests.lua.helpers"
+    local probe = require "dormouse.probe"
+    local runs = helpers.tmpdir()
+    local function trained(name, format)
+      helpers.run_quiet(helpers.tiny({"steps=2", "schedule.warmup=1", "log.every=2", "eval.every=0",
+                                      "checkpoint.every=0", "name=" .. name, "model.moe.littlebit=residual",
+                                      "checkpoint.banks=" .. format}), {runs = runs})
+      return runs .. "/" .. name .. "/ckpt-2"
+    end
+    local x, prefix = tiny_batch()
+    local losses, sizes = {}, {}
+    for _, format in ipairs {"f32", "binary"} do
+      local dir = trained(format, format)
+      local m = probe.load(dir, ".")
+      losses[format] = dm.no_grad(function() return m:forward(x, prefix).loss:item() end)
+      sizes[format] = #helpers.read(dir .. "/model.safetensors")
+      if format == "binary" then
+        local raw = helpers.read(dir .. "/model.safetensors")
+        helpers.has(raw:sub(9, 8 + string.unpack("<I8", raw)), '"block.moe.D_res.codes":{"dtype":"U8"')
+      end
+    end
+    assert.equal(losses.f32, losses.binary)
+    -- a bank of rows of n: 4 bytes an element in f32; ceil(n / 8) bytes of signs and ceil(n / 32)
+    -- f32 scales a row in binary (the headers aside)
+    local banks, want = require "dormouse.banks", 0
+    local m = probe.load(runs .. "/f32/ckpt-2", ".")
+    local state = train.named_state(m)
+    for _, name in ipairs(banks.names(m)) do
+      local t = state[name]
+      local n = t:size(-1)
+      want = want + 4 * t:numel() - t:numel() // n * (math.ceil(n / 8) + 4 * math.ceil(n / 32))
+    end
+    assert.equal(6, #banks.names(m))
+    local saved = sizes.f32 - sizes.binary
+    assert.is_true(math.abs(saved - want) < 2048, saved .. " " .. want)
+    os.execute("rm -rf '" .. runs .. "'")
+  end)
+
   it("is named at the start and counted on the log line; QAT or retraction with it is refused", function()
     local helpers = require "tests.lua.helpers"
     local log = arm_log({"model.moe.littlebit=sign"})
@@ -736,7 +775,7 @@ describe("low-bit banks in checkpoints (checkpoint.banks)", function()
     local plain = probe.load(plain_dir, ".")
     local sizes = {}
     local f32_size = #helpers.read(plain_dir .. "/model.safetensors")
-    for _, format in ipairs {"fp8_e4m3", "nvfp4", "ternary"} do
+    for _, format in ipairs {"fp8_e4m3", "nvfp4", "ternary", "binary"} do
       local dir = trained(format, format)
       local m = probe.load(dir, ".")
       local want, got = train.named_state(plain), train.named_state(m)
@@ -757,7 +796,8 @@ describe("low-bit banks in checkpoints (checkpoint.banks)", function()
       end
       assert.is_nil(header:find('"block.moe.Ug":', 1, true))
     end
-    assert.is_true(sizes.fp8_e4m3 < f32_size and sizes.nvfp4 < sizes.fp8_e4m3 and sizes.ternary < sizes.nvfp4)
+    assert.is_true(sizes.fp8_e4m3 < f32_size and sizes.nvfp4 < sizes.fp8_e4m3 and sizes.ternary < sizes.nvfp4 and
+                   sizes.binary < sizes.ternary)
     -- a resume from such a checkpoint says that it continues from the codes' values
     local cfg = helpers.tiny({"steps=3", "schedule.warmup=1", "log.every=3", "eval.every=0", "checkpoint.every=0", "name=nvfp4",
                               "checkpoint.banks=nvfp4"})

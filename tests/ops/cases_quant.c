@@ -2,7 +2,8 @@
 ** cases_quant.c — quantize against an oracle that knows each format only by
 ** its codes: every E4M3 and E2M1 bit pattern decoded, the nearest value
 ** taken (a tie to the code with an even last bit), so the kernels' rounding
-** (vm/quant.h) is checked, not repeated. Ternary rounds half to even by floor.
+** (vm/quant.h) is checked, not repeated. Ternary rounds half to even by floor;
+** binary takes the nearer of +1 and -1 (at 0, a tie, the even code: +1).
 ** Inputs are awkward: odd rows shorter and longer than a block, blocks of 1,
 ** 3, 7, 16, 32 and the format's own (0), a block of zeros, values whose
 ** blocks saturate the nvfp4 scale's rounding.
@@ -53,10 +54,14 @@ static int nearest_code(double (*value)(int), int n, double v) {
   return 0;
 }
 
-/* an element's code: E4M3, E2M1, or ternary's 0 / 1 (+1) / 2 (-1) */
+/* binary's codes: the sign bit */
+static double binary_value(int code) { return code ? -1 : 1; }
+
+/* an element's code: E4M3, E2M1, binary's sign bit, or ternary's 0 / 1 (+1) / 2 (-1) */
 static int code_of(int format, double u) {
   if (format == DM_QUANT_FP8_E4M3) return nearest_code(e4m3_value, 256, u);
   if (format == DM_QUANT_NVFP4) return nearest_code(e2m1_value, 16, u);
+  if (format == DM_QUANT_BINARY) return nearest_code(binary_value, 2, u);
   double q = fmax(-1, fmin(1, half_even(u)));
   return q > 0 ? 1 : q < 0 ? 2 : 0;
 }
@@ -64,6 +69,7 @@ static int code_of(int format, double u) {
 static double value_of(int format, int code) {
   if (format == DM_QUANT_FP8_E4M3) return e4m3_value(code);
   if (format == DM_QUANT_NVFP4) return e2m1_value(code);
+  if (format == DM_QUANT_BINARY) return binary_value(code);
   return code == 1 ? 1 : code == 2 ? -1 : 0;
 }
 
@@ -78,7 +84,9 @@ static int64_t block_of(int format, const dm_attrs *a) {
   return a->v[1] > 0 ? (int64_t)a->v[1] : (format == DM_QUANT_NVFP4 ? 16 : 32);
 }
 
-static int per_byte(int format) { return format == DM_QUANT_FP8_E4M3 ? 1 : format == DM_QUANT_NVFP4 ? 2 : 4; }
+static int per_byte(int format) {
+  return format == DM_QUANT_FP8_E4M3 ? 1 : format == DM_QUANT_NVFP4 ? 2 : format == DM_QUANT_TERNARY ? 4 : 8;
+}
 
 static void o_quantize(dm_tensor *const *in, const dm_attrs *a, dm_tensor **ex) {
   dm_tensor *x = in[0];
@@ -190,7 +198,7 @@ static void o_decode(dm_tensor *const *in, const dm_attrs *a, dm_tensor **ex) {
 }
 
 static const dm_case cases[] = {
-  {"quantize", "fp8_e4m3, nvfp4, ternary; odd rows and blocks", in_quantize, o_quantize, .trials = 36,
+  {"quantize", "fp8_e4m3, nvfp4, ternary, binary; odd rows and blocks", in_quantize, o_quantize, .trials = 36,
    .f32_tol = 1e-6, .no_grad = true},
   {"quant_encode", "codes and scales; odd rows and blocks", in_quantize, o_encode, .trials = 36, .no_grad = true},
   {"quant_decode", "valid codes, any scales", in_decode, o_decode, .trials = 24, .no_grad = true},

@@ -17,7 +17,8 @@ After each step update_balance() moves lfb_bias towards equal load.
 return function(nn, dm)
 
 local MoE = nn.class("MoE")
-MoE.banks = {"Ug", "Uu", "D"}          -- the parameters a checkpoint may keep in a low-bit format (banks.lua)
+local FACTORS = {"Ug", "Uu", "D"}      -- the experts' factors (QAT and LittleBit act on them)
+MoE.banks = FACTORS                    -- the parameters a checkpoint may keep in a low-bit format (banks.lua)
 
 function MoE:init(d, opts)
   local E, r, F = opts.experts, opts.rank, opts.ffn
@@ -66,13 +67,14 @@ local function binary_term(latent, row, col)
 end
 
 function MoE:littlebit_init(residual)
+  if residual then self.banks = {"Ug", "Uu", "D", "Ug_res", "Uu_res", "D_res"} end
   dm.no_grad(function()
-    for _, name in ipairs(MoE.banks) do
+    for _, name in ipairs(FACTORS) do
       local X = self[name]
       local row, col = marginal_scales(X)
       self:param(name .. "_row", row:contiguous())
       self:param(name .. "_col", col:contiguous())
-      if residual then
+      if residual then            -- the residual latents are banks too (checkpoint.banks)
         local R = (X - row * X:sign() * col):contiguous()
         local rrow, rcol = marginal_scales(R)
         self:param(name .. "_res", R)
@@ -101,7 +103,7 @@ function MoE:littlebit_flips()
     local k = math.min(8, self.experts)
     local flips, total = nil, 0
     self.lb_signs = self.lb_signs or {}
-    for _, name in ipairs(MoE.banks) do
+    for _, name in ipairs(FACTORS) do
       local now = self[name]:narrow(1, 1, k):sign()
       local before = self.lb_signs[name]
       if before then
@@ -152,7 +154,7 @@ function MoE:binarised_banks(W)
   if cache and not self.lb_flip and dm.grad_enabled() and not dm.recomputing() then
     self.lb_flip = self:littlebit_flips()
   end
-  for _, name in ipairs(MoE.banks) do
+  for _, name in ipairs(FACTORS) do
     local w = W[name]
     local v = cache and cache[w]
     if not v then
@@ -169,7 +171,7 @@ weights. The scales cg, cu stay as they are. The pass's first call also measures
 relative error, ||q(W) - W|| / ||W||, on the first 8 experts' factors (the log line's qat). ]]
 function MoE:fake_quantized(W)
   local cache, err2, norm2 = self.bank_cache, nil, nil
-  for _, name in ipairs {"Ug", "Uu", "D"} do
+  for _, name in ipairs(FACTORS) do
     local w = W[name]
     local q = cache and cache[w]
     if not q then

@@ -9,14 +9,16 @@ The low-bit number formats of the expert banks (vm/quant.h):
   dm.quant_decode(codes, scales, format, block, n)   and back (f32, rows of n elements)
 
 Codes are u8, [..., ceil(n / per byte)]: one E4M3 code a byte (fp8_e4m3), two
-E2M1 codes (nvfp4, the lower nibble first) or four 2-bit ternary codes (0, +1
-as 1, -1 as 2; the lowest bits first). Scales are [..., ceil(n / block)], f32,
+E2M1 codes (nvfp4, the lower nibble first), four 2-bit ternary codes (0, +1
+as 1, -1 as 2; the lowest bits first) or eight binary sign bits (1 for -1;
+the lowest bit first). Scales are [..., ceil(n / block)], f32,
 or E4M3 codes in u8 for nvfp4. quant_decode(quant_encode(x)) is quantize(x)
 in f32, bit for bit.
 
 format: "fp8_e4m3" (a scale amax/448 per block, E4M3 elements), "nvfp4" (an
-E4M3 scale amax/6 per block, E2M1 elements) or "ternary" (the block's mean
-|x| times -1, 0 or 1). block: elements per scale along the last dim (a row's
+E4M3 scale amax/6 per block, E2M1 elements), "ternary" (the block's mean
+|x| times -1, 0 or 1) or "binary" (the block's mean |x| times the sign, +1
+at 0: a LittleBit latent's signs exactly). block: elements per scale along the last dim (a row's
 last block may be shorter); nil takes the format's own (16 for nvfp4, 32 for
 the others). quantize takes no gradient; fake_quantize's forward is exactly
 quantize's (q + (x - x), the difference detached), its gradient 1.
