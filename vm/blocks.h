@@ -20,6 +20,7 @@
 enum { DM_NORM_RMS, DM_NORM_L2 };
 /* cross-entropy's reduction attribute */
 enum { DM_CE_MEAN, DM_CE_SUM, DM_CE_NONE };
+#define DM_CE_SPELLINGS "mean|sum|none"        /* cross_entropy's reduction, in the enum's order */
 
 /* "rownorm": y = x * rstd * gain, rstd = 1 / sqrt(sum(x^2) / div + eps) per row;
 ** gain [D] or NULL; rstd [rows] or NULL (not recording). */

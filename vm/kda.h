@@ -65,6 +65,7 @@ typedef void (*dm_kda_bwd_k)(dm_tensor *dq, dm_tensor *dk, dm_tensor *dv, dm_ten
 ** recomputes the chunk states from the inputs. The op picks the algorithm
 ** (its attribute algo): */
 enum { DM_KDA_AUTO, DM_KDA_RECURRENT, DM_KDA_CHUNKED };
+#define DM_KDA_ALGO_SPELLINGS "auto|recurrent|chunked"      /* the attribute's names, in the enum's order */
 
 /* The gate: z = f + dt_bias per channel, A = A_log of the channel's head.
 **   DM_KDA_GATE_BOUNDED:  g = lb * sigmoid(exp(A) * z)     in (lb, 0)
@@ -74,6 +75,7 @@ enum { DM_KDA_AUTO, DM_KDA_RECURRENT, DM_KDA_CHUNKED };
 ** (A = 0). Computed in f32 (f64 when f is f64); inf * 0 never happens: a
 ** saturated sigmoid or softplus gives a zero derivative. */
 enum { DM_KDA_GATE_BOUNDED, DM_KDA_GATE_SOFTPLUS };
+#define DM_KDA_GATE_SPELLINGS "bounded|softplus"
 
 /* "kda_gate": g (f's shape) in the compute type */
 typedef void (*dm_kda_gate_k)(dm_tensor *g, const dm_tensor *f, const dm_tensor *a_log,

@@ -33,7 +33,7 @@ static double spelled_attr(lua_State *L, const dm_op *op, int i, const char *wor
   }
   const char *end = p ? strchr(p, ',') : NULL, *eq = p ? strchr(p, '=') : NULL;
   if (!p || !eq || (end && eq > end))
-    luaL_error(L, "%s: attribute %d takes a number, not the name '%s'", op->name, i + 1, word);
+    FAIL(L, "%s: attribute %d takes a number, not the name '%s'", op->name, i + 1, word);
   size_t len = strlen(word);
   int value = 0;
   for (const char *s = eq + 1; s && (!end || s < end); value++) {
@@ -41,10 +41,9 @@ static double spelled_attr(lua_State *L, const dm_op *op, int i, const char *wor
     if ((size_t)(stop - s) == len && strncmp(s, word, len) == 0) return value;
     s = stop == end || *stop == '\0' ? NULL : stop + 1;
   }
-  char msg[256];
   int name_len = (int)(eq - p), list_len = end ? (int)(end - eq - 1) : (int)strlen(eq + 1);
-  snprintf(msg, sizeof msg, "%s: %.*s must be one of %.*s, got '%s'", op->name, name_len, p, list_len, eq + 1, word);
-  return luaL_error(L, "%s", msg);
+  FAIL(L, "%s: %.*s must be one of %.*s, got '%s'", op->name, name_len, p, list_len, eq + 1, word);
+  return 0;
 }
 
 static void read_attrs(lua_State *L, int idx, const dm_op *op, dm_attrs *a) {
@@ -111,11 +110,44 @@ static int c_op(lua_State *L) {
   return 1;
 }
 
+/* An op's attributes from its declaration ("chunk,algo=auto|recurrent|chunked", "list=shape"):
+** names, the list of attribute names in order ("list=NAME" is the list attribute NAME), and
+** spellings, {name = {word, ...}} for each enum attribute, its words in the enum's order. */
+static void push_attrs(lua_State *L, const char *attrs) {
+  lua_newtable(L);                                   /* names */
+  lua_newtable(L);                                   /* spellings */
+  int n = 0;
+  for (const char *p = attrs; p && *p;) {
+    const char *end = strchr(p, ','), *stop = end ? end : p + strlen(p);
+    const char *eq = memchr(p, '=', (size_t)(stop - p));
+    bool list = eq && eq - p == 4 && strncmp(p, "list", 4) == 0;
+    const char *name = list ? eq + 1 : p, *name_end = list || !eq ? stop : eq;
+    lua_pushlstring(L, name, (size_t)(name_end - name));
+    lua_rawseti(L, -3, ++n);
+    if (eq && !list) {
+      lua_pushlstring(L, name, (size_t)(name_end - name));
+      lua_newtable(L);
+      int k = 0;
+      for (const char *w = eq + 1; w < stop;) {
+        const char *bar = memchr(w, '|', (size_t)(stop - w)), *w_end = bar ? bar : stop;
+        lua_pushlstring(L, w, (size_t)(w_end - w));
+        lua_rawseti(L, -2, ++k);
+        w = w_end + 1;
+      }
+      lua_rawset(L, -3);
+    }
+    p = end ? end + 1 : NULL;
+  }
+}
+
 static int c_ops(lua_State *L) {
   lua_createtable(L, dm_op_count(), 0);
   for (int i = 0; i < dm_op_count(); i++) {
     const dm_op *op = dm_op_at(i);
-    lua_createtable(L, 0, 6);
+    lua_createtable(L, 0, 8);
+    push_attrs(L, op->attrs);
+    lua_setfield(L, -3, "spellings");
+    lua_setfield(L, -2, "attr_names");
     lua_pushstring(L, op->name); lua_setfield(L, -2, "name");
     lua_pushstring(L, op->doc ? op->doc : ""); lua_setfield(L, -2, "doc");
     lua_pushstring(L, op->attrs ? op->attrs : ""); lua_setfield(L, -2, "attrs");
@@ -283,13 +315,30 @@ static int c_memory(lua_State *L) {
 static int c_reset_peak(lua_State *L) { dm_memory_reset_peak(dm_lua_device(L, 1, DM_CPU)); return 0; }
 static int c_empty_cache(lua_State *L) { dm_memory_empty_cache(dm_lua_device(L, 1, DM_CPU)); return 0; }
 
+/* the dtypes' names in the order of dm_dtype (dtype.c has them), and a name's value (nil: none) */
+static int c_dtype_names(lua_State *L) {
+  lua_createtable(L, DM_NDTYPE, 0);
+  for (int i = 0; i < DM_NDTYPE; i++) {
+    lua_pushstring(L, dm_dtype_name((dm_dtype)i));
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
+static int c_dtype_code(lua_State *L) {
+  int dt = lua_type(L, 1) == LUA_TSTRING ? dm_dtype_from_name(lua_tostring(L, 1)) : -1;
+  if (dt < 0) lua_pushnil(L);
+  else lua_pushinteger(L, dt);
+  return 1;
+}
+
 static int c_device_available(lua_State *L) {
   lua_pushboolean(L, dm_device_available(dm_lua_device(L, 1, DM_CPU)));
   return 1;
 }
 
 static const luaL_Reg funcs[] = {
-  {"call", c_call}, {"op", c_op}, {"ops", c_ops},
+  {"call", c_call}, {"op", c_op}, {"ops", c_ops}, {"dtype_names", c_dtype_names}, {"dtype_code", c_dtype_code},
   {"empty", c_empty}, {"full", c_full}, {"arange", c_arange}, {"rand", c_rand}, {"tensor", c_tensor},
   {"grad_enabled", c_grad_enabled}, {"set_grad_enabled", c_set_grad_enabled},
   {"tape_size", c_tape_size}, {"tape_clear", c_tape_clear},

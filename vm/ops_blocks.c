@@ -89,7 +89,7 @@ static void ce_forward(dm_ctx *c) {
   if (targets->dtype != DM_I64 && targets->dtype != DM_I32 && targets->dtype != DM_U8)
     dm_error("cross_entropy: targets must be i64, i32 or u8 class ids, got %s", dm_dtype_name(targets->dtype));
   if (red < DM_CE_MEAN || red > DM_CE_NONE)
-    dm_error("cross_entropy: reduction must be 0 (mean), 1 (sum) or 2 (none), got %lld", (long long)red);
+    dm_error("cross_entropy: reduction must be one of " DM_CE_SPELLINGS " (0..2), got %lld", (long long)red);
   char sl[128], st[128];
   bool fits = logits->ndim >= 1 && targets->ndim == logits->ndim - 1 &&
               memcmp(targets->shape, logits->shape, sizeof(int64_t) * (size_t)targets->ndim) == 0;
@@ -227,7 +227,7 @@ static dm_op ops[] = {
   {.name = "cross_entropy",
    .doc = "log-softmax cross-entropy of logits [..., V] at class ids [...] (0-based; ignore_index -1: none; "
           "reduction 0 mean over kept rows, 1 sum, 2 none)",
-   .n_in = 2, .n_out = 1, .attrs = "ignore_index,reduction", .nondiff = 2,
+   .n_in = 2, .n_out = 1, .attrs = "ignore_index,reduction=" DM_CE_SPELLINGS, .nondiff = 2,
    .forward = ce_forward, .backward = ce_backward},
   {.name = "causal_conv1d",
    .doc = "depthwise causal conv of x [B, T, C] by w [C, K] with a cache [B, (K-1)*dilation, C] "

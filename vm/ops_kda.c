@@ -65,7 +65,7 @@ static int64_t chunk_attr(const dm_attrs *a) {
 static int algo_attr(const dm_attrs *a) {
   double al = a->nv >= 2 ? a->v[1] : DM_KDA_AUTO;
   if (al != DM_KDA_AUTO && al != DM_KDA_RECURRENT && al != DM_KDA_CHUNKED)
-    dm_error("kda: algo must be 0 (auto), 1 (recurrent) or 2 (chunked), got %g", al);
+    dm_error("kda: algo must be one of " DM_KDA_ALGO_SPELLINGS " (0..2), got %g", al);
   return (int)al;
 }
 
@@ -134,7 +134,7 @@ static void gate_attrs(const dm_attrs *a, int *kind, double *lb) {
   double k = a->nv >= 1 ? a->v[0] : DM_KDA_GATE_BOUNDED;
   *lb = a->nv >= 2 ? a->v[1] : -5;
   if (k != DM_KDA_GATE_BOUNDED && k != DM_KDA_GATE_SOFTPLUS)
-    dm_error("kda_gate: kind must be 0 (bounded) or 1 (softplus), got %g", k);
+    dm_error("kda_gate: kind must be one of " DM_KDA_GATE_SPELLINGS " (0, 1), got %g", k);
   *kind = (int)k;
   if (*kind == DM_KDA_GATE_BOUNDED && !(*lb < 0 && isfinite(*lb)))
     dm_error("kda_gate: the lower bound lb must be negative and finite, got %g", *lb);
@@ -200,10 +200,10 @@ static void gate_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
 
 static dm_op ops[] = {
   {.name = "kda", .doc = "Kimi Delta Attention (q, k, v, g, beta, [S0]) -> o, final state; recurrent or chunked",
-   .n_in = KDA_NIN, .n_out = 2, .attrs = "chunk,algo", .optional = 1u << S0,
+   .n_in = KDA_NIN, .n_out = 2, .attrs = "chunk,algo=" DM_KDA_ALGO_SPELLINGS, .optional = 1u << S0,
    .forward = kda_forward, .backward = kda_backward},
   {.name = "kda_gate", .doc = "KDA log-decay gate (f, [A_log], dt_bias) -> g <= 0, bounded or softplus",
-   .n_in = GATE_NIN, .n_out = 1, .attrs = "kind,lb", .optional = 1u << ALOG,
+   .n_in = GATE_NIN, .n_out = 1, .attrs = "kind=" DM_KDA_GATE_SPELLINGS ",lb", .optional = 1u << ALOG,
    .forward = gate_forward, .backward = gate_backward},
 };
 DM_REGISTER_OPS(ops)

@@ -339,7 +339,7 @@ function Session:sort_holders()
   end
   self.grad_counts = counts
   for _, op in ipairs(core.ops()) do
-    if op.name == "kda" then self.kda_chunked = (("," .. op.attrs .. ","):find(",algo,", 1, true)) ~= nil end
+    if op.name == "kda" then self.kda_chunked = op.spellings.algo ~= nil end
   end
   self.groups = {{name = "host", tensors = host}, {name = "parameters and buffers", tensors = params},
                  {name = "gradients", tensors = grads, grads = true}}

@@ -178,16 +178,7 @@ schema.enum, schema.list, schema.optional = enum, list, optional
 -- vm/ops_*.c): the names a key that chooses among them takes, never a copy of them.
 local function op_spellings(op_name, attr)
   for _, op in ipairs(require("dormouse.core").ops()) do
-    if op.name == op_name then
-      for decl in op.attrs:gmatch("[^,]+") do
-        local name, words = decl:match("^([^=]+)=(.+)$")
-        if name == attr then
-          local out = {}
-          for w in words:gmatch("[^|]+") do out[#out + 1] = w end
-          return out
-        end
-      end
-    end
+    if op.name == op_name and op.spellings[attr] then return op.spellings[attr] end
   end
   error(string.format("schema: the op %s declares no spelled attribute %s", op_name, attr))
 end

@@ -590,7 +590,7 @@ static void errors_named(void) {
   CHECK(strstr(check_msg, "[4]") != NULL);
   EXPECT_ERROR(dm_kda_gate(f4, a3, bias4, 0, -5), "A_log of shape [3]");
   EXPECT_ERROR(dm_kda_gate(f4, NULL, bias4, 0, 1), "lb must be negative");
-  EXPECT_ERROR(dm_kda_gate(f4, NULL, bias4, 2, -5), "kind must be 0");
+  EXPECT_ERROR(dm_kda_gate(f4, NULL, bias4, 2, -5), "kind must be one of bounded|softplus");
   dm_release(v5); dm_release(k32); dm_release(bad_s0); dm_release(beta4);
   dm_release(f); dm_release(bias4); dm_release(a3); dm_release(f4);
   free_problem(&p);

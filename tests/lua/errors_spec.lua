@@ -271,6 +271,33 @@ describe("an unknown dtype or device name", function()
   end)
 end)
 
+describe("an enum attribute's name", function()
+  it("is read from the op's descriptor, with its words in the enum's order", function()
+    local by = {}
+    for _, op in ipairs(dm.core.ops()) do by[op.name] = op end
+    assert.same({"chunk", "algo"}, by.kda.attr_names)
+    assert.same({"auto", "recurrent", "chunked"}, by.kda.spellings.algo)
+    assert.same({"bounded", "softplus"}, by.kda_gate.spellings.kind)
+    assert.same({"mean", "sum", "none"}, by.cross_entropy.spellings.reduction)
+    assert.same({"shape"}, by.reshape.attr_names)           -- a list attribute: a name, no words
+    assert.same({}, by.reshape.spellings)
+    assert.same({"f32", "f64", "bf16", "f16", "i32", "i64", "u8"}, dm.core.dtype_names())
+  end)
+  it("fails with the descriptor's words when it is none of them", function()
+    local logits, targets = dm.zeros({2, 3}), dm.tensor({0, 1}, {dtype = "i64"})
+    assert.equal(2, dm.cross_entropy(logits, targets, {reduction = "none"}):numel())
+    fails(function() dm.cross_entropy(logits, targets, {reduction = "avg"}) end,
+          "cross_entropy: reduction must be one of mean|sum|none, got 'avg'")
+    fails(function() dm.cross_entropy(logits, targets, {reduction = 1}) end, "reduction must be a name")
+    local f, bias = dm.zeros({2, 4}), dm.zeros({4})
+    fails(function() dm.kda_gate(f, nil, bias, {kind = "sigmoid"}) end,
+          "kda_gate: kind must be one of bounded|softplus, got 'sigmoid'")
+    local q = dm.zeros({1, 2, 1, 4})
+    fails(function() dm.kda(q, q, q, q, dm.zeros({1, 2, 1}), {algo = "fast"}) end,
+          "kda: algo must be one of auto|recurrent|chunked, got 'fast'")
+  end)
+end)
+
 describe("a nested table in dm.tensor", function()
   it("that is ragged names the depth and both lengths", function()
     fails(function() local _ = dm.tensor({{1, 2}, {3}}) end, "ragged", "depth 2", "expected 2 elements, got 1")

@@ -81,14 +81,11 @@ function T.l2norm(self, eps)
 end
 dm.l2norm = T.l2norm
 
-local REDUCTION = {mean = 0, sum = 1, none = 2}
-
 function dm.cross_entropy(logits, targets, opts)
   local o = options(opts, "cross_entropy", {ignore_index = true, reduction = true})
-  local red = REDUCTION[o.reduction or "mean"]
-  if red == nil then
-    core.error(string.format("cross_entropy: reduction must be \"mean\", \"sum\" or \"none\", got %s",
-                             tostring(o.reduction)))
+  local red = o.reduction or "mean"               -- the op's descriptor knows its names (vm/blocks.h)
+  if type(red) ~= "string" then
+    core.error(string.format("cross_entropy: reduction must be a name such as \"mean\", got %s", type(red)))
   end
   local ignore = number_or(o.ignore_index, -1, "cross_entropy", "ignore_index")
   if math.type(ignore) ~= "integer" and ignore ~= math.floor(ignore) then

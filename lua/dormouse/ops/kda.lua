@@ -54,30 +54,26 @@ local function options(opts, known, where)
 end
 
 local KDA_OPTIONS = {initial_state = true, output_final_state = true, chunk = true, algo = true}
-local KDA_ALGOS = {auto = 0, recurrent = 1, chunked = 2}
-
 function dm.kda(q, k, v, g, beta, opts)
   opts = options(opts, KDA_OPTIONS, "kda")
   local chunk = opts.chunk
   if chunk ~= nil and (math.type(chunk) ~= "integer" or chunk < 1) then
     error(string.format("kda: chunk must be an integer >= 1, got %s", tostring(chunk)), 2)
   end
-  local algo = KDA_ALGOS[opts.algo or "auto"]
-  if algo == nil then
-    error(string.format("kda: algo must be \"auto\", \"recurrent\" or \"chunked\", got %s", tostring(opts.algo)), 2)
+  local algo = opts.algo or "auto"                 -- the op's descriptor knows its names (vm/kda.h)
+  if type(algo) ~= "string" then
+    error(string.format("kda: algo must be a name (\"auto\", ...), got %s", type(algo)), 2)
   end
   local o, s = core.call("kda", q, k, v, g, beta, opts.initial_state, {chunk or 0, algo})
   if opts.output_final_state then return o, s end
   return o
 end
 
-local GATE_KINDS = {bounded = 0, softplus = 1}
-
 function dm.kda_gate(f, A_log, dt_bias, opts)
   opts = options(opts, {kind = true, lb = true}, "kda_gate")
-  local kind = GATE_KINDS[opts.kind or "bounded"]
-  if kind == nil then
-    error(string.format("kda_gate: kind must be \"bounded\" or \"softplus\", got %s", tostring(opts.kind)), 2)
+  local kind = opts.kind or "bounded"               -- the op's descriptor knows its names (vm/kda.h)
+  if type(kind) ~= "string" then
+    error(string.format("kda_gate: kind must be a name (\"bounded\", ...), got %s", type(kind)), 2)
   end
   local lb = opts.lb or -5
   if type(lb) ~= "number" then

@@ -18,8 +18,8 @@ dim, -1 puts it last.
 ]]
 return function(dm, T, core)
 
--- dm_dtype's values, in the order of the enum in vm/dm.h
-local DTYPES = {f32 = 0, f64 = 1, bf16 = 2, f16 = 3, i32 = 4, i64 = 5, u8 = 6}
+-- dm_dtype's names, in its order (vm/dtype.c), for the messages
+local DTYPE_NAMES = table.concat(core.dtype_names(), " ")
 
 -- a shape given as a table, or as numbers: x:reshape{2, 3} or x:reshape(2, 3)
 local function shape_arg(shape, ...)
@@ -89,16 +89,16 @@ function T.clone(self) return core.call("clone", self) end
 
 -- x:to(dtype) of the base layer lands here. Casting to an integer dtype ends the graph.
 function T._cast(self, dtype)
-  local id = DTYPES[dtype]
+  local id = core.dtype_code(dtype)
   if id == nil then
-    core.error(string.format("to: unknown dtype or device '%s' (f32 f64 bf16 f16 i32 i64 u8, cpu cuda meta)",
-                        tostring(dtype)))
+    core.error(string.format("to: unknown dtype or device '%s' (%s, cpu cuda meta)", tostring(dtype), DTYPE_NAMES))
   end
   return core.call("cast", self, {id})
 end
 
 for name, dtype in pairs {float = "f32", double = "f64", bf16 = "bf16", half = "f16", long = "i64", int = "i32"} do
-  T[name] = function(self) return core.call("cast", self, {DTYPES[dtype]}) end
+  local id = core.dtype_code(dtype)
+  T[name] = function(self) return core.call("cast", self, {id}) end
 end
 
 local function tensor_list(list, where)
