@@ -38,6 +38,7 @@
 ** tensor cores: docs/performance.md.)
 */
 #include "model.cuh"
+#include "ptx.cuh"
 extern "C" {
 #include "kda.h"
 }
@@ -93,13 +94,6 @@ template <typename F> __device__ __forceinline__ void with_dtype(int t, F f) {
   default: f(std::integral_constant<int, DM_F32>()); break;
   }
 }
-
-/* 16 bytes global to shared, asynchronously */
-__device__ __forceinline__ void kc_cp16(float *dst, const float *src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src));
-}
-__device__ __forceinline__ void kc_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void kc_cp_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 /* Rows i < c, columns x < d of chunk rows of a [B, T, H, d] tensor of dtype DT into registers (zeros
 ** elsewhere), then into a tile (rows of L). Every load of a tile, and of all the tiles kc_load_all
@@ -167,7 +161,7 @@ __device__ void kc_load_all(const kc_io &A, int64_t pair, int64_t n, int c, floa
       G[r * L + x] = s;
     }
   }
-  kc_cp_wait_all();
+  dm_cp_wait_all();
   __syncthreads();
 }
 
@@ -340,7 +334,7 @@ __device__ __forceinline__ void kc_tile_async(float *dst, const float *src) {
 #pragma unroll
   for (int it = 0; it < KC * KC / 4 / KC_THREADS; it++) {
     const int idx = threadIdx.x + KC_THREADS * it, i = idx >> 4, x = (idx & 15) << 2;
-    kc_cp16(dst + i * LT + x, src + i * KC + x);
+    dm_cp_async16(dst + i * LT + x, src + i * KC + x);
   }
 }
 
@@ -349,13 +343,6 @@ __device__ __forceinline__ uint32_t kc_tf32(float x) { return (__float_as_uint(x
 __device__ __forceinline__ void kc_split(float x, uint32_t &hi, uint32_t &lo) {
   hi = kc_tf32(x);
   lo = __float_as_uint(x - __uint_as_float(hi));   /* exact; the tensor core reads its top 19 bits */
-}
-
-/* c += a b: a 16 x 8, b 8 x 8, c 16 x 8 */
-__device__ __forceinline__ void kc_mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
 struct kc_fa { uint32_t h[4], l[4]; };           /* an A fragment, hi and lo */
@@ -386,9 +373,9 @@ __device__ __forceinline__ void kc_ldbs(kc_fb &f, const float *b, int sk, int sn
 }
 /* c += a b in 3xTF32, the small terms first */
 __device__ __forceinline__ void kc_mma3(float (&c)[4], const kc_fa &a, const kc_fb &b) {
-  kc_mma(c, a.l, b.h);
-  kc_mma(c, a.h, b.l);
-  kc_mma(c, a.h, b.h);
+  dm_mma1688_tf32(c, a.l, b.h);
+  dm_mma1688_tf32(c, a.h, b.l);
+  dm_mma1688_tf32(c, a.h, b.h);
 }
 
 /* the row and column of element e of accumulator tile t (in a kernel that defines m0, n0, gq, qq) */
@@ -584,7 +571,7 @@ __global__ void __launch_bounds__(KC_THREADS, 1) kc_bwy_tc_k(kc_io A) {
   kc_tile_async(dh, chunk_tile(A.dh, chunk));
   kc_tile_async(vn, chunk_tile(A.vn, chunk));
   kc_tile_async(dvn, chunk_tile(A.dvn, chunk));
-  kc_cp_commit();
+  dm_cp_commit();
   kc_load_all<LT>(A, pair, n, c, q, k, v, dO, G, beta);
   const float *Gl = G + (c - 1) * LT;
   {                                                /* hdh = e^G_last sum_y h dh: four lanes a channel */
@@ -786,7 +773,7 @@ __global__ void __launch_bounds__(KC_THREADS, 1) kc_bintra_tc_k(kc_io A) {
   kc_tile_async(sq, chunk_tile(A.pq, chunk));
   kc_tile_async(sk, chunk_tile(A.pk, chunk));
   kc_tile_async(sg, chunk_tile(A.pG, chunk));
-  kc_cp_commit();
+  dm_cp_commit();
   kc_load_all<LT>(A, pair, n, c, q, k, NULL, NULL, G, NULL);
   kc_anchor<LT>(q, k, G, KE, QE, KB, EB);          /* ends with a barrier */
   /* across sub-chunks. Rows of block mt: R_i = E_i sum_j dM_ij KB_mt(j), Qr the same with dP. Columns of

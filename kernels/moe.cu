@@ -24,6 +24,7 @@
 */
 #include <stdlib.h>
 #include "model.cuh"
+#include "ptx.cuh"
 extern "C" {
 #include "moe.h"
 }
@@ -658,55 +659,23 @@ typedef uint16_t u16;
 #define TC_STAGES 3         /* cp.async pipeline depth of the loops over d and F */
 static_assert(TC_TM % 8 == 0, "a tile of rows moves runs of F by a multiple of 8");
 
-__device__ __forceinline__ uint32_t sm_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-/* 16 bytes to shared memory, of which `bytes` from src (the rest zeros) */
-__device__ __forceinline__ void cp16(void *dst, const void *src, int bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sm_addr(dst)), "l"(src), "r"(bytes));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-__device__ __forceinline__ void ldsm(uint32_t (&r)[4], const u16 *p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(sm_addr(p)));
-}
-__device__ __forceinline__ void ldsm_t(uint32_t (&r)[4], const u16 *p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(sm_addr(p)));
-}
-
-/* c += a b: a 16 x 16, b 16 x 8 (b0, b1), c 16 x 8 in f32 */
-template <int DT> __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (DT == DM_BF16)
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  else
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 /* Fragments from aligned tiles (rows of ld elements, ld a multiple of 8). A is 16 x 16 at (m0, k0);
 ** B is 16 x 16 at (k0, n0) as two n8 halves: f[0], f[1] for n0, f[2], f[3] for n0 + 8. */
 __device__ __forceinline__ void frag_a(uint32_t (&f)[4], const u16 *a, int ld, int m0, int k0) {   /* a[m ld + k] */
   int l = threadIdx.x & 31;
-  ldsm(f, a + (m0 + (l & 15)) * ld + k0 + (l >> 4) * 8);
+  dm_ldsm(f, a + (m0 + (l & 15)) * ld + k0 + (l >> 4) * 8);
 }
 __device__ __forceinline__ void frag_a_t(uint32_t (&f)[4], const u16 *a, int ld, int m0, int k0) { /* a[k ld + m] */
   int l = threadIdx.x & 31, i = l & 7, q = l >> 3;
-  ldsm_t(f, a + (k0 + i + (q >> 1) * 8) * ld + m0 + (q & 1) * 8);
+  dm_ldsm_t(f, a + (k0 + i + (q >> 1) * 8) * ld + m0 + (q & 1) * 8);
 }
 __device__ __forceinline__ void frag_b(uint32_t (&f)[4], const u16 *b, int ld, int k0, int n0) {   /* b[k ld + n] */
   int l = threadIdx.x & 31, i = l & 7, q = l >> 3;
-  ldsm_t(f, b + (k0 + i + (q & 1) * 8) * ld + n0 + (q >> 1) * 8);
+  dm_ldsm_t(f, b + (k0 + i + (q & 1) * 8) * ld + n0 + (q >> 1) * 8);
 }
 __device__ __forceinline__ void frag_b_t(uint32_t (&f)[4], const u16 *b, int ld, int k0, int n0) { /* b[n ld + k] */
   int l = threadIdx.x & 31, i = l & 7, q = l >> 3;
-  ldsm(f, b + (n0 + i + (q >> 1) * 8) * ld + k0 + (q & 1) * 8);
+  dm_ldsm(f, b + (n0 + i + (q >> 1) * 8) * ld + k0 + (q & 1) * 8);
 }
 
 /* accumulators e and e + 1 (the same row, columns c and c + 1) in the storage dtype, as one word */
@@ -739,7 +708,7 @@ __device__ __forceinline__ void load_runs(u16 *t, unsigned char *sh, int ld, int
     const int64_t e0 = s - off + 8 * c, room = tot - e0;  /* the chunk's first element; elements from it on */
     int bytes = s >= 0 && 8 * c < off + nv ? 16 : 0;
     if (room < 8) bytes = room > 0 ? min(bytes, (int)room * 2) : 0;
-    cp16(t + r * ld + 8 * c, bytes ? g + e0 : g, bytes);
+    dm_cp_async16(t + r * ld + 8 * c, bytes ? g + e0 : g, bytes);
     if (SHIFT && sh && c == 0) sh[r] = (unsigned char)off;
   }
 }
@@ -774,7 +743,7 @@ template <int NR, int W> struct run_stream {
       const int64_t e0 = (at[k] & ~7) + delta;
       int bytes = at[k] != INT_MIN && r < nr && 8 * c - (at[k] & 7) < nv ? 16 : 0;
       if (e0 + 8 > tot) bytes = e0 < tot ? min(bytes, (int)(tot - e0) * 2) : 0;
-      cp16(t + r * ld + 8 * c, bytes ? g + e0 : g, bytes);
+      dm_cp_async16(t + r * ld + 8 * c, bytes ? g + e0 : g, bytes);
     }
   }
 };
@@ -931,13 +900,13 @@ __global__ void __launch_bounds__(TC_THREADS, BWD ? 2 : 1) tc_rows_k(const u16 *
     };
     for (int s = 0; s < TC_STAGES - 1; s++) {
       if (s < nk) load_proj(s);
-      cp_commit();
+      dm_cp_commit();
     }
     for (int kc = 0; kc < nk; kc++) {
-      cp_wait<TC_STAGES - 2>();
+      dm_cp_wait<TC_STAGES - 2>();
       __syncthreads();
       if (kc + TC_STAGES - 1 < nk) load_proj(kc + TC_STAGES - 1);
-      cp_commit();
+      dm_cp_commit();
       const u16 *xs = stage + (kc % TC_STAGES) * T::PROJ, *ws = xs + TC_TM * T::LX;
 #pragma unroll
       for (int ks = 0; ks < T::KC / 16; ks++)
@@ -948,11 +917,11 @@ __global__ void __launch_bounds__(TC_THREADS, BWD ? 2 : 1) tc_rows_k(const u16 *
           uint32_t a[4], b[4];
           frag_a(a, xs, T::LX, mt * 16, ks * 16);
           frag_b(b, ws, T::LW, ks * 16, ng * 16);
-          mma<DT>(acc[w][0], a, b[0], b[1]);
-          mma<DT>(acc[w][1], a, b[2], b[3]);
+          dm_mma16816<DT == DM_BF16>(acc[w][0], a, b[0], b[1]);
+          dm_mma16816<DT == DM_BF16>(acc[w][1], a, b[2], b[3]);
         }
     }
-    cp_wait<0>();
+    dm_cp_wait<0>();
     __syncthreads();
 #pragma unroll
     for (int w = 0; w < T::UPW; w++) {
@@ -996,17 +965,17 @@ __global__ void __launch_bounds__(TC_THREADS, BWD ? 2 : 1) tc_rows_k(const u16 *
     if constexpr (ZIN)   /* the forward's z, with dh's first chunks (rows past the tile's: zeros) */
       for (int i = threadIdx.x; i < TC_TM * R / 2; i += blockDim.x) {
         int m = i / (R / 2), c = i - m * (R / 2);
-        cp16(z + m * T::LZ + 4 * c, m < nrows ? zio + (row0 + m) * 2 * R + 4 * c : zio, m < nrows ? 16 : 0);
+        dm_cp_async16(z + m * T::LZ + 4 * c, m < nrows ? zio + (row0 + m) * 2 * R + 4 * c : zio, m < nrows ? 16 : 0);
       }
     for (int s = 0; s < TC_STAGES - 1; s++) {
       if (s < nf) load_dh(s);
-      cp_commit();
+      dm_cp_commit();
     }
     for (int fc = 0; fc < nf; fc++) {
-      cp_wait<TC_STAGES - 2>();
+      dm_cp_wait<TC_STAGES - 2>();
       __syncthreads();
       if (fc + TC_STAGES - 1 < nf) load_dh(fc + TC_STAGES - 1);
-      cp_commit();
+      dm_cp_commit();
       int st = fc % TC_STAGES, nv = (int)(F - (int64_t)fc * T::FC < T::FC ? F - (int64_t)fc * T::FC : T::FC);
       u16 *gs = stage + st * T::DH, *ds = gs + TC_TM * T::LF;
       realign<TC_TM, T::FC, true>(gs, shg, T::LF, nv);
@@ -1025,10 +994,10 @@ __global__ void __launch_bounds__(TC_THREADS, BWD ? 2 : 1) tc_rows_k(const u16 *
         uint32_t a[4];
         frag_a(a, gs, T::LF, mt * 16, ks * 16);
 #pragma unroll
-        for (int t = 0; t < T::NTW; t++) mma<DT>(dacc[mt][t], a, b[t][0], b[t][1]);
+        for (int t = 0; t < T::NTW; t++) dm_mma16816<DT == DM_BF16>(dacc[mt][t], a, b[t][0], b[t][1]);
       }
     }
-    cp_wait<0>();
+    dm_cp_wait<0>();
     __syncthreads();
     /* the k steps' sums added in order, into the stage memory (free now) */
     float *red = (float *)stage;
@@ -1282,13 +1251,13 @@ __device__ __forceinline__ void tc_down_unit(const tc_items &I, u16 *y, const u1
   };
   for (int s = 0; s < TS - 1; s++) {
     if (s < I.n) load(s);
-    cp_commit();
+    dm_cp_commit();
   }
   for (int it = 0; it < I.n; it++) {
-    cp_wait<TS - 2>();
+    dm_cp_wait<TS - 2>();
     __syncthreads();
     if (it + TS - 1 < I.n) load(it + TS - 1);
-    cp_commit();
+    dm_cp_commit();
     u16 *ds = smem + (it % TS) * STAGE, *hc = ds + DSZ;
     realign<R, TC_FS, false>(ds, shd, T::LS, 0);
     const int np = I.rows(it);
@@ -1302,8 +1271,8 @@ __device__ __forceinline__ void tc_down_unit(const tc_items &I, u16 *y, const u1
         if (mt * 16 >= np) continue;
         uint32_t a[4];
         frag_a(a, hc, T::LH, mt * 16, ks * 16);
-        mma<DT>(acc[mt][0], a, b[0], b[1]);
-        mma<DT>(acc[mt][1], a, b[2], b[3]);
+        dm_mma16816<DT == DM_BF16>(acc[mt][0], a, b[0], b[1]);
+        dm_mma16816<DT == DM_BF16>(acc[mt][1], a, b[2], b[3]);
       }
     }
     const int64_t f0 = (int64_t)I.chunk(it) * TC_FS, p0 = I.row0(it);
@@ -1361,7 +1330,7 @@ __device__ __forceinline__ void tc_dd_unit(const tc_items &I, u16 *dd, float *pa
   };
   for (int s = 0; s < TS - 1; s++) {
     if (s < I.n) load(s);
-    cp_commit();
+    dm_cp_commit();
   }
   float acc[R / 16][2][4];
   /* f(j, c, v) for each of this thread's sums: row j of R, column c of the chunk, the value */
@@ -1374,10 +1343,10 @@ __device__ __forceinline__ void tc_dd_unit(const tc_items &I, u16 *dd, float *pa
         for (int e = 0; e < 4; e++) f(mt * 16 + acc_row(e), (2 * warp + h) * 8 + acc_col(e), acc[mt][h][e]);
   };
   for (int it = 0; it < I.n; it++) {
-    cp_wait<TS - 2>();
+    dm_cp_wait<TS - 2>();
     __syncthreads();
     if (it + TS - 1 < I.n) load(it + TS - 1);
-    cp_commit();
+    dm_cp_commit();
     const int t = I.tile(it), np = I.rows(it);
     if (t == 0)
 #pragma unroll
@@ -1397,8 +1366,8 @@ __device__ __forceinline__ void tc_dd_unit(const tc_items &I, u16 *dd, float *pa
       for (int mt = 0; mt < R / 16; mt++) {
         uint32_t a[4];
         frag_a_t(a, hc, T::LH, mt * 16, ks * 16);
-        mma<DT>(acc[mt][0], a, b[0], b[1]);
-        mma<DT>(acc[mt][1], a, b[2], b[3]);
+        dm_mma16816<DT == DM_BF16>(acc[mt][0], a, b[0], b[1]);
+        dm_mma16816<DT == DM_BF16>(acc[mt][1], a, b[2], b[3]);
       }
     }
     if (t < I.nt - 1) continue;
@@ -1470,14 +1439,14 @@ __device__ __forceinline__ void tc_du_unit(const tc_items &I, u16 *dug, u16 *duu
   };
   for (int s = 0; s < TS - 1; s++) {
     if (s < I.n) load(s);
-    cp_commit();
+    dm_cp_commit();
   }
   float acc[UPW][2][4];
   for (int it = 0; it < I.n; it++) {
-    cp_wait<TS - 2>();
+    dm_cp_wait<TS - 2>();
     __syncthreads();
     if (it + TS - 1 < I.n) load(it + TS - 1);
-    cp_commit();
+    dm_cp_commit();
     const int t = I.tile(it), np = I.rows(it);
     if (t == 0)
 #pragma unroll
@@ -1494,8 +1463,8 @@ __device__ __forceinline__ void tc_du_unit(const tc_items &I, u16 *dug, u16 *duu
         uint32_t a[4], b[4];
         frag_a_t(a, xs, LXS, mt * 16, ks * 16);
         frag_b(b, as, T::LW, ks * 16, ng * 16);
-        mma<DT>(acc[w][0], a, b[0], b[1]);
-        mma<DT>(acc[w][1], a, b[2], b[3]);
+        dm_mma16816<DT == DM_BF16>(acc[w][0], a, b[0], b[1]);
+        dm_mma16816<DT == DM_BF16>(acc[w][1], a, b[2], b[3]);
       });
     }
     if (t < I.nt - 1) continue;
@@ -1564,13 +1533,13 @@ __global__ void __launch_bounds__(TC_THREADS) tc_gx_k(u16 *gx, const u16 *dagu, 
   };
   for (int s = 0; s < TC_STAGES - 1; s++) {
     if (s < nd) load_w(s);
-    cp_commit();
+    dm_cp_commit();
   }
   for (int ci = 0; ci < nd; ci++) {
-    cp_wait<TC_STAGES - 2>();
+    dm_cp_wait<TC_STAGES - 2>();
     __syncthreads();
     if (ci + TC_STAGES - 1 < nd) load_w(ci + TC_STAGES - 1);
-    cp_commit();
+    dm_cp_commit();
     const u16 *ws = ws0 + (ci % TC_STAGES) * TC_DS * T::LW;
     const int64_t c0 = (int64_t)ci * TC_DS;
     const int nvc = (int)(d - c0 < TC_DS ? d - c0 : TC_DS);
@@ -1581,8 +1550,8 @@ __global__ void __launch_bounds__(TC_THREADS) tc_gx_k(u16 *gx, const u16 *dagu, 
         uint32_t a[4], b[4];
         frag_a(a, as, T::LW, mt * 16, ks * 16);
         frag_b_t(b, ws, T::LW, ks * 16, ng * 16);
-        mma<DT>(acc[0], a, b[0], b[1]);
-        mma<DT>(acc[1], a, b[2], b[3]);
+        dm_mma16816<DT == DM_BF16>(acc[0], a, b[0], b[1]);
+        dm_mma16816<DT == DM_BF16>(acc[1], a, b[2], b[3]);
       }
 #pragma unroll
       for (int h = 0; h < 2; h++)

@@ -183,7 +183,81 @@ static void cuda_quant_decode(dm_tensor *y, const dm_tensor *codes, const dm_ten
             scales->shape[scales->ndim - 1], codes->shape[codes->ndim - 1], total, format);
 }
 
+/* ---- LittleBit's binary factors: w = row * sign(x) * col, and its backward ------------------- */
+
+template <int DT>
+__global__ void littlebit_k(S_<DT> *w, const S_<DT> *x, const S_<DT> *row, const S_<DT> *col, int64_t m, int64_t n,
+                            int64_t total) {
+  DM_GRID_LOOP(k, total) {
+    int64_t j = k % n, ei = k / n, e = ei / m;
+    float v = dt<DT>::load(row[ei]) * (float)dm_sign(dt<DT>::load(x[k])) * dt<DT>::load(col[e * n + j]);
+    w[k] = dt<DT>::store(v);
+  }
+}
+
+/* a warp a row (e, i): gx along it, and its sum of g sign(x) col by shuffles */
+template <int DT>
+__global__ void littlebit_rows_k(S_<DT> *gx, S_<DT> *grow, const S_<DT> *g, const S_<DT> *x, const S_<DT> *row,
+                                 const S_<DT> *col, int64_t m, int64_t n, int64_t rows) {
+  int lane = threadIdx.x % 32;
+  for (int64_t ei = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32; ei < rows;
+       ei += (int64_t)gridDim.x * blockDim.x / 32) {
+    const int64_t e = ei / m, at = ei * n;
+    const float r = dt<DT>::load(row[ei]);
+    float sum = 0;
+    for (int64_t j = lane; j < n; j += 32) {
+      float gv = dt<DT>::load(g[at + j]), cv = dt<DT>::load(col[e * n + j]);
+      if (gx) gx[at + j] = dt<DT>::store(gv * r * cv);
+      sum += gv * (float)dm_sign(dt<DT>::load(x[at + j])) * cv;
+    }
+    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (grow && lane == 0) grow[ei] = dt<DT>::store(sum);
+  }
+}
+
+/* a thread a column (e, j), down the rows: neighbouring threads read neighbouring columns */
+template <int DT>
+__global__ void littlebit_cols_k(S_<DT> *gcol, const S_<DT> *g, const S_<DT> *x, const S_<DT> *row, int64_t m,
+                                 int64_t n, int64_t cols) {
+  DM_GRID_LOOP(ej, cols) {
+    int64_t e = ej / n, j = ej % n;
+    float sum = 0;
+    for (int64_t i = 0; i < m; i++) {
+      int64_t at = (e * m + i) * n + j;
+      sum += dt<DT>::load(g[at]) * (float)dm_sign(dt<DT>::load(x[at])) * dt<DT>::load(row[e * m + i]);
+    }
+    gcol[ej] = dt<DT>::store(sum);
+  }
+}
+
+static void cuda_littlebit(dm_tensor *w, const dm_tensor *x, const dm_tensor *row, const dm_tensor *col) {
+  int64_t total = dm_numel(x), m = x->shape[1], n = x->shape[2];
+  if (total == 0) return;
+  dm_dispatch_float(x->dtype, "littlebit", [&](auto d) {
+    constexpr int DT = decltype(d)::value;
+    DM_LAUNCH(littlebit_k<DT>, total, (S_<DT> *)dm_data(w), (const S_<DT> *)dm_data(x), (const S_<DT> *)dm_data(row),
+              (const S_<DT> *)dm_data(col), m, n, total);
+  });
+}
+
+static void cuda_littlebit_bwd(dm_tensor *gx, dm_tensor *grow, dm_tensor *gcol, const dm_tensor *g, const dm_tensor *x,
+                               const dm_tensor *row, const dm_tensor *col) {
+  int64_t E = x->shape[0], m = x->shape[1], n = x->shape[2];
+  if (dm_numel(x) == 0) return;
+  dm_dispatch_float(x->dtype, "littlebit_bwd", [&](auto d) {
+    constexpr int DT = decltype(d)::value;
+    const S_<DT> *gp = (const S_<DT> *)dm_data(g), *xp = (const S_<DT> *)dm_data(x);
+    const S_<DT> *rp = (const S_<DT> *)dm_data(row), *cp = (const S_<DT> *)dm_data(col);
+    if (gx || grow)
+      DM_GROUP_LAUNCH(littlebit_rows_k<DT>, E * m, 32, gx ? (S_<DT> *)dm_data(gx) : NULL,
+                      grow ? (S_<DT> *)dm_data(grow) : NULL, gp, xp, rp, cp, m, n, E * m);
+    if (gcol) DM_LAUNCH(littlebit_cols_k<DT>, E * n, (S_<DT> *)dm_data(gcol), gp, xp, rp, m, n, E * n);
+  });
+}
+
 static const dm_kernel_entry kernels[] = {
+  {"littlebit", (dm_kernel_fn)cuda_littlebit},
+  {"littlebit_bwd", (dm_kernel_fn)cuda_littlebit_bwd},
   {"quantize", (dm_kernel_fn)cuda_quantize},
   {"quant_encode", (dm_kernel_fn)cuda_quant_encode},
   {"quant_decode", (dm_kernel_fn)cuda_quant_decode},

@@ -5,8 +5,10 @@
 **                                  last dim, dequantised (vm/quant.h has the formats)
 **   quant_encode(x; format, block) -> codes, scales     the same values as bits (a file's form)
 **   quant_decode(codes, scales; format, block, n) -> y  and back, f32
+**   littlebit(x, row, col) -> w     row * sign(x) * col, LittleBit's binary factor, in one pass;
+**                                  its backward passes the sign's gradient straight through
 **
-** It takes no gradient: quantisation-aware training passes the gradient
+** The formats take no gradient: quantisation-aware training passes the gradient
 ** straight through, w + (quantize(w) - w) with the difference detached
 ** (nn/moe.lua), which is the function's derivative nowhere but where it is wanted.
 */
@@ -109,6 +111,49 @@ static void decode_forward(dm_ctx *c) {
   c->out[0] = y;
 }
 
+/* ---- littlebit ------------------------------------------------------------------------------ */
+
+/* x [E, m, n], row [E, m, 1], col [E, 1, n] of one float dtype and device */
+static void check_littlebit(const dm_tensor *x, const dm_tensor *row, const dm_tensor *col) {
+  dm_check_float("littlebit", "x", x);
+  dm_check_dtype_equal("littlebit", x, row);
+  dm_check_dtype_equal("littlebit", x, col);
+  dm_check_device_equal("littlebit", x, row);
+  dm_check_device_equal("littlebit", x, col);
+  char sx[128], sr[128], sc[128];
+  dm_shape_str(sx, sizeof sx, x->ndim, x->shape);
+  dm_shape_str(sr, sizeof sr, row->ndim, row->shape);
+  dm_shape_str(sc, sizeof sc, col->ndim, col->shape);
+  bool fits = x->ndim == 3 && row->ndim == 3 && col->ndim == 3 && row->shape[0] == x->shape[0] &&
+              row->shape[1] == x->shape[1] && row->shape[2] == 1 && col->shape[0] == x->shape[0] &&
+              col->shape[1] == 1 && col->shape[2] == x->shape[2];
+  if (!fits)
+    dm_error("littlebit: x must be [E, m, n] with row [E, m, 1] and col [E, 1, n], got x %s, row %s, col %s",
+             sx, sr, sc);
+}
+
+static void littlebit_forward(dm_ctx *c) {
+  check_littlebit(c->in[0], c->in[1], c->in[2]);
+  dm_tensor *x = dm_contiguous(c->in[0]), *row = dm_contiguous(c->in[1]), *col = dm_contiguous(c->in[2]);
+  dm_tensor *w = dm_tensor_new(x->device, x->dtype, x->ndim, x->shape);
+  DM_KERNEL(dm_littlebit_k, "littlebit", x->device)(w, x, row, col);
+  dm_save(c, x);
+  dm_save(c, row);
+  dm_save(c, col);
+  dm_release(x);
+  dm_release(row);
+  dm_release(col);
+  c->out[0] = w;
+}
+
+static void littlebit_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
+  dm_tensor *x = dm_saved(c, 0), *row = dm_saved(c, 1), *col = dm_saved(c, 2);
+  dm_tensor *g = dm_contiguous(gout[0]);
+  for (int i = 0; i < 3; i++) gin[i] = dm_needs_grad(c, i) ? dm_new_grad(c, i, x->device) : NULL;
+  DM_KERNEL(dm_littlebit_bwd_k, "littlebit_bwd", x->device)(gin[0], gin[1], gin[2], g, x, row, col);
+  dm_release(g);
+}
+
 static dm_op ops[] = {
   {.name = "quantize",
    .doc = "x through a low-bit format block by block along the last dim, dequantised (no gradient; "
@@ -123,6 +168,10 @@ static dm_op ops[] = {
   {.name = "quant_decode", .doc = "a low-bit format's codes and scales back to values, rows of n elements, f32",
    .n_in = 2, .n_out = 1, .attrs = "format=" DM_QUANT_SPELLINGS ",block,n", .nondiff = 3,
    .forward = decode_forward},
+  {.name = "littlebit",
+   .doc = "row * sign(x) * col (x [E, m, n], row [E, m, 1], col [E, 1, n]): LittleBit's binary factor; "
+          "the backward passes the sign's gradient straight through to x",
+   .n_in = 3, .n_out = 1, .attrs = "", .forward = littlebit_forward, .backward = littlebit_backward},
 };
 DM_REGISTER_OPS(ops)
 

@@ -162,6 +162,18 @@ typedef void (*dm_quant_decode_k)(dm_tensor *y, const dm_tensor *codes, const dm
 ** shape and dtype; rows of n elements (the last dim), blocks of `block` (>= 1) within a row */
 typedef void (*dm_quantize_k)(dm_tensor *y, const dm_tensor *x, int format, int64_t block);
 
+/* "littlebit": w = row * sign(x) * col for LittleBit's binary factors (nn/moe.lua), x [E, m, n],
+** row [E, m, 1], col [E, 1, n], all contiguous, of x's dtype; sign(0) = 0, sign(NaN) = NaN.
+** "littlebit_bwd": given g = dL/dw, gx = g * row * col (the sign's gradient passed straight
+** through), grow [E, m, 1] = sum over n of g * sign(x) * col, gcol [E, 1, n] = sum over m of
+** g * sign(x) * row; an output not wanted is NULL. The sums run in f32 (double on the CPU). */
+typedef void (*dm_littlebit_k)(dm_tensor *w, const dm_tensor *x, const dm_tensor *row, const dm_tensor *col);
+typedef void (*dm_littlebit_bwd_k)(dm_tensor *gx, dm_tensor *grow, dm_tensor *gcol, const dm_tensor *g,
+                                   const dm_tensor *x, const dm_tensor *row, const dm_tensor *col);
+
+/* the sign LittleBit's factors use: -1, 0 or 1, NaN passed on */
+DM_QUANT_FN double dm_sign(double x) { return x > 0 ? 1.0 : x < 0 ? -1.0 : x; }
+
 dm_tensor *dm_quantize(dm_tensor *x, int format, int64_t block);
 dm_tensor *dm_quant_encode(dm_tensor *x, int format, int64_t block, dm_tensor **scales);
 dm_tensor *dm_quant_decode(dm_tensor *codes, dm_tensor *scales, int format, int64_t block, int64_t n);

@@ -938,6 +938,13 @@ function dm.quant_encode(x, format, block) end
 ---@return dormouse.Tensor
 function dm.quant_decode(codes, scales, format, block, n) end
 
+---LittleBit's binary factor row * sign(x) * col in one pass, the sign's gradient passed straight through to x.
+---@param x dormouse.Tensor [E, m, n]
+---@param row dormouse.Tensor [E, m, 1]
+---@param col dormouse.Tensor [E, 1, n]
+---@return dormouse.Tensor
+function dm.littlebit(x, row, col) end
+
 ---Cross-entropy of logits [..., V] against class ids [...] (0..V-1), fused with its log-softmax.
 ---@param logits dormouse.Tensor
 ---@param targets dormouse.Tensor

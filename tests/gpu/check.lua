@@ -222,4 +222,26 @@ against_f64("index_select of 5000 rows", function(x) return x:index_select(1, id
 grad_against_f64("index_select (index_add, repeated rows)", function(x) return x:index_select(1, id:to(x.device)) end,
                  randn({2000, 64}, 27))
 
+-- LittleBit's factor at bank-like shapes: the row sums by warps, the column sums down long columns
+for _, shape in ipairs {{16, 2048, 64}, {8, 64, 5461}} do
+  for _, dt in ipairs {"f32", "bf16"} do
+    check(string.format("littlebit %s and its three gradients, %s", table.concat(shape, "x"), dt), function()
+      local E, m, n = shape[1], shape[2], shape[3]
+      local src = {randn({E, m, n}, 28), randn({E, m, 1}, 29), randn({E, 1, n}, 30), randn({E, m, n}, 31)}
+      local function run(dev, t)
+        local x, row, col = src[1]:to(dt):to(t):to(dev), src[2]:to(dt):to(t):to(dev), src[3]:to(dt):to(t):to(dev)
+        for _, p in ipairs {x, row, col} do p:requires_grad(true) end
+        local w = dm.littlebit(x, row, col)
+        w:backward(src[4]:to(dt):to(t):to(dev))
+        return {w, x.grad, row.grad, col.grad}
+      end
+      local got, want = run("cuda", dt), run("cpu", "f64")
+      for i, what in ipairs {"w", "x's gradient", "row's gradient", "col's gradient"} do
+        local e = rel(got[i], want[i]:to(dt):to("f64"))
+        assert(e <= TOL[dt], string.format("%s: relative error %.3g over %.1g", what, e, TOL[dt]))
+      end
+    end)
+  end
+end
+
 checks.finish()

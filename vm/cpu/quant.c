@@ -1,5 +1,6 @@
 /*
-** cpu/quant.c — the CPU kernel of the low-bit formats (vm/quant.h), in double.
+** cpu/quant.c — the CPU kernels of the low-bit formats and of LittleBit's
+** binary factors (vm/quant.h), in double.
 */
 #include <string.h>
 #include "../quant.h"
@@ -87,7 +88,52 @@ static void cpu_quant_decode(dm_tensor *y, const dm_tensor *codes, const dm_tens
     }
 }
 
+static void cpu_littlebit(dm_tensor *w, const dm_tensor *x, const dm_tensor *row, const dm_tensor *col) {
+  int64_t E = x->shape[0], m = x->shape[1], n = x->shape[2];
+  size_t es = dm_dtype_size(x->dtype);
+  const char *xp = dm_data(x), *rp = dm_data(row), *cp = dm_data(col);
+  char *wp = dm_data(w);
+  for (int64_t e = 0; e < E; e++)
+    for (int64_t i = 0; i < m; i++) {
+      double r = ld(x->dtype, rp + (e * m + i) * (int64_t)es);
+      for (int64_t j = 0; j < n; j++) {
+        int64_t at = ((e * m + i) * n + j) * (int64_t)es;
+        st(x->dtype, wp + at, r * dm_sign(ld(x->dtype, xp + at)) * ld(x->dtype, cp + (e * n + j) * (int64_t)es));
+      }
+    }
+}
+
+static void cpu_littlebit_bwd(dm_tensor *gx, dm_tensor *grow, dm_tensor *gcol, const dm_tensor *g, const dm_tensor *x,
+                              const dm_tensor *row, const dm_tensor *col) {
+  int64_t E = x->shape[0], m = x->shape[1], n = x->shape[2];
+  dm_dtype dt = x->dtype;
+  size_t es = dm_dtype_size(dt);
+  const char *gp = dm_data(g), *xp = dm_data(x), *rp = dm_data(row), *cp = dm_data(col);
+  for (int64_t e = 0; e < E; e++) {
+    for (int64_t j = 0; gcol && j < n; j++) {                 /* the column sums, over the rows */
+      double sum = 0;
+      for (int64_t i = 0; i < m; i++) {
+        int64_t at = ((e * m + i) * n + j) * (int64_t)es;
+        sum += ld(dt, gp + at) * dm_sign(ld(dt, xp + at)) * ld(dt, rp + (e * m + i) * (int64_t)es);
+      }
+      st(dt, (char *)dm_data(gcol) + (e * n + j) * (int64_t)es, sum);
+    }
+    for (int64_t i = 0; i < m; i++) {
+      double r = ld(dt, rp + (e * m + i) * (int64_t)es), sum = 0;
+      for (int64_t j = 0; j < n; j++) {
+        int64_t at = ((e * m + i) * n + j) * (int64_t)es;
+        double gv = ld(dt, gp + at), cv = ld(dt, cp + (e * n + j) * (int64_t)es);
+        if (gx) st(dt, (char *)dm_data(gx) + at, gv * r * cv);
+        sum += gv * dm_sign(ld(dt, xp + at)) * cv;
+      }
+      if (grow) st(dt, (char *)dm_data(grow) + (e * m + i) * (int64_t)es, sum);
+    }
+  }
+}
+
 static const dm_kernel_entry kernels[] = {
+  {"littlebit", (dm_kernel_fn)cpu_littlebit},
+  {"littlebit_bwd", (dm_kernel_fn)cpu_littlebit_bwd},
   {"quantize", (dm_kernel_fn)cpu_quantize},
   {"quant_encode", (dm_kernel_fn)cpu_quant_encode},
   {"quant_decode", (dm_kernel_fn)cpu_quant_decode},

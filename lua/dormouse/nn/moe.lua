@@ -60,10 +60,8 @@ local function marginal_scales(X)
   return row, col
 end
 
-local function binary_term(latent, row, col)
-  local held = latent:detach()
-  local signs = held:sign() + (latent - held)        -- sign(X) forward, the gradient straight through
-  return nn.like(row, signs) * signs * nn.like(col, signs)
+local function binary_term(latent, row, col)    -- the op passes sign's gradient straight through
+  return dm.littlebit(latent, nn.like(row, latent), nn.like(col, latent))
 end
 
 function MoE:littlebit_init(residual)

@@ -7,6 +7,9 @@ The low-bit number formats of the expert banks (vm/quant.h):
                                     through to x (quantisation-aware training)
   dm.quant_encode(x, format, block)   the same values as bits: codes, scales
   dm.quant_decode(codes, scales, format, block, n)   and back (f32, rows of n elements)
+  dm.littlebit(x, row, col)         LittleBit's binary factor row * sign(x) * col in one pass
+                                    (x [E, m, n], row [E, m, 1], col [E, 1, n], one dtype), the
+                                    sign's gradient passed straight through to x
 
 Codes are u8, [..., ceil(n / per byte)]: one E4M3 code a byte (fp8_e4m3), two
 E2M1 codes (nvfp4, the lower nibble first), four 2-bit ternary codes (0, +1
@@ -46,5 +49,9 @@ function dm.fake_quantize(x, format, block)
   return dm.quantize(held, format, block) + (x - held)
 end
 T.fake_quantize = dm.fake_quantize
+
+function dm.littlebit(x, row, col)
+  return core.call("littlebit", x, row, col)
+end
 
 end
