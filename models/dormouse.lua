@@ -101,7 +101,7 @@ end
 
 -- the logits in h's dtype (f32), the norm and the product in the compute dtype
 local function readout(self, h)
-  return self.head:forward(self.rmsf:forward(nn.activation(h))):to(h.dtype)
+  return self.head:forward(self.rmsf:forward(self:activation(h))):to(h.dtype)
 end
 
 local function ce(logits, targets)
@@ -114,7 +114,7 @@ local function future_ce(self, h, x)
   local T = h:size(2)
   return dm.scope(function()
     local hs = h:narrow(2, 1, T - 1)
-    local logits = self.future_head:forward(self.rmsf:forward(nn.activation(hs))):to(h.dtype)
+    local logits = self.future_head:forward(self.rmsf:forward(self:activation(hs))):to(h.dtype)
     return ce(logits, x:narrow(2, 3, T - 1):to("i64"))
   end)
 end
@@ -129,7 +129,7 @@ local function draft(self, hbar, inputs, x)
   local T = hbar:size(2)
   return dm.scope(function()
     local hs = hbar:narrow(2, 1, T - 1) + self.emb:forward(inputs:narrow(2, 2, T - 1)):to(hbar.dtype)
-    local logits = self.draft_head:forward(self.rmsf:forward(nn.activation(hs))):to(hbar.dtype)
+    local logits = self.draft_head:forward(self.rmsf:forward(self:activation(hs))):to(hbar.dtype)
     return logits, ce(logits, x:narrow(2, 3, T - 1):to("i64"))
   end)
 end

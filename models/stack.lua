@@ -52,7 +52,7 @@ function Stack:forward(x, prefix, opts)
   for l, layer in ipairs(self.layers) do
     if carried then h, state[l] = layer:forward(h, carried[l] or {}) else h = layer:forward(h) end
   end
-  local logits = self.head:forward(self.rmsf:forward(nn.activation(h))):to(h.dtype)
+  local logits = self.head:forward(self.rmsf:forward(self:activation(h))):to(h.dtype)
   local ce = dm.cross_entropy(logits:reshape({-1, 256}), targets)
   return {loss = ce, fin = ce, periter = {ce}, fin_D = {}, fin_logits = logits, state = state}
 end

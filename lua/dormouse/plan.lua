@@ -258,13 +258,10 @@ Session.__index = Session
 
 local function engram_ctx(m) return require("dormouse.nn").Engram.context_for(m.engram.orders) end
 
--- set nn's device and compute dtype for fn, and put them (and the generator) back
+-- fn's modules built on the meta device in `compute`, and the generator put back
 local function on_meta(compute, fn)
-  local device, dtype = nn.device, nn.compute_dtype
   local seed, offset = dm.rng_state()
-  nn.device, nn.compute_dtype = "meta", compute
-  local res = table.pack(pcall(fn))
-  nn.device, nn.compute_dtype = device, dtype
+  local res = table.pack(pcall(nn.build, {device = "meta", compute_dtype = compute}, fn))
   dm.set_rng_state(seed, offset)
   if not res[1] then error(res[2], 0) end
   return table.unpack(res, 2, res.n)

@@ -35,6 +35,9 @@ function train.pick_device(cfg)
   return core.device_available("cuda") and "cuda" or "cpu"
 end
 
+-- the dtype a run's products take on `device`: the config's, but f32 on the CPU
+function train.compute_dtype(cfg, device) return device == "cpu" and "f32" or cfg.dtype end
+
 local function mkdir(path)
   core.ckpt_mkdirs(path)
 end
@@ -119,9 +122,7 @@ end
 -- The seeded model and optimiser of a resolved config on `device`.
 function train.setup(cfg, device, root)
   dm.manual_seed(cfg.seed)
-  nn.device = device
-  nn.compute_dtype = device == "cpu" and "f32" or cfg.dtype
-  local model = train.build_model(cfg, root)
+  local model = nn.build({device = device, compute_dtype = train.compute_dtype(cfg, device)}, train.build_model, cfg, root)
   return model, optim.new(model, cfg.optim, cfg.schedule, cfg.steps, {quiet = true})
 end
 
@@ -554,7 +555,7 @@ function train.run(cfg, opts)
 end
 
 function run_body(self, cfg, opts)
-  if self.device == "cpu" and cfg.dtype ~= "f32" then
+  if train.compute_dtype(cfg, self.device) ~= cfg.dtype then
     self:say("cpu: matrix products run in f32 (dtype = " .. cfg.dtype .. " applies on the GPU)")
   end
   self.model, self.opt = train.setup(cfg, self.device, opts.root or ".")

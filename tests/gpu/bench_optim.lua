@@ -44,9 +44,8 @@ end
 local sets = {"device=" .. DEVICE}
 if DRY then sets[#sets + 1] = "dtype=f32" end
 local cfg = config.load(file, sets)
-nn.device, nn.compute_dtype = DEVICE, DRY and "f32" or cfg.dtype
 dm.manual_seed(cfg.seed)
-local model = train.build_model(cfg, ".")
+local model = nn.build({device = DEVICE, compute_dtype = DRY and "f32" or cfg.dtype}, train.build_model, cfg, ".")
 local opt = optim.new(model, cfg.optim, cfg.schedule, cfg.steps, {quiet = true})
 for i, e in ipairs(model:named_parameters()) do
   if e.name ~= "block.engram.table" then e.tensor.grad = dm.randn(e.tensor:shape(), {seed = i, device = DEVICE}) * 1e-3 end

@@ -20,9 +20,8 @@ local check = checks.check
 
 local function build(file, device, compute, overrides)
   local cfg = config.load(file, overrides)
-  nn.device, nn.compute_dtype = device, compute
   dm.manual_seed(cfg.seed)
-  return train.build_model(cfg, "."), cfg
+  return nn.build({device = device, compute_dtype = compute}, train.build_model, cfg, "."), cfg
 end
 
 local rel = common.rel

@@ -31,7 +31,7 @@ local shapes = DRY and {{2, 128}, {4, 128}, {4, 256}}      -- (on the CPU the ta
                        {8, 1024, ram = true, small_card = true}}
 -- the settings for a 16 GB card (docs/training.md): the block recomputed, bf16 momentum
 local SMALL_CARD = {"model.recompute=true", "optim.momentum_dtype=bf16"}
--- on the CPU everything is f32 (nn.project), and so is Newton-Schulz there
+-- on the CPU everything is f32 (Module:project), and so is Newton-Schulz there
 local dry_sets = DRY and {"dtype=f32", "optim.ns_dtype=f32"} or {}
 
 local function sync() if DEVICE == "cuda" then dm.cuda.synchronize() end end
@@ -41,9 +41,8 @@ local corpus = dm.data.open(dm.data.default_corpus(), {eval_bytes = 4096})
 -- the measured peak of one step of cfg on the device, over what was allocated before the model
 local function measure(cfg)
   local before = dm.memory(DEVICE).current
-  nn.device, nn.compute_dtype = DEVICE, cfg.dtype
   dm.manual_seed(cfg.seed)
-  local model = train.build_model(cfg, ".")
+  local model = nn.build({device = DEVICE, compute_dtype = cfg.dtype}, train.build_model, cfg, ".")
   local opt = optim.new(model, cfg.optim, cfg.schedule, cfg.steps, {quiet = true})
   local orders = cfg.model.engram.orders
   local ctx = #orders > 0 and orders[#orders] - 1 or 0

@@ -28,9 +28,8 @@ local function sync() if not DRY then dm.cuda.synchronize() end end
 
 local function build(file, compute, recompute)
   local cfg = config.load(file, {"model.recompute=" .. tostring(recompute)})
-  nn.device, nn.compute_dtype = DEVICE, compute
   dm.manual_seed(cfg.seed)
-  return train.build_model(cfg, ".")
+  return nn.build({device = DEVICE, compute_dtype = compute}, train.build_model, cfg, ".")
 end
 
 local run = common.loss_and_grads

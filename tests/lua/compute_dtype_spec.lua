@@ -6,16 +6,49 @@ local nn = require "dormouse.nn"
 local config = require "dormouse.config"
 local train = require "dormouse.train"
 
--- fn inside a scope, as a training step runs (the tape is kept until its end)
+-- fn inside a scope, as a training step runs (the tape is kept until its end), its modules built
+-- on device in the compute dtype
 local function with_nn(device, dtype, fn)
-  local d, c = nn.device, nn.compute_dtype
-  nn.device, nn.compute_dtype = device, dtype
-  local ok, err = pcall(dm.scope, fn)
-  nn.device, nn.compute_dtype = d, c
-  if not ok then error(err, 0) end
+  return nn.build({device = device, compute_dtype = dtype}, dm.scope, fn)
 end
 
 local function max_diff(a, b) return (a:to("f64") - b:to("f64")):abs():max():item() end
+
+describe("nn.build", function()
+  it("gives the modules built inside it its device and compute dtype, and nests", function()
+    local outer, inner = nn.build({device = "cpu", compute_dtype = "f64"}, function()
+      local a = nn.Linear(3, 2)
+      return a, nn.build({device = "meta"}, function() return nn.Linear(3, 2) end)
+    end)
+    assert.same({"cpu", "f64"}, {outer.device, outer.compute_dtype})
+    assert.same({"meta", "f64"}, {inner.device, inner.compute_dtype})
+    assert.equal("meta", inner.weight.device)
+    local plain = nn.Linear(3, 2)                       -- outside any build: the CPU in f32
+    assert.same({"cpu", "f32"}, {plain.device, plain.compute_dtype})
+  end)
+
+  it("is undone when its function raises", function()
+    assert.has_error(function()
+      nn.build({compute_dtype = "f64"}, function() error("in the build", 0) end)
+    end, "in the build")
+    assert.same({"cpu", "f32"}, {nn.building()})
+  end)
+
+  it("refuses an unknown key and an unknown dtype", function()
+    assert.has_error(function() nn.build({dtype = "f64"}, function() end) end, "nn.build: unknown key 'dtype'")
+    assert.has_error(function() nn.build({compute_dtype = "i32"}, function() end) end,
+                     "nn.build: compute_dtype must be f32, bf16, f16 or f64, got i32")
+  end)
+
+  it("lets a forward run in the module's dtype wherever it is called, and compute_in change it", function()
+    local L = nn.build({compute_dtype = "f64"}, nn.Linear, 3, 2)
+    local x = dm.randn({4, 3}, {seed = 1})
+    assert.equal("f64", L:activation(x).dtype)
+    assert.equal("f32", L:project(x, L.weight).dtype)  -- an f32 input: cast in, the output cast back
+    L:compute_in("f32")
+    assert.equal(x, L:activation(x))
+  end)
+end)
 
 describe("nn.like", function()
   it("is the tensor itself in its own dtype, a cast in another", function()
@@ -38,7 +71,7 @@ describe("nn.like", function()
         dm.scope(function() copy = nn.like(L.weight, x) end)            -- made in an inner scope it outlives
         assert.equal(copy, nn.like(L.weight, x))
         assert.is_false(copy:is_freed())
-        return (nn.project(x, L.weight):sum() + nn.project(x * 2, L.weight):sum())
+        return (L:project(x, L.weight):sum() + L:project(x * 2, L.weight):sum())
       end)
       assert.is_true(copy:is_freed())                                   -- the tape holds what backward needs
       loss:backward()
@@ -54,7 +87,7 @@ describe("nn.like", function()
       local L = nn.Linear(3, 3)
       local x = dm.randn({2, 3}, {seed = 3, dtype = "f64", requires_grad = true})
       local y = nn.pass(function()
-        return dm.checkpoint(function(h) return nn.project(nn.project(h, L.weight):tanh(), L.weight) end, x):sum()
+        return dm.checkpoint(function(h) return L:project(L:project(h, L.weight):tanh(), L.weight) end, x):sum()
       end)
       y:backward()
       local plain = dm.randn({2, 3}, {seed = 3, dtype = "f64", requires_grad = true})

@@ -507,7 +507,7 @@ function M:forward(x)
   local T = x:size(2) - 1
   local targets = x:narrow(2, 2, T):to("i64"):reshape({-1})
   local h = self.emb:forward(x:narrow(2, 1, T)) * self.scale
-  local logits = self.head:forward(nn.activation(h)):to(h.dtype)
+  local logits = self.head:forward(self:activation(h)):to(h.dtype)
   local ce = dm.cross_entropy(logits:reshape({-1, 256}), targets)
   return {loss = ce, fin = ce, fin_logits = logits}
 end

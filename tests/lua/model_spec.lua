@@ -6,12 +6,8 @@ local train = require "dormouse.train"
 
 local function build(file, overrides, device)
   local cfg = config.load(file, overrides)
-  local before = nn.device
-  nn.device = device or "cpu"
   dm.manual_seed(cfg.seed)
-  local m = train.build_model(cfg, ".")
-  nn.device = before
-  return m, cfg
+  return nn.build({device = device or "cpu"}, train.build_model, cfg, "."), cfg
 end
 
 -- one batch of 2 rows of 33 bytes from the default corpus (the arms' tests)
@@ -284,16 +280,14 @@ describe("the balancing options", function()
      function()
     local seen = {}
     local linear = dm.linear
-    local before = nn.compute_dtype
-    nn.compute_dtype = "f64"                       -- on the CPU f64 stands in for bf16 (compute_dtype_spec)
     local ok, err = pcall(function()
       local m = nn.MoE(8, {experts = 4, top_k = 1, rank = 2, shared_rank = 2, ffn = 4, router_dtype = "f32",
-                           router_std = 1e-3})
+                           router_std = 1e-3}):compute_in("f64")   -- on the CPU f64 stands in for bf16
       assert.is_true(m.router.weight:abs():max():item() < 1e-2)
       dm.linear = function(x, w) seen[#seen + 1] = x.dtype .. "/" .. w.dtype; return linear(x, w) end
       dm.scope(function() m:forward(dm.randn({1, 3, 8}, {seed = 1, dtype = "f64"})) end)
     end)
-    dm.linear, nn.compute_dtype = linear, before
+    dm.linear = linear
     assert.is_true(ok, err)
     assert.equal("f32/f32", seen[1])               -- the router first, in f32
     assert.equal("f64/f64", seen[2])               -- the rest in the compute dtype

@@ -100,12 +100,10 @@ describe("the predicted peak", function()
       local planned = meta_peak(s, B, T)
       s:close()
       -- the same model, optimiser and step, with dm.memory("meta") as the only instrument
-      local before, dtype = nn.device, nn.compute_dtype
-      nn.device, nn.compute_dtype = "meta", cfg.dtype
       local base = dm.memory("meta").current
       dm.reset_peak("meta")
       dm.manual_seed(cfg.seed)
-      local model = train.build_model(cfg, ".")
+      local model = nn.build({device = "meta", compute_dtype = cfg.dtype}, train.build_model, cfg, ".")
       local o = config.plain(cfg.optim)
       o.ns_dtype = "bf16"
       local opt = optim.new(model, o, cfg.schedule, cfg.steps, {quiet = true})
@@ -114,7 +112,6 @@ describe("the predicted peak", function()
         local x = dm.zeros({B, T + 1}, {dtype = "u8", device = "meta"})
         return x, dm.zeros({B, ctx}, {dtype = "u8", device = "meta"})
       end, cfg.grad_accum)
-      nn.device, nn.compute_dtype = before, dtype
       assert.equal(dm.memory("meta").peak - base, planned)
     end)
 
@@ -155,11 +152,9 @@ describe("the predicted peak", function()
       local s = plan.session(cfg)
       local planned = meta_peak(s, B, T)
       s:close()
-      local before, dtype = nn.device, nn.compute_dtype
-      nn.device, nn.compute_dtype = "cpu", "f32"
       local base = dm.memory("cpu").current
       dm.manual_seed(cfg.seed)
-      local model = train.build_model(cfg, ".")
+      local model = train.build_model(cfg, ".")            -- outside nn.build: the CPU in f32
       local opt = optim.new(model, cfg.optim, cfg.schedule, cfg.steps, {quiet = true})
       local corpus = dm.data.open(dm.data.default_corpus(), {eval_bytes = 4096})
       local x, prefix = corpus:batch(1, {batch = B, seq = T, seed = 1, ctx = ctx_of(cfg)})
@@ -168,7 +163,6 @@ describe("the predicted peak", function()
       dm.reset_peak("cpu")
       plan.step(model, opt, function() return x, prefix end, cfg.grad_accum)
       local measured = dm.memory("cpu").peak - at + held
-      nn.device, nn.compute_dtype = before, dtype
       corpus:close()
       local rel = math.abs(measured - planned) / measured
       assert.is_true(rel < 0.03, string.format("planned %d, measured %d (%.2f%%)", planned, measured, 100 * rel))

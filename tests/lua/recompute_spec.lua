@@ -121,7 +121,6 @@ end)
 
 describe("nn.MoE inside dm.checkpoint, without new_pass", function()
   it("sums the routing counts of the calls, once each", function()
-    nn.device = "cpu"
     local function counts(checkpointed)
       dm.manual_seed(1)
       local moe = nn.MoE(8, {experts = 4, top_k = 2, rank = 2, shared_rank = 2, ffn = 8}):cast("f64")
@@ -145,7 +144,6 @@ describe("the model with recompute = true", function()
   local function run(recompute)
     local cfg = config.load("experiments/tiny.lua", {"model.recompute=" .. tostring(recompute), "device=cpu",
                                                      "model.max_iter=3"})
-    nn.device = "cpu"
     dm.manual_seed(cfg.seed)
     local m = train.build_model(cfg, "."):cast("f64")
     local corpus = dm.data.open(dm.data.default_corpus(), {eval_bytes = 4096})

@@ -156,7 +156,7 @@ local function bench(args, cli)
   io.stderr:write(string.format("bench: %s, %d warm-up steps...\n", cfg.name, warmup))
   run_steps(r, train, warmup)
   local res = {steps = steps, warmup = warmup, tokens = cfg.batch * cfg.seq * cfg.grad_accum,
-               compute_dtype = require("dormouse.nn").compute_dtype}
+               compute_dtype = r.model.compute_dtype}
   io.stderr:write(string.format("bench: %d timed steps, then the split and the op profile...\n", steps))
   res.ms = time_steps(r, train, steps)
   local mem = core.memory(r.device)

@@ -32,11 +32,9 @@ function Engram:init(d, opts)
   -- dm.HostTable gathers each training step's rows on the host (the next
   -- batch's while this step runs, when a lookahead is set), copies them to
   -- the device and applies their gradient with a multi-threaded host Adam.
-  self.ram = opts.ram and (nn.device ~= "cpu" or Engram.ram_on_cpu) or false
-  self.device = nn.device
-  if self.ram then nn.device = "cpu" end
-  self:param("table", nn.init.normal({self.layout.total_rows, opts.width}, opts.std or 0.02))
-  nn.device = self.device
+  self.ram = opts.ram and (self.device ~= "cpu" or Engram.ram_on_cpu) or false
+  local shape, std = {self.layout.total_rows, opts.width}, opts.std or 0.02
+  self:param("table", self.ram and nn.build({device = "cpu"}, nn.init.normal, shape, std) or nn.init.normal(shape, std))
   self.table:requires_grad(false)
   self.entries = {}
   self.prefetches = {used = 0, missed = 0}       -- training lookups that found their prefetch, or not

@@ -5,13 +5,46 @@ nn — modules: named parameters, children, train/eval, a printed summary.
   function M:init(d_in, d_out) self:param("weight", nn.init.normal({d_out, d_in}, d_in^-0.5)) end
   function M:forward(x) return dm.linear(x, self.weight) end
 
-A module's parameters are float32 masters on its device; nn.compute_dtype
-("f32" or "bf16") is the dtype the matrix products run in.
+A module's parameters are float32 masters on its device (module.device); its
+compute dtype (module.compute_dtype, "f32" or "bf16") is the dtype its
+branches' products run in. Both come from where it is built:
+
+  local model = nn.build({device = "cuda", compute_dtype = "bf16"}, Model, cfg)
+
+Outside nn.build a module is built on the CPU and computes in f32. Nothing
+else sets them: nn holds no device or dtype that a forward reads.
 ]]
 local dm = require "dormouse"
 local core_metatable = require("dormouse.core").metatable
 
-local nn = {compute_dtype = "f32", device = "cpu"}
+local nn = {}
+
+-- where modules are built now: the innermost nn.build's, else the CPU in f32
+local building = {device = "cpu", compute_dtype = "f32"}
+local COMPUTE_DTYPES = {f32 = true, bf16 = true, f16 = true, f64 = true}
+
+--[[ nn.build(where, fn, ...) → fn(...)'s results, the modules fn makes built at
+`where` = {device = ..., compute_dtype = ...} (a key left out: the enclosing
+build's). Builds nest; each is undone as fn returns or raises. ]]
+function nn.build(where, fn, ...)
+  if type(where) ~= "table" then error("nn.build: where must be a table {device =, compute_dtype =}", 2) end
+  for k in pairs(where) do
+    if k ~= "device" and k ~= "compute_dtype" then error("nn.build: unknown key '" .. tostring(k) .. "'", 2) end
+  end
+  local cd = where.compute_dtype
+  if cd ~= nil and not COMPUTE_DTYPES[cd] then
+    error("nn.build: compute_dtype must be f32, bf16, f16 or f64, got " .. tostring(cd), 2)
+  end
+  local outer = building
+  building = {device = where.device or outer.device, compute_dtype = cd or outer.compute_dtype}
+  local res = table.pack(pcall(fn, ...))
+  building = outer
+  if not res[1] then error(res[2], 0) end
+  return table.unpack(res, 2, res.n)
+end
+
+-- the device and compute dtype modules are being built at (for an initialiser of a module's own)
+function nn.building() return building.device, building.compute_dtype end
 
 -- The module parameters (weak keys): nn.like caches their copies for a pass.
 local is_param = setmetatable({}, {__mode = "k"})
@@ -23,7 +56,8 @@ nn.Module = Module
 -- A class whose instances are modules: Class(...) calls init(...).
 function nn.class(name, parent)
   local cls = setmetatable({}, {__index = parent or Module, __call = function(cls, ...)
-    local self = setmetatable({_name = name, _params = {}, _children = {}, training = true}, cls)
+    local self = setmetatable({_name = name, _params = {}, _children = {}, training = true,
+                               device = building.device, compute_dtype = building.compute_dtype}, cls)
     self:init(...)
     return self
   end})
@@ -126,6 +160,14 @@ function Module:cast(dtype)
   return self
 end
 
+-- The tree's forward in another compute dtype from now on (f64 standing in for bf16 in tests, say)
+function Module:compute_in(dtype)
+  if not COMPUTE_DTYPES[dtype] then error("compute_in: f32, bf16, f16 or f64, got " .. tostring(dtype), 2) end
+  self.compute_dtype = dtype
+  for _, name in ipairs(self._children) do self[name]:compute_in(dtype) end
+  return self
+end
+
 function Module:zero_grad()
   for _, p in ipairs(self:parameters()) do p.grad = nil end
 end
@@ -151,29 +193,29 @@ function Module:summary(name, depth, lines)
   if depth == 0 then return table.concat(lines, "\n") end
 end
 
--- Initialisers: tensors on nn.device in float32, drawn from the global generator.
+-- Initialisers: tensors on the building device in float32, drawn from the global generator.
 nn.init = {}
 function nn.init.normal(shape, std)
-  return dm.randn(shape, {device = nn.device}):mul_(std)     -- in place: no second copy to collect
+  return dm.randn(shape, {device = building.device}):mul_(std)     -- in place: no second copy to collect
 end
-function nn.init.zeros(shape) return dm.zeros(shape, {device = nn.device}) end
-function nn.init.ones(shape) return dm.ones(shape, {device = nn.device}) end
-function nn.init.full(shape, v) return dm.full(shape, v, {device = nn.device}) end
+function nn.init.zeros(shape) return dm.zeros(shape, {device = building.device}) end
+function nn.init.ones(shape) return dm.ones(shape, {device = building.device}) end
+function nn.init.full(shape, v) return dm.full(shape, v, {device = building.device}) end
 function nn.init.uniform(shape, lo, hi)
-  local t = dm.rand(shape, {device = nn.device})
+  local t = dm.rand(shape, {device = building.device})
   t:mul_(hi - lo)
   return t:add_(lo)
 end
 
 --[[ Activations between ops. With a compute dtype other than f32 (bf16),
 the residual stream stays in f32 and each branch of the block runs in the
-compute dtype from its input to its output: nn.activation(x) is x in the
-compute dtype (one cast on the way in), nn.like(p, x) a parameter in x's
+compute dtype from its input to its output: m:activation(x) is x in module
+m's compute dtype (one cast on the way in), nn.like(p, x) a parameter in x's
 dtype (the master itself when they agree; otherwise a cast on the tape, so
 that the gradient reaches the f32 master). Tensors of other dtypes (f64
 oracles) pass unchanged. ]]
-function nn.activation(x)
-  local cd = nn.compute_dtype
+function Module:activation(x)
+  local cd = self.compute_dtype
   if cd ~= "f32" and x.dtype == "f32" then return x:to(cd) end
   return x
 end
@@ -200,8 +242,8 @@ function nn.like(t, x) return as_dtype(t, x.dtype) end
 -- Let a kept tensor go now (its memory back at once, not at the next collection)
 function nn.release(t) core_metatable.__close(t) end
 
--- a parameter in the compute dtype (the expert banks' copies for the kernels)
-function nn.compute(p) return as_dtype(p, nn.compute_dtype) end
+-- a parameter in the module's compute dtype (the expert banks' copies for the kernels)
+function Module:compute(p) return as_dtype(p, self.compute_dtype) end
 
 --[[ nn.pass(fn, ...): fn(...) as one forward pass of a model whose blocks read
 the same parameters several times (the weight-shared block's iterations):
@@ -225,23 +267,24 @@ function nn.pass(fn, ...)
 end
 
 --[[ h + fn(norm(h)): a pre-norm residual branch. The branch runs in the
-compute dtype from its norm's input (nn.activation) to its output, which is
+compute dtype from its norm's input (norm:activation) to its output, which is
 added back in h's dtype; its intermediates are dropped as it returns. A
 second result of fn (a branch's carried state, a table of tensors) is
 returned as well, kept past the branch's scope. ]]
 function nn.residual(h, norm, fn)
   local y, carried = dm.scope(function()
-    local out, state = fn(norm:forward(nn.activation(h)))
+    local out, state = fn(norm:forward(norm:activation(h)))
     return out:to(h.dtype), state
   end)
   return h + y, carried
 end
 
---[[ A matrix product x [..., d_in] @ w^T, w [d_out, d_in], in the compute
-dtype: an input already in it gives an output in it (bf16 between ops); an
-f32 input under a bf16 compute dtype is cast in and its output cast back. ]]
-function nn.project(x, w)
-  local cd = nn.compute_dtype
+--[[ A matrix product x [..., d_in] @ w^T, w [d_out, d_in], in the module's
+compute dtype: an input already in it gives an output in it (bf16 between
+ops); an f32 input under a bf16 compute dtype is cast in and its output cast
+back. ]]
+function Module:project(x, w)
+  local cd = self.compute_dtype
   if cd ~= "f32" and x.dtype == "f32" then
     return dm.linear(x:to(cd), w:to(cd)):to("f32")
   end

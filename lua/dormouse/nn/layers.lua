@@ -13,7 +13,7 @@ function Linear:init(d_in, d_out, opts)
   if opts.bias then self:param("bias", nn.init.zeros({d_out})) end
 end
 function Linear:forward(x)
-  local y = nn.project(x, self.weight)
+  local y = self:project(x, self.weight)
   if self.bias then y = y + nn.like(self.bias, y) end
   return y
 end

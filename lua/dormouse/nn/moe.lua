@@ -135,11 +135,11 @@ iterations' gradients meet in that copy before they reach the f32 masters.
 Outside a pass each call casts afresh. In f32 (or for f64 twins), the masters. ]]
 function MoE:compute_weights()
   local W
-  if nn.compute_dtype == "f32" or self.Ug.dtype ~= "f32" then
+  if self.compute_dtype == "f32" or self.Ug.dtype ~= "f32" then
     W = {Ug = self.Ug, Uu = self.Uu, cg = self.cg, cu = self.cu, D = self.D}
   else
-    W = {Ug = nn.compute(self.Ug), Uu = nn.compute(self.Uu), cg = nn.compute(self.cg), cu = nn.compute(self.cu),
-         D = nn.compute(self.D)}
+    W = {Ug = self:compute(self.Ug), Uu = self:compute(self.Uu), cg = self:compute(self.cg), cu = self:compute(self.cu),
+         D = self:compute(self.D)}
   end
   if self.qat then self:fake_quantized(W) end
   if self.littlebit then self:binarised_banks(W) end
@@ -204,7 +204,7 @@ backward). The padded columns are zeros (the weights' padded rows and columns
 are zeros and take no gradient), so the results are those of F columns. ]]
 local function ffn_pad(self, x)
   local F = self.D:size(3)
-  if nn.compute_dtype == "f32" or x.dtype ~= nn.compute_dtype or F % 8 == 0 then return 0 end
+  if self.compute_dtype == "f32" or x.dtype ~= self.compute_dtype or F % 8 == 0 then return 0 end
   return 8 - F % 8
 end
 
@@ -219,8 +219,8 @@ end
 -- W_write(routed + y_s), y_s = sd(h): through F + pad columns when pad > 0
 local function write_out(self, routed, h, pad)
   if pad == 0 then return self.write:forward(routed + self.sd:forward(h)) end
-  local shared = nn.project(h, padded(nn.like(self.sd.weight, h), pad, 1))          -- [N, F + pad]
-  return nn.project(padded(routed, pad) + shared, padded(nn.like(self.write.weight, h), pad))
+  local shared = self:project(h, padded(nn.like(self.sd.weight, h), pad, 1))          -- [N, F + pad]
+  return self:project(padded(routed, pad) + shared, padded(nn.like(self.write.weight, h), pad))
 end
 
 -- The step's intermediates (routing, expert rows, the shared expert) are

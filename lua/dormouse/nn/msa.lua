@@ -28,7 +28,7 @@ local MSA = nn.class("MSA")
 -- a normal draw from a generator of its own (seeded from the run's seed), not the global one
 local function own_normal(shape, std, salt)
   local seed = dm.rng_state()
-  return dm.randn(shape, {device = nn.device, seed = seed * 1000003 + salt}):mul_(std)
+  return dm.randn(shape, {device = (nn.building()), seed = seed * 1000003 + salt}):mul_(std)
 end
 
 function MSA:init(d, heads, head_dim, opts)
