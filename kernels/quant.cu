@@ -183,60 +183,83 @@ static void cuda_quant_decode(dm_tensor *y, const dm_tensor *codes, const dm_ten
             scales->shape[scales->ndim - 1], codes->shape[codes->ndim - 1], total, format);
 }
 
-/* ---- LittleBit's binary factors: w = row * sign(x) * col, and its backward ------------------- */
+/* ---- LittleBit's binary factors: w = row * sign(x) * col, and its backward -------------------
+** Rows (e, i) of n elements: a warp a row, its lanes along the row (one division a row, not
+** three an element); the column sums by blocks of 32 columns x 8 groups of rows. */
+
+#define DM_WARP_ROWS(ei, rows)                                                                      \
+  for (int64_t ei = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32; ei < (rows);             \
+       ei += (int64_t)gridDim.x * blockDim.x / 32)
 
 template <int DT>
 __global__ void littlebit_k(S_<DT> *w, const S_<DT> *x, const S_<DT> *row, const S_<DT> *col, int64_t m, int64_t n,
-                            int64_t total) {
-  DM_GRID_LOOP(k, total) {
-    int64_t j = k % n, ei = k / n, e = ei / m;
-    float v = dt<DT>::load(row[ei]) * (float)dm_sign(dt<DT>::load(x[k])) * dt<DT>::load(col[e * n + j]);
-    w[k] = dt<DT>::store(v);
+                            int64_t rows) {
+  const int lane = threadIdx.x % 32;
+  DM_WARP_ROWS(ei, rows) {
+    const S_<DT> *c = col + ei / m * n;
+    const int64_t at = ei * n;
+    const float r = dt<DT>::load(row[ei]);
+    for (int64_t j = lane; j < n; j += 32)
+      w[at + j] = dt<DT>::store(r * (float)dm_sign(dt<DT>::load(x[at + j])) * dt<DT>::load(c[j]));
   }
 }
 
-/* a warp a row (e, i): gx along it, and its sum of g sign(x) col by shuffles */
+/* gx along the row, and its sum of g sign(x) col by shuffles */
 template <int DT>
 __global__ void littlebit_rows_k(S_<DT> *gx, S_<DT> *grow, const S_<DT> *g, const S_<DT> *x, const S_<DT> *row,
                                  const S_<DT> *col, int64_t m, int64_t n, int64_t rows) {
-  int lane = threadIdx.x % 32;
-  for (int64_t ei = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32; ei < rows;
-       ei += (int64_t)gridDim.x * blockDim.x / 32) {
-    const int64_t e = ei / m, at = ei * n;
+  const int lane = threadIdx.x % 32;
+  DM_WARP_ROWS(ei, rows) {
+    const S_<DT> *c = col + ei / m * n;
+    const int64_t at = ei * n;
     const float r = dt<DT>::load(row[ei]);
     float sum = 0;
     for (int64_t j = lane; j < n; j += 32) {
-      float gv = dt<DT>::load(g[at + j]), cv = dt<DT>::load(col[e * n + j]);
+      float gv = dt<DT>::load(g[at + j]), cv = dt<DT>::load(c[j]);
       if (gx) gx[at + j] = dt<DT>::store(gv * r * cv);
       sum += gv * (float)dm_sign(dt<DT>::load(x[at + j])) * cv;
     }
-    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(DM_FULL_MASK, sum, o);
     if (grow && lane == 0) grow[ei] = dt<DT>::store(sum);
   }
 }
 
-/* a thread a column (e, j), down the rows: neighbouring threads read neighbouring columns */
+/* a block a tile of 32 columns of one expert: 8 groups of rows, each lane down one column of
+** every 8th row (a warp reads a row's 32 neighbouring elements), the groups summed in shared memory */
+constexpr int LB_GROUPS = 8;
 template <int DT>
-__global__ void littlebit_cols_k(S_<DT> *gcol, const S_<DT> *g, const S_<DT> *x, const S_<DT> *row, int64_t m,
-                                 int64_t n, int64_t cols) {
-  DM_GRID_LOOP(ej, cols) {
-    int64_t e = ej / n, j = ej % n;
+__global__ void __launch_bounds__(32 * LB_GROUPS) littlebit_cols_k(S_<DT> *gcol, const S_<DT> *g, const S_<DT> *x,
+                                                                    const S_<DT> *row, int64_t m, int64_t n,
+                                                                    int64_t tiles) {
+  __shared__ float part[LB_GROUPS][33];
+  const int lane = threadIdx.x % 32, group = threadIdx.x / 32;
+  const int64_t per_expert = (n + 31) / 32;
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const int64_t e = t / per_expert, j = t % per_expert * 32 + lane;
     float sum = 0;
-    for (int64_t i = 0; i < m; i++) {
-      int64_t at = (e * m + i) * n + j;
-      sum += dt<DT>::load(g[at]) * (float)dm_sign(dt<DT>::load(x[at])) * dt<DT>::load(row[e * m + i]);
+    if (j < n)
+      for (int64_t i = group; i < m; i += LB_GROUPS) {
+        const int64_t at = (e * m + i) * n + j;
+        sum += dt<DT>::load(g[at]) * (float)dm_sign(dt<DT>::load(x[at])) * dt<DT>::load(row[e * m + i]);
+      }
+    part[group][lane] = sum;
+    __syncthreads();
+    if (group == 0 && j < n) {
+      float total = 0;
+      for (int k = 0; k < LB_GROUPS; k++) total += part[k][lane];
+      gcol[e * n + j] = dt<DT>::store(total);
     }
-    gcol[ej] = dt<DT>::store(sum);
+    __syncthreads();
   }
 }
 
 static void cuda_littlebit(dm_tensor *w, const dm_tensor *x, const dm_tensor *row, const dm_tensor *col) {
-  int64_t total = dm_numel(x), m = x->shape[1], n = x->shape[2];
-  if (total == 0) return;
+  int64_t rows = x->shape[0] * x->shape[1], m = x->shape[1], n = x->shape[2];
+  if (dm_numel(x) == 0) return;
   dm_dispatch_float(x->dtype, "littlebit", [&](auto d) {
     constexpr int DT = decltype(d)::value;
-    DM_LAUNCH(littlebit_k<DT>, total, (S_<DT> *)dm_data(w), (const S_<DT> *)dm_data(x), (const S_<DT> *)dm_data(row),
-              (const S_<DT> *)dm_data(col), m, n, total);
+    DM_LAUNCH(littlebit_k<DT>, rows * 32, (S_<DT> *)dm_data(w), (const S_<DT> *)dm_data(x),
+              (const S_<DT> *)dm_data(row), (const S_<DT> *)dm_data(col), m, n, rows);
   });
 }
 
@@ -249,9 +272,14 @@ static void cuda_littlebit_bwd(dm_tensor *gx, dm_tensor *grow, dm_tensor *gcol, 
     const S_<DT> *gp = (const S_<DT> *)dm_data(g), *xp = (const S_<DT> *)dm_data(x);
     const S_<DT> *rp = (const S_<DT> *)dm_data(row), *cp = (const S_<DT> *)dm_data(col);
     if (gx || grow)
-      DM_GROUP_LAUNCH(littlebit_rows_k<DT>, E * m, 32, gx ? (S_<DT> *)dm_data(gx) : NULL,
-                      grow ? (S_<DT> *)dm_data(grow) : NULL, gp, xp, rp, cp, m, n, E * m);
-    if (gcol) DM_LAUNCH(littlebit_cols_k<DT>, E * n, (S_<DT> *)dm_data(gcol), gp, xp, rp, m, n, E * n);
+      DM_LAUNCH(littlebit_rows_k<DT>, E * m * 32, gx ? (S_<DT> *)dm_data(gx) : NULL,
+                grow ? (S_<DT> *)dm_data(grow) : NULL, gp, xp, rp, cp, m, n, E * m);
+    if (gcol) {
+      int64_t tiles = E * ((n + 31) / 32);
+      littlebit_cols_k<DT><<<dm_grid(tiles * 32 * LB_GROUPS, 32 * LB_GROUPS), 32 * LB_GROUPS, 0,
+                             dm_cuda_stream()>>>((S_<DT> *)dm_data(gcol), gp, xp, rp, m, n, tiles);
+      DM_CU_LAUNCHED();
+    }
   });
 }
 

@@ -16,9 +16,13 @@ baseline measured in the same run on the same GPU.
               kernel of a few us is otherwise timed with the host's launches)
   launch      the host cost of one op called from Lua (eager), in us, and the
               same 200-op sequence eager and replayed as a CUDA graph
+  littlebit   LittleBit's factor row * sign(x) * col at b1's bank shapes (Ug
+              [1024, 2048, 64], D [1024, 64, 5461]) in bf16, forward and
+              forward + backward, over the bytes their kernels read and write
+              (target >= 70%)
 
 SECTIONS is a comma-separated subset of copy (always run: the baseline),
-matmul, elementwise, fuse, rows, launch; all by default.
+matmul, elementwise, fuse, rows, launch, littlebit; all by default.
 
 Times are device time from CUDA events: warm-up first, then the median of
 15 samples, each over several runs queued back to back behind an untimed
@@ -43,7 +47,7 @@ local REPS, INNER = 15, 5
 local spacer = dm.randn({4096, 4096}, {dtype = "bf16", device = "cuda", seed = 99})
 
 local want = {}
-for name in (arg and arg[2] or "matmul,elementwise,fuse,rows,launch"):gmatch("[^,]+") do want[name] = true end
+for name in (arg and arg[2] or "matmul,elementwise,fuse,rows,launch,littlebit"):gmatch("[^,]+") do want[name] = true end
 
 -- ms of device time per call of fn
 local function device_ms(fn, inner)
@@ -184,6 +188,30 @@ for _, shape in ipairs(want.rows and {{32768, 256}, {8192, 8192}} or {}) do
     end
     x:free()
   end
+end
+
+-- ---- LittleBit's factor at b1's banks ------------------------------------------------------------
+
+for _, shape in ipairs(want.littlebit and {{1024, 2048, 64}, {1024, 64, 5461}} or {}) do
+  local E, m, n = shape[1], shape[2], shape[3]
+  local count = E * m * n
+  local label = table.concat(shape, "x")
+  local x, g = randn(shape, 8), randn(shape, 9)
+  local r, c = randn({E, m, 1}, 10), randn({E, 1, n}, 11)
+  local ms = device_ms(function() dm.littlebit(x, r, c):free() end, 3)
+  local gbs = 2 * count * 2 / (ms * 1e-3) / 1e9                   -- x read, w written
+  row(string.format("littlebit %s bf16 forward", label), gbs, "GB/s", string.format("%.0f GB/s", bw), gbs / bw, 0.70)
+  x:requires_grad(true); r:requires_grad(true); c:requires_grad(true)
+  local both = device_ms(function()
+    local w = dm.littlebit(x, r, c)
+    w:backward(g)
+    w:free(); x.grad, r.grad, c.grad = nil, nil, nil
+  end, 3)
+  -- forward 4 bytes an element; backward: g, x read and gx written by rows, g, x read again by columns
+  gbs = 14 * count / (both * 1e-3) / 1e9
+  row(string.format("littlebit %s bf16 forward + backward (%.2f ms)", label, both), gbs, "GB/s",
+      string.format("%.0f GB/s", bw), gbs / bw, 0.70)
+  x:free(); g:free(); r:free(); c:free()
 end
 
 -- ---- the host's cost of one op ------------------------------------------------------------------
