@@ -70,6 +70,38 @@ describe("config schema", function()
     end
   end)
 
+  -- A floor, read from the sources: a key whose name no code outside the schema mentions (as a
+  -- field, .name, or a string, "name") is a key nothing reads, a silent no-op to whoever sets it.
+  it("has no key that no code reads: each key's name is read outside the schema", function()
+    local core = require "dormouse.core"
+    local texts = {}
+    local function walk(dir)
+      for _, name in ipairs(assert(core.ckpt_listdir(dir))) do
+        local path = dir .. "/" .. name
+        if name:match("%.lua$") then
+          if not path:match("schema%.lua$") then
+            local f = assert(io.open(path, "rb"))
+            texts[#texts + 1] = f:read("a")
+            f:close()
+          end
+        elseif not name:match("%.") then
+          walk(path)
+        end
+      end
+    end
+    walk("lua/dormouse")
+    walk("models")
+    local code = table.concat(texts, "\n")
+    local unread = {}
+    for _, leaf in ipairs(schema.leaves) do
+      local n = leaf.name
+      if not (code:find("%." .. n .. "[^%w_]") or code:find('"' .. n .. '"', 1, true)) then
+        unread[#unread + 1] = leaf.key
+      end
+    end
+    assert.same({}, unread)
+  end)
+
   it("fills the defaults into an empty table", function()
     local cfg = config.resolve({}, "empty")
     assert.equal(768, cfg.model.d)
