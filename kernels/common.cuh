@@ -32,6 +32,7 @@ extern "C" {
 #include "core.h"
 #include "alloc.h"
 #include "internal.h"
+#include "coalesce.h"
 }
 
 #define DM_THREADS 256
@@ -175,21 +176,14 @@ struct dm_layout {
 static inline void dm_layout_from(dm_layout *L, int ndim, const int64_t *shape, int nops,
                                   const int64_t (*st)[DM_MAXDIM]) {
   memset(L, 0, sizeof *L);
-  int nd = 0;
-  for (int d = 0; d < ndim; d++) {
-    if (shape[d] == 1) continue;
-    bool merge = nd > 0;
-    for (int k = 0; k < nops && merge; k++) merge = L->st[k][nd - 1] == st[k][d] * shape[d];
-    if (merge) {
-      L->shape[nd - 1] *= shape[d];
-      for (int k = 0; k < nops; k++) L->st[k][nd - 1] = st[k][d];
-      continue;
-    }
-    L->shape[nd] = shape[d];
-    for (int k = 0; k < nops; k++) L->st[k][nd] = st[k][d];
-    nd++;
+  memcpy(L->shape, shape, (size_t)ndim * sizeof *shape);
+  for (int k = 0; k < nops; k++) memcpy(L->st[k], st[k], (size_t)ndim * sizeof st[k][0]);
+  int nd = dm_coalesce(ndim, L->shape, nops, L->st);
+  if (nd == 0) {                                /* a scalar: strides 0 */
+    L->shape[0] = 1;
+    for (int k = 0; k < nops; k++) L->st[k][0] = 0;
+    nd = 1;
   }
-  if (nd == 0) { L->shape[0] = 1; nd = 1; }     /* a scalar: strides stay 0 */
   L->ndim = nd;
 }
 

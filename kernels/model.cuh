@@ -29,18 +29,13 @@ struct dm_lead {
 static inline dm_lead dm_lead_of(const dm_tensor *t, int nd) {
   dm_lead L;
   memset(&L, 0, sizeof L);
+  int64_t st[1][DM_MAXDIM];
   for (int d = 0; d < nd; d++) {
-    int64_t n = t->shape[d], s = t->strides[d];
-    if (n == 1) continue;
-    if (L.nd > 0 && L.st[L.nd - 1] == s * n) {      /* the outer dim steps over this one whole */
-      L.shape[L.nd - 1] *= n;
-      L.st[L.nd - 1] = s;
-    } else {
-      L.shape[L.nd] = n;
-      L.st[L.nd] = s;
-      L.nd++;
-    }
+    L.shape[d] = t->shape[d];
+    st[0][d] = t->strides[d];
   }
+  L.nd = dm_coalesce(nd, L.shape, 1, st);       /* vm/coalesce.h */
+  memcpy(L.st, st[0], sizeof L.st);
   return L;
 }
 

@@ -898,15 +898,7 @@ __global__ void __launch_bounds__(TC_THREADS, BWD ? 2 : 1) tc_rows_k(const u16 *
       load_runs<false, T::KC, R>(ws, nullptr, T::LW, R, ug, M.e * d * R, wrow);
       load_runs<false, T::KC, R>(ws + R, nullptr, T::LW, R, uu, M.e * d * R, wrow);
     };
-    for (int s = 0; s < TC_STAGES - 1; s++) {
-      if (s < nk) load_proj(s);
-      dm_cp_commit();
-    }
-    for (int kc = 0; kc < nk; kc++) {
-      dm_cp_wait<TC_STAGES - 2>();
-      __syncthreads();
-      if (kc + TC_STAGES - 1 < nk) load_proj(kc + TC_STAGES - 1);
-      dm_cp_commit();
+    dm_cp_pipeline<TC_STAGES>(nk, load_proj, [&](int kc) {
       const u16 *xs = stage + (kc % TC_STAGES) * T::PROJ, *ws = xs + TC_TM * T::LX;
 #pragma unroll
       for (int ks = 0; ks < T::KC / 16; ks++)
@@ -920,7 +912,7 @@ __global__ void __launch_bounds__(TC_THREADS, BWD ? 2 : 1) tc_rows_k(const u16 *
           dm_mma16816<DT == DM_BF16>(acc[w][0], a, b[0], b[1]);
           dm_mma16816<DT == DM_BF16>(acc[w][1], a, b[2], b[3]);
         }
-    }
+    });
     dm_cp_wait<0>();
     __syncthreads();
 #pragma unroll
@@ -967,20 +959,12 @@ __global__ void __launch_bounds__(TC_THREADS, BWD ? 2 : 1) tc_rows_k(const u16 *
         int m = i / (R / 2), c = i - m * (R / 2);
         dm_cp_async16(z + m * T::LZ + 4 * c, m < nrows ? zio + (row0 + m) * 2 * R + 4 * c : zio, m < nrows ? 16 : 0);
       }
-    for (int s = 0; s < TC_STAGES - 1; s++) {
-      if (s < nf) load_dh(s);
-      dm_cp_commit();
-    }
-    for (int fc = 0; fc < nf; fc++) {
-      dm_cp_wait<TC_STAGES - 2>();
-      __syncthreads();
-      if (fc + TC_STAGES - 1 < nf) load_dh(fc + TC_STAGES - 1);
-      dm_cp_commit();
+    dm_cp_pipeline<TC_STAGES>(nf, load_dh, [&](int fc) {
       int st = fc % TC_STAGES, nv = (int)(F - (int64_t)fc * T::FC < T::FC ? F - (int64_t)fc * T::FC : T::FC);
       u16 *gs = stage + st * T::DH, *ds = gs + TC_TM * T::LF;
       realign<TC_TM, T::FC, true>(gs, shg, T::LF, nv);
       realign<R, T::FC, true>(ds, shd, T::LF, nv);
-      if (ks * 16 >= nv) continue;
+      if (ks * 16 >= nv) return;
       uint32_t b[T::NTW][2];
 #pragma unroll
       for (int t = 0; t < T::NTW; t += 2) {
@@ -996,7 +980,7 @@ __global__ void __launch_bounds__(TC_THREADS, BWD ? 2 : 1) tc_rows_k(const u16 *
 #pragma unroll
         for (int t = 0; t < T::NTW; t++) dm_mma16816<DT == DM_BF16>(dacc[mt][t], a, b[t][0], b[t][1]);
       }
-    }
+    });
     dm_cp_wait<0>();
     __syncthreads();
     /* the k steps' sums added in order, into the stage memory (free now) */
@@ -1249,15 +1233,7 @@ __device__ __forceinline__ void tc_down_unit(const tc_items &I, u16 *y, const u1
       load_runs<false, TC_TM, R>(hc, nullptr, T::LH, R, hs, M.rows * R,
                        [&](int i) { return i < np ? (p0 + i) * R : (int64_t)-1; });
   };
-  for (int s = 0; s < TS - 1; s++) {
-    if (s < I.n) load(s);
-    dm_cp_commit();
-  }
-  for (int it = 0; it < I.n; it++) {
-    dm_cp_wait<TS - 2>();
-    __syncthreads();
-    if (it + TS - 1 < I.n) load(it + TS - 1);
-    dm_cp_commit();
+  dm_cp_pipeline<TS>(I.n, load, [&](int it) {
     u16 *ds = smem + (it % TS) * STAGE, *hc = ds + DSZ;
     realign<R, TC_FS, false>(ds, shd, T::LS, 0);
     const int np = I.rows(it);
@@ -1289,7 +1265,7 @@ __device__ __forceinline__ void tc_down_unit(const tc_items &I, u16 *y, const u1
         }
     __syncthreads();
     store_runs<TC_TM, TC_FS, false>(y, os, T::LS, np, nv, [&](int i) { return (p0 + i) * F + f0; });
-  }
+  });
 }
 
 template <int DT, int R>
@@ -1328,10 +1304,6 @@ __device__ __forceinline__ void tc_dd_unit(const tc_items &I, u16 *dd, float *pa
       load_runs<false, TC_TM, R>(hc, nullptr, T::LH, R, hs, M.rows * R,
                        [&](int i) { return i < np ? (p0 + i) * R : (int64_t)-1; });
   };
-  for (int s = 0; s < TS - 1; s++) {
-    if (s < I.n) load(s);
-    dm_cp_commit();
-  }
   float acc[R / 16][2][4];
   /* f(j, c, v) for each of this thread's sums: row j of R, column c of the chunk, the value */
   auto each_acc = [&](auto f) {
@@ -1342,11 +1314,7 @@ __device__ __forceinline__ void tc_dd_unit(const tc_items &I, u16 *dd, float *pa
 #pragma unroll
         for (int e = 0; e < 4; e++) f(mt * 16 + acc_row(e), (2 * warp + h) * 8 + acc_col(e), acc[mt][h][e]);
   };
-  for (int it = 0; it < I.n; it++) {
-    dm_cp_wait<TS - 2>();
-    __syncthreads();
-    if (it + TS - 1 < I.n) load(it + TS - 1);
-    dm_cp_commit();
+  dm_cp_pipeline<TS>(I.n, load, [&](int it) {
     const int t = I.tile(it), np = I.rows(it);
     if (t == 0)
 #pragma unroll
@@ -1370,18 +1338,18 @@ __device__ __forceinline__ void tc_dd_unit(const tc_items &I, u16 *dd, float *pa
         dm_mma16816<DT == DM_BF16>(acc[mt][1], a, b[2], b[3]);
       }
     }
-    if (t < I.nt - 1) continue;
+    if (t < I.nt - 1) return;
     const int64_t f0 = (int64_t)I.chunk(it) * TC_FS;
     const int nv = (int)(F - f0 < TC_FS ? F - f0 : TC_FS);
     if (I.slot >= 0) {   /* a group of an expert split by rows: its sums in f32, for tc_join_k */
       float *p = part + I.slot * R * F;
       each_acc([&](int j, int c, float v) { if (c < nv) p[j * F + f0 + c] = v; });
-      continue;
+      return;
     }
     each_acc([&](int j, int c, float v) { os[j * T::LS + chunk_shift((x * R + j) * F + f0) + c] = dt<DT>::store(v); });
     __syncthreads();
     store_runs<R, TC_FS, false>(dd, os, T::LS, R, nv, [&](int j) { return (x * R + j) * F + f0; });
-  }
+  });
 }
 
 template <int DT, int R>
@@ -1437,16 +1405,8 @@ __device__ __forceinline__ void tc_du_unit(const tc_items &I, u16 *dug, u16 *duu
       load_runs<false, TC_TM, 2 * R>(as, nullptr, T::LW, 2 * R, dagu, M.rows * 2 * R,
                        [&](int i) { return i < np ? (p0 + i) * 2 * R : (int64_t)-1; });
   };
-  for (int s = 0; s < TS - 1; s++) {
-    if (s < I.n) load(s);
-    dm_cp_commit();
-  }
   float acc[UPW][2][4];
-  for (int it = 0; it < I.n; it++) {
-    dm_cp_wait<TS - 2>();
-    __syncthreads();
-    if (it + TS - 1 < I.n) load(it + TS - 1);
-    dm_cp_commit();
+  dm_cp_pipeline<TS>(I.n, load, [&](int it) {
     const int t = I.tile(it), np = I.rows(it);
     if (t == 0)
 #pragma unroll
@@ -1467,7 +1427,7 @@ __device__ __forceinline__ void tc_du_unit(const tc_items &I, u16 *dug, u16 *duu
         dm_mma16816<DT == DM_BF16>(acc[w][1], a, b[2], b[3]);
       });
     }
-    if (t < I.nt - 1) continue;
+    if (t < I.nt - 1) return;
     if (I.slot >= 0) {   /* a group of an expert split by rows: its sums in f32, for tc_join_k */
       const int64_t c0 = (int64_t)I.chunk(it) * TC_DS;
       float *p = part + I.slot * d * 2 * R;
@@ -1480,7 +1440,7 @@ __device__ __forceinline__ void tc_du_unit(const tc_items &I, u16 *dug, u16 *duu
             if (c < d) p[c * 2 * R + ng * 16 + h * 8 + acc_col(e)] = acc[w][h][e];
           }
       });
-      continue;
+      return;
     }
     each_pair([&](int w, int mt, int ng) {
 #pragma unroll
@@ -1496,7 +1456,7 @@ __device__ __forceinline__ void tc_du_unit(const tc_items &I, u16 *dug, u16 *duu
     auto wrow = [&](int c) { return (x * d + c0 + c) * R; };
     if (dug) store_runs<TC_DS, R, true>(dug, os, T::LW, nvc, R, wrow);
     if (duu) store_runs<TC_DS, R, true>(duu, os + R, T::LW, nvc, R, wrow);
-  }
+  });
 }
 
 template <int DT, int R>
@@ -1531,15 +1491,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_gx_k(u16 *gx, const u16 *dagu, 
     load_runs<false, TC_DS, R>(ws, nullptr, T::LW, R, ug, M.e * d * R, wrow);
     load_runs<false, TC_DS, R>(ws + R, nullptr, T::LW, R, uu, M.e * d * R, wrow);
   };
-  for (int s = 0; s < TC_STAGES - 1; s++) {
-    if (s < nd) load_w(s);
-    dm_cp_commit();
-  }
-  for (int ci = 0; ci < nd; ci++) {
-    dm_cp_wait<TC_STAGES - 2>();
-    __syncthreads();
-    if (ci + TC_STAGES - 1 < nd) load_w(ci + TC_STAGES - 1);
-    dm_cp_commit();
+  dm_cp_pipeline<TC_STAGES>(nd, load_w, [&](int ci) {
     const u16 *ws = ws0 + (ci % TC_STAGES) * TC_DS * T::LW;
     const int64_t c0 = (int64_t)ci * TC_DS;
     const int nvc = (int)(d - c0 < TC_DS ? d - c0 : TC_DS);
@@ -1562,7 +1514,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_gx_k(u16 *gx, const u16 *dagu, 
     }
     __syncthreads();
     store_runs<TC_TM, TC_DS, true>(gx, os, LO, nrows, nvc, [&](int i) { return (row0 + i) * d + c0; });
-  }
+  });
 }
 
 /* dcg, dcu in two steps, so that a heavy expert's rows are summed in parallel: a tile's sums of pg and pu

@@ -2,8 +2,8 @@
 ** ptx.cuh — the tensor-core kernels' primitives, in one place: asynchronous
 ** copies to shared memory (cp.async), ldmatrix, and the mma.sync shapes the
 ** kernels use (m16n8k16 in bf16 or f16, m16n8k8 in tf32), all with f32
-** accumulators. sm_80 and later; the kernels that include it are built for
-** sm_90a.
+** accumulators, and the multistage pipeline the expert kernels load by.
+** sm_80 and later; the kernels that include it are built for sm_90a.
 */
 #ifndef DM_PTX_CUH
 #define DM_PTX_CUH
@@ -20,6 +20,27 @@ __device__ __forceinline__ void dm_cp_commit() { asm volatile("cp.async.commit_g
 /* wait until at most N committed groups are in flight */
 template <int N> __device__ __forceinline__ void dm_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 __device__ __forceinline__ void dm_cp_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+/* The multistage cp.async pipeline over n items, STAGES deep: load(i) issues item i's copies
+** (STAGES - 1 items ahead), body(i) runs once every thread's copies of item i have landed (after
+** a barrier, so that body may read what other threads copied). Each step commits a group,
+** empty when nothing is left to load, so the wait's count stays exact. The caller waits for the
+** last groups if it reuses the stages' memory (dm_cp_wait<0>). A body returns to go on. */
+template <int STAGES, typename Load, typename Body>
+__device__ __forceinline__ void dm_cp_pipeline(int n, Load &&load, Body &&body) {
+  static_assert(STAGES >= 2, "a pipeline of at least two stages");
+  for (int s = 0; s < STAGES - 1; s++) {
+    if (s < n) load(s);
+    dm_cp_commit();
+  }
+  for (int i = 0; i < n; i++) {
+    dm_cp_wait<STAGES - 2>();
+    __syncthreads();
+    if (i + STAGES - 1 < n) load(i + STAGES - 1);
+    dm_cp_commit();
+    body(i);
+  }
+}
 
 /* four 8 x 8 b16 matrices from shared memory (each lane gives one row's address), and transposed */
 __device__ __forceinline__ void dm_ldsm(uint32_t (&r)[4], const void *p) {

@@ -39,24 +39,6 @@ struct rplan {
   int64_t n_outer, n_inner;
 };
 
-/* drop size-1 dims, merge dims every operand steps through as one */
-static int coalesce(int n, int64_t *shape, int nops, int64_t (*str)[DM_MAXDIM]) {
-  int m = 0;
-  for (int d = 0; d < n; d++) {
-    if (shape[d] == 1) continue;
-    bool merge = m > 0;
-    for (int k = 0; k < nops && merge; k++) merge = str[k][m - 1] == str[k][d] * shape[d];
-    if (merge) {
-      shape[m - 1] *= shape[d];
-      for (int k = 0; k < nops; k++) str[k][m - 1] = str[k][d];
-      continue;
-    }
-    shape[m] = shape[d];
-    for (int k = 0; k < nops; k++) str[k][m] = str[k][d];
-    m++;
-  }
-  return m;
-}
 
 /* full: the tensor whose shape is walked; mask: its reduced dims; t[k] may be NULL */
 static void rplan_make(rplan *P, const dm_tensor *full, unsigned mask, int nops, const dm_tensor *const *t) {
@@ -68,8 +50,8 @@ static void rplan_make(rplan *P, const dm_tensor *full, unsigned mask, int nops,
     for (int k = 0; k < nops; k++)
       (in ? P->istr : P->ostr)[k][slot] = (!t[k] || t[k]->shape[d] == 1) ? 0 : t[k]->strides[d];
   }
-  P->nouter = coalesce(P->nouter, P->oshape, nops, P->ostr);
-  P->ninner = coalesce(P->ninner, P->ishape, nops, P->istr);
+  P->nouter = dm_coalesce(P->nouter, P->oshape, nops, P->ostr);
+  P->ninner = dm_coalesce(P->ninner, P->ishape, nops, P->istr);
   if (P->ninner == 0) { P->ninner = 1; P->ishape[0] = 1; }
   P->n_outer = 1;
   for (int d = 0; d < P->nouter; d++) P->n_outer *= P->oshape[d];

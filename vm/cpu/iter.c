@@ -3,6 +3,7 @@
 */
 #include <string.h>
 #include "iter.h"
+#include "../coalesce.h"
 
 /* Operand strides over the output's shape, right-aligned; broadcast dims get 0. */
 static void operand_strides(dm_iter *it, int k, const dm_tensor *t) {
@@ -15,25 +16,9 @@ static void operand_strides(dm_iter *it, int k, const dm_tensor *t) {
   it->base[k] = (char *)dm_data(t);
 }
 
-/* Merge dim d into d+1 when every operand steps through them as one. */
+/* the dims merged where every operand steps through them as one (vm/coalesce.h) */
 static void coalesce(dm_iter *it) {
-  int nd = 0;
-  for (int d = 0; d < it->ndim; d++) {
-    if (it->shape[d] == 1 && it->ndim > 1) continue;    /* size-1 dims do not move */
-    if (nd > 0) {
-      bool ok = true;
-      for (int k = 0; k < it->nops; k++)
-        if (it->stride[k][nd - 1] != it->stride[k][d] * it->shape[d]) { ok = false; break; }
-      if (ok) {
-        it->shape[nd - 1] *= it->shape[d];
-        for (int k = 0; k < it->nops; k++) it->stride[k][nd - 1] = it->stride[k][d];
-        continue;
-      }
-    }
-    it->shape[nd] = it->shape[d];
-    for (int k = 0; k < it->nops; k++) it->stride[k][nd] = it->stride[k][d];
-    nd++;
-  }
+  int nd = dm_coalesce(it->ndim, it->shape, it->nops, it->stride);
   if (nd == 0) {                                         /* a scalar */
     it->shape[0] = 1;
     for (int k = 0; k < it->nops; k++) it->stride[k][0] = 0;

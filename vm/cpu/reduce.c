@@ -29,6 +29,7 @@
 #include <math.h>
 #include <string.h>
 #include "../reduce.h"
+#include "../coalesce.h"
 #include "vec.h"
 
 #define MAXOPS 5
@@ -43,27 +44,6 @@ typedef struct plan {
   size_t es[MAXOPS];
 } plan;
 
-/* Drop size-1 dims and merge a dim into the previous one where every
-** operand steps through both as one; returns the new number of dims. */
-static int coalesce(int n, int64_t *shape, int nops, int64_t (*str)[DM_MAXDIM]) {
-  int m = 0;
-  for (int d = 0; d < n; d++) {
-    if (shape[d] == 1) continue;
-    if (m > 0) {
-      bool ok = true;
-      for (int k = 0; k < nops; k++) ok &= str[k][m - 1] == str[k][d] * shape[d];
-      if (ok) {
-        shape[m - 1] *= shape[d];
-        for (int k = 0; k < nops; k++) str[k][m - 1] = str[k][d];
-        continue;
-      }
-    }
-    shape[m] = shape[d];
-    for (int k = 0; k < nops; k++) str[k][m] = str[k][d];
-    m++;
-  }
-  return m;
-}
 
 /* full: the tensor whose shape is walked; mask: its reduced dims */
 static void plan_init(plan *p, const dm_tensor *full, unsigned mask, int nops,
@@ -77,8 +57,8 @@ static void plan_init(plan *p, const dm_tensor *full, unsigned mask, int nops,
     for (int k = 0; k < nops; k++)
       (in ? p->istr : p->ostr)[k][slot] = (!t[k] || t[k]->shape[d] == 1) ? 0 : t[k]->strides[d];
   }
-  p->nouter = coalesce(p->nouter, p->oshape, nops, p->ostr);
-  p->ninner = coalesce(p->ninner, p->ishape, nops, p->istr);
+  p->nouter = dm_coalesce(p->nouter, p->oshape, nops, p->ostr);
+  p->ninner = dm_coalesce(p->ninner, p->ishape, nops, p->istr);
   if (p->ninner == 0) { p->ninner = 1; p->ishape[0] = 1; }
   p->n_outer = 1;
   for (int d = 0; d < p->nouter; d++) p->n_outer *= p->oshape[d];
