@@ -185,8 +185,8 @@ local function sorted_keys(t)
   return keys
 end
 
---[[ The block under dm.checkpoint (model.recompute) in a pass that carries state: the
-checkpoint takes h and the state's tensors and returns one tensor, so h' and the next
+--[[ The block under dm.recompute (model.recompute) in a pass that carries state: the
+recompute takes h and the state's tensors and returns one tensor, so h' and the next
 state travel through it packed, flat, in h's dtype (f32, or f64 for a twin: the layout
 read from the run, each part cast back to its dtype; a bf16 cache's round trip through
 f32 is exact). ]]
@@ -194,7 +194,7 @@ local function recomputed_block(self, h, x, prefix, state)
   local keys, inputs = sorted_keys(state), {h}
   for _, k in ipairs(keys) do inputs[#inputs + 1] = state[k] end
   local layout
-  local packed = dm.checkpoint(function(hi, ...)
+  local packed = dm.recompute(function(hi, ...)
     local given, st = {...}, {}
     for j, k in ipairs(keys) do st[k] = given[j] end
     local ho, so = self.block:forward(hi, x, prefix, st)
@@ -237,8 +237,8 @@ function Dormouse:pass(x, prefix, opts)
       h, out.state[i] = recomputed_block(self, h, inputs, prefix, carried[i] or {})
     elseif carried then
       h, out.state[i] = self.block:forward(h, inputs, prefix, carried[i] or {})
-    elseif self.cfg.recompute then           -- the block's activations recomputed in the backward (dm.checkpoint)
-      h = dm.checkpoint(function(hi) return self.block:forward(hi, inputs, prefix) end, h)
+    elseif self.cfg.recompute then           -- the block's activations recomputed in the backward (dm.recompute)
+      h = dm.recompute(function(hi) return self.block:forward(hi, inputs, prefix) end, h)
     else
       h = self.block:forward(h, inputs, prefix)
     end

@@ -137,7 +137,7 @@ void dm_tape_clear(void) {
 
 /* ---- nested tapes --------------------------------------------------------------------------- */
 
-/* The outer tapes while a nested one records (a backward that recomputes, dm_checkpoint). */
+/* The outer tapes while a nested one records (a backward that recomputes, dm_recompute). */
 #define MAX_NESTED 8
 static struct outer {
   dm_node **tape;

@@ -73,7 +73,7 @@ int dm_tape_depth(void);
 /* after an error unwinds through the core: restore the recording state */
 void dm_autograd_recover(void);
 /* How many times dm_autograd_recover has run: code that calls back into Lua
-** (dm_checkpoint) sees from it that an error was raised and caught there. */
+** (dm_recompute) sees from it that an error was raised and caught there. */
 unsigned dm_autograd_recoveries(void);
 
 /* What the tape holds, for memory accounting (dormouse plan): fn is called for

@@ -30,7 +30,7 @@
 ** bytes is "other": tensors the step still holds (Lua's, a backward's
 ** intermediates) and the allocation being made. The scratch of the ops open
 ** at that moment is apart, after "other": kind "scratch", named "what (where)".
-** `where` names the ops open when it is made ("backward of checkpoint >
+** `where` names the ops open when it is made ("backward of recompute >
 ** recompute of kda"), `last` its size.
 */
 #include <stdio.h>

@@ -26,7 +26,7 @@ static struct {
   int nwait, capwait;
   struct { int row; dm_device dev; int mark; double t0; } open;   /* the outermost open call */
   /* every open call, timed or not (the planner asks where an allocation came from);
-  ** a checkpoint is not timed itself: its inner ops are, so time stays with the ops */
+  ** a recompute is not timed itself: its inner ops are, so time stays with the ops */
   open_call stack[MAX_OPEN];
   int nstack;
   dm_profile_open_fn hook_open;    /* dm_profile_set_hooks */
@@ -64,7 +64,7 @@ static int row_of(const char *name, const char *family, int phase) {
   return P.nrows++;
 }
 
-static bool untimed(const char *family) { return family && !strcmp(family, "checkpoint"); }
+static bool untimed(const char *family) { return family && !strcmp(family, "recompute"); }
 
 void dm_profile_set_hooks(dm_profile_open_fn open, dm_profile_close_fn close) {
   P.hook_open = open;
@@ -80,7 +80,7 @@ static void close_slot(open_call *c) {
 
 void dm_profile_push(const char *name, const char *family, int phase, dm_device dev) {
   bool timed = !untimed(family) || phase == DM_PHASE_REGION;
-  /* a forward run again by a checkpoint's backward (directly, or inside such a forward) */
+  /* a forward run again by a recompute's backward (directly, or inside such a forward) */
   const open_call *parent = P.nstack > 0 && P.nstack <= MAX_OPEN ? &P.stack[P.nstack - 1] : NULL;
   if (phase == DM_PHASE_FORWARD && dm_tape_depth() > 0 && parent &&
       ((parent->phase == DM_PHASE_BACKWARD && !parent->timed) || parent->phase == DM_PHASE_RECOMPUTE))

@@ -23,8 +23,8 @@
 
 #include "dm.h"
 
-/* RECOMPUTE: a forward that a checkpoint's backward runs again (dm_checkpoint);
-** the checkpoint op itself is not timed, its inner ops are */
+/* RECOMPUTE: a forward that a recompute's backward runs again (dm_recompute);
+** the recompute op itself is not timed, its inner ops are */
 enum { DM_PHASE_FORWARD, DM_PHASE_BACKWARD, DM_PHASE_REGION, DM_PHASE_RECOMPUTE };
 
 typedef struct dm_profile_row {
@@ -46,7 +46,7 @@ void dm_profile_pop(void);
 void dm_profile_recover(void);
 
 /* Hooks on every push and pop. open(name, phase, dev, slot) is called once the call
-** is on the stack (phase as kept there: a forward run again by a checkpoint's
+** is on the stack (phase as kept there: a forward run again by a recompute's
 ** backward is DM_PHASE_RECOMPUTE); what it stores in *slot is handed to close(slot)
 ** when the call is popped, or when dm_profile_recover drops it after an error. A
 ** NULL slot is not closed. Calls nested deeper than the stack get no hook. Set
@@ -55,7 +55,7 @@ typedef void (*dm_profile_open_fn)(const char *name, int phase, dm_device dev, v
 typedef void (*dm_profile_close_fn)(void *slot);
 void dm_profile_set_hooks(dm_profile_open_fn open, dm_profile_close_fn close);
 
-/* the open calls, outermost first, whether timed or not ("backward of checkpoint >
+/* the open calls, outermost first, whether timed or not ("backward of recompute >
 ** forward of moe_experts"): written into buf (always terminated), returns its length */
 size_t dm_profile_where(char *buf, size_t size);
 

@@ -26,7 +26,7 @@ dm.cuda = require "dormouse.cuda"
 dm.cuda.graph = require "dormouse.graph"
 dm.fuse = require "dormouse.fuse"
 dm.profile = require "dormouse.profile"
-require("dormouse.checkpoint")(dm, core)
+require("dormouse.recompute")(dm, core)
 
 -- Modules that themselves require "dormouse" load on first use: dm.optim, dm.nn.
 setmetatable(dm, {__index = function(t, k)

@@ -159,7 +159,7 @@ kda_chunked (the build has the chunked KDA kernels: the kda op takes `algo`)}.
 Returns
   ops: {{op, phase = "forward"|"backward", bytes, what, where}, ...}, what each
        op's forward or backward holds while it runs (the most of its calls: one
-       entry an op and phase; a forward run again by a checkpoint takes it again);
+       entry an op and phase; a forward run again by a recompute takes it again);
   optimiser_ops: the same for the ops of the optimiser's phase (the Engram
        gradient summed over micro-batches);
   optimiser: {bytes, what, where}, the largest of the optimiser's kernels,

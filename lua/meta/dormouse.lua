@@ -721,14 +721,14 @@ function dm.ops() end
 
 -- ---- grad mode ---------------------------------------------------------------------------
 
----Activation checkpointing: fn(...) (one tensor) without keeping its activations; the backward
+---Recompute (activation checkpointing): fn(...) (one tensor) without keeping its activations; the backward
 ---runs fn again on a nested tape. fn must compute the same thing both times.
 ---@param fn fun(...): dormouse.Tensor
 ---@param ... dormouse.Tensor
 ---@return dormouse.Tensor
-function dm.checkpoint(fn, ...) end
+function dm.recompute(fn, ...) end
 
----True while a checkpointed function runs the second time, in a backward.
+---True while a recomputed function runs the second time, in a backward.
 ---@return boolean
 function dm.recomputing() end
 

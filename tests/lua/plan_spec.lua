@@ -203,7 +203,7 @@ describe("the ops' kernel scratch (core.meta_scratch)", function()
     local x = dm.zeros({1000}, {device = "meta"}):requires_grad(true)
     local function step() x:exp():tanh():sum():backward(); x.grad = nil end
     local function recomputed()
-      dm.checkpoint(function(a) return a:exp() end, x):tanh():sum():backward()
+      dm.recompute(function(a) return a:exp() end, x):tanh():sum():backward()
       x.grad = nil
     end
     local plain = traced(step)

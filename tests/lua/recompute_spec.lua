@@ -1,4 +1,4 @@
--- Activation checkpointing: dm.checkpoint and the model's `recompute` key.
+-- Activation checkpointing: dm.recompute and the model's `recompute` key.
 local dm = require "dormouse"
 local nn = require "dormouse.nn"
 local config = require "dormouse.config"
@@ -16,7 +16,7 @@ local function near(a, b, what)
   assert.is_true(err <= 1e-12 * scale, string.format("%s: %.3g over %.3g", what, err, scale))
 end
 
-describe("dm.checkpoint", function()
+describe("dm.recompute", function()
   local W = dm.randn({8, 8}, {seed = 1, dtype = "f64", requires_grad = true})
   local function f(a) return a:matmul(W):tanh():matmul(W):sigmoid() end
 
@@ -26,8 +26,8 @@ describe("dm.checkpoint", function()
     y1:backward()
     local gW, gx = W.grad:clone(), x.grad:clone()
     W.grad, x.grad = nil, nil
-    local y2 = dm.checkpoint(f, x):sum()
-    assert.are.equal(1 + 1, dm.autograd.size())         -- the checkpoint's node and the sum's
+    local y2 = dm.recompute(f, x):sum()
+    assert.are.equal(1 + 1, dm.autograd.size())         -- the recompute's node and the sum's
     y2:backward()
     assert.are.equal(y1:item(), y2:item())
     same(W.grad, gW, "W's gradient")
@@ -39,7 +39,7 @@ describe("dm.checkpoint", function()
   it("says when it recomputes, and runs the function once a pass", function()
     local runs, again = 0, 0
     local x = dm.randn({4, 8}, {seed = 3, dtype = "f64", requires_grad = true})
-    local y = dm.checkpoint(function(a)
+    local y = dm.recompute(function(a)
       runs = runs + 1
       if dm.recomputing() then again = again + 1 end
       return f(a)
@@ -54,10 +54,10 @@ describe("dm.checkpoint", function()
 
   it("raises the function's error, in the forward and in the backward, and the tape recovers", function()
     local x = dm.randn({4, 8}, {seed = 4, dtype = "f64", requires_grad = true})
-    helpers.has(helpers.err_of(dm.checkpoint, function(a) return a + dm.zeros({3}) end, x), "add")
-    helpers.has(helpers.err_of(dm.checkpoint, function() return 7 end, x), "must return one live tensor, got number")
-    helpers.has(helpers.err_of(dm.checkpoint, 7, x), "expected a function, got number")
-    local y = dm.checkpoint(function(a)
+    helpers.has(helpers.err_of(dm.recompute, function(a) return a + dm.zeros({3}) end, x), "add")
+    helpers.has(helpers.err_of(dm.recompute, function() return 7 end, x), "must return one live tensor, got number")
+    helpers.has(helpers.err_of(dm.recompute, 7, x), "expected a function, got number")
+    local y = dm.recompute(function(a)
       if dm.recomputing() then error("fails the second time") end
       return f(a)
     end, x):sum()
@@ -72,9 +72,9 @@ describe("dm.checkpoint", function()
 
   it("gives a tensor of its own when the function returns one it did not make", function()
     local x = dm.randn({4, 8}, {seed = 5, dtype = "f64", requires_grad = true})
-    local y = dm.checkpoint(function(a) return a end, x)
+    local y = dm.recompute(function(a) return a end, x)
     assert.is_false(rawequal(x, y))
-    assert.is_true(x.is_leaf)                            -- not marked as the checkpoint's output
+    assert.is_true(x.is_leaf)                            -- not marked as the recompute's output
     y:sum():backward()
     same(x.grad, dm.ones({4, 8}, {dtype = "f64"}), "x's gradient")
     local z = (x * 2):sum()                              -- x is still a leaf to record from
@@ -86,13 +86,13 @@ describe("dm.checkpoint", function()
     local h = W * 2
     h:sum():backward()                                   -- h's graph is freed
     for _ = 1, 1030 do                                   -- more than its 1024 slots
-      helpers.has(helpers.err_of(dm.checkpoint, f, h), "already freed")
+      helpers.has(helpers.err_of(dm.recompute, f, h), "already freed")
     end
     local xs = {}
     for i = 1, 10 do xs[i] = dm.randn({2}, {seed = i, dtype = "f64"}) end
-    helpers.has(helpers.err_of(dm.checkpoint, function(a) return a end, table.unpack(xs)), "takes 1 to 9 tensors")
+    helpers.has(helpers.err_of(dm.recompute, function(a) return a end, table.unpack(xs)), "takes 1 to 9 tensors")
     local x = dm.randn({4, 8}, {seed = 6, dtype = "f64", requires_grad = true})
-    dm.checkpoint(f, x):sum():backward()
+    dm.recompute(f, x):sum():backward()
     assert.is_truthy(x.grad)
     W.grad = nil
   end)
@@ -103,8 +103,8 @@ describe("dm.checkpoint", function()
       pcall(function() return a + dm.zeros({3}) end)
       return f(a)
     end
-    helpers.has(helpers.err_of(dm.checkpoint, swallows, x), "caught an error of the core")
-    local y = dm.checkpoint(function(a)
+    helpers.has(helpers.err_of(dm.recompute, swallows, x), "caught an error of the core")
+    local y = dm.recompute(function(a)
       if dm.recomputing() then return swallows(a) end
       return f(a)
     end, x):sum()
@@ -119,7 +119,7 @@ describe("dm.checkpoint", function()
   end)
 end)
 
-describe("nn.MoE inside dm.checkpoint, without new_pass", function()
+describe("nn.MoE inside dm.recompute, without new_pass", function()
   it("sums the routing counts of the calls, once each", function()
     local function counts(checkpointed)
       dm.manual_seed(1)
@@ -128,7 +128,7 @@ describe("nn.MoE inside dm.checkpoint, without new_pass", function()
       return dm.scope(function()
         local h = x
         for _ = 1, 2 do
-          h = checkpointed and dm.checkpoint(function(a) return moe:forward(a) end, h) or moe:forward(h)
+          h = checkpointed and dm.recompute(function(a) return moe:forward(a) end, h) or moe:forward(h)
         end
         h:sum():backward()
         return moe:update_balance()

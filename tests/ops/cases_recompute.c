@@ -1,14 +1,14 @@
 /*
-** cases_checkpoint.c — the op "checkpoint" (vm/ops_checkpoint.c) on one
+** cases_recompute.c — the op "recompute" (vm/ops_recompute.c) on one
 ** function registered here, y = tanh(a * b) + a, against plain loops in
 ** double: its backward recomputes the function on a nested tape, and the
-** finite-difference check goes through that. (dm.checkpoint from Lua and the
+** finite-difference check goes through that. (dm.recompute from Lua and the
 ** model's `recompute` key: tests/lua/recompute_spec.lua.)
 */
 #include <math.h>
 #include "harness.h"
 #include "core.h"
-#include "checkpoint.h"
+#include "recompute.h"
 
 static dm_tensor *tanh_mul_add(void *ud, int n, dm_tensor *const *in, char *err, size_t nerr) {
   (void)ud; (void)n; (void)err; (void)nerr;
@@ -22,13 +22,13 @@ static dm_tensor *tanh_mul_add(void *ud, int n, dm_tensor *const *in, char *err,
 static int slot(void) {
   static int id = -1;
   if (id < 0) {
-    dm_checkpoint_fn fn = {tanh_mul_add, NULL, NULL};
-    id = dm_checkpoint_register(&fn);
+    dm_recompute_fn fn = {tanh_mul_add, NULL, NULL};
+    id = dm_recompute_register(&fn);
   }
   return id;
 }
 
-static void in_checkpoint(h_rng *r, int k, dm_tensor **in, dm_attrs *a) {
+static void in_recompute(h_rng *r, int k, dm_tensor **in, dm_attrs *a) {
   int64_t shape[3] = {h_size(r), k == 0 ? 1 : h_size(r), h_size(r)};
   in[0] = h_randn(r, 3, shape);
   in[1] = h_randn(r, 3, shape);
@@ -36,7 +36,7 @@ static void in_checkpoint(h_rng *r, int k, dm_tensor **in, dm_attrs *a) {
   *a = dm_attrs_of(1, &v);
 }
 
-static void or_checkpoint(dm_tensor *const *in, const dm_attrs *a, dm_tensor **expect) {
+static void or_recompute(dm_tensor *const *in, const dm_attrs *a, dm_tensor **expect) {
   (void)a;
   expect[0] = h_new(DM_F64, in[0]->ndim, in[0]->shape);
   for (int64_t i = 0; i < dm_numel(in[0]); i++) {
@@ -46,6 +46,6 @@ static void or_checkpoint(dm_tensor *const *in, const dm_attrs *a, dm_tensor **e
 }
 
 static const dm_case cases[] = {
-  {.op = "checkpoint", .label = "tanh(a * b) + a, recomputed", .inputs = in_checkpoint, .oracle = or_checkpoint},
+  {.op = "recompute", .label = "tanh(a * b) + a, recomputed", .inputs = in_recompute, .oracle = or_recompute},
 };
 DM_REGISTER_CASES(cases)

@@ -1,7 +1,7 @@
 --[[
-Activation checkpointing (vm/ops_checkpoint.c):
+Activation checkpointing (vm/ops_recompute.c):
 
-  local y = dm.checkpoint(function(x) return block:forward(x) end, x)
+  local y = dm.recompute(function(x) return block:forward(x) end, x)
 
 computes fn(x) without keeping its activations: the tape gets one node that
 saves only the inputs, and the backward runs fn again, on a nested tape,
@@ -23,11 +23,11 @@ local function scoped(fn, ...)
   return res[2]
 end
 
-function dm.checkpoint(fn, ...)
+function dm.recompute(fn, ...)
   if type(fn) ~= "function" then
-    core.error(string.format("checkpoint: expected a function, got %s", type(fn)))
+    core.error(string.format("recompute: expected a function, got %s", type(fn)))
   end
-  return core.checkpoint(function(...) return scoped(fn, ...) end, ...)
+  return core.recompute(function(...) return scoped(fn, ...) end, ...)
 end
 
 function dm.recomputing() return core.recomputing() end
