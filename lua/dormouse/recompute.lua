@@ -32,4 +32,10 @@ end
 
 function dm.recomputing() return core.recomputing() end
 
+-- the name it had: an error that gives the new one (dm.ckpt is the checkpoint files)
+function dm.checkpoint()
+  core.error("dm.checkpoint(fn, ...) is now dm.recompute(fn, ...) (activation recompute; dm.ckpt reads and " ..
+             "writes checkpoint files)")
+end
+
 end

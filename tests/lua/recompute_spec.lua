@@ -176,3 +176,11 @@ describe("the model with recompute = true", function()
     assert.is_true(checked > 30)
   end)
 end)
+
+describe("dm.checkpoint, the name recompute had", function()
+  it("is an error that gives the new name", function()
+    local helpers = require "tests.lua.helpers"
+    helpers.has(helpers.err_of(dm.checkpoint, function(x) return x end, dm.zeros({1})),
+                "dm.checkpoint(fn, ...) is now dm.recompute(fn, ...)")
+  end)
+end)
