@@ -39,8 +39,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include "internal.h"
-#include "alloc.h"
-#include "graph.h"
+#include "core/alloc.h"
+#include "core/graph.h"
 
 #define GRAIN ((size_t)512)
 #define SMALL_MAX ((size_t)1 << 20)

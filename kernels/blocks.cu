@@ -19,8 +19,8 @@
 */
 #include "model.cuh"
 extern "C" {
-#include "blocks.h"
-#include "elementwise.h"
+#include "ops/blocks.h"
+#include "ops/elementwise.h"
 }
 
 template <int DT> using S_ = typename dt<DT>::S;
@@ -542,7 +542,7 @@ __device__ __forceinline__ void conv_weights(C_<DT> *wk, const S_<DT> *w, int64_
   for (int k = 0; k < CONV_MAXK; k++) wk[k] = k < K ? dt<DT>::load(w[c * ws0 + k * ws1]) : (C_<DT>)0;
 }
 
-/* the SiLU of the fused op, in the formula of the elementwise table (vm/elementwise.h) */
+/* the SiLU of the fused op, in the formula of the elementwise table (vm/ops/elementwise.h) */
 template <typename T> __device__ __forceinline__ T conv_silu(T z) { return z * (T)DM_SIGMOID(z); }
 template <typename T> __device__ __forceinline__ T conv_dsilu(T z) { return (T)DM_DSILU(z); }
 

@@ -28,11 +28,11 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 extern "C" {
-#include "ops.h"
-#include "core.h"
-#include "alloc.h"
+#include "core/ops.h"
+#include "core/core.h"
+#include "core/alloc.h"
 #include "internal.h"
-#include "coalesce.h"
+#include "core/coalesce.h"
 }
 
 #define DM_THREADS 256

@@ -14,7 +14,7 @@
 */
 #include "common.cuh"
 extern "C" {
-#include "philox.h"
+#include "core/philox.h"
 }
 
 typedef void (*copy_k)(dm_tensor *dst, const dm_tensor *src);
@@ -223,7 +223,7 @@ static void cuda_arange(dm_tensor *t, double start, double step) {
   if (n) DM_LAUNCH(arange_k, n, (int)t->dtype, (char *)dm_data(t), dm_dtype_size(t->dtype), start, step, n);
 }
 
-/* element i as on the CPU: vm/philox.h is the same code on both sides */
+/* element i as on the CPU: vm/core/philox.h is the same code on both sides */
 __global__ void philox_k(int t, char *p, size_t es, uint64_t seed, uint64_t offset, bool normal, int64_t n) {
   DM_GRID_LOOP(i, n) {
     float v = normal ? dm_philox_normal_at(seed, offset, (uint64_t)i) : dm_philox_uniform_at(seed, offset, (uint64_t)i);

@@ -1,6 +1,6 @@
 /*
 ** elementwise.cu — unary, binary and where kernels and their backwards on
-** CUDA, expanding the formula tables of vm/elementwise.h as the CPU does.
+** CUDA, expanding the formula tables of vm/ops/elementwise.h as the CPU does.
 **
 ** Forwards have two paths. When every operand is contiguous (or a broadcast
 ** scalar) and 16-byte aligned, a thread moves 16 bytes of each operand per
@@ -13,7 +13,7 @@
 */
 #include "common.cuh"
 extern "C" {
-#include "elementwise.h"
+#include "ops/elementwise.h"
 }
 
 /* ---- one element: the formulas, switch inside ---------------------------------------------- */

@@ -19,7 +19,7 @@
 */
 #include "model.cuh"
 extern "C" {
-#include "engram.h"
+#include "ops/engram.h"
 }
 
 template <int DT> using S_ = typename dt<DT>::S;

@@ -1,7 +1,7 @@
 /*
 ** gemm.c — matrix products on CUDA through cuBLASLt.
 **
-** out[..., m, n] = op(a)[..., m, k] @ op(b)[..., k, n] (ops_matmul.c has
+** out[..., m, n] = op(a)[..., m, k] @ op(b)[..., k, n] (vm/ops/matmul.c has
 ** checked the shapes and made out contiguous). cuBLASLt is column-major, so
 ** the row-major product is computed as its transpose, out^T = op(b)^T
 ** op(a)^T: b is cuBLASLt's first operand and a its second, and no matrix is
@@ -33,9 +33,9 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include "internal.h"
-#include "core.h"
-#include "alloc.h"
-#include "matmul.h"
+#include "core/core.h"
+#include "core/alloc.h"
+#include "ops/matmul.h"
 
 #define WORKSPACE ((size_t)32 << 20)
 #define MAX_PLANS 1024

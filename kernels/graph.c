@@ -10,7 +10,7 @@
 */
 #include <stdlib.h>
 #include "internal.h"
-#include "graph.h"
+#include "core/graph.h"
 
 struct dm_cuda_graph {
   cudaGraph_t graph;

@@ -1,5 +1,5 @@
 /*
-** hostcopy.c — what the Engram host tables (vm/hostable.c) ask of the CUDA
+** hostcopy.c — what the Engram host tables (vm/data/hostable.c) ask of the CUDA
 ** backend: pinned staging memory, so that their copies to and from the
 ** device are DMA transfers that cudaMemcpyAsync queues without waiting,
 ** and fences (events on the stream) that tell when the device has read a
@@ -7,8 +7,8 @@
 ** for DM_CUDA; the types are in hostable.h.
 */
 #include "internal.h"
-#include "hostable.h"
-#include "ops.h"
+#include "data/hostable.h"
+#include "core/ops.h"
 
 static void *pinned_alloc(size_t nbytes) {
   void *p = NULL;

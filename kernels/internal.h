@@ -8,7 +8,7 @@
 #define DM_KERNELS_INTERNAL_H
 
 #include <cuda_runtime_api.h>
-#include "cuda.h"
+#include "core/cuda.h"
 
 /* the one stream every launch, copy and product goes to (starts CUDA) */
 cudaStream_t dm_cuda_stream(void);

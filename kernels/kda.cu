@@ -25,7 +25,7 @@
 */
 #include "model.cuh"
 extern "C" {
-#include "kda.h"
+#include "ops/kda.h"
 }
 
 #define KDA_THREADS 256

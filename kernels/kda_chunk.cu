@@ -40,7 +40,7 @@
 #include "model.cuh"
 #include "ptx.cuh"
 extern "C" {
-#include "kda.h"
+#include "ops/kda.h"
 }
 
 #define KC 64

@@ -34,7 +34,7 @@ static inline dm_lead dm_lead_of(const dm_tensor *t, int nd) {
     L.shape[d] = t->shape[d];
     st[0][d] = t->strides[d];
   }
-  L.nd = dm_coalesce(nd, L.shape, 1, st);       /* vm/coalesce.h */
+  L.nd = dm_coalesce(nd, L.shape, 1, st);       /* vm/core/coalesce.h */
   memcpy(L.st, st[0], sizeof L.st);
   return L;
 }

@@ -26,7 +26,7 @@
 #include "model.cuh"
 #include "ptx.cuh"
 extern "C" {
-#include "moe.h"
+#include "ops/moe.h"
 }
 
 template <int DT> using S_ = typename dt<DT>::S;

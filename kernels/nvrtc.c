@@ -1,7 +1,7 @@
 /*
 ** nvrtc.c — CUDA source compiled at run time: NVRTC, a disk cache of the
 ** compiled code, loading, and the CUDA kernel "fuse" that launches the
-** kernels dm.fuse generates (vm/fuse.h).
+** kernels dm.fuse generates (vm/ops/fuse.h).
 **
 ** Source is compiled for the device's own architecture (sm_90a on an H100
 ** or H200; plain sm_XY elsewhere) to machine code, so the driver compiles
@@ -27,7 +27,7 @@
 #include <sys/stat.h>
 #include <nvrtc.h>
 #include "internal.h"
-#include "fuse.h"
+#include "ops/fuse.h"
 
 #define OPTIONS "-std=c++17"
 

@@ -17,7 +17,7 @@
 */
 #include "model.cuh"
 extern "C" {
-#include "optim.h"
+#include "ops/optim.h"
 }
 
 #define MT_MAX 32

@@ -1,5 +1,5 @@
 /*
-** quant.cu — the low-bit formats on CUDA (vm/quant.h has the contract and
+** quant.cu — the low-bit formats on CUDA (vm/ops/quant.h has the contract and
 ** the rounding, shared with the CPU and the oracle): quantize gives a group
 ** of lanes a block of elements, its statistics by shuffles, then its
 ** values, in double as on the CPU; quant_encode finds the blocks' scales the
@@ -8,7 +8,7 @@
 */
 #include "common.cuh"
 extern "C" {
-#include "quant.h"
+#include "ops/quant.h"
 }
 
 template <int DT> using S_ = typename dt<DT>::S;

@@ -27,7 +27,7 @@
 */
 #include "common.cuh"
 
-/* must match the kinds of vm/ops_reduce.c */
+/* must match the kinds of vm/ops/reduce.c */
 enum { R_SUM, R_MEAN, R_MAX, R_MIN, R_ARGMAX, R_ARGMIN, R_LOGSUMEXP, R_NORM };
 
 #define RMAXOPS 3

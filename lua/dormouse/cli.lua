@@ -13,7 +13,8 @@ usage: dormouse <command> [arguments]
                            that returns a config trains it (--set k=v, --resume runs/NAME)
   repl [FILE.lua | RUN]    an interactive session; FILE is run in it first, a run
                            directory (runs/NAME[/ckpt-STEP]) loads its model and probes
-  test [busted args...]    run the Lua test suite (tests/lua/*_spec.lua) with Busted
+  test [busted args...]    run the Lua test suite (tests/lua/*_spec.lua) with Busted;
+                           --shard K/N: only the spec files K, K + N, ... (of the sorted list)
   version                  print the version
   help                     this text
 
@@ -162,7 +163,43 @@ function commands.repl(argv)
   return require("dormouse.repl").main(argv[2], cli)
 end
 
+--[[ --shard K/N in a test command line: the spec files of tests/lua whose place in the sorted
+list is K mod N (1-based), for running the suite as N processes (ctest runs two at once, so
+that the sanitizers' slow suite takes half the time). The flag and its value are replaced by
+the files. ]]
+local function shard(argv)
+  for i = 2, #argv do
+    if argv[i] == "--shard" then
+      local k, n = tostring(argv[i + 1]):match("^(%d+)/(%d+)$")
+      k, n = tonumber(k), tonumber(n)
+      if not k or n < 1 or k < 1 or k > n then
+        return nil, string.format("test: --shard takes K/N with 1 <= K <= N, got '%s'", tostring(argv[i + 1]))
+      end
+      local files = {}
+      for _, name in ipairs(assert(core.ckpt_listdir("tests/lua"))) do
+        if name:match("_spec%.lua$") then files[#files + 1] = "tests/lua/" .. name end
+      end
+      table.sort(files)
+      local out = {[0] = argv[0]}
+      for j = 1, i - 1 do out[#out + 1] = argv[j] end
+      for j = i + 2, #argv do out[#out + 1] = argv[j] end
+      for j, f in ipairs(files) do
+        if (j - 1) % n == k - 1 then out[#out + 1] = f end
+      end
+      if #out == #argv - 2 then return nil, string.format("test: shard %d of %d has no spec file", k, n) end
+      return out
+    end
+  end
+  return argv
+end
+
 function commands.test(argv)
+  local why
+  argv, why = shard(argv)
+  if not argv then
+    io.stderr:write("dormouse: ", why, "\n")
+    return 2
+  end
   set_arg(argv, 1)                 -- busted's own arguments start at arg[1]
   _G.arg[0] = "busted"
   require("busted.runner")({standalone = false})

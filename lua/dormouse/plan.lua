@@ -8,11 +8,11 @@ shapes and no memory and whose kernels do nothing: the model and its
 optimiser are built there, then one training step runs as the trainer takes
 it (plan.step: forward over the micro-batches with the tape recording,
 backward, the balancing, clipping and every group's update, zero_grad),
-while the meta allocator's trace (vm/alloc.h) counts every byte: the most
+while the meta allocator's trace (vm/core/alloc.h) counts every byte: the most
 allocated at once, in bytes as asked (the units of dm.memory("cuda").peak)
 and in blocks of the CUDA caching allocator. A second run of the same step
 stops at the allocation that reached the peak and sorts what is live there
-by what holds it (vm/lua_plan.c): parameters, gradients, optimiser states,
+by what holds it (vm/lua/plan.c): parameters, gradients, optimiser states,
 the activations each op saved for backward, the rest of the step's tensors.
 
 What the meta device cannot see is modelled, each with its source:
@@ -106,9 +106,9 @@ plan.OUTSIDE = {
 -- cudaDevAttrMaxSharedMemoryPerBlockOptin = 227 KiB. KDA keeps its state there when it fits.
 local SMEM_OPTIN = 232448
 local SM_COUNT = 132          -- an H200's SMs: dm_colsum (kernels/model.cuh) takes 8 chunks of rows per SM
-local KDA_CHUNK = 64          -- DM_KDA_CHUNK (vm/kda.h): the backward's checkpoint interval; the model sets none
+local KDA_CHUNK = 64          -- DM_KDA_CHUNK (vm/ops/kda.h): the backward's checkpoint interval; the model sets none
 local KC, KC_MIN_T, KC_MAXD = 64, 32, 64   -- the chunked kernels' chunk (kernels/kda_chunk.cu), and when
-                                           -- "auto" takes them on CUDA (vm/kda.h DM_KDA_CHUNKED_MIN_T, _MAXD)
+                                           -- "auto" takes them on CUDA (vm/ops/kda.h DM_KDA_CHUNKED_MIN_T, _MAXD)
 local SUMSQ_CHUNK = 65536     -- kernels/optim.cu: elements per block of the sums of squares (one partial each)
 local BS_CHUNK = 256          -- DM_BS_CHUNK (kernels/model.cuh): keys per block of the bucket sort (a row of
                               -- counters each)
@@ -238,7 +238,7 @@ function plan.scratch(s)
   for _, n in ipairs(s.grads) do sumsq = sumsq + ceil_div(n, SUMSQ_CHUNK) end
   local ns = 0
   for _, g in ipairs(s.muon) do          -- each matrix's slices' partials (f64) and its factor (f32)
-    local pitch = ceil_div(g.cols, 8) * 8 -- the stack's rows, padded to 8 on CUDA (vm/optim.c stack_pitch)
+    local pitch = ceil_div(g.cols, 8) * 8 -- the stack's rows, padded to 8 on CUDA (vm/ops/optim.c stack_pitch)
     ns = math.max(ns, f64 * g.stack * math.min(64, ceil_div(g.rows * pitch, 16384)) + f32 * g.stack)
   end
   local best = {bytes = 0, what = "none", where = ""}
@@ -293,7 +293,7 @@ function plan.session(cfg, opts)
   return self
 end
 
--- The groups the live bytes are sorted into (vm/lua_plan.c), and what the scratch model needs.
+-- The groups the live bytes are sorted into (vm/lua/plan.c), and what the scratch model needs.
 function Session:sort_holders()
   local host, params, grads, counts = {}, {}, {}, {}
   local engram = self.model.block and self.model.block.engram
@@ -321,7 +321,7 @@ function Session:sort_holders()
       for _, p in ipairs(g.params) do
         local sh = p:shape()
         local key = sh[#sh - 1] .. "x" .. sh[#sh]
-        if not by[key] then                          -- one Newton-Schulz stack per matrix shape (vm/optim.c)
+        if not by[key] then                          -- one Newton-Schulz stack per matrix shape (vm/ops/optim.c)
           by[key] = {stack = 0, rows = sh[#sh - 1], cols = sh[#sh]}
           self.muon[#self.muon + 1] = by[key]
         end

@@ -1,5 +1,5 @@
 --[[
-dm.profile — where the time goes, by op and op family (vm/profile.h).
+dm.profile — where the time goes, by op and op family (vm/core/profile.h).
 
   dm.profile.start()
   ... forward, backward, opt:step ...

@@ -1,5 +1,5 @@
 --[[
-Activation checkpointing (vm/ops_recompute.c):
+Activation checkpointing (vm/ops/recompute.c):
 
   local y = dm.recompute(function(x) return block:forward(x) end, x)
 

@@ -340,7 +340,7 @@ end
 -- checkpoint's, an experiment file, --set) may still name them; each is dropped
 -- with a note, once, and left out of resume's comparison.
 schema.retired = {
-  ["model.kda.chunk"] = "the chunked KDA kernels take chunks of DM_KDA_CHUNK = 64 rows, fixed (vm/kda.h)",
+  ["model.kda.chunk"] = "the chunked KDA kernels take chunks of DM_KDA_CHUNK = 64 rows, fixed (vm/ops/kda.h)",
 }
 
 -- Whether model.moe.qat changes the experts' products during a run (a captured graph holds one)

@@ -728,6 +728,10 @@ function dm.ops() end
 ---@return dormouse.Tensor
 function dm.recompute(fn, ...) end
 
+---The name dm.recompute had: an error that gives the new one.
+---@deprecated
+function dm.checkpoint(...) end
+
 ---True while a recomputed function runs the second time, in a backward.
 ---@return boolean
 function dm.recomputing() end

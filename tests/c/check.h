@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
-#include "dm.h"
+#include "core/dm.h"
 
 static int check_passed, check_failed;
 static jmp_buf *check_jb;

@@ -1,9 +1,9 @@
 /* the tape: gradients accumulate, the tape frees itself, memory returns */
 #include <math.h>
 #include "check.h"
-#include "core.h"
-#include "alloc.h"
-#include "autograd.h"
+#include "core/core.h"
+#include "core/alloc.h"
+#include "core/autograd.h"
 
 static dm_tensor *leaf(int n, const double *v) {
   int64_t shape[1] = {n};

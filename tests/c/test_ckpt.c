@@ -8,10 +8,10 @@
 #include <unistd.h>
 #include <zstd.h>
 #include "check.h"
-#include "ckpt.h"
-#include "core.h"
-#include "alloc.h"
-#include "cuda.h"
+#include "io/ckpt.h"
+#include "core/core.h"
+#include "core/alloc.h"
+#include "core/cuda.h"
 
 static char dir[64];
 

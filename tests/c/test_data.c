@@ -6,9 +6,9 @@
 #include <unistd.h>
 #include <zstd.h>
 #include "check.h"
-#include "data.h"
-#include "alloc.h"
-#include "tensor.h"
+#include "data/data.h"
+#include "core/alloc.h"
+#include "core/tensor.h"
 
 static char dir[64];
 

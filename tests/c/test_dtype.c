@@ -1,7 +1,7 @@
 /* dtype conversions and the Philox generator */
 #include <math.h>
 #include "check.h"
-#include "philox.h"
+#include "core/philox.h"
 
 static void bf16_rounding(void) {
   CHECK(dm_f32_to_bf16(1.0f) == 0x3f80);

@@ -13,10 +13,10 @@
 #include <stdlib.h>
 #include <time.h>
 #include "check.h"
-#include "core.h"
-#include "autograd.h"
-#include "engram.h"
-#include "hostable.h"
+#include "core/core.h"
+#include "core/autograd.h"
+#include "ops/engram.h"
+#include "data/hostable.h"
 
 /* ---- helpers -------------------------------------------------------------------------------- */
 

@@ -15,9 +15,9 @@
 #include <stdlib.h>
 #include <time.h>
 #include "check.h"
-#include "core.h"
-#include "autograd.h"
-#include "kda.h"
+#include "core/core.h"
+#include "core/autograd.h"
+#include "ops/kda.h"
 
 enum { Q, K, V, G, BETA, S0, NIN };
 static const char *in_names[NIN] = {"q", "k", "v", "g", "beta", "S0"};

@@ -13,10 +13,10 @@
 #include <stdlib.h>
 #include <time.h>
 #include "check.h"
-#include "core.h"
-#include "alloc.h"
-#include "autograd.h"
-#include "moe.h"
+#include "core/core.h"
+#include "core/alloc.h"
+#include "core/autograd.h"
+#include "ops/moe.h"
 
 typedef struct shape { int64_t n, d, e, k, r, f; } shape;
 

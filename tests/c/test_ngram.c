@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 #include "check.h"
-#include "ngram.h"
+#include "data/ngram.h"
 
 static const char *TEXT =
   "In the beginning God created the heaven and the earth. And the earth was without form, "

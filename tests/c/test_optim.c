@@ -2,10 +2,10 @@
 #include <math.h>
 #include <stdlib.h>
 #include "check.h"
-#include "core.h"
-#include "alloc.h"
-#include "optim.h"
-#include "cuda.h"
+#include "core/core.h"
+#include "core/alloc.h"
+#include "ops/optim.h"
+#include "core/cuda.h"
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 

@@ -1,8 +1,8 @@
 /* storages, views, refcounts, freeing, memory statistics, copies */
 #include "check.h"
-#include "core.h"
-#include "alloc.h"
-#include "autograd.h"
+#include "core/core.h"
+#include "core/alloc.h"
+#include "core/autograd.h"
 
 static void views_share_storage(void) {
   int64_t shape[2] = {3, 4};

@@ -14,9 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include "dm.h"
-#include "ckpt.h"
-#include "data.h"
+#include "core/dm.h"
+#include "io/ckpt.h"
+#include "data/data.h"
 
 static jmp_buf *refused;
 

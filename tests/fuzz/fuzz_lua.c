@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <lua.h>
 #include <lauxlib.h>
-#include "lua_tensor.h"
+#include "lua/bind.h"
 
 #define STR2(x) #x
 #define STR(x) STR2(x)

@@ -105,7 +105,7 @@ describe("backward", function()
   end)
 
   -- a bf16 copy of an f32 matrix cast again (as a checkpoint's recomputation does): the
-  -- second cast's gradient is added into the first's slice by slice (vm/ops_shape.c
+  -- second cast's gradient is added into the first's slice by slice (vm/ops/shape.c
   -- cast_bwd_into), never held whole in f32 beside the sum
   it("adds a cast's gradient into the one met before without a second full copy", function()
     local n = (1 << 25) + 5                              -- three slices of the cast's backward

@@ -225,6 +225,14 @@ describe("the small commands", function()
     assert.equal(out, select(2, dormouse("--help")))
   end)
 
+  it("test --shard refuses a shard out of range, exit 2", function()
+    for _, bad in ipairs {"3/2", "0/2", "two", ""} do
+      local code, _, err = dormouse("test --shard '" .. bad .. "'")
+      assert.equal(2, code)
+      has(err, "test: --shard takes K/N with 1 <= K <= N, got '" .. bad .. "'")
+    end
+  end)
+
   it("an unknown command names it, prints the usage with every command and exits 2", function()
     local code, out, err = dormouse("frobnicate")
     assert.equal(2, code)

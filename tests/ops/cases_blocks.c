@@ -11,7 +11,7 @@
 #include <math.h>
 #include <string.h>
 #include "harness.h"
-#include "blocks.h"
+#include "ops/blocks.h"
 
 #define PERF 1000                  /* the trial index of the large perf inputs (never tested) */
 

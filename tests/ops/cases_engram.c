@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "harness.h"
-#include "engram.h"
+#include "ops/engram.h"
 
 #define TRIALS 6
 #define PERF_TRIAL (TRIALS + 1)        /* 1-based: trial index TRIALS is the large one */

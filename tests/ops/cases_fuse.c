@@ -1,5 +1,5 @@
 /*
-** cases_fuse.c — the op "fuse" (vm/fuse.h) on one fused op built here from
+** cases_fuse.c — the op "fuse" (vm/ops/fuse.h) on one fused op built here from
 ** its postfix programs, silu(a) * b + 0.5 * c with its hand-derived
 ** gradients, against plain loops in double; three inputs broadcasting.
 **
@@ -12,8 +12,8 @@
 #include <math.h>
 #include <string.h>
 #include "harness.h"
-#include "elementwise.h"
-#include "fuse.h"
+#include "ops/elementwise.h"
+#include "ops/fuse.h"
 
 #define TRIALS 6
 

@@ -2,7 +2,7 @@
 ** cases_quant.c — quantize against an oracle that knows each format only by
 ** its codes: every E4M3 and E2M1 bit pattern decoded, the nearest value
 ** taken (a tie to the code with an even last bit), so the kernels' rounding
-** (vm/quant.h) is checked, not repeated. Ternary rounds half to even by floor;
+** (vm/ops/quant.h) is checked, not repeated. Ternary rounds half to even by floor;
 ** binary takes the nearer of +1 and -1 (at 0, a tie, the even code: +1).
 ** Inputs are awkward: odd rows shorter and longer than a block, blocks of 1,
 ** 3, 7, 16, 32 and the format's own (0), a block of zeros, values whose
@@ -10,7 +10,7 @@
 */
 #include <math.h>
 #include "harness.h"
-#include "quant.h"
+#include "ops/quant.h"
 
 /* the value of an E4M3FN code (NaN for S.1111.111) */
 static double e4m3_value(int code) {

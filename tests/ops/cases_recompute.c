@@ -1,5 +1,5 @@
 /*
-** cases_recompute.c — the op "recompute" (vm/ops_recompute.c) on one
+** cases_recompute.c — the op "recompute" (vm/ops/recompute.c) on one
 ** function registered here, y = tanh(a * b) + a, against plain loops in
 ** double: its backward recomputes the function on a nested tape, and the
 ** finite-difference check goes through that. (dm.recompute from Lua and the
@@ -7,8 +7,8 @@
 */
 #include <math.h>
 #include "harness.h"
-#include "core.h"
-#include "recompute.h"
+#include "core/core.h"
+#include "ops/recompute.h"
 
 static dm_tensor *tanh_mul_add(void *ud, int n, dm_tensor *const *in, char *err, size_t nerr) {
   (void)ud; (void)n; (void)err; (void)nerr;

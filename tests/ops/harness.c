@@ -16,9 +16,9 @@
 #include <string.h>
 #include <time.h>
 #include "harness.h"
-#include "autograd.h"
-#include "alloc.h"
-#include "cuda.h"
+#include "core/autograd.h"
+#include "core/alloc.h"
+#include "core/cuda.h"
 
 #define MAXCASES 1024
 

@@ -20,7 +20,7 @@
 #define DM_HARNESS_H
 
 #include <stdio.h>
-#include "core.h"
+#include "core/core.h"
 
 typedef struct h_rng { uint64_t s; } h_rng;
 

@@ -17,8 +17,8 @@
 #include <string.h>
 #include "iter.h"
 #include "vec.h"
-#include "../blocks.h"
-#include "../elementwise.h"
+#include "ops/blocks.h"
+#include "ops/elementwise.h"
 
 /* the address of element r of t's first nd dims, counted row-major (later dims at 0) */
 static char *addr(const dm_tensor *t, int nd, int64_t r) {

@@ -2,8 +2,8 @@
 ** cpu/creation.c — fill, copy (with cast and broadcast), arange, random draws.
 */
 #include "iter.h"
-#include "../ops.h"
-#include "../philox.h"
+#include "core/ops.h"
+#include "core/philox.h"
 
 static void fill_row(char **p, const int64_t *st, int64_t n, void *ud) {
   const struct { dm_dtype dt; double v; } *f = ud;

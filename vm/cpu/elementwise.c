@@ -13,7 +13,7 @@
 #include <tgmath.h>
 #include <string.h>
 #include "iter.h"
-#include "../elementwise.h"
+#include "ops/elementwise.h"
 
 /* ---- one element in the compute type T, switch inside: the generic rows ---- */
 

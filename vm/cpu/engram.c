@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <tgmath.h>
-#include "../engram.h"
+#include "ops/engram.h"
 
 static void *xmalloc(size_t n, const char *what) {
   void *p = malloc(n ? n : 1);

@@ -12,7 +12,7 @@
 ** indices add up). Every index is read and range-checked by read_index.
 */
 #include "iter.h"
-#include "../ops.h"
+#include "core/ops.h"
 
 /* the index at p as a 0-based position, or an error naming it as the user wrote it */
 static int64_t read_index(const char *what, const char *p, dm_dtype dt, int64_t base, int64_t size) {

@@ -3,7 +3,7 @@
 */
 #include <string.h>
 #include "iter.h"
-#include "../coalesce.h"
+#include "core/coalesce.h"
 
 /* Operand strides over the output's shape, right-aligned; broadcast dims get 0. */
 static void operand_strides(dm_iter *it, int k, const dm_tensor *t) {
@@ -16,7 +16,7 @@ static void operand_strides(dm_iter *it, int k, const dm_tensor *t) {
   it->base[k] = (char *)dm_data(t);
 }
 
-/* the dims merged where every operand steps through them as one (vm/coalesce.h) */
+/* the dims merged where every operand steps through them as one (vm/core/coalesce.h) */
 static void coalesce(dm_iter *it) {
   int nd = dm_coalesce(it->ndim, it->shape, it->nops, it->stride);
   if (nd == 0) {                                         /* a scalar */

@@ -11,7 +11,7 @@
 #define DM_CPU_ITER_H
 
 #include <string.h>
-#include "../tensor.h"
+#include "core/tensor.h"
 
 #define DM_ITER_MAXOPS 4
 

@@ -33,8 +33,8 @@
 
 #include <tgmath.h>
 #include <string.h>
-#include "../kda.h"
-#include "../alloc.h"
+#include "ops/kda.h"
+#include "core/alloc.h"
 
 #define FN(name) FN_(name, KDA_SFX)
 #define FN_(name, sfx) FN__(name, sfx)

@@ -3,7 +3,7 @@
 **
 ** out[..., m, n] = op(a)[..., m, k] @ op(b)[..., k, n], where op transposes
 ** the last two dims when the flag is set and the batch dims broadcast. The
-** forward (ops_matmul.c) has checked the shapes and made `out` contiguous.
+** forward (vm/ops/matmul.c) has checked the shapes and made `out` contiguous.
 **
 ** A matrix goes to BLAS where it lies when one of its two last dims is
 ** contiguous: row-major with the row stride as leading dimension, or, when
@@ -15,8 +15,8 @@
 #include <cblas.h>
 #include <limits.h>
 #include <string.h>
-#include "../core.h"
-#include "../matmul.h"
+#include "core/core.h"
+#include "ops/matmul.h"
 
 /* one operand as BLAS reads it */
 typedef struct {

@@ -14,7 +14,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include "../moe.h"
+#include "ops/moe.h"
 
 /* ---- helpers --------------------------------------------------------------------------------- */
 

@@ -9,8 +9,8 @@
 */
 #include <math.h>
 #include <string.h>
-#include "../optim.h"
-#include "../ops.h"
+#include "ops/optim.h"
+#include "core/ops.h"
 
 #define CHUNK 2048
 

@@ -1,9 +1,9 @@
 /*
 ** cpu/quant.c — the CPU kernels of the low-bit formats and of LittleBit's
-** binary factors (vm/quant.h), in double.
+** binary factors (vm/ops/quant.h), in double.
 */
 #include <string.h>
-#include "../quant.h"
+#include "ops/quant.h"
 #include "vec.h"
 
 /* a block's scale: amax and mean |x| of its n elements (NaN when one is NaN) */

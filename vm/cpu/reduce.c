@@ -28,8 +28,8 @@
 */
 #include <math.h>
 #include <string.h>
-#include "../reduce.h"
-#include "../coalesce.h"
+#include "ops/reduce.h"
+#include "core/coalesce.h"
 #include "vec.h"
 
 #define MAXOPS 5

@@ -8,7 +8,7 @@
 #define DM_CPU_VEC_H
 
 #include <string.h>
-#include "../tensor.h"
+#include "core/tensor.h"
 
 #define INLINE static inline __attribute__((always_inline))
 

@@ -83,7 +83,7 @@ dm.l2norm = T.l2norm
 
 function dm.cross_entropy(logits, targets, opts)
   local o = options(opts, "cross_entropy", {ignore_index = true, reduction = true})
-  local red = o.reduction or "mean"               -- the op's descriptor knows its names (vm/blocks.h)
+  local red = o.reduction or "mean"               -- the op's descriptor knows its names (vm/ops/blocks.h)
   if type(red) ~= "string" then
     core.error(string.format("cross_entropy: reduction must be a name such as \"mean\", got %s", type(red)))
   end

@@ -60,7 +60,7 @@ function dm.kda(q, k, v, g, beta, opts)
   if chunk ~= nil and (math.type(chunk) ~= "integer" or chunk < 1) then
     error(string.format("kda: chunk must be an integer >= 1, got %s", tostring(chunk)), 2)
   end
-  local algo = opts.algo or "auto"                 -- the op's descriptor knows its names (vm/kda.h)
+  local algo = opts.algo or "auto"                 -- the op's descriptor knows its names (vm/ops/kda.h)
   if type(algo) ~= "string" then
     error(string.format("kda: algo must be a name (\"auto\", ...), got %s", type(algo)), 2)
   end
@@ -71,7 +71,7 @@ end
 
 function dm.kda_gate(f, A_log, dt_bias, opts)
   opts = options(opts, {kind = true, lb = true}, "kda_gate")
-  local kind = opts.kind or "bounded"               -- the op's descriptor knows its names (vm/kda.h)
+  local kind = opts.kind or "bounded"               -- the op's descriptor knows its names (vm/ops/kda.h)
   if type(kind) ~= "string" then
     error(string.format("kda_gate: kind must be a name (\"bounded\", ...), got %s", type(kind)), 2)
   end

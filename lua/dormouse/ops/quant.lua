@@ -1,5 +1,5 @@
 --[[
-The low-bit number formats of the expert banks (vm/quant.h):
+The low-bit number formats of the expert banks (vm/ops/quant.h):
 
   dm.quantize(x, format, block)     x through the format block by block along its last dim,
   x:quantize(format, block)         dequantised: the values the format can hold, in x's dtype

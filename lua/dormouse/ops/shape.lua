@@ -18,7 +18,7 @@ dim, -1 puts it last.
 ]]
 return function(dm, T, core)
 
--- dm_dtype's names, in its order (vm/dtype.c), for the messages
+-- dm_dtype's names, in its order (vm/core/dtype.c), for the messages
 local DTYPE_NAMES = table.concat(core.dtype_names(), " ")
 
 -- a shape given as a table, or as numbers: x:reshape{2, 3} or x:reshape(2, 3)

@@ -1,5 +1,5 @@
 --[[
-AdamW over one group, as one fused multi-tensor update (vm/optim.c, kernel
+AdamW over one group, as one fused multi-tensor update (vm/ops/optim.c, kernel
 "adamw"):
 
   m  <- b1 m + (1 - b1) g          v <- b2 v + (1 - b2) g^2

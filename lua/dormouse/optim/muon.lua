@@ -1,5 +1,5 @@
 --[[
-Muon over one group of matrices [m, n] and banks [E, m, n] (vm/optim.c):
+Muon over one group of matrices [m, n] and banks [E, m, n] (vm/ops/optim.c):
 
   buf <- mu buf + g ;  u = g + mu buf (Nesterov) or buf
   O   =  NS5(u)       each matrix on its own; every matrix of one shape is

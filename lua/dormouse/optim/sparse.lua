@@ -1,7 +1,7 @@
 --[[
 Sparse Adam for the Engram tables (spec/model.md): each step only the rows
 the batch touched are updated, and the moments of the other rows are neither
-read nor written (vm/engram.h, kernel "engram_adam").
+read nor written (vm/ops/engram.h, kernel "engram_adam").
 
 The table is not a leaf of the tape: its module hands over the step's rows
 and their gradient (module:sparse_grad() → rows [U] i64, grads [U, de]),

@@ -1,0 +1,41 @@
+/*
+** coalesce.h — the one dimension merge every strided walk uses (the CPU
+** iterators and reductions, the CUDA layouts and row leads): nops operands
+** over `shape`, str[k][d] operand k's stride along dim d. Size-1 dims are
+** dropped (their index is always 0), and a dim is merged into the one
+** before it when every operand steps through both as one (the outer's
+** stride is the inner's times its size). In place; returns the number of
+** dims left, 0 when every dim was of size 1 (the caller's scalar).
+*/
+#ifndef DM_COALESCE_H
+#define DM_COALESCE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include "core/dm.h"
+
+#ifdef __CUDACC__
+#define DM_COALESCE_FN static inline __host__ __device__
+#else
+#define DM_COALESCE_FN static inline
+#endif
+
+DM_COALESCE_FN int dm_coalesce(int ndim, int64_t *shape, int nops, int64_t (*str)[DM_MAXDIM]) {
+  int m = 0;
+  for (int d = 0; d < ndim; d++) {
+    if (shape[d] == 1) continue;
+    bool merge = m > 0;
+    for (int k = 0; k < nops && merge; k++) merge = str[k][m - 1] == str[k][d] * shape[d];
+    if (merge) {
+      shape[m - 1] *= shape[d];
+      for (int k = 0; k < nops; k++) str[k][m - 1] = str[k][d];
+      continue;
+    }
+    shape[m] = shape[d];
+    for (int k = 0; k < nops; k++) str[k][m] = str[k][d];
+    m++;
+  }
+  return m;
+}
+
+#endif

@@ -1,0 +1,138 @@
+/*
+** ops.h — the op table, the call path and the kernel table.
+**
+** An op is a registered dm_op: a name, its tensor inputs and outputs, up to
+** DM_MAXATTR numeric attributes and one list attribute, a forward and a
+** backward. Every op family lives in its own vm/ops_*.c file and registers
+** its ops at start-up with DM_REGISTER_OPS; nothing else needs editing to
+** add one. dm_call() checks the inputs, runs the forward, and when grad
+** mode is on and an input needs a gradient, records a node on the tape.
+**
+** Forwards never loop over elements themselves: they check shapes, make the
+** outputs and call a kernel found in the kernel table by (name, device). The
+** CPU kernels live in vm/cpu/, the CUDA ones in kernels/; each registers
+** itself with DM_REGISTER_KERNELS. Backwards are written with other ops (or
+** a dedicated backward kernel), so they run on every device that has the
+** kernels.
+*/
+#ifndef DM_OPS_H
+#define DM_OPS_H
+
+#include "core/tensor.h"
+
+#define DM_MAXIN 64      /* inputs of one call (cat takes many) */
+#define DM_MAXOUT 4
+#define DM_MAXATTR 8
+#define DM_MAXSAVED 9
+
+typedef struct dm_attrs {
+  double v[DM_MAXATTR];
+  int nv;                        /* how many of v were given (ops may default the rest) */
+  int nlist;                     /* a list attribute: shapes, dims */
+  int64_t list[DM_MAXDIM];
+} dm_attrs;
+
+typedef struct dm_ctx dm_ctx;
+typedef void (*dm_forward_fn)(dm_ctx *c);
+/* gout[i] is the gradient of output i (never NULL: missing ones are zeros);
+** set gin[i] (an owned reference) for every input with dm_needs_grad(c, i). */
+typedef void (*dm_backward_fn)(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin);
+/* a one-input op's backward that adds its input's gradient into acc in place
+** (acc: the gradient met so far, of the input's dtype and shape, held by no one
+** else); it saves the op's gradient as a whole tensor at the peak */
+typedef void (*dm_backward_into_fn)(dm_ctx *c, dm_tensor *const *gout, dm_tensor *acc);
+
+typedef struct dm_op {
+  const char *name;
+  const char *doc;               /* one line, shown by --list and help() */
+  int n_in;                      /* -1: variadic (1..DM_MAXIN) */
+  int n_out;
+  const char *attrs;             /* "dim,keepdim": names of the numeric attributes, for docs */
+  unsigned optional;             /* bit i: input i may be NULL */
+  unsigned nondiff;              /* bit i: input i takes no gradient (indices, conditions) */
+  int kind;                      /* for families that share one forward */
+  dm_forward_fn forward;
+  dm_backward_fn backward;       /* NULL: not differentiable */
+  int id;                        /* set at registration */
+  const char *family;            /* set at registration: the registering file ("kda") */
+  void (*free_ctx)(dm_ctx *c);   /* optional: releases what the forward kept in attrs (a node is freed) */
+  dm_backward_into_fn backward_into;   /* optional, one-input ops: see dm_backward_into_fn */
+} dm_op;
+
+/* what a forward and a backward see */
+struct dm_ctx {
+  const dm_op *op;
+  int n_in;
+  dm_tensor *in[DM_MAXIN];       /* borrowed; NULL for an absent optional input */
+  dm_tensor *out[DM_MAXOUT];     /* the forward sets these (owned references) */
+  dm_attrs a;
+  struct dm_node *node;          /* NULL when the call is not recorded */
+};
+
+void dm_op_register(dm_op *op, const char *file);
+const dm_op *dm_op_find(const char *name);          /* NULL when unknown */
+const dm_op *dm_op_get(const char *name);           /* raises when unknown */
+int dm_op_count(void);
+const dm_op *dm_op_at(int i);
+
+/* run an op: out[] receives owned references */
+void dm_call(const dm_op *op, int n_in, dm_tensor *const *in, const dm_attrs *a, dm_tensor **out);
+/* the common single-output case; attrs may be NULL */
+dm_tensor *dm_call1(const char *name, int n_in, dm_tensor *const *in, const dm_attrs *a);
+
+/* inside a forward: keep a tensor for backward (no-op when not recording) */
+void dm_save(dm_ctx *c, dm_tensor *t);
+/* inside a backward */
+dm_tensor *dm_saved(dm_ctx *c, int i);
+bool dm_needs_grad(dm_ctx *c, int i);
+int dm_in_ndim(dm_ctx *c, int i);
+const int64_t *dm_in_shape(dm_ctx *c, int i);
+dm_dtype dm_in_dtype(dm_ctx *c, int i);
+
+/* shared checks and helpers of forwards and backwards */
+void dm_check_float(const char *op, const char *what, const dm_tensor *t);  /* "op: what must be a float tensor" */
+/* t is one contiguous element of dtype dt on dev (a per-step scalar in device memory) */
+void dm_check_scalar(const char *op, const char *what, const dm_tensor *t, dm_dtype dt, dm_device dev);
+dm_tensor *dm_new_grad(dm_ctx *c, int i, dm_device dev);   /* uninitialised, shaped and typed like input i */
+
+/* attribute helpers */
+dm_attrs dm_attrs_of(int n, const double *v);
+dm_attrs dm_attrs_list(int n, const int64_t *list);
+
+/* the kernel table */
+typedef void (*dm_kernel_fn)(void);
+void dm_kernel_register(const char *name, dm_device dev, dm_kernel_fn fn);
+dm_kernel_fn dm_kernel_find(const char *name, dm_device dev);    /* NULL when absent */
+dm_kernel_fn dm_kernel_get(const char *name, dm_device dev);     /* raises when absent */
+/* a kernel looked up once per call site and device */
+#define DM_KERNEL(type, name, dev) __extension__ ({                       \
+    static dm_kernel_fn dm_kcache_[DM_NDEVICE];                           \
+    dm_device dm_kdev_ = (dev);                                           \
+    if (!dm_kcache_[dm_kdev_]) dm_kcache_[dm_kdev_] = dm_kernel_get(name, dm_kdev_); \
+    (type)dm_kcache_[dm_kdev_]; })
+
+/* an optional kernel, looked up once per call site and device: NULL when the backend has none */
+#define DM_KERNEL_OPT(type, name, dev) __extension__ ({                   \
+    static dm_kernel_fn dm_kcache_[DM_NDEVICE];                           \
+    static bool dm_klooked_[DM_NDEVICE];                                  \
+    dm_device dm_kdev_ = (dev);                                           \
+    if (!dm_klooked_[dm_kdev_]) {                                         \
+      dm_kcache_[dm_kdev_] = dm_kernel_find(name, dm_kdev_);              \
+      dm_klooked_[dm_kdev_] = true;                                       \
+    }                                                                     \
+    (type)dm_kcache_[dm_kdev_]; })
+
+#define DM_REGISTER_OPS(table)                                            \
+  __attribute__((constructor)) static void dm_register_ops_(void) {       \
+    for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++)         \
+      dm_op_register(&table[i], __FILE__);                                \
+  }
+
+typedef struct dm_kernel_entry { const char *name; dm_kernel_fn fn; } dm_kernel_entry;
+#define DM_REGISTER_KERNELS(dev, table)                                   \
+  __attribute__((constructor)) static void dm_register_kernels_(void) {   \
+    for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++)         \
+      dm_kernel_register(table[i].name, dev, table[i].fn);                \
+  }
+
+#endif

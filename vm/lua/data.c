@@ -1,0 +1,260 @@
+/*
+** vm/lua/data.c — corpora, loaders and n-gram baselines as userdata in
+** `dormouse.core`. Each userdata is a box holding one C object (NULL once
+** closed); __gc and __close release it, so a corpus's mapped or inflated
+** bytes go back on close or collection. lua/dormouse/data.lua checks the
+** options and sets each metatable's __index.
+*/
+#include <stdlib.h>
+#include "lua/bind.h"
+#include "data/data.h"
+#include "data/ngram.h"
+
+#define CORPUS_MT "dormouse.Corpus"
+#define LOADER_MT "dormouse.Loader"
+#define NGRAM_MT "dormouse.NGram"
+
+/* the object in a box, or a Lua error when it was closed */
+static void *checked(lua_State *L, int idx, const char *mt, const char *what) {
+  void **box = luaL_checkudata(L, idx, mt);
+  if (!*box) {
+    DM_ENTER(L);
+    dm_error("the %s is closed", what);
+  }
+  return *box;
+}
+
+static dm_corpus *check_corpus(lua_State *L, int idx) { return checked(L, idx, CORPUS_MT, "corpus"); }
+static dm_loader *check_loader(lua_State *L, int idx) { return checked(L, idx, LOADER_MT, "loader"); }
+static dm_ngram *check_ngram(lua_State *L, int idx) { return checked(L, idx, NGRAM_MT, "n-gram model"); }
+
+static int close_corpus(lua_State *L) {
+  void **box = luaL_checkudata(L, 1, CORPUS_MT);
+  dm_corpus_release(*box);
+  *box = NULL;
+  return 0;
+}
+
+static int close_loader(lua_State *L) {
+  void **box = luaL_checkudata(L, 1, LOADER_MT);
+  dm_loader_free(*box);
+  *box = NULL;
+  return 0;
+}
+
+static int close_ngram(lua_State *L) {
+  void **box = luaL_checkudata(L, 1, NGRAM_MT);
+  dm_ngram_free(*box);
+  *box = NULL;
+  return 0;
+}
+
+static void push_metatable(lua_State *L, const char *name, lua_CFunction close) {
+  if (luaL_newmetatable(L, name)) {
+    lua_pushcfunction(L, close);
+    lua_setfield(L, -2, "__gc");
+    lua_pushcfunction(L, close);
+    lua_setfield(L, -2, "__close");
+  }
+}
+
+/* an empty box with its metatable, made before the object so an error leaks nothing */
+static void **new_box(lua_State *L, const char *mt, lua_CFunction close) {
+  void **box = lua_newuserdatauv(L, sizeof *box, 0);
+  *box = NULL;
+  push_metatable(L, mt, close);
+  lua_setmetatable(L, -2);
+  return box;
+}
+
+/* core.data_metatable("corpus" | "loader" | "ngram") */
+static int c_metatable(lua_State *L) {
+  static const char *const kinds[] = {"corpus", "loader", "ngram", NULL};
+  switch (luaL_checkoption(L, 1, NULL, kinds)) {
+    case 0: push_metatable(L, CORPUS_MT, close_corpus); break;
+    case 1: push_metatable(L, LOADER_MT, close_loader); break;
+    default: push_metatable(L, NGRAM_MT, close_ngram); break;
+  }
+  return 1;
+}
+
+/* ---- the corpus ----------------------------------------------------------------------------- */
+
+/* core.corpus_open({path, ...}, eval_bytes) */
+static int c_corpus_open(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  int n = (int)luaL_len(L, 1);
+  int64_t eval_bytes = luaL_checkinteger(L, 2);
+  const char **paths = lua_newuserdatauv(L, sizeof *paths * (size_t)(n > 0 ? n : 1), 0);  /* collected */
+  for (int i = 0; i < n; i++) {
+    lua_geti(L, 1, i + 1);
+    paths[i] = luaL_checkstring(L, -1);      /* the table keeps the string alive */
+    lua_pop(L, 1);
+  }
+  void **box = new_box(L, CORPUS_MT, close_corpus);
+  DM_ENTER(L);
+  *box = dm_corpus_open(n, paths, eval_bytes);
+  return 1;
+}
+
+/* core.corpus_sizes(c) → size, train, eval */
+static int c_corpus_sizes(lua_State *L) {
+  dm_corpus *c = check_corpus(L, 1);
+  lua_pushinteger(L, dm_corpus_size(c));
+  lua_pushinteger(L, dm_corpus_train_size(c));
+  lua_pushinteger(L, dm_corpus_eval_size(c));
+  return 3;
+}
+
+static int c_corpus_files(lua_State *L) {
+  dm_corpus *c = check_corpus(L, 1);
+  lua_createtable(L, dm_corpus_nfiles(c), 0);
+  for (int i = 0; i < dm_corpus_nfiles(c); i++) {
+    lua_pushstring(L, dm_corpus_file(c, i));
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
+/* core.corpus_bytes(c, offset, n) → a string; offsets before 0 read as pad bytes 0 */
+static int c_corpus_bytes(lua_State *L) {
+  dm_corpus *c = check_corpus(L, 1);
+  int64_t at = luaL_checkinteger(L, 2), n = luaL_checkinteger(L, 3);
+  DM_ENTER(L);
+  if (n < 0 || at > dm_corpus_size(c) - n)
+    dm_error("corpus: cannot read %lld bytes at offset %lld of %lld", (long long)n, (long long)at,
+             (long long)dm_corpus_size(c));
+  luaL_Buffer b;
+  dm_corpus_read(c, at, n, (uint8_t *)luaL_buffinitsize(L, &b, (size_t)n));
+  luaL_pushresultsize(&b, (size_t)n);
+  return 1;
+}
+
+/* batch, seq, ctx, seed, dtype, device at idx .. idx+5 */
+static dm_batch_spec read_spec(lua_State *L, int idx) {
+  dm_batch_spec s;
+  s.batch = luaL_checkinteger(L, idx);
+  s.seq = luaL_checkinteger(L, idx + 1);
+  s.ctx = luaL_checkinteger(L, idx + 2);
+  s.seed = (uint64_t)luaL_checkinteger(L, idx + 3);
+  s.dtype = dm_lua_dtype(L, idx + 4, DM_U8);
+  s.device = dm_lua_device(L, idx + 5, DM_CPU);
+  return s;
+}
+
+static int push_pair(lua_State *L, dm_tensor *x, dm_tensor *prefix) {
+  dm_lua_push(L, x);
+  dm_lua_push(L, prefix);
+  return 2;
+}
+
+/* core.corpus_batch(c, k, batch, seq, ctx, seed, dtype, device) → x, prefix */
+static int c_corpus_batch(lua_State *L) {
+  dm_corpus *c = check_corpus(L, 1);
+  int64_t k = luaL_checkinteger(L, 2);
+  dm_batch_spec s = read_spec(L, 3);
+  DM_ENTER(L);
+  dm_tensor *x, *prefix;
+  dm_corpus_batch(c, &s, k, &x, &prefix);
+  return push_pair(L, x, prefix);
+}
+
+/* core.corpus_eval_windows(c, n, seq, ctx, dtype, device) → x, prefix; n < 0: all */
+static int c_corpus_eval_windows(lua_State *L) {
+  dm_corpus *c = check_corpus(L, 1);
+  int64_t n = luaL_checkinteger(L, 2);
+  dm_batch_spec s = {.batch = 1, .seq = luaL_checkinteger(L, 3), .ctx = luaL_checkinteger(L, 4),
+                     .dtype = dm_lua_dtype(L, 5, DM_U8), .device = dm_lua_device(L, 6, DM_CPU)};
+  DM_ENTER(L);
+  dm_tensor *x, *prefix;
+  dm_corpus_eval_windows(c, &s, n, &x, &prefix);
+  return push_pair(L, x, prefix);
+}
+
+static int c_corpus_eval_count(lua_State *L) {
+  dm_corpus *c = check_corpus(L, 1);
+  int64_t seq = luaL_checkinteger(L, 2);
+  DM_ENTER(L);
+  lua_pushinteger(L, dm_eval_window_count(c, seq));
+  return 1;
+}
+
+/* ---- the loader ----------------------------------------------------------------------------- */
+
+/* core.loader_new(c, batch, seq, ctx, seed, dtype, device, start, depth) */
+static int c_loader_new(lua_State *L) {
+  dm_corpus *c = check_corpus(L, 1);
+  dm_batch_spec s = read_spec(L, 2);
+  int64_t start = luaL_checkinteger(L, 8), depth = luaL_optinteger(L, 9, DM_LOADER_DEPTH);
+  void **box = new_box(L, LOADER_MT, close_loader);
+  DM_ENTER(L);
+  *box = dm_loader_new(c, &s, start, depth);
+  return 1;
+}
+
+/* core.loader_next(l) → x, prefix, k */
+static int c_loader_next(lua_State *L) {
+  dm_loader *l = check_loader(L, 1);
+  DM_ENTER(L);
+  dm_tensor *x, *prefix;
+  int64_t k = dm_loader_next(l, &x, &prefix);
+  push_pair(L, x, prefix);
+  lua_pushinteger(L, k);
+  return 3;
+}
+
+static int c_loader_position(lua_State *L) {
+  lua_pushinteger(L, dm_loader_position(check_loader(L, 1)));
+  return 1;
+}
+
+/* ---- n-gram baselines ---------------------------------------------------------------------- */
+
+/* core.ngram_fit(c, order) → the model fitted on the train split */
+static int c_ngram_fit(lua_State *L) {
+  dm_corpus *c = check_corpus(L, 1);
+  int order = (int)luaL_checkinteger(L, 2);
+  void **box = new_box(L, NGRAM_MT, close_ngram);
+  DM_ENTER(L);
+  *box = dm_ngram_fit(c, order);
+  return 1;
+}
+
+/* core.ngram_bits(m, c, from, to) → total bits of bytes [from, to) */
+static int c_ngram_bits(lua_State *L) {
+  dm_ngram *m = check_ngram(L, 1);
+  dm_corpus *c = check_corpus(L, 2);
+  int64_t from = luaL_checkinteger(L, 3), to = luaL_checkinteger(L, 4);
+  DM_ENTER(L);
+  lua_pushnumber(L, dm_ngram_bits(m, c, from, to));
+  return 1;
+}
+
+/* core.ngram_info(m) → order, {D_1, ...}, {entries_1, ...} */
+static int c_ngram_info(lua_State *L) {
+  dm_ngram *m = check_ngram(L, 1);
+  int order = dm_ngram_order(m);
+  lua_pushinteger(L, order);
+  lua_createtable(L, order, 0);
+  lua_createtable(L, order, 0);
+  for (int n = 1; n <= order; n++) {
+    lua_pushnumber(L, dm_ngram_discount(m, n));
+    lua_rawseti(L, -3, n);
+    lua_pushinteger(L, dm_ngram_entries(m, n));
+    lua_rawseti(L, -2, n);
+  }
+  return 3;
+}
+
+static const luaL_Reg funcs[] = {
+  {"data_metatable", c_metatable},
+  {"corpus_open", c_corpus_open}, {"corpus_close", close_corpus}, {"corpus_sizes", c_corpus_sizes},
+  {"corpus_files", c_corpus_files}, {"corpus_bytes", c_corpus_bytes}, {"corpus_batch", c_corpus_batch},
+  {"corpus_eval_windows", c_corpus_eval_windows}, {"corpus_eval_count", c_corpus_eval_count},
+  {"loader_new", c_loader_new}, {"loader_next", c_loader_next}, {"loader_position", c_loader_position},
+  {"loader_close", close_loader},
+  {"ngram_fit", c_ngram_fit}, {"ngram_bits", c_ngram_bits}, {"ngram_info", c_ngram_info},
+  {"ngram_close", close_ngram},
+  {NULL, NULL}
+};
+DM_LUA_FUNCS(funcs)

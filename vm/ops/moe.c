@@ -1,0 +1,442 @@
+/*
+** vm/ops/moe.c — routed low-rank experts: routing, the sort by expert, the
+** grouped expert products, the combine, the capacity mask, the counters
+** and the balancing bias update. moe.h has the data layout.
+**
+**   moe_route(logits [N, E], bias [E] or nil; k)  -> idx [N, k], w [N, k], counts [E]
+**   moe_sort(idx [N, k]; E)                       -> perm [N*k], offsets [E+1], inv [N*k]
+**   moe_experts(u [N, d], perm, offsets, Ug, Uu, cg, cu, D; k) -> y_rows [N*k, F]
+**   moe_combine(y_rows [N*k, F], inv, w [N, k])   -> y [N, F]
+**   moe_capacity(w, idx, inv, offsets; capacity)  -> w with overflow zeroed, drops [E]
+**   moe_counters(counts [E])                      -> [busiest share, entropy, dead] f64
+**   moe_balance_(bias [E], counts [E]; gamma)     -> bias, updated in place
+**
+** Every shape is fixed by N, k and E: nothing here reads a value back to
+** the host. Index values are checked by kernels before anything is
+** allocated (a device backend records a bad one and raises at its next
+** synchronisation, see cuda.h). The kernels take contiguous tensors; the
+** forwards make them so.
+**
+** moe_experts saves its inputs and, when recorded, the projections
+** [x Ug[e] | x Uu[e]] of each sorted row (f32, 2r a row: 8 MB at b1): a
+** backward that recomputed them read Ug and Uu once more than the floor
+** counts (0.54 GB at b1, the product dx = [dag | dau] [Ug | Uu]^T reads them
+** anyway).
+*/
+#include <limits.h>
+#include <math.h>
+#include "core/core.h"
+#include "core/autograd.h"
+#include "ops/moe.h"
+
+typedef void (*index_check_k)(const dm_tensor *idx, int64_t size, int64_t base, const char *what);
+
+/* ---- checks ---------------------------------------------------------------------------------- */
+
+/* the CPU kernels compute in f32 and f64; another backend may take more */
+static void check_float(const char *what, const char *name, const dm_tensor *t) {
+  bool ok = t->dtype == DM_F32 || t->dtype == DM_F64 || (t->device != DM_CPU && dm_dtype_is_float(t->dtype));
+  if (!ok)
+    dm_error("%s: %s must be f32 or f64%s, got %s", what, name, t->device == DM_CPU ? " on the CPU" : "",
+             dm_dtype_name(t->dtype));
+}
+
+static void check_i64(const char *what, const char *name, const dm_tensor *t) {
+  if (t->dtype != DM_I64) dm_error("%s: %s must be i64, got %s", what, name, dm_dtype_name(t->dtype));
+}
+
+static void check_ndim(const char *what, const char *name, const char *dims, const dm_tensor *t, int nd) {
+  if (t->ndim != nd) {
+    char s[128];
+    dm_error("%s: %s must be %d-D %s, got shape %s", what, name, nd, dims, dm_tensor_shape_str(t, s, sizeof s));
+  }
+}
+
+/* t must be `want` (nd dims, spelled `dims`), a shape read off ref */
+static void expect_shape(const char *what, const char *name, const char *dims, const dm_tensor *t, int nd,
+                         const int64_t *want, const char *ref_name, const dm_tensor *ref) {
+  bool ok = t->ndim == nd;
+  for (int i = 0; ok && i < nd; i++) ok = t->shape[i] == want[i];
+  if (ok) return;
+  char st[128], sw[128], sr[128];
+  dm_error("%s: %s has shape %s, expected %s = %s from %s of shape %s", what, name,
+           dm_tensor_shape_str(t, st, sizeof st), dims, dm_shape_str(sw, sizeof sw, nd, want), ref_name,
+           dm_tensor_shape_str(ref, sr, sizeof sr));
+}
+
+static void check_same_dtype(const char *what, const char *name, const dm_tensor *t, const char *ref_name,
+                             const dm_tensor *ref) {
+  if (t->dtype != ref->dtype)
+    dm_error("%s: %s is %s but %s is %s; they must match", what, name, dm_dtype_name(t->dtype), ref_name,
+             dm_dtype_name(ref->dtype));
+}
+
+/* attribute i: a whole number >= lo */
+static int64_t attr_int(const dm_ctx *c, int i, const char *name, int64_t lo) {
+  if (c->a.nv <= i) dm_error("%s: the attribute %s is missing", c->op->name, name);
+  double v = c->a.v[i];
+  if (!(v >= (double)lo) || v != floor(v) || v > 9e15)
+    dm_error("%s: %s must be a whole number of at least %lld, got %g", c->op->name, name, (long long)lo, v);
+  return (int64_t)v;
+}
+
+/* BLAS takes int dims */
+static void check_blas_dim(const char *what, const char *name, int64_t v) {
+  if (v > INT_MAX) dm_error("%s: %s = %lld is over the int range of the BLAS products", what, name, (long long)v);
+}
+
+static void check_range(const char *what, const dm_tensor *idx, int64_t size) {
+  DM_KERNEL(index_check_k, "index_check", idx->device)(idx, size, 0, what);
+}
+
+/* perm or inv: i64 [N * k] (rows, read off ref), values in 0 .. rows-1 */
+static void check_rows_index(const char *what, const char *name, const dm_tensor *perm, int64_t rows,
+                             const char *ref_name, const dm_tensor *ref) {
+  check_i64(what, name, perm);
+  expect_shape(what, name, "[N * k]", perm, 1, &rows, ref_name, ref);
+  check_range(what, perm, rows);
+}
+
+/* offsets: i64 [E + 1] (experts read off ref when ref is given), from 0 up to rows */
+static void check_offsets(const char *what, const dm_tensor *offsets, int64_t experts, int64_t rows,
+                          const char *ref_name, const dm_tensor *ref) {
+  check_i64(what, "offsets", offsets);
+  int64_t want = experts + 1;
+  if (ref) expect_shape(what, "offsets", "[E + 1]", offsets, 1, &want, ref_name, ref);
+  else check_ndim(what, "offsets", "[E + 1]", offsets, 1);
+  DM_KERNEL(dm_moe_check_offsets_k, "moe_check_offsets", offsets->device)(offsets, rows, what);
+}
+
+/* ---- moe_route ------------------------------------------------------------------------------- */
+
+static void route_fwd(dm_ctx *c) {
+  const char *what = "moe_route";
+  dm_tensor *logits = c->in[0], *bias = c->in[1];
+  check_ndim(what, "logits", "[N, E]", logits, 2);
+  check_float(what, "logits", logits);
+  int64_t n = logits->shape[0], e = logits->shape[1];
+  if (bias) {
+    expect_shape(what, "bias", "[E]", bias, 1, &e, "logits", logits);
+    check_same_dtype(what, "bias", bias, "logits", logits);
+  }
+  int64_t k = attr_int(c, 0, "k", 1);
+  if (k > e) dm_error("%s: k = %lld experts per token, but logits of shape [%lld, %lld] have only %lld",
+                      what, (long long)k, (long long)n, (long long)e, (long long)e);
+  int64_t snk[2] = {n, k};
+  dm_tensor *lg = dm_contiguous(logits), *b = bias ? dm_contiguous(bias) : NULL;
+  dm_tensor *idx = dm_tensor_new(lg->device, DM_I64, 2, snk);
+  dm_tensor *w = dm_tensor_new(lg->device, lg->dtype, 2, snk);
+  dm_tensor *counts = dm_tensor_new(lg->device, DM_I64, 1, &e);
+  DM_KERNEL(dm_moe_route_k, "moe_route", lg->device)(idx, w, counts, lg, b);
+  dm_save(c, lg);
+  dm_save(c, idx);
+  dm_release(lg);
+  dm_release(b);
+  c->out[0] = idx;
+  c->out[1] = w;
+  c->out[2] = counts;
+}
+
+static void route_bwd(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
+  dm_tensor *gw = dm_contiguous(gout[1]);
+  dm_tensor *gl = dm_new_grad(c, 0, gw->device);
+  DM_KERNEL(dm_moe_route_bwd_k, "moe_route_bwd", gl->device)(gl, gw, dm_saved(c, 0), dm_saved(c, 1));
+  dm_release(gw);
+  gin[0] = gl;
+}
+
+/* ---- moe_sort -------------------------------------------------------------------------------- */
+
+static void sort_fwd(dm_ctx *c) {
+  const char *what = "moe_sort";
+  dm_tensor *idx = c->in[0];
+  check_ndim(what, "idx", "[N, k]", idx, 2);
+  check_i64(what, "idx", idx);
+  int64_t e = attr_int(c, 0, "E (the number of experts)", 1);
+  check_range("moe_sort (expert ids)", idx, e);
+  int64_t rows = dm_numel(idx), e1 = e + 1;
+  dm_tensor *ix = dm_contiguous(idx);
+  dm_tensor *perm = dm_tensor_new(ix->device, DM_I64, 1, &rows);
+  dm_tensor *offsets = dm_tensor_new(ix->device, DM_I64, 1, &e1);
+  dm_tensor *inv = dm_tensor_new(ix->device, DM_I64, 1, &rows);
+  DM_KERNEL(dm_moe_sort_k, "moe_sort", ix->device)(perm, offsets, inv, ix);
+  dm_release(ix);
+  c->out[0] = perm;
+  c->out[1] = offsets;
+  c->out[2] = inv;
+}
+
+/* ---- moe_experts ----------------------------------------------------------------------------- */
+
+enum { X_U, X_PERM, X_OFFSETS, X_UG, X_UU, X_CG, X_CU, X_D, X_N };
+
+static void experts_fwd(dm_ctx *c) {
+  const char *what = "moe_experts";
+  dm_tensor **in = c->in;
+  dm_tensor *u = in[X_U], *ug = in[X_UG], *d = in[X_D];
+  check_ndim(what, "u", "[N, d]", u, 2);
+  check_ndim(what, "Ug", "[E, d, r]", ug, 3);
+  check_ndim(what, "D", "[E, r, F]", d, 3);
+  int64_t n = u->shape[0], dm = u->shape[1], e = ug->shape[0], r = ug->shape[2], f = d->shape[2];
+  int64_t k = attr_int(c, 0, "k", 1);
+  int64_t sug[3] = {e, dm, r}, sc[2] = {e, r}, sd[3] = {e, r, f};
+  expect_shape(what, "Ug", "[E, d, r]", ug, 3, sug, "u", u);
+  expect_shape(what, "Uu", "[E, d, r]", in[X_UU], 3, sug, "Ug", ug);
+  expect_shape(what, "cg", "[E, r]", in[X_CG], 2, sc, "Ug", ug);
+  expect_shape(what, "cu", "[E, r]", in[X_CU], 2, sc, "Ug", ug);
+  expect_shape(what, "D", "[E, r, F]", d, 3, sd, "Ug", ug);
+  static const char *names[X_N] = {"u", "perm", "offsets", "Ug", "Uu", "cg", "cu", "D"};
+  check_float(what, "u", u);
+  for (int i = X_UG; i < X_N; i++) check_same_dtype(what, names[i], in[i], "u", u);
+  if (f < 1 || dm < 1 || r < 1) {
+    char s1[128], s2[128];
+    dm_error("%s: d, r and F must be at least 1 (u %s, D %s)", what, dm_tensor_shape_str(u, s1, sizeof s1),
+             dm_tensor_shape_str(d, s2, sizeof s2));
+  }
+  check_blas_dim(what, "N * k", n * k);
+  check_blas_dim(what, "d", dm);
+  check_blas_dim(what, "F", f);
+  check_rows_index(what, "perm", in[X_PERM], n * k, "u and k", u);
+  check_offsets(what, in[X_OFFSETS], e, n * k, "Ug", ug);
+  dm_tensor *x[X_N];
+  for (int i = 0; i < X_N; i++) x[i] = dm_contiguous(in[i]);
+  int64_t sy[2] = {n * k, f}, sz[2] = {n * k, 2 * r};
+  dm_tensor *y = dm_tensor_new(u->device, u->dtype, 2, sy);
+  /* a recorded call keeps the projections: the backward then reads them instead of Ug and Uu again */
+  dm_tensor *z = c->node ? dm_tensor_new(u->device, u->dtype == DM_F64 ? DM_F64 : DM_F32, 2, sz) : NULL;
+  dm_moe_bank bank = {x[X_UG], x[X_UU], x[X_CG], x[X_CU], x[X_D]};
+  DM_KERNEL(dm_moe_experts_k, "moe_experts", u->device)(y, z, x[X_U], x[X_PERM], x[X_OFFSETS], &bank, k);
+  for (int i = 0; i < X_N; i++) { dm_save(c, x[i]); dm_release(x[i]); }
+  if (z) { dm_save(c, z); dm_release(z); }
+  c->out[0] = y;
+}
+
+static void experts_bwd(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
+  dm_tensor *x[X_N];
+  for (int i = 0; i < X_N; i++) x[i] = dm_saved(c, i);
+  dm_tensor *z = dm_saved(c, X_N);
+  dm_tensor *gy = dm_contiguous(gout[0]);
+  dm_device dev = gy->device;
+  dm_tensor *g[X_N] = {0};
+  for (int i = X_UG; i < X_N; i++) if (dm_needs_grad(c, i)) g[i] = dm_new_grad(c, i, dev);
+  int64_t k = (int64_t)c->a.v[0], rows = dm_numel(x[X_PERM]);
+  dm_tensor *gx_rows = NULL;
+  if (dm_needs_grad(c, X_U)) {
+    int64_t s[2] = {rows, x[X_U]->shape[1]};
+    gx_rows = dm_tensor_new(dev, gy->dtype, 2, s);
+  }
+  dm_moe_bank bank = {x[X_UG], x[X_UU], x[X_CG], x[X_CU], x[X_D]};
+  dm_moe_grads grads = {g[X_UG], g[X_UU], g[X_CG], g[X_CU], g[X_D]};
+  DM_KERNEL(dm_moe_experts_bwd_k, "moe_experts_bwd", dev)(gx_rows, &grads, gy, z, x[X_U], x[X_PERM], x[X_OFFSETS],
+                                                          &bank, k);
+  dm_release(gy);
+  for (int i = X_UG; i < X_N; i++) gin[i] = g[i];
+  if (gx_rows) {
+    /* each token sums the gradients of its k rows, gathered through the inverse permutation */
+    dm_tensor *inv = dm_tensor_new(dev, DM_I64, 1, &rows);
+    DM_KERNEL(dm_moe_invert_k, "moe_invert", dev)(inv, x[X_PERM]);
+    dm_tensor *gu = dm_new_grad(c, X_U, dev);
+    DM_KERNEL(dm_moe_combine_k, "moe_combine", dev)(gu, gx_rows, inv, NULL);
+    dm_release(inv);
+    dm_release(gx_rows);
+    gin[X_U] = gu;
+  }
+}
+
+/* ---- moe_combine ----------------------------------------------------------------------------- */
+
+static void combine_fwd(dm_ctx *c) {
+  const char *what = "moe_combine";
+  dm_tensor *rows = c->in[0], *inv = c->in[1], *w = c->in[2];
+  check_ndim(what, "y_rows", "[N * k, F]", rows, 2);
+  check_ndim(what, "w", "[N, k]", w, 2);
+  check_float(what, "y_rows", rows);
+  check_same_dtype(what, "w", w, "y_rows", rows);
+  int64_t n = w->shape[0], k = w->shape[1], f = rows->shape[1], sr[2] = {n * k, f};
+  expect_shape(what, "y_rows", "[N * k, F]", rows, 2, sr, "w", w);
+  check_rows_index(what, "inv", inv, n * k, "w", w);
+  dm_tensor *r = dm_contiguous(rows), *iv = dm_contiguous(inv), *wc = dm_contiguous(w);
+  int64_t sy[2] = {n, f};
+  dm_tensor *y = dm_tensor_new(r->device, r->dtype, 2, sy);
+  DM_KERNEL(dm_moe_combine_k, "moe_combine", r->device)(y, r, iv, wc);
+  dm_save(c, r);
+  dm_save(c, iv);
+  dm_save(c, wc);
+  dm_release(r);
+  dm_release(iv);
+  dm_release(wc);
+  c->out[0] = y;
+}
+
+static void combine_bwd(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
+  dm_tensor *gy = dm_contiguous(gout[0]);
+  dm_tensor *grows = dm_needs_grad(c, 0) ? dm_new_grad(c, 0, gy->device) : NULL;
+  dm_tensor *gw = dm_needs_grad(c, 2) ? dm_new_grad(c, 2, gy->device) : NULL;
+  DM_KERNEL(dm_moe_combine_bwd_k, "moe_combine_bwd", gy->device)(grows, gw, gy, dm_saved(c, 0), dm_saved(c, 1),
+                                                                dm_saved(c, 2));
+  dm_release(gy);
+  gin[0] = grows;
+  gin[2] = gw;
+}
+
+/* ---- moe_capacity ---------------------------------------------------------------------------- */
+
+static void capacity_fwd(dm_ctx *c) {
+  const char *what = "moe_capacity";
+  dm_tensor *w = c->in[0], *idx = c->in[1], *inv = c->in[2], *offsets = c->in[3];
+  check_ndim(what, "w", "[N, k]", w, 2);
+  check_float(what, "w", w);
+  check_i64(what, "idx", idx);
+  expect_shape(what, "idx", "[N, k]", idx, 2, w->shape, "w", w);
+  check_ndim(what, "offsets", "[E + 1]", offsets, 1);
+  int64_t e = offsets->shape[0] - 1, rows = dm_numel(w);
+  if (e < 1) dm_error("%s: offsets must hold E + 1 >= 2 values, got %lld", what, (long long)offsets->shape[0]);
+  int64_t cap = attr_int(c, 0, "capacity", 0);
+  check_range("moe_capacity (expert ids)", idx, e);
+  check_rows_index(what, "inv", inv, rows, "w", w);
+  check_offsets(what, offsets, e, rows, NULL, NULL);
+  dm_tensor *wc = dm_contiguous(w), *ix = dm_contiguous(idx), *iv = dm_contiguous(inv), *of = dm_contiguous(offsets);
+  dm_tensor *out = dm_tensor_like(wc), *drops = dm_tensor_new(wc->device, DM_I64, 1, &e);
+  DM_KERNEL(dm_moe_capacity_k, "moe_capacity", wc->device)(out, drops, wc, ix, iv, of, cap);
+  dm_save(c, ix);
+  dm_save(c, iv);
+  dm_save(c, of);
+  dm_release(wc);
+  dm_release(ix);
+  dm_release(iv);
+  dm_release(of);
+  c->out[0] = out;
+  c->out[1] = drops;
+}
+
+/* the kept assignments pass their gradient, the dropped ones get 0: the same mask */
+static void capacity_bwd(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
+  dm_tensor *g = dm_contiguous(gout[0]), *gw = dm_new_grad(c, 0, g->device);
+  DM_KERNEL(dm_moe_capacity_k, "moe_capacity", g->device)(gw, NULL, g, dm_saved(c, 0), dm_saved(c, 1),
+                                                          dm_saved(c, 2), (int64_t)c->a.v[0]);
+  dm_release(g);
+  gin[0] = gw;
+}
+
+/* ---- counters and balancing ------------------------------------------------------------------ */
+
+static void counters_fwd(dm_ctx *c) {
+  dm_tensor *counts = c->in[0];
+  check_ndim("moe_counters", "counts", "[E]", counts, 1);
+  check_i64("moe_counters", "counts", counts);
+  int64_t three = 3;
+  dm_tensor *cc = dm_contiguous(counts), *stats = dm_tensor_new(cc->device, DM_F64, 1, &three);
+  DM_KERNEL(dm_moe_counters_k, "moe_counters", cc->device)(stats, cc);
+  dm_release(cc);
+  c->out[0] = stats;
+}
+
+static void balance_fwd(dm_ctx *c) {
+  const char *what = "moe_balance_";
+  dm_tensor *bias = c->in[0], *counts = c->in[1];
+  check_ndim(what, "bias", "[E]", bias, 1);
+  check_float(what, "bias", bias);
+  check_i64(what, "counts", counts);
+  expect_shape(what, "counts", "[E]", counts, 1, bias->shape, "bias", bias);
+  if (c->a.nv < 1) dm_error("%s: the attribute gamma is missing", what);
+  if (bias->requires_grad && dm_grad_enabled())
+    dm_error("%s: in-place update of a bias that requires grad; the balancing bias takes no gradient", what);
+  dm_tensor *b = dm_contiguous(bias), *cc = dm_contiguous(counts);
+  DM_KERNEL(dm_moe_balance_k, "moe_balance", b->device)(b, cc, c->a.v[0]);
+  if (b != bias && b->storage != bias->storage) dm_copy_(bias, b);   /* a strided bias: write back */
+  dm_release(b);
+  dm_release(cc);
+  dm_mark_written(bias);
+  dm_retain(bias);
+  c->out[0] = bias;
+}
+
+static dm_op ops[] = {
+  {.name = "moe_route",
+   .doc = "top-k of sigmoid(logits [N, E]) + bias [E]: idx [N, k] i64 (0-based), gates w [N, k], counts [E] i64",
+   .n_in = 2, .n_out = 3, .attrs = "k", .optional = 1u << 1, .nondiff = 1u << 1,
+   .forward = route_fwd, .backward = route_bwd},
+  {.name = "moe_sort", .doc = "assignments idx [N, k] sorted by expert: perm [N*k], offsets [E+1], inv [N*k] (i64)",
+   .n_in = 1, .n_out = 3, .attrs = "E", .nondiff = 1, .forward = sort_fwd},
+  {.name = "moe_experts",
+   .doc = "low-rank gated experts on the sorted rows: (silu(u Ug[e] * cg[e]) * (u Uu[e] * cu[e])) D[e] -> [N*k, F]",
+   .n_in = X_N, .n_out = 1, .attrs = "k", .nondiff = (1u << X_PERM) | (1u << X_OFFSETS),
+   .forward = experts_fwd, .backward = experts_bwd},
+  {.name = "moe_combine", .doc = "y [N, F] = sum over a token's k assignments of w * y_rows[inv] (no atomics)",
+   .n_in = 3, .n_out = 1, .attrs = "", .nondiff = 1u << 1, .forward = combine_fwd, .backward = combine_bwd},
+  {.name = "moe_capacity",
+   .doc = "gates w [N, k] with assignments past an expert's capacity zeroed, and the drops per expert [E] i64",
+   .n_in = 4, .n_out = 2, .attrs = "capacity", .nondiff = 0xe, .forward = capacity_fwd, .backward = capacity_bwd},
+  {.name = "moe_counters", .doc = "from counts [E]: [busiest expert's share, load entropy (nats), dead experts] f64",
+   .n_in = 1, .n_out = 1, .attrs = "", .nondiff = 1, .forward = counters_fwd},
+  {.name = "moe_balance_", .doc = "bias += gamma * sign(mean(counts) - counts) in place (loss-free balancing)",
+   .n_in = 2, .n_out = 1, .attrs = "gamma", .nondiff = 3, .forward = balance_fwd},
+};
+DM_REGISTER_OPS(ops)
+
+/* ---- the C API ------------------------------------------------------------------------------- */
+
+static void call(const char *name, int n, dm_tensor *const *in, const dm_attrs *a, dm_tensor **out) {
+  dm_call(dm_op_get(name), n, in, a, out);
+}
+
+void dm_moe_route(dm_tensor *logits, dm_tensor *bias, int64_t k, dm_tensor **idx, dm_tensor **w,
+                  dm_tensor **counts) {
+  dm_tensor *in[2] = {logits, bias}, *out[3];
+  dm_attrs a = dm_attrs_of(1, (double[]){(double)k});
+  call("moe_route", 2, in, &a, out);
+  *idx = out[0];
+  *w = out[1];
+  *counts = out[2];
+}
+
+void dm_moe_sort(dm_tensor *idx, int64_t experts, dm_tensor **perm, dm_tensor **offsets, dm_tensor **inv) {
+  dm_tensor *out[3];
+  dm_attrs a = dm_attrs_of(1, (double[]){(double)experts});
+  call("moe_sort", 1, &idx, &a, out);
+  *perm = out[0];
+  *offsets = out[1];
+  *inv = out[2];
+}
+
+dm_tensor *dm_moe_experts(dm_tensor *u, dm_tensor *perm, dm_tensor *offsets, dm_tensor *ug, dm_tensor *uu,
+                          dm_tensor *cg, dm_tensor *cu, dm_tensor *d, int64_t k) {
+  dm_tensor *in[X_N] = {u, perm, offsets, ug, uu, cg, cu, d}, *y;
+  dm_attrs a = dm_attrs_of(1, (double[]){(double)k});
+  call("moe_experts", X_N, in, &a, &y);
+  return y;
+}
+
+dm_tensor *dm_moe_combine(dm_tensor *y_rows, dm_tensor *inv, dm_tensor *w) {
+  dm_tensor *in[3] = {y_rows, inv, w}, *y;
+  call("moe_combine", 3, in, NULL, &y);
+  return y;
+}
+
+dm_tensor *dm_moe_capacity(dm_tensor *w, dm_tensor *idx, dm_tensor *inv, dm_tensor *offsets, int64_t capacity,
+                           dm_tensor **drops) {
+  dm_tensor *in[4] = {w, idx, inv, offsets}, *out[2];
+  dm_attrs a = dm_attrs_of(1, (double[]){(double)capacity});
+  call("moe_capacity", 4, in, &a, out);
+  if (drops) *drops = out[1];
+  else dm_release(out[1]);
+  return out[0];
+}
+
+void dm_moe_balance_(dm_tensor *bias, dm_tensor *counts, double gamma) {
+  dm_tensor *in[2] = {bias, counts}, *out;
+  dm_attrs a = dm_attrs_of(1, &gamma);
+  call("moe_balance_", 2, in, &a, &out);
+  dm_release(out);
+}
+
+dm_moe_stats dm_moe_counters(const dm_tensor *counts) {
+  dm_tensor *in = (dm_tensor *)counts, *stats;
+  call("moe_counters", 1, &in, NULL, &stats);
+  dm_tensor *host = stats->device == DM_CPU ? stats : dm_to_device(stats, DM_CPU);
+  const double *v = dm_data(host);
+  dm_moe_stats s = {v[0], v[1], (int64_t)v[2]};
+  if (host != stats) dm_release(host);
+  dm_release(stats);
+  return s;
+}
