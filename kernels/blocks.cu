@@ -523,7 +523,7 @@ __global__ void conv_k(S_<DT> *y, S_<DT> *cout, conv_in<DT> in, const S_<DT> *w,
 ** channels (coalesced). Each output is the same sum in the same order as in
 ** conv_k and conv_bwd_k; the weight gradient sums each run's products in
 ** double, then the runs in order. Used when K <= CONV_MAXK and the grid fits. */
-#define CONV_TL 32
+#define CONV_TL DM_CONV_RUN         /* vm/ops/blocks.h */
 #define CONV_MAXK 8
 #define CONV_CH 128                       /* channels a block */
 

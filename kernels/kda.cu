@@ -454,7 +454,7 @@ __global__ void gate_heads_k(void *da, int dadt, const double *chan, int64_t hea
 ** rows, with its scale and bias read once; no index division an element. The backward writes df
 ** and sums each run's bias and scale terms in double (part[run][2D]: the bias's D, then the
 ** scale's), joined in run order by dm_colsum_join_k. */
-#define GATE_ROWS 64
+#define GATE_ROWS DM_KDA_GATE_ROWS   /* vm/ops/kda.h */
 #define GATE_CH 256
 
 static int64_t gate_rows_per(int64_t N) {

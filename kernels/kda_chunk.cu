@@ -43,7 +43,7 @@ extern "C" {
 #include "ops/kda.h"
 }
 
-#define KC 64
+#define KC DM_KDA_CHUNK            /* vm/ops/kda.h */
 #define KS 16
 #define LD 65                    /* row stride of a 64-column tile */
 #define LDV 33                   /* row stride of a 32-column tile */

@@ -13,6 +13,10 @@
 #define DM_KERNELS_MODEL_CUH
 
 #include "common.cuh"
+extern "C" {
+#include "ops/moe.h"      /* DM_BS_CHUNK */
+#include "ops/blocks.h"   /* DM_COLSUM_PER_SM, DM_COLSUM_MIN_ROWS */
+}
 
 /* ---- rows of strided tensors ------------------------------------------------------------ */
 
@@ -151,8 +155,8 @@ static __global__ void dm_colsum_join_k(G put, const double *part, int64_t nchun
 
 template <typename F, typename G> static void dm_colsum(int64_t rows, int64_t cols, F f, G put) {
   if (cols <= 0) return;
-  int64_t cb = (cols + 31) / 32, want = (int64_t)dm_cuda_sm_count() * 8;
-  int64_t most = (rows + 63) / 64, nchunk = want / cb;     /* at least 64 rows a chunk */
+  int64_t cb = (cols + 31) / 32, want = (int64_t)dm_cuda_sm_count() * DM_COLSUM_PER_SM;
+  int64_t most = (rows + DM_COLSUM_MIN_ROWS - 1) / DM_COLSUM_MIN_ROWS, nchunk = want / cb;
   if (nchunk > most) nchunk = most;
   if (nchunk > 65535) nchunk = 65535;
   if (nchunk < 1) nchunk = 1;
@@ -226,7 +230,7 @@ static inline void dm_scan(const int64_t *in, int64_t *out, int64_t n) {
 ** as an error of op `what` and left out). Each one-warp block owns a chunk
 ** of DM_BS_CHUNK keys and its row of counters; tiles of 32 keys are ranked
 ** within the tile by __match_any_sync, so equal buckets keep their order. */
-#define DM_BS_CHUNK 256
+/* DM_BS_CHUNK: vm/ops/moe.h */
 
 struct dm_bsort {
   int64_t n, nb;

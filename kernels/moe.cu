@@ -652,9 +652,9 @@ static void experts_backward(dm_tensor *gx_rows, const dm_moe_grads *g, const dm
 */
 typedef uint16_t u16;
 
-#define TC_TM 32            /* rows a tile */
-#define TC_FS 128           /* columns of F a block of tc_down_k and tc_dd_k */
-#define TC_DS 64            /* d's slice in tc_du_k and tc_gx_k */
+#define TC_TM DM_MOE_TC_TM  /* rows a tile (vm/ops/moe.h) */
+#define TC_FS DM_MOE_TC_FS  /* columns of F a block of tc_down_k and tc_dd_k */
+#define TC_DS DM_MOE_TC_DS  /* d's slice in tc_du_k and tc_gx_k */
 #define TC_THREADS 256
 #define TC_STAGES 3         /* cp.async pipeline depth of the loops over d and F */
 static_assert(TC_TM % 8 == 0, "a tile of rows moves runs of F by a multiple of 8");
@@ -1027,7 +1027,7 @@ __global__ void __launch_bounds__(TC_THREADS, BWD ? 2 : 1) tc_rows_k(const u16 *
 ** its expert's weights or gradients instead of waiting on every tile's loads. The operand that is the same
 ** for every chunk (h, or [dag | dau]) is loaded with the first TS items only when the unit has one row tile
 ** (the common case: 16 rows an expert on average at b1), else with every item. */
-#define TC_GT 32       /* row tiles a unit at most */
+#define TC_GT DM_MOE_TC_GT   /* row tiles a unit at most */
 #define TC_WAVES 4     /* the streaming grids: blocks for at least this many waves at the kernels' occupancy */
 
 /* chunks a unit of a one-tile expert: about a dozen (units enough to fill the SMs several times at b1,
@@ -1559,7 +1559,7 @@ static void tc_launch(const void *kernel, dim3 grid, size_t smem, void **args) {
 ** and DM_MOE_FMA not set */
 static bool tc_fits(dm_dtype t, const moe_dims &M, const void *const *ptrs, int n) {
   if (t != DM_BF16 && t != DM_F16) return false;
-  if (M.r != 16 && M.r != 32 && M.r != 64 && M.r != 128) return false;
+  if (!DM_MOE_TC_RANK(M.r)) return false;
   if (M.d % 8 || M.e > INT_MAX || (M.f + TC_FS - 1) / TC_FS > 65535 || (M.d + TC_DS - 1) / TC_DS > 65535) return false;
   if ((M.r > TC_TM ? M.r : TC_TM) * M.f >= INT_MAX / 2) return false;   /* run_stream's 32-bit places */
   const int64_t nch = (M.f + TC_FS - 1) / TC_FS > (M.d + TC_DS - 1) / TC_DS ? (M.f + TC_FS - 1) / TC_FS

@@ -22,7 +22,7 @@ extern "C" {
 
 #define MT_MAX 32
 #define MT_CHUNK 2048
-#define SUMSQ_CHUNK 65536
+#define SUMSQ_CHUNK DM_SUMSQ_CHUNK   /* vm/ops/optim.h */
 
 /* up to 4 tensors per entry (their roles set by the kernel), one entry per list member */
 struct mt_list {

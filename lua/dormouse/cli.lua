@@ -164,7 +164,7 @@ function commands.repl(argv)
 end
 
 --[[ --shard K/N in a test command line: the spec files of tests/lua whose place in the sorted
-list is K mod N (1-based), for running the suite as N processes (ctest runs two at once, so
+list is K mod N (1-based), for running the suite as N processes (ctest runs them two at once, so
 that the sanitizers' slow suite takes half the time). The flag and its value are replaced by
 the files. ]]
 local function shard(argv)

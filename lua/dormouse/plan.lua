@@ -105,27 +105,26 @@ plan.OUTSIDE = {
 -- The most dynamic shared memory a block may opt in to on sm_90 (H100, H200):
 -- cudaDevAttrMaxSharedMemoryPerBlockOptin = 227 KiB. KDA keeps its state there when it fits.
 local SMEM_OPTIN = 232448
-local SM_COUNT = 132          -- an H200's SMs: dm_colsum (kernels/model.cuh) takes 8 chunks of rows per SM
-local KDA_CHUNK = 64          -- DM_KDA_CHUNK (vm/ops/kda.h): the backward's checkpoint interval; the model sets none
-local KC, KC_MIN_T, KC_MAXD = 64, 32, 64   -- the chunked kernels' chunk (kernels/kda_chunk.cu), and when
-                                           -- "auto" takes them on CUDA (vm/ops/kda.h DM_KDA_CHUNKED_MIN_T, _MAXD)
-local SUMSQ_CHUNK = 65536     -- kernels/optim.cu: elements per block of the sums of squares (one partial each)
-local BS_CHUNK = 256          -- DM_BS_CHUNK (kernels/model.cuh): keys per block of the bucket sort (a row of
-                              -- counters each)
-local CONV_TL, CONV_K = 32, 4 -- kernels/blocks.cu: positions per run of the conv's weight gradient (a partial
-                              -- each); the short convolutions' kernel (nn/kda.lua, nn/engram.lua)
-local GATE_ROWS = 64          -- kernels/kda.cu: rows per run of kda_gate's backward (2 hd partial sums each)
-local TC_RANKS = {[16] = true, [32] = true, [64] = true, [128] = true}   -- kernels/moe.cu tc_fits
-local TC_TM, TC_GT, TC_FS, TC_DS = 32, 32, 128, 64   -- kernels/moe.cu: rows a tile, tiles a unit, the chunks
-                                                     -- of F and d the streaming kernels take
+local SM_COUNT = 132          -- the planned card's SMs (an H200's): dm_colsum's partials follow it
+-- the kernels' own sizes, as their family headers define them (vm/ops/*.h; core.kernel_sizes)
+local K = core.kernel_sizes()
+local KDA_CHUNK = K.kda_chunk  -- the backward's checkpoint interval (the model sets none); the chunked kernels' chunk
+local KC, KC_MIN_T, KC_MAXD = K.kda_chunk, K.kda_chunked_min_t, K.kda_cuda_chunk_maxd
+local SUMSQ_CHUNK = K.sumsq_chunk      -- elements per block of the sums of squares (one partial each)
+local BS_CHUNK = K.bucket_sort_chunk   -- keys per block of the bucket sort (a row of counters each)
+local CONV_TL = K.conv_run     -- positions per run of the conv's weight gradient (a partial each)
+local GATE_ROWS = K.kda_gate_rows      -- rows per run of kda_gate's backward (2 hd partial sums each)
+local TC_RANKS = K.moe_tc_ranks        -- the ranks the tensor-core expert kernels take
+local TC_TM, TC_GT, TC_FS, TC_DS = K.moe_tc_tm, K.moe_tc_gt, K.moe_tc_fs, K.moe_tc_ds
 
 local function ceil_div(a, b) return (a + b - 1) // b end
 
 local f32, i64, f64 = 4, 8, 8
 
--- dm_colsum's partial sums (kernels/model.cuh): rows summed per column in chunks, 8 chunks per SM
+-- dm_colsum's partial sums (kernels/model.cuh): rows summed per column in chunks, DM_COLSUM_PER_SM an SM
 local function colsum(rows, cols)
-  local chunks = math.max(1, math.min(SM_COUNT * 8 // ceil_div(cols, 32), ceil_div(rows, 64), 65535))
+  local chunks = math.max(1, math.min(SM_COUNT * K.colsum_per_sm // ceil_div(cols, 32),
+                                      ceil_div(rows, K.colsum_min_rows), 65535))
   return f64 * chunks * cols
 end
 
@@ -152,7 +151,7 @@ local function radix_sort(n) return i64 * 257 + bucket_sort(n, 256) end
 --[[ The device scratch the CUDA kernels of one step take for themselves
 (dm_scratch in kernels/*.cu: counted by dm.memory("cuda"), unseen on the meta
 device). s: {B, T, d, heads, head_dim, experts, top_k, rank, ffn, n_sub (Engram
-sub-tables, 0 without Engram), ram (Engram's rows are found on the host),
+sub-tables, 0 without Engram), conv_width (the short convolutions' widest kernel), ram (Engram's rows are found on the host),
 grad_accum, dtype (of the products), grads = {numel of each gradient the
 clipping reads}, muon = {{stack, rows, cols} per Muon shape group},
 kda_chunked (the build has the chunked KDA kernels: the kda op takes `algo`)}.
@@ -199,7 +198,7 @@ function plan.scratch(s)
   end
   op("kda_gate", "backward", f64 * hd + f64 * gate_runs(N) * 2 * hd, "kda_gate's channel sums",
      "kernels/kda.cu gate_backward")
-  op("causal_conv1d", "backward", f64 * B * ceil_div(T, CONV_TL) * CONV_K * conv_c, "causal_conv1d weight partials",
+  op("causal_conv1d", "backward", f64 * B * ceil_div(T, CONV_TL) * s.conv_width * conv_c, "causal_conv1d weight partials",
      "kernels/blocks.cu conv_bwd_runs")
   op("rmsnorm", "backward", math.max(colsum(N, s.d), colsum(N * H, dk)), "rmsnorm gain partials",
      "kernels/blocks.cu cuda_rownorm_bwd")
@@ -296,6 +295,12 @@ end
 -- The groups the live bytes are sorted into (vm/lua/plan.c), and what the scratch model needs.
 function Session:sort_holders()
   local host, params, grads, counts = {}, {}, {}, {}
+  self.conv_width = 0          -- the widest short convolution's kernel (its weight [C, K], a conv* parameter)
+  for _, p in ipairs(self.model:named_parameters()) do
+    if p.name:match("conv[%w_]*$") and p.tensor:dim() == 2 then
+      self.conv_width = math.max(self.conv_width, p.tensor:size(2))
+    end
+  end
   local engram = self.model.block and self.model.block.engram
   local on_host = {}
   if self.ram and engram then on_host[engram.table] = true end
@@ -353,7 +358,7 @@ function Session:scratch(B, T)
   return plan.scratch {B = B, T = self:pass_rows(T), d = m.d, heads = m.heads, head_dim = m.head_dim, experts = m.experts,
                        top_k = m.top_k, rank = m.expert_rank, ffn = m.ffn, n_sub = engram and engram.n_sub or 0, ram = self.ram,
                        grad_accum = self.grad_accum, dtype = self.compute, grads = grads, muon = self.muon,
-                       kda_chunked = self.kda_chunked}
+                       kda_chunked = self.kda_chunked, conv_width = self.conv_width}
 end
 
 --[[ One step at B × T on the meta device; watch_at: the allocation at which to

@@ -137,6 +137,26 @@ describe("the predicted peak", function()
     end)
   end
 
+  it("takes the kernels' sizes from their family headers (core.kernel_sizes), copying none", function()
+    local core = require "dormouse.core"
+    local K = core.kernel_sizes()
+    for _, name in ipairs {"kda_chunk", "kda_chunked_min_t", "kda_cuda_chunk_maxd", "kda_gate_rows", "conv_run",
+                           "colsum_per_sm", "colsum_min_rows", "sumsq_chunk", "bucket_sort_chunk", "moe_tc_tm",
+                           "moe_tc_gt", "moe_tc_fs", "moe_tc_ds"} do
+      assert.equal("integer", math.type(K[name]), name)
+    end
+    assert.same({[16] = true, [32] = true, [64] = true, [128] = true}, K.moe_tc_ranks)
+    local f = assert(io.open("lua/dormouse/plan.lua"))
+    local src = f:read("a")
+    f:close()
+    -- no size of a kernel written as a number in the planner: its literal constants are the planned
+    -- card's (an H200's shared memory and SMs) and the report's column
+    local card = {SMEM_OPTIN = true, SM_COUNT = true, W = true}
+    for names in src:gmatch("\nlocal ([%u_, ]+) = %d") do
+      assert.is_true(card[names] ~= nil, "plan.lua sets " .. names .. " to a literal")
+    end
+  end)
+
   it("leaves no meta memory behind", function()
     local before = dm.memory("meta").current
     plan.report(config.load("experiments/tiny.lua"), {memory = plan.parse_memory("64MiB")})

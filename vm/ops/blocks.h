@@ -16,6 +16,13 @@
 
 #include "core/ops.h"
 
+/* positions a run of the CUDA causal conv's weight gradient takes: one partial each (the planner reads it) */
+#define DM_CONV_RUN 32
+/* the column sums' partials (kernels/model.cuh dm_colsum: rmsnorm's gain, kda_gate's sums): blocks
+** an SM wanted, at least this many rows a chunk */
+#define DM_COLSUM_PER_SM 8
+#define DM_COLSUM_MIN_ROWS 64
+
 /* what divides the row's sum of squares: D (rmsnorm) or 1 (l2norm) */
 enum { DM_NORM_RMS, DM_NORM_L2 };
 /* cross-entropy's reduction attribute */

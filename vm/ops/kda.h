@@ -40,6 +40,7 @@
 #define DM_KDA_CHUNK_MAXD 128    /* the chunked CPU kernels' largest dk and dv */
 #define DM_KDA_CUDA_CHUNK_MAXD 64  /* the chunked CUDA kernels' largest dk and dv */
 #define DM_KDA_CHUNKED_MIN_T 32  /* "auto" on CUDA takes the chunked kernels from this T up */
+#define DM_KDA_GATE_ROWS 64      /* rows a run of kda_gate's CUDA backward (2 hd partial sums each), doubled to fit */
 
 /* "kda_fwd": o [B, T, H, dv] in q's dtype, s_final [B, H, dk, dv] in the
 ** compute type (f32, or f64 with f64 q). s0 may be NULL (a zero state). */

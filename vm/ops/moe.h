@@ -33,6 +33,17 @@
 
 #include "core/ops.h"
 
+/* The CUDA expert kernels' sizes that their scratch follows (kernels/moe.cu; the planner reads them):
+** rows a tile, row tiles a unit at most, the chunks of F and d the streaming kernels take, and the
+** ranks the tensor-core kernels take (DM_MOE_TC_RANK(r)). Keys a block of the bucket sort by
+** expert (kernels/model.cuh dm_bucket_sort: a row of counters each). */
+#define DM_MOE_TC_TM 32
+#define DM_MOE_TC_GT 32
+#define DM_MOE_TC_FS 128
+#define DM_MOE_TC_DS 64
+#define DM_MOE_TC_RANK(r) ((r) == 16 || (r) == 32 || (r) == 64 || (r) == 128)
+#define DM_BS_CHUNK 256
+
 /* The expert weights, and their gradients (a NULL member is not wanted). */
 typedef struct dm_moe_bank { const dm_tensor *ug, *uu, *cg, *cu, *d; } dm_moe_bank;
 typedef struct dm_moe_grads { dm_tensor *ug, *uu, *cg, *cu, *d; } dm_moe_grads;

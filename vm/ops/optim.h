@@ -29,6 +29,9 @@
 
 #include "core/tensor.h"
 
+/* elements a block of the CUDA sums of squares (clipping) takes: one f64 partial each (the planner reads it) */
+#define DM_SUMSQ_CHUNK 65536
+
 typedef struct dm_adamw_hp {
   double lr, beta1, beta2, eps, weight_decay;
   int64_t step;               /* 1-based count of applied updates, for the bias corrections */
