@@ -22,6 +22,7 @@ the inputs, the learning rates, the update count.
 ]]
 local dm = require "dormouse"
 local core = require "dormouse.core"
+local schema = require "dormouse.schema"
 
 local graphstep = {}
 local GraphStep = {}
@@ -33,25 +34,38 @@ local function kept_zeros(shape, dtype, device)
   return dm.keep(dm.zeros(shape, {dtype = dtype, device = device}))
 end
 
+--[[ Why the step of run r (cfg, device, model) cannot be captured, or nil: the one list of
+graph mode's preconditions, for graph = true's refusal (graphstep.new) and for the log line of
+a run whose default falls back to eager steps (train.graph_mode). opts.eager: the device is not
+asked for (the eager form runs anywhere). ]]
+function graphstep.why_not(r, opts)
+  local cfg = r.cfg
+  if r.device ~= "cuda" and not (opts and opts.eager) then
+    return string.format("graph = true needs the cuda device (this run is on %s)", r.device)
+  end
+  if cfg.grad_accum ~= 1 then
+    return string.format("a captured step takes one micro-batch: grad_accum must be 1, got %d", cfg.grad_accum)
+  end
+  if cfg.model.segment and cfg.model.segment < cfg.seq then
+    return string.format("a captured step is one pass: model.segment = %d splits seq = %d into segments",
+                         cfg.model.segment, cfg.seq)
+  end
+  local engram = r.model and r.model.block and r.model.block.engram
+  if engram and engram.ram then
+    return "a captured step needs the Engram tables on the device (engram.ram = true keeps them in host memory)"
+  end
+  if schema.qat_changes(cfg) then
+    return "model.moe.qat changes the experts' products during the run; a captured graph holds one"
+  end
+end
+
 --[[ opts.warmup: eager steps before the capture (>= 1; default 2).
 opts.eager: never capture (the same work, eagerly: what the CPU tests check). ]]
 function graphstep.new(r, opts)
   opts = opts or {}
   local cfg = r.cfg
-  if r.device ~= "cuda" and not opts.eager then
-    fail("graph = true needs the cuda device (this run is on %s)", r.device)
-  end
-  if cfg.grad_accum ~= 1 then
-    fail("graph = true captures one micro-batch a step: grad_accum must be 1, got %d", cfg.grad_accum)
-  end
-  if cfg.model.segment and cfg.model.segment < cfg.seq then
-    fail("graph = true captures a step of one pass: model.segment = %d splits seq = %d into segments " ..
-         "(set graph = false)", cfg.model.segment, cfg.seq)
-  end
-  local engram = r.model.block and r.model.block.engram
-  if engram and engram.ram then
-    fail("graph = true needs the Engram tables on the device (engram.ram = true keeps them in host memory)")
-  end
+  local why = graphstep.why_not(r, opts)
+  if why then fail("%s (set graph = false)", why) end
   local warmup = opts.eager and math.huge or opts.warmup or 2
   if warmup < 1 then fail("graph: at least one eager step must come before the capture, got warmup = %s", warmup) end
   local self = setmetatable({r = r, warmup = warmup, done = 0}, GraphStep)
@@ -67,10 +81,9 @@ end
 -- The step's work on the device; run eagerly or captured.
 function GraphStep:body()
   local r, sum = self.r, self.sum
-  local out = r.model:forward(self.x, self.prefix)
-  out.loss:backward()
-  local counts, drops
-  if r.model.update_balance then counts, drops = r.model:update_balance() end
+  local train = require "dormouse.train"
+  local out = train.micro_batch(r.model, self.x, self.prefix, 1)
+  local counts, drops = train.balance(r.model)
   local lookup = r.model.block and r.model.block.engram and r.model.block.engram.current
   if lookup and lookup.n then                      -- the padded lookups' count, for the log line
     self.engram = {n = dm.keep(lookup.n), lookups = lookup.inverse:numel()}

@@ -82,13 +82,12 @@ function plan.step(model, opt, next_batch, grad_accum, mark)
     for _ = 1, grad_accum do
       mark("forward")
       local x, prefix = next_batch()
-      local out = model:forward(x, prefix)
-      local loss = out.loss * (1 / grad_accum)
-      mark("backward")
-      loss:backward()
+      train.micro_batch(model, x, prefix, 1 / grad_accum, false, function(phase)
+        if phase == "forward" then mark("backward") end      -- the planner's marks open a phase
+      end)
     end
     mark("optimiser")
-    if model.update_balance then model:update_balance() end
+    train.balance(model)
     core.clip_grads(opt:grads(), opt.clip)
     for _, g in ipairs(opt.groups) do g:update(1, 1) end
     opt:zero_grad()

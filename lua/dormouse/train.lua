@@ -90,21 +90,15 @@ function train.lookahead(r)
   end
 end
 
---[[ Whether the step runs as one CUDA graph: cfg.graph when set (true is
-checked by graphstep.new, which names what is missing), else whenever it can;
-then the second result says why not, for the log. ]]
-function train.graph_mode(cfg, device)
-  if cfg.graph ~= nil then return cfg.graph end
-  if device ~= "cuda" then return false end
-  if cfg.grad_accum ~= 1 then return false, "graph mode takes grad_accum = 1" end
-  if cfg.model.engram and cfg.model.engram.ram then return false, "graph mode needs the Engram tables on the device" end
-  if cfg.model.segment and cfg.model.segment < cfg.seq then
-    return false, "graph mode takes a step of one pass (model.segment splits it)"
-  end
-  if schema.qat_changes(cfg) then
-    return false, "model.moe.qat changes the experts' products during the run; a captured graph holds one"
-  end
-  return true
+--[[ Whether run r's step runs as one CUDA graph: cfg.graph when set (true is
+checked by graphstep.new, which names what is missing), else whenever it can
+(graphstep.why_not, the one list of the preconditions); then the second
+result says why not, for the log. ]]
+function train.graph_mode(r)
+  if r.cfg.graph ~= nil then return r.cfg.graph end
+  if r.device ~= "cuda" then return false end
+  local why = require("dormouse.graphstep").why_not(r)
+  return why == nil, why
 end
 
 --[[ What train.step works on, without a run directory: the resolved config's
@@ -311,6 +305,27 @@ step's routing counts, when r.log_now the Engram counters, with a
 capacity factor the assignments dropped per expert, the mean of each
 of the forward's extras (out.extras: an arm's own terms, device scalars) by name, and the
 events of model:after_step (an arm acting on the weights: {retract = 1}). ]]
+--[[ One micro-batch of a step, as every form of the step takes it (the eager step
+below, the captured one of graphstep.lua and the planned one of plan.step): the
+forward of x, prefix, and the backward of its loss weighted by `scale` (1 /
+grad_accum). With `read` the loss is read back first and a non-finite one takes no
+backward (the eager step's NaN firewall; the captured and the planned steps read
+nothing). mark, when given, is called with "forward" and "backward" as each ends.
+Returns the forward's out and the loss read (nil without read). ]]
+function train.micro_batch(model, x, prefix, scale, read, mark)
+  local out = model:forward(x, prefix)
+  local l = read and out.loss:item() or nil
+  if mark then mark("forward") end
+  if not read or instrument.finite(l) then (out.loss * scale):backward() end
+  if mark then mark("backward") end
+  return out, l
+end
+
+-- The experts' balance after a step's backward: the routing counts and the drops (nil without MoE)
+function train.balance(model)
+  if model.update_balance then return model:update_balance() end
+end
+
 function train.step(r, mark)
   local cfg = r.cfg
   mark = mark or function() end
@@ -325,16 +340,12 @@ function train.step(r, mark)
       if seg and x:size(2) - 1 > seg then        -- by segments, the state carried: forward and backward in one
         loss = loss + segments.backward(r.model, x, prefix, seg, 1 / cfg.grad_accum, mark) / cfg.grad_accum
       else
-        local out = r.model:forward(x, prefix)
-        local l = out.loss:item()
+        local out, l = train.micro_batch(r.model, x, prefix, 1 / cfg.grad_accum, true, mark)
         loss = loss + l / cfg.grad_accum
         for name, v in pairs(out.extras or {}) do      -- kept on the device: read at the log line
           local part = v:detach() * (1 / cfg.grad_accum)
           extras[name] = extras[name] and extras[name] + part or part
         end
-        mark("forward")
-        if instrument.finite(l) then (out.loss * (1 / cfg.grad_accum)):backward() end
-        mark("backward")
       end
     end
     local engram
@@ -344,8 +355,7 @@ function train.step(r, mark)
       for _, c in ipairs(module.entries) do rows, lookups = rows + c.rows:numel(), lookups + c.inverse:numel() end
       engram = {rows = rows, unique_frac = rows / lookups}
     end
-    local counts, drops
-    if r.model.update_balance then counts, drops = r.model:update_balance() end
+    local counts, drops = train.balance(r.model)
     local result, events
     if instrument.finite(loss) then result = r.opt:step(r.step)
     else result = {skipped = true, grad_norm = 0 / 0, lr = 0} end
@@ -600,7 +610,7 @@ function run_body(self, cfg, opts)
   self.loader = corpus:loader {batch = cfg.batch, seq = cfg.seq, seed = cfg.seed, ctx = ctx,
                                start = self.data_position}
   train.lookahead(self)
-  local graph, why = train.graph_mode(cfg, self.device)
+  local graph, why = train.graph_mode(self)
   if graph then
     self.graph = require("dormouse.graphstep").new(self)
     self:say("graph: the step is captured as one CUDA graph after 2 eager steps and replayed" ..

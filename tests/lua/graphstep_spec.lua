@@ -55,6 +55,12 @@ describe("graphstep (eagerly, on the CPU)", function()
     helpers.has(helpers.err_of(graphstep.new, r, {warmup = 0}), "at least one eager step")
     r.cfg = tiny({"grad_accum=2"})
     helpers.has(helpers.err_of(graphstep.new, r), "grad_accum must be 1, got 2")
+    -- the trainer's default reads the same list: eager steps, for the same reason
+    local train = require "dormouse.train"
+    r.cfg = tiny({"grad_accum=2", "graph=nil"})
+    local graph, why = train.graph_mode(r)
+    assert.is_false(graph)
+    helpers.has(why, "grad_accum must be 1, got 2")
     r.loader:close()
   end)
 
