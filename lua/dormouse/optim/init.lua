@@ -38,22 +38,25 @@ local optim = {groups = groups, schedule = schedule, AdamW = AdamW, Muon = Muon}
 
 local function fail(fmt, ...) core.error(string.format(fmt, ...)) end
 
--- cfg.optim's keys (the schema's, with its defaults) and two of this module's own
-optim.defaults = {
-  muon_lr = 1e-3, adamw_lr = 1e-3, betas = {0.9, 0.95}, eps = 1e-8, weight_decay = 0.1,
-  engram_lr_mult = 5, momentum = 0.95, nesterov = true, ns_steps = 5, ns_coeffs = "quintic",
-  clip = 1.0,
-  adamw_weight_decay = 0.0,   -- decoupled weight decay of the AdamW group (Engram: always 0)
-  ns_dtype = false,           -- "f32" or "bf16"; false = bf16 on the GPU, f32 on the CPU
-  momentum_dtype = "f32",     -- Muon's momentum buffers: "f32", or "bf16" (half the memory)
-  muon_plus = "none",         -- Muon+: "col", "row" or "colrow" normalisation of the update
-  engram_adam = "sparse",     -- the Engram tables: touched rows only, or "dense" (every row, every step)
-}
+--[[ cfg.optim's keys, their defaults and their types: the schema's (lua/dormouse/schema.lua,
+the config section optim), read, not copied. ns_dtype's default (nil there: by device) is false
+here, so that the settings table holds every key. ]]
+local schema = require "dormouse.schema"
+local LEAVES = {}
+optim.defaults = {}
+for _, leaf in ipairs(schema.nodes.optim.order) do
+  LEAVES[leaf.name] = leaf
+  local v = leaf.default
+  if type(v) == "table" then v = {table.unpack(v)} end
+  if v == nil then v = false end
+  optim.defaults[leaf.name] = v
+end
 
+-- the settings of an optim table (the resolved config section, or a plain table): every key, checked
 local function settings(cfg)
   cfg = cfg or {}
   if type(cfg) ~= "table" then fail("optim: the config must be a table, got a %s", type(cfg)) end
-  local o, names = {}, {}
+  local names = {}
   for key in pairs(optim.defaults) do names[#names + 1] = key end
   table.sort(names)
   for key in pairs(cfg) do
@@ -61,18 +64,17 @@ local function settings(cfg)
       fail("optim: unknown key '%s' (%s)", tostring(key), table.concat(names, ", "))
     end
   end
+  local o = {}
   for key, v in pairs(optim.defaults) do      -- rawget: a resolved config raises on keys it lacks
     local given = rawget(cfg, key)
-    if given == nil then o[key] = v else o[key] = given end
-  end
-  if o.ns_coeffs ~= "quintic" and o.ns_coeffs ~= "polar_express" then
-    fail("optim: ns_coeffs must be \"quintic\" or \"polar_express\", got %s", tostring(o.ns_coeffs))
-  end
-  if o.ns_dtype and o.ns_dtype ~= "f32" and o.ns_dtype ~= "bf16" then
-    fail("optim: ns_dtype must be \"f32\" or \"bf16\" (or false: by device), got %s", tostring(o.ns_dtype))
-  end
-  if o.momentum_dtype ~= "f32" and o.momentum_dtype ~= "bf16" then
-    fail("optim: momentum_dtype must be \"f32\" or \"bf16\", got %s", tostring(o.momentum_dtype))
+    if given == false and v == false then given = nil end     -- false: the default's "by device"
+    if given == nil then
+      o[key] = v
+    else
+      local value, err, at = LEAVES[key].type:check(given)
+      if err then fail("optim: %s%s: %s", key, at or "", err) end
+      o[key] = value
+    end
   end
   return o
 end
