@@ -254,7 +254,6 @@ end
 local Session = {}
 Session.__index = Session
 
-local function engram_ctx(m) return require("dormouse.nn").Engram.context_for(m.engram.orders) end
 
 -- fn's modules built on the meta device in `compute`, and the generator put back
 local function on_meta(compute, fn)
@@ -278,7 +277,7 @@ function plan.session(cfg, opts)
   local ocfg = config.plain(cfg.optim)
   ocfg.ns_dtype = ocfg.ns_dtype or "bf16"  -- the GPU's default (optim.new picks by the parameters' device)
   local self = setmetatable({cfg = cfg, m = m, ram = ram, compute = cfg.dtype, grad_accum = cfg.grad_accum,
-                             ctx = engram_ctx(m), ns_dtype = ocfg.ns_dtype, segment = m.segment}, Session)
+                             ctx = train.engram_ctx(cfg), ns_dtype = ocfg.ns_dtype, segment = m.segment}, Session)
   collectgarbage()          -- meta tensors no one holds go now, not in the middle of a step
   core.meta_trace_reset()
   self.base = core.meta_trace()
