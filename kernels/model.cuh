@@ -33,12 +33,13 @@ struct dm_lead {
 static inline dm_lead dm_lead_of(const dm_tensor *t, int nd) {
   dm_lead L;
   memset(&L, 0, sizeof L);
-  int64_t st[1][DM_MAXDIM];
+  int64_t st[1][DM_MAXDIM] = {{0}};
   for (int d = 0; d < nd; d++) {
     L.shape[d] = t->shape[d];
     st[0][d] = t->strides[d];
   }
   L.nd = dm_coalesce(nd, L.shape, 1, st);       /* vm/core/coalesce.h */
+  for (int d = L.nd; d < nd; d++) L.shape[d] = st[0][d] = 0;     /* past the merged dims: zeros */
   memcpy(L.st, st[0], sizeof L.st);
   return L;
 }

@@ -12,6 +12,7 @@ extern "C" {
 }
 
 template <int DT> using S_ = typename dt<DT>::S;
+template <int DT> using C_ = typename dt<DT>::C;
 
 /* A group of W lanes (a power of two up to 32, within a warp) takes one block of elements: lane i
 ** reads elements i, i + W, ... and the group's statistics meet by shuffles, so a warp reads runs of
@@ -185,7 +186,8 @@ static void cuda_quant_decode(dm_tensor *y, const dm_tensor *codes, const dm_ten
 
 /* ---- LittleBit's binary factors: w = row * sign(x) * col, and its backward -------------------
 ** Rows (e, i) of n elements: a warp a row, its lanes along the row (one division a row, not
-** three an element); the column sums by blocks of 32 columns x 8 groups of rows. */
+** three an element); the column sums by blocks of 32 columns x 8 groups of rows. Values and sums
+** in the compute type (f32, double for f64). */
 
 #define DM_WARP_ROWS(ei, rows)                                                                      \
   for (int64_t ei = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32; ei < (rows);             \
@@ -198,9 +200,9 @@ __global__ void littlebit_k(S_<DT> *w, const S_<DT> *x, const S_<DT> *row, const
   DM_WARP_ROWS(ei, rows) {
     const S_<DT> *c = col + ei / m * n;
     const int64_t at = ei * n;
-    const float r = dt<DT>::load(row[ei]);
+    const C_<DT> r = dt<DT>::load(row[ei]);
     for (int64_t j = lane; j < n; j += 32)
-      w[at + j] = dt<DT>::store(r * (float)dm_sign(dt<DT>::load(x[at + j])) * dt<DT>::load(c[j]));
+      w[at + j] = dt<DT>::store(r * (C_<DT>)dm_sign(dt<DT>::load(x[at + j])) * dt<DT>::load(c[j]));
   }
 }
 
@@ -212,12 +214,12 @@ __global__ void littlebit_rows_k(S_<DT> *gx, S_<DT> *grow, const S_<DT> *g, cons
   DM_WARP_ROWS(ei, rows) {
     const S_<DT> *c = col + ei / m * n;
     const int64_t at = ei * n;
-    const float r = dt<DT>::load(row[ei]);
-    float sum = 0;
+    const C_<DT> r = dt<DT>::load(row[ei]);
+    C_<DT> sum = 0;
     for (int64_t j = lane; j < n; j += 32) {
-      float gv = dt<DT>::load(g[at + j]), cv = dt<DT>::load(c[j]);
+      C_<DT> gv = dt<DT>::load(g[at + j]), cv = dt<DT>::load(c[j]);
       if (gx) gx[at + j] = dt<DT>::store(gv * r * cv);
-      sum += gv * (float)dm_sign(dt<DT>::load(x[at + j])) * cv;
+      sum += gv * (C_<DT>)dm_sign(dt<DT>::load(x[at + j])) * cv;
     }
     for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(DM_FULL_MASK, sum, o);
     if (grow && lane == 0) grow[ei] = dt<DT>::store(sum);
@@ -231,21 +233,21 @@ template <int DT>
 __global__ void __launch_bounds__(32 * LB_GROUPS) littlebit_cols_k(S_<DT> *gcol, const S_<DT> *g, const S_<DT> *x,
                                                                     const S_<DT> *row, int64_t m, int64_t n,
                                                                     int64_t tiles) {
-  __shared__ float part[LB_GROUPS][33];
+  __shared__ C_<DT> part[LB_GROUPS][33];
   const int lane = threadIdx.x % 32, group = threadIdx.x / 32;
   const int64_t per_expert = (n + 31) / 32;
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const int64_t e = t / per_expert, j = t % per_expert * 32 + lane;
-    float sum = 0;
+    C_<DT> sum = 0;
     if (j < n)
       for (int64_t i = group; i < m; i += LB_GROUPS) {
         const int64_t at = (e * m + i) * n + j;
-        sum += dt<DT>::load(g[at]) * (float)dm_sign(dt<DT>::load(x[at])) * dt<DT>::load(row[e * m + i]);
+        sum += dt<DT>::load(g[at]) * (C_<DT>)dm_sign(dt<DT>::load(x[at])) * dt<DT>::load(row[e * m + i]);
       }
     part[group][lane] = sum;
     __syncthreads();
     if (group == 0 && j < n) {
-      float total = 0;
+      C_<DT> total = 0;
       for (int k = 0; k < LB_GROUPS; k++) total += part[k][lane];
       gcol[e * n + j] = dt<DT>::store(total);
     }

@@ -164,8 +164,8 @@ function commands.repl(argv)
 end
 
 --[[ --shard K/N in a test command line: the spec files of tests/lua whose place in the sorted
-list is K mod N (1-based), for running the suite as N processes (ctest runs them two at once, so
-that the sanitizers' slow suite takes half the time). The flag and its value are replaced by
+list is K mod N (1-based), for running the suite as N processes (ctest runs the shards side
+by side, so that the sanitizers' slow suite takes a fraction of the time). The flag and its value are replaced by
 the files. ]]
 local function shard(argv)
   for i = 2, #argv do
@@ -176,7 +176,11 @@ local function shard(argv)
         return nil, string.format("test: --shard takes K/N with 1 <= K <= N, got '%s'", tostring(argv[i + 1]))
       end
       local files = {}
-      for _, name in ipairs(assert(core.ckpt_listdir("tests/lua"))) do
+      local names, why = core.ckpt_listdir("tests/lua")
+      if not names then
+        return nil, "test: --shard lists tests/lua from the repository root, which is not here (" .. tostring(why) .. ")"
+      end
+      for _, name in ipairs(names) do
         if name:match("_spec%.lua$") then files[#files + 1] = "tests/lua/" .. name end
       end
       table.sort(files)

@@ -175,7 +175,7 @@ schema.enum, schema.list, schema.optional = enum, list, optional
 ---------------------------------------------------------------- the keys
 
 -- An op's enum attribute, spelled as its descriptor declares it ("format=a|b|c" in the op's attrs,
--- vm/ops_*.c): the names a key that chooses among them takes, never a copy of them.
+-- vm/ops/*.c): the names a key that chooses among them takes, never a copy of them.
 local function op_spellings(op_name, attr)
   for _, op in ipairs(require("dormouse.core").ops()) do
     if op.name == op_name and op.spellings[attr] then return op.spellings[attr] end

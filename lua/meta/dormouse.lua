@@ -1,7 +1,7 @@
 ---@meta dormouse
 -- LuaLS definitions for `require "dormouse"` and its tensors, so editors
 -- complete the methods of a userdata they cannot see into. Nothing here
--- runs: the implementation is vm/lua_*.c and lua/dormouse/.
+-- runs: the implementation is vm/lua/*.c and lua/dormouse/.
 -- Positions are 1-based (dims, narrow starts, gather/index_select/scatter_add
 -- indices, the indices max and argmax return); negative dims count from the end.
 -- tests/lua/tensor_spec.lua checks that every method and function is listed here.

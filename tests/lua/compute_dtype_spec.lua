@@ -27,10 +27,15 @@ describe("nn.build", function()
     assert.same({"cpu", "f32"}, {plain.device, plain.compute_dtype})
   end)
 
-  it("is undone when its function raises", function()
+  it("is undone when its function raises, the error passed on as it was raised", function()
     assert.has_error(function()
       nn.build({compute_dtype = "f64"}, function() error("in the build", 0) end)
     end, "in the build")
+    assert.same({"cpu", "f32"}, {nn.building()})
+    local raised = {why = "an object"}
+    local ok, got = pcall(nn.build, {device = "meta"}, function() error(raised) end)
+    assert.is_false(ok)
+    assert.equal(raised, got)
     assert.same({"cpu", "f32"}, {nn.building()})
   end)
 

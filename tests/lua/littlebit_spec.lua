@@ -36,6 +36,16 @@ describe("dm.littlebit", function()
     end
   end)
 
+  it("gives zeros for a scale whose sum runs over an empty side", function()
+    for _, shape in ipairs {{2, 0, 3}, {2, 3, 0}} do
+      local _, gx, grow, gcol = run(dm.littlebit, shape, "f32", 7)
+      assert.equal(0, gx:numel())
+      for _, g in ipairs {grow, gcol} do
+        if g:numel() > 0 then assert.equal(0, g:abs():max():item()) end
+      end
+    end
+  end)
+
   it("computes only the gradients asked for", function()
     local x = dm.randn({2, 3, 4}, {seed = 1, requires_grad = true})
     local row, col = dm.randn({2, 3, 1}, {seed = 2}), dm.randn({2, 1, 4}, {seed = 3, requires_grad = true})

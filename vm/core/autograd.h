@@ -60,9 +60,9 @@ uint64_t dm_tape_epoch(void);
 
 /* A nested tape: dm_tape_push() sets the current tape aside and records on an
 ** empty one (grad mode on, recording resumed, a new epoch), as a backward that
-** recomputes a checkpointed stretch needs; dm_tape_pop() frees what the
+** recomputes a stretch (dm.recompute) needs; dm_tape_pop() frees what the
 ** nested tape still holds and brings the outer one back. dm_tape_depth() is
-** how many are set aside (> 0 while a checkpoint recomputes). */
+** how many are set aside (> 0 while a recompute runs). */
 void dm_tape_push(void);
 void dm_tape_pop(void);
 /* The nested tape takes over t's reference: released when it is left, by

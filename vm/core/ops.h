@@ -3,7 +3,7 @@
 **
 ** An op is a registered dm_op: a name, its tensor inputs and outputs, up to
 ** DM_MAXATTR numeric attributes and one list attribute, a forward and a
-** backward. Every op family lives in its own vm/ops_*.c file and registers
+** backward. Every op family lives in its own vm/ops/<family>.c file and registers
 ** its ops at start-up with DM_REGISTER_OPS; nothing else needs editing to
 ** add one. dm_call() checks the inputs, runs the forward, and when grad
 ** mode is on and an input needs a gradient, records a node on the tape.

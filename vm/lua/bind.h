@@ -1,9 +1,9 @@
 /*
-** lua_tensor.h — what the binding files share: the tensor userdata and the
+** bind.h — what the binding files share: the tensor userdata and the
 ** way a core error becomes a Lua error.
 */
-#ifndef DM_LUA_TENSOR_H
-#define DM_LUA_TENSOR_H
+#ifndef DM_LUA_BIND_H
+#define DM_LUA_BIND_H
 
 #include <lua.h>
 #include <lauxlib.h>

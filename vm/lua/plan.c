@@ -15,7 +15,7 @@
 ** The CUDA kernels take scratch from the device allocator inside an op and give
 ** it back before the op returns (dm_scratch in kernels/); the meta device's
 ** kernels take none. So while an op of that name runs on the meta device, its
-** forward ("forward": also when a checkpoint runs it again) or its backward,
+** forward ("forward": also when a recompute runs it again) or its backward,
 ** `bytes` are held as a meta allocation of their own (profile.h's hooks), at
 ** any depth: the trace's peak holds a scratch only where it is live. Of two
 ** entries for one op and phase the first counts.

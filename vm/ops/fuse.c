@@ -19,6 +19,7 @@
 #include "core/autograd.h"
 #include "ops/elementwise.h"
 #include "ops/fuse.h"
+#include "core/coalesce.h"
 
 /* ---- the registry ------------------------------------------------------------------------ */
 
@@ -112,26 +113,23 @@ dm_fused *dm_fused_get(int id) {
 
 void dm_fuse_layout_make(dm_fuse_layout *L, int ndim, const int64_t *shape, int nops, dm_tensor *const *t) {
   memset(L, 0, sizeof *L);
-  int nd = 0;
   for (int d = 0; d < ndim; d++) {
-    if (shape[d] == 1) continue;
-    int64_t st[DM_FUSE_MAXOPS];
-    for (int k = 0; k < nops; k++) {
+    L->shape[d] = shape[d];
+    for (int k = 0; k < nops; k++) {      /* right-aligned broadcast: stride 0 where t[k] has no such dim */
       int td = t[k] ? d - (ndim - t[k]->ndim) : -1;
-      st[k] = (td < 0 || t[k]->shape[td] == 1) ? 0 : t[k]->strides[td];
+      L->st[k][d] = (td < 0 || t[k]->shape[td] == 1) ? 0 : t[k]->strides[td];
     }
-    bool merge = nd > 0;
-    for (int k = 0; k < nops && merge; k++) merge = L->st[k][nd - 1] == st[k] * shape[d];
-    if (merge) {
-      L->shape[nd - 1] *= shape[d];
-      for (int k = 0; k < nops; k++) L->st[k][nd - 1] = st[k];
-      continue;
-    }
-    L->shape[nd] = shape[d];
-    for (int k = 0; k < nops; k++) L->st[k][nd] = st[k];
-    nd++;
   }
-  if (nd == 0) { L->shape[0] = 1; nd = 1; }     /* a scalar: strides stay 0 */
+  int nd = dm_coalesce(ndim, L->shape, nops, L->st);       /* vm/core/coalesce.h */
+  for (int d = nd; d < ndim; d++) {
+    L->shape[d] = 0;
+    for (int k = 0; k < nops; k++) L->st[k][d] = 0;
+  }
+  if (nd == 0) {                                          /* a scalar: strides 0 */
+    L->shape[0] = 1;
+    for (int k = 0; k < nops; k++) L->st[k][0] = 0;
+    nd = 1;
+  }
   L->ndim = nd;
 }
 

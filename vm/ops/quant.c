@@ -150,7 +150,11 @@ static void littlebit_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gi
   dm_tensor *x = dm_saved(c, 0), *row = dm_saved(c, 1), *col = dm_saved(c, 2);
   dm_tensor *g = dm_contiguous(gout[0]);
   for (int i = 0; i < 3; i++) gin[i] = dm_needs_grad(c, i) ? dm_new_grad(c, i, x->device) : NULL;
-  DM_KERNEL(dm_littlebit_bwd_k, "littlebit_bwd", x->device)(gin[0], gin[1], gin[2], g, x, row, col);
+  if (dm_numel(x) == 0) {        /* no products: the scales' sums over an empty side are zeros */
+    for (int i = 1; i < 3; i++) if (gin[i]) dm_fill(gin[i], 0);
+  } else {
+    DM_KERNEL(dm_littlebit_bwd_k, "littlebit_bwd", x->device)(gin[0], gin[1], gin[2], g, x, row, col);
+  }
   dm_release(g);
 }
 

@@ -294,7 +294,7 @@ static void cast_bwd(dm_ctx *c, dm_tensor *const *g, dm_tensor **gin) {
   gin[0] = dm_cast(g[0], dm_in_dtype(c, 0));
 }
 
-/* A bf16 copy of an f32 bank met again (a checkpoint casts afresh in each
+/* A bf16 copy of an f32 bank met again (a recompute casts afresh in each
 ** recomputation): its gradient is cast and added slice by slice, so that only
 ** a slice of it is ever held in f32, not a second bank. */
 #define CAST_SLICE ((int64_t)1 << 24)          /* elements: 64 MiB of f32 */

@@ -37,10 +37,9 @@ function nn.build(where, fn, ...)
   end
   local outer = building
   building = {device = where.device or outer.device, compute_dtype = cd or outer.compute_dtype}
-  local res = table.pack(pcall(fn, ...))
-  building = outer
-  if not res[1] then error(res[2], 0) end
-  return table.unpack(res, 2, res.n)
+  -- put back as fn returns or raises (a to-be-closed guard: an error keeps its traceback)
+  local restore <close> = setmetatable({}, {__close = function() building = outer end})
+  return fn(...)
 end
 
 -- the device and compute dtype modules are being built at (for an initialiser of a module's own)
@@ -249,7 +248,7 @@ function Module:compute(p) return as_dtype(p, self.compute_dtype) end
 the same parameters several times (the weight-shared block's iterations):
 each parameter is cast to the compute dtype once for the pass, and its
 iterations' gradients meet in that copy before they reach the f32 master (as
-under autocast's cast cache). A checkpointed call run again in the backward
+under autocast's cast cache). A recomputed call run again in the backward
 casts afresh (its copies must be on its own tape). The pass's copies are let
 go when fn returns; the tape holds what the backward needs. ]]
 function nn.pass(fn, ...)

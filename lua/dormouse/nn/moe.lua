@@ -120,7 +120,7 @@ end
 -- A new forward pass of the model: its routing counts start again.
 -- update_balance (after the backward) ends the pass.
 function MoE:new_pass()
-  if dm.recomputing() then return end          -- a checkpoint around the whole pass: the forward's state stands
+  if dm.recomputing() then return end          -- a recompute around the whole pass: the forward's state stands
   self.qat_err, self.lb_flip = nil, nil
   for _, q in pairs(self.bank_cache or {}) do nn.release(q) end   -- the last pass's, its backward done
   self.bank_cache = (self.qat or self.littlebit) and setmetatable({}, {__mode = "k"}) or nil
@@ -246,7 +246,7 @@ function MoE:forward(u)
   end)
   if not dm.recomputing() then                 -- summed over the step's iterations, each counted once
     -- without new_pass the first call's counts are the sum: kept out of the scope
-    -- it returns to (a checkpointed call's ends with it)
+    -- it returns to (a recomputed call's ends with it)
     if self.counts then self.counts:add_(counts) else self.counts = dm.keep(counts) end
     if drops then
       if self.drops then self.drops:add_(drops) else self.drops = dm.keep(drops) end
