@@ -164,8 +164,8 @@ function commands.repl(argv)
 end
 
 --[[ --shard K/N in a test command line: the spec files of tests/lua whose place in the sorted
-list is K mod N (1-based), for running the suite as N processes (ctest runs the shards side
-by side, so that the sanitizers' slow suite takes a fraction of the time). The flag and its value are replaced by
+list is K mod N (1-based), for running the suite as N processes side by side (ctest itself
+runs each spec file as a test of its own). The flag and its value are replaced by
 the files. ]]
 local function shard(argv)
   for i = 2, #argv do
