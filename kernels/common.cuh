@@ -178,17 +178,7 @@ static inline void dm_layout_from(dm_layout *L, int ndim, const int64_t *shape, 
   memset(L, 0, sizeof *L);
   memcpy(L->shape, shape, (size_t)ndim * sizeof *shape);
   for (int k = 0; k < nops; k++) memcpy(L->st[k], st[k], (size_t)ndim * sizeof st[k][0]);
-  int nd = dm_coalesce(ndim, L->shape, nops, L->st);
-  for (int d = nd; d < ndim; d++) {             /* past the merged dims: zeros, as before the merge */
-    L->shape[d] = 0;
-    for (int k = 0; k < nops; k++) L->st[k][d] = 0;
-  }
-  if (nd == 0) {                                /* a scalar: strides 0 */
-    L->shape[0] = 1;
-    for (int k = 0; k < nops; k++) L->st[k][0] = 0;
-    nd = 1;
-  }
-  L->ndim = nd;
+  L->ndim = dm_coalesce_layout(ndim, L->shape, nops, L->st);   /* vm/core/coalesce.h */
 }
 
 /* operands t[0..nops-1] (NULL: stride 0) broadcast over `shape`, right-aligned */

@@ -38,4 +38,20 @@ DM_COALESCE_FN int dm_coalesce(int ndim, int64_t *shape, int nops, int64_t (*str
   return m;
 }
 
+/* The same for a layout that keeps at least one dim: the dims past the merged ones zeroed, and
+** all dims of size 1 (a scalar) as one dim of size 1, every stride 0. Returns the dims, >= 1. */
+DM_COALESCE_FN int dm_coalesce_layout(int ndim, int64_t *shape, int nops, int64_t (*str)[DM_MAXDIM]) {
+  int m = dm_coalesce(ndim, shape, nops, str);
+  for (int d = m; d < ndim; d++) {
+    shape[d] = 0;
+    for (int k = 0; k < nops; k++) str[k][d] = 0;
+  }
+  if (m == 0) {
+    shape[0] = 1;
+    for (int k = 0; k < nops; k++) str[k][0] = 0;
+    m = 1;
+  }
+  return m;
+}
+
 #endif

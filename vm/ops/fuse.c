@@ -120,17 +120,7 @@ void dm_fuse_layout_make(dm_fuse_layout *L, int ndim, const int64_t *shape, int 
       L->st[k][d] = (td < 0 || t[k]->shape[td] == 1) ? 0 : t[k]->strides[td];
     }
   }
-  int nd = dm_coalesce(ndim, L->shape, nops, L->st);       /* vm/core/coalesce.h */
-  for (int d = nd; d < ndim; d++) {
-    L->shape[d] = 0;
-    for (int k = 0; k < nops; k++) L->st[k][d] = 0;
-  }
-  if (nd == 0) {                                          /* a scalar: strides 0 */
-    L->shape[0] = 1;
-    for (int k = 0; k < nops; k++) L->st[k][0] = 0;
-    nd = 1;
-  }
-  L->ndim = nd;
+  L->ndim = dm_coalesce_layout(ndim, L->shape, nops, L->st);       /* vm/core/coalesce.h */
 }
 
 /* ---- the CPU kernel ----------------------------------------------------------------------------- */
