@@ -316,7 +316,7 @@ function train.micro_batch(model, x, prefix, scale, read, mark)
   local out = model:forward(x, prefix)
   local l = read and out.loss:item() or nil
   if mark then mark("forward") end
-  if not read or instrument.finite(l) then (out.loss * scale):backward() end
+  if not read or instrument.finite(l) then (scale == 1 and out.loss or out.loss * scale):backward() end
   if mark then mark("backward") end
   return out, l
 end

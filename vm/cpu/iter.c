@@ -18,13 +18,7 @@ static void operand_strides(dm_iter *it, int k, const dm_tensor *t) {
 
 /* the dims merged where every operand steps through them as one (vm/core/coalesce.h) */
 static void coalesce(dm_iter *it) {
-  int nd = dm_coalesce(it->ndim, it->shape, it->nops, it->stride);
-  if (nd == 0) {                                         /* a scalar */
-    it->shape[0] = 1;
-    for (int k = 0; k < it->nops; k++) it->stride[k][0] = 0;
-    nd = 1;
-  }
-  it->ndim = nd;
+  it->ndim = dm_coalesce_layout(it->ndim, it->shape, it->nops, it->stride);
 }
 
 void dm_iter_init(dm_iter *it, dm_tensor *out, int nin, dm_tensor *const *ins) {
