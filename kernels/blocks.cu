@@ -282,14 +282,15 @@ __global__ void ce_first_bad_k(const void *t, int tdt, dm_lead Lt, int64_t rows,
 
 static void cuda_ce_check(const dm_tensor *targets, int64_t classes, int64_t ignore_index) {
   int64_t rows = dm_numel(targets);
-  if (dm_debug_level() < 1 || rows == 0) return;
-  int64_t *found = (int64_t *)dm_scratch(2 * sizeof(int64_t)), got[2];
+  size_t nb = (size_t)dm_ce_check_scratch(rows, dm_debug_level());
+  if (nb == 0) return;
+  int64_t *found = (int64_t *)dm_scratch(nb), got[2];
   ce_first_bad_k<<<1, 1, 0, dm_cuda_stream()>>>(dm_data(targets), targets->dtype, dm_lead_of(targets, targets->ndim),
                                                 rows, classes, ignore_index, found);
   DM_CU_LAUNCHED();
   DM_CU(cudaMemcpyAsync(got, found, sizeof got, cudaMemcpyDeviceToHost, dm_cuda_stream()));
   DM_CU(cudaStreamSynchronize(dm_cuda_stream()));
-  dm_scratch_free(found, 2 * sizeof(int64_t));
+  dm_scratch_free(found, nb);
   if (got[0] >= 0)
     dm_error("cross_entropy: target %lld at row %lld of %lld is out of range for %lld classes "
              "(class ids 0..%lld%s)", (long long)got[1], (long long)got[0] + 1, (long long)rows, (long long)classes,
@@ -370,7 +371,7 @@ static void cuda_ce(dm_tensor *loss, dm_tensor *lse, const dm_tensor *logits, co
     constexpr int DT = decltype(d)::value;
     typedef C_<DT> C;
     bool none = reduction == DM_CE_NONE;
-    size_t nb = sizeof(double) * (size_t)rows;
+    size_t nb = (size_t)dm_ce_scratch(rows, !none);
     double *part = none ? NULL : (double *)dm_scratch(nb);
     if (rows > 0) {
       ce_k<DT><<<row_blocks(rows), DM_THREADS, 0, dm_cuda_stream()>>>(
@@ -438,8 +439,9 @@ static void cuda_ce_bwd(dm_tensor *gx, const dm_tensor *g, const dm_tensor *logi
     dm_error("cross_entropy_bwd: the loss's gradient is %s, expected %s", dm_dtype_name(g->dtype),
              dm_dtype_name(lse->dtype));
   int64_t *kept = NULL;
-  if (reduction == DM_CE_MEAN) {
-    kept = (int64_t *)dm_scratch(sizeof(int64_t));
+  const size_t kb = (size_t)dm_ce_bwd_scratch(reduction == DM_CE_MEAN);
+  if (kb) {
+    kept = (int64_t *)dm_scratch(kb);
     ce_kept_k<<<1, DM_SCAN_THREADS, 0, dm_cuda_stream()>>>(kept, dm_data(targets), targets->dtype, Lt, rows,
                                                            ignore_index);
     DM_CU_LAUNCHED();
@@ -452,7 +454,7 @@ static void cuda_ce_bwd(dm_tensor *gx, const dm_tensor *g, const dm_tensor *logi
         V, ignore_index, reduction, kept, dm_cuda_device_error(), ce_name());
     DM_CU_LAUNCHED();
   });
-  if (kept) dm_scratch_free(kept, sizeof(int64_t));
+  if (kept) dm_scratch_free(kept, kb);
 }
 
 /* ---- causal_conv1d ----------------------------------------------------------------------------- */
@@ -524,12 +526,10 @@ __global__ void conv_k(S_<DT> *y, S_<DT> *cout, conv_in<DT> in, const S_<DT> *w,
 ** conv_k and conv_bwd_k; the weight gradient sums each run's products in
 ** double, then the runs in order. Used when K <= CONV_MAXK and the grid fits. */
 #define CONV_TL DM_CONV_RUN         /* vm/ops/blocks.h */
-#define CONV_MAXK 8
+#define CONV_MAXK DM_CONV_MAXK       /* vm/ops/blocks.h */
 #define CONV_CH 128                       /* channels a block */
 
-static bool conv_runs_fit(int64_t B, int64_t span, int64_t K) {
-  return K <= CONV_MAXK && B <= 65535 && (span + CONV_TL - 1) / CONV_TL <= 65535;
-}
+static bool conv_runs_fit(int64_t B, int64_t span, int64_t K) { return dm_conv_runs_fit(B, span, K); }
 
 static dim3 conv_run_grid(int64_t B, int64_t span, int64_t C) {
   return dim3((unsigned)((C + CONV_CH - 1) / CONV_CH), (unsigned)((span + CONV_TL - 1) / CONV_TL), (unsigned)B);
@@ -1007,7 +1007,7 @@ static bool conv_bwd_runs(dm_tensor *gx, dm_tensor *gw, dm_tensor *gcache, const
                 (int64_t)0, K, C);
       return;
     }
-    size_t nb = sizeof(double) * (size_t)(nparts * K * C);
+    size_t nb = (size_t)dm_conv_gw_runs_scratch(B, T, C, K);      /* nparts of K x C */
     double *part = (double *)dm_scratch(nb);
     if (vec) {
       conv_dispatch_k(K, [&](auto km) {

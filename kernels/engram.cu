@@ -74,7 +74,7 @@ static void radix_sort(int64_t n, const int64_t *key, int64_t *sk, int64_t *sp, 
                        const int64_t *maxkey) {
   int passes = (bits + 7) / 8;
   if (passes < 1) passes = 1;
-  size_t ob = sizeof(int64_t) * 257;
+  size_t ob = sizeof(int64_t) * 257;                  /* dm_engram_radix_scratch: these and a pass's */
   int64_t *off = (int64_t *)dm_scratch(ob);
   /* ping-pong so that the last pass lands in sk, sp */
   int64_t *ka[2] = {passes % 2 ? sk : tk, passes % 2 ? tk : sk}, *pa[2] = {passes % 2 ? sp : tp, passes % 2 ? tp : sp};
@@ -135,7 +135,7 @@ static void cuda_engram_unique(dm_tensor *rows, dm_tensor *inverse, dm_tensor *c
     return;
   }
   /* sk sp tk tp, the flags' prefix (n + 1), the run starts, the largest value */
-  size_t nb = sizeof(int64_t) * (size_t)(6 * n + 2);
+  size_t nb = (size_t)dm_engram_unique_arrays(n);
   int64_t *mem = (int64_t *)dm_scratch(nb);
   int64_t *sk = mem, *sp = sk + n, *tk = sp + n, *tp = tk + n, *ex = tp + n, *start = ex + n + 1, *mx = start + n;
   const int64_t *key = (const int64_t *)dm_data(idx);
@@ -191,7 +191,7 @@ __global__ void seg_sum_k(S_<DT> *out, const S_<DT> *g, const int64_t *sp, const
 static void cuda_engram_sparse_grad(dm_tensor *out, const dm_tensor *g, const dm_tensor *inverse) {
   int64_t U = out->shape[0], m = g->shape[0], de = g->shape[1];
   if (U * de == 0) return;
-  size_t nb = sizeof(int64_t) * (size_t)(5 * m + U + 1);
+  size_t nb = (size_t)dm_engram_sparse_grad_arrays(m, U);
   int64_t *mem = (int64_t *)dm_scratch(nb);
   int64_t *key = mem, *sk = key + m, *sp = sk + m, *tk = sp + m, *tp = tk + m, *start = tp + m;
   if (m > 0) {
@@ -307,7 +307,7 @@ static void cuda_engram_alpha_bwd(dm_tensor *gu, dm_tensor *gk, dm_tensor *gw, c
   dm_dispatch_float(u->dtype, "engram_alpha_bwd", [&](auto dd) {
     constexpr int DT = decltype(dd)::value;
     typedef C_<DT> C;
-    size_t tb = gw ? sizeof(C) * (size_t)(3 * N) : 0;
+    size_t tb = gw ? sizeof(C) * (size_t)(3 * N) : 0;     /* dm_engram_alpha_bwd_scratch: these and the sums' */
     C *tok = gw ? (C *)dm_scratch(tb) : NULL;
     const S_<DT> *pu = (const S_<DT> *)dm_data(u), *pk = (const S_<DT> *)dm_data(kx);
     if (N > 0) {
@@ -377,7 +377,7 @@ static void engram_adam_run(dm_tensor *table, dm_tensor *m, dm_tensor *v, const 
   if (n <= 0) return;
   const int64_t *pr = (const int64_t *)dm_data(rows), *n_at = at ? at->n : NULL;
   bool now = dm_debug_level() >= 1 && !at;           /* the debug read waits: never with device scalars */
-  size_t nb = sizeof(unsigned long long) + sizeof(dm_engram_adam_hp);
+  size_t nb = (size_t)dm_engram_adam_scratch(n);
   unsigned long long *bad = (unsigned long long *)dm_scratch(nb);
   dm_engram_adam_hp *hpd = (dm_engram_adam_hp *)(bad + 1);
   cudaStream_t st = dm_cuda_stream();

@@ -28,8 +28,8 @@ extern "C" {
 #include "ops/kda.h"
 }
 
-#define KDA_THREADS 256
-#define KDA_WARPS (KDA_THREADS / 32)
+#define KDA_THREADS (DM_KDA_WARPS * 32)
+#define KDA_WARPS DM_KDA_WARPS      /* vm/ops/kda.h: its scratch follows it */
 
 /* what a pair's kernel reads and writes; dtypes at run time */
 struct kda_io {
@@ -126,10 +126,6 @@ __device__ void kda_state_store(void *dst, int t, int64_t base, const R *S, int 
 /* ---- shared memory ---------------------------------------------------------------------------- */
 
 /* R values of a pair's shared memory: [S dS] q k a u v(do) e gv beta partE partO */
-static int64_t kda_vec_count(int64_t dk, int64_t dv) { return 4 * dk + 3 * dv + 1 + 2 * KDA_WARPS * dv; }
-static int64_t kda_smem_count(int64_t dk, int64_t dv, bool bwd, bool state) {
-  return kda_vec_count(dk, dv) + (state ? (bwd ? 2 : 1) * dk * dv : 0);
-}
 
 template <typename R> struct kda_shared {
   R *S, *dS, *u, *e, *gv, *partE, *partO;
@@ -318,17 +314,22 @@ static kda_io kda_io_of(const dm_tensor *q, const dm_tensor *k, const dm_tensor 
   return A;
 }
 
-/* shared bytes of one block, deciding whether the state fits there */
-template <typename R> static size_t kda_smem_bytes(kda_io *A, bool bwd, const void *kernel) {
+/* the most dynamic shared memory a block may opt in to on this device */
+static int64_t kda_smem_optin(void) {
   static int limit = -1;
   if (limit < 0) {
     int dev = 0;
     DM_CU(cudaGetDevice(&dev));
     DM_CU(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   }
-  size_t with = sizeof(R) * (size_t)kda_smem_count(A->dk, A->dv, bwd, true);
-  A->smem_state = with <= (size_t)limit;
-  size_t bytes = A->smem_state ? with : sizeof(R) * (size_t)kda_smem_count(A->dk, A->dv, bwd, false);
+  return limit;
+}
+
+/* shared bytes of one block, deciding whether the state fits there */
+template <typename R> static size_t kda_smem_bytes(kda_io *A, bool bwd, const void *kernel) {
+  const int64_t limit = kda_smem_optin();
+  A->smem_state = dm_kda_state_in_smem(A->dk, A->dv, bwd, sizeof(R), limit);
+  size_t bytes = sizeof(R) * (size_t)dm_kda_smem_values(A->dk, A->dv, bwd, A->smem_state);
   if (bytes > (size_t)limit)
     dm_error("kda: dv = %lld is too large for the CUDA recurrent kernel's shared memory", (long long)A->dv);
   if (bytes > 48 * 1024) DM_CU(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
@@ -346,7 +347,7 @@ template <typename R> static void kda_forward(dm_tensor *o, dm_tensor *s_final, 
   int64_t pairs = A.B * A.H;
   if (pairs == 0) return;
   size_t bytes = kda_smem_bytes<R>(&A, false, (const void *)kda_fwd_k<R>);
-  size_t sb = A.smem_state ? 0 : sizeof(R) * (size_t)(pairs * A.dk * A.dv);
+  size_t sb = (size_t)dm_kda_fwd_scratch(pairs, A.dk, A.dv, sizeof(R), kda_smem_optin());
   R *scratch = sb ? (R *)dm_scratch(sb) : NULL;
   kda_fwd_k<R><<<(unsigned)pairs, KDA_THREADS, bytes, dm_cuda_stream()>>>(A, scratch);
   DM_CU_LAUNCHED();
@@ -365,9 +366,8 @@ template <typename R> static void kda_backward(kda_io A) {
   int64_t pairs = A.B * A.H;
   if (pairs == 0) return;
   size_t bytes = kda_smem_bytes<R>(&A, true, (const void *)kda_bwd_k<R>);
-  int64_t n = A.dk * A.dv, nc = (A.T + A.chunk - 1) / A.chunk, len = A.chunk < A.T ? A.chunk : A.T;
-  size_t sb = A.smem_state ? 0 : sizeof(R) * (size_t)(pairs * 2 * n);
-  size_t wb = sizeof(R) * (size_t)(pairs * (nc * n + len * n + len * A.dv));
+  size_t sb = (size_t)dm_kda_bwd_states(pairs, A.dk, A.dv, sizeof(R), kda_smem_optin());
+  size_t wb = (size_t)dm_kda_bwd_work(pairs, A.T, A.dk, A.dv, A.chunk, sizeof(R));
   R *scratch = sb ? (R *)dm_scratch(sb) : NULL, *work = (R *)dm_scratch(wb);
   kda_bwd_k<R><<<(unsigned)pairs, KDA_THREADS, bytes, dm_cuda_stream()>>>(A, scratch, work);
   DM_CU_LAUNCHED();
@@ -457,11 +457,7 @@ __global__ void gate_heads_k(void *da, int dadt, const double *chan, int64_t hea
 #define GATE_ROWS DM_KDA_GATE_ROWS   /* vm/ops/kda.h */
 #define GATE_CH 256
 
-static int64_t gate_rows_per(int64_t N) {
-  int64_t per = GATE_ROWS;
-  while ((N + per - 1) / per > 65535) per *= 2;
-  return per;
-}
+static int64_t gate_rows_per(int64_t N) { return dm_kda_gate_rows_per(N); }
 
 template <typename R> __global__ void gate_rows_k(R *g, gate_io G, int64_t per) {
   const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -529,7 +525,7 @@ static void gate_backward(dm_tensor *df, dm_tensor *da_log, dm_tensor *ddt_bias,
   const bool sums = da_log || ddt_bias;
   if (G.D == 0 || (!df && !sums)) return;
   const int64_t per = gate_rows_per(G.N), runs = G.N > 0 ? (G.N + per - 1) / per : 0;
-  size_t nb = sizeof(double) * (size_t)G.D, np = sizeof(double) * (size_t)(runs * 2 * G.D);
+  size_t nb = sizeof(double) * (size_t)G.D, np = (size_t)dm_kda_gate_bwd_partials(G.N, G.D);
   double *part = sums && runs > 0 ? (double *)dm_scratch(np) : NULL;
   if (runs > 0) {
     dim3 grid((unsigned)((G.D + GATE_CH - 1) / GATE_CH), (unsigned)runs);

@@ -1169,9 +1169,8 @@ static float *kc_carve(float **cur, int64_t chunks) {
 /* prep, then the state pass (forward: o and the final state; bwd: h and vn kept) */
 static kc_scratch kc_front(kc_io *A, bool bwd) {
   const int64_t chunks = A->B * A->H * A->NT;
-  const int ntiles = 5 + (bwd ? 11 : 0);
   kc_scratch s;
-  s.bytes = sizeof(float) * (size_t)(chunks * (ntiles * KC * KC + KC));
+  s.bytes = (size_t)dm_kda_chunk_tiles(A->B * A->H, A->T, bwd);     /* the carving below, 5 or 16 tiles */
   s.base = (float *)dm_scratch(s.bytes);
   float *cur = s.base;
   A->w = kc_carve(&cur, chunks); A->u = kc_carve(&cur, chunks); A->kg = kc_carve(&cur, chunks);
@@ -1219,7 +1218,7 @@ static void cuda_kda_chunk_bwd(dm_tensor *dq, dm_tensor *dk, dm_tensor *dv, dm_t
   kda_bind_backward(A, dout, ds_final, outs);
   /* dv and dbeta come out of bwy unconditionally: scratch stands in for an unwanted one */
   const int64_t chunks = A.B * A.H * A.NT, n_tok = A.B * A.T * A.H;
-  size_t extra = (A.dv_ ? 0 : sizeof(float) * (size_t)(n_tok * A.dv)) + (A.dbeta ? 0 : sizeof(float) * (size_t)n_tok);
+  size_t extra = (size_t)dm_kda_chunk_spare(n_tok, A.dv, A.dv_ != NULL, A.dbeta != NULL);
   float *spare = extra ? (float *)dm_scratch(extra) : NULL;
   if (!A.dv_) { A.dv_ = spare; A.dvdt = DM_F32; }
   if (!A.dbeta) { A.dbeta = spare + (A.dv_ == spare ? n_tok * A.dv : 0); A.dbdt = DM_F32; }

@@ -15,7 +15,7 @@
 #include "common.cuh"
 extern "C" {
 #include "ops/moe.h"      /* DM_BS_CHUNK */
-#include "ops/blocks.h"   /* DM_COLSUM_PER_SM, DM_COLSUM_MIN_ROWS */
+#include "ops/blocks.h"   /* dm_colsum_chunks */
 }
 
 /* ---- rows of strided tensors ------------------------------------------------------------ */
@@ -156,13 +156,9 @@ static __global__ void dm_colsum_join_k(G put, const double *part, int64_t nchun
 
 template <typename F, typename G> static void dm_colsum(int64_t rows, int64_t cols, F f, G put) {
   if (cols <= 0) return;
-  int64_t cb = (cols + 31) / 32, want = (int64_t)dm_cuda_sm_count() * DM_COLSUM_PER_SM;
-  int64_t most = (rows + DM_COLSUM_MIN_ROWS - 1) / DM_COLSUM_MIN_ROWS, nchunk = want / cb;
-  if (nchunk > most) nchunk = most;
-  if (nchunk > 65535) nchunk = 65535;
-  if (nchunk < 1) nchunk = 1;
+  const int64_t cb = (cols + 31) / 32, nchunk = dm_colsum_chunks(rows, cols, dm_cuda_sm_count());
   int64_t per = (rows + nchunk - 1) / nchunk;
-  size_t nb = sizeof(double) * (size_t)(nchunk * cols);
+  size_t nb = (size_t)dm_colsum_scratch(rows, cols, dm_cuda_sm_count());
   double *part = (double *)dm_scratch(nb);
   dm_colsum_part_k<F><<<dim3((unsigned)cb, (unsigned)nchunk), dim3(32, DM_COLSUM_LANES), 0, dm_cuda_stream()>>>(
       f, rows, cols, per, part);
@@ -321,7 +317,7 @@ static inline void dm_bucket_sort(dm_bsort s) {
     return;
   }
   int64_t nblocks = (s.n + DM_BS_CHUNK - 1) / DM_BS_CHUNK;
-  size_t nbytes = sizeof(int64_t) * (size_t)(nblocks * s.nb);
+  size_t nbytes = (size_t)dm_bucket_sort_scratch(s.n, s.nb);      /* nblocks rows of nb */
   s.cnt = (int64_t *)dm_scratch(nbytes);
   s.err = dm_cuda_device_error();
   cudaStream_t st = dm_cuda_stream();

@@ -110,7 +110,7 @@ static unsigned warp_blocks(int64_t n) {
 
 /* keys per bucket (nb buckets; keys checked, a bad one recorded under `what`) */
 static void bucket_counts(int64_t *counts, const int64_t *keys, int64_t n, int64_t nb, const char *what) {
-  size_t ob = sizeof(int64_t) * (size_t)(nb + 1);
+  size_t ob = sizeof(int64_t) * (size_t)(nb + 1);         /* dm_bucket_counts_scratch: these and the sort's */
   int64_t *off = (int64_t *)dm_scratch(ob);
   dm_bsort s;
   memset(&s, 0, sizeof s);
@@ -208,15 +208,16 @@ __global__ void __launch_bounds__(CHECK_THREADS) check_offsets_k(const int64_t *
 static void cuda_check_offsets(const dm_tensor *offsets, int64_t rows, const char *what) {
   int64_t e = offsets->shape[0] - 1;
   if (e < 0) return;
-  bool now = dm_debug_level() >= 1;
-  int64_t *found = now ? (int64_t *)dm_scratch(4 * sizeof(int64_t)) : NULL, got[4];
+  const size_t nb = (size_t)dm_moe_offsets_check_scratch(e, dm_debug_level());
+  bool now = nb > 0;
+  int64_t *found = now ? (int64_t *)dm_scratch(nb) : NULL, got[4];
   check_offsets_k<<<1, CHECK_THREADS, 0, dm_cuda_stream()>>>((const int64_t *)dm_data(offsets), offsets->strides[0], e, rows,
                                                  found, dm_cuda_device_error(), name_id(what));
   DM_CU_LAUNCHED();
   if (!now) return;
   DM_CU(cudaMemcpyAsync(got, found, sizeof got, cudaMemcpyDeviceToHost, dm_cuda_stream()));
   DM_CU(cudaStreamSynchronize(dm_cuda_stream()));
-  dm_scratch_free(found, 4 * sizeof(int64_t));
+  dm_scratch_free(found, nb);
   if (got[0] == 1)
     dm_error("%s: offsets decrease at expert %lld (%lld then %lld); they must run from 0 up to N * k = %lld",
              what, (long long)got[1], (long long)got[2], (long long)got[3], (long long)rows);
@@ -262,7 +263,7 @@ __global__ void tile_map_k(int64_t *map, const int64_t *tiles, int64_t e, int64_
 ** sync; room for every tile the launches' grids allow, ceil(rows / tm) + e) */
 static int64_t *make_tiles(const int64_t *off, int64_t e, int64_t tm, int64_t rows, size_t *nbytes) {
   int64_t cap = (rows + tm - 1) / tm + e;
-  *nbytes = sizeof(int64_t) * (size_t)(e + 1 + cap);
+  *nbytes = (size_t)dm_moe_tiles_scratch(e, rows, tm);      /* e + 1 firsts, then cap tiles' experts */
   int64_t *tiles = (int64_t *)dm_scratch(*nbytes);
   if (e > 0) DM_LAUNCH(tiles_k, e, tiles, off, e, tm);
   dm_scan(tiles, tiles, e);
@@ -393,7 +394,7 @@ __global__ void __launch_bounds__(MOE_THREADS) experts_k(S_<DT> *y, const S_<DT>
 static int tile_rows(const char *what, moe_dims *M) {
   if (M->r > PAIRS * MOE_THREADS)
     dm_error("%s: rank r = %lld is over the CUDA kernel's %d", what, (long long)M->r, PAIRS * MOE_THREADS);
-  int tm = M->r <= 64 ? 16 : M->r <= 256 ? 4 : 1;
+  int tm = dm_moe_fma_tile_rows(M->r);
   int64_t dc = 2048 / M->r;
   M->chunk = dc < 1 ? 1 : dc > 32 ? 32 : dc;
   return tm;
@@ -591,7 +592,7 @@ static void experts_backward(dm_tensor *gx_rows, const dm_moe_grads *g, const dm
                              int tm) {
   typedef C_<DT> C;
   const int64_t *off = (const int64_t *)dm_data(offsets), *pp = (const int64_t *)dm_data(perm);
-  size_t nr = sizeof(C) * (size_t)(M.rows * M.r), rb = 5 * nr;
+  size_t nr = sizeof(C) * (size_t)(M.rows * M.r), rb = 5 * nr;    /* dm_moe_experts_bwd_scratch */
   C *scratch = (C *)dm_scratch(rb);
   moe_rows<C> R = {scratch, scratch + M.rows * M.r, scratch + 2 * M.rows * M.r, scratch + 3 * M.rows * M.r,
                    scratch + 4 * M.rows * M.r};
@@ -1147,10 +1148,10 @@ static tc_units tc_plan(const int64_t *off, const moe_dims &M, int64_t nch, int6
                         size_t *nbytes) {
   tc_units U = {};
   U.e = M.e, U.nch = nch, U.psize = psize, U.cpb = tc_cpb(nch);
-  U.ucap = (M.e + (M.rows / TC_TM + M.e) / TC_GT + 1) * nch;
-  U.scap = psize > 0 ? 2 * M.rows / (TC_GT * TC_TM) : 0;
-  const size_t ints = (size_t)(2 * (M.e + 1) + U.ucap + U.scap), head = (sizeof(int64_t) * ints + 15) & ~(size_t)15;
-  *nbytes = head + sizeof(float) * (size_t)(U.scap * psize);
+  U.ucap = dm_moe_tc_units(M.e, M.rows, nch);
+  U.scap = dm_moe_tc_slots(M.rows, psize);
+  const size_t head = (size_t)dm_moe_tc_units_head(M.e, M.rows, nch, psize);
+  *nbytes = (size_t)dm_moe_tc_units_scratch(M.e, M.rows, nch, psize);
   unsigned char *p = (unsigned char *)dm_scratch(*nbytes);
   *mem = p;
   U.first = (int64_t *)p;
@@ -1558,13 +1559,7 @@ static void tc_launch(const void *kernel, dim3 grid, size_t smem, void **args) {
 /* bf16 or f16, a rank the kernels are made for, d a multiple of 8, aligned tensors, grids in range,
 ** and DM_MOE_FMA not set */
 static bool tc_fits(dm_dtype t, const moe_dims &M, const void *const *ptrs, int n) {
-  if (t != DM_BF16 && t != DM_F16) return false;
-  if (!DM_MOE_TC_RANK(M.r)) return false;
-  if (M.d % 8 || M.e > INT_MAX || (M.f + TC_FS - 1) / TC_FS > 65535 || (M.d + TC_DS - 1) / TC_DS > 65535) return false;
-  if ((M.r > TC_TM ? M.r : TC_TM) * M.f >= INT_MAX / 2) return false;   /* run_stream's 32-bit places */
-  const int64_t nch = (M.f + TC_FS - 1) / TC_FS > (M.d + TC_DS - 1) / TC_DS ? (M.f + TC_FS - 1) / TC_FS
-                                                                           : (M.d + TC_DS - 1) / TC_DS;
-  if ((M.e + (M.rows / TC_TM + M.e) / TC_GT + 1) * nch >= INT_MAX) return false;   /* tc_plan's units, ints */
+  if (!dm_moe_tc_shapes(t, M.e, M.rows, M.d, M.f, M.r)) return false;
   for (int i = 0; i < n; i++) if (ptrs[i] && !dm_aligned(ptrs[i], 16)) return false;
   const char *s = getenv("DM_MOE_FMA");
   return !(s && *s && strcmp(s, "0"));
@@ -1577,7 +1572,7 @@ static void tc_forward(dm_tensor *y_rows, dm_tensor *z_rows, const dm_tensor *u,
                        const dm_tensor *offsets, const dm_moe_bank *bank, moe_dims M) {
   typedef tc_cfg<R> T;
   const int64_t *off = (const int64_t *)dm_data(offsets);
-  size_t hb = sizeof(u16) * (size_t)(M.rows * R), tb;
+  size_t hb = (size_t)dm_moe_tc_fwd_rows(M.rows, R), tb;
   u16 *hs = (u16 *)dm_scratch(hb);
   int64_t *tiles = make_tiles(off, M.e, TC_TM, M.rows, &tb);
   const void *pu = dm_data(u), *pp = dm_data(perm), *pug = dm_data(bank->ug), *puu = dm_data(bank->uu),
@@ -1601,7 +1596,7 @@ static void tc_backward(dm_tensor *gx_rows, const dm_moe_grads *g, const dm_tens
                         moe_dims M) {
   typedef tc_cfg<R> T;
   const int64_t *off = (const int64_t *)dm_data(offsets);
-  size_t nr = (size_t)(M.rows * R), sb = sizeof(u16) * 3 * nr + sizeof(float) * 2 * nr, tb;
+  size_t nr = (size_t)(M.rows * R), sb = (size_t)dm_moe_tc_bwd_rows(M.rows, R), tb;   /* u16 3 nr, f32 2 nr */
   unsigned char *scratch = (unsigned char *)dm_scratch(sb);
   u16 *hs = (u16 *)scratch, *dagu = hs + nr;
   float *pg = (float *)(dagu + 2 * nr), *pu = pg + nr;
@@ -1632,7 +1627,7 @@ static void tc_backward(dm_tensor *gx_rows, const dm_moe_grads *g, const dm_tens
   }
   if ((g->cg || g->cu) && M.e * M.r > 0) {
     const int64_t cap = (M.rows + TC_TM - 1) / TC_TM + M.e;
-    size_t tsb = sizeof(float) * (size_t)(cap * 2 * R);
+    size_t tsb = (size_t)dm_moe_tc_tile_sums(M.e, M.rows, R);      /* cap x 2R floats */
     float *ts = (float *)dm_scratch(tsb);
     DM_LAUNCH(tile_csum_k, cap * 2 * R, ts, (const float *)pg, (const float *)pu, tiles, off, M, cap);
     DM_LAUNCH(expert_tsum_k, M.e * R, g->cg ? dm_data(g->cg) : NULL, g->cu ? dm_data(g->cu) : NULL, DT, ts, tiles,
@@ -1844,6 +1839,7 @@ __global__ void capacity_k(S_<DT> *out, int64_t *key, const S_<DT> *w, const int
 static void cuda_capacity(dm_tensor *out, dm_tensor *drops, const dm_tensor *w, const dm_tensor *idx,
                           const dm_tensor *inv, const dm_tensor *offsets, int64_t capacity) {
   int64_t rows = dm_numel(w), e = offsets->shape[0] - 1;
+  /* dm_moe_capacity_scratch: these and bucket_counts's */
   size_t kb = sizeof(int64_t) * (size_t)(rows > 0 ? rows : 1), cb = sizeof(int64_t) * (size_t)(e + 1);
   int64_t *key = drops ? (int64_t *)dm_scratch(kb) : NULL;
   if (rows > 0)

@@ -118,12 +118,12 @@ __global__ void adamw_k(mt_list L, const float *c, float b1, float b2, float eps
 
 static void cuda_adamw(int n, dm_tensor *const *p, dm_tensor *const *g, dm_tensor *const *m, dm_tensor *const *v,
                        const dm_adamw_hp *hp) {
-  float *c = (float *)dm_scratch(4 * sizeof(float));
+  float *c = (float *)dm_scratch(DM_ADAMW_SCRATCH);
   adamw_consts_k<<<1, 1, 0, dm_cuda_stream()>>>(c, *hp);
   DM_CU_LAUNCHED();
   dm_tensor *const *lists[4] = {p, g, m, v};        /* a NULL gradient skips its parameter */
   mt_run(n, 4, lists, adamw_k, (const float *)c, (float)hp->beta1, (float)hp->beta2, (float)hp->eps);
-  dm_scratch_free(c, 4 * sizeof(float));
+  dm_scratch_free(c, DM_ADAMW_SCRATCH);
 }
 
 /* ---- the gradient norm -------------------------------------------------------------------------------- */
@@ -162,8 +162,8 @@ __global__ void sum_parts_k(double *out, const double *part, int64_t n) {
 
 static void cuda_sumsq(int n, dm_tensor *const *x, dm_tensor *out) {
   int64_t blocks = 0;
-  for (int i = 0; i < n; i++) if (x[i]) blocks += (dm_numel(x[i]) + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
-  size_t pb = sizeof(double) * (size_t)(blocks > 0 ? blocks : 1);
+  for (int i = 0; i < n; i++) if (x[i]) blocks += dm_sumsq_blocks(dm_numel(x[i]));
+  size_t pb = (size_t)dm_sumsq_scratch(blocks);
   double *part = (double *)dm_scratch(pb);
   dm_tensor *const *lists[1] = {x};
   int64_t base = 0;
@@ -269,10 +269,8 @@ static void cuda_ns_normalize(dm_tensor *x, double mult, double eps) {
   if (nb * per == 0) return;
   if (x->dtype != DM_F32 && x->dtype != DM_BF16)
     dm_error("ns_normalize: runs in f32 or bf16, got %s", dm_dtype_name(x->dtype));
-  int64_t slices = (per + 16383) / 16384;
-  if (slices > 64) slices = 64;
-  int64_t slice = (per + slices - 1) / slices;
-  size_t pb = sizeof(double) * (size_t)(nb * slices) + sizeof(float) * (size_t)nb;
+  int64_t slices = dm_ns_slices(per), slice = (per + slices - 1) / slices;
+  size_t pb = (size_t)dm_ns_normalize_scratch(nb, per);       /* nb x slices partials, then nb factors */
   double *part = (double *)dm_scratch(pb);
   float *r = (float *)(part + nb * slices);
   ns_part_k<<<dim3((unsigned)nb, (unsigned)slices), DM_THREADS, 0, dm_cuda_stream()>>>(part, dm_data(x), x->dtype,
@@ -339,12 +337,12 @@ __global__ void muon_apply_k(mt_list L, const float *c, pitch_map at) {
 
 static void cuda_muon_apply(int n, dm_tensor *const *p, dm_tensor *const *o, const dm_muon_hp *hp, double scale,
                             int64_t cols, int64_t pitch) {
-  float *c = (float *)dm_scratch(3 * sizeof(float));
+  float *c = (float *)dm_scratch(DM_MUON_APPLY_SCRATCH);
   muon_consts_k<<<1, 1, 0, dm_cuda_stream()>>>(c, hp->lr_at, hp->lr, hp->weight_decay, scale, hp->sumsq_at);
   DM_CU_LAUNCHED();
   dm_tensor *const *lists[2] = {p, o};
   mt_run(n, 2, lists, muon_apply_k, (const float *)c, pitch_map{cols, pitch});
-  dm_scratch_free(c, 3 * sizeof(float));
+  dm_scratch_free(c, DM_MUON_APPLY_SCRATCH);
 }
 
 __global__ void tick_k(int64_t *step, const double *sumsq) {

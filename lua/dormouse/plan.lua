@@ -16,12 +16,12 @@ by what holds it (vm/lua/plan.c): parameters, gradients, optimiser states,
 the activations each op saved for backward, the rest of the step's tensors.
 
 What the meta device cannot see is modelled, each with its source:
-  - the scratch CUDA kernels take for themselves (dm_scratch in kernels/*.cu),
-    op by op (plan.scratch): while an op runs on the meta device, its forward
-    or its backward, its scratch is a meta allocation of its own
-    (core.meta_scratch), so the trace's peak holds a scratch only where it is
-    live and the table shows it only then. The optimiser's kernels are no ops:
-    the largest of their scratch (a few KB) is added to that phase's peak;
+  - the scratch the CUDA kernels take for themselves (dm_scratch in
+    kernels/*.cu): with the planned card set (core.plan_card, plan.CARD), an
+    op on the meta device hands what its kernel would take to the trace, sized
+    by the function in its family's header that the kernel sizes it with
+    (vm/ops/<family>.h), where the kernel would take it: the trace's peak
+    holds a scratch only where it is live, and the table shows it only then;
   - memory outside the allocator: cuBLASLt's workspace (plan.OUTSIDE).
 With engram.ram the tables and their Adam moments live in host memory: the
 step is planned with the tables on the device and their bytes, which are held
@@ -101,153 +101,9 @@ plan.OUTSIDE = {
   {name = "cuBLASLt workspace", where = "kernels/gemm.c WORKSPACE", bytes = 32 << 20},
 }
 
--- The most dynamic shared memory a block may opt in to on sm_90 (H100, H200):
--- cudaDevAttrMaxSharedMemoryPerBlockOptin = 227 KiB. KDA keeps its state there when it fits.
-local SMEM_OPTIN = 232448
-local SM_COUNT = 132          -- the planned card's SMs (an H200's): dm_colsum's partials follow it
--- the kernels' own sizes, as their family headers define them (vm/ops/*.h; core.kernel_sizes)
-local K = core.kernel_sizes()
-local KDA_CHUNK = K.kda_chunk  -- the backward's checkpoint interval (the model sets none); the chunked kernels' chunk
-local KC, KC_MIN_T, KC_MAXD = K.kda_chunk, K.kda_chunked_min_t, K.kda_cuda_chunk_maxd
-local SUMSQ_CHUNK = K.sumsq_chunk      -- elements per block of the sums of squares (one partial each)
-local BS_CHUNK = K.bucket_sort_chunk   -- keys per block of the bucket sort (a row of counters each)
-local CONV_TL = K.conv_run     -- positions per run of the conv's weight gradient (a partial each)
-local GATE_ROWS = K.kda_gate_rows      -- rows per run of kda_gate's backward (2 hd partial sums each)
-local TC_RANKS = K.moe_tc_ranks        -- the ranks the tensor-core expert kernels take
-local TC_TM, TC_GT, TC_FS, TC_DS = K.moe_tc_tm, K.moe_tc_gt, K.moe_tc_fs, K.moe_tc_ds
-
-local function ceil_div(a, b) return (a + b - 1) // b end
-
-local f32, i64, f64 = 4, 8, 8
-
--- dm_colsum's partial sums (kernels/model.cuh): rows summed per column in chunks, DM_COLSUM_PER_SM an SM
-local function colsum(rows, cols)
-  local chunks = math.max(1, math.min(SM_COUNT * K.colsum_per_sm // ceil_div(cols, 32),
-                                      ceil_div(rows, K.colsum_min_rows), 65535))
-  return f64 * chunks * cols
-end
-
--- kda_gate's backward runs (kernels/kda.cu gate_rows_per): GATE_ROWS rows each, doubled until the grid fits
-local function gate_runs(rows)
-  local per = GATE_ROWS
-  while ceil_div(rows, per) > 65535 do per = per * 2 end
-  return ceil_div(rows, per)
-end
-
--- dm_bucket_sort's counters (kernels/model.cuh): a row of nb per block of keys
-local function bucket_sort(n, nb) return n > 0 and i64 * ceil_div(n, BS_CHUNK) * nb or 0 end
-
--- kernels/moe.cu tc_plan: the streaming kernels' units over nch chunks, and psize floats a partial slot
-local function tc_units(E, rows, nch, psize)
-  local ucap = (E + (rows // TC_TM + E) // TC_GT + 1) * nch
-  local scap = psize > 0 and 2 * rows // (TC_GT * TC_TM) or 0
-  return (i64 * (2 * (E + 1) + ucap + scap) + 15) // 16 * 16 + f32 * scap * psize
-end
-
--- kernels/engram.cu radix_sort: its bucket offsets and one pass's counters
-local function radix_sort(n) return i64 * 257 + bucket_sort(n, 256) end
-
---[[ The device scratch the CUDA kernels of one step take for themselves
-(dm_scratch in kernels/*.cu: counted by dm.memory("cuda"), unseen on the meta
-device). s: {B, T, d, heads, head_dim, experts, top_k, rank, ffn, n_sub (Engram
-sub-tables, 0 without Engram), conv_width (the short convolutions' widest kernel), ram (Engram's rows are found on the host),
-grad_accum, dtype (of the products), grads = {numel of each gradient the
-clipping reads}, muon = {{stack, rows, cols} per Muon shape group},
-kda_chunked (the build has the chunked KDA kernels: the kda op takes `algo`)}.
-Returns
-  ops: {{op, phase = "forward"|"backward", bytes, what, where}, ...}, what each
-       op's forward or backward holds while it runs (the most of its calls: one
-       entry an op and phase; a forward run again by a recompute takes it again);
-  optimiser_ops: the same for the ops of the optimiser's phase (the Engram
-       gradient summed over micro-batches);
-  optimiser: {bytes, what, where}, the largest of the optimiser's kernels,
-       which are no ops (clipping, Newton-Schulz).
-Kernels whose scratch is a few scalars (the checks, Adam's and Muon's
-constants) are left out. ]]
-function plan.scratch(s)
-  local B, T, H, dk = s.B, s.T, s.heads, s.head_dim
-  local dv, hd, N = dk, s.heads * s.head_dim, s.B * s.T
-  local bh = B * H            -- (batch, head) pairs: one block each
-  local vec = 4 * dk + 3 * dv + 1 + 2 * 8 * dv          -- kda_vec_count (kernels/kda.cu), 8 warps
-  local function state_in_smem(copies) return f32 * (vec + copies * dk * dv) <= SMEM_OPTIN end
-  local nc, len = ceil_div(T, KDA_CHUNK), math.min(KDA_CHUNK, T)
-  local chunked = s.kda_chunked and T >= KC_MIN_T and dk <= KC_MAXD and dv <= KC_MAXD
-  local chunks = bh * ceil_div(T, KC)                      -- kc_front: tiles of KC x KC per chunk, and the decays
-  local E, rows, R = s.experts, N * s.top_k, s.rank      -- MoE assignments, sorted by expert
-  local tcap = ceil_div(rows, TC_TM) + E                  -- make_tiles: its tiles at most
-  local tiles = i64 * (E + 1 + tcap)
-  local tc = (s.dtype == "bf16" or s.dtype == "f16") and TC_RANKS[R] and s.d % 8 == 0   -- the tensor-core kernels
-  local lookups = N * s.n_sub                             -- Engram rows read, one per sub-table
-  local all = s.grad_accum * lookups
-  local conv_c = math.max(hd, s.n_sub > 0 and s.d or 0)  -- KDA's convolutions over hd channels, Engram's over d
-  local ops = {}
-  local function op(name, phase, bytes, what, where)
-    if bytes > 0 then ops[#ops + 1] = {op = name, phase = phase, bytes = bytes, what = what, where = where} end
-  end
-  if chunked then
-    op("kda", "forward", f32 * chunks * (5 * KC * KC + KC), "kda chunked forward tiles",
-       "kernels/kda_chunk.cu kc_front")
-    op("kda", "backward", f32 * chunks * (16 * KC * KC + KC), "kda chunked backward tiles",
-       "kernels/kda_chunk.cu kc_front")
-  else
-    op("kda", "forward", f32 * bh * dk * dv * (state_in_smem(1) and 0 or 1), "kda forward state",
-       "kernels/kda.cu kda_forward")
-    op("kda", "backward", f32 * bh * ((nc + len) * dk * dv + len * dv) +
-       f32 * bh * 2 * dk * dv * (state_in_smem(2) and 0 or 1), "kda backward states", "kernels/kda.cu kda_backward")
-  end
-  op("kda_gate", "backward", f64 * hd + f64 * gate_runs(N) * 2 * hd, "kda_gate's channel sums",
-     "kernels/kda.cu gate_backward")
-  op("causal_conv1d", "backward", f64 * B * ceil_div(T, CONV_TL) * s.conv_width * conv_c, "causal_conv1d weight partials",
-     "kernels/blocks.cu conv_bwd_runs")
-  op("rmsnorm", "backward", math.max(colsum(N, s.d), colsum(N * H, dk)), "rmsnorm gain partials",
-     "kernels/blocks.cu cuda_rownorm_bwd")
-  op("cross_entropy", "forward", f64 * N, "cross-entropy partial sums", "kernels/blocks.cu cuda_ce")
-  op("moe_route", "forward", i64 * (E + 1) + bucket_sort(rows, E), "moe_route counts", "kernels/moe.cu bucket_counts")
-  op("moe_sort", "forward", bucket_sort(rows, E), "moe_sort counters", "kernels/moe.cu cuda_sort")
-  if tc then
-    local F, d = s.ffn, s.d
-    op("moe_experts", "forward", 2 * rows * R + tiles + tc_units(E, rows, ceil_div(F, TC_FS), 0),
-       "moe experts hidden rows", "kernels/moe.cu tc_forward")
-    local sums = math.max(tc_units(E, rows, ceil_div(F, TC_FS), R * F), tc_units(E, rows, ceil_div(d, TC_DS), d * 2 * R),
-                          f32 * tcap * 2 * R)
-    op("moe_experts", "backward", (2 * 3 + f32 * 2) * rows * R + tiles + sums, "moe experts backward rows",
-       "kernels/moe.cu tc_backward")
-  else
-    local c = s.dtype == "f64" and f64 or f32
-    op("moe_experts", "forward", tiles, "moe expert tiles", "kernels/moe.cu experts_forward")
-    op("moe_experts", "backward", 5 * c * rows * R + tiles, "moe experts backward rows",
-       "kernels/moe.cu experts_backward")
-  end
-  if not s.ram then            -- (with the tables in host memory a host thread finds the rows)
-    op("engram_unique", "forward", i64 * (6 * lookups + 2) + radix_sort(lookups), "engram_unique sort",
-       "kernels/engram.cu")
-  end
-  local step_ops = ops
-  ops = {}
-  if s.grad_accum > 1 and s.n_sub > 0 then     -- Engram:sparse_grad sums the micro-batches' rows
-    if not s.ram then
-      op("engram_unique", "forward", i64 * (6 * all + 2) + radix_sort(all), "engram_unique of the step's rows",
-         "kernels/engram.cu")
-    end
-    op("engram_sparse_grad", "forward", i64 * (6 * all + 1) + radix_sort(all), "engram_sparse_grad",
-       "kernels/engram.cu")
-  end
-  local sumsq = 0
-  for _, n in ipairs(s.grads) do sumsq = sumsq + ceil_div(n, SUMSQ_CHUNK) end
-  local ns = 0
-  for _, g in ipairs(s.muon) do          -- each matrix's slices' partials (f64) and its factor (f32)
-    local pitch = ceil_div(g.cols, 8) * 8 -- the stack's rows, padded to 8 on CUDA (vm/ops/optim.c stack_pitch)
-    ns = math.max(ns, f64 * g.stack * math.min(64, ceil_div(g.rows * pitch, 16384)) + f32 * g.stack)
-  end
-  local best = {bytes = 0, what = "none", where = ""}
-  for _, k in ipairs {
-    {f64 * math.max(sumsq, 1), "clipping's partial sums", "kernels/optim.cu cuda_sumsq"},
-    {ns, "Newton-Schulz norm partials", "kernels/optim.cu cuda_ns_normalize"},
-  } do
-    if k[1] > best.bytes then best = {bytes = k[1], what = k[2], where = k[3]} end
-  end
-  return {ops = step_ops, optimiser_ops = ops, optimiser = best}
-end
+-- The planned card (an H200's, as sm_90 H100s): its SMs, and the most dynamic shared memory a block
+-- may opt in to (cudaDevAttrMaxSharedMemoryPerBlockOptin = 227 KiB). The kernels' scratch follows them.
+plan.CARD = {sm_count = 132, smem_optin = 232448}
 
 ---------------------------------------------------------------- a planning session
 
@@ -290,25 +146,18 @@ function plan.session(cfg, opts)
   return self
 end
 
--- The groups the live bytes are sorted into (vm/lua/plan.c), and what the scratch model needs.
+-- The groups the live bytes are sorted into (vm/lua/plan.c).
 function Session:sort_holders()
-  local host, params, grads, counts = {}, {}, {}, {}
-  self.conv_width = 0          -- the widest short convolution's kernel (its weight [C, K], a conv* parameter)
-  for _, p in ipairs(self.model:named_parameters()) do
-    if p.name:match("conv[%w_]*$") and p.tensor:dim() == 2 then
-      self.conv_width = math.max(self.conv_width, p.tensor:size(2))
-    end
-  end
+  local host, params, grads = {}, {}, {}
   local engram = self.model.block and self.model.block.engram
   local on_host = {}
   if self.ram and engram then on_host[engram.table] = true end
   for _, p in ipairs(self.model:named_parameters()) do
     if on_host[p.tensor] then host[#host + 1] = p.tensor else params[#params + 1] = p.tensor end
-    if p.tensor:requires_grad() then grads[#grads + 1] = p.tensor; counts[#counts + 1] = p.tensor:numel() end
+    if p.tensor:requires_grad() then grads[#grads + 1] = p.tensor end
   end
   for _, b in ipairs(self.model:named_buffers()) do params[#params + 1] = b.tensor end
   local groups = {}
-  self.muon = {}
   for _, g in ipairs(self.opt.groups) do
     local list = {}
     for i, p in ipairs(g.params) do
@@ -319,50 +168,21 @@ function Session:sort_holders()
     end
     groups[#groups + 1] = {name = "optimiser states: " .. g.name .. " " .. table.concat(g.slots, ", "),
                            tensors = list}
-    if g.kind == "muon" then
-      local by = {}
-      for _, p in ipairs(g.params) do
-        local sh = p:shape()
-        local key = sh[#sh - 1] .. "x" .. sh[#sh]
-        if not by[key] then                          -- one Newton-Schulz stack per matrix shape (vm/ops/optim.c)
-          by[key] = {stack = 0, rows = sh[#sh - 1], cols = sh[#sh]}
-          self.muon[#self.muon + 1] = by[key]
-        end
-        by[key].stack = by[key].stack + (#sh == 3 and sh[1] or 1)
-      end
-    end
   end
   self.host_bytes, self.host_blocks = 0, 0
   for _, t in ipairs(host) do
     self.host_bytes = self.host_bytes + bytes_of(t)
     self.host_blocks = self.host_blocks + core.cuda_block_size(bytes_of(t))
   end
-  self.grad_counts = counts
-  for _, op in ipairs(core.ops()) do
-    if op.name == "kda" then self.kda_chunked = op.spellings.algo ~= nil end
-  end
   self.groups = {{name = "host", tensors = host}, {name = "parameters and buffers", tensors = params},
                  {name = "gradients", tensors = grads, grads = true}}
   for _, g in ipairs(groups) do self.groups[#self.groups + 1] = g end
 end
 
--- The scratch model's view of this model at B × T.
-function Session:scratch(B, T)
-  local m = self.m
-  local engram = self.model.block and self.model.block.engram
-  local grads = {table.unpack(self.grad_counts)}
-  if engram then grads[#grads + 1] = B * T * engram.n_sub * engram.width * self.grad_accum end   -- every segment's
-  -- the kernels see one segment's rows
-  return plan.scratch {B = B, T = self:pass_rows(T), d = m.d, heads = m.heads, head_dim = m.head_dim, experts = m.experts,
-                       top_k = m.top_k, rank = m.expert_rank, ffn = m.ffn, n_sub = engram and engram.n_sub or 0, ram = self.ram,
-                       grad_accum = self.grad_accum, dtype = self.compute, grads = grads, muon = self.muon,
-                       kda_chunked = self.kda_chunked, conv_width = self.conv_width}
-end
-
 --[[ One step at B × T on the meta device; watch_at: the allocation at which to
-sort the live bytes; scratch: plan.scratch's ops, charged while they run (nil:
-none). Returns the phases in order, each {name, peak, at, blocks} (bytes over
-the session's start, the allocation number within the step). ]]
+sort the live bytes; scratch: the CUDA kernels' scratch charged where they take
+it (plan.CARD; false: none). Returns the phases in order, each {name, peak, at,
+blocks} (bytes over the session's start, the allocation number within the step). ]]
 -- The rows a pass of a step of B × T sees: by segments (model.segment) a step holds one segment's
 -- pass at a time, so its peak is that of a step at T = segment (the boundary states, a few MiB, aside)
 function Session:pass_rows(T) return self.segment and math.min(T, self.segment) or T end
@@ -385,7 +205,6 @@ function Session:run(B, T, watch_at, scratch)
   local function mark(name)
     close()
     current = name
-    if scratch then core.meta_scratch(name == "optimiser" and scratch.optimiser_ops or scratch.ops) end
     core.meta_trace_mark()
   end
   local function next_batch()             -- the loader's bytes, as the trainer copies them to the device
@@ -394,11 +213,12 @@ function Session:run(B, T, watch_at, scratch)
   end
   core.meta_trace_reset()
   if watch_at then core.meta_watch(watch_at, self.groups) end
+  if scratch then core.plan_card(plan.CARD) end
   local ok, err = pcall(on_meta, self.compute, function()
     plan.step(self.model, self.opt, next_batch, self.grad_accum, mark)
   end)
+  core.plan_card(nil)
   close()
-  core.meta_scratch(nil)
   if not ok then
     core.meta_watch(0)
     error(err, 0)
@@ -410,23 +230,16 @@ function Session:run(B, T, watch_at, scratch)
   return order
 end
 
-local NO_SCRATCH = {bytes = 0, what = "none", where = ""}
-
 --[[ The prediction at B × T: {peak (bytes as asked), blocks (in allocator
-blocks), need (blocks and what is outside the allocator), phase, at, scratch =
-{bytes, what, where} (added to the trace: the optimiser's kernels that are no
-ops, in that phase; the ops' scratch is in the trace already)}; the device's
-bytes only (engram.ram tables taken out). The peak is the largest of each
-phase's most (its scratch included). ]]
+blocks), need (blocks and what is outside the allocator), phase, at}; the
+device's bytes only (engram.ram tables taken out), the kernels' scratch
+included. The peak is the largest of each phase's most. ]]
 function Session:measure(B, T)
-  local scratch = self:scratch(B, T)
   local best = nil
-  for _, p in ipairs(self:run(B, T, nil, scratch)) do
-    local s = p.name == "optimiser" and scratch.optimiser or NO_SCRATCH
-    local peak = p.peak - self.host_bytes + s.bytes
+  for _, p in ipairs(self:run(B, T, nil, true)) do
+    local peak = p.peak - self.host_bytes
     if not best or peak > best.peak then
-      best = {peak = peak, blocks = p.blocks - self.host_blocks + (s.bytes > 0 and core.cuda_block_size(s.bytes) or 0),
-              phase = p.name, at = p.at, scratch = s}
+      best = {peak = peak, blocks = p.blocks - self.host_blocks, phase = p.name, at = p.at}
     end
   end
   local outside = 0
@@ -444,18 +257,17 @@ function Session:seen(B, T)
 end
 
 --[[ The live bytes at the peak of B × T, sorted by holder: the prediction with
-`parts` (the scratch of the ops open at the peak among them, kind "scratch"),
-and `seen`, the same step's most without any kernel scratch. ]]
+`parts` (a kernel's scratch among them, kind "scratch", when the peak is
+where one is taken), and `seen`, the same step's most without any kernel scratch. ]]
 function Session:attribute(B, T)
   local r = self:measure(B, T)
-  local scratch = self:scratch(B, T)
   local at = r.at
   if at == 0 then            -- the phase's most was where it began: sort at the step's own peak
     local top
-    for _, p in ipairs(self:run(B, T, nil, scratch)) do if not top or p.peak > top.peak then top = p end end
+    for _, p in ipairs(self:run(B, T, nil, true)) do if not top or p.peak > top.peak then top = p end end
     at = top.at
   end
-  self:run(B, T, at, scratch)
+  self:run(B, T, at, true)
   local w = core.meta_watch_result()
   if not w then error("plan: the step made fewer allocations than the first run (" .. at .. ")", 0) end
   r.parts = {}
@@ -464,11 +276,7 @@ function Session:attribute(B, T)
     if p.kind == "other" then bytes = bytes - self.base.current end      -- meta tensors from before the session
     if p.name ~= "host" then r.parts[#r.parts + 1] = {name = p.name, kind = p.kind, bytes = bytes} end
   end
-  if r.scratch.bytes > 0 then
-    r.parts[#r.parts + 1] = {name = r.scratch.what .. " (" .. r.scratch.where .. ")", kind = "scratch",
-                             bytes = r.scratch.bytes}
-  end
-  r.watched = w.current - self.base.current - self.host_bytes + r.scratch.bytes
+  r.watched = w.current - self.base.current - self.host_bytes
   r.where, r.last = w.where, w.last
   r.seen = self:seen(B, T)
   return r

@@ -7,10 +7,15 @@ device, lua/dormouse/plan.lua), then one real training step on the GPU
 trainer's allocations) after a warm-up step, with dm.memory("cuda").peak reset
 just before it. One line a shape: predicted, measured, their ratio, and the
 allocator's blocks against what it reserved. Everything is freed between shapes.
+First, op by op, the kernels' scratch: the peak of one forward and backward of
+each op that takes scratch, planned on the meta device for plan.CARD, against
+the same call on the GPU (each kernel sizes its dm_scratch with the function
+its op charges to the plan, vm/ops/<family>.h): equal to the byte.
   dormouse run tests/gpu/plan_check.lua
   DRY=1 dormouse run tests/gpu/plan_check.lua     (the script itself, small shapes on the CPU)
 ]]
 local dm = require "dormouse"
+local core = require "dormouse.core"
 local common = require "tests.gpu.common"
 local nn = require "dormouse.nn"
 local optim = require "dormouse.optim"
@@ -73,6 +78,72 @@ local function measure(cfg)
   m.left = dm.memory(DEVICE).current - before
   return m
 end
+
+-- ---- the kernels' scratch, op by op --------------------------------------------------------------
+
+-- what each case runs: inputs made by make(device), then fn(inputs) forward and backward
+local op_cases = {
+  {"cross_entropy", function(dev)
+    return {dm.zeros({8 * 1024 + 5, 256}, {device = dev, dtype = "bf16"}):requires_grad(true),
+            dm.zeros({8 * 1024 + 5}, {device = dev, dtype = "u8"})}
+  end, function(a) return dm.cross_entropy(a[1], a[2]) end},
+  {"rmsnorm with a gain", function(dev)
+    return {dm.zeros({8 * 1024 + 3, 2048}, {device = dev, dtype = "bf16"}):requires_grad(true),
+            dm.zeros({2048}, {device = dev, dtype = "bf16"}):requires_grad(true)}
+  end, function(a) return dm.rmsnorm(a[1], a[2]):sum() end},
+  {"causal_conv1d", function(dev)
+    return {dm.zeros({8, 1024, 2048}, {device = dev, dtype = "bf16"}):requires_grad(true),
+            dm.zeros({2048, 4}, {device = dev, dtype = "bf16"}):requires_grad(true)}
+  end, function(a) return dm.causal_conv1d(a[1], a[2], {silu = true}):sum() end},
+  {"kda chunked", function(dev)
+    local q = function() return dm.zeros({8, 1024, 32, 64}, {device = dev, dtype = "bf16"}):requires_grad(true) end
+    return {q(), q(), q(), dm.zeros({8, 1024, 32, 64}, {device = dev}):requires_grad(true),
+            dm.zeros({8, 1024, 32}, {device = dev, dtype = "bf16"}):requires_grad(true)}
+  end, function(a) return dm.kda(a[1], a[2], a[3], a[4], a[5]):sum() end},
+  {"kda recurrent", function(dev)
+    local q = function() return dm.zeros({3, 100, 5, 64}, {device = dev}):requires_grad(true) end
+    return {q(), q(), q(), q(), dm.zeros({3, 100, 5}, {device = dev}):requires_grad(true)}
+  end, function(a) return dm.kda(a[1], a[2], a[3], a[4], a[5], {algo = "recurrent"}):sum() end},
+  {"kda_gate", function(dev)
+    return {dm.zeros({8, 1024, 2048}, {device = dev, dtype = "bf16"}):requires_grad(true),
+            dm.zeros({32}, {device = dev}):requires_grad(true), dm.zeros({2048}, {device = dev}):requires_grad(true)}
+  end, function(a) return dm.kda_gate(a[1], a[2], a[3]):sum() end},
+}
+
+-- the peak of one forward and backward of a case on dev, over what its inputs hold
+local function op_peak(dev, make, fn)
+  local inputs = make(dev)
+  collectgarbage()
+  sync()
+  local base = dm.memory(dev).current
+  dm.reset_peak(dev)
+  dm.scope(function() fn(inputs):backward() end)
+  sync()
+  local peak = dm.memory(dev).peak - base
+  for _, t in ipairs(inputs) do t.grad = nil; t:free() end
+  collectgarbage()
+  return peak
+end
+
+for _, case in ipairs(op_cases) do
+  local name, make, fn = case[1], case[2], case[3]
+  checks.check("scratch of " .. name, function()
+    core.plan_card(plan.CARD)
+    local ok, planned = pcall(op_peak, "meta", make, fn)
+    core.plan_card(nil)
+    assert(ok, planned)
+    local scratch = (planned - op_peak("meta", make, fn)) / 2 ^ 20
+    if DRY then return string.format("planned scratch %.1f MiB (not measured: the CPU's kernels take other)", scratch) end
+    local measured = op_peak(DEVICE, make, fn)
+    assert(measured == planned, string.format("planned %d bytes, measured %d (%+d)", planned, measured,
+                                              measured - planned))
+    return string.format("peak %.1f MiB planned and measured, of it the kernels' scratch %.1f MiB",
+                         planned / 2 ^ 20, scratch)
+  end)
+end
+if DEVICE == "cuda" then dm.cuda.empty_cache() end
+
+-- ---- the training step --------------------------------------------------------------------------
 
 for _, shape in ipairs(shapes) do
   local B, T = shape[1], shape[2]

@@ -127,34 +127,31 @@ describe("the predicted peak", function()
       assert.is_true(saved > 0)
       local s = plan.session(cfg)
       assert.equal(meta_peak(s, B, T), r.seen)                 -- seen: the step without any scratch
-      local scratch, most = s:scratch(B, T), 0
       s:close()
-      for _, o in ipairs(scratch.ops) do most = most + o.bytes end
-      assert.is_true(r.peak >= r.seen and r.peak <= r.seen + most + scratch.optimiser.bytes)
+      assert.is_true(r.peak >= r.seen)
       assert.equal("backward", r.phase)
       assert.is_true(r.blocks >= r.peak)
       assert.equal(r.blocks + 32 * 2 ^ 20, r.need)
     end)
   end
 
-  it("takes the kernels' sizes from their family headers (core.kernel_sizes), copying none", function()
-    local core = require "dormouse.core"
-    local K = core.kernel_sizes()
-    for _, name in ipairs {"kda_chunk", "kda_chunked_min_t", "kda_cuda_chunk_maxd", "kda_gate_rows", "conv_run",
-                           "colsum_per_sm", "colsum_min_rows", "sumsq_chunk", "bucket_sort_chunk", "moe_tc_tm",
-                           "moe_tc_gt", "moe_tc_fs", "moe_tc_ds"} do
-      assert.equal("integer", math.type(K[name]), name)
-    end
-    assert.same({[16] = true, [32] = true, [64] = true, [128] = true}, K.moe_tc_ranks)
+  it("writes no size of a kernel: the ops charge their kernels' scratch (core.plan_card)", function()
     local f = assert(io.open("lua/dormouse/plan.lua"))
     local src = f:read("a")
     f:close()
-    -- no size of a kernel written as a number in the planner: its literal constants are the planned
-    -- card's (an H200's shared memory and SMs) and the report's column
-    local card = {SMEM_OPTIN = true, SM_COUNT = true, W = true}
+    -- its literal constants are the report's column; the card is a table of the planned card's figures
     for names in src:gmatch("\nlocal ([%u_, ]+) = %d") do
-      assert.is_true(card[names] ~= nil, "plan.lua sets " .. names .. " to a literal")
+      assert.equal("W", names, "plan.lua sets " .. names .. " to a literal")
     end
+    for _, word in ipairs {"kda", "moe", "colsum", "conv", "sumsq", "chunk"} do
+      assert.is_nil(src:lower():find("local function " .. word, 1, true), word)
+    end
+    assert.same({"smem_optin", "sm_count"}, (function()
+      local keys = {}
+      for k in pairs(plan.CARD) do keys[#keys + 1] = k end
+      table.sort(keys, function(a, b) return a > b end)
+      return keys
+    end)())
   end)
 
   it("leaves no meta memory behind", function()
@@ -202,12 +199,9 @@ describe("the predicted peak", function()
   end)
 end)
 
-describe("the ops' kernel scratch (core.meta_scratch)", function()
-  local MB = 10 ^ 6
-  local function rule(op, phase)
-    return {op = op, phase = phase, bytes = MB, what = "test scratch", where = "plan_spec"}
-  end
-  after_each(function() core.meta_scratch(nil) end)
+describe("the kernels' scratch in a plan (core.plan_card)", function()
+  local CARD = {sm_count = 132, smem_optin = 232448}
+  after_each(function() core.plan_card(nil) end)
 
   -- fn run on the meta device after a trace reset: the trace then, over the start
   local function traced(fn)
@@ -219,105 +213,88 @@ describe("the ops' kernel scratch (core.meta_scratch)", function()
     return {allocs = t.allocs, peak = t.peak - t0.current, left = t.current - t0.current}
   end
 
-  it("is held while its op runs, forward or backward (and a checkpoint's recompute), and nowhere else", function()
-    local x = dm.zeros({1000}, {device = "meta"}):requires_grad(true)
-    local function step() x:exp():tanh():sum():backward(); x.grad = nil end
-    local function recomputed()
-      dm.recompute(function(a) return a:exp() end, x):tanh():sum():backward()
-      x.grad = nil
-    end
-    local plain = traced(step)
-    core.meta_scratch({rule("exp", "forward")})
-    local fwd = traced(step)
-    assert.equal(plain.allocs + 1, fwd.allocs)                 -- one call, one scratch
-    assert.equal(MB + 4000, fwd.peak)                          -- with exp's output, nothing else live then
-    assert.equal(plain.left, fwd.left)
-    core.meta_scratch({rule("exp", "forward"), rule("tanh", "backward"), rule("sigmoid", "forward")})
-    local both = traced(step)
-    assert.equal(plain.allocs + 2, both.allocs)
-    assert.is_true(both.peak > MB and both.peak <= MB + plain.peak and both.peak < 2 * MB)   -- never both at once
-    assert.equal(plain.left, both.left)
-    core.meta_scratch({rule("exp", "forward")})
-    local rc = traced(recomputed)
-    core.meta_scratch(nil)
-    assert.equal(traced(recomputed).allocs + 2, rc.allocs)     -- the forward, then again in the backward
+  local rows = 1000
+  local logits = dm.zeros({rows, 7}, {device = "meta"})
+  local targets = dm.zeros({rows}, {dtype = "i32", device = "meta"})
+  local function ce() dm.cross_entropy(logits, targets) end
+
+  it("is what the kernel sizes it with, held only while it is made", function()
+    local plain = traced(ce)
+    core.plan_card(CARD)
+    local planned = traced(ce)
+    assert.equal(plain.allocs + 1, planned.allocs)             -- one call, one scratch
+    assert.equal(plain.peak + 8 * rows, planned.peak)          -- dm_ce_scratch: a double a row
+    assert.equal(plain.left, planned.left)
+    core.plan_card(nil)
+    assert.equal(plain.allocs, traced(ce).allocs)              -- none without a card
   end)
 
-  it("is its own part of the live bytes only where it is live", function()
-    collectgarbage()
-    local base = core.meta_trace().current
-    local x = dm.zeros({1000}, {device = "meta"})
-    core.meta_scratch({rule("exp", "forward")})
+  it("depends on the card: KDA's recurrent states leave shared memory on a small one", function()
+    local B, T, H, dk, dv = 2, 8, 3, 16, 16
+    local q = dm.zeros({B, T, H, dk}, {device = "meta"})
+    local v = dm.zeros({B, T, H, dv}, {device = "meta"})
+    local beta = dm.zeros({B, T, H}, {device = "meta"})
+    local function kda() dm.kda(q, q, v, q, beta, {algo = "recurrent"}) end
+    core.plan_card(CARD)
+    local big = traced(kda)
+    core.plan_card({sm_count = 132, smem_optin = 1024})
+    local small = traced(kda)
+    assert.equal(big.allocs + 1, small.allocs)                 -- none on the H200: the states fit its shared memory
+    assert.is_true(small.peak >= big.peak + 4 * B * H * dk * dv - 4 * B * T * H * dv, small.peak)
+    core.plan_card(nil)
+    assert.equal(big.allocs, traced(kda).allocs)
+  end)
+
+  it("is its own part of the live bytes at the allocation that makes it", function()
+    core.plan_card(CARD)
     local function at(n)
       core.meta_trace_reset()
-      core.meta_watch(n, {{name = "x", tensors = {x}}})
-      dm.scope(function() x:exp():tanh() end)
+      core.meta_watch(n, {{name = "inputs", tensors = {logits, targets}}})
+      dm.scope(ce)
       local r = core.meta_watch_result()
+      if not r then return nil end                              -- past the op's last allocation
       local parts = {}
       for _, p in ipairs(r.parts) do parts[p.kind .. " " .. p.name] = p.bytes end
       return r, parts
     end
-    local r, parts = at(1)                                     -- the scratch itself, as exp opens
-    assert.equal("forward of exp", r.where)
-    assert.same({["group x"] = 4000, ["other other"] = base, ["scratch test scratch (plan_spec)"] = MB}, parts)
-    r, parts = at(2)                                           -- exp's output, the scratch still held
-    assert.equal(MB, parts["scratch test scratch (plan_spec)"])
-    assert.equal(4000 + base, parts["other other"])
-    r, parts = at(3)                                           -- tanh's output: exp has returned
-    assert.equal("forward of tanh", r.where)
-    assert.is_nil(parts["scratch test scratch (plan_spec)"])
-    x:free()
+    local found
+    for n = 1, 8 do
+      local r, parts = at(n)
+      if not r then break end
+      local sum = 0
+      for _, b in pairs(parts) do sum = sum + b end
+      assert.equal(r.current, sum)                              -- the parts cover the live bytes
+      local bytes = parts["scratch cross-entropy partial sums (kernels/blocks.cu cuda_ce)"]
+      if bytes then
+        found = n
+        assert.equal(8 * rows, bytes)
+        assert.equal(8 * rows, r.last)
+        assert.equal("forward of cross_entropy", r.where)
+        assert.equal(4 * rows * 7 + 4 * rows, parts["group inputs"])
+      end
+    end
+    assert.is_truthy(found)
   end)
 
-  it("is given back when an error unwinds through its op", function()
-    collectgarbage()
-    local q = dm.zeros({1, 4, 2, 8}, {device = "meta"})
-    local bad = dm.zeros({1, 4, 2, 9}, {device = "meta"})      -- k must have q's shape
-    local v, beta = dm.zeros({1, 4, 2, 8}, {device = "meta"}), dm.zeros({1, 4, 2}, {device = "meta"})
-    core.meta_scratch({rule("kda", "forward")})
-    local before, trace = dm.memory("meta"), core.meta_trace()
-    local allocs = trace.allocs
-    has(err_of(dm.kda, q, bad, v, q, beta), "kda")
-    assert.is_true(core.meta_trace().allocs > allocs)          -- it was taken
-    assert.equal(trace.current, core.meta_trace().current)
-    assert.equal(before.current, dm.memory("meta").current)
-    assert.equal(before.count, dm.memory("meta").count)
-    core.meta_scratch(nil)                                     -- (refused while one is held)
-  end)
-
-  it("refuses malformed entries, keeping none of them", function()
-    has(err_of(core.meta_scratch, {{op = "exp", phase = "sideways", bytes = 1}}),
-        "entry 1 (exp): phase must be 'forward' or 'backward'")
-    has(err_of(core.meta_scratch, {rule("exp", "forward"), {op = "tanh", phase = "forward", bytes = -1}}),
-        "entry 2 (tanh): bytes must be an integer >= 0")
-    has(err_of(core.meta_scratch, {{phase = "forward", bytes = 1}}), "entry 1 has no op name")
-    local x = dm.zeros({10}, {device = "meta"})
-    local plain = traced(function() x:exp() end)
-    assert.equal(1, plain.allocs)                              -- the good entry before the bad one is not kept
+  it("refuses a malformed card, naming the key", function()
+    has(err_of(core.plan_card, {sm_count = 0, smem_optin = 1}), "plan_card: sm_count must be an integer > 0")
+    has(err_of(core.plan_card, {sm_count = 132}), "plan_card: smem_optin must be an integer > 0")
+    has(err_of(core.plan_card, {sm_count = 1.5, smem_optin = 1}), "plan_card: sm_count must be an integer > 0")
+    core.plan_card(nil)
+    local plain = traced(ce).allocs
+    pcall(core.plan_card, {sm_count = 132, smem_optin = -1})
+    assert.equal(plain, traced(ce).allocs)                      -- a refused card is not set
   end)
 
   -- b1's peak is in the backward of KDA or of the experts, both with large scratch
   it("in the plan of b1 at 8 x 1024 is the scratch of the op at the peak alone", function()
     local r = plan.report(config.load("experiments/b1.lua"))
     assert.equal("backward", r.phase)
-    local at = r.where:match("backward of (moe_experts)") or r.where:match("backward of (kda)")
-    assert.is_truthy(at, r.where)
-    local other = at == "kda" and "moe_experts" or "kda"
-    local s = plan.session(config.load("experiments/b1.lua"))
-    local scratch = s:scratch(8, 1024)
-    s:close()
-    local mine, theirs
-    for _, o in ipairs(scratch.ops) do
-      if o.op == at and o.phase == "backward" then mine = o end
-      if o.op == other and o.phase == "backward" then theirs = o end
-    end
     local shown = {}
     for _, p in ipairs(r.parts) do if p.kind == "scratch" then shown[#shown + 1] = p end end
-    assert.equal(1, #shown)
-    assert.equal(mine.what .. " (" .. mine.where .. ")", shown[1].name)
-    assert.equal(mine.bytes, shown[1].bytes)
-    assert.is_true(r.peak - r.seen <= mine.bytes)                  -- the other op's scratch is not in the peak
-    for _, row in ipairs(plan.rows(r)) do assert.is_nil(row.label:find(theirs.what, 1, true), row.label) end
+    assert.is_true(#shown <= 1)
+    local scratch = shown[1] and shown[1].bytes or 0
+    assert.is_true(r.peak >= r.seen and r.peak - r.seen <= scratch, r.peak - r.seen)
   end)
 end)
 

@@ -68,6 +68,32 @@ void dm_meta_watch(uint64_t at, void (*fn)(void *ud), void *ud) {
   watch_ud = ud;
 }
 
+static dm_plan_card plan_card;
+static bool planning;
+static const char *scratch_what;     /* the scratch being allocated (dm_plan_scratch_now) */
+static int64_t scratch_bytes;
+
+void dm_plan_begin(const dm_plan_card *card) {
+  planning = card != NULL;
+  if (card) plan_card = *card;
+}
+
+const dm_plan_card *dm_plan_card_of(dm_device dev) { return planning && dev == DM_META ? &plan_card : NULL; }
+
+void dm_plan_scratch(int64_t bytes, const char *what) {
+  if (!planning || bytes <= 0) return;
+  scratch_what = what;
+  scratch_bytes = bytes;
+  void *p = dm_alloc(DM_META, (size_t)bytes);
+  scratch_what = NULL;
+  dm_free(DM_META, p, (size_t)bytes);
+}
+
+const char *dm_plan_scratch_now(int64_t *bytes) {
+  if (scratch_what) *bytes = scratch_bytes;
+  return scratch_what;
+}
+
 bool dm_poison_enabled(void) {
   static int on = -1;
   if (on < 0) { const char *s = getenv("DM_POISON"); on = s && *s && *s != '0'; }

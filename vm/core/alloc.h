@@ -69,4 +69,25 @@ void dm_meta_trace_mark(void);      /* the peaks start again from now */
 dm_meta_trace dm_meta_trace_get(void);
 void dm_meta_watch(uint64_t at, void (*fn)(void *ud), void *ud);   /* at = 0: no watch */
 
+/* ---- the kernels' device scratch, as a plan sees it ------------------------------------------
+** The CUDA kernels take scratch from the device allocator inside a call and
+** give it back before they return (dm_scratch, kernels/). Its size is a
+** function in the family's header (vm/ops/<family>.h), which the kernel sizes
+** its scratch with and the op calling the kernel hands to dm_plan_scratch.
+** While a plan is on (dm_plan_begin), a meta tensor stands for one on the
+** planned card: dm_plan_card(DM_META) gives that card's properties, and
+** dm_plan_scratch makes the bytes one meta allocation given back at once,
+** where the kernel's would be, so the trace's peak holds it only there. With
+** no plan on, or on another device, dm_plan_card is NULL and ops skip it. */
+typedef struct dm_plan_card {
+  int64_t sm_count;         /* its SMs (the column sums' partials follow them) */
+  int64_t smem_optin;       /* the most dynamic shared memory a block may opt in to */
+} dm_plan_card;
+
+void dm_plan_begin(const dm_plan_card *card);   /* NULL: the plan ends */
+const dm_plan_card *dm_plan_card_of(dm_device dev);
+void dm_plan_scratch(int64_t bytes, const char *what);   /* what: "name (kernels/file.cu function)" */
+/* the scratch being made as a watch fires (its label, *bytes), or NULL */
+const char *dm_plan_scratch_now(int64_t *bytes);
+
 #endif

@@ -1,6 +1,6 @@
 /*
 ** profile.c — op timing by name and phase (profile.h), and the stack of open
-** calls with its hooks (the planner's kernel scratch on the meta device).
+** calls (dm_profile_where: where the planner's allocations come from).
 */
 #include <string.h>
 #include <time.h>
@@ -15,7 +15,7 @@
 #define MAX_OPEN 64
 
 typedef struct pending { int row, start, stop; } pending;   /* a CUDA call not yet read */
-typedef struct open_call { const char *name; int phase; bool timed; void *slot; } open_call;
+typedef struct open_call { const char *name; int phase; bool timed; } open_call;
 
 static struct {
   bool on;
@@ -29,8 +29,6 @@ static struct {
   ** a recompute is not timed itself: its inner ops are, so time stays with the ops */
   open_call stack[MAX_OPEN];
   int nstack;
-  dm_profile_open_fn hook_open;    /* dm_profile_set_hooks */
-  dm_profile_close_fn hook_close;
 } P;
 
 static double host_ms(void) {
@@ -66,18 +64,6 @@ static int row_of(const char *name, const char *family, int phase) {
 
 static bool untimed(const char *family) { return family && !strcmp(family, "recompute"); }
 
-void dm_profile_set_hooks(dm_profile_open_fn open, dm_profile_close_fn close) {
-  P.hook_open = open;
-  P.hook_close = close;
-}
-
-/* the close hook for c's slot, emptied first so that an error inside cannot close it twice */
-static void close_slot(open_call *c) {
-  void *slot = c->slot;
-  c->slot = NULL;
-  if (slot && P.hook_close) P.hook_close(slot);
-}
-
 void dm_profile_push(const char *name, const char *family, int phase, dm_device dev) {
   bool timed = !untimed(family) || phase == DM_PHASE_REGION;
   /* a forward run again by a recompute's backward (directly, or inside such a forward) */
@@ -85,11 +71,8 @@ void dm_profile_push(const char *name, const char *family, int phase, dm_device 
   if (phase == DM_PHASE_FORWARD && dm_tape_depth() > 0 && parent &&
       ((parent->phase == DM_PHASE_BACKWARD && !parent->timed) || parent->phase == DM_PHASE_RECOMPUTE))
     phase = DM_PHASE_RECOMPUTE;
-  if (P.nstack < MAX_OPEN) P.stack[P.nstack] = (open_call){name, phase, timed, NULL};
+  if (P.nstack < MAX_OPEN) P.stack[P.nstack] = (open_call){name, phase, timed};
   P.nstack++;
-  /* after the call is on the stack, so that dm_profile_where names it; a call past MAX_OPEN has
-  ** no slot and gets no hook */
-  if (P.hook_open && P.nstack <= MAX_OPEN) P.hook_open(name, phase, dev, &P.stack[P.nstack - 1].slot);
   if (!P.on || !timed) return;
   if (P.depth++ > 0) return;
   P.open.row = row_of(name, family, phase);
@@ -101,7 +84,6 @@ void dm_profile_push(const char *name, const char *family, int phase, dm_device 
 
 void dm_profile_pop(void) {
   bool timed = P.nstack > MAX_OPEN || (P.nstack > 0 && P.stack[P.nstack - 1].timed);
-  if (P.nstack > 0 && P.nstack <= MAX_OPEN) close_slot(&P.stack[P.nstack - 1]);
   if (P.nstack > 0) P.nstack--;
   if (!P.on || !timed || P.depth == 0) return;
   if (--P.depth > 0) return;
@@ -115,9 +97,7 @@ void dm_profile_pop(void) {
   P.wait[P.nwait++] = (pending){P.open.row, P.open.mark, dm_cuda_mark()};
 }
 
-/* the open calls' hooks are closed too, innermost first: what they hold must not outlive the error */
 void dm_profile_recover(void) {
-  for (int i = P.nstack < MAX_OPEN ? P.nstack : MAX_OPEN; i-- > 0;) close_slot(&P.stack[i]);
   P.depth = 0;
   P.nstack = 0;
 }

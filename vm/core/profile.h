@@ -14,9 +14,8 @@
 ** Profiling is refused while a CUDA graph is being captured.
 **
 ** Whether profiling is on or not, every open call is kept on a stack (up to
-** 64 deep): dm_profile_where names them, and hooks may be told of each call
-** as it opens and closes (dormouse plan charges a kernel's device scratch to
-** the meta device's trace for the duration of the op that takes it).
+** 64 deep): dm_profile_where names them (dormouse plan: where the bytes live
+** at the peak were allocated).
 */
 #ifndef DM_PROFILE_H
 #define DM_PROFILE_H
@@ -42,18 +41,8 @@ bool dm_profile_on(void);
 ** name and family must outlive the profile (string literals, op names). */
 void dm_profile_push(const char *name, const char *family, int phase, dm_device dev);
 void dm_profile_pop(void);
-/* after an error unwound through open calls: they are dropped, their hooks closed */
+/* after an error unwound through open calls: they are dropped */
 void dm_profile_recover(void);
-
-/* Hooks on every push and pop. open(name, phase, dev, slot) is called once the call
-** is on the stack (phase as kept there: a forward run again by a recompute's
-** backward is DM_PHASE_RECOMPUTE); what it stores in *slot is handed to close(slot)
-** when the call is popped, or when dm_profile_recover drops it after an error. A
-** NULL slot is not closed. Calls nested deeper than the stack get no hook. Set
-** them (NULL, NULL: none) only while no call holds a slot. */
-typedef void (*dm_profile_open_fn)(const char *name, int phase, dm_device dev, void **slot);
-typedef void (*dm_profile_close_fn)(void *slot);
-void dm_profile_set_hooks(dm_profile_open_fn open, dm_profile_close_fn close);
 
 /* the open calls, outermost first, whether timed or not ("backward of recompute >
 ** forward of moe_experts"): written into buf (always terminated), returns its length */

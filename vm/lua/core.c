@@ -8,10 +8,6 @@
 #include "core/core.h"
 #include "core/autograd.h"
 #include "core/alloc.h"
-#include "ops/blocks.h"
-#include "ops/kda.h"
-#include "ops/moe.h"
-#include "ops/optim.h"
 
 /* A binding's error about its arguments, located at the user's line like a core error. */
 #define FAIL(L, ...) do { DM_ENTER(L); dm_error(__VA_ARGS__); } while (0)
@@ -336,31 +332,6 @@ static int c_dtype_code(lua_State *L) {
   return 1;
 }
 
-/* core.kernel_sizes() → the CUDA kernels' sizes their scratch follows, by name, as their family
-** headers define them (what lua/dormouse/plan.lua's scratch model reads, so that it copies none) */
-static int c_kernel_sizes(lua_State *L) {
-  static const struct { const char *name; int value; } sizes[] = {
-    {"kda_chunk", DM_KDA_CHUNK}, {"kda_chunked_min_t", DM_KDA_CHUNKED_MIN_T},
-    {"kda_cuda_chunk_maxd", DM_KDA_CUDA_CHUNK_MAXD}, {"kda_gate_rows", DM_KDA_GATE_ROWS},
-    {"conv_run", DM_CONV_RUN}, {"colsum_per_sm", DM_COLSUM_PER_SM}, {"colsum_min_rows", DM_COLSUM_MIN_ROWS}, {"sumsq_chunk", DM_SUMSQ_CHUNK}, {"bucket_sort_chunk", DM_BS_CHUNK},
-    {"moe_tc_tm", DM_MOE_TC_TM}, {"moe_tc_gt", DM_MOE_TC_GT}, {"moe_tc_fs", DM_MOE_TC_FS},
-    {"moe_tc_ds", DM_MOE_TC_DS},
-  };
-  lua_createtable(L, 0, (int)(sizeof sizes / sizeof sizes[0]) + 1);
-  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-    lua_pushinteger(L, sizes[i].value);
-    lua_setfield(L, -2, sizes[i].name);
-  }
-  lua_createtable(L, 0, 4);                 /* moe_tc_ranks: the set DM_MOE_TC_RANK takes, up to 1024 */
-  for (int r = 1; r <= 1024; r++)
-    if (DM_MOE_TC_RANK(r)) {
-      lua_pushboolean(L, 1);
-      lua_rawseti(L, -2, r);
-    }
-  lua_setfield(L, -2, "moe_tc_ranks");
-  return 1;
-}
-
 static int c_device_available(lua_State *L) {
   lua_pushboolean(L, dm_device_available(dm_lua_device(L, 1, DM_CPU)));
   return 1;
@@ -368,7 +339,6 @@ static int c_device_available(lua_State *L) {
 
 static const luaL_Reg funcs[] = {
   {"call", c_call}, {"op", c_op}, {"ops", c_ops}, {"dtype_names", c_dtype_names}, {"dtype_code", c_dtype_code},
-  {"kernel_sizes", c_kernel_sizes},
   {"empty", c_empty}, {"full", c_full}, {"arange", c_arange}, {"rand", c_rand}, {"tensor", c_tensor},
   {"grad_enabled", c_grad_enabled}, {"set_grad_enabled", c_set_grad_enabled},
   {"tape_size", c_tape_size}, {"tape_clear", c_tape_clear},

@@ -9,16 +9,15 @@
 **   core.meta_watch_result()       → {at, current, last, where, parts = {{name, kind, bytes}, ...}},
 **                                  or nil when the watch has not fired
 **   core.cuda_block_size(n)        → the bytes a request of n takes in the CUDA allocator
-**   core.meta_scratch(list)        the device scratch of ops (below); nil or {} clears it
+**   core.plan_card(card)           meta tensors stand for tensors on this card, and the ops
+**                                  charge the CUDA kernels' scratch to the trace (below);
+**                                  nil ends it. card: {sm_count = n, smem_optin = bytes}
 **
-** list: {{op = "kda", phase = "backward", bytes = n, what = "...", where = "..."}, ...}.
-** The CUDA kernels take scratch from the device allocator inside an op and give
-** it back before the op returns (dm_scratch in kernels/); the meta device's
-** kernels take none. So while an op of that name runs on the meta device, its
-** forward ("forward": also when a recompute runs it again) or its backward,
-** `bytes` are held as a meta allocation of their own (profile.h's hooks), at
-** any depth: the trace's peak holds a scratch only where it is live. Of two
-** entries for one op and phase the first counts.
+** The CUDA kernels take scratch from the device allocator inside a call and give
+** it back before they return (dm_scratch in kernels/). With a card set, an op on
+** the meta device hands what its kernel would take to the trace, sized by the
+** same function the kernel sizes it with (core/alloc.h dm_plan_scratch), as an
+** allocation given back at once: the trace's peak holds it only where it is live.
 **
 ** groups: a list of {name = "parameters", tensors = {...}, grads = true|nil}.
 ** A storage counts once, for the first holder that reaches it: the groups in
@@ -28,8 +27,8 @@
 ** group holds ("leaf gradients"), those leaves themselves ("leaves"), the
 ** gradients of op outputs on their way back ("flowing"). The rest of the live
 ** bytes is "other": tensors the step still holds (Lua's, a backward's
-** intermediates) and the allocation being made. The scratch of the ops open
-** at that moment is apart, after "other": kind "scratch", named "what (where)".
+** intermediates) and the allocation being made, unless that is a kernel's
+** scratch: then it is apart, after "other", kind "scratch", named "what (where)".
 ** `where` names the ops open when it is made ("backward of recompute >
 ** recompute of kda"), `last` its size.
 */
@@ -43,7 +42,6 @@
 
 #define MAX_GROUPS 16
 #define MAX_PARTS 256
-#define MAX_SCRATCH 32
 
 typedef struct part { const char *name; const char *kind; int64_t bytes; } part;
 
@@ -58,46 +56,8 @@ static struct {
   part parts[MAX_PARTS];
   int n_parts;
   char where[512];                /* the ops open at the watched allocation (profile.h) */
-  char scratch[MAX_SCRATCH][160]; /* the names of the scratch parts (the rules may be gone when read) */
+  char scratch[160];              /* the name of the scratch part (its label lasts only while it is made) */
 } W;
-
-/* ---- the ops' scratch: a meta allocation while the op runs -------------------------------------- */
-
-typedef struct scratch_rule {
-  char *op, *label;               /* the op's name; "what (where)" */
-  int phase;                      /* DM_PHASE_FORWARD or DM_PHASE_BACKWARD */
-  int64_t bytes;
-  int live;                       /* calls of the op open now, each holding `bytes` */
-  void *at;                       /* what the meta allocator handed out (it never reads it back) */
-} scratch_rule;
-
-static struct {
-  scratch_rule rules[MAX_SCRATCH];
-  int n;
-  int open;                       /* scratch allocations live now, over all rules */
-} S;
-
-static void scratch_open(const char *name, int phase, dm_device dev, void **slot) {
-  if (dev != DM_META) return;
-  if (phase == DM_PHASE_RECOMPUTE) phase = DM_PHASE_FORWARD;      /* the forward's kernels run again */
-  for (int i = 0; i < S.n; i++) {
-    scratch_rule *r = &S.rules[i];
-    if (r->phase != phase || strcmp(r->op, name) != 0) continue;
-    /* live before it is made: a watch firing at this very allocation sorts it as scratch */
-    r->live++;
-    S.open++;
-    *slot = r;
-    r->at = dm_alloc(DM_META, (size_t)r->bytes);
-    return;
-  }
-}
-
-static void scratch_close(void *slot) {
-  scratch_rule *r = slot;
-  r->live--;
-  S.open--;
-  dm_free(DM_META, r->at, (size_t)r->bytes);
-}
 
 /* ---- storages counted once: an open-addressing set of pointers --------------------------------- */
 
@@ -184,14 +144,13 @@ static void on_watch(void *ud) {
   }
   dm_tape_visit(count_tape, NULL);
   dm_tape_visit(count_leaves, NULL);
-  int64_t sorted = 0;
+  int64_t sorted = 0, scratch = 0;
   for (int i = 0; i < W.n_parts; i++) sorted += W.parts[i].bytes;
-  for (int i = 0; i < S.n; i++) sorted += S.rules[i].live * S.rules[i].bytes;
-  part_of("other", OTHER)->bytes = W.trace.current - sorted;
-  for (int i = 0; i < S.n; i++) {
-    if (!S.rules[i].live) continue;
-    snprintf(W.scratch[i], sizeof W.scratch[i], "%s", S.rules[i].label);
-    part_of(W.scratch[i], SCRATCH)->bytes += S.rules[i].live * S.rules[i].bytes;
+  const char *what = dm_plan_scratch_now(&scratch);
+  part_of("other", OTHER)->bytes = W.trace.current - sorted - (what ? scratch : 0);
+  if (what) {
+    snprintf(W.scratch, sizeof W.scratch, "%s", what);
+    part_of(W.scratch, SCRATCH)->bytes = scratch;
   }
   W.fired = true;
   dm_meta_watch(0, NULL, NULL);
@@ -298,66 +257,26 @@ static int p_block_size(lua_State *L) {
   return 1;
 }
 
-static void scratch_clear(void) {
-  for (int i = 0; i < S.n; i++) { free(S.rules[i].op); free(S.rules[i].label); }
-  S.n = 0;
-  dm_profile_set_hooks(NULL, NULL);
-}
-
-/* list[i]'s fields on the stack (op, phase, bytes, what, where: 6 slots with the entry), checked */
-typedef struct rule_fields { const char *op, *what, *where; int phase; int64_t bytes; } rule_fields;
-
-static rule_fields rule_at(lua_State *L, int i) {
-  lua_geti(L, 1, i);
-  if (!lua_istable(L, -1)) luaL_error(L, "meta_scratch: entry %d must be a table", i);
-  lua_getfield(L, -1, "op");
-  lua_getfield(L, -2, "phase");
-  lua_getfield(L, -3, "bytes");
-  lua_getfield(L, -4, "what");
-  lua_getfield(L, -5, "where");
-  rule_fields f = {lua_tostring(L, -5), lua_tostring(L, -2), lua_tostring(L, -1), -1, 0};
-  const char *phase = lua_tostring(L, -4);
+static lua_Integer card_field(lua_State *L, const char *key) {
+  lua_getfield(L, 1, key);
   int isnum;
-  lua_Integer bytes = lua_tointegerx(L, -3, &isnum);
-  if (!f.op) luaL_error(L, "meta_scratch: entry %d has no op name", i);
-  if (phase && !strcmp(phase, "forward")) f.phase = DM_PHASE_FORWARD;
-  if (phase && !strcmp(phase, "backward")) f.phase = DM_PHASE_BACKWARD;
-  if (f.phase < 0) luaL_error(L, "meta_scratch: entry %d (%s): phase must be 'forward' or 'backward'", i, f.op);
-  if (!isnum || bytes < 0) luaL_error(L, "meta_scratch: entry %d (%s): bytes must be an integer >= 0", i, f.op);
-  f.bytes = bytes;
-  if (!f.what) f.what = "kernel scratch";
-  if (!f.where) f.where = "";
-  return f;
+  lua_Integer v = lua_tointegerx(L, -1, &isnum);
+  if (!isnum || v <= 0) luaL_error(L, "plan_card: %s must be an integer > 0", key);
+  lua_pop(L, 1);
+  return v;
 }
 
-/* list[i] into S.rules, counted in S.n once its strings are held (scratch_clear frees them) */
-static void add_rule(lua_State *L, int i) {
-  rule_fields f = rule_at(L, i);
-  size_t nl = strlen(f.what) + strlen(f.where) + 4;
-  char *op = malloc(strlen(f.op) + 1), *label = malloc(nl);
-  if (!op || !label) { free(op); free(label); luaL_error(L, "meta_scratch: out of host memory"); }
-  strcpy(op, f.op);
-  snprintf(label, nl, *f.where ? "%s (%s)" : "%s", f.what, f.where);
-  S.rules[S.n++] = (scratch_rule){op, label, f.phase, f.bytes, 0, NULL};
-  lua_pop(L, 6);
-}
-
-static int p_scratch(lua_State *L) {
-  if (S.open > 0) return luaL_error(L, "meta_scratch: an op holding scratch is still open");
-  scratch_clear();
-  if (lua_isnoneornil(L, 1)) return 0;
+static int p_card(lua_State *L) {
+  if (lua_isnoneornil(L, 1)) { dm_plan_begin(NULL); return 0; }
   luaL_checktype(L, 1, LUA_TTABLE);
-  int n = (int)luaL_len(L, 1);
-  if (n > MAX_SCRATCH) return luaL_error(L, "meta_scratch: at most %d entries, got %d", MAX_SCRATCH, n);
-  for (int i = 1; i <= n; i++) { rule_at(L, i); lua_pop(L, 6); }      /* all checked before any is kept */
-  for (int i = 1; i <= n; i++) add_rule(L, i);
-  if (S.n > 0) dm_profile_set_hooks(scratch_open, scratch_close);
+  dm_plan_card card = {card_field(L, "sm_count"), card_field(L, "smem_optin")};
+  dm_plan_begin(&card);
   return 0;
 }
 
 static const luaL_Reg funcs[] = {
   {"meta_trace_reset", p_reset}, {"meta_trace_mark", p_mark}, {"meta_trace", p_trace},
   {"meta_watch", p_watch}, {"meta_watch_result", p_result},
-  {"cuda_block_size", p_block_size}, {"meta_scratch", p_scratch}, {NULL, NULL}
+  {"cuda_block_size", p_block_size}, {"plan_card", p_card}, {NULL, NULL}
 };
 DM_LUA_FUNCS(funcs)

@@ -19,6 +19,7 @@
 #include <math.h>
 #include <string.h>
 #include "core/core.h"
+#include "core/alloc.h"
 #include "core/autograd.h"
 #include "ops/blocks.h"
 #include "ops/elementwise.h"
@@ -74,6 +75,12 @@ static void rownorm_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin)
   dm_tensor *x = dm_saved(c, 0), *rstd = dm_saved(c, 1), *gain = saved_opt(c, 2);
   dm_tensor *gx = dm_needs_grad(c, 0) ? dm_new_grad(c, 0, x->device) : NULL;
   dm_tensor *gg = gain && dm_needs_grad(c, 1) ? dm_new_grad(c, 1, x->device) : NULL;
+  const dm_plan_card *card = dm_plan_card_of(x->device);
+  if (card && gg) {
+    const int64_t D = x->shape[x->ndim - 1];
+    dm_plan_scratch(dm_colsum_scratch(D ? dm_numel(x) / D : 0, D, card->sm_count),
+                    "rmsnorm gain partials (kernels/blocks.cu cuda_rownorm_bwd)");
+  }
   DM_KERNEL(dm_rownorm_bwd_k, "rownorm_bwd", x->device)(c->op->kind, gx, gg, gout[0], x, gain, rstd);
   gin[0] = gx;
   if (gain) gin[1] = gg;
@@ -99,11 +106,17 @@ static void ce_forward(dm_ctx *c) {
   int64_t classes = logits->shape[logits->ndim - 1];
   if (classes == 0) dm_error("cross_entropy: logits of shape %s have no classes",
                              dm_tensor_shape_str(logits, sl, sizeof sl));
+  if (dm_plan_card_of(logits->device))
+    dm_plan_scratch(dm_ce_check_scratch(dm_numel(targets), dm_debug_level()),
+                    "cross-entropy's target check (kernels/blocks.cu cuda_ce_check)");
   DM_KERNEL(dm_ce_check_k, "cross_entropy_check", logits->device)(targets, classes, ignore);
   dm_tensor *loss = red == DM_CE_NONE
                   ? dm_tensor_new(logits->device, stat_dtype(logits->dtype), targets->ndim, targets->shape)
                   : dm_tensor_new(logits->device, stat_dtype(logits->dtype), 0, NULL);
   dm_tensor *lse = row_stat(c, logits);
+  if (dm_plan_card_of(logits->device))
+    dm_plan_scratch(dm_ce_scratch(dm_numel(targets), red != DM_CE_NONE),
+                    "cross-entropy partial sums (kernels/blocks.cu cuda_ce)");
   DM_KERNEL(dm_ce_k, "cross_entropy", logits->device)(loss, lse, logits, targets, ignore, (int)red);
   dm_save(c, logits);
   dm_save(c, targets);
@@ -114,6 +127,9 @@ static void ce_forward(dm_ctx *c) {
 static void ce_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
   dm_tensor *logits = dm_saved(c, 0);
   dm_tensor *gx = dm_new_grad(c, 0, logits->device);
+  if (dm_plan_card_of(logits->device))
+    dm_plan_scratch(dm_ce_bwd_scratch((int)attr_or(c, 1, DM_CE_MEAN) == DM_CE_MEAN),
+                    "cross-entropy's kept count (kernels/blocks.cu cuda_ce_bwd)");
   DM_KERNEL(dm_ce_bwd_k, "cross_entropy_bwd", logits->device)(gx, gout[0], logits, dm_saved(c, 1),
                                                               dm_saved(c, 2), (int64_t)attr_or(c, 0, -1),
                                                               (int)attr_or(c, 1, DM_CE_MEAN));
@@ -186,6 +202,13 @@ static void conv_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
       DM_KERNEL(dm_unary_bwd_k, "unary_bwd", x->device)(DM_UNARY_SILU, gz, gy, gz, NULL, &none);
     }
     gy = gz;
+  }
+  const dm_plan_card *card = dm_plan_card_of(x->device);
+  if (card && gw) {
+    const int64_t B = x->shape[0], T = x->shape[1], K = w->shape[1];
+    const int64_t span = (gx ? T : 0) + (gc ? (K - 1) * dil : 0);   /* the input gradients' positions */
+    dm_plan_scratch(dm_conv_bwd_scratch(B, T, x->shape[2], K, span, card->sm_count),
+                    "causal_conv1d weight partials (kernels/blocks.cu conv_bwd_runs)");
   }
   DM_KERNEL(dm_conv_bwd_k, "causal_conv1d_bwd", x->device)(gx, gw, gc, gy, gout[1], x, w, cache, dil);
   dm_release(gz);

@@ -16,12 +16,52 @@
 
 #include "core/ops.h"
 
-/* positions a run of the CUDA causal conv's weight gradient takes: one partial each (the planner reads it) */
-#define DM_CONV_RUN 32
-/* the column sums' partials (kernels/model.cuh dm_colsum: rmsnorm's gain, kda_gate's sums): blocks
-** an SM wanted, at least this many rows a chunk */
+/* ---- the CUDA kernels' device scratch, in bytes (core/alloc.h): the kernels size
+** theirs with these, and the ops hand the same to a plan ---- */
+
+/* the column sums' partials (kernels/model.cuh dm_colsum: rmsnorm's gain, the conv's weights,
+** Engram's): DM_COLSUM_PER_SM blocks an SM wanted, at least DM_COLSUM_MIN_ROWS rows a chunk */
 #define DM_COLSUM_PER_SM 8
 #define DM_COLSUM_MIN_ROWS 64
+
+static inline int64_t dm_colsum_chunks(int64_t rows, int64_t cols, int64_t sm_count) {
+  const int64_t want = sm_count * DM_COLSUM_PER_SM / ((cols + 31) / 32);
+  const int64_t most = (rows + DM_COLSUM_MIN_ROWS - 1) / DM_COLSUM_MIN_ROWS;
+  int64_t n = want < most ? want : most;
+  if (n > 65535) n = 65535;
+  return n < 1 ? 1 : n;
+}
+/* f64 partial sums, a row of cols a chunk */
+static inline int64_t dm_colsum_scratch(int64_t rows, int64_t cols, int64_t sm_count) {
+  return cols > 0 ? 8 * dm_colsum_chunks(rows, cols, sm_count) * cols : 0;
+}
+
+/* The causal conv's backward by runs of DM_CONV_RUN positions (a K x C partial of the weights'
+** gradient each, f64), where the grid fits: span positions, kernels up to DM_CONV_MAXK */
+#define DM_CONV_RUN 32
+#define DM_CONV_MAXK 8
+static inline bool dm_conv_runs_fit(int64_t B, int64_t span, int64_t K) {
+  return K <= DM_CONV_MAXK && B <= 65535 && (span + DM_CONV_RUN - 1) / DM_CONV_RUN <= 65535;
+}
+static inline int64_t dm_conv_gw_runs_scratch(int64_t B, int64_t T, int64_t C, int64_t K) {
+  return 8 * B * ((T + DM_CONV_RUN - 1) / DM_CONV_RUN) * K * C;
+}
+/* "causal_conv1d_bwd" with the weights' gradient (x [B, T, C], w [C, K]; span: the positions the
+** input gradients cover), by runs or else by column sums */
+static inline int64_t dm_conv_bwd_scratch(int64_t B, int64_t T, int64_t C, int64_t K, int64_t span,
+                                          int64_t sm_count) {
+  if (B * C != 0 && dm_conv_runs_fit(B, span > T ? span : T, K)) return T > 0 ? dm_conv_gw_runs_scratch(B, T, C, K) : 0;
+  return dm_colsum_scratch(B * T, K * C, sm_count);
+}
+
+/* "cross_entropy" with a reduction: one f64 partial a row */
+static inline int64_t dm_ce_scratch(int64_t rows, bool reduced) { return reduced ? 8 * rows : 0; }
+/* "cross_entropy_bwd" with the mean: the count of targets kept */
+static inline int64_t dm_ce_bwd_scratch(bool mean) { return mean ? (int64_t)sizeof(int64_t) : 0; }
+/* "cross_entropy_check", at DM_DEBUG >= 1: the first bad target's row and value */
+static inline int64_t dm_ce_check_scratch(int64_t rows, int debug) {
+  return debug >= 1 && rows > 0 ? 2 * (int64_t)sizeof(int64_t) : 0;
+}
 
 /* what divides the row's sum of squares: D (rmsnorm) or 1 (l2norm) */
 enum { DM_NORM_RMS, DM_NORM_L2 };

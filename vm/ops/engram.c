@@ -15,6 +15,7 @@
 #include <math.h>
 #include <string.h>
 #include "core/core.h"
+#include "core/alloc.h"
 #include "core/autograd.h"
 #include "ops/engram.h"
 
@@ -195,6 +196,8 @@ static void unique_fwd(dm_ctx *c) {
     dm_fill(rows, 0.0);
     dm_fill(counts, 0.0);
   }
+  if (dm_plan_card_of(idx->device))
+    dm_plan_scratch(dm_engram_unique_scratch(M), "engram_unique sort (kernels/engram.cu cuda_engram_unique)");
   DM_KERNEL(dm_engram_unique_k, "engram_unique", idx->device)(rows, inverse, counts, nu, ic);
   int64_t U = M;                        /* on the meta device, or padded: as if every row were distinct */
   if (!padded && nu->device != DM_META) {
@@ -255,6 +258,9 @@ static void sparse_grad_fwd(dm_ctx *c) {
   dm_tensor *gc = dm_contiguous(g), *ic = as_i64(inverse);
   int64_t M = g->shape[0];
   dm_tensor *flat = dm_reshape(ic, 1, &M);
+  if (dm_plan_card_of(g->device))
+    dm_plan_scratch(dm_engram_sparse_grad_scratch(M, U, g->shape[1]),
+                    "engram_sparse_grad sort (kernels/engram.cu cuda_engram_sparse_grad)");
   DM_KERNEL(dm_engram_sparse_grad_k, "engram_sparse_grad", g->device)(out, gc, flat);
   dm_save(c, flat);
   dm_release(flat);
@@ -317,6 +323,11 @@ static void alpha_bwd(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
   dm_tensor *gk = dm_needs_grad(c, 1) ? dm_tensor_like(kx) : NULL;
   dm_tensor *gw = has_w && dm_needs_grad(c, 2) ? dm_tensor_like(w) : NULL;
   dm_tensor *g = dm_contiguous(gout[0]);
+  const dm_plan_card *card = dm_plan_card_of(g->device);
+  if (card && gw)
+    dm_plan_scratch(dm_engram_alpha_bwd_scratch(dm_numel(g), u->shape[u->ndim - 1], u->dtype == DM_F64 ? 8 : 4,
+                                                card->sm_count),
+                    "engram_alpha w's partial sums (kernels/engram.cu cuda_engram_alpha_bwd)");
   DM_KERNEL(dm_engram_alpha_bwd_k, "engram_alpha_bwd", g->device)(gu, gk, gw, g, u, kx, w, attr_eps(c));
   dm_release(g);
   gin[0] = gu;
@@ -385,6 +396,8 @@ void dm_engram_adam(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_tenso
   dm_tensor *state[3] = {table, m, v};
   check_adam("engram_adam", state, rows, grads, n);
   dm_engram_adam_hp hp = dm_engram_adam_prepare(lr, beta1, beta2, eps, step);
+  if (dm_plan_card_of(table->device))
+    dm_plan_scratch(dm_engram_adam_scratch(n), "engram_adam's flag and constants (kernels/engram.cu engram_adam_run)");
   DM_KERNEL(dm_engram_adam_k, "engram_adam", table->device)(table, m, v, rows, grads, n, &hp);
   for (int i = 0; i < 3; i++) dm_mark_written(state[i]);
 }
@@ -411,6 +424,8 @@ void dm_engram_adam_at(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_te
   }
   dm_engram_adam_hp hp = dm_engram_adam_prepare(0, beta1, beta2, eps, 1);   /* betas and eps checked here */
   dm_engram_adam_scalars at = {dm_data(n_at), dm_data(step_at), dm_data(lr_at), sumsq_at ? dm_data(sumsq_at) : NULL};
+  if (dm_plan_card_of(table->device))
+    dm_plan_scratch(dm_engram_adam_scratch(cap), "engram_adam's flag and constants (kernels/engram.cu engram_adam_run)");
   DM_KERNEL(dm_engram_adam_at_k, "engram_adam_at", table->device)(table, m, v, rows, grads, cap, &hp, &at);
   for (int i = 0; i < 3; i++) dm_mark_written(state[i]);
 }

@@ -52,6 +52,8 @@
 
 #include <math.h>
 #include "core/ops.h"
+#include "ops/blocks.h"     /* the column sums' scratch */
+#include "ops/moe.h"        /* the bucket sort's scratch */
 
 #if defined(__CUDACC__)
 #define DM_HD __host__ __device__
@@ -119,6 +121,11 @@ typedef struct dm_engram_adam_hp {
   double step_size;       /* lr / (1 - beta1^t) */
   double rbc2;            /* 1 / sqrt(1 - beta2^t) */
 } dm_engram_adam_hp;
+
+/* "engram_adam", "engram_adam_at" of n rows: the first bad row's flag, and the constants on the device */
+static inline int64_t dm_engram_adam_scratch(int64_t n) {
+  return n > 0 ? (int64_t)(sizeof(unsigned long long) + sizeof(dm_engram_adam_hp)) : 0;
+}
 
 /* the constants of step t >= 1 (raises on a bad step or beta) */
 dm_engram_adam_hp dm_engram_adam_prepare(double lr, double beta1, double beta2, double eps, int64_t step);
@@ -221,5 +228,32 @@ void dm_engram_adam(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_tenso
 void dm_engram_adam_at(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_tensor *rows,
                        const dm_tensor *grads, const dm_tensor *n_at, double beta1, double beta2, double eps,
                        const dm_tensor *lr_at, const dm_tensor *step_at, const dm_tensor *sumsq_at);
+
+/* ---- the CUDA kernels' device scratch, in bytes (core/alloc.h): the kernels size
+** theirs with these, and the ops hand the same to a plan ---- */
+
+/* radix_sort of n keys: its bucket offsets and one pass's counters (the passes take turns) */
+static inline int64_t dm_engram_radix_scratch(int64_t n) { return 8 * 257 + dm_bucket_sort_scratch(n, 256); }
+
+/* "engram_unique" of n rows: four sort arrays, the flags' prefix (n + 1), the run starts and
+** the largest value, then the sort's */
+static inline int64_t dm_engram_unique_arrays(int64_t n) { return 8 * (6 * n + 2); }
+static inline int64_t dm_engram_unique_scratch(int64_t n) {
+  return n > 0 ? dm_engram_unique_arrays(n) + dm_engram_radix_scratch(n) : 0;
+}
+
+/* "engram_sparse_grad" of m gradient rows into U rows of de: the keys, four sort arrays and
+** the U + 1 run starts, then the sort's */
+static inline int64_t dm_engram_sparse_grad_arrays(int64_t m, int64_t U) { return 8 * (5 * m + U + 1); }
+static inline int64_t dm_engram_sparse_grad_scratch(int64_t m, int64_t U, int64_t de) {
+  if (U * de == 0) return 0;
+  return dm_engram_sparse_grad_arrays(m, U) + (m > 0 ? dm_engram_radix_scratch(m) : 0);
+}
+
+/* "engram_alpha_bwd" with w's gradient: three values a token in the compute type (vb bytes),
+** then the column sums over the N tokens of d */
+static inline int64_t dm_engram_alpha_bwd_scratch(int64_t N, int64_t d, int64_t vb, int64_t sm_count) {
+  return vb * 3 * N + dm_colsum_scratch(N, d, sm_count);
+}
 
 #endif

@@ -21,6 +21,7 @@
 */
 #include <math.h>
 #include "core/core.h"
+#include "core/alloc.h"
 #include "core/autograd.h"
 #include "ops/kda.h"
 
@@ -73,8 +74,30 @@ static int algo_attr(const dm_attrs *a) {
 static bool chunked(const dm_attrs *a, const dm_tensor *q, const dm_tensor *v) {
   int al = algo_attr(a);
   if (al != DM_KDA_AUTO) return al == DM_KDA_CHUNKED;
-  return q->device == DM_CUDA && q->dtype != DM_F64 && q->shape[1] >= DM_KDA_CHUNKED_MIN_T &&
+  const bool cuda = q->device == DM_CUDA || dm_plan_card_of(q->device);     /* (a plan stands for the card) */
+  return cuda && q->dtype != DM_F64 && q->shape[1] >= DM_KDA_CHUNKED_MIN_T &&
          q->shape[3] <= DM_KDA_CUDA_CHUNK_MAXD && v->shape[3] <= DM_KDA_CUDA_CHUNK_MAXD;
+}
+
+/* The CUDA kernels' scratch of a call (vm/ops/kda.h), for a plan on the meta device (core/alloc.h);
+** want_dv, want_dbeta: the backward's gradients wanted */
+static void plan_kda(const dm_tensor *q, const dm_tensor *v, bool ch, bool bwd, int64_t chunk, bool want_dv,
+                     bool want_dbeta) {
+  const dm_plan_card *card = dm_plan_card_of(q->device);
+  if (!card) return;
+  const int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2], dk = q->shape[3], dv = v->shape[3];
+  const int64_t vb = q->dtype == DM_F64 ? 8 : 4;
+  if (ch && !bwd)
+    dm_plan_scratch(dm_kda_chunk_tiles(B * H, T, false), "kda chunked forward tiles (kernels/kda_chunk.cu kc_front)");
+  else if (ch)
+    dm_plan_scratch(dm_kda_chunk_tiles(B * H, T, true) + dm_kda_chunk_spare(B * T * H, dv, want_dv, want_dbeta),
+                    "kda chunked backward tiles (kernels/kda_chunk.cu kc_front)");
+  else if (!bwd)
+    dm_plan_scratch(dm_kda_fwd_scratch(B * H, dk, dv, vb, card->smem_optin),
+                    "kda forward state (kernels/kda.cu kda_forward)");
+  else
+    dm_plan_scratch(dm_kda_bwd_work(B * H, T, dk, dv, chunk, vb) + dm_kda_bwd_states(B * H, dk, dv, vb, card->smem_optin),
+                    "kda backward states (kernels/kda.cu kda_backward)");
 }
 
 static void kda_forward(dm_ctx *c) {
@@ -100,8 +123,10 @@ static void kda_forward(dm_ctx *c) {
   dm_tensor *o = dm_tensor_new(q->device, q->dtype, 4, (int64_t[]){B, T, H, dv});
   dm_tensor *sT = dm_tensor_new(q->device, ct, 4, (int64_t[]){B, H, dk, dv});
   /* DM_KERNEL caches by call site: one site per kernel name */
-  dm_kda_fwd_k fwd = chunked(&c->a, q, v) ? DM_KERNEL(dm_kda_fwd_k, "kda_chunk_fwd", q->device)
-                                          : DM_KERNEL(dm_kda_fwd_k, "kda_fwd", q->device);
+  const bool ch = chunked(&c->a, q, v);
+  dm_kda_fwd_k fwd = ch ? DM_KERNEL(dm_kda_fwd_k, "kda_chunk_fwd", q->device)
+                        : DM_KERNEL(dm_kda_fwd_k, "kda_fwd", q->device);
+  plan_kda(q, v, ch, false, 0, true, true);
   fwd(o, sT, in[Q], in[K], in[V], in[G], in[BETA], in[S0]);
   for (int i = 0; i < KDA_NIN; i++) if (in[i]) dm_save(c, in[i]);   /* S0 last, when given */
   release_all(KDA_NIN, in);
@@ -119,8 +144,9 @@ static void kda_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
   bool ch = chunked(&c->a, in[Q], in[V]);
   dm_kda_bwd_k bwd = ch ? DM_KERNEL(dm_kda_bwd_k, "kda_chunk_bwd", d_o->device)
                         : DM_KERNEL(dm_kda_bwd_k, "kda_bwd", d_o->device);
-  bwd(gr[Q], gr[K], gr[V], gr[G], gr[BETA], gr[S0], in[Q], in[K], in[V], in[G], in[BETA], in[S0], d_o, d_s,
-      ch ? DM_KDA_CHUNK : chunk_attr(&c->a));
+  const int64_t chunk = ch ? DM_KDA_CHUNK : chunk_attr(&c->a);
+  plan_kda(in[Q], in[V], ch, true, chunk, gr[V] != NULL, gr[BETA] != NULL);
+  bwd(gr[Q], gr[K], gr[V], gr[G], gr[BETA], gr[S0], in[Q], in[K], in[V], in[G], in[BETA], in[S0], d_o, d_s, chunk);
   dm_release(d_o);
   dm_release(d_s);
   for (int i = 0; i < KDA_NIN; i++) gin[i] = gr[i];
@@ -190,6 +216,9 @@ static void gate_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
   dm_tensor *dg = dm_contiguous(gout[0]);
   dm_tensor *gr[GATE_NIN];
   new_grads(c, GATE_NIN, dg->device, gr);
+  if (dm_plan_card_of(dg->device) && (gr[ALOG] || gr[DTB]))
+    dm_plan_scratch(dm_kda_gate_bwd_scratch(dm_numel(f) / dm_numel(dt_bias), dm_numel(dt_bias)),
+                    "kda_gate's channel sums (kernels/kda.cu gate_backward)");
   DM_KERNEL(dm_kda_gate_bwd_k, "kda_gate_bwd", dg->device)(gr[F], gr[ALOG], gr[DTB], dg, f, a_log, dt_bias,
                                                            a_log ? dm_numel(a_log) : 1, kind, lb);
   dm_release(dg);

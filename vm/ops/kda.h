@@ -87,6 +87,65 @@ typedef void (*dm_kda_gate_bwd_k)(dm_tensor *df, dm_tensor *da_log, dm_tensor *d
                                   const dm_tensor *f, const dm_tensor *a_log, const dm_tensor *dt_bias,
                                   int64_t heads, int kind, double lb);
 
+/* ---- the CUDA kernels' device scratch, in bytes (core/alloc.h): the kernels size
+** theirs with these, and the op hands the same to a plan. vb: the bytes of a value
+** of the compute type (4; 8 for f64); pairs: B x H. ---- */
+
+#define DM_KDA_WARPS 8           /* the recurrent CUDA kernels' warps a block */
+
+/* the recurrent kernels' shared values a block: their vectors, and the state (two with
+** the backward) when state is true */
+static inline int64_t dm_kda_smem_values(int64_t dk, int64_t dv, bool bwd, bool state) {
+  return 4 * dk + 3 * dv + 1 + 2 * DM_KDA_WARPS * dv + (state ? (bwd ? 2 : 1) * dk * dv : 0);
+}
+
+/* whether a block keeps its states in shared memory (smem_optin: the card's most a block) */
+static inline bool dm_kda_state_in_smem(int64_t dk, int64_t dv, bool bwd, int64_t vb, int64_t smem_optin) {
+  return vb * dm_kda_smem_values(dk, dv, bwd, true) <= smem_optin;
+}
+
+/* "kda_fwd": the pairs' states, in device memory when shared memory cannot hold them */
+static inline int64_t dm_kda_fwd_scratch(int64_t pairs, int64_t dk, int64_t dv, int64_t vb, int64_t smem_optin) {
+  return dm_kda_state_in_smem(dk, dv, false, vb, smem_optin) ? 0 : vb * pairs * dk * dv;
+}
+
+/* "kda_bwd": a pair's checkpoints, one chunk's states and its values of v (work), and its
+** two states when shared memory cannot hold them */
+static inline int64_t dm_kda_bwd_work(int64_t pairs, int64_t T, int64_t dk, int64_t dv, int64_t chunk, int64_t vb) {
+  const int64_t nc = (T + chunk - 1) / chunk, len = chunk < T ? chunk : T;
+  return vb * pairs * (nc * dk * dv + len * dk * dv + len * dv);
+}
+static inline int64_t dm_kda_bwd_states(int64_t pairs, int64_t dk, int64_t dv, int64_t vb, int64_t smem_optin) {
+  return dm_kda_state_in_smem(dk, dv, true, vb, smem_optin) ? 0 : vb * pairs * 2 * dk * dv;
+}
+
+/* "kda_chunk_fwd", "kda_chunk_bwd": f32 tiles of DM_KDA_CHUNK^2 a chunk (5; 16 with the
+** backward) and the decays */
+static inline int64_t dm_kda_chunk_tiles(int64_t pairs, int64_t T, bool bwd) {
+  const int64_t chunks = pairs * ((T + DM_KDA_CHUNK - 1) / DM_KDA_CHUNK);
+  return 4 * chunks * ((bwd ? 16 : 5) * DM_KDA_CHUNK * DM_KDA_CHUNK + DM_KDA_CHUNK);
+}
+/* "kda_chunk_bwd": f32 rows standing in for an unwanted dv or dbeta (rows: B x T x H) */
+static inline int64_t dm_kda_chunk_spare(int64_t rows, int64_t dv, bool want_dv, bool want_dbeta) {
+  return (want_dv ? 0 : 4 * rows * dv) + (want_dbeta ? 0 : 4 * rows);
+}
+
+/* kda_gate's CUDA backward: runs of DM_KDA_GATE_ROWS rows, doubled until the grid fits */
+static inline int64_t dm_kda_gate_rows_per(int64_t rows) {
+  int64_t per = DM_KDA_GATE_ROWS;
+  while ((rows + per - 1) / per > 65535) per *= 2;
+  return per;
+}
+/* "kda_gate_bwd" with a sum over tokens wanted: 2 D f64 partial sums a run, then the D
+** channels' sums */
+static inline int64_t dm_kda_gate_bwd_partials(int64_t rows, int64_t D) {
+  const int64_t per = dm_kda_gate_rows_per(rows);
+  return 8 * ((rows + per - 1) / per) * 2 * D;
+}
+static inline int64_t dm_kda_gate_bwd_scratch(int64_t rows, int64_t D) {
+  return dm_kda_gate_bwd_partials(rows, D) + 8 * D;
+}
+
 /* The C API (vm/ops/kda.c). dm_kda returns o; when s_final is not NULL it
 ** receives the final state (an owned reference). chunk <= 0 means
 ** DM_KDA_CHUNK. dm_kda_gate: a_log may be NULL. */

@@ -26,6 +26,7 @@
 #include <limits.h>
 #include <math.h>
 #include "core/core.h"
+#include "core/alloc.h"
 #include "core/autograd.h"
 #include "ops/moe.h"
 
@@ -104,6 +105,9 @@ static void check_offsets(const char *what, const dm_tensor *offsets, int64_t ex
   int64_t want = experts + 1;
   if (ref) expect_shape(what, "offsets", "[E + 1]", offsets, 1, &want, ref_name, ref);
   else check_ndim(what, "offsets", "[E + 1]", offsets, 1);
+  if (dm_plan_card_of(offsets->device))
+    dm_plan_scratch(dm_moe_offsets_check_scratch(offsets->shape[0] - 1, dm_debug_level()),
+                    "moe's offsets check (kernels/moe.cu cuda_check_offsets)");
   DM_KERNEL(dm_moe_check_offsets_k, "moe_check_offsets", offsets->device)(offsets, rows, what);
 }
 
@@ -127,6 +131,8 @@ static void route_fwd(dm_ctx *c) {
   dm_tensor *idx = dm_tensor_new(lg->device, DM_I64, 2, snk);
   dm_tensor *w = dm_tensor_new(lg->device, lg->dtype, 2, snk);
   dm_tensor *counts = dm_tensor_new(lg->device, DM_I64, 1, &e);
+  if (dm_plan_card_of(lg->device))
+    dm_plan_scratch(dm_bucket_counts_scratch(n * k, e), "moe_route counts (kernels/moe.cu bucket_counts)");
   DM_KERNEL(dm_moe_route_k, "moe_route", lg->device)(idx, w, counts, lg, b);
   dm_save(c, lg);
   dm_save(c, idx);
@@ -159,6 +165,8 @@ static void sort_fwd(dm_ctx *c) {
   dm_tensor *perm = dm_tensor_new(ix->device, DM_I64, 1, &rows);
   dm_tensor *offsets = dm_tensor_new(ix->device, DM_I64, 1, &e1);
   dm_tensor *inv = dm_tensor_new(ix->device, DM_I64, 1, &rows);
+  if (dm_plan_card_of(ix->device))
+    dm_plan_scratch(dm_bucket_sort_scratch(rows, e), "moe_sort counters (kernels/moe.cu cuda_sort)");
   DM_KERNEL(dm_moe_sort_k, "moe_sort", ix->device)(perm, offsets, inv, ix);
   dm_release(ix);
   c->out[0] = perm;
@@ -205,6 +213,9 @@ static void experts_fwd(dm_ctx *c) {
   /* a recorded call keeps the projections: the backward then reads them instead of Ug and Uu again */
   dm_tensor *z = c->node ? dm_tensor_new(u->device, u->dtype == DM_F64 ? DM_F64 : DM_F32, 2, sz) : NULL;
   dm_moe_bank bank = {x[X_UG], x[X_UU], x[X_CG], x[X_CU], x[X_D]};
+  if (dm_plan_card_of(u->device) && n * k > 0)
+    dm_plan_scratch(dm_moe_experts_scratch(dm_moe_tc_shapes(u->dtype, e, n * k, dm, f, r), e, n * k, dm, f, r),
+                    "moe experts hidden rows (kernels/moe.cu tc_forward, experts_forward)");
   DM_KERNEL(dm_moe_experts_k, "moe_experts", u->device)(y, z, x[X_U], x[X_PERM], x[X_OFFSETS], &bank, k);
   for (int i = 0; i < X_N; i++) { dm_save(c, x[i]); dm_release(x[i]); }
   if (z) { dm_save(c, z); dm_release(z); }
@@ -227,6 +238,13 @@ static void experts_bwd(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
   }
   dm_moe_bank bank = {x[X_UG], x[X_UU], x[X_CG], x[X_CU], x[X_D]};
   dm_moe_grads grads = {g[X_UG], g[X_UU], g[X_CG], g[X_CU], g[X_D]};
+  if (dm_plan_card_of(dev)) {
+    const int64_t e = x[X_UG]->shape[0], dm = x[X_UG]->shape[1], r = x[X_UG]->shape[2], f = x[X_D]->shape[2];
+    const bool tc = dm_moe_tc_shapes(x[X_U]->dtype, e, rows, dm, f, r);
+    dm_plan_scratch(dm_moe_experts_bwd_scratch(tc, x[X_U]->dtype == DM_F64 ? 8 : 4, e, rows, dm, f, r, g[X_D] != NULL,
+                                               g[X_UG] || g[X_UU], g[X_CG] || g[X_CU]),
+                    "moe experts backward rows (kernels/moe.cu tc_backward, experts_backward)");
+  }
   DM_KERNEL(dm_moe_experts_bwd_k, "moe_experts_bwd", dev)(gx_rows, &grads, gy, z, x[X_U], x[X_PERM], x[X_OFFSETS],
                                                           &bank, k);
   dm_release(gy);
@@ -297,6 +315,8 @@ static void capacity_fwd(dm_ctx *c) {
   check_offsets(what, offsets, e, rows, NULL, NULL);
   dm_tensor *wc = dm_contiguous(w), *ix = dm_contiguous(idx), *iv = dm_contiguous(inv), *of = dm_contiguous(offsets);
   dm_tensor *out = dm_tensor_like(wc), *drops = dm_tensor_new(wc->device, DM_I64, 1, &e);
+  if (dm_plan_card_of(wc->device))
+    dm_plan_scratch(dm_moe_capacity_scratch(rows, e), "moe_capacity drops (kernels/moe.cu cuda_capacity)");
   DM_KERNEL(dm_moe_capacity_k, "moe_capacity", wc->device)(out, drops, wc, ix, iv, of, cap);
   dm_save(c, ix);
   dm_save(c, iv);

@@ -44,6 +44,101 @@
 #define DM_MOE_TC_RANK(r) ((r) == 16 || (r) == 32 || (r) == 64 || (r) == 128)
 #define DM_BS_CHUNK 256
 
+/* ---- the CUDA kernels' device scratch, in bytes (core/alloc.h): the kernels size
+** theirs with these, and the ops hand the same to a plan. e experts, rows assignments
+** (N x k), d, F and r the bank's sizes. ---- */
+
+/* dm_bucket_sort: a row of nb counters a block of DM_BS_CHUNK keys */
+static inline int64_t dm_bucket_sort_scratch(int64_t n, int64_t nb) {
+  return n > 0 ? 8 * ((n + DM_BS_CHUNK - 1) / DM_BS_CHUNK) * nb : 0;
+}
+/* bucket_counts (moe_route's counts, moe_capacity's drops): the offsets and the sort */
+static inline int64_t dm_bucket_counts_scratch(int64_t n, int64_t nb) {
+  return 8 * (nb + 1) + dm_bucket_sort_scratch(n, nb);
+}
+
+/* make_tiles: each expert's first tile of tm rows, and the map from tile to expert */
+static inline int64_t dm_moe_tiles_scratch(int64_t e, int64_t rows, int64_t tm) {
+  return 8 * (e + 1 + (rows + tm - 1) / tm + e);
+}
+
+/* the FMA kernels' rows a tile, by rank */
+static inline int dm_moe_fma_tile_rows(int64_t r) { return r <= 64 ? 16 : r <= 256 ? 4 : 1; }
+
+/* tc_plan: the streaming kernels' units over nch chunks, and with psize > 0 partial slots of
+** psize floats. An expert's groups are 1, or ceil(t / TC_GT) for t > TC_GT tiles, so the
+** groups are at most e + (rows / TC_TM + e) / TC_GT, and a group's units at most nch; an
+** expert of more than S = TC_GT TC_TM rows has fewer than 2 n / S groups, so the slots are
+** under 2 rows / S. */
+static inline int64_t dm_moe_tc_units(int64_t e, int64_t rows, int64_t nch) {
+  return (e + (rows / DM_MOE_TC_TM + e) / DM_MOE_TC_GT + 1) * nch;
+}
+static inline int64_t dm_moe_tc_slots(int64_t rows, int64_t psize) {
+  return psize > 0 ? 2 * rows / (DM_MOE_TC_GT * DM_MOE_TC_TM) : 0;
+}
+/* the units' integers (first, map, slot, smap), 16-byte aligned, before the slots' floats */
+static inline int64_t dm_moe_tc_units_head(int64_t e, int64_t rows, int64_t nch, int64_t psize) {
+  return (8 * (2 * (e + 1) + dm_moe_tc_units(e, rows, nch) + dm_moe_tc_slots(rows, psize)) + 15) / 16 * 16;
+}
+static inline int64_t dm_moe_tc_units_scratch(int64_t e, int64_t rows, int64_t nch, int64_t psize) {
+  return dm_moe_tc_units_head(e, rows, nch, psize) + 4 * dm_moe_tc_slots(rows, psize) * psize;
+}
+
+/* whether the tensor-core expert kernels take these shapes (the CUDA call also wants its
+** pointers 16-byte aligned): bf16 or f16, a rank of DM_MOE_TC_RANK, d a multiple of 8, grids
+** and 32-bit places that fit */
+static inline bool dm_moe_tc_shapes(dm_dtype t, int64_t e, int64_t rows, int64_t d, int64_t f, int64_t r) {
+  if (t != DM_BF16 && t != DM_F16) return false;
+  if (!DM_MOE_TC_RANK(r) || d % 8 || e > INT32_MAX) return false;
+  const int64_t fch = (f + DM_MOE_TC_FS - 1) / DM_MOE_TC_FS, dch = (d + DM_MOE_TC_DS - 1) / DM_MOE_TC_DS;
+  if (fch > 65535 || dch > 65535) return false;
+  if ((r > DM_MOE_TC_TM ? r : DM_MOE_TC_TM) * f >= INT32_MAX / 2) return false;     /* run_stream's places */
+  return dm_moe_tc_units(e, rows, fch > dch ? fch : dch) < INT32_MAX;                /* tc_plan's units, ints */
+}
+
+/* the tensor-core kernels' rows: the forward's hidden rows (16-bit, rows x r); the backward's
+** three 16-bit and two f32 rows of r; the backward's sums of cg's and cu's gradients by tile */
+static inline int64_t dm_moe_tc_fwd_rows(int64_t rows, int64_t r) { return 2 * rows * r; }
+static inline int64_t dm_moe_tc_bwd_rows(int64_t rows, int64_t r) { return (2 * 3 + 4 * 2) * rows * r; }
+static inline int64_t dm_moe_tc_tile_sums(int64_t e, int64_t rows, int64_t r) {
+  return 4 * ((rows + DM_MOE_TC_TM - 1) / DM_MOE_TC_TM + e) * 2 * r;
+}
+
+/* "moe_experts": the tensor-core forward holds the hidden rows (16-bit, rows x r), the tiles
+** and the units over F; the FMA forward its tiles */
+static inline int64_t dm_moe_experts_scratch(bool tc, int64_t e, int64_t rows, int64_t d, int64_t f, int64_t r) {
+  (void)d;
+  if (!tc) return dm_moe_tiles_scratch(e, rows, dm_moe_fma_tile_rows(r));
+  return dm_moe_tc_fwd_rows(rows, r) + dm_moe_tiles_scratch(e, rows, DM_MOE_TC_TM) +
+         dm_moe_tc_units_scratch(e, rows, (f + DM_MOE_TC_FS - 1) / DM_MOE_TC_FS, 0);
+}
+
+/* "moe_experts_bwd": the tensor-core backward holds three 16-bit and two f32 rows of r, the
+** tiles, and in turn the units of D's gradient, of Ug's and Uu's, and the tiles' sums of cg's
+** and cu's; the FMA backward five rows of r in the compute type (vb bytes) and its tiles */
+static inline int64_t dm_moe_experts_bwd_scratch(bool tc, int64_t vb, int64_t e, int64_t rows, int64_t d,
+                                                 int64_t f, int64_t r, bool want_d, bool want_u, bool want_c) {
+  if (!tc) return 5 * vb * rows * r + dm_moe_tiles_scratch(e, rows, dm_moe_fma_tile_rows(r));
+  int64_t most = 0, n;
+  n = want_d ? dm_moe_tc_units_scratch(e, rows, (f + DM_MOE_TC_FS - 1) / DM_MOE_TC_FS, r * f) : 0;
+  most = n > most ? n : most;
+  n = want_u ? dm_moe_tc_units_scratch(e, rows, (d + DM_MOE_TC_DS - 1) / DM_MOE_TC_DS, d * 2 * r) : 0;
+  most = n > most ? n : most;
+  n = want_c && e * r > 0 ? dm_moe_tc_tile_sums(e, rows, r) : 0;
+  most = n > most ? n : most;
+  return dm_moe_tc_bwd_rows(rows, r) + dm_moe_tiles_scratch(e, rows, DM_MOE_TC_TM) + most;
+}
+
+/* "moe_capacity" with its drops counted: a key an assignment, then the counts over e + 1 buckets */
+/* "moe_check_offsets" of E experts, at DM_DEBUG >= 1: the first bad offset and its neighbours */
+static inline int64_t dm_moe_offsets_check_scratch(int64_t e, int debug) {
+  return e >= 0 && debug >= 1 ? 4 * (int64_t)sizeof(int64_t) : 0;
+}
+
+static inline int64_t dm_moe_capacity_scratch(int64_t rows, int64_t e) {
+  return 8 * (rows > 0 ? rows : 1) + 8 * (e + 1) + dm_bucket_counts_scratch(rows, e + 1);
+}
+
 /* The expert weights, and their gradients (a NULL member is not wanted). */
 typedef struct dm_moe_bank { const dm_tensor *ug, *uu, *cg, *cu, *d; } dm_moe_bank;
 typedef struct dm_moe_grads { dm_tensor *ug, *uu, *cg, *cu, *d; } dm_moe_grads;

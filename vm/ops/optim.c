@@ -8,6 +8,7 @@
 #include <math.h>
 #include "ops/optim.h"
 #include "core/core.h"
+#include "core/alloc.h"
 #include "core/cuda.h"
 
 /* ---- checks (all made before anything is allocated) -------------------------------------- */
@@ -110,6 +111,7 @@ void dm_adamw_step(int n, dm_tensor *const *params, dm_tensor *const *grads,
     check_state(op, "first moment m", i, params[i], m[i]);
     check_state(op, "second moment v", i, params[i], v[i]);
   }
+  if (dm_plan_card_of(params[0]->device)) dm_plan_scratch(DM_ADAMW_SCRATCH, "adamw's constants (kernels/optim.cu cuda_adamw)");
   DM_KERNEL(dm_adamw_k, "adamw", params[0]->device)(n, params, grads, m, v, hp);
   for (int i = 0; i < n; i++)
     if (grads[i]) { dm_mark_written(params[i]); dm_mark_written(m[i]); dm_mark_written(v[i]); }
@@ -167,6 +169,9 @@ static ns_kernels ns_kernels_for(dm_device dev) {
 static dm_tensor *ns_iterate(dm_tensor *x, int steps, dm_ns_coeffs coeffs, const ns_kernels *k) {
   bool tall = x->shape[1] > x->shape[2];
   dm_ns_axpby_k axpby = k->axpby;
+  if (dm_plan_card_of(x->device))
+    dm_plan_scratch(dm_ns_normalize_scratch(x->shape[0], x->shape[1] * x->shape[2]),
+                    "Newton-Schulz norm partials (kernels/optim.cu cuda_ns_normalize)");
   k->normalize(x, dm_ns_norm_factor(coeffs), 1e-7);
   for (int s = 0; s < steps; s++) {
     double abc[3];
@@ -360,6 +365,7 @@ static void muon_group(int k, const int *idx, dm_tensor *const *params, dm_tenso
   dm_tensor *ortho = muon_plus(ns_run(stack, hp->ns_steps, hp->coeffs, &nsk, hp->ns_dtype), hp->normalize);
   stack_views(ortho, k, p, rows, pitch, o);
   /* 0.2·sqrt(max(m, n)) brings the update's RMS to AdamW's (Moonlight) */
+  if (dm_plan_card_of(dev)) dm_plan_scratch(DM_MUON_APPLY_SCRATCH, "muon's constants (kernels/optim.cu cuda_muon_apply)");
   apply(k, p, o, hp, 0.2 * sqrt((double)(rows > cols ? rows : cols)), cols, pitch);
   for (int j = 0; j < k; j++) {
     dm_release(o[j]);
@@ -414,6 +420,14 @@ void dm_muon_step(int n, dm_tensor *const *params, dm_tensor *const *grads,
 /* ---- clipping ------------------------------------------------------------------------------- */
 
 /* the list's first gradient (NULL when none), after checking them all */
+/* the sums of squares' partials, for a plan on the meta device (core/alloc.h) */
+static void plan_sumsq(dm_device dev, int n, dm_tensor *const *grads) {
+  if (!dm_plan_card_of(dev)) return;
+  int64_t blocks = 0;
+  for (int i = 0; i < n; i++) if (grads[i]) blocks += dm_sumsq_blocks(dm_numel(grads[i]));
+  dm_plan_scratch(dm_sumsq_scratch(blocks), "clipping's partial sums (kernels/optim.cu cuda_sumsq)");
+}
+
 static const dm_tensor *check_clip(const char *op, int n, dm_tensor *const *grads, double max_norm) {
   if (!(max_norm >= 0)) dm_error("%s: max_norm must be >= 0 (0 = no clipping), got %g", op, max_norm);
   const dm_tensor *first = NULL;
@@ -447,6 +461,7 @@ void dm_clip_grads_async(int n, dm_tensor *const *grads, double max_norm, dm_ten
   dm_device dev = first ? first->device : sumsq->device;
   dm_check_scalar("clip_grads_async", "the sum of squares", sumsq, DM_F64, dev);
   if (!first) { dm_fill(sumsq, 0.0); return; }
+  plan_sumsq(dev, n, grads);
   DM_KERNEL(dm_sumsq_k, "sumsq", dev)(n, grads, sumsq);
   if (max_norm > 0) {
     DM_KERNEL(dm_clip_scale_k, "clip_scale", dev)(n, grads, sumsq, max_norm);
@@ -470,6 +485,7 @@ double dm_clip_grad_norm(int n, dm_tensor *const *grads, double max_norm, bool *
   dm_sumsq_k sum = DM_KERNEL(dm_sumsq_k, "sumsq", dev);
   dm_clip_scale_k scale = DM_KERNEL(dm_clip_scale_k, "clip_scale", dev);
   dm_tensor *sumsq = dm_tensor_new(dev, DM_F64, 1, (int64_t[]){1});
+  plan_sumsq(dev, n, grads);
   sum(n, grads, sumsq);
   dm_tensor *host = dev == DM_CPU ? (dm_retain(sumsq), sumsq) : dm_to_device(sumsq, DM_CPU);
   double norm = sqrt(*(double *)dm_data(host));

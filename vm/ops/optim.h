@@ -29,8 +29,27 @@
 
 #include "core/tensor.h"
 
-/* elements a block of the CUDA sums of squares (clipping) takes: one f64 partial each (the planner reads it) */
+/* ---- the CUDA kernels' device scratch, in bytes (core/alloc.h): the kernels size
+** theirs with these, and the callers hand the same to a plan ---- */
+
+/* "sumsq" (clipping): one f64 partial a block of DM_SUMSQ_CHUNK elements of each tensor */
 #define DM_SUMSQ_CHUNK 65536
+static inline int64_t dm_sumsq_blocks(int64_t numel) { return (numel + DM_SUMSQ_CHUNK - 1) / DM_SUMSQ_CHUNK; }
+static inline int64_t dm_sumsq_scratch(int64_t blocks) { return 8 * (blocks > 0 ? blocks : 1); }
+
+/* "adamw" and "muon_apply": the step's f32 constants, worked out on the device */
+#define DM_ADAMW_SCRATCH (4 * (int64_t)sizeof(float))
+#define DM_MUON_APPLY_SCRATCH (3 * (int64_t)sizeof(float))
+
+/* "ns_normalize" of nb matrices of per values: f64 partials over up to 64 slices of 16384
+** values a matrix, then its factor (f32) */
+static inline int64_t dm_ns_slices(int64_t per) {
+  const int64_t n = (per + 16383) / 16384;
+  return n > 64 ? 64 : n;
+}
+static inline int64_t dm_ns_normalize_scratch(int64_t nb, int64_t per) {
+  return nb * per == 0 ? 0 : 8 * nb * dm_ns_slices(per) + 4 * nb;
+}
 
 typedef struct dm_adamw_hp {
   double lr, beta1, beta2, eps, weight_decay;
