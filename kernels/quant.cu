@@ -185,83 +185,173 @@ static void cuda_quant_decode(dm_tensor *y, const dm_tensor *codes, const dm_ten
 }
 
 /* ---- LittleBit's binary factors: w = row * sign(x) * col, and its backward -------------------
-** Rows (e, i) of n elements: a warp a row, its lanes along the row (one division a row, not
-** three an element); the column sums by blocks of 32 columns x 8 groups of rows. Values and sums
-** in the compute type (f32, double for f64). */
+** Rows (e, i) of n elements lie end to end. A group of W lanes takes a row (W = 32 for long rows,
+** fewer for short ones, so that a warp takes several), its lanes along it in vectors of V elements
+** (16 bytes) where the row's elements are aligned to them, one element a lane before and after
+** (a row of odd n starts anywhere). The column sums by tiles of 64 columns (two a lane) x 8
+** groups of rows. Values and sums in the compute type (f32, double for f64). */
 
-#define DM_WARP_ROWS(ei, rows)                                                                      \
-  for (int64_t ei = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32; ei < (rows);             \
-       ei += (int64_t)gridDim.x * blockDim.x / 32)
+/* 16 bytes of S, as V of them */
+template <typename S, int V> struct lb_vec { S v[V]; };
+template <typename S, int V> __device__ __forceinline__ lb_vec<S, V> lb_load(const S *p) {
+  lb_vec<S, V> r;
+  if constexpr (V * sizeof(S) == 16) *(uint4 *)r.v = __ldg((const uint4 *)p);
+  else for (int k = 0; k < V; k++) r.v[k] = p[k];
+  return r;
+}
+template <typename S, int V> __device__ __forceinline__ void lb_store(S *p, const lb_vec<S, V> &r) {
+  if constexpr (V * sizeof(S) == 16) *(uint4 *)p = *(const uint4 *)r.v;
+  else for (int k = 0; k < V; k++) p[k] = r.v[k];
+}
 
-template <int DT>
+/* A lane's share of the row at .. at + len (at counted from a 16-byte aligned base): one(j) for
+** each element j of the row before the first aligned one and after the last, vec(j) for each
+** aligned vector of V, its first element j. */
+template <int V, int W, typename One, typename Vec>
+__device__ __forceinline__ void lb_row(int64_t at, int64_t len, int lane, One one, Vec vec) {
+  const int64_t head = min(len, (int64_t)((V - at % V) % V)), nv = (len - head) / V;
+  for (int64_t j = lane; j < head; j += W) one(j);
+  for (int64_t q = lane; q < nv; q += W) vec(head + q * V);
+  for (int64_t j = head + nv * V + lane; j < len; j += W) one(j);
+}
+
+/* lanes a row: enough for one vector each, a power of two up to a warp */
+static int lb_lanes(int64_t n, int v) {
+  int w = 1;
+  while (w < 32 && (int64_t)w * v < n) w *= 2;
+  return w;
+}
+
+template <int DT, int V, int W>
 __global__ void littlebit_k(S_<DT> *w, const S_<DT> *x, const S_<DT> *row, const S_<DT> *col, int64_t m, int64_t n,
                             int64_t rows) {
-  const int lane = threadIdx.x % 32;
-  DM_WARP_ROWS(ei, rows) {
-    const S_<DT> *c = col + ei / m * n;
+  typedef S_<DT> S;
+  typedef C_<DT> C;
+  const int lane = threadIdx.x % W;
+  DM_GROUP_LOOP(ei, rows, W) {
+    if (ei >= rows) continue;
+    const S *c = col + ei / m * n;
     const int64_t at = ei * n;
-    const C_<DT> r = dt<DT>::load(row[ei]);
-    for (int64_t j = lane; j < n; j += 32)
-      w[at + j] = dt<DT>::store(r * (C_<DT>)dm_sign(dt<DT>::load(x[at + j])) * dt<DT>::load(c[j]));
+    const C r = dt<DT>::load(row[ei]);
+    auto one = [&](int64_t j) { w[at + j] = dt<DT>::store(r * (C)dm_sign(dt<DT>::load(x[at + j])) * dt<DT>::load(c[j])); };
+    auto vec = [&](int64_t j) {
+      lb_vec<S, V> xv = lb_load<S, V>(x + at + j), out;
+#pragma unroll
+      for (int k = 0; k < V; k++)
+        out.v[k] = dt<DT>::store(r * (C)dm_sign(dt<DT>::load(xv.v[k])) * dt<DT>::load(c[j + k]));
+      lb_store<S, V>(w + at + j, out);
+    };
+    lb_row<V, W>(at, n, lane, one, vec);
   }
 }
 
-/* gx along the row, and its sum of g sign(x) col by shuffles */
-template <int DT>
+/* gx along the row, and its sum of g sign(x) col by shuffles within the group */
+template <int DT, int V, int W>
 __global__ void littlebit_rows_k(S_<DT> *gx, S_<DT> *grow, const S_<DT> *g, const S_<DT> *x, const S_<DT> *row,
                                  const S_<DT> *col, int64_t m, int64_t n, int64_t rows) {
-  const int lane = threadIdx.x % 32;
-  DM_WARP_ROWS(ei, rows) {
-    const S_<DT> *c = col + ei / m * n;
-    const int64_t at = ei * n;
-    const C_<DT> r = dt<DT>::load(row[ei]);
-    C_<DT> sum = 0;
-    for (int64_t j = lane; j < n; j += 32) {
-      C_<DT> gv = dt<DT>::load(g[at + j]), cv = dt<DT>::load(c[j]);
+  typedef S_<DT> S;
+  typedef C_<DT> C;
+  const int lane = threadIdx.x % W;
+  DM_GROUP_LOOP(ei, rows, W) {
+    const bool live = ei < rows;           /* a group past the end sums nothing, for the shuffles */
+    const S *c = col + (live ? ei / m * n : 0);
+    const int64_t at = live ? ei * n : 0;
+    const C r = live ? dt<DT>::load(row[ei]) : (C)0;
+    C sum = 0;
+    auto one = [&](int64_t j) {
+      const C gv = dt<DT>::load(g[at + j]), cv = dt<DT>::load(c[j]);
       if (gx) gx[at + j] = dt<DT>::store(gv * r * cv);
-      sum += gv * (C_<DT>)dm_sign(dt<DT>::load(x[at + j])) * cv;
-    }
-    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(DM_FULL_MASK, sum, o);
-    if (grow && lane == 0) grow[ei] = dt<DT>::store(sum);
+      sum += gv * (C)dm_sign(dt<DT>::load(x[at + j])) * cv;
+    };
+    auto vec = [&](int64_t j) {
+      lb_vec<S, V> gv = lb_load<S, V>(g + at + j), xv = lb_load<S, V>(x + at + j), out;
+#pragma unroll
+      for (int k = 0; k < V; k++) {
+        const C gk = dt<DT>::load(gv.v[k]), ck = dt<DT>::load(c[j + k]);
+        out.v[k] = dt<DT>::store(gk * r * ck);
+        sum += gk * (C)dm_sign(dt<DT>::load(xv.v[k])) * ck;
+      }
+      if (gx) lb_store<S, V>(gx + at + j, out);
+    };
+    lb_row<V, W>(at, live ? n : 0, lane, one, vec);
+    for (int o = W / 2; o > 0; o /= 2) sum += __shfl_xor_sync(DM_FULL_MASK, sum, o, W);
+    if (grow && live && lane == 0) grow[ei] = dt<DT>::store(sum);
   }
 }
 
-/* a block a tile of 32 columns of one expert: 8 groups of rows, each lane down one column of
-** every 8th row (a warp reads a row's 32 neighbouring elements), the groups summed in shared memory */
-constexpr int LB_GROUPS = 8;
+/* a block a tile of 64 columns of one expert: 8 groups of rows, each lane down two neighbouring
+** columns of every 8th row (a warp reads 64 neighbouring elements of a row, two rows in flight),
+** the groups summed in shared memory */
+constexpr int LB_GROUPS = 8, LB_TILE = 64;
 template <int DT>
 __global__ void __launch_bounds__(32 * LB_GROUPS) littlebit_cols_k(S_<DT> *gcol, const S_<DT> *g, const S_<DT> *x,
                                                                     const S_<DT> *row, int64_t m, int64_t n,
                                                                     int64_t tiles) {
-  __shared__ C_<DT> part[LB_GROUPS][33];
+  typedef C_<DT> C;
+  __shared__ C part[LB_GROUPS][LB_TILE + 1];
   const int lane = threadIdx.x % 32, group = threadIdx.x / 32;
-  const int64_t per_expert = (n + 31) / 32;
+  const int64_t per_expert = (n + LB_TILE - 1) / LB_TILE;
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const int64_t e = t / per_expert, j = t % per_expert * 32 + lane;
-    C_<DT> sum = 0;
-    if (j < n)
-      for (int64_t i = group; i < m; i += LB_GROUPS) {
-        const int64_t at = (e * m + i) * n + j;
-        sum += dt<DT>::load(g[at]) * (C_<DT>)dm_sign(dt<DT>::load(x[at])) * dt<DT>::load(row[e * m + i]);
-      }
-    part[group][lane] = sum;
+    const int64_t e = t / per_expert, j = t % per_expert * LB_TILE + 2 * lane;
+    const int cols = j + 1 < n ? 2 : j < n ? 1 : 0;
+    C sum[2] = {0, 0};
+    auto add = [&](int64_t i) {
+      const int64_t at = (e * m + i) * n + j;
+      const C r = dt<DT>::load(row[e * m + i]);
+#pragma unroll
+      for (int k = 0; k < 2; k++)
+        if (k < cols) sum[k] += dt<DT>::load(g[at + k]) * (C)dm_sign(dt<DT>::load(x[at + k])) * r;
+    };
+    int64_t i = group;
+    for (; i + LB_GROUPS < m; i += 2 * LB_GROUPS) { add(i); add(i + LB_GROUPS); }
+    if (i < m) add(i);
+    part[group][2 * lane] = sum[0];
+    part[group][2 * lane + 1] = sum[1];
     __syncthreads();
-    if (group == 0 && j < n) {
-      C_<DT> total = 0;
-      for (int k = 0; k < LB_GROUPS; k++) total += part[k][lane];
-      gcol[e * n + j] = dt<DT>::store(total);
+    for (int c = threadIdx.x; c < LB_TILE; c += blockDim.x) {
+      const int64_t jc = t % per_expert * LB_TILE + c;
+      if (jc >= n) continue;
+      C total = 0;
+      for (int k = 0; k < LB_GROUPS; k++) total += part[k][c];
+      gcol[e * n + jc] = dt<DT>::store(total);
     }
     __syncthreads();
   }
 }
+
+/* the vector a kernel takes: 16 bytes where every pointer it streams is aligned to them */
+static bool lb_aligned(const void *a, const void *b, const void *c) {
+  return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) & 15) == 0;
+}
+
+/* run body with V and W set: 16-byte vectors when aligned, W lanes a row */
+#define LB_SHAPED(DT, aligned, n, ...)                                                                \
+  do {                                                                                                \
+    constexpr int V16 = (int)(16 / sizeof(S_<DT>));                                                   \
+    auto go_ = [&](auto v_) {                                                                         \
+      constexpr int V = decltype(v_)::value;                                                          \
+      switch (lb_lanes(n, V)) {                                                                       \
+      case 1: { constexpr int W = 1; __VA_ARGS__; } break;                                            \
+      case 2: { constexpr int W = 2; __VA_ARGS__; } break;                                            \
+      case 4: { constexpr int W = 4; __VA_ARGS__; } break;                                            \
+      case 8: { constexpr int W = 8; __VA_ARGS__; } break;                                            \
+      case 16: { constexpr int W = 16; __VA_ARGS__; } break;                                          \
+      default: { constexpr int W = 32; __VA_ARGS__; } break;                                          \
+      }                                                                                               \
+    };                                                                                                \
+    if (aligned) go_(std::integral_constant<int, V16>{});                                             \
+    else go_(std::integral_constant<int, 1>{});                                                       \
+  } while (0)
 
 static void cuda_littlebit(dm_tensor *w, const dm_tensor *x, const dm_tensor *row, const dm_tensor *col) {
   int64_t rows = x->shape[0] * x->shape[1], m = x->shape[1], n = x->shape[2];
   if (dm_numel(x) == 0) return;
   dm_dispatch_float(x->dtype, "littlebit", [&](auto d) {
     constexpr int DT = decltype(d)::value;
-    DM_LAUNCH(littlebit_k<DT>, rows * 32, (S_<DT> *)dm_data(w), (const S_<DT> *)dm_data(x),
-              (const S_<DT> *)dm_data(row), (const S_<DT> *)dm_data(col), m, n, rows);
+    const bool aligned = lb_aligned(dm_data(w), dm_data(x), NULL);
+    LB_SHAPED(DT, aligned, n, DM_GROUP_LAUNCH((littlebit_k<DT, V, W>), rows, W, (S_<DT> *)dm_data(w),
+                                              (const S_<DT> *)dm_data(x), (const S_<DT> *)dm_data(row),
+                                              (const S_<DT> *)dm_data(col), m, n, rows));
   });
 }
 
@@ -273,11 +363,13 @@ static void cuda_littlebit_bwd(dm_tensor *gx, dm_tensor *grow, dm_tensor *gcol, 
     constexpr int DT = decltype(d)::value;
     const S_<DT> *gp = (const S_<DT> *)dm_data(g), *xp = (const S_<DT> *)dm_data(x);
     const S_<DT> *rp = (const S_<DT> *)dm_data(row), *cp = (const S_<DT> *)dm_data(col);
+    const bool aligned = lb_aligned(gp, xp, gx ? dm_data(gx) : NULL);
     if (gx || grow)
-      DM_LAUNCH(littlebit_rows_k<DT>, E * m * 32, gx ? (S_<DT> *)dm_data(gx) : NULL,
-                grow ? (S_<DT> *)dm_data(grow) : NULL, gp, xp, rp, cp, m, n, E * m);
+      LB_SHAPED(DT, aligned, n, DM_GROUP_LAUNCH((littlebit_rows_k<DT, V, W>), E * m, W,
+                                                gx ? (S_<DT> *)dm_data(gx) : NULL,
+                                                grow ? (S_<DT> *)dm_data(grow) : NULL, gp, xp, rp, cp, m, n, E * m));
     if (gcol) {
-      int64_t tiles = E * ((n + 31) / 32);
+      int64_t tiles = E * ((n + LB_TILE - 1) / LB_TILE);
       littlebit_cols_k<DT><<<dm_grid(tiles * 32 * LB_GROUPS, 32 * LB_GROUPS), 32 * LB_GROUPS, 0,
                              dm_cuda_stream()>>>((S_<DT> *)dm_data(gcol), gp, xp, rp, m, n, tiles);
       DM_CU_LAUNCHED();

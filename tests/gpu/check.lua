@@ -222,15 +222,22 @@ against_f64("index_select of 5000 rows", function(x) return x:index_select(1, id
 grad_against_f64("index_select (index_add, repeated rows)", function(x) return x:index_select(1, id:to(x.device)) end,
                  randn({2000, 64}, 27))
 
--- LittleBit's factor at bank-like shapes: the row sums by warps, the column sums down long columns
+-- LittleBit's factor at bank-like shapes: the row sums by warps, the column sums down long columns;
+-- then rows of lanes shared by a warp with vectors not aligned to them (n = 20, 1), and x a view
+-- at an offset of 42 bytes (shift: the kernels' element-a-lane form)
 local LB_TOL = {f32 = TOL.f32, bf16 = TOL.bf16, f64 = 1e-12}   -- f64: the kernels compute in double
-for _, shape in ipairs {{16, 2048, 64}, {8, 64, 5461}} do
+for _, shape in ipairs {{16, 2048, 64}, {8, 64, 5461}, {3, 5, 20}, {2, 33, 1}, {5, 3, 7, shift = true}} do
   for _, dt in ipairs {"f32", "bf16", "f64"} do
     check(string.format("littlebit %s and its three gradients, %s", table.concat(shape, "x"), dt), function()
       local E, m, n = shape[1], shape[2], shape[3]
       local src = {randn({E, m, n}, 28), randn({E, m, 1}, 29), randn({E, 1, n}, 30), randn({E, m, n}, 31)}
       local function run(dev, t)
         local x, row, col = src[1]:to(dt):to(t):to(dev), src[2]:to(dt):to(t):to(dev), src[3]:to(dt):to(t):to(dev)
+        if shape.shift then                     -- the same values, one expert into a larger tensor
+          local big = dm.zeros({E + 1, m, n}, {dtype = x.dtype, device = dev})
+          big:narrow(1, 2, E):copy_(x)
+          x = big:narrow(1, 2, E)
+        end
         for _, p in ipairs {x, row, col} do p:requires_grad(true) end
         local w = dm.littlebit(x, row, col)
         w:backward(src[4]:to(dt):to(t):to(dev))
