@@ -50,9 +50,11 @@ else
   ARCH_FLAG = -DDM_CUDA_ARCHS="$(DM_CUDA_ARCHS)"
 endif
 
+# build/meta/ops.lua: the editor lines of the functions the ops' descriptors give them (.luarc.json)
 build: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(ARCH_FLAG) $(CMAKE_FLAGS) >/dev/null
 	cmake --build $(BUILD) -j$(JOBS)
+	DORMOUSE_HOME=$(CURDIR) $(BUILD)/dormouse meta $(BUILD)/meta/ops.lua
 
 build-asan: deps
 	CC=clang cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(SAN_FLAGS) \

@@ -18,6 +18,7 @@ require("dormouse.tensor")(dm, T, core)
 for _, family in ipairs {"elementwise", "reduce", "shape", "index", "matmul", "blocks", "kda", "moe", "engram", "quant"} do
   require("dormouse.ops." .. family)(dm, T, core)
 end
+require("dormouse.ops.generated").install(dm, T, core)      -- the ops whose descriptors give their function
 
 dm.data = require "dormouse.data"
 dm.ckpt = require "dormouse.ckpt"

@@ -4,7 +4,8 @@
 -- runs: the implementation is vm/lua/*.c and lua/dormouse/.
 -- Positions are 1-based (dims, narrow starts, gather/index_select/scatter_add
 -- indices, the indices max and argmax return); negative dims count from the end.
--- tests/lua/tensor_spec.lua checks that every method and function is listed here.
+-- tests/lua/tensor_spec.lua checks that every method and function is listed here or,
+-- for the ops whose descriptors give their function, in build/meta/ops.lua (`dormouse meta`).
 
 ---@alias dormouse.DType "f32"|"f64"|"bf16"|"f16"|"i32"|"i64"|"u8"
 ---@alias dormouse.Device "cpu"|"cuda"|"meta"
@@ -43,6 +44,9 @@
 ---@field n_in integer tensor inputs (-1: a list)
 ---@field n_out integer tensor outputs
 ---@field differentiable boolean whether it has a backward
+---@field lua? "function"|"method" the Lua function its descriptor gives it (lua/dormouse/ops/generated.lua)
+---@field args? string its inputs by name, each with its shape
+---@field optional boolean[] optional[i]: input i may be nil
 
 ---A view over refcounted storage: dtype, shape, strides, device. Arithmetic
 ---operators broadcast as in NumPy and take a number on either side.
@@ -942,12 +946,6 @@ function dm.quant_encode(x, format, block) end
 ---@return dormouse.Tensor
 function dm.quant_decode(codes, scales, format, block, n) end
 
----LittleBit's binary factor row * sign(x) * col in one pass, the sign's gradient passed straight through to x.
----@param x dormouse.Tensor [E, m, n]
----@param row dormouse.Tensor [E, m, 1]
----@param col dormouse.Tensor [E, 1, n]
----@return dormouse.Tensor
-function dm.littlebit(x, row, col) end
 
 ---Cross-entropy of logits [..., V] against class ids [...] (0..V-1), fused with its log-softmax.
 ---@param logits dormouse.Tensor

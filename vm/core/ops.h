@@ -42,6 +42,14 @@ typedef void (*dm_backward_fn)(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gi
 ** else); it saves the op's gradient as a whole tensor at the peak */
 typedef void (*dm_backward_into_fn)(dm_ctx *c, dm_tensor *const *gout, dm_tensor *acc);
 
+/* the Lua function an op's descriptor gives it (lua/dormouse/ops/generated.lua writes it and its
+** editor lines from the descriptor: no Lua file of its own) */
+enum {
+  DM_LUA_OWN,                    /* none, or one written by hand in lua/dormouse/ops/<family>.lua */
+  DM_LUA_FN,                     /* dm.<name>(inputs..., attributes...) */
+  DM_LUA_METHOD,                 /* that, and the tensor method x:<name>(...) on the first input */
+};
+
 typedef struct dm_op {
   const char *name;
   const char *doc;               /* one line, shown by --list and help() */
@@ -57,6 +65,8 @@ typedef struct dm_op {
   const char *family;            /* set at registration: the registering file ("kda") */
   void (*free_ctx)(dm_ctx *c);   /* optional: releases what the forward kept in attrs (a node is freed) */
   dm_backward_into_fn backward_into;   /* optional, one-input ops: see dm_backward_into_fn */
+  const char *args;              /* the inputs by name, each with its shape: "x [E, m, n], row [E, m, 1]" */
+  int lua;                       /* DM_LUA_*: how Lua calls it */
 } dm_op;
 
 /* what a forward and a backward see */

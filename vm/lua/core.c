@@ -144,7 +144,7 @@ static int c_ops(lua_State *L) {
   lua_createtable(L, dm_op_count(), 0);
   for (int i = 0; i < dm_op_count(); i++) {
     const dm_op *op = dm_op_at(i);
-    lua_createtable(L, 0, 8);
+    lua_createtable(L, 0, 12);
     push_attrs(L, op->attrs);
     lua_setfield(L, -3, "spellings");
     lua_setfield(L, -2, "attr_names");
@@ -154,6 +154,12 @@ static int c_ops(lua_State *L) {
     lua_pushinteger(L, op->n_in); lua_setfield(L, -2, "n_in");
     lua_pushinteger(L, op->n_out); lua_setfield(L, -2, "n_out");
     lua_pushboolean(L, op->backward != NULL); lua_setfield(L, -2, "differentiable");
+    static const char *forms[] = {[DM_LUA_FN] = "function", [DM_LUA_METHOD] = "method"};
+    if (op->lua != DM_LUA_OWN) { lua_pushstring(L, forms[op->lua]); lua_setfield(L, -2, "lua"); }
+    if (op->args) { lua_pushstring(L, op->args); lua_setfield(L, -2, "args"); }
+    lua_createtable(L, op->n_in > 0 ? op->n_in : 0, 0);       /* optional[i]: input i may be nil */
+    for (int i = 0; i < op->n_in; i++) { lua_pushboolean(L, (op->optional >> i) & 1); lua_rawseti(L, -2, i + 1); }
+    lua_setfield(L, -2, "optional");
     lua_rawseti(L, -2, i + 1);
   }
   return 1;

@@ -173,9 +173,9 @@ static dm_op ops[] = {
    .n_in = 2, .n_out = 1, .attrs = "format=" DM_QUANT_SPELLINGS ",block,n", .nondiff = 3,
    .forward = decode_forward},
   {.name = "littlebit",
-   .doc = "row * sign(x) * col (x [E, m, n], row [E, m, 1], col [E, 1, n]): LittleBit's binary factor; "
-          "the backward passes the sign's gradient straight through to x",
-   .n_in = 3, .n_out = 1, .attrs = "", .forward = littlebit_forward, .backward = littlebit_backward},
+   .doc = "LittleBit's binary factor row * sign(x) * col in one pass, the sign's gradient passed straight "
+          "through to x",
+   .args = "x [E, m, n], row [E, m, 1], col [E, 1, n]", .lua = DM_LUA_FN, .n_in = 3, .n_out = 1, .attrs = "", .forward = littlebit_forward, .backward = littlebit_backward},
 };
 DM_REGISTER_OPS(ops)
 

@@ -9,7 +9,8 @@ The low-bit number formats of the expert banks (vm/ops/quant.h):
   dm.quant_decode(codes, scales, format, block, n)   and back (f32, rows of n elements)
   dm.littlebit(x, row, col)         LittleBit's binary factor row * sign(x) * col in one pass
                                     (x [E, m, n], row [E, m, 1], col [E, 1, n], one dtype), the
-                                    sign's gradient passed straight through to x
+                                    sign's gradient passed straight through to x; its function
+                                    is its descriptor's (vm/ops/quant.c, ops/generated.lua)
 
 Codes are u8, [..., ceil(n / per byte)]: one E4M3 code a byte (fp8_e4m3), two
 E2M1 codes (nvfp4, the lower nibble first), four 2-bit ternary codes (0, +1
@@ -49,9 +50,5 @@ function dm.fake_quantize(x, format, block)
   return dm.quantize(held, format, block) + (x - held)
 end
 T.fake_quantize = dm.fake_quantize
-
-function dm.littlebit(x, row, col)
-  return core.call("littlebit", x, row, col)
-end
 
 end
