@@ -464,11 +464,6 @@ function Tensor:rmsnorm(gain, eps) end
 ---@return dormouse.Tensor
 function Tensor:l2norm(eps) end
 
----silu(x) * b in one pass (x and b of one shape).
----@param b dormouse.Tensor
----@return dormouse.Tensor
-function Tensor:silu_mul(b) end
-
 ---x through a low-bit format block by block along its last dim, dequantised (no gradient).
 ---@param format "fp8_e4m3"|"nvfp4"|"ternary"|"binary"
 ---@param block? integer elements per scale (nil: 16 for nvfp4, 32 for the others)
@@ -909,12 +904,6 @@ function dm.rmsnorm(x, gain, eps) end
 ---@return dormouse.Tensor
 function dm.l2norm(x, eps) end
 
----silu(a) * b in one pass.
----@param a dormouse.Tensor
----@param b dormouse.Tensor
----@return dormouse.Tensor
-function dm.silu_mul(a, b) end
-
 ---x through a low-bit format block by block along its last dim, dequantised (no gradient).
 ---@param x dormouse.Tensor
 ---@param format "fp8_e4m3"|"nvfp4"|"ternary"|"binary"
@@ -1062,13 +1051,6 @@ function dm.moe_sort(idx, experts) end
 ---@param k integer
 ---@return dormouse.Tensor
 function dm.moe_experts(u, perm, offsets, ug, uu, cg, cu, d, k) end
-
----Each token's k expert rows weighted by its gates: [N, F].
----@param y_rows dormouse.Tensor
----@param inv dormouse.Tensor
----@param w dormouse.Tensor
----@return dormouse.Tensor
-function dm.moe_combine(y_rows, inv, w) end
 
 ---Gates with the tokens past each expert's capacity set to 0, and the drops per expert.
 ---@param w dormouse.Tensor

@@ -64,6 +64,9 @@ describe("a generated function", function()
     assert.is_function(T.blend)
     has(err_of(generated.install, {blend = print}, {}, fake_core({op()})),
         "op blend: dm.blend is written by hand and generated from the descriptor")
+    has(err_of(generated.install, {}, {blend = print}, fake_core({op({lua = "method"})})),
+        "op blend: Tensor:blend exists already")
+    generated.install({}, T, fake_core({op({lua = "method"})}))  -- its own, again: a reload of the library
   end)
 
   it("refuses a descriptor whose args do not name its inputs, or that it cannot call", function()

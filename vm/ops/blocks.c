@@ -259,7 +259,7 @@ static dm_op ops[] = {
    .n_in = 3, .n_out = 2, .attrs = "dilation,silu", .optional = 4,
    .forward = conv_forward, .backward = conv_backward},
   {.name = "silu_mul", .doc = "silu(a) * b in one pass (a and b of one shape)",
-   .n_in = 2, .n_out = 1, .attrs = "", .forward = silu_mul_forward, .backward = silu_mul_backward},
+   .args = "a, b", .lua = DM_LUA_METHOD, .n_in = 2, .n_out = 1, .attrs = "", .forward = silu_mul_forward, .backward = silu_mul_backward},
 };
 DM_REGISTER_OPS(ops)
 

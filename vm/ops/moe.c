@@ -383,7 +383,7 @@ static dm_op ops[] = {
    .n_in = X_N, .n_out = 1, .attrs = "k", .nondiff = (1u << X_PERM) | (1u << X_OFFSETS),
    .forward = experts_fwd, .backward = experts_bwd},
   {.name = "moe_combine", .doc = "y [N, F] = sum over a token's k assignments of w * y_rows[inv] (no atomics)",
-   .n_in = 3, .n_out = 1, .attrs = "", .nondiff = 1u << 1, .forward = combine_fwd, .backward = combine_bwd},
+   .args = "y_rows [N * k, F], inv [N * k], w [N, k]", .lua = DM_LUA_FN, .n_in = 3, .n_out = 1, .attrs = "", .nondiff = 1u << 1, .forward = combine_fwd, .backward = combine_bwd},
   {.name = "moe_capacity",
    .doc = "gates w [N, k] with assignments past an expert's capacity zeroed, and the drops per expert [E] i64",
    .n_in = 4, .n_out = 2, .attrs = "capacity", .nondiff = 0xe, .forward = capacity_fwd, .backward = capacity_bwd},

@@ -7,7 +7,8 @@ The model's building blocks: single fused ops with their own backward kernels.
                                          the square root, default 1e-6)
   dm.cross_entropy(logits, targets, {ignore_index = n, reduction = "mean"})
   dm.causal_conv1d(x, w, {dilation = 1, cache = c, return_cache = true, silu = false})
-  dm.silu_mul(a, b)                      silu(a) * b in one pass (a and b of one shape)
+  dm.silu_mul(a, b), a:silu_mul(b)       silu(a) * b in one pass (a and b of one shape; the
+                                         functions are the descriptor's, ops/generated.lua)
 
 cross_entropy: logits [..., V], targets [...] of class ids 0..V-1 (values,
 like byte values, not 1-based positions; i64, i32 or u8). It is fused with
@@ -106,7 +107,5 @@ function dm.causal_conv1d(x, w, opts)
   return y
 end
 
-function dm.silu_mul(a, b) return core.call("silu_mul", a, b) end
-T.silu_mul = dm.silu_mul
 
 end

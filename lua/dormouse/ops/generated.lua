@@ -82,6 +82,10 @@ function M.ops(core)
   return list
 end
 
+-- whether f is a function this file made (the methods table outlives a reload of the library)
+local here = debug.getinfo(1, "S").source
+local function made_here(f) return type(f) == "function" and debug.getinfo(f, "S").source == here end
+
 function M.install(dm, T, core)
   for _, g in ipairs(M.ops(core)) do
     local name = g.op.name
@@ -90,7 +94,7 @@ function M.install(dm, T, core)
     end
     dm[name] = wrapper(core, g.op, g.inputs)
     if g.op.lua == "method" then
-      if rawget(T, name) ~= nil then error(string.format("op %s: Tensor:%s exists already", name, name), 0) end
+      if rawget(T, name) ~= nil and not made_here(rawget(T, name)) then error(string.format("op %s: Tensor:%s exists already", name, name), 0) end
       T[name] = dm[name]
     end
   end

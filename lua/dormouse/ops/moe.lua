@@ -51,10 +51,6 @@ function dm.moe_experts(u, perm, offsets, ug, uu, cg, cu, d, k)
   return core.call("moe_experts", u, perm, offsets, ug, uu, cg, cu, d, {count(k, "moe_experts", "k", 1)})
 end
 
-function dm.moe_combine(y_rows, inv, w)
-  return core.call("moe_combine", y_rows, inv, w)
-end
-
 function dm.moe_capacity(w, idx, inv, offsets, factor)
   if type(factor) ~= "number" or factor < 0 then
     error(string.format("moe_capacity: the capacity factor must be a number >= 0, got %s", tostring(factor)), 2)
