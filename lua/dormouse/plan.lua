@@ -72,8 +72,8 @@ step by segments is planned as one segment's: Session:run),
 with the same allocations and no value read back, so that it runs on the meta
 device as on the GPU: next_batch() -> x, prefix on the model's device;
 grad_accum micro-batches of forward and backward; the balancing; the global
-norm's clipping and every group's update (Optimizer:step, with the update
-applied whatever the norm: on the meta device the norm has no value); zero_grad.
+norm's clipping and every group's update (Optimizer:step, blind: the update
+applied whatever the norm, which on the meta device has no value); zero_grad.
 mark(phase), when given, is called as "forward", "backward" and "optimiser"
 begin. Everything the step makes is released at its end (dm.scope). ]]
 function plan.step(model, opt, next_batch, grad_accum, mark)
@@ -88,8 +88,7 @@ function plan.step(model, opt, next_batch, grad_accum, mark)
     end
     mark("optimiser")
     train.balance(model)
-    core.clip_grads(opt:grads(), opt.clip)
-    for _, g in ipairs(opt.groups) do g:update(1, 1) end
+    opt:step(1, {blind = true})      -- the trainer's step, the norm not read: on meta it has no value
     opt:zero_grad()
   end)
 end

@@ -130,6 +130,7 @@ function optim.new(model, ocfg, scfg, steps, opts)
       self.groups[#self.groups + 1] = AdamW.new(#sparse > 0 and "engram_dense" or "engram", dense, hp)
     end
   end
+  if #self.params > 0 then self:scalars() end   -- held from the start, as the state is (the planner counts them so)
   if not (opts and opts.quiet) then print(self:describe()) end
   return self
 end
@@ -140,14 +141,21 @@ function Optimizer:describe()
 end
 
 -- One update; returns {grad_norm, lr (adamw_lr times the multiplier), lr_mult, skipped}.
-function Optimizer:step(step)
+-- opts.blind: the norm is not read back and the update applied whatever it is (grad_norm NaN):
+-- the planner's step, on the meta device, where the norm has no value.
+function Optimizer:step(step, opts)
   if self.async_steps then self:sync() end   -- the updates step_async applied count too
+  local blind = opts and opts.blind
   local mult = self.lr_mult(step)
   local device = self.params[1].device
   local dev = self:scalars()
   local norm, finite = profile.region("clip", "optim", device, function()
     local all, apart = self:grads_split()
     core.clip_grads_async(all, 0, dev.sumsq)                -- the norm, read once here
+    if blind then
+      core.clip_scale(apart, self.clip, dev.sumsq)
+      return 0 / 0, true
+    end
     local n = math.sqrt(dev.sumsq:item())
     local ok = n == n and n ~= math.huge
     if ok then core.clip_scale(apart, self.clip, dev.sumsq) end
