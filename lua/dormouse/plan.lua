@@ -328,9 +328,7 @@ end
 
 -- Free the model and the optimiser's state now.
 function Session:close()
-  for _, g in ipairs(self.opt.groups) do
-    for _, slot in ipairs(g.slots) do for _, t in ipairs(g.state[slot]) do t:free() end end
-  end
+  self.opt:free()
   for _, p in ipairs(self.model:named_parameters()) do p.tensor:free() end
   for _, b in ipairs(self.model:named_buffers()) do b.tensor:free() end
 end

@@ -68,9 +68,7 @@ local function measure(cfg)
   local m = {peak = mem.peak - before, reserved = mem.reserved, held = at - before}
   local engram = model.block and model.block.engram
   if engram and engram.host then engram.host:close() end       -- (engram.ram: its host table's threads)
-  for _, g in ipairs(opt.groups) do
-    for _, slot in ipairs(g.slots) do for _, t in ipairs(g.state[slot]) do t:free() end end
-  end
+  opt:free()
   for _, p in ipairs(model:named_parameters()) do p.tensor:free() end
   for _, b in ipairs(model:named_buffers()) do b.tensor:free() end
   collectgarbage()

@@ -175,6 +175,19 @@ function Optimizer:step(step, opts)
   return r
 end
 
+-- Give back what the optimiser holds on its device: every group's state and the step's scalars
+-- (the planner's sessions and the GPU checks, which build many in one process).
+function Optimizer:free()
+  for _, g in ipairs(self.groups) do
+    for _, slot in ipairs(g.slots) do for _, t in ipairs(g.state[slot]) do t:free() end end
+  end
+  if self.dev then
+    for _, at in ipairs(self.dev.at) do at.lr_at:free() end
+    self.dev.lr:free(); self.dev.step:free(); self.dev.sumsq:free()
+    self.dev = nil
+  end
+end
+
 ---------------------------------------------------------------- on the device
 
 -- The step's scalars on the parameters' device: each group's lr, the count
@@ -184,7 +197,7 @@ function Optimizer:scalars()
     local device = self.params[1].device
     self.dev = {
       lr = dm.keep(dm.zeros({#self.groups}, {dtype = "f64", device = device})),
-      step = dm.keep(dm.tensor({self.t}, {dtype = "i64"}):to(device)),
+      step = dm.keep(dm.full({1}, self.t, {dtype = "i64", device = device})),   -- (no host copy left to the GC)
       sumsq = dm.keep(dm.zeros({1}, {dtype = "f64", device = device})),
     }
     self.dev.at = {}
