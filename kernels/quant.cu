@@ -192,7 +192,7 @@ static void cuda_quant_decode(dm_tensor *y, const dm_tensor *codes, const dm_ten
 ** groups of rows. Values and sums in the compute type (f32, double for f64). */
 
 /* 16 bytes of S, as V of them */
-template <typename S, int V> struct lb_vec { S v[V]; };
+template <typename S, int V> struct alignas(16) lb_vec { S v[V]; };
 template <typename S, int V> __device__ __forceinline__ lb_vec<S, V> lb_load(const S *p) {
   lb_vec<S, V> r;
   if constexpr (V * sizeof(S) == 16) *(uint4 *)r.v = __ldg((const uint4 *)p);

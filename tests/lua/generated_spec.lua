@@ -54,7 +54,8 @@ describe("a generated function", function()
     local dm_ = {}
     generated.install(dm_, {}, core)
     has(err_of(dm_.blend, nil, 2), "blend: a (input 1 of a [n], b [n]) is missing")
-    has(err_of(dm_.blend, 1, 2, "add", 1, 5), "blend: takes 2 tensors and 2 attributes (a [n], b [n]), got 5 arguments")
+    has(err_of(dm_.blend, 1, 2, "add", 1, 5), "blend: takes 2 tensors (a [n], b [n]) and 2 attributes (mode, scale), got 5 arguments")
+    dm_.blend(1, 2, "add", 1, nil, nil)                            -- trailing nils are arguments left out
     has(err_of(dm_.blend, 1, 2, nil, 3), "blend: mode is left out but scale is given")
   end)
 

@@ -155,6 +155,8 @@ static int c_ops(lua_State *L) {
     lua_pushinteger(L, op->n_out); lua_setfield(L, -2, "n_out");
     lua_pushboolean(L, op->backward != NULL); lua_setfield(L, -2, "differentiable");
     static const char *forms[] = {[DM_LUA_FN] = "function", [DM_LUA_METHOD] = "method"};
+    if (op->lua < DM_LUA_OWN || op->lua > DM_LUA_METHOD)
+      return luaL_error(L, "op %s: its lua form %d is not a DM_LUA_* value (vm/core/ops.h)", op->name, op->lua);
     if (op->lua != DM_LUA_OWN) { lua_pushstring(L, forms[op->lua]); lua_setfield(L, -2, "lua"); }
     if (op->args) { lua_pushstring(L, op->args); lua_setfield(L, -2, "args"); }
     lua_createtable(L, op->n_in > 0 ? op->n_in : 0, 0);       /* optional[i]: input i may be nil */

@@ -213,6 +213,8 @@ static void experts_fwd(dm_ctx *c) {
   /* a recorded call keeps the projections: the backward then reads them instead of Ug and Uu again */
   dm_tensor *z = c->node ? dm_tensor_new(u->device, u->dtype == DM_F64 ? DM_F64 : DM_F32, 2, sz) : NULL;
   dm_moe_bank bank = {x[X_UG], x[X_UU], x[X_CG], x[X_CU], x[X_D]};
+  /* (the plan takes the tensor-core kernels wherever their shapes fit: it does not follow DM_MOE_FMA
+  ** or an unaligned view, which make the kernel take the FMA path's scratch) */
   if (dm_plan_card_of(u->device) && n * k > 0)
     dm_plan_scratch(dm_moe_experts_scratch(dm_moe_tc_shapes(u->dtype, e, n * k, dm, f, r), e, n * k, dm, f, r),
                     "moe experts hidden rows (kernels/moe.cu tc_forward, experts_forward)");

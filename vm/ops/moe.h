@@ -129,12 +129,12 @@ static inline int64_t dm_moe_experts_bwd_scratch(bool tc, int64_t vb, int64_t e,
   return dm_moe_tc_bwd_rows(rows, r) + dm_moe_tiles_scratch(e, rows, DM_MOE_TC_TM) + most;
 }
 
-/* "moe_capacity" with its drops counted: a key an assignment, then the counts over e + 1 buckets */
 /* "moe_check_offsets" of E experts, at DM_DEBUG >= 1: the first bad offset and its neighbours */
 static inline int64_t dm_moe_offsets_check_scratch(int64_t e, int debug) {
   return e >= 0 && debug >= 1 ? 4 * (int64_t)sizeof(int64_t) : 0;
 }
 
+/* "moe_capacity" with its drops counted: a key an assignment, then the counts over e + 1 buckets */
 static inline int64_t dm_moe_capacity_scratch(int64_t rows, int64_t e) {
   return 8 * (rows > 0 ? rows : 1) + 8 * (e + 1) + dm_bucket_counts_scratch(rows, e + 1);
 }

@@ -44,12 +44,13 @@ local function wrapper(core, op, inputs)
   local n_in, names = op.n_in, op.attr_names
   local most = n_in + #names
   return function(...)
-    local n = select("#", ...)
-    if n > most then
-      core.error(string.format("%s: takes %d tensors and %d attributes (%s), got %d arguments", op.name, n_in,
-                               #names, op.args, n))
-    end
     local args = table.pack(op.name, ...)
+    local n = args.n - 1
+    while n > 0 and args[n + 1] == nil do n = n - 1 end      -- trailing nils are arguments left out
+    if n > most then
+      core.error(string.format("%s: takes %d tensors (%s) and %d attributes (%s), got %d arguments", op.name,
+                               n_in, op.args, #names, table.concat(names, ", "), n))
+    end
     for i, input in ipairs(inputs) do
       if args[i + 1] == nil and not op.optional[i] then
         core.error(string.format("%s: %s (input %d of %s) is missing", op.name, input.name, i, op.args))
