@@ -74,7 +74,7 @@ static void radix_sort(int64_t n, const int64_t *key, int64_t *sk, int64_t *sp, 
                        const int64_t *maxkey) {
   int passes = (bits + 7) / 8;
   if (passes < 1) passes = 1;
-  size_t ob = sizeof(int64_t) * 257;                  /* dm_engram_radix_scratch: these and a pass's */
+  size_t ob = (size_t)dm_engram_radix_offsets();      /* then a pass's: dm_engram_radix_scratch */
   int64_t *off = (int64_t *)dm_scratch(ob);
   /* ping-pong so that the last pass lands in sk, sp */
   int64_t *ka[2] = {passes % 2 ? sk : tk, passes % 2 ? tk : sk}, *pa[2] = {passes % 2 ? sp : tp, passes % 2 ? tp : sp};
@@ -307,7 +307,7 @@ static void cuda_engram_alpha_bwd(dm_tensor *gu, dm_tensor *gk, dm_tensor *gw, c
   dm_dispatch_float(u->dtype, "engram_alpha_bwd", [&](auto dd) {
     constexpr int DT = decltype(dd)::value;
     typedef C_<DT> C;
-    size_t tb = gw ? sizeof(C) * (size_t)(3 * N) : 0;     /* dm_engram_alpha_bwd_scratch: these and the sums' */
+    size_t tb = gw ? (size_t)dm_engram_alpha_tokens(N, (int64_t)sizeof(C)) : 0;   /* then the sums' */
     C *tok = gw ? (C *)dm_scratch(tb) : NULL;
     const S_<DT> *pu = (const S_<DT> *)dm_data(u), *pk = (const S_<DT> *)dm_data(kx);
     if (N > 0) {

@@ -525,7 +525,7 @@ static void gate_backward(dm_tensor *df, dm_tensor *da_log, dm_tensor *ddt_bias,
   const bool sums = da_log || ddt_bias;
   if (G.D == 0 || (!df && !sums)) return;
   const int64_t per = gate_rows_per(G.N), runs = G.N > 0 ? (G.N + per - 1) / per : 0;
-  size_t nb = sizeof(double) * (size_t)G.D, np = (size_t)dm_kda_gate_bwd_partials(G.N, G.D);
+  size_t nb = (size_t)dm_kda_gate_bwd_channels(G.D), np = (size_t)dm_kda_gate_bwd_partials(G.N, G.D);
   double *part = sums && runs > 0 ? (double *)dm_scratch(np) : NULL;
   if (runs > 0) {
     dim3 grid((unsigned)((G.D + GATE_CH - 1) / GATE_CH), (unsigned)runs);

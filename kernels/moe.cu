@@ -110,7 +110,7 @@ static unsigned warp_blocks(int64_t n) {
 
 /* keys per bucket (nb buckets; keys checked, a bad one recorded under `what`) */
 static void bucket_counts(int64_t *counts, const int64_t *keys, int64_t n, int64_t nb, const char *what) {
-  size_t ob = sizeof(int64_t) * (size_t)(nb + 1);         /* dm_bucket_counts_scratch: these and the sort's */
+  size_t ob = (size_t)dm_bucket_offsets_scratch(nb);      /* then the sort's: dm_bucket_counts_scratch */
   int64_t *off = (int64_t *)dm_scratch(ob);
   dm_bsort s;
   memset(&s, 0, sizeof s);
@@ -592,7 +592,7 @@ static void experts_backward(dm_tensor *gx_rows, const dm_moe_grads *g, const dm
                              int tm) {
   typedef C_<DT> C;
   const int64_t *off = (const int64_t *)dm_data(offsets), *pp = (const int64_t *)dm_data(perm);
-  size_t nr = sizeof(C) * (size_t)(M.rows * M.r), rb = 5 * nr;    /* dm_moe_experts_bwd_scratch */
+  size_t rb = (size_t)dm_moe_fma_bwd_rows((int64_t)sizeof(C), M.rows, M.r);
   C *scratch = (C *)dm_scratch(rb);
   moe_rows<C> R = {scratch, scratch + M.rows * M.r, scratch + 2 * M.rows * M.r, scratch + 3 * M.rows * M.r,
                    scratch + 4 * M.rows * M.r};
@@ -1840,7 +1840,7 @@ static void cuda_capacity(dm_tensor *out, dm_tensor *drops, const dm_tensor *w, 
                           const dm_tensor *inv, const dm_tensor *offsets, int64_t capacity) {
   int64_t rows = dm_numel(w), e = offsets->shape[0] - 1;
   /* dm_moe_capacity_scratch: these and bucket_counts's */
-  size_t kb = sizeof(int64_t) * (size_t)(rows > 0 ? rows : 1), cb = sizeof(int64_t) * (size_t)(e + 1);
+  size_t kb = (size_t)dm_moe_capacity_keys(rows), cb = (size_t)dm_moe_capacity_counts(e);
   int64_t *key = drops ? (int64_t *)dm_scratch(kb) : NULL;
   if (rows > 0)
     dm_dispatch_float(w->dtype, "moe_capacity", [&](auto d) {

@@ -178,14 +178,14 @@ function Session:sort_holders()
   for _, g in ipairs(groups) do self.groups[#self.groups + 1] = g end
 end
 
---[[ One step at B × T on the meta device; watch_at: the allocation at which to
-sort the live bytes; scratch: the CUDA kernels' scratch charged where they take
-it (plan.CARD; false: none). Returns the phases in order, each {name, peak, at,
-blocks} (bytes over the session's start, the allocation number within the step). ]]
 -- The rows a pass of a step of B × T sees: by segments (model.segment) a step holds one segment's
 -- pass at a time, so its peak is that of a step at T = segment (the boundary states, a few MiB, aside)
 function Session:pass_rows(T) return self.segment and math.min(T, self.segment) or T end
 
+--[[ One step at B × T on the meta device; watch_at: the allocation at which to
+sort the live bytes; scratch: the CUDA kernels' scratch charged where they take
+it (plan.CARD; false: none). Returns the phases in order, each {name, peak, at,
+blocks} (bytes over the session's start, the allocation number within the step). ]]
 function Session:run(B, T, watch_at, scratch)
   T = self:pass_rows(T)
   local phases, order, current = {}, {}, nil

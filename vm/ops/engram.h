@@ -233,7 +233,8 @@ void dm_engram_adam_at(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_te
 ** theirs with these, and the ops hand the same to a plan ---- */
 
 /* radix_sort of n keys: its bucket offsets and one pass's counters (the passes take turns) */
-static inline int64_t dm_engram_radix_scratch(int64_t n) { return 8 * 257 + dm_bucket_sort_scratch(n, 256); }
+static inline int64_t dm_engram_radix_offsets(void) { return 8 * 257; }
+static inline int64_t dm_engram_radix_scratch(int64_t n) { return dm_engram_radix_offsets() + dm_bucket_sort_scratch(n, 256); }
 
 /* "engram_unique" of n rows: four sort arrays, the flags' prefix (n + 1), the run starts and
 ** the largest value, then the sort's */
@@ -252,8 +253,9 @@ static inline int64_t dm_engram_sparse_grad_scratch(int64_t m, int64_t U, int64_
 
 /* "engram_alpha_bwd" with w's gradient: three values a token in the compute type (vb bytes),
 ** then the column sums over the N tokens of d */
+static inline int64_t dm_engram_alpha_tokens(int64_t N, int64_t vb) { return vb * 3 * N; }
 static inline int64_t dm_engram_alpha_bwd_scratch(int64_t N, int64_t d, int64_t vb, int64_t sm_count) {
-  return vb * 3 * N + dm_colsum_scratch(N, d, sm_count);
+  return dm_engram_alpha_tokens(N, vb) + dm_colsum_scratch(N, d, sm_count);
 }
 
 #endif

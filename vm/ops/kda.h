@@ -142,8 +142,9 @@ static inline int64_t dm_kda_gate_bwd_partials(int64_t rows, int64_t D) {
   const int64_t per = dm_kda_gate_rows_per(rows);
   return 8 * ((rows + per - 1) / per) * 2 * D;
 }
+static inline int64_t dm_kda_gate_bwd_channels(int64_t D) { return 8 * D; }
 static inline int64_t dm_kda_gate_bwd_scratch(int64_t rows, int64_t D) {
-  return dm_kda_gate_bwd_partials(rows, D) + 8 * D;
+  return dm_kda_gate_bwd_partials(rows, D) + dm_kda_gate_bwd_channels(D);
 }
 
 /* The C API (vm/ops/kda.c). dm_kda returns o; when s_final is not NULL it

@@ -53,8 +53,9 @@ static inline int64_t dm_bucket_sort_scratch(int64_t n, int64_t nb) {
   return n > 0 ? 8 * ((n + DM_BS_CHUNK - 1) / DM_BS_CHUNK) * nb : 0;
 }
 /* bucket_counts (moe_route's counts, moe_capacity's drops): the offsets and the sort */
+static inline int64_t dm_bucket_offsets_scratch(int64_t nb) { return 8 * (nb + 1); }
 static inline int64_t dm_bucket_counts_scratch(int64_t n, int64_t nb) {
-  return 8 * (nb + 1) + dm_bucket_sort_scratch(n, nb);
+  return dm_bucket_offsets_scratch(nb) + dm_bucket_sort_scratch(n, nb);
 }
 
 /* make_tiles: each expert's first tile of tm rows, and the map from tile to expert */
@@ -113,12 +114,15 @@ static inline int64_t dm_moe_experts_scratch(bool tc, int64_t e, int64_t rows, i
          dm_moe_tc_units_scratch(e, rows, (f + DM_MOE_TC_FS - 1) / DM_MOE_TC_FS, 0);
 }
 
+/* "moe_experts_bwd" on the FMA path: five values a row and rank (vb bytes each) */
+static inline int64_t dm_moe_fma_bwd_rows(int64_t vb, int64_t rows, int64_t r) { return 5 * vb * rows * r; }
+
 /* "moe_experts_bwd": the tensor-core backward holds three 16-bit and two f32 rows of r, the
 ** tiles, and in turn the units of D's gradient, of Ug's and Uu's, and the tiles' sums of cg's
 ** and cu's; the FMA backward five rows of r in the compute type (vb bytes) and its tiles */
 static inline int64_t dm_moe_experts_bwd_scratch(bool tc, int64_t vb, int64_t e, int64_t rows, int64_t d,
                                                  int64_t f, int64_t r, bool want_d, bool want_u, bool want_c) {
-  if (!tc) return 5 * vb * rows * r + dm_moe_tiles_scratch(e, rows, dm_moe_fma_tile_rows(r));
+  if (!tc) return dm_moe_fma_bwd_rows(vb, rows, r) + dm_moe_tiles_scratch(e, rows, dm_moe_fma_tile_rows(r));
   int64_t most = 0, n;
   n = want_d ? dm_moe_tc_units_scratch(e, rows, (f + DM_MOE_TC_FS - 1) / DM_MOE_TC_FS, r * f) : 0;
   most = n > most ? n : most;
@@ -135,8 +139,10 @@ static inline int64_t dm_moe_offsets_check_scratch(int64_t e, int debug) {
 }
 
 /* "moe_capacity" with its drops counted: a key an assignment, then the counts over e + 1 buckets */
+static inline int64_t dm_moe_capacity_keys(int64_t rows) { return 8 * (rows > 0 ? rows : 1); }
+static inline int64_t dm_moe_capacity_counts(int64_t e) { return 8 * (e + 1); }
 static inline int64_t dm_moe_capacity_scratch(int64_t rows, int64_t e) {
-  return 8 * (rows > 0 ? rows : 1) + 8 * (e + 1) + dm_bucket_counts_scratch(rows, e + 1);
+  return dm_moe_capacity_keys(rows) + dm_moe_capacity_counts(e) + dm_bucket_counts_scratch(rows, e + 1);
 }
 
 /* The expert weights, and their gradients (a NULL member is not wanted). */

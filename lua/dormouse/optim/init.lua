@@ -130,7 +130,7 @@ function optim.new(model, ocfg, scfg, steps, opts)
       self.groups[#self.groups + 1] = AdamW.new(#sparse > 0 and "engram_dense" or "engram", dense, hp)
     end
   end
-  if #self.params > 0 then self:scalars() end   -- held from the start, as the state is (the planner counts them so)
+  self:scalars()   -- held from the start, as the state is (the planner counts them so)
   if not (opts and opts.quiet) then print(self:describe()) end
   return self
 end
