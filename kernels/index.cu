@@ -22,6 +22,7 @@
 ** it, raising at the op itself with the CPU's message.
 */
 #include "common.cuh"
+#include "ops/patch.h"
 
 static int current_op;              /* dm_cuda_name_id of the op that last checked its indices */
 
@@ -194,11 +195,29 @@ static void cuda_index_check(const dm_tensor *idx, int64_t size, int64_t base, c
              dm_cuda_name_of(e.what), e.value, e.size, e.base);
 }
 
+/* the patch rule a thread a row (vm/ops/patch.h): a row's bytes are sequential by the rule, and a
+** batch has few rows; T = 1,024 takes a few microseconds */
+__global__ void patch_k(int64_t *pool, int64_t *ctx, int64_t *count, const uint8_t *x, const uint8_t *breaks,
+                        int64_t B, int64_t T, int64_t slots, int64_t min_len, int64_t max_len) {
+  const int64_t b = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (b < B) count[b] = dm_patch_row(x + b * T, T, breaks, min_len, max_len, b, slots, pool + b * slots, ctx + b * T);
+}
+
+static void cuda_patch_index(dm_tensor *pool, dm_tensor *ctx, dm_tensor *count, const dm_tensor *x,
+                             const dm_tensor *breaks, int64_t min_len, int64_t max_len) {
+  const int64_t B = x->shape[0];
+  if (B == 0) return;
+  DM_LAUNCH(patch_k, B, (int64_t *)dm_data(pool), (int64_t *)dm_data(ctx), (int64_t *)dm_data(count),
+            (const uint8_t *)dm_data(x), (const uint8_t *)dm_data(breaks), B, x->shape[1], pool->shape[1], min_len,
+            max_len);
+}
+
 static const dm_kernel_entry kernels[] = {
   {"gather", (dm_kernel_fn)cuda_gather},
   {"index_select", (dm_kernel_fn)cuda_index_select},
   {"scatter_add", (dm_kernel_fn)cuda_scatter_add},
   {"index_add", (dm_kernel_fn)cuda_index_add},
   {"index_check", (dm_kernel_fn)cuda_index_check},
+  {"patch_index", (dm_kernel_fn)cuda_patch_index},
 };
 DM_CUDA_KERNELS(kernels)

@@ -10,31 +10,17 @@ Written with the runtime's layers only (docs/models.md walks through it).
   loss = CE(Head(rmsf(h)))
 
 The config's model table supplies d, heads, head_dim and max_iter (here: the
-number of layers); `ffn` is the MLP's hidden width.
+number of layers); `ffn` is the MLP's hidden width. A layer is nn.KDALayer
+(lua/dormouse/nn/kda.lua).
 ]]
 local dm = require "dormouse"
 local nn = require "dormouse.nn"
-
-local Layer = nn.class("Layer")
-function Layer:init(m)
-  self:child("rms1", nn.RMSNorm(m.d))
-  self:child("kda", nn.KDA(m.d, m.heads, m.head_dim, {gate = m.kda.gate, gate_lb = m.kda.gate_lb}))
-  self:child("rms2", nn.RMSNorm(m.d))
-  self:child("up", nn.Linear(m.d, m.ffn))
-  self:child("down", nn.Linear(m.ffn, m.d))
-end
--- each branch in the compute dtype, added back into the f32 stream (nn.residual);
--- state: the KDA branch's from the previous segment (returned with h when given)
-function Layer:forward(h, state)
-  local a, carried = nn.residual(h, self.rms1, function(u) return self.kda:forward(u, state) end)
-  return nn.residual(a, self.rms2, function(u) return self.down:forward(self.up:forward(u):silu()) end), carried
-end
 
 local Stack = nn.class("Stack")
 function Stack:init(m)
   self:child("emb", nn.Embedding(256, m.d))
   self.layers = {}
-  for l = 1, m.max_iter do self.layers[l] = self:child("layer" .. l, Layer(m)) end
+  for l = 1, m.max_iter do self.layers[l] = self:child("layer" .. l, nn.KDALayer(m)) end
   self:child("rmsf", nn.RMSNorm(m.d))
   self:child("head", nn.Linear(m.d, 256))
 end

@@ -118,7 +118,7 @@ corpus_mt.__tostring = function(self)
 end
 
 function Corpus:size() return (core.corpus_sizes(self)) end
-function Corpus:train_size() return select(2, core.corpus_sizes(self)) end
+function Corpus:train_size() return (select(2, core.corpus_sizes(self))) end
 function Corpus:eval_size() return select(3, core.corpus_sizes(self)) end
 function Corpus:files() return core.corpus_files(self) end
 function Corpus:close() core.corpus_close(self) end

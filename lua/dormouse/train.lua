@@ -108,6 +108,7 @@ function train.prepare(cfg, opts)
   local r = {cfg = cfg, step = 0, log_now = false, device = train.pick_device(cfg)}
   r.model, r.opt = train.setup(cfg, r.device, opts and opts.root or ".")
   r.corpus = train.open_corpus(cfg)
+  train.fit_to_corpus(r.model, r.corpus)
   r.loader = r.corpus:loader {batch = cfg.batch, seq = cfg.seq, seed = cfg.seed, ctx = train.engram_ctx(cfg)}
   train.lookahead(r)
   return r
@@ -118,6 +119,12 @@ function train.setup(cfg, device, root)
   dm.manual_seed(cfg.seed)
   local model = nn.build({device = device, compute_dtype = train.compute_dtype(cfg, device)}, train.build_model, cfg, root)
   return model, optim.new(model, cfg.optim, cfg.schedule, cfg.steps, {quiet = true})
+end
+
+-- A model's own fit to the corpus before a run's first step (model:prepare: models/byteflow.lua's
+-- breaks); returns its phrase for the log, or nil
+function train.fit_to_corpus(model, corpus)
+  if model.prepare then return model:prepare(corpus) end
 end
 
 function train.engram_ctx(cfg) return nn.Engram.context_for(cfg.model.engram.orders) end
@@ -583,7 +590,11 @@ function run_body(self, cfg, opts)
   local arms = self.model.arms and self.model:arms() or {}
   if #arms > 0 then self:say("arms: " .. table.concat(arms, "; ")) end
 
-  if opts.resume then self:restore(opts.resume) end
+  if opts.resume then self:restore(opts.resume)
+  else
+    local fitted = train.fit_to_corpus(self.model, corpus)
+    if fitted then self:say(fitted) end
+  end
   self:open_dir(opts)
   local metrics_path = self.dir .. "/metrics.jsonl"
   if opts.resume then

@@ -136,11 +136,59 @@ static void or_embedding(dm_tensor *const *in, const dm_attrs *a, dm_tensor **ex
   expect[0] = e;
 }
 
+/* ---- patch_index: bytes of a small alphabet (so that breaks come often), random breaks ---------- */
+
+static dm_tensor *as_u8(dm_tensor *t) {
+  dm_tensor *u = dm_tensor_like_dtype(t, DM_U8);
+  dm_copy_(u, t);
+  dm_release(t);
+  return u;
+}
+
+static void in_patch(h_rng *r, int t, dm_tensor **in, dm_attrs *a) {
+  static const int64_t lengths[] = {1, 2, 5, 17, 64, 300};
+  int64_t xs[2] = {h_int(r, 1, 3), lengths[t % 6]}, bs[1] = {256};
+  const int64_t min_len = h_int(r, 1, 3), max_len = min_len + h_int(r, 0, 4);
+  in[0] = as_u8(h_indices(r, 2, xs, 60, 60 + h_int(r, 1, 8)));
+  in[1] = as_u8(h_indices(r, 1, bs, 0, 1));
+  *a = dm_attrs_of(3, (double[]){(double)min_len, (double)max_len,
+                                 (double)((xs[1] + min_len - 1) / min_len + h_int(r, 0, 2))});
+}
+
+/* the starts first, then each byte's patch: the rule read off vm/ops/patch.h's comment */
+static void or_patch(dm_tensor *const *in, const dm_attrs *a, dm_tensor **expect) {
+  const dm_tensor *x = in[0], *breaks = in[1];
+  const int64_t B = x->shape[0], T = x->shape[1], lo = (int64_t)a->v[0], hi = (int64_t)a->v[1];
+  const int64_t S = (int64_t)a->v[2], ps[2] = {B, S};
+  dm_tensor *pool = h_new(DM_F64, 2, ps), *ctx = h_new(DM_F64, 2, x->shape), *count = h_new(DM_F64, 1, &B);
+  for (int64_t b = 0; b < B; b++) {
+    int64_t patch = -1, len = 0;
+    for (int64_t t = 0; t < T; t++) {
+      const int64_t before[2] = {b, t - 1};
+      const bool opens = t == 0 || len == hi || (len >= lo && h_get(breaks, (int64_t)h_at(x, before)) != 0);
+      if (opens) {
+        if (patch >= 0) h_set(pool, b * S + patch, (double)(1 + b * T + t - 1));
+        patch++;
+        len = 0;
+      }
+      len++;
+      h_set(ctx, b * T + t, patch == 0 ? 0 : (double)(1 + b * S + patch - 1));
+    }
+    if (T > 0) h_set(pool, b * S + patch, (double)(1 + b * T + T - 1));
+    h_set(count, b, (double)(patch + 1));
+  }
+  expect[0] = pool;
+  expect[1] = ctx;
+  expect[2] = count;
+}
+
 static const dm_case cases[] = {
   {.op = "gather", .label = "repeated indices", .inputs = in_gather, .oracle = or_gather},
   {.op = "scatter_add", .label = "repeated, larger src", .inputs = in_scatter_add, .oracle = or_scatter_add},
   {.op = "index_select", .label = "repeated indices", .inputs = in_index_select, .oracle = or_index_select},
   {.op = "embedding", .label = "small vocab, 0-3 dim ids", .inputs = in_embedding, .oracle = or_embedding,
    .perf_trial = 7},
+  {.op = "patch_index", .label = "awkward lengths, random breaks", .inputs = in_patch, .oracle = or_patch,
+   .trials = 12, .no_grad = true},
 };
 DM_REGISTER_CASES(cases)

@@ -13,6 +13,7 @@
 */
 #include "iter.h"
 #include "core/ops.h"
+#include "ops/patch.h"
 
 /* the index at p as a 0-based position, or an error naming it as the user wrote it */
 static int64_t read_index(const char *what, const char *p, dm_dtype dt, int64_t base, int64_t size) {
@@ -112,11 +113,22 @@ static void cpu_index_check(const dm_tensor *idx, int64_t size, int64_t base, co
   dm_iter_walk((dm_tensor *)idx, 0, NULL, check_row, &c);
 }
 
+/* the patch rule a row at a time (vm/ops/patch.h) */
+static void cpu_patch_index(dm_tensor *pool, dm_tensor *ctx, dm_tensor *count, const dm_tensor *x,
+                            const dm_tensor *breaks, int64_t min_len, int64_t max_len) {
+  const int64_t B = x->shape[0], T = x->shape[1], slots = pool->shape[1];
+  const uint8_t *px = dm_data(x), *pb = dm_data(breaks);
+  int64_t *pp = dm_data(pool), *pc = dm_data(ctx), *pn = dm_data(count);
+  for (int64_t b = 0; b < B; b++)
+    pn[b] = dm_patch_row(px + b * T, T, pb, min_len, max_len, b, slots, pp + b * slots, pc + b * T);
+}
+
 static const dm_kernel_entry kernels[] = {
   {"gather", (dm_kernel_fn)cpu_gather},
   {"index_select", (dm_kernel_fn)cpu_index_select},
   {"scatter_add", (dm_kernel_fn)cpu_scatter_add},
   {"index_add", (dm_kernel_fn)cpu_index_add},
   {"index_check", (dm_kernel_fn)cpu_index_check},
+  {"patch_index", (dm_kernel_fn)cpu_patch_index},
 };
 DM_REGISTER_KERNELS(DM_CPU, kernels)

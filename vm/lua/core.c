@@ -265,9 +265,24 @@ static void fill_from(lua_State *L, int idx, dm_tensor *t, int d, int64_t *flat)
 }
 
 /* core.tensor(data, dtype, device) */
+/* a string's bytes as u8 [n] (a corpus sample, a prompt) */
+static int tensor_of_string(lua_State *L, dm_dtype dt, dm_device dev) {
+  if (dt != DM_U8) FAIL(L, "tensor: a string gives its bytes, u8; asked for %s", dm_dtype_name(dt));
+  size_t n;
+  const char *s = lua_tolstring(L, 1, &n);
+  int64_t shape[1] = {(int64_t)n};
+  DM_ENTER(L);
+  dm_tensor *h = dm_empty(DM_CPU, DM_U8, 1, shape);
+  dm_lua_push(L, h);
+  if (n > 0) memcpy(dm_data(h), s, n);
+  if (dev != DM_CPU) dm_lua_push(L, dm_to_device(h, dev));
+  return 1;
+}
+
 static int c_tensor(lua_State *L) {
-  if (lua_type(L, 1) != LUA_TTABLE && lua_type(L, 1) != LUA_TNUMBER)
-    FAIL(L, "tensor: takes a number or nested tables of numbers, got %s", luaL_typename(L, 1));
+  if (lua_type(L, 1) != LUA_TTABLE && lua_type(L, 1) != LUA_TNUMBER && lua_type(L, 1) != LUA_TSTRING)
+    FAIL(L, "tensor: takes a number, nested tables of numbers or a string, got %s", luaL_typename(L, 1));
+  if (lua_type(L, 1) == LUA_TSTRING) return tensor_of_string(L, dm_lua_dtype(L, 2, DM_U8), dm_lua_device(L, 3, DM_CPU));
   dm_dtype dt = dm_lua_dtype(L, 2, DM_F32);
   dm_device dev = dm_lua_device(L, 3, DM_CPU);
   int64_t shape[DM_MAXDIM];

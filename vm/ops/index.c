@@ -1,6 +1,7 @@
 /*
 ** vm/ops/index.c — ops that address one tensor through another's values:
-** gather, index_select, scatter_add, embedding.
+** gather, index_select, scatter_add, embedding, and patch_index, which
+** makes the ids that group bytes into patches (vm/ops/patch.h).
 **
 ** Index tensors hold i64, i32 or u8 (byte ids). Every op takes a numeric
 ** attribute `base`, the value that names the first position (Lua passes 1,
@@ -16,6 +17,7 @@
 */
 #include <string.h>
 #include "core/core.h"
+#include "patch.h"
 
 typedef void (*index_check_k)(const dm_tensor *idx, int64_t size, int64_t base, const char *what);
 /* out = x picked through idx along dim (gather: idx per element; index_select: idx 1-D) */
@@ -188,6 +190,41 @@ static void embedding_bwd(dm_ctx *c, dm_tensor *const *g, dm_tensor **gin) {
   gin[0] = gt;
 }
 
+/* ---- patch_index -------------------------------------------------------------------------- */
+
+/* the ids that group the bytes x [B, T] into patches by the rule of vm/ops/patch.h:
+** pool [B, slots], ctx [B, T], count [B] (i64; no gradient) */
+static void patch_index_fwd(dm_ctx *c) {
+  const char *what = "patch_index";
+  dm_tensor *x = c->in[0], *breaks = c->in[1];
+  const int64_t min_len = (int64_t)c->a.v[0], max_len = (int64_t)c->a.v[1], slots = (int64_t)c->a.v[2];
+  char s[128];
+  if (x->dtype != DM_U8 || x->ndim != 2)
+    dm_error("%s: x must be bytes, u8 [B, T], got %s %s", what, dm_dtype_name(x->dtype),
+             dm_tensor_shape_str(x, s, sizeof s));
+  if (breaks->dtype != DM_U8 || breaks->ndim != 1 || breaks->shape[0] != 256)
+    dm_error("%s: breaks must be u8 [256] (a flag for each byte value), got %s %s", what,
+             dm_dtype_name(breaks->dtype), dm_tensor_shape_str(breaks, s, sizeof s));
+  dm_check_device_equal(what, x, breaks);
+  if (min_len < 1 || max_len < min_len)
+    dm_error("%s: the patch lengths must satisfy 1 <= min_len <= max_len, got min_len %lld, max_len %lld", what,
+             (long long)min_len, (long long)max_len);
+  const int64_t B = x->shape[0], T = x->shape[1];
+  if (slots < dm_patch_slots(T, min_len))
+    dm_error("%s: %lld slots cannot hold the patches of %lld bytes with min_len %lld (at most %lld patches)", what,
+             (long long)slots, (long long)T, (long long)min_len, (long long)dm_patch_slots(T, min_len));
+  dm_tensor *xc = dm_contiguous(x), *bc = dm_contiguous(breaks);
+  const int64_t ps[2] = {B, slots};
+  dm_tensor *pool = dm_tensor_new(x->device, DM_I64, 2, ps), *ctx = dm_tensor_new(x->device, DM_I64, 2, x->shape);
+  dm_tensor *count = dm_tensor_new(x->device, DM_I64, 1, &B);
+  DM_KERNEL(dm_patch_k, "patch_index", x->device)(pool, ctx, count, xc, bc, min_len, max_len);
+  dm_release(xc);
+  dm_release(bc);
+  c->out[0] = pool;
+  c->out[1] = ctx;
+  c->out[2] = count;
+}
+
 static dm_op ops[] = {
   {.name = "gather", .doc = "out[i][j] = x[idx[i][j] - base][j] along dim (torch's gather)",
    .n_in = 2, .n_out = 1, .attrs = "dim,base", .nondiff = 1u << 1,
@@ -201,5 +238,9 @@ static dm_op ops[] = {
   {.name = "embedding", .doc = "rows of table[vocab, dim] for ids of any shape: [..., dim]",
    .n_in = 2, .n_out = 1, .attrs = "base", .nondiff = 1u << 1,
    .forward = embedding_fwd, .backward = embedding_bwd},
+  {.name = "patch_index",
+   .doc = "the ids that group bytes into patches (vm/ops/patch.h): pool [B, slots], ctx [B, T], count [B]",
+   .args = "x [B, T], breaks [256]", .lua = DM_LUA_FN, .n_in = 2, .n_out = 3, .attrs = "min_len,max_len,slots",
+   .nondiff = 3u, .forward = patch_index_fwd},
 };
 DM_REGISTER_OPS(ops)

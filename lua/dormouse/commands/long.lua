@@ -75,6 +75,7 @@ local function generation(args, root)
   local device = train.pick_device(cfg)
   local model = train.setup(cfg, device, root)
   local corpus = train.open_corpus(cfg)
+  train.fit_to_corpus(model, corpus)
   local prompt = corpus:bytes(0, args.prompt_bytes)
   corpus:close()
   local sync = device == "cuda" and core.cuda_synchronize or function() end

@@ -82,4 +82,26 @@ end
 
 nn.KDA = KDA
 
+--[[ A plain layer of KDA and a dense MLP, each a residual branch (models/stack.lua,
+models/byteflow.lua): m gives d, heads, head_dim, kda and ffn (the MLP's width).
+
+  a  = h + KDA(rms(h))
+  h' = a + W_2 silu(W_1 rms(a))
+]]
+local KDALayer = nn.class("KDALayer")
+function KDALayer:init(m)
+  self:child("rms1", nn.RMSNorm(m.d))
+  self:child("kda", nn.KDA(m.d, m.heads, m.head_dim, {gate = m.kda.gate, gate_lb = m.kda.gate_lb}))
+  self:child("rms2", nn.RMSNorm(m.d))
+  self:child("up", nn.Linear(m.d, m.ffn))
+  self:child("down", nn.Linear(m.ffn, m.d))
+end
+-- each branch in the compute dtype, added back into the f32 stream (nn.residual);
+-- state: the KDA branch's from the previous segment (returned with h when given)
+function KDALayer:forward(h, state)
+  local a, carried = nn.residual(h, self.rms1, function(u) return self.kda:forward(u, state) end)
+  return nn.residual(a, self.rms2, function(u) return self.down:forward(self.up:forward(u):silu()) end), carried
+end
+nn.KDALayer = KDALayer
+
 end
