@@ -460,9 +460,9 @@ static void grads_on(const dm_op *op, const trial *t, dm_tensor *const *rin, dm_
 static int as_cpu_passes;
 
 /* Some backwards lose precision in f32 or bf16 whatever the backend (1 - y^2
-** of a saved tanh near 1, exp(x - y) of a logsumexp saved in bf16). When the
-** GPU misses the tolerance, the CPU computes the same trial at the same
-** dtype: a GPU within twice its error (libm ulps differ) passes, and says so. */
+** of a saved tanh near 1). When the GPU misses the tolerance, the CPU
+** computes the same trial at the same dtype: a GPU within twice its error
+** (libm ulps differ) passes, and says so. */
 static bool case_grad_gpu(const dm_case *c, const dm_op *op, h_rng *r, char *why, size_t nwhy) {
   int trials = c->trials ? c->trials : 6;
   bool ok = true, as_cpu = false;

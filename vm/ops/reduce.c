@@ -135,6 +135,24 @@ static void reduce_forward(dm_ctx *c) {
   if (out && idx) c->out[1] = idx;
 }
 
+/* logsumexp's gradient g exp(x - y) in 16 bits: y rounded to 16 bits carries up to half an ulp of |y|
+** into the exponential (1.6% at |y| = 6 in bf16), and two backends may round y to different
+** neighbours. It runs in f32 instead, from y summed again in f32, for one rounding of the gradient. */
+static void lse_grad_f32(dm_tensor *gx, dm_tensor *gv, dm_tensor *x, geom g) {
+  int64_t ys[DM_MAXDIM];
+  for (int d = 0; d < x->ndim; d++) ys[d] = (g.mask >> d) & 1 ? 1 : x->shape[d];
+  dm_tensor *x32 = dm_cast(x, DM_F32), *g32 = dm_cast(gv, DM_F32);
+  dm_tensor *y32 = dm_tensor_new(x->device, DM_F32, x->ndim, ys);
+  dm_tensor *gx32 = dm_tensor_new(x->device, DM_F32, x->ndim, x->shape);
+  DM_KERNEL(reduce_k, "reduce", x->device)(R_LOGSUMEXP, y32, NULL, x32, 0, 0);
+  DM_KERNEL(reduce_bwd_k, "reduce_bwd", x->device)(R_LOGSUMEXP, gx32, g32, y32, NULL, x32, 0, 0);
+  dm_copy_(gx, gx32);
+  dm_release(x32);
+  dm_release(g32);
+  dm_release(y32);
+  dm_release(gx32);
+}
+
 static void reduce_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
   int kind = c->op->kind, ndim = dm_in_ndim(c, 0);
   const int64_t *shape = dm_in_shape(c, 0);
@@ -148,7 +166,8 @@ static void reduce_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) 
   dm_tensor *iv = idx ? full_view(idx, ndim, g) : NULL;
   int64_t base = has_index(kind) ? (int64_t)c->a.v[2] : 0;
   int kk = kind == R_SUM_TO ? R_SUM : kind;
-  DM_KERNEL(reduce_bwd_k, "reduce_bwd", gx->device)(kk, gx, gv, yv, iv, x, c->a.v[2], base);
+  if (kind == R_LOGSUMEXP && dm_dtype_size(x->dtype) == 2) lse_grad_f32(gx, gv, x, g);
+  else DM_KERNEL(reduce_bwd_k, "reduce_bwd", gx->device)(kk, gx, gv, yv, iv, x, c->a.v[2], base);
   dm_release(gv);
   dm_release(yv);
   dm_release(iv);
