@@ -11,6 +11,7 @@ return {
     dspark = {["model.aux.draft"] = 0.1},
     qat_ladder = {["model.moe.qat"] = "ladder"},
     msa = {["model.msa.top_k"] = 2, ["model.msa.block"] = 64},
+    msa_qknorm = {["model.msa.top_k"] = 2, ["model.msa.block"] = 64, ["model.msa.qk_norm"] = true},
     littlebit = {["model.moe.littlebit"] = "sign"},
     littlebit_res = {["model.moe.littlebit"] = "residual"},
   },

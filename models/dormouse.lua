@@ -77,8 +77,9 @@ function Dormouse:arms()
   if self.future_head then on[#on + 1] = string.format("future-byte head at weight %g (aux_future on the log line)",
                                                         self.future_weight) end
   if self.block.msa then
-    on[#on + 1] = string.format("MSA: each query reads its top %d past blocks of %d positions (msa_far on the " ..
-                                "log line)", self.cfg.msa.top_k, self.cfg.msa.block)
+    on[#on + 1] = string.format("MSA: each query reads its top %d past blocks of %d positions%s (msa_far on the " ..
+                                "log line)", self.cfg.msa.top_k, self.cfg.msa.block,
+                                self.cfg.msa.qk_norm and ", q and k RMS-normalised" or "")
   end
   if self.draft_head then
     on[#on + 1] = string.format("DSpark draft head at weight %g (aux_draft on the log line, draft_accept on the " ..

@@ -234,6 +234,7 @@ local rows = {
     {"msa", "block top-k sparse attention over past blocks, an extra branch (an arm; docs/arms.md)", {
       {"top_k", int{min = 0}, 0, "past blocks each query reads (0 = off)"},
       {"block", positive, 64, "positions a block (a sequence's last block may be short)"},
+      {"qk_norm", bool, false, "RMS-normalise q and k per head (gains from ones) before the scores"},
     }},
     {"loom", bool, false, "an arm: iteration i's write w into the residual stream gets a zero-initialised " ..
      "gate on its RMS-normalised form, h' + g_i rms(w) (docs/arms.md)"},

@@ -649,6 +649,18 @@ describe("MSA (model.msa)", function()
     for b = 1, B do
       local q, kk, v = {}, {}, {}
       for t = 1, T do q[t], kk[t], v[t] = proj(W.wq, x[b][t]), proj(W.wk, x[b][t]), proj(W.wv, x[b][t]) end
+      if m.q_norm then                               -- qk_norm: each head's q and k RMS-normalised, times its gain
+        local gq, gk = m.q_norm.gain:to("f64"):totable(), m.k_norm.gain:to("f64"):totable()
+        local function rms(vec, g)
+          for h = 0, H - 1 do
+            local ss = 0
+            for e = 1, dh do ss = ss + vec[h * dh + e] ^ 2 end
+            local r = 1 / math.sqrt(ss / dh + m.q_norm.eps)
+            for e = 1, dh do vec[h * dh + e] = vec[h * dh + e] * r * g[e] end
+          end
+        end
+        for t = 1, T do rms(q[t], gq); rms(kk[t], gk) end
+      end
       local o = {}
       for t = 1, T do o[t] = {} end
       for h = 0, H - 1 do
@@ -685,11 +697,17 @@ describe("MSA (model.msa)", function()
     return dm.tensor(out, {dtype = "f64"})
   end
 
-  it("is its definition in float64 (short last blocks, k of 1 and 2), identity at initialisation", function()
-    for _, k in ipairs {1, 2} do
-      local m = nn.MSA(6, 2, 3, {block = 4, top_k = k})
+  it("is its definition in float64 (short last blocks, k of 1 and 2, qk_norm), identity at initialisation", function()
+    for _, k in ipairs {1, 2, -2} do                 -- -2: top 2 with q and k RMS-normalised
+      local m = nn.MSA(6, 2, 3, {block = 4, top_k = math.abs(k), qk_norm = k < 0})
       assert.equal(0, m.wo.weight:abs():max():item())           -- W_o zero: the branch adds 0
-      dm.no_grad(function() m.wo.weight:copy_(dm.randn({6, 6}, {seed = 9}) * 0.5) end)
+      dm.no_grad(function()
+        m.wo.weight:copy_(dm.randn({6, 6}, {seed = 9}) * 0.5)
+        if m.q_norm then                             -- gains away from their ones
+          m.q_norm.gain:copy_(dm.rand({3}, {seed = 10}) + 0.5)
+          m.k_norm.gain:copy_(dm.rand({3}, {seed = 11}) + 0.5)
+        end
+      end)
       local u = dm.randn({2, 10, 6}, {seed = 4, dtype = "f64"}) * 2
       local got, want = m:forward(u), reference(m, u)
       assert.is_true((got - want):abs():max():item() < 1e-12, tostring((got - want):abs():max():item()))
@@ -698,22 +716,28 @@ describe("MSA (model.msa)", function()
 
   it("leaves the control's draws and loss as they are at initialisation; its weights learn", function()
     local x, prefix = tiny_batch()
-    local plain, on = build("experiments/tiny.lua"), build("experiments/tiny.lua", {"model.msa.top_k=2", "model.msa.block=8"})
+    local plain = build("experiments/tiny.lua")
     local p = {}
     for _, e in ipairs(plain:named_parameters()) do p[e.name] = e.tensor end
-    for _, e in ipairs(on:named_parameters()) do
-      if p[e.name] then assert.equal(0, (p[e.name] - e.tensor):abs():max():item(), e.name) end
+    for _, qk in ipairs {"false", "true"} do
+      local on = build("experiments/tiny.lua", {"model.msa.top_k=2", "model.msa.block=8", "model.msa.qk_norm=" .. qk})
+      for _, e in ipairs(on:named_parameters()) do
+        if p[e.name] then assert.equal(0, (p[e.name] - e.tensor):abs():max():item(), e.name) end
+      end
+      dm.scope(function()
+        local a, b = plain:forward(x, prefix), on:forward(x, prefix)
+        assert.equal(a.loss:item(), b.loss:item())
+        assert.is_true(b.extras.msa_far:item() > 0)
+        b.loss:backward()
+        assert.is_true(on.block.msa.wo.weight.grad:abs():max():item() > 0)
+      end)
+      plain:zero_grad()
     end
-    dm.scope(function()
-      local a, b = plain:forward(x, prefix), on:forward(x, prefix)
-      assert.equal(a.loss:item(), b.loss:item())
-      assert.is_true(b.extras.msa_far:item() > 0)
-      b.loss:backward()
-      assert.is_true(on.block.msa.wo.weight.grad:abs():max():item() > 0)
-    end)
     local helpers = require "tests.lua.helpers"
     local log = arm_log({"model.msa.top_k=2", "model.msa.block=16"})
     helpers.has(log, "arms: MSA: each query reads its top 2 past blocks of 16 positions")
+    helpers.has(arm_log({"model.msa.top_k=1", "model.msa.block=16", "model.msa.qk_norm=true"}),
+                "top 1 past blocks of 16 positions, q and k RMS-normalised")
     assert.truthy(log:find("step      6 [^\n]- msa_far 0%.%d+"), log)
     helpers.has(helpers.err_of(helpers.tiny, {"model.segment=16", "seq=32", "model.msa.top_k=1"}),
                 "model.msa.top_k = 0")

@@ -28,7 +28,7 @@ function Block:init(m)
   end
   if m.msa.top_k > 0 then                           -- an arm: block top-k sparse attention (docs/arms.md)
     self:child("rms_msa", nn.RMSNorm(d))
-    self:child("msa", nn.MSA(d, m.heads, m.head_dim, {block = m.msa.block, top_k = m.msa.top_k}))
+    self:child("msa", nn.MSA(d, m.heads, m.head_dim, {block = m.msa.block, top_k = m.msa.top_k, qk_norm = m.msa.qk_norm}))
   end
   self:child("rms3", nn.RMSNorm(d))
   self:child("moe", nn.MoE(d, {experts = m.experts, top_k = m.top_k, rank = m.expert_rank,

@@ -3,6 +3,7 @@ MSA — block top-k sparse softmax attention over past blocks, an extra branch
 of the block (an arm, model.msa; docs/arms.md):
 
   q, k, v      = W_q u, W_k u, W_v u                 H heads of dh, as KDA's
+  (qk_norm)    q, k = rms(q) g_q, rms(k) g_k         per head, gains [dh] from ones
   kbar_j       = the mean of k over block j          (blocks of `block` positions)
   for the query at t, in block b(t):
     the past blocks it reads  = the top_k blocks j < b(t) by q_t . kbar_j
@@ -20,6 +21,10 @@ that is not whole blocks is padded at its end (causal: nothing before moves).
 It keeps no state across passes: the model then returns none, so generation
 runs full passes and segments are refused.
 The counter: far, the share of the attention that goes to the past blocks.
+With qk_norm the scores are bounded by the gains (|q . k| / sqrt(dh) <=
+sqrt(dh) g_q g_k): raw q and k can grow until the softmax saturates, the
+usual cause of attention logit blow-ups (the gains start at ones, nothing is
+drawn, so the control's draws are untouched as before).
 ]]
 return function(nn, dm)
 
@@ -38,6 +43,10 @@ function MSA:init(d, heads, head_dim, opts)
     self:child(name, nn.Linear(d, hd, {weight = own_normal({hd, d}, d ^ -0.5, i)}))
   end
   self:child("wo", nn.Linear(hd, d, {zero = true}))
+  if opts.qk_norm then
+    self:child("q_norm", nn.RMSNorm(head_dim))
+    self:child("k_norm", nn.RMSNorm(head_dim))
+  end
 end
 
 -- [B, T, H*dh] -> [B, H, T, dh]
@@ -89,6 +98,7 @@ function MSA:forward(x)
   return dm.scope(function()
     local q = split_heads(self.wq:forward(u), H)
     local k = split_heads(self.wk:forward(u), H)
+    if self.q_norm then q, k = self.q_norm:forward(q), self.k_norm:forward(k) end
     local v = split_heads(self.wv:forward(u), H)
     local key = T .. ":" .. u.device                     -- made once a shape: a captured graph reads them again
     self.masks = self.masks or {}
