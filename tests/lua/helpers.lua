@@ -25,6 +25,31 @@ function helpers.read(path)
   return s
 end
 
+-- m32 and m64 (a model and its float64 cast) give the same loss and gradients to rtol 1e-4 on
+-- forward(m) (a function returning the loss); returns the parameters' names, in order
+function helpers.grads_match(m32, m64, forward)
+  local dm = require "dormouse"
+  local names = {}
+  dm.scope(function()
+    local l32 = forward(m32)
+    l32:backward()                                  -- one backward per tape: run them in turn
+    local l64 = forward(m64)
+    l64:backward()
+    assert.is_true(math.abs(l32:item() - l64:item()) <= 1e-4 * math.abs(l64:item()))
+    local p64 = {}
+    for _, p in ipairs(m64:named_parameters()) do p64[p.name] = p.tensor end
+    for _, p in ipairs(m32:named_parameters()) do
+      names[#names + 1] = p.name
+      local g32, g64 = p.tensor.grad, p64[p.name].grad
+      if g32 then
+        local err = (g32:to("f64") - g64):abs():max():item()
+        assert.is_true(err <= 1e-4 * g64:abs():max():item() + 1e-7, p.name)
+      end
+    end
+  end)
+  return names
+end
+
 -- A new empty directory (its path).
 function helpers.tmpdir()
   local p = os.tmpname()

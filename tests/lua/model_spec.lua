@@ -297,27 +297,11 @@ end)
 
 describe("the structural options", function()
   local function grads_agree(overrides)
-    local m32 = build("experiments/tiny.lua", overrides)
-    local m64 = build("experiments/tiny.lua", overrides):cast("f64")
+    local helpers = require "tests.lua.helpers"
     local x, prefix = tiny_batch()
-    local names = {}
-    dm.scope(function()
-      local l32 = m32:forward(x, prefix).loss
-      l32:backward()
-      local l64 = m64:forward(x, prefix).loss
-      l64:backward()
-      assert.is_true(math.abs(l32:item() - l64:item()) <= 1e-4 * math.abs(l64:item()))
-      local p64 = {}
-      for _, p in ipairs(m64:named_parameters()) do p64[p.name] = p.tensor end
-      for _, p in ipairs(m32:named_parameters()) do
-        names[#names + 1] = p.name
-        local g32, g64 = p.tensor.grad, p64[p.name].grad
-        if g32 then
-          local err = (g32:to("f64") - g64):abs():max():item()
-          assert.is_true(err <= 1e-4 * g64:abs():max():item() + 1e-7, p.name)
-        end
-      end
-    end)
+    local names = helpers.grads_match(build("experiments/tiny.lua", overrides),
+                                      build("experiments/tiny.lua", overrides):cast("f64"),
+                                      function(m) return m:forward(x, prefix).loss end)
     return table.concat(names, " ")
   end
 
