@@ -7,6 +7,7 @@ return {
   arms = {
     control = {},
     littlebit = {["model.moe.littlebit"] = "sign"},
+    fp8 = {["model.moe.fp8"] = true},
   },
   seeds = {1, 2, 3},
   set = {steps = 500, ["schedule.warmup"] = 100, ["eval.every"] = 250, ["eval.windows"] = 8,

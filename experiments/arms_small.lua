@@ -14,6 +14,7 @@ return {
     msa_qknorm = {["model.msa.top_k"] = 2, ["model.msa.block"] = 64, ["model.msa.qk_norm"] = true},
     littlebit = {["model.moe.littlebit"] = "sign"},
     littlebit_res = {["model.moe.littlebit"] = "residual"},
+    fp8 = {["model.moe.fp8"] = true},
   },
   seeds = {1, 2, 3},
   set = {["checkpoint.every"] = 0},

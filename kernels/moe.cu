@@ -25,6 +25,8 @@
 #include <stdlib.h>
 #include "model.cuh"
 #include "ptx.cuh"
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 extern "C" {
 #include "ops/moe.h"
 }
@@ -828,6 +830,76 @@ __device__ __forceinline__ void realign(u16 *t, const unsigned char *sh, int ld,
   __syncthreads();
 }
 
+/* ---- fp8 banks (vm/ops/moe.h): the kernels read E4M3 codes and their scales, and form the weights in
+** shared memory as they load them ----
+**
+** A factor's codes and scales go to a stage by cp.async like any operand (rows of codes start on 16-byte
+** boundaries: nq, the row's codes, is a multiple of 32); the body of the pipeline then expands the stage into
+** a tile of the compute dtype (code x scale, rounded as quantize rounds) that the fragments read as before.
+** The products, their order and their sums are the 16-bit kernels': the same bits as those kernels on the
+** quantised copy. */
+struct moe_q8 {
+  const uint8_t *qg, *qu, *qd;
+  const float *sg, *su, *sd;
+};
+
+/* Rows r < NR of codes: the run of W (a multiple of 32) at q + start(r) (start a multiple of 32, < 0: none)
+** into tq (rows of W bytes), of which the first nvq (a multiple of 32) are there and the rest read as zeros,
+** and its W / 32 scales at s + start(r) / 32 into ts (rows of W / 32). The whole block takes part. */
+template <int NR, int W, typename Start>
+__device__ __forceinline__ void load_codes(uint8_t *tq, float *ts, const uint8_t *q, const float *s, int nvq,
+                                           Start start) {
+  static_assert(W % 32 == 0, "codes come in blocks of 32");
+  constexpr int NCH = W / 16, N = NR * NCH, NS = W / 32, NB = NR * NS;
+#pragma unroll
+  for (int k = 0; k < (N + TC_THREADS - 1) / TC_THREADS; k++) {
+    const int i = threadIdx.x + k * TC_THREADS;
+    if (N % TC_THREADS && i >= N) break;
+    const int r = i / NCH, c = i - r * NCH;
+    const int64_t s0 = start(r);
+    const bool ok = s0 >= 0 && 16 * c < nvq;
+    dm_cp_async16(tq + r * W + 16 * c, ok ? q + s0 + 16 * c : q, ok ? 16 : 0);
+  }
+#pragma unroll
+  for (int k = 0; k < (NB + TC_THREADS - 1) / TC_THREADS; k++) {
+    const int i = threadIdx.x + k * TC_THREADS;
+    if (NB % TC_THREADS && i >= NB) break;
+    const int r = i / NS, b = i - r * NS;
+    const int64_t s0 = start(r);
+    const bool ok = s0 >= 0 && 32 * b < nvq;
+    dm_cp_async4(ts + r * NS + b, ok ? s + s0 / 32 + b : s, ok ? 4 : 0);
+  }
+}
+
+/* The first NV (a multiple of 8) of each row r < NR of codes tq (rows of W) under scales ts, to t (rows ld
+** apart) in the compute dtype: code x scale in f32 (the exact product of a 4-bit and a 24-bit significand,
+** rounded once: quantize's double product rounded to f32), then rounded as dt stores. No barrier. */
+template <int DT, int NR, int NV, int W>
+__device__ __forceinline__ void expand_codes(u16 *t, int ld, const uint8_t *tq, const float *ts) {
+  constexpr int NCH = NV / 8, N = NR * NCH;
+#pragma unroll
+  for (int k = 0; k < (N + TC_THREADS - 1) / TC_THREADS; k++) {
+    const int i = threadIdx.x + k * TC_THREADS;
+    if (N % TC_THREADS && i >= N) break;
+    const int r = i / NCH, c = i - r * NCH;
+    const uint2 w = *(const uint2 *)(tq + r * W + 8 * c);
+    const float sc = ts[r * (W / 32) + c / 4];
+    uint32_t out[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const __nv_fp8x2_storage_t two = (__nv_fp8x2_storage_t)(((j < 2 ? w.x : w.y) >> (16 * (j & 1))) & 0xffffu);
+      const float2 v = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(two, __NV_E4M3)));
+      if constexpr (DT == DM_BF16) {   /* one conversion of the pair (pack2's two roundings, in one instruction) */
+        const __nv_bfloat162 h = __floats2bfloat162_rn(__fmul_rn(v.x, sc), __fmul_rn(v.y, sc));
+        out[j] = *(const uint32_t *)&h;
+      } else {
+        out[j] = pack2<DT>(__fmul_rn(v.x, sc), __fmul_rn(v.y, sc));
+      }
+    }
+    *(uint4 *)(t + r * ld + 8 * c) = make_uint4(out[0], out[1], out[2], out[3]);
+  }
+}
+
 /* the shapes of the kernels' tiles at rank R */
 template <int R> struct tc_cfg {
   static constexpr int MT = TC_TM / 16;                  /* m16 tiles of a row tile */
@@ -856,17 +928,36 @@ template <int R> struct tc_cfg {
   static size_t dd_smem() { return 2 * (size_t)(TC_STAGES * (TC_TM * LS + TC_TM * LH) + R * LS); }
   static size_t du_smem() { return 2 * (size_t)(DU_TS * (TC_TM * (TC_DS + 8) + TC_TM * LW) + TC_DS * LW); }
   static size_t gx_smem() { return 2 * (size_t)(TC_TM * LW + TC_STAGES * TC_DS * LW + TC_TM * (TC_DS + 8)); }
+
+  /* With fp8 banks, in bytes: each stage holds the codes (a byte each) and their scales (4 bytes a block
+  ** of 32: an eighth of the codes' bytes), and the weights expand into one tile after the stages. */
+  static constexpr int QR = (R + 31) / 32 * 32;                     /* codes a row of Ug, Uu */
+  static constexpr int PROJ_Q = 2 * TC_TM * LX + 2 * (KC * QR + KC * QR / 8);
+  static constexpr int DH_Q = 2 * TC_TM * LF + R * FC + R * FC / 8;
+  static constexpr int ROWS_STAGE_Q(bool bwd) { return bwd && DH_Q > PROJ_Q ? DH_Q : PROJ_Q; }
+  static constexpr int ROWS_WB_Q(bool bwd) { return 2 * (bwd && R * LF > KC * LW ? R * LF : KC * LW); }
+  static size_t rows_smem_q(bool bwd) {
+    return (size_t)TC_STAGES * ROWS_STAGE_Q(bwd) + ROWS_WB_Q(bwd) + 4 * (size_t)TC_TM * LZ;
+  }
+  static constexpr int DOWN_STAGE_Q = R * TC_FS + R * TC_FS / 8 + 2 * TC_TM * LH;
+  static size_t down_smem_q() { return (size_t)DOWN_TS * DOWN_STAGE_Q + 2 * (size_t)(R * LS + TC_TM * LS); }
+  static constexpr int GX_STAGE_Q = 2 * (TC_DS * QR + TC_DS * QR / 8);
+  static size_t gx_smem_q() {
+    return 2 * (size_t)TC_TM * LW + (size_t)TC_STAGES * GX_STAGE_Q + 2 * (size_t)(TC_DS * LW + TC_TM * (TC_DS + 8));
+  }
+  static_assert(PROJ_Q % 16 == 0 && DH_Q % 16 == 0 && DOWN_STAGE_Q % 16 == 0 && GX_STAGE_Q % 16 == 0,
+                "the stages' parts start on 16-byte boundaries");
 };
 
 /* A row tile: z = x [Ug | Uu] (f32, in shared memory); the forward writes h = silu(z_g cg) (z_u cu) to hs
 ** and z to zio when given; the backward (gy given) also dh = gy D^T and from it hs, dagu = [dzg cg | dzu cu],
 ** pg = dzg z_g, pu = dzu z_u. With ZIN the backward reads z from zio (the forward's) instead. */
-template <int DT, int R, bool BWD, bool ZIN = false>
+template <int DT, int R, bool BWD, bool ZIN = false, bool Q8 = false>
 __global__ void __launch_bounds__(TC_THREADS, BWD ? 2 : 1) tc_rows_k(const u16 *u, const int64_t *perm, const int64_t *off,
                                                         const int64_t *tiles, const u16 *ug, const u16 *uu,
                                                         const u16 *cg, const u16 *cu, const u16 *dw, const u16 *gy,
                                                         u16 *hs, u16 *dagu, float *pg, float *pu, float *zio,
-                                                        moe_dims M) {
+                                                        moe_dims M, moe_q8 Q) {
   typedef tc_cfg<R> T;
   extern __shared__ __align__(16) unsigned char moe_smem[];
   __shared__ int64_t xrow[TC_TM];
@@ -874,9 +965,13 @@ __global__ void __launch_bounds__(TC_THREADS, BWD ? 2 : 1) tc_rows_k(const u16 *
   int64_t x, row0, nrows64;
   if (!tile_of(tiles, off, M.e, TC_TM, M.rows, &x, &row0, &nrows64)) return;
   const int nrows = (int)nrows64, warp = threadIdx.x >> 5;
-  const int64_t d = M.d, F = M.f;
+  const int64_t d = M.d, F = M.f, FQ = (F + 31) / 32 * 32;
   u16 *stage = (u16 *)moe_smem;   /* z: after the stages in the backward (they take dh's chunks next), on them in the forward */
   float *z = BWD ? (float *)(stage + TC_STAGES * (T::DH > T::PROJ ? T::DH : T::PROJ)) : (float *)stage;
+  /* fp8 banks: stages of STQ bytes, the weights' tile wq after them, then z */
+  constexpr int STQ = T::ROWS_STAGE_Q(BWD);
+  u16 *const wq = (u16 *)(moe_smem + TC_STAGES * STQ);
+  if constexpr (Q8) z = (float *)(moe_smem + TC_STAGES * STQ + T::ROWS_WB_Q(BWD));
   if constexpr (!ZIN) {
     for (int i = threadIdx.x; i < TC_TM; i += blockDim.x) {
       int64_t a = i < nrows ? perm[row0 + i] : -1;
@@ -889,18 +984,39 @@ __global__ void __launch_bounds__(TC_THREADS, BWD ? 2 : 1) tc_rows_k(const u16 *
     /* z = x [Ug | Uu]: the units (m tile, n16 group) of z are dealt to the warps */
     float acc[T::UPW][2][4] = {};
     const int nk = (int)((d + T::KC - 1) / T::KC);
+    /* a stage: x's tile, then Ug's and Uu's rows, 16-bit or (Q8) codes and scales */
+    auto proj_x = [&](int kc) {
+      return Q8 ? (u16 *)(moe_smem + (kc % TC_STAGES) * STQ) : stage + (kc % TC_STAGES) * T::PROJ;
+    };
+    constexpr int QB = T::KC * T::QR;    /* a factor's codes in a stage */
     auto load_proj = [&](int kc) {
-      u16 *xs = stage + (kc % TC_STAGES) * T::PROJ, *ws = xs + TC_TM * T::LX;
+      u16 *xs = proj_x(kc), *ws = xs + TC_TM * T::LX;
       int64_t c0 = (int64_t)kc * T::KC;
       int nv = (int)(d - c0 < T::KC ? d - c0 : T::KC);
       load_runs<false, TC_TM, T::KC>(xs, nullptr, T::LX, nv, u, M.rows / M.k * d,
                        [&](int i) { return xrow[i] >= 0 ? xrow[i] + c0 : (int64_t)-1; });
-      auto wrow = [&](int i) { return c0 + i < d ? ((x * d + c0 + i) * R) : (int64_t)-1; };
-      load_runs<false, T::KC, R>(ws, nullptr, T::LW, R, ug, M.e * d * R, wrow);
-      load_runs<false, T::KC, R>(ws + R, nullptr, T::LW, R, uu, M.e * d * R, wrow);
+      if constexpr (Q8) {
+        uint8_t *qs = (uint8_t *)ws;
+        float *ss = (float *)(qs + 2 * QB);
+        auto qrow = [&](int i) { return c0 + i < d ? ((x * d + c0 + i) * T::QR) : (int64_t)-1; };
+        load_codes<T::KC, T::QR>(qs, ss, Q.qg, Q.sg, T::QR, qrow);
+        load_codes<T::KC, T::QR>(qs + QB, ss + QB / 32, Q.qu, Q.su, T::QR, qrow);
+      } else {
+        auto wrow = [&](int i) { return c0 + i < d ? ((x * d + c0 + i) * R) : (int64_t)-1; };
+        load_runs<false, T::KC, R>(ws, nullptr, T::LW, R, ug, M.e * d * R, wrow);
+        load_runs<false, T::KC, R>(ws + R, nullptr, T::LW, R, uu, M.e * d * R, wrow);
+      }
     };
     dm_cp_pipeline<TC_STAGES>(nk, load_proj, [&](int kc) {
-      const u16 *xs = stage + (kc % TC_STAGES) * T::PROJ, *ws = xs + TC_TM * T::LX;
+      const u16 *xs = proj_x(kc), *ws = xs + TC_TM * T::LX;
+      if constexpr (Q8) {   /* the stage's codes to [Ug | Uu] rows in wq */
+        const uint8_t *qs = (const uint8_t *)ws;
+        const float *ss = (const float *)(qs + 2 * QB);
+        expand_codes<DT, T::KC, R, T::QR>(wq, T::LW, qs, ss);
+        expand_codes<DT, T::KC, R, T::QR>(wq + R, T::LW, qs + QB, ss + QB / 32);
+        __syncthreads();
+        ws = wq;
+      }
 #pragma unroll
       for (int ks = 0; ks < T::KC / 16; ks++)
 #pragma unroll
@@ -947,13 +1063,22 @@ __global__ void __launch_bounds__(TC_THREADS, BWD ? 2 : 1) tc_rows_k(const u16 *
     const int64_t gb = row0 * F & ~(int64_t)7, db = x * R * F & ~(int64_t)7;
     const u16 *gyb = gy + gb, *dwb = dw + db;
     const run_stream<TC_TM, T::FC> gstream(shg, [&](int i) { return row0 * F - gb + i * F; });
-    const run_stream<R, T::FC> dstream(shd, [&](int j) { return x * R * F - db + j * F; });
+    const run_stream<R, Q8 ? 8 : T::FC> dstream(shd, [&](int j) { return x * R * F - db + j * F; });
+    auto dh_gs = [&](int fc) {
+      return Q8 ? (u16 *)(moe_smem + (fc % TC_STAGES) * STQ) : stage + (fc % TC_STAGES) * T::DH;
+    };
     auto load_dh = [&](int fc) {
-      u16 *gs = stage + (fc % TC_STAGES) * T::DH, *ds = gs + TC_TM * T::LF;
+      u16 *gs = dh_gs(fc), *ds = gs + TC_TM * T::LF;
       int64_t f0 = (int64_t)fc * T::FC;
       int nv = (int)(F - f0 < T::FC ? F - f0 : T::FC);
       gstream.load(gs, T::LF, gyb, M.rows * F - gb, f0, nrows, nv);
-      dstream.load(ds, T::LF, dwb, M.e * R * F - db, f0, R, nv);
+      if constexpr (Q8) {
+        uint8_t *qs = (uint8_t *)ds;
+        const int nvq = (int)(FQ - f0 < T::FC ? FQ - f0 : T::FC);
+        load_codes<R, T::FC>(qs, (float *)(qs + R * T::FC), Q.qd, Q.sd, nvq, [&](int j) { return (x * R + j) * FQ + f0; });
+      } else {
+        dstream.load(ds, T::LF, dwb, M.e * R * F - db, f0, R, nv);
+      }
     };
     if constexpr (ZIN)   /* the forward's z, with dh's first chunks (rows past the tile's: zeros) */
       for (int i = threadIdx.x; i < TC_TM * R / 2; i += blockDim.x) {
@@ -961,10 +1086,16 @@ __global__ void __launch_bounds__(TC_THREADS, BWD ? 2 : 1) tc_rows_k(const u16 *
         dm_cp_async16(z + m * T::LZ + 4 * c, m < nrows ? zio + (row0 + m) * 2 * R + 4 * c : zio, m < nrows ? 16 : 0);
       }
     dm_cp_pipeline<TC_STAGES>(nf, load_dh, [&](int fc) {
-      int st = fc % TC_STAGES, nv = (int)(F - (int64_t)fc * T::FC < T::FC ? F - (int64_t)fc * T::FC : T::FC);
-      u16 *gs = stage + st * T::DH, *ds = gs + TC_TM * T::LF;
+      int nv = (int)(F - (int64_t)fc * T::FC < T::FC ? F - (int64_t)fc * T::FC : T::FC);
+      u16 *gs = dh_gs(fc), *ds = gs + TC_TM * T::LF;
+      if constexpr (Q8) {   /* D's codes to wq (past F they are zeros), made visible by realign's barriers */
+        const uint8_t *qs = (const uint8_t *)ds;
+        expand_codes<DT, R, T::FC, T::FC>(wq, T::LF, qs, (const float *)(qs + R * T::FC));
+        ds = wq;
+      } else {
+        realign<R, T::FC, true>(ds, shd, T::LF, nv);
+      }
       realign<TC_TM, T::FC, true>(gs, shg, T::LF, nv);
-      realign<R, T::FC, true>(ds, shd, T::LF, nv);
       if (ks * 16 >= nv) return;
       uint32_t b[T::NTW][2];
 #pragma unroll
@@ -1214,29 +1345,46 @@ __device__ __forceinline__ int chunk_shift(int64_t i) { return (int)((uint32_t)(
 
 /* y = h D for a unit (an expert's group of row tiles, a range of chunks of F): items (chunk, row tile),
 ** the chunk of D and the tile of h two deep; warp w has n8 tiles 2w, 2w + 1 of the chunk */
-template <int DT, int R>
-__device__ __forceinline__ void tc_down_unit(const tc_items &I, u16 *y, const u16 *hs, const u16 *dw, const moe_dims &M) {
+template <int DT, int R, bool Q8>
+__device__ __forceinline__ void tc_down_unit(const tc_items &I, u16 *y, const u16 *hs, const u16 *dw, const moe_dims &M,
+                                             const moe_q8 &Q) {
   typedef tc_cfg<R> T;
-  constexpr int TS = T::DOWN_TS, DSZ = R * T::LS, STAGE = DSZ + TC_TM * T::LH;
+  constexpr int TS = T::DOWN_TS;
+  /* a stage: D's chunk (16-bit, or Q8: codes and scales), then h's tile; Q8 expands D into wq after the
+  ** stages, and the output tile os follows */
+  constexpr int DSZ = Q8 ? (R * TC_FS + R * TC_FS / 8) / 2 : R * T::LS, STAGE = DSZ + TC_TM * T::LH;
   extern __shared__ __align__(16) unsigned char moe_smem[];
   __shared__ unsigned char shd[R];
-  const int64_t x = I.x, F = M.f;
+  const int64_t x = I.x, F = M.f, FQ = (F + 31) / 32 * 32;
   if (I.nr == 0) return;
   const int warp = threadIdx.x >> 5;
-  u16 *const smem = (u16 *)moe_smem, *os = smem + TS * STAGE;
+  u16 *const smem = (u16 *)moe_smem, *wq = smem + TS * STAGE, *os = wq + (Q8 ? R * T::LS : 0);
   auto load = [&](int it) {
     u16 *ds = smem + (it % TS) * STAGE, *hc = ds + DSZ;
     const int64_t f0 = (int64_t)I.chunk(it) * TC_FS, p0 = I.row0(it);
     const int np = I.rows(it), nv = (int)(F - f0 < TC_FS ? F - f0 : TC_FS);
-    /* (a run_stream here took more registers than tc_down_k has at four blocks an SM, and was slower) */
-    load_runs<true, R, TC_FS>(ds, shd, T::LS, nv, dw, M.e * R * F, [&](int j) { return (x * R + j) * F + f0; });
+    if constexpr (Q8) {
+      const int nvq = (int)(FQ - f0 < TC_FS ? FQ - f0 : TC_FS);
+      uint8_t *qs = (uint8_t *)ds;
+      load_codes<R, TC_FS>(qs, (float *)(qs + R * TC_FS), Q.qd, Q.sd, nvq, [&](int j) { return (x * R + j) * FQ + f0; });
+    } else {
+      /* (a run_stream here took more registers than tc_down_k has at four blocks an SM, and was slower) */
+      load_runs<true, R, TC_FS>(ds, shd, T::LS, nv, dw, M.e * R * F, [&](int j) { return (x * R + j) * F + f0; });
+    }
     if (I.fixed(it, TS))
       load_runs<false, TC_TM, R>(hc, nullptr, T::LH, R, hs, M.rows * R,
                        [&](int i) { return i < np ? (p0 + i) * R : (int64_t)-1; });
   };
   dm_cp_pipeline<TS>(I.n, load, [&](int it) {
     u16 *ds = smem + (it % TS) * STAGE, *hc = ds + DSZ;
-    realign<R, TC_FS, false>(ds, shd, T::LS, 0);
+    if constexpr (Q8) {
+      const uint8_t *qs = (const uint8_t *)ds;
+      expand_codes<DT, R, TC_FS, TC_FS>(wq, T::LS, qs, (const float *)(qs + R * TC_FS));
+      __syncthreads();
+      ds = wq;
+    } else {
+      realign<R, TC_FS, false>(ds, shd, T::LS, 0);
+    }
     const int np = I.rows(it);
     float acc[T::MT][2][4] = {};
 #pragma unroll
@@ -1269,12 +1417,12 @@ __device__ __forceinline__ void tc_down_unit(const tc_items &I, u16 *y, const u1
   });
 }
 
-template <int DT, int R>
+template <int DT, int R, bool Q8 = false>
 __global__ void __launch_bounds__(TC_THREADS, tc_cfg<R>::DOWN_MINB) tc_down_k(u16 *y, const u16 *hs, const int64_t *off, const u16 *dw,
-                                                        moe_dims M, tc_units U) {
+                                                        moe_dims M, tc_units U, moe_q8 Q) {
   for (int u = blockIdx.x; u < U.count(); u += gridDim.x) {
     __syncthreads();   /* the last unit's reads of shared memory are done */
-    tc_down_unit<DT, R>(tc_items(U, off, M.rows, u), y, hs, dw, M);
+    tc_down_unit<DT, R, Q8>(tc_items(U, off, M.rows, u), y, hs, dw, M, Q);
   }
 }
 
@@ -1471,29 +1619,49 @@ __global__ void __launch_bounds__(TC_THREADS, tc_cfg<R>::DU_MINB) tc_du_k(u16 *d
 
 /* a row tile: gx = [dag | dau] [Ug | Uu]^T over slices of d (TC_STAGES deep); warp w has m16 tile w / 4
 ** and n16 group w % 4 of the slice */
-template <int DT, int R>
+template <int DT, int R, bool Q8 = false>
 __global__ void __launch_bounds__(TC_THREADS) tc_gx_k(u16 *gx, const u16 *dagu, const int64_t *off,
-                                                      const int64_t *tiles, const u16 *ug, const u16 *uu, moe_dims M) {
+                                                      const int64_t *tiles, const u16 *ug, const u16 *uu, moe_dims M,
+                                                      moe_q8 Q) {
   typedef tc_cfg<R> T;
   constexpr int LO = TC_DS + 8;
+  /* a stage: the slice's rows of Ug and Uu, 16-bit, or (Q8) codes and scales expanded into wq after the stages */
+  constexpr int WSZ = Q8 ? T::GX_STAGE_Q / 2 : TC_DS * T::LW, QB = TC_DS * T::QR;
   extern __shared__ __align__(16) unsigned char moe_smem[];
   int64_t x, row0, nrows64;
   if (!tile_of(tiles, off, M.e, TC_TM, M.rows, &x, &row0, &nrows64)) return;
   const int nrows = (int)nrows64, warp = threadIdx.x >> 5, mt = warp >> 2, ng = warp & 3;
   const int64_t d = M.d;
-  u16 *as = (u16 *)moe_smem, *ws0 = as + TC_TM * T::LW, *os = ws0 + TC_STAGES * TC_DS * T::LW;
+  u16 *as = (u16 *)moe_smem, *ws0 = as + TC_TM * T::LW, *wq = ws0 + TC_STAGES * WSZ;
+  u16 *os = wq + (Q8 ? TC_DS * T::LW : 0);
   load_runs<false, TC_TM, 2 * R>(as, nullptr, T::LW, 2 * R, dagu, M.rows * 2 * R,
                    [&](int i) { return i < nrows ? (row0 + i) * 2 * R : (int64_t)-1; });
   const int nd = (int)((d + TC_DS - 1) / TC_DS);
   auto load_w = [&](int ci) {
-    u16 *ws = ws0 + (ci % TC_STAGES) * TC_DS * T::LW;
+    u16 *ws = ws0 + (ci % TC_STAGES) * WSZ;
     int64_t c0 = (int64_t)ci * TC_DS;
-    auto wrow = [&](int c) { return c0 + c < d ? (x * d + c0 + c) * R : (int64_t)-1; };
-    load_runs<false, TC_DS, R>(ws, nullptr, T::LW, R, ug, M.e * d * R, wrow);
-    load_runs<false, TC_DS, R>(ws + R, nullptr, T::LW, R, uu, M.e * d * R, wrow);
+    if constexpr (Q8) {
+      uint8_t *qs = (uint8_t *)ws;
+      float *ss = (float *)(qs + 2 * QB);
+      auto qrow = [&](int c) { return c0 + c < d ? (x * d + c0 + c) * T::QR : (int64_t)-1; };
+      load_codes<TC_DS, T::QR>(qs, ss, Q.qg, Q.sg, T::QR, qrow);
+      load_codes<TC_DS, T::QR>(qs + QB, ss + QB / 32, Q.qu, Q.su, T::QR, qrow);
+    } else {
+      auto wrow = [&](int c) { return c0 + c < d ? (x * d + c0 + c) * R : (int64_t)-1; };
+      load_runs<false, TC_DS, R>(ws, nullptr, T::LW, R, ug, M.e * d * R, wrow);
+      load_runs<false, TC_DS, R>(ws + R, nullptr, T::LW, R, uu, M.e * d * R, wrow);
+    }
   };
   dm_cp_pipeline<TC_STAGES>(nd, load_w, [&](int ci) {
-    const u16 *ws = ws0 + (ci % TC_STAGES) * TC_DS * T::LW;
+    const u16 *ws = ws0 + (ci % TC_STAGES) * WSZ;
+    if constexpr (Q8) {
+      const uint8_t *qs = (const uint8_t *)ws;
+      const float *ss = (const float *)(qs + 2 * QB);
+      expand_codes<DT, TC_DS, R, T::QR>(wq, T::LW, qs, ss);
+      expand_codes<DT, TC_DS, R, T::QR>(wq + R, T::LW, qs + QB, ss + QB / 32);
+      __syncthreads();
+      ws = wq;
+    }
     const int64_t c0 = (int64_t)ci * TC_DS;
     const int nvc = (int)(d - c0 < TC_DS ? d - c0 : TC_DS);
     float acc[2][4] = {};
@@ -1567,10 +1735,22 @@ static bool tc_fits(dm_dtype t, const moe_dims &M, const void *const *ptrs, int 
 
 static unsigned tc_tile_blocks(const moe_dims &M) { return (unsigned)((M.rows + TC_TM - 1) / TC_TM + M.e); }
 
-template <int DT, int R>
+/* the fp8 banks' pointers (zeros when the bank is 16-bit) */
+static moe_q8 q8_of(const dm_moe_bank *b) {
+  moe_q8 Q = {};
+  if (!b->qg.codes) return Q;
+  Q.qg = (const uint8_t *)dm_data(b->qg.codes), Q.qu = (const uint8_t *)dm_data(b->qu.codes);
+  Q.qd = (const uint8_t *)dm_data(b->qd.codes);
+  Q.sg = (const float *)dm_data(b->qg.scales), Q.su = (const float *)dm_data(b->qu.scales);
+  Q.sd = (const float *)dm_data(b->qd.scales);
+  return Q;
+}
+
+template <int DT, int R, bool Q8>
 static void tc_forward(dm_tensor *y_rows, dm_tensor *z_rows, const dm_tensor *u, const dm_tensor *perm,
                        const dm_tensor *offsets, const dm_moe_bank *bank, moe_dims M) {
   typedef tc_cfg<R> T;
+  moe_q8 Q = q8_of(bank);
   const int64_t *off = (const int64_t *)dm_data(offsets);
   size_t hb = (size_t)dm_moe_tc_fwd_rows(M.rows, R), tb;
   u16 *hs = (u16 *)dm_scratch(hb);
@@ -1578,23 +1758,26 @@ static void tc_forward(dm_tensor *y_rows, dm_tensor *z_rows, const dm_tensor *u,
   const void *pu = dm_data(u), *pp = dm_data(perm), *pug = dm_data(bank->ug), *puu = dm_data(bank->uu),
              *pcg = dm_data(bank->cg), *pcu = dm_data(bank->cu), *pd = dm_data(bank->d), *none = NULL;
   void *py = dm_data(y_rows), *ph = hs, *pz = z_rows ? dm_data(z_rows) : NULL;
-  void *rargs[] = {&pu, &pp, &off, &tiles, &pug, &puu, &pcg, &pcu, &pd, &none, &ph, &none, &none, &none, &pz, &M};
-  tc_launch((const void *)tc_rows_k<DT, R, false>, dim3(tc_tile_blocks(M)), T::rows_smem(false), rargs);
+  void *rargs[] = {&pu, &pp, &off, &tiles, &pug, &puu, &pcg, &pcu, &pd, &none, &ph, &none, &none, &none, &pz, &M, &Q};
+  tc_launch((const void *)tc_rows_k<DT, R, false, false, Q8>, dim3(tc_tile_blocks(M)),
+            Q8 ? T::rows_smem_q(false) : T::rows_smem(false), rargs);
   void *um;
   size_t ub;
   tc_units U = tc_plan(off, M, (M.f + TC_FS - 1) / TC_FS, 0, &um, &ub);
-  void *dargs[] = {&py, &ph, &off, &pd, &M, &U};
-  tc_launch((const void *)tc_down_k<DT, R>, dim3(tc_stream_grid(U, T::DOWN_MINB)), T::down_smem(), dargs);
+  void *dargs[] = {&py, &ph, &off, &pd, &M, &U, &Q};
+  tc_launch((const void *)tc_down_k<DT, R, Q8>, dim3(tc_stream_grid(U, T::DOWN_MINB)),
+            Q8 ? T::down_smem_q() : T::down_smem(), dargs);
   dm_scratch_free(um, ub);
   dm_scratch_free(tiles, tb);
   dm_scratch_free(hs, hb);
 }
 
-template <int DT, int R>
+template <int DT, int R, bool Q8>
 static void tc_backward(dm_tensor *gx_rows, const dm_moe_grads *g, const dm_tensor *gy_rows, const dm_tensor *z_rows,
                         const dm_tensor *u, const dm_tensor *perm, const dm_tensor *offsets, const dm_moe_bank *bank,
                         moe_dims M) {
   typedef tc_cfg<R> T;
+  moe_q8 Q = q8_of(bank);
   const int64_t *off = (const int64_t *)dm_data(offsets);
   size_t nr = (size_t)(M.rows * R), sb = (size_t)dm_moe_tc_bwd_rows(M.rows, R), tb;   /* u16 3 nr, f32 2 nr */
   unsigned char *scratch = (unsigned char *)dm_scratch(sb);
@@ -1604,9 +1787,9 @@ static void tc_backward(dm_tensor *gx_rows, const dm_moe_grads *g, const dm_tens
   const void *pgy = dm_data(gy_rows), *pux = dm_data(u), *pp = dm_data(perm), *pug = dm_data(bank->ug),
              *puu = dm_data(bank->uu), *pcg = dm_data(bank->cg), *pcu = dm_data(bank->cu), *pd = dm_data(bank->d);
   void *ph = hs, *pa = dagu, *ppg = pg, *ppu = pu, *pz = z_rows ? dm_data(z_rows) : NULL;
-  void *rargs[] = {&pux, &pp, &off, &tiles, &pug, &puu, &pcg, &pcu, &pd, &pgy, &ph, &pa, &ppg, &ppu, &pz, &M};
-  tc_launch(pz ? (const void *)tc_rows_k<DT, R, true, true> : (const void *)tc_rows_k<DT, R, true, false>,
-            dim3(tc_tile_blocks(M)), T::rows_smem(true), rargs);
+  void *rargs[] = {&pux, &pp, &off, &tiles, &pug, &puu, &pcg, &pcu, &pd, &pgy, &ph, &pa, &ppg, &ppu, &pz, &M, &Q};
+  tc_launch(pz ? (const void *)tc_rows_k<DT, R, true, true, Q8> : (const void *)tc_rows_k<DT, R, true, false, Q8>,
+            dim3(tc_tile_blocks(M)), Q8 ? T::rows_smem_q(true) : T::rows_smem(true), rargs);
   void *um;
   size_t ub;
   if (g->d) {
@@ -1636,8 +1819,8 @@ static void tc_backward(dm_tensor *gx_rows, const dm_moe_grads *g, const dm_tens
   }
   if (gx_rows && M.rows > 0) {
     void *pgx = dm_data(gx_rows);
-    void *args[] = {&pgx, &pa, &off, &tiles, &pug, &puu, &M};
-    tc_launch((const void *)tc_gx_k<DT, R>, dim3(tc_tile_blocks(M)), T::gx_smem(), args);
+    void *args[] = {&pgx, &pa, &off, &tiles, &pug, &puu, &M, &Q};
+    tc_launch((const void *)tc_gx_k<DT, R, Q8>, dim3(tc_tile_blocks(M)), Q8 ? T::gx_smem_q() : T::gx_smem(), args);
   }
   dm_scratch_free(tiles, tb);
   dm_scratch_free(scratch, sb);
@@ -1655,19 +1838,35 @@ template <typename Fn> static void tc_by_rank(int64_t r, Fn f) {
 
 /* ---- the experts' entry points ---------------------------------------------------------------------------- */
 
+/* fp8 banks reach the kernels only where the tensor-core kernels read them (the op decodes them
+** elsewhere): what else keeps them off those kernels is an error, not a slower path */
+static void q8_check(bool tc, dm_dtype t, const char *what) {
+  if (tc && t == DM_BF16) return;
+  const char *s = getenv("DM_MOE_FMA");
+  dm_error("%s: fp8 banks need the tensor-core kernels, which %s", what,
+           t != DM_BF16 ? "read them in bf16 only" : s && *s && strcmp(s, "0") ? "DM_MOE_FMA turns off"
+                                                   : "take 16-byte aligned tensors");
+}
+
 static void cuda_experts(dm_tensor *y_rows, dm_tensor *z_rows, const dm_tensor *u, const dm_tensor *perm,
                          const dm_tensor *offsets, const dm_moe_bank *bank, int64_t k) {
   moe_dims M = dims_of(u, perm, offsets, bank, k);
   int tm = tile_rows("moe_experts", &M);
   if (M.rows == 0 || M.f == 0) return;
-  const void *ptrs[] = {dm_data(y_rows), dm_data(u), dm_data(bank->ug), dm_data(bank->uu), dm_data(bank->d)};
+  const bool q8 = bank->qg.codes != NULL;
+  const void *ptrs[] = {dm_data(y_rows), dm_data(u), q8 ? NULL : dm_data(bank->ug), q8 ? NULL : dm_data(bank->uu),
+                        q8 ? NULL : dm_data(bank->d)};
   bool tc = tc_fits(u->dtype, M, ptrs, 5) && (!z_rows || dm_aligned(dm_data(z_rows), 16));
+  if (q8) q8_check(tc, u->dtype, "moe_experts");
   dm_dispatch_float(u->dtype, "moe_experts", [&](auto d) {
     constexpr int DT = decltype(d)::value;
     if constexpr (DT == DM_BF16 || DT == DM_F16) {
       if (tc) {
         tc_by_rank(M.r, [&](auto rr) {
-          tc_forward<DT, decltype(rr)::value>(y_rows, z_rows, u, perm, offsets, bank, M);
+          constexpr int R = decltype(rr)::value;
+          if constexpr (DT == DM_BF16)
+            if (q8) return tc_forward<DT, R, true>(y_rows, z_rows, u, perm, offsets, bank, M);
+          tc_forward<DT, R, false>(y_rows, z_rows, u, perm, offsets, bank, M);
         });
         return;
       }
@@ -1681,10 +1880,12 @@ static void cuda_experts_bwd(dm_tensor *gx_rows, const dm_moe_grads *g, const dm
                              const dm_tensor *offsets, const dm_moe_bank *bank, int64_t k) {
   moe_dims M = dims_of(u, perm, offsets, bank, k);
   int tm = tile_rows("moe_experts_bwd", &M);
-  const void *ptrs[] = {gx_rows ? dm_data(gx_rows) : NULL, dm_data(gy_rows), dm_data(u), dm_data(bank->ug),
-                        dm_data(bank->uu), dm_data(bank->d), g->ug ? dm_data(g->ug) : NULL,
-                        g->uu ? dm_data(g->uu) : NULL, g->d ? dm_data(g->d) : NULL};
+  const bool q8 = bank->qg.codes != NULL;
+  const void *ptrs[] = {gx_rows ? dm_data(gx_rows) : NULL, dm_data(gy_rows), dm_data(u),
+                        q8 ? NULL : dm_data(bank->ug), q8 ? NULL : dm_data(bank->uu), q8 ? NULL : dm_data(bank->d),
+                        g->ug ? dm_data(g->ug) : NULL, g->uu ? dm_data(g->uu) : NULL, g->d ? dm_data(g->d) : NULL};
   bool tc = tc_fits(u->dtype, M, ptrs, 9);
+  if (q8) q8_check(tc, u->dtype, "moe_experts backward");
   /* the forward's projections when they are there in f32 and aligned (the FMA kernels recompute them) */
   const dm_tensor *zk = z_rows && z_rows->dtype == DM_F32 && dm_aligned(dm_data(z_rows), 16) ? z_rows : NULL;
   dm_dispatch_float(u->dtype, "moe_experts_bwd", [&](auto d) {
@@ -1692,7 +1893,10 @@ static void cuda_experts_bwd(dm_tensor *gx_rows, const dm_moe_grads *g, const dm
     if constexpr (DT == DM_BF16 || DT == DM_F16) {
       if (tc) {
         tc_by_rank(M.r, [&](auto rr) {
-          tc_backward<DT, decltype(rr)::value>(gx_rows, g, gy_rows, zk, u, perm, offsets, bank, M);
+          constexpr int R = decltype(rr)::value;
+          if constexpr (DT == DM_BF16)
+            if (q8) return tc_backward<DT, R, true>(gx_rows, g, gy_rows, zk, u, perm, offsets, bank, M);
+          tc_backward<DT, R, false>(gx_rows, g, gy_rows, zk, u, perm, offsets, bank, M);
         });
         return;
       }

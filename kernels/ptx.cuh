@@ -16,6 +16,10 @@ __device__ __forceinline__ uint32_t dm_smem_addr(const void *p) { return (uint32
 __device__ __forceinline__ void dm_cp_async16(void *dst, const void *src, int bytes = 16) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dm_smem_addr(dst)), "l"(src), "r"(bytes));
 }
+/* 4 bytes likewise (through L1: cp.async.cg takes 16 only), of which `bytes` (0 or 4) from src */
+__device__ __forceinline__ void dm_cp_async4(void *dst, const void *src, int bytes = 4) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dm_smem_addr(dst)), "l"(src), "r"(bytes));
+}
 __device__ __forceinline__ void dm_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 /* wait until at most N committed groups are in flight */
 template <int N> __device__ __forceinline__ void dm_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }

@@ -6,9 +6,11 @@
 ** same way first, then writes each byte of codes; quant_decode reads one
 ** element a thread.
 */
+#include <cuda_fp8.h>
 #include "common.cuh"
 extern "C" {
 #include "ops/quant.h"
+#include "ops/moe.h"
 }
 
 template <int DT> using S_ = typename dt<DT>::S;
@@ -377,7 +379,116 @@ static void cuda_littlebit_bwd(dm_tensor *gx, dm_tensor *grow, dm_tensor *gcol, 
   });
 }
 
+/* x / s as the E4M3 code of vm/ops/quant.h's rounding of the exact quotient (to nearest, ties to even,
+** saturating at 448), in f32 for x of 24 bits or fewer: the quotient rounded to f32 may land on a tie of
+** E4M3's grid that the exact quotient is not on (the reference's double quotient cannot: x over a 24-bit s
+** is then at least 2^-48 of itself away), so the division's remainder, exact by an FMA, says on which
+** side the exact quotient lies, and the quotient moves one f32 step to that side before the hardware
+** conversion rounds it. A zero of either sign is code 0, as the reference's. */
+__device__ __forceinline__ unsigned e4m3_code_f32(float x, float s) {
+  float q = __fdiv_rn(x, s);
+  const float rem = __fmaf_rn(-q, s, x);
+  const float a = fabsf(q);
+  if (rem != 0.f && a > 0.f) {
+    const uint32_t bits = __float_as_uint(a);
+    const bool tie = a >= 0.015625f ? (bits & 0xFFFFFu) == 0x80000u     /* half a step of 3 mantissa bits */
+                                     : a * 512.f - floorf(a * 512.f) == 0.5f;   /* subnormals: steps of 2^-9 */
+    if (tie) q = __uint_as_float(__float_as_uint(q) + ((rem > 0.f) == (q > 0.f) ? 1u : 0xFFFFFFFFu));
+  }
+  const unsigned code = __nv_cvt_float_to_fp8(q, __NV_SATFINITE, __NV_E4M3);
+  return (code & 0x7Fu) ? code : 0u;
+}
+
+/* n / d for 32-bit n by one high product: q = floor(n ceil(2^64 / d) / 2^64) is exact for every n, d < 2^32
+** (the magic's excess, under n / 2^64 < 2^-32 <= 1 / d, never reaches the next multiple) */
+struct div32 {
+  uint64_t magic;
+  uint32_t d;
+  explicit div32(uint32_t divisor) : magic(~(uint64_t)0 / divisor + 1), d(divisor) {}
+  __device__ __forceinline__ uint32_t quo(uint32_t n) const { return (uint32_t)__umul64hi((uint64_t)n, magic); }
+};
+
+/* NaN-carrying max (a NaN stays), for the blocks' amax */
+__device__ __forceinline__ float nan_maxf(float a, float b) { return b != b || b > a ? b : a; }
+
+/* fp8 banks (vm/ops/moe.h): a group of eight lanes takes a block of 32, a lane four consecutive elements
+** (their codes one word, rows of codes being 16-byte aligned), the block's amax by shuffles; a warp's four
+** groups take consecutive blocks (consecutive memory), each value rounded to RT first. In f32 for RT of 24
+** bits or fewer (the scale amax / 448 rounds alike in f32 and through double: a quotient by 7 never ends
+** on a tie); f64 takes bank_fp8_f64_k. Blocks are counted in 32 bits (the op's shapes allow it). */
+template <int DT, int RT>
+__global__ void bank_fp8_k(uint8_t *codes, float *scales, const S_<DT> *x, uint32_t n, uint32_t nq, div32 nb,
+                           uint32_t blocks) {
+  static_assert(DM_BANK_FP8_BLOCK == 32, "eight lanes of four elements a block");
+  const int lane = threadIdx.x & 31;
+  const uint32_t step = gridDim.x * blockDim.x / 8;
+  for (uint32_t g0 = (blockIdx.x * blockDim.x + threadIdx.x) / 32 * 4; g0 < blocks; g0 += step) {
+    const uint32_t gb = g0 + lane / 8, row = nb.quo(gb), b = gb - row * nb.d, j0 = b * 32 + (lane & 7) * 4;
+    const bool live = gb < blocks;
+    float v[4], amax = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      v[i] = live && j0 + i < n ? (float)dt<RT>::load(dt<RT>::store(dt<DT>::load(x[(int64_t)row * n + j0 + i]))) : 0.f;
+      amax = nan_maxf(amax, fabsf(v[i]));
+    }
+    for (int o = 4; o > 0; o /= 2) amax = nan_maxf(amax, __shfl_xor_sync(0xffffffffu, amax, o, 8));
+    if (!live) continue;
+    const float sc = __fdiv_rn(amax, (float)DM_E4M3_MAX);     /* NaN carried on */
+    uint32_t word = 0;
+    if (sc > 0.f)
+#pragma unroll
+      for (int i = 0; i < 4; i++) word |= e4m3_code_f32(v[i], sc) << (8 * i);
+    *(uint32_t *)(codes + (int64_t)row * nq + j0) = word;
+    if ((lane & 7) == 0) scales[gb] = sc;
+  }
+}
+
+/* the same from f64 values, in double (the reference's own arithmetic, vm/ops/quant.h) */
+template <int DT>
+__global__ void bank_fp8_f64_k(uint8_t *codes, float *scales, const S_<DT> *x, int64_t n, int64_t nq, int64_t nb,
+                               int64_t blocks) {
+  DM_GRID_LOOP(gb, blocks) {
+    const int64_t row = gb / nb, b = gb - row * nb, len = n - b * 32 < 32 ? n - b * 32 : 32;
+    const S_<DT> *xb = x + row * n + b * 32;
+    double amax = 0;
+    for (int64_t i = 0; i < len; i++) amax = nan_max(amax, fabs((double)dt<DT>::load(xb[i])));
+    const double sc = amax != amax ? (double)NAN : dm_quant_scale(DM_QUANT_FP8_E4M3, amax, 0);
+    for (int64_t i = 0; i < 32; i++)
+      codes[row * nq + b * 32 + i] =
+          (uint8_t)(i < len && sc == sc ? dm_quant_code(DM_QUANT_FP8_E4M3, (double)dt<DT>::load(xb[i]), sc) : 0u);
+    scales[gb] = (float)sc;
+  }
+}
+
+static void cuda_bank_fp8(dm_tensor *codes, dm_tensor *scales, const dm_tensor *x, dm_dtype round_to) {
+  const int64_t total = dm_numel(x);
+  if (total == 0) return;
+  const int64_t n = x->shape[x->ndim - 1], rows = total / n, nq = dm_bank_fp8_cols(n), nb = dm_bank_fp8_blocks(n);
+  const int64_t blocks = rows * nb;
+  if (blocks > UINT32_MAX / 2 || n > INT32_MAX)
+    dm_error("bank_fp8: %lld blocks of 32 are over the kernel's 32-bit count", (long long)blocks);
+  dm_dispatch_float(x->dtype, "bank_fp8", [&](auto d) {
+    constexpr int DT = decltype(d)::value;
+    uint8_t *cp = (uint8_t *)dm_data(codes);
+    float *sp = (float *)dm_data(scales);
+    const S_<DT> *xp = (const S_<DT> *)dm_data(x);
+    if (round_to == DM_F64) {
+      DM_LAUNCH(bank_fp8_f64_k<DT>, blocks, cp, sp, xp, n, nq, nb, blocks);
+      return;
+    }
+    dm_dispatch_float(round_to, "bank_fp8 (the dtype rounded to)", [&](auto r) {
+      constexpr int RT = decltype(r)::value;
+      if constexpr (RT != DM_F64) {
+        bank_fp8_k<DT, RT><<<dm_grid(blocks * 8), DM_THREADS, 0, dm_cuda_stream()>>>(
+            cp, sp, xp, (uint32_t)n, (uint32_t)nq, div32((uint32_t)nb), (uint32_t)blocks);
+        DM_CU_LAUNCHED();
+      }
+    });
+  });
+}
+
 static const dm_kernel_entry kernels[] = {
+  {"bank_fp8", (dm_kernel_fn)cuda_bank_fp8},
   {"littlebit", (dm_kernel_fn)cuda_littlebit},
   {"littlebit_bwd", (dm_kernel_fn)cuda_littlebit_bwd},
   {"quantize", (dm_kernel_fn)cuda_quantize},

@@ -91,6 +91,10 @@ function Dormouse:arms()
                                 "relative error, on the log line)", self.cfg.moe.qat_from,
                                 qat == "ladder" and "fp8_e4m3, nvfp4, ternary in thirds" or qat)
   end
+  if self.cfg.moe.fp8 then
+    on[#on + 1] = "fp8 banks: the expert kernels read Ug, Uu, D as E4M3 codes under f32 scales a block of 32, " ..
+                  "encoded from the masters once a pass (fp8, the codes' relative error, on the log line)"
+  end
   local lb = self.cfg.moe.littlebit
   if lb ~= "off" then
     on[#on + 1] = "LittleBit experts: Ug, Uu, D as row * sign(latent) * col, learned scales" ..
@@ -265,6 +269,11 @@ function Dormouse:pass(x, prefix, opts)
   if qat_err and dm.grad_enabled() then            -- QAT's error on the factors, on the log line
     out.extras = out.extras or {}
     out.extras.qat = qat_err
+  end
+  local fp8_err = self.block.moe.fp8_err
+  if fp8_err and dm.grad_enabled() then            -- the fp8 banks' error on the factors
+    out.extras = out.extras or {}
+    out.extras.fp8 = fp8_err
   end
   local lb_flip = self.block.moe.lb_flip
   if lb_flip and dm.grad_enabled() then             -- LittleBit: the share of latent signs that flipped

@@ -268,6 +268,9 @@ local rows = {
       {"littlebit", enum {"off", "sign", "residual"}, "off", "an arm: the experts' factors Ug, Uu, D as " ..
        "row * sign(latent) * col with learned row and column scales (LittleBit), residual: plus a second " ..
        "such term on a latent of its own (docs/arms.md)"},
+      {"fp8", bool, false, "an arm: the expert kernels read Ug, Uu, D as fp8 E4M3 codes under f32 scales a " ..
+       "block of 32, encoded from the masters each pass (no 16-bit copy of the banks); the same products as " ..
+       "model.moe.qat = fp8_e4m3 from the first step (docs/arms.md)"},
       {"capacity_factor", optional(num{above = 0}), nil, "nil = dropless; else assignments over factor*T*k/E per expert are dropped and counted"},
     }},
   }},
@@ -369,6 +372,14 @@ schema.checks = {
     if m.retract_every > 0 then
       return ("model.moe.littlebit = %s with model.moe.retract_every = %d: retraction would move the latents, " ..
               "whose signs are the weights; set model.moe.retract_every = 0"):format(m.littlebit, m.retract_every)
+    end
+  end,
+  function(c)
+    local m = c.model.moe
+    if not m.fp8 then return nil end
+    if m.qat ~= "off" or m.littlebit ~= "off" then
+      return ("model.moe.fp8 with model.moe.%s = %s: the fp8 banks are the factors' own values in E4M3; set " ..
+              "one of them off"):format(m.qat ~= "off" and "qat" or "littlebit", m.qat ~= "off" and m.qat or m.littlebit)
     end
   end,
   function(c)                                    -- segments are exact only where nothing spans a segment

@@ -918,6 +918,12 @@ function dm.quantize(x, format, block) end
 ---@return dormouse.Tensor
 function dm.fake_quantize(x, format, block) end
 
+---x's shape in dtype without values (one NaN through zero strides), its gradient x's as a cast's: the place of a copy that a kernel reads in another form.
+---@param x dormouse.Tensor
+---@param dtype string
+---@return dormouse.Tensor
+function dm.stand_in(x, dtype) end
+
 ---x as a low-bit format's codes (u8) and its blocks' scales (f32; E4M3 codes in u8 for nvfp4).
 ---@param x dormouse.Tensor
 ---@param format "fp8_e4m3"|"nvfp4"|"ternary"|"binary"
@@ -1049,8 +1055,16 @@ function dm.moe_sort(idx, experts) end
 ---@param cu dormouse.Tensor
 ---@param d dormouse.Tensor
 ---@param k integer
+---@param fp8? table {Ug = {codes, scales}, Uu = ..., D = ...} (dm.bank_fp8's): the kernels read these; ug, uu, d then give shapes only (dm.stand_in)
 ---@return dormouse.Tensor
-function dm.moe_experts(u, perm, offsets, ug, uu, cg, cu, d, k) end
+function dm.moe_experts(u, perm, offsets, ug, uu, cg, cu, d, k, fp8) end
+
+---An fp8 bank: x [E, m, n]'s values rounded to dtype, as E4M3 codes u8 [E, m, nq] under f32 scales [E, m, nq / 32] (blocks of 32 along the rows, nq = n rounded up to 32).
+---@param x dormouse.Tensor
+---@param dtype? string the dtype the values are rounded to first (default x's)
+---@return dormouse.Tensor codes
+---@return dormouse.Tensor scales
+function dm.bank_fp8(x, dtype) end
 
 ---Gates with the tokens past each expert's capacity set to 0, and the drops per expert.
 ---@param w dormouse.Tensor

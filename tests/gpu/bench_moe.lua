@@ -66,8 +66,31 @@ for _, routing in ipairs {"random", "skewed"} do
   local x = common.moe_b1(dm, routing)
   x.routing = routing
   times[routing] = {run_case(x)}
+  if not fma then   -- the same products from fp8 banks (model.moe.fp8)
+    local q = common.moe_b1(dm, routing, true)
+    q.routing = routing .. ", fp8 banks"
+    times[routing .. " fp8"] = {run_case(q)}
+  end
   collectgarbage()
 end
+
+-- a pass's banks from the f32 masters: the cast to bf16 the 16-bit kernels read, against the fp8 codes
+local function masters()
+  local E, D, R, F = 1024, 2048, 64, 5461
+  local function f32(shape, seed) return dm.randn(shape, {seed = seed, dtype = "f32", device = "cuda"}) end
+  return {f32({E, D, R}, 3), f32({E, D, R}, 4), f32({E, R, F}, 5)}
+end
+local ws = masters()
+local cast_ms = cuda.time(function() for _, w in ipairs(ws) do w:to("bf16"):free() end end, {reps = REPS, warmup = 2})
+local encode_ms = cuda.time(function()
+  for _, w in ipairs(ws) do
+    local c, sc = dm.bank_fp8(w, "bf16")
+    c:free()
+    sc:free()
+  end
+end, {reps = REPS, warmup = 2})
+ws = nil
+collectgarbage()
 local fwd_ms, both_ms = times.random[1], times.random[2]
 local N, E, K, D, R, F = 8192, 1024, 2, 2048, 64, 5461
 
@@ -100,5 +123,16 @@ for _, r in ipairs {{"forward", fwd_ms, fwd_bytes, old.fwd}, {"forward+backward"
   local gbs = r[3] / (r[2] * 1e-3) / 1e9
   out[#out + 1] = string.format("| %s%s | %.3f | %.3f GB | %.0f | %.1f%% | %s |", r[1], fma and " (FMA)" or "", r[2],
                                 r[3] / 1e9, gbs, 100 * gbs / copy_bw, r[4] and string.format("%.3f", r[4]) or "-")
+end
+if not fma then
+  out[#out + 1] = ""
+  out[#out + 1] = "| fp8 banks (model.moe.fp8) | ms | against the 16-bit kernels |"
+  out[#out + 1] = "|---|---|---|"
+  for _, r in ipairs {{"forward", times["random fp8"][1], fwd_ms}, {"forward+backward", times["random fp8"][2], both_ms},
+                      {"forward, skewed routing", times["skewed fp8"][1], skew[1]},
+                      {"forward+backward, skewed routing", times["skewed fp8"][2], skew[2]},
+                      {"a pass's banks from the f32 masters: bank_fp8 against the cast to bf16", encode_ms, cast_ms}} do
+    out[#out + 1] = string.format("| %s | %.3f | %.3f (%+.1f%%) |", r[1], r[2], r[3], 100 * (r[2] / r[3] - 1))
+  end
 end
 print("\n" .. table.concat(out, "\n"))

@@ -61,7 +61,9 @@ logits, bf16 banks on the GPU; x.forward() runs moe_experts on them.
 routing "random" (the default): normal logits, about 16 rows an expert;
 "skewed", as real training reaches: expert 1 first for 80% of the tokens (40%
 of the assignments) and experts 2 to 101 never chosen. ]]
-function common.moe_b1(dm, routing)
+-- with fp8 true, x.forward reads the factors as fp8 banks (dm.bank_fp8's codes, the factors' places
+-- stand-ins: model.moe.fp8's products)
+function common.moe_b1(dm, routing, fp8)
   local N, E, K, D, R, F = 8192, 1024, 2, 2048, 64, 5461
   local function bf16(shape, seed, scale)
     return dm.randn(shape, {seed = seed, dtype = "bf16", device = "cuda"}):mul(scale or 1)
@@ -83,6 +85,14 @@ function common.moe_b1(dm, routing)
   x.gy = bf16({N * K, F}, 6)
   x.params = {x.u, x.ug, x.uu, x.cg, x.cu, x.dw}
   function x.forward() return dm.moe_experts(x.u, x.perm, x.offsets, x.ug, x.uu, x.cg, x.cu, x.dw, K) end
+  if fp8 then
+    local codes = {}
+    for name, w in pairs {Ug = x.ug, Uu = x.uu, D = x.dw} do codes[name] = {dm.bank_fp8(w, "bf16")} end
+    function x.forward()
+      return dm.moe_experts(x.u, x.perm, x.offsets, dm.stand_in(x.ug, "bf16"), dm.stand_in(x.uu, "bf16"), x.cg, x.cu,
+                            dm.stand_in(x.dw, "bf16"), K, codes)
+    end
+  end
   return x
 end
 

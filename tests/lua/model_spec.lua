@@ -501,6 +501,67 @@ describe("QAT (model.moe.qat)", function()
   end)
 end)
 
+describe("fp8 banks (model.moe.fp8)", function()
+  -- the loss and every parameter's gradient of a model, after one forward and backward of x
+  local function run(model, x, prefix)
+    local loss, extras = dm.scope(function()
+      local out = model:forward(x, prefix)
+      out.loss:backward()
+      return out.loss:item(), out.extras and out.extras.fp8 and out.extras.fp8:item()
+    end)
+    local grads = {}
+    for _, e in ipairs(model:named_parameters()) do grads[e.name] = e.tensor.grad and e.tensor.grad:clone() end
+    return loss, grads, extras
+  end
+
+  it("computes what QAT at fp8_e4m3 from the first step computes: the loss and every gradient, bit for bit", function()
+    local x, prefix = tiny_batch()
+    local m = build("experiments/tiny.lua", {"model.moe.fp8=true"})
+    local qat = build("experiments/tiny.lua", {"model.moe.qat=fp8_e4m3", "model.moe.qat_from=0"})
+    qat:before_step(1, 10)
+    local la, ga, err = run(m, x, prefix)
+    local lb, gb = run(qat, x, prefix)
+    assert.equal(lb, la)
+    assert.is_true(err > 0.005 and err < 0.05, tostring(err))    -- E4M3 under block scales: a few per cent
+    local n = 0
+    for name, g in pairs(gb) do
+      assert.is_true(ga[name] ~= nil, name)
+      assert.equal(0, (ga[name] - g):abs():max():item(), name)
+      n = n + 1
+    end
+    assert.is_true(n > 10 and ga["block.moe.Ug"] ~= nil)
+    -- and not the control's: the codes are not the masters
+    local lc = run(build("experiments/tiny.lua"), x, prefix)
+    assert.are_not.equal(lc, la)
+  end)
+
+  it("reads its stand-ins' shapes only: a stand-in is NaN to any other reader", function()
+    local w = dm.randn({2, 3, 4})
+    local s = dm.stand_in(w, "f32")
+    assert.same({2, 3, 4}, s:shape())
+    assert.is_true(s:sum():item() ~= s:sum():item())
+    local codes, scales = dm.bank_fp8(w, "bf16")
+    assert.same({2, 3, 32}, codes:shape())
+    assert.same({2, 3, 1}, scales:shape())
+    assert.equal("u8", codes.dtype)
+    local helpers = require "tests.lua.helpers"
+    helpers.has(helpers.err_of(function() return dm.bank_fp8(w, "f64") end), "no wider than x's")
+    helpers.has(helpers.err_of(function() return dm.moe_experts(w, nil, nil, w, w, w, w, w, 1, {Ug = {codes, scales}}) end),
+                "Uu's pair is missing")
+  end)
+
+  it("is named at the start and counted on the log line; QAT and LittleBit with it are refused", function()
+    local helpers = require "tests.lua.helpers"
+    local log = arm_log({"model.moe.fp8=true"})
+    helpers.has(log, "arms: fp8 banks: the expert kernels read Ug, Uu, D as E4M3 codes")
+    assert.truthy(log:find("step      6 [^\n]- fp8 0%.%d+"), log)
+    helpers.has(helpers.err_of(helpers.tiny, {"model.moe.fp8=true", "model.moe.qat=nvfp4"}),
+                "model.moe.fp8 with model.moe.qat = nvfp4")
+    helpers.has(helpers.err_of(helpers.tiny, {"model.moe.fp8=true", "model.moe.littlebit=sign"}),
+                "model.moe.fp8 with model.moe.littlebit = sign")
+  end)
+end)
+
 describe("LittleBit (model.moe.littlebit)", function()
   -- the factor's LittleBit form by hand: row * sign(X) * col (+ the residual term)
   local function by_hand(moe, name)
@@ -737,7 +798,8 @@ describe("the control, every arm off", function()
   local STEPS = {6.0994386672973633, 6.0621547698974609}          -- with steps = 2: the same first steps
   local function near(want, got, what) assert.is_true(math.abs(got - want) <= 1e-6 * want, what .. ": " .. got) end
   local OFF = {"model.aux.future=0", "model.aux.draft=0", "model.loom=false", "model.moe.retract_every=0",
-               "model.moe.qat=off", "model.moe.littlebit=off", "model.msa.top_k=0", "checkpoint.banks=f32"}
+               "model.moe.qat=off", "model.moe.littlebit=off", "model.msa.top_k=0", "checkpoint.banks=f32",
+               "model.moe.fp8=false"}
 
   it("computes what the model computed before the arms, bit for bit, with every arm's key off", function()
     local seen = {}

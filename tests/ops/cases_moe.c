@@ -13,6 +13,8 @@
 #include <math.h>
 #include <string.h>
 #include "harness.h"
+#include "ops/moe.h"
+#include "ops/quant.h"
 
 #define TRIALS 6
 
@@ -247,6 +249,47 @@ static void or_experts(dm_tensor *const *in, const dm_attrs *a, dm_tensor **ex) 
   }
 }
 
+/* fp8 banks: each factor's codes and scales (bank_fp8, at bf16) after the bank, its slot keeping the
+** factor (given for its shape, not read); the tensor-core shapes (the CUDA kernels read the codes there
+** in bf16, the CPU and CUDA's f32 decode them first) */
+static void in_experts_fp8(h_rng *r, int t, dm_tensor **in, dm_attrs *a) {
+  in_experts_tc(r, t, in, a);
+  const dm_op *op = dm_op_find("bank_fp8");
+  dm_attrs at = dm_attrs_of(1, (double[]){(double)DM_BF16});
+  const int factors[3] = {X_UG, X_UU, X_D};
+  for (int i = 0; i < 3; i++) {
+    dm_tensor *out[DM_MAXOUT];
+    dm_call(op, 1, &in[factors[i]], &at, out);
+    in[X_D + 1 + 2 * i] = out[0];
+    in[X_D + 2 + 2 * i] = out[1];
+  }
+}
+
+/* factor i's weights from its codes: the code's value times its block's scale, rounded to f32 (as a
+** decode gives them) */
+static dm_tensor *decoded_factor(const dm_tensor *w, const dm_tensor *codes, const dm_tensor *scales) {
+  int64_t n = w->shape[2], rows = dm_numel(w) / n, nq = codes->shape[2];
+  dm_tensor *out = f64_of(3, w->shape);
+  for (int64_t q = 0; q < rows; q++)
+    for (int64_t j = 0; j < n; j++) {
+      double v = dm_e4m3_value((unsigned)h_get(codes, q * nq + j)) * h_get(scales, q * (nq / 32) + j / 32);
+      h_set(out, q * n + j, (float)v);
+    }
+  return out;
+}
+
+static void or_experts_fp8(dm_tensor *const *in, const dm_attrs *a, dm_tensor **ex) {
+  dm_tensor *held[X_D + 1];
+  for (int i = 0; i <= X_D; i++) held[i] = in[i];
+  held[X_UG] = decoded_factor(in[X_UG], in[X_D + 1], in[X_D + 2]);
+  held[X_UU] = decoded_factor(in[X_UU], in[X_D + 3], in[X_D + 4]);
+  held[X_D] = decoded_factor(in[X_D], in[X_D + 5], in[X_D + 6]);
+  or_experts(held, a, ex);
+  dm_release(held[X_UG]);
+  dm_release(held[X_UU]);
+  dm_release(held[X_D]);
+}
+
 /* ---- moe_combine ------------------------------------------------------------------------------ */
 
 typedef struct { int64_t n, k, f; } combine_shape;
@@ -376,5 +419,10 @@ static const dm_case cases[] = {
   {.op = "moe_capacity", .label = "capacity 0 to 3", .inputs = in_capacity, .oracle = or_capacity},
   {.op = "moe_counters", .label = "dead experts", .inputs = in_counts, .oracle = or_counters, .no_grad = true},
   {.op = "moe_balance_", .label = "signs and ties", .inputs = in_balance, .oracle = or_balance, .no_grad = true},
+  /* the factors' gradient is the straight-through one (the 16-bit op's), which finite differences of the
+  ** codes' products cannot see: tests/lua/model_spec.lua checks it against QAT's, and the GPU checks
+  ** against the 16-bit kernels on the decoded banks (tests/gpu/check_moe.lua) */
+  {.op = "moe_experts", .label = "fp8 banks, experts of 0, 1, 17, 33 rows at ranks 16 to 128",
+   .inputs = in_experts_fp8, .oracle = or_experts_fp8, .no_grad = true},
 };
 DM_REGISTER_CASES(cases)

@@ -11,6 +11,7 @@
 #include <math.h>
 #include "harness.h"
 #include "ops/quant.h"
+#include "ops/moe.h"
 
 /* the value of an E4M3FN code (NaN for S.1111.111) */
 static double e4m3_value(int code) {
@@ -221,6 +222,47 @@ static void o_littlebit(dm_tensor *const *in, const dm_attrs *a, dm_tensor **ex)
       }
 }
 
+/* ---- bank_fp8: the fp8 banks' codes (ops/moe.h) ---------------------------------------------- */
+
+/* banks [E, m, n] with rows shorter and longer than a block of 32, not multiples of it, b1's D row
+** (5461), values of any bits (rounded to bf16 by the op first), some rows of zeros */
+static void in_bank(h_rng *r, int trial, dm_tensor **in, dm_attrs *a) {
+  static const int64_t cols[] = {1, 16, 31, 32, 33, 64, 100, 5461};
+  int64_t shape[3] = {h_int(r, 1, 3), h_int(r, 1, 4), cols[trial % 8]};
+  in[0] = h_randn(r, 3, shape);
+  double scale = ldexp(1, (int)h_int(r, -12, 4));
+  for (int64_t i = 0; i < dm_numel(in[0]); i++) h_set(in[0], i, h_get(in[0], i) * scale);
+  if (trial % 3 == 0)
+    for (int64_t i = 0; i < shape[2]; i++) h_set(in[0], i, 0);
+  *a = dm_attrs_of(1, (double[]){(double)DM_BF16});
+}
+
+static double as_bf16(double v) {
+  uint16_t b;
+  dm_store(DM_BF16, &b, v);
+  return dm_load(DM_BF16, &b);
+}
+
+/* each block's scale amax / 448 of the bf16 values, each code the nearest E4M3 code of value / scale,
+** the padding to a multiple of 32 codes zeros */
+static void o_bank(dm_tensor *const *in, const dm_attrs *a, dm_tensor **ex) {
+  (void)a;
+  dm_tensor *x = in[0];
+  int64_t n = x->shape[2], rows = dm_numel(x) / n, nq = (n + 31) / 32 * 32, nb = nq / 32;
+  int64_t sq[3] = {x->shape[0], x->shape[1], nq}, ss[3] = {x->shape[0], x->shape[1], nb};
+  ex[0] = h_new(DM_F64, 3, sq);
+  ex[1] = h_new(DM_F64, 3, ss);
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t b = 0; b < nb; b++) {
+      double amax = 0;
+      for (int64_t j = 32 * b; j < n && j < 32 * b + 32; j++) amax = fmax(amax, fabs(as_bf16(h_get(x, r * n + j))));
+      double s = (float)(amax / 448);
+      h_set(ex[1], r * nb + b, s);
+      for (int64_t j = 32 * b; j < n && j < 32 * b + 32; j++)
+        h_set(ex[0], r * nq + j, s > 0 ? code_of(DM_QUANT_FP8_E4M3, as_bf16(h_get(x, r * n + j)) / s) : 0);
+    }
+}
+
 static const dm_case cases[] = {
   {"quantize", "fp8_e4m3, nvfp4, ternary, binary; odd rows and blocks", in_quantize, o_quantize, .trials = 36,
    .f32_tol = 1e-6, .no_grad = true},
@@ -229,5 +271,6 @@ static const dm_case cases[] = {
   /* the sign's gradient is passed straight through, which finite differences cannot see:
   ** the backward is checked against the composition (tests/lua/littlebit_spec.lua) */
   {"littlebit", "awkward E, m, n; a zero", in_littlebit, o_littlebit, .trials = 12, .no_grad = true},
+  {"bank_fp8", "rows of 1 to 5461, padded to 32; rows of zeros", in_bank, o_bank, .trials = 16, .no_grad = true},
 };
 DM_REGISTER_CASES(cases)

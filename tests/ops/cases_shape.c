@@ -6,6 +6,7 @@
 ** of elements). The harness adds the non-contiguous variants, which send
 ** reshape and contiguous down their copying paths.
 */
+#include <math.h>
 #include <string.h>
 #include "harness.h"
 
@@ -325,6 +326,13 @@ static void or_stack(dm_tensor *const *in, const dm_attrs *a, dm_tensor **expect
   expect[0] = e;
 }
 
+/* stand_in: x's shape, every element NaN (its gradient, a cast's, is x's: tests/lua/model_spec.lua) */
+static void or_stand_in(dm_tensor *const *in, const dm_attrs *a, dm_tensor **expect) {
+  (void)a;
+  expect[0] = h_new(DM_F64, in[0]->ndim, in[0]->shape);
+  for (int64_t i = 0; i < dm_numel(expect[0]); i++) h_set(expect[0], i, NAN);
+}
+
 static const dm_case cases[] = {
   {.op = "reshape", .label = "random factors, -1", .inputs = in_reshape, .oracle = or_reshape, .trials = 10},
   {.op = "reshape", .label = "merge leading dims", .inputs = in_reshape_lead, .oracle = or_reshape},
@@ -341,5 +349,6 @@ static const dm_case cases[] = {
   {.op = "cast", .label = "float <-> int", .inputs = in_cast_int, .oracle = or_cast, .no_grad = true, .trials = 8},
   {.op = "cat", .label = "3-4 inputs", .inputs = in_cat, .oracle = or_cat},
   {.op = "stack", .label = "1-4 inputs", .inputs = in_stack, .oracle = or_stack},
+  {.op = "stand_in", .label = "to f32 bf16 f16", .inputs = in_cast_narrow, .oracle = or_stand_in, .no_grad = true},
 };
 DM_REGISTER_CASES(cases)

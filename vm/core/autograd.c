@@ -271,13 +271,15 @@ static void run_node(dm_node *n) {
   }
   n->op->backward(&n->ctx, n->gout, gin);
   check_grads(n, gin);
+  /* the node's own gradients go first: one passed through as it came (a same-dtype cast, a stand-in) is
+  ** then its sole holder's, and a leaf takes it without a copy */
+  for (int i = 0; i < n->n_out; i++) { dm_release(n->gout[i]); n->gout[i] = NULL; }
   for (int i = 0; i < n->n_in; i++) {
     if (!n->needs[i]) { dm_release(gin[i]); continue; }
     if (n->in_node[i]) accumulate(&n->in_node[i]->gout[n->in_out[i]], gin[i]);
     else accumulate_leaf(n->in_leaf[i], gin[i]);
   }
   dm_profile_pop();
-  for (int i = 0; i < n->n_out; i++) { dm_release(n->gout[i]); n->gout[i] = NULL; }
 }
 
 void dm_backward(dm_tensor *root, dm_tensor *grad) {

@@ -23,7 +23,7 @@
 #define DM_MAXIN 64      /* inputs of one call (cat takes many) */
 #define DM_MAXOUT 4
 #define DM_MAXATTR 8
-#define DM_MAXSAVED 9
+#define DM_MAXSAVED 16
 
 typedef struct dm_attrs {
   double v[DM_MAXATTR];

@@ -4,6 +4,7 @@
 */
 #include <string.h>
 #include "ops/quant.h"
+#include "ops/moe.h"
 #include "vec.h"
 
 /* a block's scale: amax and mean |x| of its n elements (NaN when one is NaN) */
@@ -88,6 +89,37 @@ static void cpu_quant_decode(dm_tensor *y, const dm_tensor *codes, const dm_tens
     }
 }
 
+/* an fp8 bank (ops/moe.h): each row's blocks of 32 of x's values as round_to holds them, the
+** padding codes zeros */
+static void cpu_bank_fp8(dm_tensor *codes, dm_tensor *scales, const dm_tensor *x, dm_dtype round_to) {
+  int64_t total = dm_numel(x);
+  if (total == 0) return;
+  int64_t n = x->shape[x->ndim - 1], rows = total / n, nq = dm_bank_fp8_cols(n), nb = dm_bank_fp8_blocks(n);
+  size_t es = dm_dtype_size(x->dtype);
+  const char *xp = dm_data(x);
+  uint8_t *cp = dm_data(codes);
+  float *sp = dm_data(scales);
+  double v[DM_BANK_FP8_BLOCK];
+  unsigned char held[8];
+  memset(cp, 0, (size_t)(rows * nq));
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t b = 0; b < nb; b++) {
+      int64_t at = b * DM_BANK_FP8_BLOCK, len = n - at < DM_BANK_FP8_BLOCK ? n - at : DM_BANK_FP8_BLOCK;
+      double amax = 0;
+      bool nan = false;
+      for (int64_t i = 0; i < len; i++) {
+        dm_store(round_to, held, ld(x->dtype, xp + (r * n + at + i) * (int64_t)es));
+        v[i] = dm_load(round_to, held);
+        nan |= v[i] != v[i];
+        if (fabs(v[i]) > amax) amax = fabs(v[i]);
+      }
+      double s = nan ? NAN : dm_quant_scale(DM_QUANT_FP8_E4M3, amax, 0);
+      sp[r * nb + b] = (float)s;
+      for (int64_t i = 0; i < len && s == s; i++)
+        cp[r * nq + at + i] = (uint8_t)dm_quant_code(DM_QUANT_FP8_E4M3, v[i], s);
+    }
+}
+
 static void cpu_littlebit(dm_tensor *w, const dm_tensor *x, const dm_tensor *row, const dm_tensor *col) {
   int64_t E = x->shape[0], m = x->shape[1], n = x->shape[2];
   size_t es = dm_dtype_size(x->dtype);
@@ -132,6 +164,7 @@ static void cpu_littlebit_bwd(dm_tensor *gx, dm_tensor *grow, dm_tensor *gcol, c
 }
 
 static const dm_kernel_entry kernels[] = {
+  {"bank_fp8", (dm_kernel_fn)cpu_bank_fp8},
   {"littlebit", (dm_kernel_fn)cpu_littlebit},
   {"littlebit_bwd", (dm_kernel_fn)cpu_littlebit_bwd},
   {"quantize", (dm_kernel_fn)cpu_quantize},

@@ -25,10 +25,12 @@
 */
 #include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include "core/core.h"
 #include "core/alloc.h"
 #include "core/autograd.h"
 #include "ops/moe.h"
+#include "ops/quant.h"
 
 typedef void (*index_check_k)(const dm_tensor *idx, int64_t size, int64_t base, const char *what);
 
@@ -177,6 +179,76 @@ static void sort_fwd(dm_ctx *c) {
 /* ---- moe_experts ----------------------------------------------------------------------------- */
 
 enum { X_U, X_PERM, X_OFFSETS, X_UG, X_UU, X_CG, X_CU, X_D, X_N };
+/* the fp8 banks' codes and scales (optional, after the bank): Ug's, Uu's, D's */
+enum { X_QG = X_N, X_SG, X_QU, X_SU, X_QD, X_SD, X_ALL };
+#define X_CODES_MASK (((1u << X_ALL) - 1) & ~((1u << X_N) - 1))
+
+/* with fp8 codes: factor i's (X_UG, X_UU, X_D) codes u8 [E, m, nq] and scales [E, m, nq / 32] (a float
+** dtype), m and n read off the factor */
+static void check_codes(const char *what, dm_tensor *const *in, int factor, int codes, const char *name) {
+  const dm_tensor *w = in[factor], *q = in[codes], *sc = in[codes + 1];
+  if (!q || !sc) dm_error("%s: fp8 banks need the codes and scales of Ug, Uu and D: %s's are missing", what, name);
+  char sq[128];
+  if (q->dtype != DM_U8)
+    dm_error("%s: %s's fp8 codes must be u8, got %s", what, name, dm_dtype_name(q->dtype));
+  check_float(what, "an fp8 bank's scales", sc);
+  int64_t m = w->shape[1], n = w->shape[2];
+  int64_t wq[3] = {w->shape[0], m, dm_bank_fp8_cols(n)}, ws[3] = {w->shape[0], m, dm_bank_fp8_blocks(n)};
+  snprintf(sq, sizeof sq, "%s's codes", name);
+  expect_shape(what, sq, "[E, m, n rounded up to 32]", q, 3, wq, name, w);
+  snprintf(sq, sizeof sq, "%s's scales", name);
+  expect_shape(what, sq, "[E, m, a scale a block of 32]", sc, 3, ws, name, w);
+}
+
+/* factor i of the bank as the kernels take it: with codes, not read (its shape and dtype only: the op
+** makes no copy); else contiguous */
+static bool is_factor(int i) { return i == X_UG || i == X_UU || i == X_D; }
+
+/* Whether this device's kernels read the fp8 codes at these shapes; else the op gives them copies of
+** the factors decoded to the compute dtype, and says so once. */
+static bool kernels_read_codes(const dm_tensor *u, int64_t rows, const dm_tensor *ug, const dm_tensor *d) {
+  return u->device != DM_CPU &&
+         dm_moe_fp8_shapes(u->dtype, ug->shape[0], rows, ug->shape[1], d->shape[2], ug->shape[2]);
+}
+
+/* factor w's values from its codes, in dt: what the kernels would form as they load them */
+static dm_tensor *decoded(const dm_tensor *w, const dm_tensor *codes, const dm_tensor *scales) {
+  int64_t n = w->shape[2];
+  dm_tensor *all = dm_quant_decode((dm_tensor *)codes, (dm_tensor *)scales, DM_QUANT_FP8_E4M3, DM_BANK_FP8_BLOCK,
+                                   dm_bank_fp8_cols(n));
+  dm_tensor *part = dm_narrow(all, 2, 0, n), *out = dm_cast(part, w->dtype);
+  dm_tensor *own = dm_contiguous(out);
+  dm_release(all);
+  dm_release(part);
+  dm_release(out);
+  return own;
+}
+
+/* the bank the kernels take: x holds the op's inputs as they keep them; with codes the kernels read
+** them where they can, else dec receives the decoded factors (released by the caller) */
+static dm_moe_bank bank_of(dm_tensor *const *x, int64_t rows, const char *what, dm_tensor **dec) {
+  dm_moe_bank b = {x[X_UG], x[X_UU], x[X_CG], x[X_CU], x[X_D], {0}, {0}, {0}};
+  dec[0] = dec[1] = dec[2] = NULL;
+  if (!x[X_QG]) return b;
+  if (kernels_read_codes(x[X_U], rows, x[X_UG], x[X_D])) {
+    b.qg = (dm_moe_q8){x[X_QG], x[X_SG]};
+    b.qu = (dm_moe_q8){x[X_QU], x[X_SU]};
+    b.qd = (dm_moe_q8){x[X_QD], x[X_SD]};
+    return b;
+  }
+  static bool said;
+  if (x[X_U]->device != DM_CPU && !said) {
+    said = true;
+    fprintf(stderr, "dormouse: %s: fp8 banks decoded to %s copies for the kernels (they read codes in bf16 at "
+            "ranks 16, 32, 64, 128 and d a multiple of 8; here %s, d %lld, r %lld)\n", what,
+            dm_dtype_name(x[X_U]->dtype), dm_dtype_name(x[X_U]->dtype), (long long)x[X_UG]->shape[1],
+            (long long)x[X_UG]->shape[2]);
+  }
+  b.ug = dec[0] = decoded(x[X_UG], x[X_QG], x[X_SG]);
+  b.uu = dec[1] = decoded(x[X_UU], x[X_QU], x[X_SU]);
+  b.d = dec[2] = decoded(x[X_D], x[X_QD], x[X_SD]);
+  return b;
+}
 
 static void experts_fwd(dm_ctx *c) {
   const char *what = "moe_experts";
@@ -196,6 +268,12 @@ static void experts_fwd(dm_ctx *c) {
   static const char *names[X_N] = {"u", "perm", "offsets", "Ug", "Uu", "cg", "cu", "D"};
   check_float(what, "u", u);
   for (int i = X_UG; i < X_N; i++) check_same_dtype(what, names[i], in[i], "u", u);
+  const bool q8 = in[X_QG] || in[X_SG] || in[X_QU] || in[X_SU] || in[X_QD] || in[X_SD];
+  if (q8) {
+    check_codes(what, in, X_UG, X_QG, "Ug");
+    check_codes(what, in, X_UU, X_QU, "Uu");
+    check_codes(what, in, X_D, X_QD, "D");
+  }
   if (f < 1 || dm < 1 || r < 1) {
     char s1[128], s2[128];
     dm_error("%s: d, r and F must be at least 1 (u %s, D %s)", what, dm_tensor_shape_str(u, s1, sizeof s1),
@@ -206,28 +284,37 @@ static void experts_fwd(dm_ctx *c) {
   check_blas_dim(what, "F", f);
   check_rows_index(what, "perm", in[X_PERM], n * k, "u and k", u);
   check_offsets(what, in[X_OFFSETS], e, n * k, "Ug", ug);
-  dm_tensor *x[X_N];
-  for (int i = 0; i < X_N; i++) x[i] = dm_contiguous(in[i]);
+  dm_tensor *x[X_ALL] = {0};
+  for (int i = 0; i < X_ALL; i++) {
+    if (i >= X_N && !q8) break;
+    if (q8 && is_factor(i)) { dm_retain(in[i]); x[i] = in[i]; }      /* its shape: not read, not copied */
+    else if (i >= X_N && (i - X_N) % 2 && in[i]->dtype != DM_F32) x[i] = dm_cast(in[i], DM_F32);   /* scales */
+    else x[i] = dm_contiguous(in[i]);
+  }
   int64_t sy[2] = {n * k, f}, sz[2] = {n * k, 2 * r};
   dm_tensor *y = dm_tensor_new(u->device, u->dtype, 2, sy);
   /* a recorded call keeps the projections: the backward then reads them instead of Ug and Uu again */
   dm_tensor *z = c->node ? dm_tensor_new(u->device, u->dtype == DM_F64 ? DM_F64 : DM_F32, 2, sz) : NULL;
-  dm_moe_bank bank = {x[X_UG], x[X_UU], x[X_CG], x[X_CU], x[X_D]};
+  dm_tensor *dec[3];
+  dm_moe_bank bank = bank_of(x, n * k, what, dec);
   /* (the plan takes the tensor-core kernels wherever their shapes fit: it does not follow DM_MOE_FMA
   ** or an unaligned view, which make the kernel take the FMA path's scratch) */
   if (dm_plan_card_of(u->device) && n * k > 0)
     dm_plan_scratch(dm_moe_experts_scratch(dm_moe_tc_shapes(u->dtype, e, n * k, dm, f, r), e, n * k, dm, f, r),
                     "moe experts hidden rows (kernels/moe.cu tc_forward, experts_forward)");
   DM_KERNEL(dm_moe_experts_k, "moe_experts", u->device)(y, z, x[X_U], x[X_PERM], x[X_OFFSETS], &bank, k);
-  for (int i = 0; i < X_N; i++) { dm_save(c, x[i]); dm_release(x[i]); }
-  if (z) { dm_save(c, z); dm_release(z); }
+  for (int i = 0; i < 3; i++) dm_release(dec[i]);
+  const int kept = q8 ? X_ALL : X_N;
+  for (int i = 0; i < kept; i++) { dm_save(c, x[i]); dm_release(x[i]); }
+  if (z) { dm_save(c, z); dm_release(z); }    /* last: the backward finds the codes by the count */
   c->out[0] = y;
 }
 
 static void experts_bwd(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
-  dm_tensor *x[X_N];
-  for (int i = 0; i < X_N; i++) x[i] = dm_saved(c, i);
-  dm_tensor *z = dm_saved(c, X_N);
+  dm_tensor *x[X_ALL] = {0};
+  const int kept = c->node->n_saved - 1;      /* the inputs, then z */
+  for (int i = 0; i < kept; i++) x[i] = dm_saved(c, i);
+  dm_tensor *z = dm_saved(c, kept);
   dm_tensor *gy = dm_contiguous(gout[0]);
   dm_device dev = gy->device;
   dm_tensor *g[X_N] = {0};
@@ -238,7 +325,8 @@ static void experts_bwd(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
     int64_t s[2] = {rows, x[X_U]->shape[1]};
     gx_rows = dm_tensor_new(dev, gy->dtype, 2, s);
   }
-  dm_moe_bank bank = {x[X_UG], x[X_UU], x[X_CG], x[X_CU], x[X_D]};
+  dm_tensor *dec[3];
+  dm_moe_bank bank = bank_of(x, rows, "moe_experts backward", dec);
   dm_moe_grads grads = {g[X_UG], g[X_UU], g[X_CG], g[X_CU], g[X_D]};
   if (dm_plan_card_of(dev)) {
     const int64_t e = x[X_UG]->shape[0], dm = x[X_UG]->shape[1], r = x[X_UG]->shape[2], f = x[X_D]->shape[2];
@@ -249,6 +337,7 @@ static void experts_bwd(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
   }
   DM_KERNEL(dm_moe_experts_bwd_k, "moe_experts_bwd", dev)(gx_rows, &grads, gy, z, x[X_U], x[X_PERM], x[X_OFFSETS],
                                                           &bank, k);
+  for (int i = 0; i < 3; i++) dm_release(dec[i]);
   dm_release(gy);
   for (int i = X_UG; i < X_N; i++) gin[i] = g[i];
   if (gx_rows) {
@@ -261,6 +350,28 @@ static void experts_bwd(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
     dm_release(gx_rows);
     gin[X_U] = gu;
   }
+}
+
+/* ---- bank_fp8 -------------------------------------------------------------------------------- */
+
+static void bank_fp8_fwd(dm_ctx *c) {
+  const char *what = "bank_fp8";
+  dm_tensor *x = c->in[0];
+  check_ndim(what, "x", "[E, m, n]", x, 3);
+  check_float(what, "x", x);
+  double v = c->a.nv > 0 ? c->a.v[0] : -1;
+  dm_dtype to = v >= 0 && v < DM_NDTYPE && v == floor(v) ? (dm_dtype)(int)v : DM_NDTYPE;
+  if (to == DM_NDTYPE || !dm_dtype_is_float(to) || dm_dtype_size(to) > dm_dtype_size(x->dtype))
+    dm_error("%s: the values are rounded to a float dtype no wider than x's (%s) first, got %s", what,
+             dm_dtype_name(x->dtype), to == DM_NDTYPE ? "no dtype" : dm_dtype_name(to));
+  int64_t n = x->shape[2], sq[3] = {x->shape[0], x->shape[1], dm_bank_fp8_cols(n)},
+          ss[3] = {x->shape[0], x->shape[1], dm_bank_fp8_blocks(n)};
+  dm_tensor *xc = dm_contiguous(x);
+  dm_tensor *codes = dm_tensor_new(x->device, DM_U8, 3, sq), *scales = dm_tensor_new(x->device, DM_F32, 3, ss);
+  DM_KERNEL(dm_bank_fp8_k, "bank_fp8", x->device)(codes, scales, xc, to);
+  dm_release(xc);
+  c->out[0] = codes;
+  c->out[1] = scales;
 }
 
 /* ---- moe_combine ----------------------------------------------------------------------------- */
@@ -382,8 +493,12 @@ static dm_op ops[] = {
    .n_in = 1, .n_out = 3, .attrs = "E", .nondiff = 1, .forward = sort_fwd},
   {.name = "moe_experts",
    .doc = "low-rank gated experts on the sorted rows: (silu(u Ug[e] * cg[e]) * (u Uu[e] * cu[e])) D[e] -> [N*k, F]",
-   .n_in = X_N, .n_out = 1, .attrs = "k", .nondiff = (1u << X_PERM) | (1u << X_OFFSETS),
-   .forward = experts_fwd, .backward = experts_bwd},
+   .n_in = X_ALL, .n_out = 1, .attrs = "k", .optional = X_CODES_MASK,
+   .nondiff = (1u << X_PERM) | (1u << X_OFFSETS) | X_CODES_MASK, .forward = experts_fwd, .backward = experts_bwd},
+  {.name = "bank_fp8",
+   .doc = "an fp8 bank (ops/moe.h): E4M3 codes [E, m, nq] and f32 scales [E, m, nq / 32] of x's values in dtype",
+   .args = "x [E, m, n]", .lua = DM_LUA_OWN, .n_in = 1, .n_out = 2, .attrs = "dtype", .nondiff = 1,
+   .forward = bank_fp8_fwd},
   {.name = "moe_combine", .doc = "y [N, F] = sum over a token's k assignments of w * y_rows[inv] (no atomics)",
    .args = "y_rows [N * k, F], inv [N * k], w [N, k]", .lua = DM_LUA_FN, .n_in = 3, .n_out = 1, .attrs = "", .nondiff = 1u << 1, .forward = combine_fwd, .backward = combine_bwd},
   {.name = "moe_capacity",
@@ -423,9 +538,9 @@ void dm_moe_sort(dm_tensor *idx, int64_t experts, dm_tensor **perm, dm_tensor **
 
 dm_tensor *dm_moe_experts(dm_tensor *u, dm_tensor *perm, dm_tensor *offsets, dm_tensor *ug, dm_tensor *uu,
                           dm_tensor *cg, dm_tensor *cu, dm_tensor *d, int64_t k) {
-  dm_tensor *in[X_N] = {u, perm, offsets, ug, uu, cg, cu, d}, *y;
+  dm_tensor *in[X_ALL] = {u, perm, offsets, ug, uu, cg, cu, d}, *y;     /* no fp8 codes */
   dm_attrs a = dm_attrs_of(1, (double[]){(double)k});
-  call("moe_experts", X_N, in, &a, &y);
+  call("moe_experts", X_ALL, in, &a, &y);
   return y;
 }
 

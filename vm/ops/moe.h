@@ -145,8 +145,35 @@ static inline int64_t dm_moe_capacity_scratch(int64_t rows, int64_t e) {
   return dm_moe_capacity_keys(rows) + dm_moe_capacity_counts(e) + dm_bucket_counts_scratch(rows, e + 1);
 }
 
-/* The expert weights, and their gradients (a NULL member is not wanted). */
-typedef struct dm_moe_bank { const dm_tensor *ug, *uu, *cg, *cu, *d; } dm_moe_bank;
+/* ---- fp8 banks (model.moe.fp8): the factors a training step's expert kernels read as E4M3 codes ----
+**
+** A factor W [E, m, n] (Ug, Uu: m = d, n = r; D: m = r, n = F) is held as codes u8 [E, m, nq] and
+** scales f32 [E, m, nq / 32], nq = n rounded up to a block of 32: every row starts on a 16-byte
+** boundary, so the kernels load whole chunks. Block b of a row holds elements 32 b .. 32 b + 31 under
+** the scale amax / 448 of the values there (the padding codes are zeros), each element the E4M3 code of
+** x / s (vm/ops/quant.h's fp8_e4m3 at block 32), x being W's value rounded to the compute dtype first:
+** the kernels' weights, code x scale rounded to the compute dtype, are then quantize's values of the
+** compute copy, bit for bit (model.moe.qat = fp8_e4m3 from the first step computes the same). */
+#define DM_BANK_FP8_BLOCK 32
+static inline int64_t dm_bank_fp8_cols(int64_t n) { return (n + DM_BANK_FP8_BLOCK - 1) / DM_BANK_FP8_BLOCK * DM_BANK_FP8_BLOCK; }
+static inline int64_t dm_bank_fp8_blocks(int64_t n) { return dm_bank_fp8_cols(n) / DM_BANK_FP8_BLOCK; }
+
+/* "bank_fp8": codes [E, m, nq] and scales [E, m, nq / 32] of x [E, m, n] (contiguous) as round_to
+** holds its values (a float dtype no wider than x's) */
+typedef void (*dm_bank_fp8_k)(dm_tensor *codes, dm_tensor *scales, const dm_tensor *x, dm_dtype round_to);
+
+/* whether the CUDA expert kernels read fp8 banks at these shapes (else the op decodes them to
+** copies in the compute dtype, and says so once): the tensor-core kernels' shapes, in bf16 */
+static inline bool dm_moe_fp8_shapes(dm_dtype t, int64_t e, int64_t rows, int64_t d, int64_t f, int64_t r) {
+  return t == DM_BF16 && dm_moe_tc_shapes(t, e, rows, d, f, r);
+}
+
+/* a factor's fp8 form: NULL members when the bank is in the compute dtype */
+typedef struct dm_moe_q8 { const dm_tensor *codes, *scales; } dm_moe_q8;
+
+/* The expert weights, and their gradients (a NULL member is not wanted). With fp8 codes (qg, qu,
+** qd given) a kernel reads them instead of ug, uu and d, which then only give the shapes. */
+typedef struct dm_moe_bank { const dm_tensor *ug, *uu, *cg, *cu, *d; dm_moe_q8 qg, qu, qd; } dm_moe_bank;
 typedef struct dm_moe_grads { dm_tensor *ug, *uu, *cg, *cu, *d; } dm_moe_grads;
 
 /* "moe_route": s = sigmoid(logits); idx = the k largest s + bias per row

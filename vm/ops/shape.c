@@ -9,6 +9,7 @@
 ** distinct tensor object, even when it is only a view of the whole input:
 ** the tape links a node to its output object.
 */
+#include <math.h>
 #include <string.h>
 #include "core/core.h"
 #include "ops/elementwise.h"
@@ -294,6 +295,21 @@ static void cast_bwd(dm_ctx *c, dm_tensor *const *g, dm_tensor **gin) {
   gin[0] = dm_cast(g[0], dm_in_dtype(c, 0));
 }
 
+/* ---- stand_in: a copy's place in the graph when a kernel reads the copy in another form -------
+** x's shape in dtype, holding no values: one NaN seen through zero strides (a read that was not meant
+** shows), its gradient passed to x as a cast's (the fp8 banks: moe_experts reads their codes). */
+static void stand_in_fwd(dm_ctx *c) {
+  dm_tensor *x = c->in[0];
+  dm_dtype dt = cast_target(&c->a);
+  if (!dm_dtype_is_float(x->dtype) || !dm_dtype_is_float(dt))
+    dm_error("stand_in: x and the dtype must be float, got %s and %s", dm_dtype_name(x->dtype), dm_dtype_name(dt));
+  dm_tensor *one = dm_tensor_new(x->device, dt, 0, NULL);
+  dm_fill(one, NAN);
+  int64_t strides[DM_MAXDIM] = {0};
+  c->out[0] = dm_tensor_view(one, x->ndim, x->shape, strides, one->offset);
+  dm_release(one);
+}
+
 /* A bf16 copy of an f32 bank met again (a recompute casts afresh in each
 ** recomputation): its gradient is cast and added slice by slice, so that only
 ** a slice of it is ever held in f32, not a second bank. */
@@ -414,6 +430,9 @@ static dm_op ops[] = {
   {.name = "cast", .doc = "convert to another dtype (attr = dm_dtype value); integer results take no gradient",
    .n_in = 1, .n_out = 1, .attrs = "dtype", .forward = cast_fwd, .backward = cast_bwd,
    .backward_into = cast_bwd_into},
+  {.name = "stand_in", .doc = "x's shape in dtype without values (a NaN through zero strides), its gradient x's as "
+   "a cast's: the place of a copy a kernel reads in another form", .args = "x", .lua = DM_LUA_OWN, .n_in = 1,
+   .n_out = 1, .attrs = "dtype", .forward = stand_in_fwd, .backward = cast_bwd, .backward_into = cast_bwd_into},
   {.name = "cat", .doc = "join tensors along an existing dim",
    .n_in = -1, .n_out = 1, .attrs = "dim", .forward = cat_fwd, .backward = cat_bwd},
   {.name = "stack", .doc = "join same-shaped tensors along a new dim",

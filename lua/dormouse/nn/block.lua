@@ -35,7 +35,8 @@ function Block:init(m)
                                shared_rank = m.shared_rank, ffn = m.ffn, lfb_gamma = m.moe.lfb_gamma,
                                capacity_factor = m.moe.capacity_factor, out_factor = out_factor,
                                balance = m.moe.balance, router_dtype = m.moe.router_dtype,
-                               router_std = m.moe.router_std, littlebit = m.moe.littlebit}))
+                               router_std = m.moe.router_std, littlebit = m.moe.littlebit,
+                               fp8 = m.moe.fp8}))
 end
 
 -- Each branch runs in the compute dtype and is added back into the f32

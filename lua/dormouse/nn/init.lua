@@ -222,18 +222,31 @@ end
 -- the current forward pass (nn.pass): the compute-dtype copies of the parameters it has read
 local current_pass = nil
 
+--[[ nn.pass_once(p, tag, make): make(p), a tensor or a list of tensors derived from parameter p,
+made once a pass under tag inside nn.pass and shared by the pass's iterations (so that their
+gradients meet in it); outside a pass, or in a recomputed call (its copies must be on its own
+tape), made afresh each time. ]]
+function nn.pass_once(p, tag, make)
+  if not (current_pass and is_param[p]) or dm.recomputing() then return make(p) end
+  local key = current_pass.copies[tag] or {}
+  current_pass.copies[tag] = key
+  local made = key[p]
+  if not made then
+    made = make(p)
+    if dm.is_tensor(made) then dm.keep(made)        -- outlives the branch's scope it is made in
+    else for _, t in ipairs(made) do dm.keep(t) end end
+    key[p] = made
+  end
+  return made
+end
+
+local function cast_to(dt) return function(t) return t:to(dt) end end
+local casts = setmetatable({}, {__index = function(c, dt) c[dt] = cast_to(dt); return c[dt] end})
+
 -- t in dtype dt: itself when it is one, else a cast (once a pass for a parameter inside nn.pass)
 local function as_dtype(t, dt)
   if t.dtype == dt then return t end
-  if not (current_pass and is_param[t]) or dm.recomputing() then return t:to(dt) end
-  local key = current_pass.copies[dt] or {}
-  current_pass.copies[dt] = key
-  local copy = key[t]
-  if not copy then
-    copy = dm.keep(t:to(dt))                        -- outlives the branch's scope it is made in
-    key[t] = copy
-  end
-  return copy
+  return nn.pass_once(t, dt, casts[dt])
 end
 
 function nn.like(t, x) return as_dtype(t, x.dtype) end
@@ -259,7 +272,9 @@ function nn.pass(fn, ...)
   current_pass = nil
   local release = core_metatable.__close
   for _, key in pairs(copies) do
-    for _, copy in pairs(key) do release(copy) end
+    for _, made in pairs(key) do
+      if dm.is_tensor(made) then release(made) else for _, t in ipairs(made) do release(t) end end
+    end
   end
   if not res[1] then error(res[2], 0) end
   return table.unpack(res, 2, res.n)

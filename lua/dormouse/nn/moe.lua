@@ -42,6 +42,8 @@ function MoE:init(d, opts)
   self:buffer("lfb_bias", nn.init.zeros({E}))
   self.littlebit = opts.littlebit ~= nil and opts.littlebit ~= "off" and opts.littlebit or nil
   if self.littlebit then self:littlebit_init(self.littlebit == "residual") end
+  self.fp8 = opts.fp8 or nil
+  if self.fp8 and self.littlebit then error("nn.MoE: fp8 banks with LittleBit: the factors are signs already", 2) end
 end
 
 --[[ LittleBit (an arm, model.moe.littlebit; docs/arms.md; arXiv 2506.13771): each factor X of
@@ -121,7 +123,7 @@ end
 -- update_balance (after the backward) ends the pass.
 function MoE:new_pass()
   if dm.recomputing() then return end          -- a recompute around the whole pass: the forward's state stands
-  self.qat_err, self.lb_flip = nil, nil
+  self.qat_err, self.lb_flip, self.fp8_err = nil, nil, nil
   for _, q in pairs(self.bank_cache or {}) do nn.release(q) end   -- the last pass's, its backward done
   self.bank_cache = (self.qat or self.littlebit) and setmetatable({}, {__mode = "k"}) or nil
   self.counts = dm.zeros({self.experts}, {dtype = "i64", device = self.lfb_bias.device})
@@ -135,6 +137,7 @@ iterations' gradients meet in that copy before they reach the f32 masters.
 Outside a pass each call casts afresh. In f32 (or for f64 twins), the masters. ]]
 function MoE:compute_weights()
   local W
+  if self.fp8 then return self:fp8_banks() end
   if self.compute_dtype == "f32" or self.Ug.dtype ~= "f32" then
     W = {Ug = self.Ug, Uu = self.Uu, cg = self.cg, cu = self.cu, D = self.D}
   else
@@ -189,11 +192,45 @@ function MoE:fake_quantized(W)
   if err2 then self.qat_err = dm.keep((err2 / norm2):sqrt()) end
 end
 
+--[[ fp8 banks (an arm, model.moe.fp8; docs/arms.md): the factors Ug, Uu, D as E4M3 codes under
+f32 scales a block of 32 (dm.bank_fp8), made from the masters once a pass in place of the compute
+copy: the expert kernels read the codes and form the weights as they load them. Each factor's
+place in the graph is a stand-in of the compute copy's shape (dm.stand_in, no values), through
+which its gradient reaches the master as a cast's would: QAT at fp8_e4m3 from the first step,
+without the 16-bit copy. The pass's first call measures the codes' relative error against the
+masters on the first 8 experts (the log line's fp8). ]]
+local function fp8_factor(dt)
+  return function(p) local codes, scales = dm.bank_fp8(p, dt); return {dm.stand_in(p, dt), codes, scales} end
+end
+
+function MoE:fp8_banks()
+  local dt = (self.compute_dtype == "f32" or self.Ug.dtype ~= "f32") and self.Ug.dtype or self.compute_dtype
+  local W = {cg = self:compute(self.cg), cu = self:compute(self.cu), fp8 = {}}
+  local measure = not self.fp8_err and dm.grad_enabled() and not dm.recomputing()
+  local err2, norm2
+  for _, name in ipairs(FACTORS) do
+    local made = nn.pass_once(self[name], "fp8:" .. dt, fp8_factor(dt))
+    W[name], W.fp8[name] = made[1], {made[2], made[3]}
+    if measure then
+      dm.no_grad(function()
+        local k, n = math.min(8, self.experts), self[name]:size(3)
+        local held = self[name]:narrow(1, 1, k):to("f32")
+        local back = dm.quant_decode(made[2]:narrow(1, 1, k), made[3]:narrow(1, 1, k), "fp8_e4m3", 32,
+                                     made[2]:size(3)):narrow(3, 1, n)
+        local e, m2 = (back - held):pow(2):sum(), held:pow(2):sum()
+        err2, norm2 = err2 and err2 + e or e, norm2 and norm2 + m2 or m2
+      end)
+    end
+  end
+  if err2 then self.fp8_err = dm.keep((err2 / norm2):sqrt()) end
+  return W
+end
+
 -- The routed experts' products (bf16 tensor-core kernels on the GPU) and their
 -- gated combine, in the weights' dtype; the result in x's.
 local function routed_experts(self, W, x, perm, offsets, inv, w)
   local xs = x:to(W.D.dtype)
-  local rows = dm.moe_experts(xs, perm, offsets, W.Ug, W.Uu, W.cg, W.cu, W.D, self.top_k)
+  local rows = dm.moe_experts(xs, perm, offsets, W.Ug, W.Uu, W.cg, W.cu, W.D, self.top_k, W.fp8)
   return dm.moe_combine(rows, inv, w:to(W.D.dtype)):to(x.dtype)
 end
 

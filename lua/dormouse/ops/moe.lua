@@ -14,6 +14,14 @@ Routed experts: the pieces of a mixture-of-experts layer.
       u [N, d] through each assignment's expert, rows in sorted order [N*k, F]:
       (silu((u Ug[e]) * cg[e]) * ((u Uu[e]) * cu[e])) D[e], with Ug, Uu
       [E, d, r], cg, cu [E, r], D [E, r, F].
+  local y_rows = dm.moe_experts(u, perm, offsets, Ug, Uu, cg, cu, D, k, fp8)
+      the same products from fp8 banks: fp8 = {Ug = {codes, scales}, Uu = ..., D = ...},
+      each factor's dm.bank_fp8; Ug, Uu and D then give the shapes and the gradients'
+      place only (dm.stand_in: their values are not read).
+  local codes, scales = dm.bank_fp8(W, dtype)
+      W [E, m, n] as E4M3 codes u8 [E, m, nq] under f32 scales [E, m, nq / 32] (blocks
+      of 32 along the rows, nq = n rounded up to 32), W's values rounded to dtype first
+      (the compute dtype: the kernels' weights are then quantize's of the compute copy)
   local y = dm.moe_combine(y_rows, inv, w)          [N, F], each token's k rows weighted by w
   local w2, drops = dm.moe_capacity(w, idx, inv, offsets, factor)
       capacity = ceil(factor * N * k / E) rows per expert; later tokens past it
@@ -47,8 +55,27 @@ function dm.moe_sort(idx, experts)
   return core.call("moe_sort", idx, {count(experts, "moe_sort", "E (the number of experts)", 1)})
 end
 
-function dm.moe_experts(u, perm, offsets, ug, uu, cg, cu, d, k)
-  return core.call("moe_experts", u, perm, offsets, ug, uu, cg, cu, d, {count(k, "moe_experts", "k", 1)})
+function dm.moe_experts(u, perm, offsets, ug, uu, cg, cu, d, k, fp8)
+  local attrs = {count(k, "moe_experts", "k", 1)}
+  if fp8 == nil then
+    return core.call("moe_experts", u, perm, offsets, ug, uu, cg, cu, d, nil, nil, nil, nil, nil, nil, attrs)
+  end
+  local q = {}
+  for i, name in ipairs {"Ug", "Uu", "D"} do
+    local pair = type(fp8) == "table" and fp8[name]
+    if type(pair) ~= "table" or not dm.is_tensor(pair[1]) or not dm.is_tensor(pair[2]) then
+      error(string.format("moe_experts: fp8 must be {Ug = {codes, scales}, Uu = ..., D = ...} (dm.bank_fp8's); " ..
+                          "%s's pair is missing", name), 2)
+    end
+    q[2 * i - 1], q[2 * i] = pair[1], pair[2]
+  end
+  return core.call("moe_experts", u, perm, offsets, ug, uu, cg, cu, d, q[1], q[2], q[3], q[4], q[5], q[6], attrs)
+end
+
+function dm.bank_fp8(x, dtype)
+  local id = core.dtype_code(dtype or x.dtype)
+  if id == nil then error(string.format("bank_fp8: unknown dtype '%s'", tostring(dtype)), 2) end
+  return core.call("bank_fp8", x, {id})
 end
 
 function dm.moe_capacity(w, idx, inv, offsets, factor)

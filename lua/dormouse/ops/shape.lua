@@ -96,6 +96,16 @@ function T._cast(self, dtype)
   return core.call("cast", self, {id})
 end
 
+-- x's shape in dtype, holding no values (one NaN through zero strides), its gradient x's as a
+-- cast's: the place in the graph of a copy that a kernel reads in another form (the fp8 banks)
+function dm.stand_in(x, dtype)
+  local id = core.dtype_code(dtype)
+  if id == nil then
+    core.error(string.format("stand_in: unknown dtype '%s' (%s)", tostring(dtype), DTYPE_NAMES))
+  end
+  return core.call("stand_in", x, {id})
+end
+
 for name, dtype in pairs {float = "f32", double = "f64", bf16 = "bf16", half = "f16", long = "i64", int = "i32"} do
   local id = core.dtype_code(dtype)
   T[name] = function(self) return core.call("cast", self, {id}) end
