@@ -399,13 +399,16 @@ __device__ __forceinline__ unsigned e4m3_code_f32(float x, float s) {
   return (code & 0x7Fu) ? code : 0u;
 }
 
-/* n / d for 32-bit n by one high product: q = floor(n ceil(2^64 / d) / 2^64) is exact for every n, d < 2^32
-** (the magic's excess, under n / 2^64 < 2^-32 <= 1 / d, never reaches the next multiple) */
+/* n / d for 32-bit n by one high product: q = floor(n ceil(2^64 / d) / 2^64) is exact for every n and
+** 1 < d < 2^32 (the magic's excess, under n / 2^64 < 2^-32 <= 1 / d, never reaches the next multiple);
+** d = 1, whose magic 2^64 does not fit, is n itself */
 struct div32 {
   uint64_t magic;
   uint32_t d;
-  explicit div32(uint32_t divisor) : magic(~(uint64_t)0 / divisor + 1), d(divisor) {}
-  __device__ __forceinline__ uint32_t quo(uint32_t n) const { return (uint32_t)__umul64hi((uint64_t)n, magic); }
+  explicit div32(uint32_t divisor) : magic(divisor > 1 ? ~(uint64_t)0 / divisor + 1 : 0), d(divisor) {}
+  __device__ __forceinline__ uint32_t quo(uint32_t n) const {
+    return d > 1 ? (uint32_t)__umul64hi((uint64_t)n, magic) : n;
+  }
 };
 
 /* NaN-carrying max (a NaN stays), for the blocks' amax */
