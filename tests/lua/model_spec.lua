@@ -32,6 +32,20 @@ local function arm_log(override)
   return log
 end
 
+-- the tiny config with these settings is refused, its error naming each of the phrases
+local function refused(sets, ...)
+  local helpers = require "tests.lua.helpers"
+  helpers.has(helpers.err_of(helpers.tiny, sets), ...)
+end
+
+-- a run with the arm names it at the start (the phrase) and counts it on the log line (counter at step 6)
+local function named_and_counted(override, phrase, counter)
+  local log = arm_log(override)
+  require("tests.lua.helpers").has(log, "arms: " .. phrase)
+  assert.truthy(log:find("step      6 [^\n]- " .. counter .. " 0%.%d+"), log)
+  return log
+end
+
 describe("b1", function()
   it("has its parameter counts, pinned, on the meta device (no memory)", function()
     collectgarbage(); collectgarbage()         -- what earlier files left goes now, not during the build
@@ -551,14 +565,9 @@ describe("fp8 banks (model.moe.fp8)", function()
   end)
 
   it("is named at the start and counted on the log line; QAT and LittleBit with it are refused", function()
-    local helpers = require "tests.lua.helpers"
-    local log = arm_log({"model.moe.fp8=true"})
-    helpers.has(log, "arms: fp8 banks: the expert kernels read Ug, Uu, D as E4M3 codes")
-    assert.truthy(log:find("step      6 [^\n]- fp8 0%.%d+"), log)
-    helpers.has(helpers.err_of(helpers.tiny, {"model.moe.fp8=true", "model.moe.qat=nvfp4"}),
-                "model.moe.fp8 with model.moe.qat = nvfp4")
-    helpers.has(helpers.err_of(helpers.tiny, {"model.moe.fp8=true", "model.moe.littlebit=sign"}),
-                "model.moe.fp8 with model.moe.littlebit = sign")
+    named_and_counted({"model.moe.fp8=true"}, "fp8 banks: the expert kernels read Ug, Uu, D as E4M3 codes", "fp8")
+    refused({"model.moe.fp8=true", "model.moe.qat=nvfp4"}, "model.moe.fp8 with model.moe.qat = nvfp4")
+    refused({"model.moe.fp8=true", "model.moe.littlebit=sign"}, "model.moe.fp8 with model.moe.littlebit = sign")
   end)
 end)
 
@@ -670,14 +679,9 @@ describe("LittleBit (model.moe.littlebit)", function()
   end)
 
   it("is named at the start and counted on the log line; QAT or retraction with it is refused", function()
-    local helpers = require "tests.lua.helpers"
-    local log = arm_log({"model.moe.littlebit=sign"})
-    helpers.has(log, "arms: LittleBit experts: Ug, Uu, D as row * sign(latent) * col")
-    assert.truthy(log:find("step      6 [^\n]- lb_flip 0%.%d+"), log)
-    helpers.has(helpers.err_of(helpers.tiny, {"model.moe.littlebit=sign", "model.moe.qat=nvfp4"}),
-                "model.moe.littlebit = sign with model.moe.qat = nvfp4")
-    helpers.has(helpers.err_of(helpers.tiny, {"model.moe.littlebit=residual", "model.moe.retract_every=10"}),
-                "model.moe.retract_every = 0")
+    named_and_counted({"model.moe.littlebit=sign"}, "LittleBit experts: Ug, Uu, D as row * sign(latent) * col", "lb_flip")
+    refused({"model.moe.littlebit=sign", "model.moe.qat=nvfp4"}, "model.moe.littlebit = sign with model.moe.qat = nvfp4")
+    refused({"model.moe.littlebit=residual", "model.moe.retract_every=10"}, "model.moe.retract_every = 0")
   end)
 end)
 

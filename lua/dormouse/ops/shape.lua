@@ -87,23 +87,24 @@ end
 function T.contiguous(self) return core.call("contiguous", self) end
 function T.clone(self) return core.call("clone", self) end
 
--- x:to(dtype) of the base layer lands here. Casting to an integer dtype ends the graph.
-function T._cast(self, dtype)
+-- dtype's code, or an error of `what` naming the choices (and `more` of them)
+local function dtype_code(dtype, what, more)
   local id = core.dtype_code(dtype)
   if id == nil then
-    core.error(string.format("to: unknown dtype or device '%s' (%s, cpu cuda meta)", tostring(dtype), DTYPE_NAMES))
+    core.error(string.format("%s '%s' (%s%s)", what, tostring(dtype), DTYPE_NAMES, more or ""))
   end
-  return core.call("cast", self, {id})
+  return id
+end
+
+-- x:to(dtype) of the base layer lands here. Casting to an integer dtype ends the graph.
+function T._cast(self, dtype)
+  return core.call("cast", self, {dtype_code(dtype, "to: unknown dtype or device", ", cpu cuda meta")})
 end
 
 -- x's shape in dtype, holding no values (one NaN through zero strides), its gradient x's as a
 -- cast's: the place in the graph of a copy that a kernel reads in another form (the fp8 banks)
 function dm.stand_in(x, dtype)
-  local id = core.dtype_code(dtype)
-  if id == nil then
-    core.error(string.format("stand_in: unknown dtype '%s' (%s)", tostring(dtype), DTYPE_NAMES))
-  end
-  return core.call("stand_in", x, {id})
+  return core.call("stand_in", x, {dtype_code(dtype, "stand_in: unknown dtype")})
 end
 
 for name, dtype in pairs {float = "f32", double = "f64", bf16 = "bf16", half = "f16", long = "i64", int = "i32"} do
