@@ -132,10 +132,11 @@ function segments.backward(model, x, prefix, len, scale, mark)
   mark("forward")
   local loss, grads = nil, nil                       -- loss: the row's, summed on the device; grads: the
                                                      -- gradient of segment s's final state
+  local extras = {}                                  -- the arms' terms (out.extras), weighted by the segments' shares
   for s = #segs, 1, -1 do
     local seg = segs[s]
     local from = starts[s] and leaves(starts[s]) or nil
-    local share = dm.scope(function()
+    local share, parts = dm.scope(function()
       -- the last segment starts the step's routing counts; the others add theirs
       local out = model:forward(seg.x, seg.prefix, {state = from or {}, counts = s < #segs and "add" or nil})
       if not out.state then error(no_state(model), 0) end
@@ -150,10 +151,13 @@ function segments.backward(model, x, prefix, len, scale, mark)
       end
       objective:backward()
       mark("backward")
-      -- this segment's share of the loss, and what the model keeps for the step's end
-      return out.loss:detach() * w, model.held and model:held() or nil
+      local parts = {}
+      for name, v in pairs(out.extras or {}) do parts[name] = v:detach() * w end
+      -- this segment's share of the loss, its arms' terms, and what the model keeps for the step's end
+      return out.loss:detach() * w, parts, model.held and model:held() or nil
     end)
     loss = loss and loss + share or share
+    for name, v in pairs(parts) do extras[name] = extras[name] and extras[name] + v or v end
     free_state(grads)
     grads = nil
     if from then
@@ -169,7 +173,7 @@ function segments.backward(model, x, prefix, len, scale, mark)
     end
   end
   free_state(grads)
-  return loss:item()                                 -- the step's one read of a value
+  return loss:item(), extras                         -- the step's one read of a value (the extras stay on the device)
 end
 
 return segments

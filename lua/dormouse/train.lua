@@ -344,15 +344,18 @@ function train.step(r, mark)
       if r.device ~= "cpu" then x, prefix = x:to(r.device), prefix:to(r.device) end
       mark("data")
       local seg = cfg.model.segment
+      local l, terms
       if seg and x:size(2) - 1 > seg then        -- by segments, the state carried: forward and backward in one
-        loss = loss + segments.backward(r.model, x, prefix, seg, 1 / cfg.grad_accum, mark) / cfg.grad_accum
+        l, terms = segments.backward(r.model, x, prefix, seg, 1 / cfg.grad_accum, mark)
       else
-        local out, l = train.micro_batch(r.model, x, prefix, 1 / cfg.grad_accum, true, mark)
-        loss = loss + l / cfg.grad_accum
-        for name, v in pairs(out.extras or {}) do      -- kept on the device: read at the log line
-          local part = v:detach() * (1 / cfg.grad_accum)
-          extras[name] = extras[name] and extras[name] + part or part
-        end
+        local out
+        out, l = train.micro_batch(r.model, x, prefix, 1 / cfg.grad_accum, true, mark)
+        terms = out.extras
+      end
+      loss = loss + l / cfg.grad_accum
+      for name, v in pairs(terms or {}) do           -- kept on the device: read at the log line
+        local part = v:detach() * (1 / cfg.grad_accum)
+        extras[name] = extras[name] and extras[name] + part or part
       end
     end
     local engram

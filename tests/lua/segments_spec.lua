@@ -141,6 +141,24 @@ describe("training with model.segment", function()
     os.execute("rm -rf '" .. dir .. "'")
   end)
 
+  it("counts the arms on the log line as whole rows do (their terms by the segments' shares); QAT runs", function()
+    local dir = helpers.tmpdir()
+    local base = {"steps=3", "schedule.warmup=1", "log.every=3", "eval.every=0", "checkpoint.every=0", "seq=64", "model.loom=true",
+                  "model.moe.qat=fp8_e4m3", "model.moe.qat_from=0"}
+    helpers.run_quiet(helpers.tiny(base, {"name=whole"}), {runs = dir})
+    helpers.run_quiet(helpers.tiny(base, {"name=seg", "model.segment=16"}), {runs = dir})
+    local function step3(name)
+      for l in io.lines(dir .. "/" .. name .. "/log.txt") do if l:match("^step +3 ") then return l end end
+    end
+    local a, b = step3("whole"), step3("seg")
+    for _, counter in ipairs {"loom", "qat"} do
+      local va, vb = tonumber(a:match(counter .. " (%S+)")), tonumber(b:match(counter .. " (%S+)"))
+      assert.is_true(va ~= nil and vb ~= nil, a .. "\n" .. b)
+      assert.is_true(math.abs(va - vb) <= 1e-3 * math.abs(va) + 1e-6, counter .. ": " .. va .. " vs " .. vb)
+    end
+    os.execute("rm -rf '" .. dir .. "'")
+  end)
+
   it("is refused by graph = true, naming both keys", function()
     local graphstep = require "dormouse.graphstep"
     local cfg = helpers.tiny({"model.segment=16", "seq=64"})

@@ -124,8 +124,6 @@ end
 function MoE:new_pass()
   if dm.recomputing() then return end          -- a recompute around the whole pass: the forward's state stands
   self.qat_err, self.lb_flip, self.fp8_err = nil, nil, nil
-  for _, q in pairs(self.bank_cache or {}) do nn.release(q) end   -- the last pass's, its backward done
-  self.bank_cache = (self.qat or self.littlebit) and setmetatable({}, {__mode = "k"}) or nil
   self.counts = dm.zeros({self.experts}, {dtype = "i64", device = self.lfb_bias.device})
   self.drops = self.capacity_factor and dm.zeros({self.experts}, {dtype = "i64", device = self.lfb_bias.device})
 end
@@ -149,20 +147,13 @@ function MoE:compute_weights()
   return W
 end
 
--- The banks in W replaced by their LittleBit form, once a pass (shared by its iterations, as QAT's)
+-- The banks in W replaced by their LittleBit form, once a pass (nn.pass_once: shared by its
+-- iterations, as the compute copy is; a recomputed block binarises afresh)
 function MoE:binarised_banks(W)
-  local cache = self.bank_cache
-  if cache and not self.lb_flip and dm.grad_enabled() and not dm.recomputing() then
-    self.lb_flip = self:littlebit_flips()
-  end
+  if not self.lb_flip and dm.grad_enabled() and not dm.recomputing() then self.lb_flip = self:littlebit_flips() end
   for _, name in ipairs(FACTORS) do
     local w = W[name]
-    local v = cache and cache[w]
-    if not v then
-      v = self:binarised(name, w)
-      if cache and not dm.recomputing() then cache[w] = dm.keep(v) end
-    end
-    W[name] = v
+    W[name] = nn.pass_once(self[name], "littlebit", function() return self:binarised(name, w) end)
   end
 end
 
@@ -171,23 +162,21 @@ self.qat (set by the model before each step), their gradient passed straight thr
 weights. The scales cg, cu stay as they are. The pass's first call also measures the format's
 relative error, ||q(W) - W|| / ||W||, on the first 8 experts' factors (the log line's qat). ]]
 function MoE:fake_quantized(W)
-  local cache, err2, norm2 = self.bank_cache, nil, nil
+  local err2, norm2
   for _, name in ipairs(FACTORS) do
     local w = W[name]
-    local q = cache and cache[w]
-    if not q then
-      q = dm.fake_quantize(w, self.qat)
-      -- the pass's iterations read one copy of the banks (nn.pass): they share its quantised form too,
-      -- made once (a recomputed block casts afresh, and quantises afresh)
-      if cache and not dm.recomputing() then cache[w] = dm.keep(q) end
+    -- the pass's iterations read one copy of the banks (nn.pass): they share its quantised form too,
+    -- made once (a recomputed block casts afresh, and quantises afresh)
+    W[name] = nn.pass_once(self[name], "qat:" .. self.qat, function()
+      local q = dm.fake_quantize(w, self.qat)
       if not self.qat_err and dm.grad_enabled() then      -- measured on a sample: the first 8 experts
         local k = math.min(8, self.experts)
         local held, qs = w:detach():narrow(1, 1, k):to("f32"), q:detach():narrow(1, 1, k):to("f32")
         local e, n = (qs - held):pow(2):sum(), held:pow(2):sum()
         err2, norm2 = err2 and err2 + e or e, norm2 and norm2 + n or n
       end
-    end
-    W[name] = q
+      return q
+    end)
   end
   if err2 then self.qat_err = dm.keep((err2 / norm2):sqrt()) end
 end
