@@ -385,8 +385,7 @@ static void cuda_littlebit_bwd(dm_tensor *gx, dm_tensor *grow, dm_tensor *gcol, 
 ** is then at least 2^-48 of itself away), so the division's remainder, exact by an FMA, says on which
 ** side the exact quotient lies, and the quotient moves one f32 step to that side before the hardware
 ** conversion rounds it. A zero of either sign is code 0, as the reference's. */
-__device__ __forceinline__ unsigned e4m3_code_f32(float x, float s) {
-  float q = __fdiv_rn(x, s);
+__device__ __forceinline__ unsigned e4m3_code_f32(float x, float s, float q) {   /* q = RN(x / s) */
   const float rem = __fmaf_rn(-q, s, x);
   const float a = fabsf(q);
   if (rem != 0.f && a > 0.f) {
@@ -438,9 +437,20 @@ __global__ void bank_fp8_k(uint8_t *codes, float *scales, const S_<DT> *x, uint3
     if (!live) continue;
     const float sc = __fdiv_rn(amax, (float)DM_E4M3_MAX);     /* NaN carried on */
     uint32_t word = 0;
-    if (sc > 0.f)
+    if (sc >= 1e-30f) {
+      /* the quotients correctly rounded without a division: RN(x rinv) from the correctly rounded
+      ** reciprocal is within an ulp, and one correction by the exact remainder rounds it correctly
+      ** (Markstein), for a reciprocal that is a normal f32 */
+      const float rinv = __frcp_rn(sc);
 #pragma unroll
-      for (int i = 0; i < 4; i++) word |= e4m3_code_f32(v[i], sc) << (8 * i);
+      for (int i = 0; i < 4; i++) {
+        const float q0 = __fmul_rn(v[i], rinv);
+        word |= e4m3_code_f32(v[i], sc, __fmaf_rn(__fmaf_rn(-q0, sc, v[i]), rinv, q0)) << (8 * i);
+      }
+    } else if (sc > 0.f) {              /* blocks of magnitudes under 1e-27: a division each */
+#pragma unroll
+      for (int i = 0; i < 4; i++) word |= e4m3_code_f32(v[i], sc, __fdiv_rn(v[i], sc)) << (8 * i);
+    }
     *(uint32_t *)(codes + (int64_t)row * nq + j0) = word;
     if ((lane & 7) == 0) scales[gb] = sc;
   }
