@@ -200,8 +200,8 @@ static void check_codes(const char *what, dm_tensor *const *in, int factor, int 
   expect_shape(what, sq, "[E, m, a scale a block of 32]", sc, 3, ws, name, w);
 }
 
-/* factor i of the bank as the kernels take it: with codes, not read (its shape and dtype only: the op
-** makes no copy); else contiguous */
+/* whether input i is a factor (Ug, Uu, D): with codes it gives only its shape and dtype (a stand-in), and
+** the op neither reads nor copies it */
 static bool is_factor(int i) { return i == X_UG || i == X_UU || i == X_D; }
 
 /* Whether this device's kernels read the fp8 codes at these shapes; else the op gives them copies of

@@ -204,8 +204,9 @@ function MoE:fp8_banks()
       dm.no_grad(function()
         local k, n = math.min(8, self.experts), self[name]:size(3)
         local held = self[name]:narrow(1, 1, k):to("f32")
-        local back = dm.quant_decode(made[2]:narrow(1, 1, k), made[3]:narrow(1, 1, k), "fp8_e4m3", 32,
-                                     made[2]:size(3)):narrow(3, 1, n)
+        local codes, scales = made[2]:narrow(1, 1, k), made[3]:narrow(1, 1, k)
+        local block = codes:size(3) // scales:size(3)          -- the codes' block (vm/ops/moe.h)
+        local back = dm.quant_decode(codes, scales, "fp8_e4m3", block, codes:size(3)):narrow(3, 1, n)
         local e, m2 = (back - held):pow(2):sum(), held:pow(2):sum()
         err2, norm2 = err2 and err2 + e or e, norm2 and norm2 + m2 or m2
       end)
