@@ -841,16 +841,21 @@ __device__ __forceinline__ void realign(u16 *t, const unsigned char *sh, int ld,
 struct moe_q8 {
   const uint8_t *qg, *qu, *qd;
   const float *sg, *su, *sd;
+  int64_t fq;                      /* codes a row of D: dm_bank_fp8_cols(F) */
 };
+#define QBLK DM_BANK_FP8_BLOCK     /* codes a scale */
+/* a stage's scales in bytes for `codes` codes (one f32 a block) */
+__host__ __device__ constexpr int q8_scale_bytes(int codes) { return codes / QBLK * 4; }
 
-/* Rows r < NR of codes: the run of W (a multiple of 32) at q + start(r) (start a multiple of 32, < 0: none)
-** into tq (rows of W bytes), of which the first nvq (a multiple of 32) are there and the rest read as zeros,
-** and its W / 32 scales at s + start(r) / 32 into ts (rows of W / 32). The whole block takes part. */
+/* Rows r < NR of codes: the run of W (a multiple of QBLK) at q + start(r) (start a multiple of QBLK, < 0:
+** none) into tq (rows of W bytes), of which the first nvq (a multiple of QBLK) are there and the rest read
+** as zeros, and its W / QBLK scales at s + start(r) / QBLK into ts (rows of W / QBLK). The whole block takes
+** part. */
 template <int NR, int W, typename Start>
 __device__ __forceinline__ void load_codes(uint8_t *tq, float *ts, const uint8_t *q, const float *s, int nvq,
                                            Start start) {
-  static_assert(W % 32 == 0, "codes come in blocks of 32");
-  constexpr int NCH = W / 16, N = NR * NCH, NS = W / 32, NB = NR * NS;
+  static_assert(W % QBLK == 0 && QBLK % 16 == 0, "codes come in blocks of whole 16-byte chunks");
+  constexpr int NCH = W / 16, N = NR * NCH, NS = W / QBLK, NB = NR * NS;
 #pragma unroll
   for (int k = 0; k < (N + TC_THREADS - 1) / TC_THREADS; k++) {
     const int i = threadIdx.x + k * TC_THREADS;
@@ -866,8 +871,8 @@ __device__ __forceinline__ void load_codes(uint8_t *tq, float *ts, const uint8_t
     if (NB % TC_THREADS && i >= NB) break;
     const int r = i / NS, b = i - r * NS;
     const int64_t s0 = start(r);
-    const bool ok = s0 >= 0 && 32 * b < nvq;
-    dm_cp_async4(ts + r * NS + b, ok ? s + s0 / 32 + b : s, ok ? 4 : 0);
+    const bool ok = s0 >= 0 && QBLK * b < nvq;
+    dm_cp_async4(ts + r * NS + b, ok ? s + s0 / QBLK + b : s, ok ? 4 : 0);
   }
 }
 
@@ -883,7 +888,7 @@ __device__ __forceinline__ void expand_codes(u16 *t, int ld, const uint8_t *tq, 
     if (N % TC_THREADS && i >= N) break;
     const int r = i / NCH, c = i - r * NCH;
     const uint2 w = *(const uint2 *)(tq + r * W + 8 * c);
-    const float sc = ts[r * (W / 32) + c / 4];
+    const float sc = ts[r * (W / QBLK) + 8 * c / QBLK];
     uint32_t out[4];
 #pragma unroll
     for (int j = 0; j < 4; j++) {
@@ -931,17 +936,17 @@ template <int R> struct tc_cfg {
 
   /* With fp8 banks, in bytes: each stage holds the codes (a byte each) and their scales (4 bytes a block
   ** of 32: an eighth of the codes' bytes), and the weights expand into one tile after the stages. */
-  static constexpr int QR = (R + 31) / 32 * 32;                     /* codes a row of Ug, Uu */
-  static constexpr int PROJ_Q = 2 * TC_TM * LX + 2 * (KC * QR + KC * QR / 8);
-  static constexpr int DH_Q = 2 * TC_TM * LF + R * FC + R * FC / 8;
+  static constexpr int QR = (R + QBLK - 1) / QBLK * QBLK;           /* codes a row of Ug, Uu (dm_bank_fp8_cols) */
+  static constexpr int PROJ_Q = 2 * TC_TM * LX + 2 * (KC * QR + q8_scale_bytes(KC * QR));
+  static constexpr int DH_Q = 2 * TC_TM * LF + R * FC + q8_scale_bytes(R * FC);
   static constexpr int ROWS_STAGE_Q(bool bwd) { return bwd && DH_Q > PROJ_Q ? DH_Q : PROJ_Q; }
   static constexpr int ROWS_WB_Q(bool bwd) { return 2 * (bwd && R * LF > KC * LW ? R * LF : KC * LW); }
   static size_t rows_smem_q(bool bwd) {
     return (size_t)TC_STAGES * ROWS_STAGE_Q(bwd) + ROWS_WB_Q(bwd) + 4 * (size_t)TC_TM * LZ;
   }
-  static constexpr int DOWN_STAGE_Q = R * TC_FS + R * TC_FS / 8 + 2 * TC_TM * LH;
+  static constexpr int DOWN_STAGE_Q = R * TC_FS + q8_scale_bytes(R * TC_FS) + 2 * TC_TM * LH;
   static size_t down_smem_q() { return (size_t)DOWN_TS * DOWN_STAGE_Q + 2 * (size_t)(R * LS + TC_TM * LS); }
-  static constexpr int GX_STAGE_Q = 2 * (TC_DS * QR + TC_DS * QR / 8);
+  static constexpr int GX_STAGE_Q = 2 * (TC_DS * QR + q8_scale_bytes(TC_DS * QR));
   static size_t gx_smem_q() {
     return 2 * (size_t)TC_TM * LW + (size_t)TC_STAGES * GX_STAGE_Q + 2 * (size_t)(TC_DS * LW + TC_TM * (TC_DS + 8));
   }
@@ -965,7 +970,7 @@ __global__ void __launch_bounds__(TC_THREADS, BWD ? 2 : 1) tc_rows_k(const u16 *
   int64_t x, row0, nrows64;
   if (!tile_of(tiles, off, M.e, TC_TM, M.rows, &x, &row0, &nrows64)) return;
   const int nrows = (int)nrows64, warp = threadIdx.x >> 5;
-  const int64_t d = M.d, F = M.f, FQ = (F + 31) / 32 * 32;
+  const int64_t d = M.d, F = M.f, FQ = Q.fq;
   u16 *stage = (u16 *)moe_smem;   /* z: after the stages in the backward (they take dh's chunks next), on them in the forward */
   float *z = BWD ? (float *)(stage + TC_STAGES * (T::DH > T::PROJ ? T::DH : T::PROJ)) : (float *)stage;
   /* fp8 banks: stages of STQ bytes, the weights' tile wq after them, then z */
@@ -1000,7 +1005,7 @@ __global__ void __launch_bounds__(TC_THREADS, BWD ? 2 : 1) tc_rows_k(const u16 *
         float *ss = (float *)(qs + 2 * QB);
         auto qrow = [&](int i) { return c0 + i < d ? ((x * d + c0 + i) * T::QR) : (int64_t)-1; };
         load_codes<T::KC, T::QR>(qs, ss, Q.qg, Q.sg, T::QR, qrow);
-        load_codes<T::KC, T::QR>(qs + QB, ss + QB / 32, Q.qu, Q.su, T::QR, qrow);
+        load_codes<T::KC, T::QR>(qs + QB, ss + QB / QBLK, Q.qu, Q.su, T::QR, qrow);
       } else {
         auto wrow = [&](int i) { return c0 + i < d ? ((x * d + c0 + i) * R) : (int64_t)-1; };
         load_runs<false, T::KC, R>(ws, nullptr, T::LW, R, ug, M.e * d * R, wrow);
@@ -1013,7 +1018,7 @@ __global__ void __launch_bounds__(TC_THREADS, BWD ? 2 : 1) tc_rows_k(const u16 *
         const uint8_t *qs = (const uint8_t *)ws;
         const float *ss = (const float *)(qs + 2 * QB);
         expand_codes<DT, T::KC, R, T::QR>(wq, T::LW, qs, ss);
-        expand_codes<DT, T::KC, R, T::QR>(wq + R, T::LW, qs + QB, ss + QB / 32);
+        expand_codes<DT, T::KC, R, T::QR>(wq + R, T::LW, qs + QB, ss + QB / QBLK);
         __syncthreads();
         ws = wq;
       }
@@ -1063,6 +1068,7 @@ __global__ void __launch_bounds__(TC_THREADS, BWD ? 2 : 1) tc_rows_k(const u16 *
     const int64_t gb = row0 * F & ~(int64_t)7, db = x * R * F & ~(int64_t)7;
     const u16 *gyb = gy + gb, *dwb = dw + db;
     const run_stream<TC_TM, T::FC> gstream(shg, [&](int i) { return row0 * F - gb + i * F; });
+    /* (with fp8 banks D's rows are aligned codes and dstream goes unused: made at its narrowest) */
     const run_stream<R, Q8 ? 8 : T::FC> dstream(shd, [&](int j) { return x * R * F - db + j * F; });
     auto dh_gs = [&](int fc) {
       return Q8 ? (u16 *)(moe_smem + (fc % TC_STAGES) * STQ) : stage + (fc % TC_STAGES) * T::DH;
@@ -1352,10 +1358,10 @@ __device__ __forceinline__ void tc_down_unit(const tc_items &I, u16 *y, const u1
   constexpr int TS = T::DOWN_TS;
   /* a stage: D's chunk (16-bit, or Q8: codes and scales), then h's tile; Q8 expands D into wq after the
   ** stages, and the output tile os follows */
-  constexpr int DSZ = Q8 ? (R * TC_FS + R * TC_FS / 8) / 2 : R * T::LS, STAGE = DSZ + TC_TM * T::LH;
+  constexpr int DSZ = Q8 ? (R * TC_FS + q8_scale_bytes(R * TC_FS)) / 2 : R * T::LS, STAGE = DSZ + TC_TM * T::LH;
   extern __shared__ __align__(16) unsigned char moe_smem[];
   __shared__ unsigned char shd[R];
-  const int64_t x = I.x, F = M.f, FQ = (F + 31) / 32 * 32;
+  const int64_t x = I.x, F = M.f, FQ = Q.fq;
   if (I.nr == 0) return;
   const int warp = threadIdx.x >> 5;
   u16 *const smem = (u16 *)moe_smem, *wq = smem + TS * STAGE, *os = wq + (Q8 ? R * T::LS : 0);
@@ -1645,7 +1651,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_gx_k(u16 *gx, const u16 *dagu, 
       float *ss = (float *)(qs + 2 * QB);
       auto qrow = [&](int c) { return c0 + c < d ? (x * d + c0 + c) * T::QR : (int64_t)-1; };
       load_codes<TC_DS, T::QR>(qs, ss, Q.qg, Q.sg, T::QR, qrow);
-      load_codes<TC_DS, T::QR>(qs + QB, ss + QB / 32, Q.qu, Q.su, T::QR, qrow);
+      load_codes<TC_DS, T::QR>(qs + QB, ss + QB / QBLK, Q.qu, Q.su, T::QR, qrow);
     } else {
       auto wrow = [&](int c) { return c0 + c < d ? (x * d + c0 + c) * R : (int64_t)-1; };
       load_runs<false, TC_DS, R>(ws, nullptr, T::LW, R, ug, M.e * d * R, wrow);
@@ -1658,7 +1664,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_gx_k(u16 *gx, const u16 *dagu, 
       const uint8_t *qs = (const uint8_t *)ws;
       const float *ss = (const float *)(qs + 2 * QB);
       expand_codes<DT, TC_DS, R, T::QR>(wq, T::LW, qs, ss);
-      expand_codes<DT, TC_DS, R, T::QR>(wq + R, T::LW, qs + QB, ss + QB / 32);
+      expand_codes<DT, TC_DS, R, T::QR>(wq + R, T::LW, qs + QB, ss + QB / QBLK);
       __syncthreads();
       ws = wq;
     }
@@ -1743,6 +1749,7 @@ static moe_q8 q8_of(const dm_moe_bank *b) {
   Q.qd = (const uint8_t *)dm_data(b->qd.codes);
   Q.sg = (const float *)dm_data(b->qg.scales), Q.su = (const float *)dm_data(b->qu.scales);
   Q.sd = (const float *)dm_data(b->qd.scales);
+  Q.fq = dm_bank_fp8_cols(b->d->shape[2]);
   return Q;
 }
 

@@ -28,7 +28,7 @@ struct block_stat {
   bool nan;
 };
 
-__device__ __forceinline__ double nan_max(double a, double b) { return b != b || b > a ? b : a; }
+template <typename V> __device__ __forceinline__ V nan_max(V a, V b) { return b != b || b > a ? b : a; }
 
 template <int DT, int W>
 __device__ __forceinline__ block_stat group_stat(const S_<DT> *x, int64_t at, int64_t len, int lane) {
@@ -410,14 +410,11 @@ struct div32 {
   }
 };
 
-/* NaN-carrying max (a NaN stays), for the blocks' amax */
-__device__ __forceinline__ float nan_maxf(float a, float b) { return b != b || b > a ? b : a; }
-
 /* fp8 banks (vm/ops/moe.h): a group of eight lanes takes a block of 32, a lane four consecutive elements
 ** (their codes one word, rows of codes being 16-byte aligned), the block's amax by shuffles; a warp's four
-** groups take consecutive blocks (consecutive memory), each value rounded to RT first. In f32 for RT of 24
-** bits or fewer (the scale amax / 448 rounds alike in f32 and through double: a quotient by 7 never ends
-** on a tie); f64 takes bank_fp8_f64_k. Blocks are counted in 32 bits (the op's shapes allow it). */
+** groups take consecutive blocks (consecutive memory), each value rounded to RT first, RT of 24 bits or
+** fewer, in f32 (the scale amax / 448 rounds alike in f32 and through double: a quotient by 7 never ends
+** on a tie). Blocks are counted in 32 bits (the host checks the count). */
 template <int DT, int RT>
 __global__ void bank_fp8_k(uint8_t *codes, float *scales, const S_<DT> *x, uint32_t n, uint32_t nq, div32 nb,
                            uint32_t blocks) {
@@ -431,9 +428,9 @@ __global__ void bank_fp8_k(uint8_t *codes, float *scales, const S_<DT> *x, uint3
 #pragma unroll
     for (int i = 0; i < 4; i++) {
       v[i] = live && j0 + i < n ? (float)dt<RT>::load(dt<RT>::store(dt<DT>::load(x[(int64_t)row * n + j0 + i]))) : 0.f;
-      amax = nan_maxf(amax, fabsf(v[i]));
+      amax = nan_max(amax, fabsf(v[i]));
     }
-    for (int o = 4; o > 0; o /= 2) amax = nan_maxf(amax, __shfl_xor_sync(0xffffffffu, amax, o, 8));
+    for (int o = 4; o > 0; o /= 2) amax = nan_max(amax, __shfl_xor_sync(0xffffffffu, amax, o, 8));
     if (!live) continue;
     const float sc = __fdiv_rn(amax, (float)DM_E4M3_MAX);     /* NaN carried on */
     uint32_t word = 0;
@@ -456,23 +453,6 @@ __global__ void bank_fp8_k(uint8_t *codes, float *scales, const S_<DT> *x, uint3
   }
 }
 
-/* the same from f64 values, in double (the reference's own arithmetic, vm/ops/quant.h) */
-template <int DT>
-__global__ void bank_fp8_f64_k(uint8_t *codes, float *scales, const S_<DT> *x, int64_t n, int64_t nq, int64_t nb,
-                               int64_t blocks) {
-  DM_GRID_LOOP(gb, blocks) {
-    const int64_t row = gb / nb, b = gb - row * nb, len = n - b * 32 < 32 ? n - b * 32 : 32;
-    const S_<DT> *xb = x + row * n + b * 32;
-    double amax = 0;
-    for (int64_t i = 0; i < len; i++) amax = nan_max(amax, fabs((double)dt<DT>::load(xb[i])));
-    const double sc = amax != amax ? (double)NAN : dm_quant_scale(DM_QUANT_FP8_E4M3, amax, 0);
-    for (int64_t i = 0; i < 32; i++)
-      codes[row * nq + b * 32 + i] =
-          (uint8_t)(i < len && sc == sc ? dm_quant_code(DM_QUANT_FP8_E4M3, (double)dt<DT>::load(xb[i]), sc) : 0u);
-    scales[gb] = (float)sc;
-  }
-}
-
 static void cuda_bank_fp8(dm_tensor *codes, dm_tensor *scales, const dm_tensor *x, dm_dtype round_to) {
   const int64_t total = dm_numel(x);
   if (total == 0) return;
@@ -480,15 +460,14 @@ static void cuda_bank_fp8(dm_tensor *codes, dm_tensor *scales, const dm_tensor *
   const int64_t blocks = rows * nb;
   if (blocks > UINT32_MAX / 2 || n > INT32_MAX)
     dm_error("bank_fp8: %lld blocks of 32 are over the kernel's 32-bit count", (long long)blocks);
+  if (round_to == DM_F64)
+    dm_error("bank_fp8: the CUDA kernel rounds values of 24 bits or fewer (bf16, f16, f32), not f64 (the CPU's "
+             "takes f64)");
   dm_dispatch_float(x->dtype, "bank_fp8", [&](auto d) {
     constexpr int DT = decltype(d)::value;
     uint8_t *cp = (uint8_t *)dm_data(codes);
     float *sp = (float *)dm_data(scales);
     const S_<DT> *xp = (const S_<DT> *)dm_data(x);
-    if (round_to == DM_F64) {
-      DM_LAUNCH(bank_fp8_f64_k<DT>, blocks, cp, sp, xp, n, nq, nb, blocks);
-      return;
-    }
     dm_dispatch_float(round_to, "bank_fp8 (the dtype rounded to)", [&](auto r) {
       constexpr int RT = decltype(r)::value;
       if constexpr (RT != DM_F64) {

@@ -265,20 +265,14 @@ function Dormouse:pass(x, prefix, opts)
     out.extras = out.extras or {}
     out.extras.msa_far = far
   end
-  local qat_err = self.block.moe.qat_err
-  if qat_err and dm.grad_enabled() then            -- QAT's error on the factors, on the log line
-    out.extras = out.extras or {}
-    out.extras.qat = qat_err
-  end
-  local fp8_err = self.block.moe.fp8_err
-  if fp8_err and dm.grad_enabled() then            -- the fp8 banks' error on the factors
-    out.extras = out.extras or {}
-    out.extras.fp8 = fp8_err
-  end
-  local lb_flip = self.block.moe.lb_flip
-  if lb_flip and dm.grad_enabled() then             -- LittleBit: the share of latent signs that flipped
-    out.extras = out.extras or {}
-    out.extras.lb_flip = lb_flip
+  -- the experts' arms, on the log line: QAT's and the fp8 banks' error on the factors, LittleBit's
+  -- share of latent signs that flipped
+  for counter, field in pairs {qat = "qat_err", fp8 = "fp8_err", lb_flip = "lb_flip"} do
+    local v = self.block.moe[field]
+    if v and dm.grad_enabled() then
+      out.extras = out.extras or {}
+      out.extras[counter] = v
+    end
   end
   if self.loom_gate and dm.grad_enabled() then     -- the gates' size on the log line
     out.extras = out.extras or {}

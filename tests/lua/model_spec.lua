@@ -549,7 +549,7 @@ describe("fp8 banks (model.moe.fp8)", function()
     assert.are_not.equal(lc, la)
   end)
 
-  it("reads its stand-ins' shapes only: a stand-in is NaN to any other reader", function()
+  it("makes codes and stand-ins of the factors' shapes (a stand-in is NaN to any reader); bad ones are refused", function()
     local w = dm.randn({2, 3, 4})
     local s = dm.stand_in(w, "f32")
     assert.same({2, 3, 4}, s:shape())

@@ -51,6 +51,12 @@ dm_tensor *dm_new_grad(dm_ctx *c, int i, dm_device dev) {
   return dm_tensor_new(dev, dm_in_dtype(c, i), dm_in_ndim(c, i), dm_in_shape(c, i));
 }
 
+dm_dtype dm_attr_dtype(const dm_ctx *c, int i) {
+  double v = i < c->a.nv ? c->a.v[i] : -1;
+  if (!(v >= 0 && v < DM_NDTYPE) || v != (int)v) dm_error("%s: %g is not a dtype", c->op->name, v);
+  return (dm_dtype)(int)v;
+}
+
 dm_attrs dm_attrs_of(int n, const double *v) {
   dm_attrs a;
   memset(&a, 0, sizeof a);

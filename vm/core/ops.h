@@ -108,6 +108,8 @@ dm_tensor *dm_new_grad(dm_ctx *c, int i, dm_device dev);   /* uninitialised, sha
 /* attribute helpers */
 dm_attrs dm_attrs_of(int n, const double *v);
 dm_attrs dm_attrs_list(int n, const int64_t *list);
+/* attribute i of the call as a dtype (its dm_dtype value), or "op: ... is not a dtype" */
+dm_dtype dm_attr_dtype(const dm_ctx *c, int i);
 
 /* the kernel table */
 typedef void (*dm_kernel_fn)(void);

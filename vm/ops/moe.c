@@ -359,11 +359,10 @@ static void bank_fp8_fwd(dm_ctx *c) {
   dm_tensor *x = c->in[0];
   check_ndim(what, "x", "[E, m, n]", x, 3);
   check_float(what, "x", x);
-  double v = c->a.nv > 0 ? c->a.v[0] : -1;
-  dm_dtype to = v >= 0 && v < DM_NDTYPE && v == floor(v) ? (dm_dtype)(int)v : DM_NDTYPE;
-  if (to == DM_NDTYPE || !dm_dtype_is_float(to) || dm_dtype_size(to) > dm_dtype_size(x->dtype))
+  dm_dtype to = dm_attr_dtype(c, 0);
+  if (!dm_dtype_is_float(to) || dm_dtype_size(to) > dm_dtype_size(x->dtype))
     dm_error("%s: the values are rounded to a float dtype no wider than x's (%s) first, got %s", what,
-             dm_dtype_name(x->dtype), to == DM_NDTYPE ? "no dtype" : dm_dtype_name(to));
+             dm_dtype_name(x->dtype), dm_dtype_name(to));
   int64_t n = x->shape[2], sq[3] = {x->shape[0], x->shape[1], dm_bank_fp8_cols(n)},
           ss[3] = {x->shape[0], x->shape[1], dm_bank_fp8_blocks(n)};
   dm_tensor *xc = dm_contiguous(x);

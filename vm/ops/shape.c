@@ -278,15 +278,9 @@ static void identity_bwd(dm_ctx *c, dm_tensor *const *g, dm_tensor **gin) {
   gin[0] = g[0];
 }
 
-static dm_dtype cast_target(const dm_attrs *a) {
-  double v = a->v[0];
-  if (!(v >= 0 && v < DM_NDTYPE) || v != (int)v) dm_error("cast: %g is not a dtype", v);
-  return (dm_dtype)(int)v;
-}
-
 static void cast_fwd(dm_ctx *c) {
   dm_tensor *x = c->in[0];
-  dm_dtype dt = cast_target(&c->a);
+  dm_dtype dt = dm_attr_dtype(c, 0);
   c->out[0] = dt == x->dtype ? same_view(x) : copy_as(x, dt);
 }
 
@@ -300,7 +294,7 @@ static void cast_bwd(dm_ctx *c, dm_tensor *const *g, dm_tensor **gin) {
 ** shows), its gradient passed to x as a cast's (the fp8 banks: moe_experts reads their codes). */
 static void stand_in_fwd(dm_ctx *c) {
   dm_tensor *x = c->in[0];
-  dm_dtype dt = cast_target(&c->a);
+  dm_dtype dt = dm_attr_dtype(c, 0);
   if (!dm_dtype_is_float(x->dtype) || !dm_dtype_is_float(dt))
     dm_error("stand_in: x and the dtype must be float, got %s and %s", dm_dtype_name(x->dtype), dm_dtype_name(dt));
   dm_tensor *one = dm_tensor_new(x->device, dt, 0, NULL);

@@ -240,13 +240,10 @@ function nn.pass_once(p, tag, make)
   return made
 end
 
-local function cast_to(dt) return function(t) return t:to(dt) end end
-local casts = setmetatable({}, {__index = function(c, dt) c[dt] = cast_to(dt); return c[dt] end})
-
 -- t in dtype dt: itself when it is one, else a cast (once a pass for a parameter inside nn.pass)
 local function as_dtype(t, dt)
   if t.dtype == dt then return t end
-  return nn.pass_once(t, dt, casts[dt])
+  return nn.pass_once(t, dt, function(p) return p:to(dt) end)
 end
 
 function nn.like(t, x) return as_dtype(t, x.dtype) end
