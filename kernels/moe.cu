@@ -72,23 +72,37 @@ __device__ __forceinline__ double sigmoid_d(double x) { return 1 / (1 + exp(-x))
 /* v as the compute type holds it: experts are picked on float values for float dtypes, as the CPU's f32 kernel does */
 template <int DT> __device__ __forceinline__ double rnd(double v) { return (double)(C_<DT>)v; }
 
+/* a chosen expert's gate is route_gate / S, S the sum of route_gate over the chosen: sigmoid(l), or
+** exp(l - top) for the softmax form, top the largest chosen logit (cpu/moe.c computes the same) */
+__device__ __forceinline__ double route_gate(int form, double l, double top) {
+  return form == DM_MOE_ROUTE_SOFTMAX ? exp(l - top) : sigmoid_d(l);
+}
+
+/* the largest logit among a row's k chosen experts */
+template <int DT> __device__ double chosen_max(const S_<DT> *row, const int64_t *id, int64_t k, int64_t e) {
+  double top = -INFINITY;
+  for (int64_t j = 0; j < k; j++)
+    if (id[j] >= 0 && id[j] < e) top = fmax(top, (double)dt<DT>::load(row[id[j]]));
+  return top;
+}
+
 /* a warp a token: k passes of a max over the untaken experts, then the gates */
 template <int DT>
 __global__ void route_k(int64_t *idx, S_<DT> *w, const S_<DT> *lg, const S_<DT> *bias, int64_t n, int64_t e,
-                        int64_t k) {
+                        int64_t k, int form) {
   const int lane = threadIdx.x & 31;
   for (int64_t t = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; t < n;
        t += ((int64_t)gridDim.x * blockDim.x) >> 5) {
     const S_<DT> *row = lg + t * e;
     int64_t *id = idx + t * k;
-    double sum = 0;
     for (int64_t j = 0; j < k; j++) {
       pick p = {-1, false, 0, -1};
       for (int64_t x = lane; x < e; x += 32) {
         bool taken = false;
         for (int64_t q = 0; q < j; q++) taken = taken || id[q] == x;
         if (taken) continue;
-        double s = rnd<DT>(sigmoid_d((double)dt<DT>::load(row[x])));
+        double l = (double)dt<DT>::load(row[x]);
+        double s = form == DM_MOE_ROUTE_SOFTMAX ? l : rnd<DT>(sigmoid_d(l));
         double sel = bias ? rnd<DT>(s + (double)dt<DT>::load(bias[x])) : s;
         pick c = {x, sel != sel, sel, sel != sel ? -1 : x};
         p = pick_join(p, c);
@@ -98,9 +112,11 @@ __global__ void route_k(int64_t *idx, S_<DT> *w, const S_<DT> *lg, const S_<DT> 
       int64_t best = p.first_nan || p.best_id < 0 ? p.first : p.best_id;
       if (lane == 0) id[j] = best;
       __syncwarp();
-      sum += sigmoid_d((double)dt<DT>::load(row[best]));
     }
-    for (int64_t j = lane; j < k; j += 32) w[t * k + j] = dt<DT>::store(sigmoid_d((double)dt<DT>::load(row[id[j]])) / sum);
+    double top = chosen_max<DT>(row, id, k, e), sum = 0;
+    for (int64_t j = 0; j < k; j++) sum += route_gate(form, (double)dt<DT>::load(row[id[j]]), top);
+    for (int64_t j = lane; j < k; j += 32)
+      w[t * k + j] = dt<DT>::store(route_gate(form, (double)dt<DT>::load(row[id[j]]), top) / sum);
     __syncwarp();
   }
 }
@@ -122,50 +138,54 @@ static void bucket_counts(int64_t *counts, const int64_t *keys, int64_t n, int64
 }
 
 static void cuda_route(dm_tensor *idx, dm_tensor *w, dm_tensor *counts, const dm_tensor *logits,
-                       const dm_tensor *bias) {
+                       const dm_tensor *bias, int form) {
   int64_t n = logits->shape[0], e = logits->shape[1], k = idx->shape[1];
   if (n > 0 && k > 0)
     dm_dispatch_float(logits->dtype, "moe_route", [&](auto d) {
       constexpr int DT = decltype(d)::value;
       route_k<DT><<<warp_blocks(n), DM_THREADS, 0, dm_cuda_stream()>>>(
           (int64_t *)dm_data(idx), (S_<DT> *)dm_data(w), (const S_<DT> *)dm_data(logits),
-          bias ? (const S_<DT> *)dm_data(bias) : NULL, n, e, k);
+          bias ? (const S_<DT> *)dm_data(bias) : NULL, n, e, k, form);
       DM_CU_LAUNCHED();
     });
   bucket_counts((int64_t *)dm_data(counts), (const int64_t *)dm_data(idx), n * k, e, "moe_route");
 }
 
-/* w_j = s_j / S: dL/ds_i = (gw_i - sum_j gw_j w_j) / S, then ds/dlogit = s (1 - s); zero off the chosen */
+/* sigmoid: w_j = s_j / S, dL/ds_i = (gw_i - sum_j gw_j w_j) / S, then ds/dlogit = s (1 - s);
+** softmax: dL/dlogit_i = w_i (gw_i - sum_j gw_j w_j); zero off the chosen */
 template <int DT>
 __global__ void route_bwd_k(S_<DT> *gl, const S_<DT> *gw, const S_<DT> *lg, const int64_t *idx, int64_t n,
-                            int64_t e, int64_t k) {
+                            int64_t e, int64_t k, int form) {
   DM_GRID_LOOP(i, n * e) {
     int64_t t = i / e, x = i - t * e, jx = -1;
     const int64_t *row = idx + t * k;
-    double sum = 0, gdotw = 0;
-    for (int64_t j = 0; j < k; j++) {
+    for (int64_t j = 0; j < k; j++)
       if (row[j] == x) jx = j;
-      if (row[j] >= 0 && row[j] < e) sum += sigmoid_d((double)dt<DT>::load(lg[t * e + row[j]]));
-    }
     double v = 0;
     if (jx >= 0) {
+      double top = chosen_max<DT>(lg + t * e, row, k, e), sum = 0, gdotw = 0;
+      for (int64_t j = 0; j < k; j++)
+        if (row[j] >= 0 && row[j] < e) sum += route_gate(form, (double)dt<DT>::load(lg[t * e + row[j]]), top);
       for (int64_t j = 0; j < k; j++)
         if (row[j] >= 0 && row[j] < e)
-          gdotw += (double)dt<DT>::load(gw[t * k + j]) * sigmoid_d((double)dt<DT>::load(lg[t * e + row[j]])) / sum;
-      double s = sigmoid_d((double)dt<DT>::load(lg[i]));
-      v = ((double)dt<DT>::load(gw[t * k + jx]) - gdotw) / sum * s * (1 - s);
+          gdotw += (double)dt<DT>::load(gw[t * k + j]) *
+                   route_gate(form, (double)dt<DT>::load(lg[t * e + row[j]]), top) / sum;
+      double l = (double)dt<DT>::load(lg[i]), gj = (double)dt<DT>::load(gw[t * k + jx]) - gdotw;
+      double s = sigmoid_d(l);
+      v = form == DM_MOE_ROUTE_SOFTMAX ? route_gate(form, l, top) / sum * gj : gj / sum * s * (1 - s);
     }
     gl[i] = dt<DT>::store(v);
   }
 }
 
-static void cuda_route_bwd(dm_tensor *glogits, const dm_tensor *gw, const dm_tensor *logits, const dm_tensor *idx) {
+static void cuda_route_bwd(dm_tensor *glogits, const dm_tensor *gw, const dm_tensor *logits, const dm_tensor *idx,
+                           int form) {
   int64_t n = logits->shape[0], e = logits->shape[1], k = idx->shape[1];
   if (n * e == 0) return;
   dm_dispatch_float(logits->dtype, "moe_route_bwd", [&](auto d) {
     constexpr int DT = decltype(d)::value;
     DM_LAUNCH(route_bwd_k<DT>, n * e, (S_<DT> *)dm_data(glogits), (const S_<DT> *)dm_data(gw),
-              (const S_<DT> *)dm_data(logits), (const int64_t *)dm_data(idx), n, e, k);
+              (const S_<DT> *)dm_data(logits), (const int64_t *)dm_data(idx), n, e, k, form);
   });
 }
 

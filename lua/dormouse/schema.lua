@@ -230,6 +230,9 @@ local rows = {
       {"ram", bool, false, "keep the tables in host memory (gathered rows, host-side sparse Adam)"},
       {"output", enum {"spec", "projection"}, "spec", "the branch's output: spec = vt + silu(conv(rmsnorm(vt))); " ..
        "projection = W_e conv(vt), a d x d projection after a plain convolution (not the spec's form)"},
+      {"dilation", optional(positive), nil, "the output convolution's dilation (nil = the largest order)"},
+      {"alpha_gain", bool, false, "a learned gain (ones at init) on the channels of alpha's dot of the two " ..
+       "RMS-normalised vectors"},
     }},
     {"msa", "block top-k sparse attention over past blocks, an extra branch (an arm; docs/arms.md)", {
       {"top_k", int{min = 0}, 0, "past blocks each query reads (0 = off)"},
@@ -248,8 +251,12 @@ local rows = {
       {"branch_out", enum {"fan_in", "depth"}, "fan_in", "std of the branches' output projections (KDA W_o, " ..
        "Engram W_v, the experts' W_write): fan_in^-1/2, or that times (3 max_iter)^-1/2"},
       {"engram_std", num{above = 0}, 0.02, "std of the Engram tables' rows at initialisation"},
-      {"dt_bias", enum {"zeros", "log_uniform"}, "zeros", "KDA's dt_bias: zeros, or the inverse softplus of " ..
-       "dt ~ log-uniform [1e-3, 1e-1] (Mamba, FLA)"},
+      {"dt_bias", enum {"zeros", "log_uniform", "decay"}, "zeros", "KDA's dt_bias: zeros; log_uniform: the " ..
+       "inverse softplus of dt ~ log-uniform [1e-3, 1e-1] (Mamba, FLA); decay: the value at which the gate " ..
+       "(either form) starts at g = -exp(A_log) dt for such a dt"},
+      {"a_log", enum {"log_uniform", "uniform"}, "log_uniform", "KDA's decay rates A = exp(A_log) per head: " ..
+       "log-uniform on [1, 16] (A_log ~ U(0, ln 16)), or uniform on [1, 16] (A_log = log U(1, 16))"},
+      {"engram_conv", enum {"zeros", "uniform"}, "zeros", "Engram's output convolution: zeros, or U(-1/2, 1/2)"},
       {"conv", enum {"normal", "uniform"}, "normal", "KDA's short convolutions: N(0, 0.5^2), or U(-1/2, 1/2)"},
     }},
     {"moe", "routed low-rank experts with a shared expert", {
@@ -259,6 +266,9 @@ local rows = {
       {"router_dtype", enum {"compute", "f32"}, "compute", "the router's product: in the compute dtype " ..
        "(its scores cast to f32), or in f32 from an f32 copy of its input"},
       {"router_std", optional(num{above = 0}), nil, "std of the router's weights at initialisation (nil = d^-1/2)"},
+      {"router", enum {"sigmoid", "softmax"}, "sigmoid", "the router's form: sigmoid = the top k of " ..
+       "sigmoid(logits) + bias, gates s / sum s; softmax = the top k of logits + bias (the bias in logit " ..
+       "units), gates a softmax over the k chosen logits"},
       {"retract_every", int{min = 0}, 0, "an arm: every N optimiser steps, Ug and Uu pulled back to orthonormal " ..
        "columns (each expert's polar factor; 0 = off)"},
       {"qat", enum {"off", "ladder", table.unpack(op_spellings("quantize", "format"))}, "off",
@@ -290,6 +300,8 @@ local rows = {
     {"adamw_weight_decay", num{min = 0}, 0.0, "decoupled weight decay of the AdamW group (never the Engram tables)"},
     {"ns_dtype", optional(enum {"f32", "bf16"}), nil, "Newton-Schulz dtype (nil = bf16 on the GPU, f32 on the CPU)"},
     {"engram_lr_mult", num{min = 0}, 5, "Engram tables' Adam lr as a multiple of adamw_lr (no weight decay)"},
+    {"gates", enum {"adamw", "muon"}, "adamw", "KDA's gate projections (W_b, W_g1, W_g2, W_o1, W_o2): in the " ..
+     "AdamW group, or Muon's with its weight decay"},
     {"engram_adam", enum {"sparse", "dense"}, "sparse", "the tables' Adam: the touched rows only (the spec), or " ..
      "dense: every row's moments decay and every row moves each step (not the spec's; tables on the device)"},
     {"momentum", num{min = 0, below = 1}, 0.95, "Muon momentum"},
@@ -397,6 +409,16 @@ schema.checks = {
         return ("model.segment (%d) with model.aux.%s: the head's last target in each segment lies in the " ..
                 "next; set model.segment = nil or model.aux.%s = 0"):format(c.model.segment, head, head)
       end
+    end
+  end,
+  function(c)                                    -- the bounded gate must reach the starting decays asked of it
+    local m = c.model
+    if not (m.init.dt_bias == "decay" and m.kda.gate == "bounded") then return nil end
+    local deepest = require("dormouse.nn").KDA.deepest_start()
+    if m.kda.gate_lb > -deepest then
+      return ("model.init.dt_bias = decay starts the gate at g = -exp(A_log) dt, down to %g, below the bounded " ..
+              "gate's lower bound model.kda.gate_lb = %s; set gate_lb under %g or dt_bias to another " ..
+              "choice"):format(-deepest, show(m.kda.gate_lb), -deepest)
     end
   end,
   function(c)

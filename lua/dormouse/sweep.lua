@@ -19,7 +19,8 @@ share one GPU well), file (the sweep's file, which those processes read),
 select ("a,b": those arms only, besides the control; --arms).
 
 Each run's result goes to runs/sweep-NAME/ARM-sSEED.json: its final
-bpb_fin, its tokens/s (the median log window but the first), its peak
+bpb_fin, its last log window's training loss in bits a byte (train_bpb: a
+held-out figure far above it says the run memorises), its tokens/s (the median log window but the first), its peak
 device memory and the last eval's measures (an arm's own: draft_accept). With jobs > 1 the runs share the device, so their tokens/s
 is each run's share of it, comparable only between runs that overlapped
 alike; `dormouse bench` measures one arm alone.
@@ -145,7 +146,7 @@ function sweep.table(results, names, seeds)
   table.sort(measured)
   local head = {string.format("%-14s %9s %9s", "arm", "mean", "spread")}
   for _, s in ipairs(seeds) do head[#head + 1] = string.format("%9s", "seed " .. s) end
-  head[#head + 1] = string.format("%9s %8s", "tok/s", "peak MiB")
+  head[#head + 1] = string.format("%9s %9s %8s", "train", "tok/s", "peak MiB")
   if routing then head[#head + 1] = string.format("%8s %6s", "busiest", "dead") end
   for _, m in ipairs(measured) do head[#head + 1] = string.format("%12s", m) end
   head[#head + 1] = "  verdict"
@@ -154,8 +155,9 @@ function sweep.table(results, names, seeds)
     local r = results[name]
     local row = {string.format("%-14s %9.4f %9.4f", name, r.mean, r.spread)}
     for i = 1, #seeds do row[#row + 1] = string.format("%9.4f", r.bpb[i]) end
-    local tok, peak = mean_of(r.tok_s), mean_of(r.mem_peak)
-    row[#row + 1] = string.format("%9s %8s", tok and string.format("%.0f", tok) or "-",
+    local train, tok, peak = mean_of(r.train_bpb), mean_of(r.tok_s), mean_of(r.mem_peak)
+    row[#row + 1] = string.format("%9s %9s %8s", train and string.format("%.4f", train) or "-",
+                                  tok and string.format("%.0f", tok) or "-",
                                   peak and string.format("%.0f", peak / MiB) or "-")
     if routing then
       local b, d = mean_of(r.busiest), mean_of(r.dead)
@@ -175,7 +177,7 @@ local function result_path(dir, arm, seed) return string.format("%s/%s-s%d", dir
 
 -- One run's figures, as its result file holds them
 local function result_of(s)
-  return {bpb_fin = s.bpb_fin, tok_s = s.tok_s, mem_peak = s.mem_peak,
+  return {bpb_fin = s.bpb_fin, train_bpb = s.train_bpb, tok_s = s.tok_s, mem_peak = s.mem_peak,
           busiest = s.moe and s.moe.busiest, dead = s.moe and s.moe.dead, measures = s.measures}
 end
 
@@ -309,7 +311,7 @@ function sweep.run(spec)
   end
   local results = {}
   for _, arm in ipairs(names) do
-    local r = {bpb = {}, tok_s = {}, mem_peak = {}}
+    local r = {bpb = {}, train_bpb = {}, tok_s = {}, mem_peak = {}}
     for i, seed in ipairs(spec.seeds) do
       local one
       if jobs > 1 then
@@ -318,7 +320,7 @@ function sweep.run(spec)
         say(string.format("== sweep %s: arm %s, seed %d (%s)", base_name, arm, seed, cfgs[arm][i].name))
         one = train_one(spec, cfgs[arm][i], dir, arm, seed)
       end
-      r.bpb[i], r.tok_s[i], r.mem_peak[i] = one.bpb_fin, one.tok_s, one.mem_peak
+      r.bpb[i], r.train_bpb[i], r.tok_s[i], r.mem_peak[i] = one.bpb_fin, one.train_bpb, one.tok_s, one.mem_peak
       for m, v in pairs(one.measures or {}) do
         r.measures = r.measures or {}
         r.measures[m] = r.measures[m] or {}

@@ -527,18 +527,20 @@ local function read_records(path, upto)
 end
 
 -- A run's steady rate: the median tokens/s of its log windows but the first (which holds the
--- warm-up and any capture), or of the one there is; and the peak device memory any window saw.
+-- warm-up and any capture), or of the one there is; the peak device memory any window saw; and
+-- the last window's training loss.
 local function steady_rate(records)
-  local rates, peak = {}, nil
+  local rates, peak, loss = {}, nil, nil
   for _, r in ipairs(records) do
     if r.kind == "log" then
       rates[#rates + 1] = r.tok_s
       if r.mem_peak then peak = math.max(peak or 0, r.mem_peak) end
+      loss = r.loss
     end
   end
   if #rates > 1 then table.remove(rates, 1) end
   table.sort(rates)
-  return rates[(#rates + 1) // 2], peak
+  return rates[(#rates + 1) // 2], peak, loss
 end
 
 --[[ Train from a resolved config. opts: resume = run dir, overwrite = bool,
@@ -548,7 +550,8 @@ folder of run directories ("runs"), stop_at = a step after which the run
 stops as if killed (tests of resume). Returns a summary {step, bpb_fin,
 baselines, dir, model, device, periter, moe = the last log window's routing
 counters, tok_s = the median log window's tokens/s but the first, mem_peak =
-the peak device memory in bytes}. ]]
+the peak device memory in bytes, train_bpb = the last log window's training loss in bits a
+byte}. ]]
 local run_body
 
 function train.run(cfg, opts)
@@ -646,10 +649,11 @@ function run_body(self, cfg, opts)
   if self.tensorboard then self.tensorboard:close() end
   self.log_file:close()
   local e = self.last_eval
-  local tok_s, mem_peak = steady_rate(self.records)
+  local tok_s, mem_peak, loss = steady_rate(self.records)
   return {step = self.step, bpb_fin = e and e.fin / instrument.LN2, baselines = self.baselines, dir = self.dir,
           model = self.model, device = self.device, periter = e and e.periter, moe = self.last_moe,
-          tok_s = tok_s, mem_peak = mem_peak, measures = e and e.measures}
+          tok_s = tok_s, mem_peak = mem_peak, measures = e and e.measures,
+          train_bpb = loss and loss / instrument.LN2}
 end
 
 -- The steps of a run, with its log lines, evals, checkpoints and progress bar.

@@ -1032,10 +1032,11 @@ function dm.HostTable(opts) end
 ---@param logits dormouse.Tensor
 ---@param bias? dormouse.Tensor
 ---@param k integer
+---@param form? "sigmoid"|"softmax" sigmoid(logits) + bias chosen, gates s / sum s (default); or logits + bias, softmax gates
 ---@return dormouse.Tensor idx
 ---@return dormouse.Tensor w
 ---@return dormouse.Tensor counts
-function dm.moe_route(logits, bias, k) end
+function dm.moe_route(logits, bias, k, form) end
 
 ---The N*k assignments sorted by expert: perm, offsets [E+1], inv.
 ---@param idx dormouse.Tensor

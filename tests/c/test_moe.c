@@ -68,7 +68,7 @@ static void requires_grad(layer *l, bool on) {
 /* the path; counts and idx out when asked */
 static dm_tensor *layer_forward(layer *l, dm_tensor **counts_out, dm_tensor **idx_out) {
   dm_tensor *logits = dm_matmul(l->u, l->wr, false, false), *idx, *w, *counts, *perm, *off, *inv;
-  dm_moe_route(logits, l->bias, l->s.k, &idx, &w, &counts);
+  dm_moe_route(logits, l->bias, l->s.k, DM_MOE_ROUTE_SIGMOID, &idx, &w, &counts);
   dm_moe_sort(idx, l->s.e, &perm, &off, &inv);
   dm_tensor *rows = dm_moe_experts(l->u, perm, off, l->ug, l->uu, l->cg, l->cu, l->dw, l->s.k);
   dm_tensor *y = dm_moe_combine(rows, inv, w);
@@ -296,7 +296,7 @@ static void capacity_drops_and_counts(void) {
   shape s = {40, 4, 3, 2, 2, 3};
   layer l = layer_new(s, DM_F64, 3);
   dm_tensor *logits = dm_matmul(l.u, l.wr, false, false), *idx, *w, *counts, *perm, *off, *inv, *drops;
-  dm_moe_route(logits, l.bias, s.k, &idx, &w, &counts);
+  dm_moe_route(logits, l.bias, s.k, DM_MOE_ROUTE_SIGMOID, &idx, &w, &counts);
   dm_moe_sort(idx, s.e, &perm, &off, &inv);
   int64_t cap = 20;                           /* ceil(0.75 * 80 / 3) */
   dm_tensor *kept = dm_moe_capacity(w, idx, inv, off, cap, &drops);
@@ -318,9 +318,9 @@ static void errors_name_shapes_and_values(void) {
   shape s = {6, 4, 3, 2, 2, 5};
   layer l = layer_new(s, DM_F32, 9);
   dm_tensor *logits = dm_matmul(l.u, l.wr, false, false), *idx, *w, *counts, *perm, *off, *inv, *x;
-  EXPECT_ERROR(dm_moe_route(logits, l.bias, 4, &idx, &w, &counts), "k = 4 experts per token");
-  EXPECT_ERROR(dm_moe_route(logits, l.cg, 2, &idx, &w, &counts), "bias has shape [3, 2], expected [E] = [3]");
-  dm_moe_route(logits, l.bias, s.k, &idx, &w, &counts);
+  EXPECT_ERROR(dm_moe_route(logits, l.bias, 4, DM_MOE_ROUTE_SIGMOID, &idx, &w, &counts), "k = 4 experts per token");
+  EXPECT_ERROR(dm_moe_route(logits, l.cg, 2, DM_MOE_ROUTE_SIGMOID, &idx, &w, &counts), "bias has shape [3, 2], expected [E] = [3]");
+  dm_moe_route(logits, l.bias, s.k, DM_MOE_ROUTE_SIGMOID, &idx, &w, &counts);
   EXPECT_ERROR(dm_moe_sort(idx, 2, &perm, &off, &inv), "out of range for a dim of size 2");
   dm_moe_sort(idx, s.e, &perm, &off, &inv);
   EXPECT_ERROR(x = dm_moe_experts(l.u, perm, off, l.ug, l.uu, l.cg, l.cu, l.dw, 3), "perm has shape [12]");
@@ -375,7 +375,7 @@ static void bench(const char *name, shape s, int reps) {
     double t0 = (check_now_ms() * 1e-3);
     dm_tensor *logits = dm_matmul(l.u, l.wr, false, false), *idx, *w, *counts, *perm, *off, *inv;
     double t1 = (check_now_ms() * 1e-3);
-    dm_moe_route(logits, l.bias, s.k, &idx, &w, &counts);
+    dm_moe_route(logits, l.bias, s.k, DM_MOE_ROUTE_SIGMOID, &idx, &w, &counts);
     double t2 = (check_now_ms() * 1e-3);
     dm_moe_sort(idx, s.e, &perm, &off, &inv);
     double t3 = (check_now_ms() * 1e-3);

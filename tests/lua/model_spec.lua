@@ -274,6 +274,57 @@ describe("model.init", function()
     assert.is_true(dt:min():item() >= 1e-3 * (1 - 1e-5) and dt:max():item() <= 1e-1 * (1 + 1e-5))
     assert.is_true(dt:max():item() / dt:min():item() > 10)    -- spread over the range, not one value
   end)
+
+  it("a_log = uniform draws A = exp(A_log) uniform on [1, 16], touching A_log alone", function()
+    local p = params {"model.init.a_log=uniform"}
+    assert.same({"block.kda.A_log"}, differ(base, p))
+    local A = p["block.kda.A_log"]:exp()
+    assert.is_true(A:min():item() >= 1 - 1e-5 and A:max():item() <= 16 * (1 + 1e-5))
+    local logA = base["block.kda.A_log"]                 -- the default: log A uniform on [0, ln 16]
+    assert.is_true(logA:min():item() >= 0 and logA:max():item() <= math.log(16) + 1e-6)
+  end)
+
+  -- the log-decay g at f = 0, per channel, of a tiny model's KDA under these settings
+  local function start_decay(sets)
+    local kda = build("experiments/tiny.lua", sets).block.kda
+    return dm.kda_gate(dm.zeros({kda.dt_bias:numel()}), kda.A_log, kda.dt_bias, {kind = kda.gate, lb = kda.gate_lb})
+  end
+
+  it("dt_bias = decay starts either gate at g = -A dt, the softplus gate's start with log_uniform's dt", function()
+    local want = start_decay {"model.kda.gate=softplus", "model.init.dt_bias=log_uniform", "model.init.a_log=uniform"}
+    local A = build("experiments/tiny.lua", {"model.init.a_log=uniform"}).block.kda.A_log:exp()
+    local dt = -want:reshape({A:numel(), -1}) / A:reshape({-1, 1})
+    assert.is_true(dt:min():item() >= 1e-3 * (1 - 1e-4) and dt:max():item() <= 1e-1 * (1 + 1e-4))
+    for _, gate in ipairs {"softplus", "bounded"} do
+      local got = start_decay {"model.kda.gate=" .. gate, "model.init.dt_bias=decay", "model.init.a_log=uniform"}
+      assert.is_true(dm.allclose(got, want, {rtol = 1e-4, atol = 1e-7}), gate)
+    end
+    local saturated = start_decay {"model.init.dt_bias=log_uniform"}      -- the bounded gate's other start
+    assert.is_false(dm.allclose(saturated, want, {rtol = 1e-2, atol = 0}))
+  end)
+
+  it("refuses dt_bias = decay where the bounded gate cannot reach -16 dt", function()
+    refused({"model.init.dt_bias=decay", "model.kda.gate_lb=-1.5"}, "model.init.dt_bias = decay",
+            "model.kda.gate_lb = -1.5", "-1.6")
+    assert.is_true(pcall(config.load, "experiments/tiny.lua",
+                         {"model.init.dt_bias=decay", "model.kda.gate_lb=-1.5", "model.kda.gate=softplus"}))
+  end)
+
+  it("engram_conv = uniform draws Engram's convolution from U(-1/2, 1/2), before it nothing moves", function()
+    local p = params {"model.init.engram_conv=uniform"}
+    local moved = table.concat(differ(base, p), " ")
+    assert.truthy(moved:find("block.engram.conv", 1, true))
+    for _, before in ipairs {"block.kda", "block.engram.wk", "block.engram.wv", "emb."} do   -- drawn before it
+      assert.is_nil(moved:find(before, 1, true), before)
+    end
+    assert.is_true(p["block.engram.conv"]:abs():max():item() <= 0.5 and p["block.engram.conv"]:abs():min():item() > 0)
+  end)
+
+  it("branch_out = depth with engram.output = projection scales W_e, the branch's output, and not W_v", function()
+    local plain = params {"model.engram.output=projection"}
+    local deep = params {"model.engram.output=projection", "model.init.branch_out=depth"}
+    assert.same({"block.engram.we.weight", "block.kda.wo.weight", "block.moe.write.weight"}, differ(plain, deep))
+  end)
 end)
 
 describe("the balancing options", function()
@@ -322,6 +373,71 @@ describe("the structural options", function()
   it("engram.output = projection: W_e after a plain convolution, float32 against float64", function()
     local names = grads_agree {"model.engram.output=projection"}
     assert.truthy(names:find("block.engram.we.weight", 1, true))
+  end)
+
+  it("engram's dilation, alpha's gain and a drawn convolution, float32 against float64", function()
+    local names = grads_agree {"model.engram.output=projection", "model.engram.dilation=1",
+                               "model.engram.alpha_gain=true", "model.init.engram_conv=uniform"}
+    assert.truthy(names:find("block.engram.alpha_gain", 1, true))
+    assert.truthy(grads_agree({"model.engram.alpha_gain=true"}):find("block.engram.alpha_gain", 1, true))
+    assert.is_nil(grads_agree({}):find("alpha_gain", 1, true))
+    local m = build("experiments/tiny.lua", {"model.engram.dilation=1"})
+    assert.equal(1, m.block.engram.dilation)
+    assert.equal(3, build("experiments/tiny.lua").block.engram.dilation)      -- the largest order
+  end)
+
+  it("alpha's gain is a gain: ones give the loss without it, bit for bit, and it sits with AdamW", function()
+    local x, prefix = tiny_batch()
+    local on = build("experiments/tiny.lua", {"model.engram.alpha_gain=true"})
+    local off = build("experiments/tiny.lua")
+    dm.no_grad(function() assert.equal(off:forward(x, prefix).loss:item(), on:forward(x, prefix).loss:item()) end)
+    local groups = require "dormouse.optim.groups"
+    for _, e in ipairs(on:named_parameters()) do
+      if e.name == "block.engram.alpha_gain" then assert.same({"adamw", "gain"}, {groups.classify(e)}) end
+    end
+  end)
+
+  it("router = softmax: the top k of logits + bias, softmax gates, float32 against float64", function()
+    grads_agree {"model.moe.router=softmax"}
+    grads_agree {"model.moe.router=softmax", "model.moe.router_dtype=f32"}
+    local x, prefix = tiny_batch()
+    local soft = build("experiments/tiny.lua", {"model.moe.router=softmax"})
+    local plain = build("experiments/tiny.lua")
+    dm.no_grad(function()
+      assert.are_not.equal(plain:forward(x, prefix).loss:item(), soft:forward(x, prefix).loss:item())
+    end)
+    -- the gates by hand: softmax over each token's k chosen logits, chosen by logits + bias
+    local logits = dm.tensor({{0.5, -1, 2, 0.25}})
+    local idx, w = dm.moe_route(logits, dm.tensor({0, 3, -1, 0}), 2, "softmax")
+    assert.same({{1, 2}}, idx:totable())       -- 0-based: expert 1 (-1 + 3) then 2 (2 - 1) over 0 (0.5)
+    local e = {math.exp(-1), math.exp(2)}
+    assert.is_true(dm.allclose(w, dm.tensor({{e[1] / (e[1] + e[2]), e[2] / (e[1] + e[2])}}), {rtol = 1e-6, atol = 0}))
+    assert.equal("sigmoid", config.load("experiments/tiny.lua").model.moe.router)
+  end)
+
+  it("optim.gates = muon gives KDA's gate projections to Muon, their biases stay with AdamW", function()
+    local groups = require "dormouse.optim.groups"
+    local m = build("experiments/tiny.lua")
+    local by, mu = {}, {}
+    for _, e in ipairs(m:named_parameters()) do
+      by[e.name] = (groups.classify(e))
+      mu[e.name] = (groups.classify(e, {gates = "muon"}))
+    end
+    for _, name in ipairs {"wb", "wg1", "wg2", "wo1", "wo2"} do
+      assert.equal("adamw", by["block.kda." .. name .. ".weight"], name)
+      assert.equal("muon", mu["block.kda." .. name .. ".weight"], name)
+    end
+    assert.equal("adamw", mu["block.kda.wo2.bias"])
+    assert.equal("adamw", mu["block.moe.router.weight"])
+    local optim = require "dormouse.optim"
+    local cfg = config.load("experiments/tiny.lua", {"optim.gates=muon"})
+    local opt = optim.new(m, cfg.optim, cfg.schedule, cfg.steps, {quiet = true})
+    local in_muon = {}
+    for _, g in ipairs(opt.groups) do
+      for _, e in ipairs(g.entries) do in_muon[e.name] = g.name == "muon" or nil end
+    end
+    assert.is_true(in_muon["block.kda.wg2.weight"])
+    assert.is_nil(in_muon["block.kda.wo2.bias"])
   end)
 
   it("aux.future: a head on the byte after next, in the training loss only, float32 against float64", function()

@@ -31,6 +31,10 @@ describe("a sweep", function()
     assert.is_true(res.control.mean < res.slow.mean)
     assert.are.equal("worse than control", res.slow.verdict)
     assert.is_truthy(io.open(dir .. "/sweep-tiny/verdict.txt"))
+    for _, arm in ipairs {"control", "slow"} do            -- the last window's training loss, in bits a byte
+      assert.is_true(res[arm].train_bpb[1] > 0 and res[arm].train_bpb[2] > 0)
+    end
+    assert.is_true(res.control.train_bpb[1] < res.slow.train_bpb[1])
   end)
 end)
 
@@ -163,13 +167,13 @@ describe("a one-seed sweep", function()
   it("says it has no spread to judge by, and gives the routing of each arm's last log window", function()
     local res = {control = {mean = 2.0, spread = 0, bpb = {2.0}, busiest = {0.3}, dead = {2}},
                  a = {mean = 1.9, spread = 0, bpb = {1.9}, busiest = {0.1}, dead = {0}, tok_s = {1234.4},
-                      mem_peak = {3 * 1024 * 1024}}}
+                      mem_peak = {3 * 1024 * 1024}, train_bpb = {1.25}}}
     sweep.verdicts(res, "control")
     assert.equal("one seed: lower by 0.1000, no spread to judge by", res.a.verdict)
     local text = sweep.table(res, {"control", "a"}, {1})
     assert.truthy(text:find("busiest", 1, true), text)
-    assert.truthy(text:find("1.9000      1234        3    0.100    0.0", 1, true), text)
-    assert.truthy(text:find("2.0000         -        -    0.300", 1, true), text)   -- no figures: a dash
+    assert.truthy(text:find("1.9000    1.2500      1234        3    0.100    0.0", 1, true), text)
+    assert.truthy(text:find("2.0000         -         -        -    0.300", 1, true), text)   -- no figures: a dash
     res.a.measures = {draft_accept = {0.25}}               -- an arm's own measure: a column, a dash elsewhere
     text = sweep.table(res, {"control", "a"}, {1})
     assert.truthy(text:find("dead draft_accept", 1, true), text)

@@ -95,28 +95,40 @@ static bool decisive(const double *sel, int64_t e, int64_t k, double gap) {
   return true;
 }
 
-static void in_route(h_rng *r, int t, dm_tensor **in, dm_attrs *a) {
+/* the score that decides the choice: sigmoid(l) + b, or l + b in the softmax form */
+static double route_score(int form, double l, double b) { return (form == DM_MOE_ROUTE_SOFTMAX ? l : sigmoid(l)) + b; }
+
+/* the gate's numerator before the sum over the chosen: sigmoid(l), or exp(l) in the softmax form */
+static double route_weight(int form, double l) { return form == DM_MOE_ROUTE_SOFTMAX ? exp(l) : sigmoid(l); }
+
+static void route_inputs(h_rng *r, int t, dm_tensor **in, dm_attrs *a, int form) {
   route_shape s = route_shapes[t];
   int64_t sl[2] = {s.n, s.e};
   in[0] = f64_of(2, sl);
   in[1] = s.bias ? h_uniform_t(r, 1, &s.e, -0.4, 0.4) : NULL;
-  if (s.bias && s.e > 1) h_set(in[1], 0, -3);          /* expert 0 is never chosen */
+  if (s.bias && s.e > 1) h_set(in[1], 0, -9);          /* expert 0 is never chosen */
   double sel[64];
   for (int64_t i = 0; i < s.n; i++) {
     do {
       for (int64_t x = 0; x < s.e; x++) {
         double l = h_uniform(r, -3, 3);
         h_set(in[0], i * s.e + x, l);
-        sel[x] = sigmoid(l) + (in[1] ? h_get(in[1], x) : 0);
+        sel[x] = route_score(form, l, in[1] ? h_get(in[1], x) : 0);
       }
     } while (!decisive(sel, s.e, s.k, 1e-3));
   }
-  *a = dm_attrs_of(1, (double[]){(double)s.k});
+  *a = dm_attrs_of(2, (double[]){(double)s.k, (double)form});
+}
+
+static void in_route(h_rng *r, int t, dm_tensor **in, dm_attrs *a) { route_inputs(r, t, in, a, DM_MOE_ROUTE_SIGMOID); }
+static void in_route_softmax(h_rng *r, int t, dm_tensor **in, dm_attrs *a) {
+  route_inputs(r, t, in, a, DM_MOE_ROUTE_SOFTMAX);
 }
 
 static void or_route(dm_tensor *const *in, const dm_attrs *a, dm_tensor **ex) {
   const dm_tensor *lg = in[0], *b = in[1];
   int64_t n = lg->shape[0], e = lg->shape[1], k = (int64_t)a->v[0], s2[2] = {n, k};
+  int form = (int)a->v[1];
   ex[0] = i64_of(2, s2);
   ex[1] = f64_of(2, s2);
   ex[2] = vec_i64(e);
@@ -124,31 +136,36 @@ static void or_route(dm_tensor *const *in, const dm_attrs *a, dm_tensor **ex) {
     /* rank every expert: the number of experts ahead of it (higher score, or equal and lower id) */
     double sum = 0;
     for (int64_t x = 0; x < e; x++) {
-      double sx = sigmoid(h_get(lg, t * e + x)) + (b ? h_get(b, x) : 0);
+      double sx = route_score(form, h_get(lg, t * e + x), b ? h_get(b, x) : 0);
       int64_t ahead = 0;
       for (int64_t y = 0; y < e; y++) {
-        double sy = sigmoid(h_get(lg, t * e + y)) + (b ? h_get(b, y) : 0);
+        double sy = route_score(form, h_get(lg, t * e + y), b ? h_get(b, y) : 0);
         ahead += sy > sx || (sy == sx && y < x);
       }
       if (ahead < k) {
         h_set(ex[0], t * k + ahead, (double)x);
         h_set(ex[2], x, h_get(ex[2], x) + 1);
-        sum += sigmoid(h_get(lg, t * e + x));
+        sum += route_weight(form, h_get(lg, t * e + x));
       }
     }
     for (int64_t j = 0; j < k; j++)
-      h_set(ex[1], t * k + j, sigmoid(h_get(lg, t * e + (int64_t)h_get(ex[0], t * k + j))) / sum);
+      h_set(ex[1], t * k + j, route_weight(form, h_get(lg, t * e + (int64_t)h_get(ex[0], t * k + j))) / sum);
   }
 }
 
 /* exact ties: integer logits from {-1, 0, 1}, a zero bias; the lower id must win */
-static void in_route_ties(h_rng *r, int t, dm_tensor **in, dm_attrs *a) {
+static void route_ties(h_rng *r, int t, dm_tensor **in, dm_attrs *a, int form) {
   route_shape s = route_shapes[t];
   int64_t sl[2] = {s.n, s.e};
   in[0] = f64_of(2, sl);
   for (int64_t i = 0; i < s.n * s.e; i++) h_set(in[0], i, (double)h_int(r, -1, 1));
   in[1] = f64_of(1, &s.e);
-  *a = dm_attrs_of(1, (double[]){(double)s.k});
+  *a = dm_attrs_of(2, (double[]){(double)s.k, (double)form});
+}
+
+static void in_route_ties(h_rng *r, int t, dm_tensor **in, dm_attrs *a) { route_ties(r, t, in, a, DM_MOE_ROUTE_SIGMOID); }
+static void in_route_ties_softmax(h_rng *r, int t, dm_tensor **in, dm_attrs *a) {
+  route_ties(r, t, in, a, DM_MOE_ROUTE_SOFTMAX);
 }
 
 /* ---- moe_sort --------------------------------------------------------------------------------- */
@@ -409,6 +426,9 @@ static void or_balance(dm_tensor *const *in, const dm_attrs *a, dm_tensor **ex) 
 static const dm_case cases[] = {
   {.op = "moe_route", .label = "separated scores", .inputs = in_route, .oracle = or_route},
   {.op = "moe_route", .label = "exact ties", .inputs = in_route_ties, .oracle = or_route, .no_grad = true},
+  {.op = "moe_route", .label = "softmax form, separated scores", .inputs = in_route_softmax, .oracle = or_route},
+  {.op = "moe_route", .label = "softmax form, exact ties", .inputs = in_route_ties_softmax, .oracle = or_route,
+   .no_grad = true},
   {.op = "moe_sort", .label = "empty experts", .inputs = in_sort, .oracle = or_sort, .no_grad = true},
   {.op = "moe_experts", .label = "odd d r F, empty experts", .inputs = in_experts, .oracle = or_experts,
    .perf_trial = TRIALS + 1},

@@ -75,8 +75,21 @@ static void *scratch(size_t nbytes) {
 
 /* ---- routing ----------------------------------------------------------------------------------- */
 
+/* the gate of logit l among the chosen is route_gate / S, S the sum of route_gate over them: sigmoid(l), or
+** exp(l - top) for softmax, top the largest chosen logit */
+static double route_gate(int form, double l, double top) {
+  return form == DM_MOE_ROUTE_SOFTMAX ? exp(l - top) : sigmoid(l);
+}
+
+/* the largest logit of a row's k chosen experts (the row's logits from lg[base]) */
+static double chosen_max(dm_dtype dt, const void *lg, int64_t base, const int64_t *row, int64_t k) {
+  double top = ld(dt, lg, base + row[0]);
+  for (int64_t j = 1; j < k; j++) top = fmax(top, ld(dt, lg, base + row[j]));
+  return top;
+}
+
 static void cpu_route(dm_tensor *idx, dm_tensor *w, dm_tensor *counts, const dm_tensor *logits,
-                      const dm_tensor *bias) {
+                      const dm_tensor *bias, int form) {
   dm_dtype dt = logits->dtype;
   int64_t n = logits->shape[0], e = logits->shape[1], k = idx->shape[1];
   const void *lg = dm_data(logits), *b = bias ? dm_data(bias) : NULL;
@@ -87,12 +100,11 @@ static void cpu_route(dm_tensor *idx, dm_tensor *w, dm_tensor *counts, const dm_
   memset(cnt, 0, sizeof(int64_t) * (size_t)e);
   for (int64_t t = 0; t < n; t++) {
     for (int64_t x = 0; x < e; x++) {
-      double s = rnd(dt, sigmoid(ld(dt, lg, t * e + x)));
+      double l = ld(dt, lg, t * e + x), s = form == DM_MOE_ROUTE_SOFTMAX ? l : rnd(dt, sigmoid(l));
       sel[x] = b ? rnd(dt, s + ld(dt, b, x)) : s;
       taken[x] = false;
     }
     /* k passes of a max: strictly greater wins, so ties go to the lower id (NaN never wins) */
-    double sum = 0;
     for (int64_t j = 0; j < k; j++) {
       int64_t best = -1;
       for (int64_t x = 0; x < e; x++)
@@ -100,15 +112,19 @@ static void cpu_route(dm_tensor *idx, dm_tensor *w, dm_tensor *counts, const dm_
       taken[best] = true;
       id[t * k + j] = best;
       cnt[best]++;
-      sum += sigmoid(ld(dt, lg, t * e + best));
     }
-    for (int64_t j = 0; j < k; j++) st(dt, gate, t * k + j, sigmoid(ld(dt, lg, t * e + id[t * k + j])) / sum);
+    double top = chosen_max(dt, lg, t * e, id + t * k, k), sum = 0;
+    for (int64_t j = 0; j < k; j++) sum += route_gate(form, ld(dt, lg, t * e + id[t * k + j]), top);
+    for (int64_t j = 0; j < k; j++)
+      st(dt, gate, t * k + j, route_gate(form, ld(dt, lg, t * e + id[t * k + j]), top) / sum);
   }
   free(sel);
 }
 
-/* w_j = s_j / S: dL/ds_i = (gw_i - sum_j gw_j w_j) / S, then ds/dlogit = s (1 - s) */
-static void cpu_route_bwd(dm_tensor *glogits, const dm_tensor *gw, const dm_tensor *logits, const dm_tensor *idx) {
+/* sigmoid: w_j = s_j / S, dL/ds_i = (gw_i - sum_j gw_j w_j) / S, then ds/dlogit = s (1 - s);
+** softmax: dL/dlogit_i = w_i (gw_i - sum_j gw_j w_j) */
+static void cpu_route_bwd(dm_tensor *glogits, const dm_tensor *gw, const dm_tensor *logits, const dm_tensor *idx,
+                          int form) {
   dm_dtype dt = logits->dtype;
   int64_t n = logits->shape[0], e = logits->shape[1], k = idx->shape[1];
   const void *lg = dm_data(logits), *g = dm_data(gw);
@@ -117,12 +133,14 @@ static void cpu_route_bwd(dm_tensor *glogits, const dm_tensor *gw, const dm_tens
   memset(gl, 0, dm_dtype_size(dt) * (size_t)(n * e));
   for (int64_t t = 0; t < n; t++) {
     const int64_t *row = id + t * k;
-    double sum = 0, gdotw = 0;
-    for (int64_t j = 0; j < k; j++) sum += sigmoid(ld(dt, lg, t * e + row[j]));
-    for (int64_t j = 0; j < k; j++) gdotw += ld(dt, g, t * k + j) * sigmoid(ld(dt, lg, t * e + row[j])) / sum;
+    double top = chosen_max(dt, lg, t * e, row, k), sum = 0, gdotw = 0;
+    for (int64_t j = 0; j < k; j++) sum += route_gate(form, ld(dt, lg, t * e + row[j]), top);
+    for (int64_t j = 0; j < k; j++)
+      gdotw += ld(dt, g, t * k + j) * route_gate(form, ld(dt, lg, t * e + row[j]), top) / sum;
     for (int64_t j = 0; j < k; j++) {
-      double s = sigmoid(ld(dt, lg, t * e + row[j]));
-      st(dt, gl, t * e + row[j], (ld(dt, g, t * k + j) - gdotw) / sum * s * (1 - s));
+      double l = ld(dt, lg, t * e + row[j]), wj = route_gate(form, l, top) / sum, gj = ld(dt, g, t * k + j) - gdotw;
+      double s = sigmoid(l);
+      st(dt, gl, t * e + row[j], form == DM_MOE_ROUTE_SOFTMAX ? wj * gj : gj / sum * s * (1 - s));
     }
   }
 }

@@ -3,7 +3,7 @@
 ** grouped expert products, the combine, the capacity mask, the counters
 ** and the balancing bias update. moe.h has the data layout.
 **
-**   moe_route(logits [N, E], bias [E] or nil; k)  -> idx [N, k], w [N, k], counts [E]
+**   moe_route(logits [N, E], bias [E] or nil; k, form) -> idx [N, k], w [N, k], counts [E]
 **   moe_sort(idx [N, k]; E)                       -> perm [N*k], offsets [E+1], inv [N*k]
 **   moe_experts(u [N, d], perm, offsets, Ug, Uu, cg, cu, D; k) -> y_rows [N*k, F]
 **   moe_combine(y_rows [N*k, F], inv, w [N, k])   -> y [N, F]
@@ -115,6 +115,14 @@ static void check_offsets(const char *what, const dm_tensor *offsets, int64_t ex
 
 /* ---- moe_route ------------------------------------------------------------------------------- */
 
+/* the form attribute (absent: sigmoid) */
+static int route_form(const dm_ctx *c) {
+  double f = c->a.nv >= 2 ? c->a.v[1] : DM_MOE_ROUTE_SIGMOID;
+  if (f != DM_MOE_ROUTE_SIGMOID && f != DM_MOE_ROUTE_SOFTMAX)
+    dm_error("moe_route: form must be one of " DM_MOE_ROUTE_SPELLINGS " (0, 1), got %g", f);
+  return (int)f;
+}
+
 static void route_fwd(dm_ctx *c) {
   const char *what = "moe_route";
   dm_tensor *logits = c->in[0], *bias = c->in[1];
@@ -128,6 +136,7 @@ static void route_fwd(dm_ctx *c) {
   int64_t k = attr_int(c, 0, "k", 1);
   if (k > e) dm_error("%s: k = %lld experts per token, but logits of shape [%lld, %lld] have only %lld",
                       what, (long long)k, (long long)n, (long long)e, (long long)e);
+  int form = route_form(c);
   int64_t snk[2] = {n, k};
   dm_tensor *lg = dm_contiguous(logits), *b = bias ? dm_contiguous(bias) : NULL;
   dm_tensor *idx = dm_tensor_new(lg->device, DM_I64, 2, snk);
@@ -135,7 +144,7 @@ static void route_fwd(dm_ctx *c) {
   dm_tensor *counts = dm_tensor_new(lg->device, DM_I64, 1, &e);
   if (dm_plan_card_of(lg->device))
     dm_plan_scratch(dm_bucket_counts_scratch(n * k, e), "moe_route counts (kernels/moe.cu bucket_counts)");
-  DM_KERNEL(dm_moe_route_k, "moe_route", lg->device)(idx, w, counts, lg, b);
+  DM_KERNEL(dm_moe_route_k, "moe_route", lg->device)(idx, w, counts, lg, b, form);
   dm_save(c, lg);
   dm_save(c, idx);
   dm_release(lg);
@@ -148,7 +157,8 @@ static void route_fwd(dm_ctx *c) {
 static void route_bwd(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
   dm_tensor *gw = dm_contiguous(gout[1]);
   dm_tensor *gl = dm_new_grad(c, 0, gw->device);
-  DM_KERNEL(dm_moe_route_bwd_k, "moe_route_bwd", gl->device)(gl, gw, dm_saved(c, 0), dm_saved(c, 1));
+  DM_KERNEL(dm_moe_route_bwd_k, "moe_route_bwd", gl->device)(gl, gw, dm_saved(c, 0), dm_saved(c, 1),
+                                                               route_form(c));
   dm_release(gw);
   gin[0] = gl;
 }
@@ -485,8 +495,9 @@ static void balance_fwd(dm_ctx *c) {
 
 static dm_op ops[] = {
   {.name = "moe_route",
-   .doc = "top-k of sigmoid(logits [N, E]) + bias [E]: idx [N, k] i64 (0-based), gates w [N, k], counts [E] i64",
-   .n_in = 2, .n_out = 3, .attrs = "k", .optional = 1u << 1, .nondiff = 1u << 1,
+   .doc = "top-k of sigmoid(logits [N, E]) + bias [E] (form softmax: of logits + bias, gates a softmax over the "
+          "k): idx [N, k] i64 (0-based), gates w [N, k], counts [E] i64",
+   .n_in = 2, .n_out = 3, .attrs = "k,form=" DM_MOE_ROUTE_SPELLINGS, .optional = 1u << 1, .nondiff = 1u << 1,
    .forward = route_fwd, .backward = route_bwd},
   {.name = "moe_sort", .doc = "assignments idx [N, k] sorted by expert: perm [N*k], offsets [E+1], inv [N*k] (i64)",
    .n_in = 1, .n_out = 3, .attrs = "E", .nondiff = 1, .forward = sort_fwd},
@@ -516,10 +527,10 @@ static void call(const char *name, int n, dm_tensor *const *in, const dm_attrs *
   dm_call(dm_op_get(name), n, in, a, out);
 }
 
-void dm_moe_route(dm_tensor *logits, dm_tensor *bias, int64_t k, dm_tensor **idx, dm_tensor **w,
+void dm_moe_route(dm_tensor *logits, dm_tensor *bias, int64_t k, int form, dm_tensor **idx, dm_tensor **w,
                   dm_tensor **counts) {
   dm_tensor *in[2] = {logits, bias}, *out[3];
-  dm_attrs a = dm_attrs_of(1, (double[]){(double)k});
+  dm_attrs a = dm_attrs_of(2, (double[]){(double)k, (double)form});
   call("moe_route", 2, in, &a, out);
   *idx = out[0];
   *w = out[1];

@@ -176,15 +176,21 @@ typedef struct dm_moe_q8 { const dm_tensor *codes, *scales; } dm_moe_q8;
 typedef struct dm_moe_bank { const dm_tensor *ug, *uu, *cg, *cu, *d; dm_moe_q8 qg, qu, qd; } dm_moe_bank;
 typedef struct dm_moe_grads { dm_tensor *ug, *uu, *cg, *cu, *d; } dm_moe_grads;
 
-/* "moe_route": s = sigmoid(logits); idx = the k largest s + bias per row
-** (ties to the lower expert id), best first; w = s[idx] / sum(s[idx]);
-** counts[e] = how many rows picked e. bias may be NULL (zeros). */
+/* moe_route's forms, in the order of the attribute's spellings */
+enum { DM_MOE_ROUTE_SIGMOID, DM_MOE_ROUTE_SOFTMAX };
+#define DM_MOE_ROUTE_SPELLINGS "sigmoid|softmax"
+
+/* "moe_route", form sigmoid: s = sigmoid(logits); idx = the k largest s + bias
+** per row (ties to the lower expert id), best first; w = s[idx] / sum(s[idx]).
+** Form softmax: idx = the k largest logits + bias (the bias in logit units);
+** w = softmax over the k chosen logits. counts[e] = how many rows picked e.
+** bias may be NULL (zeros). */
 typedef void (*dm_moe_route_k)(dm_tensor *idx, dm_tensor *w, dm_tensor *counts, const dm_tensor *logits,
-                               const dm_tensor *bias);
+                               const dm_tensor *bias, int form);
 /* "moe_route_bwd": glogits [N, E] from gw [N, k]; zero off the chosen
 ** experts (the gates are recomputed from logits) */
 typedef void (*dm_moe_route_bwd_k)(dm_tensor *glogits, const dm_tensor *gw, const dm_tensor *logits,
-                                   const dm_tensor *idx);
+                                   const dm_tensor *idx, int form);
 
 /* "moe_sort": a stable counting sort of idx's N * k expert ids into perm,
 ** offsets and inv. Ids were checked to lie in 0 .. E-1 (E = offsets' size - 1). */
@@ -251,7 +257,7 @@ typedef struct dm_moe_stats {
 dm_moe_stats dm_moe_counters(const dm_tensor *counts);
 
 /* The C API (each a dm_call; owned references out). */
-void dm_moe_route(dm_tensor *logits, dm_tensor *bias, int64_t k, dm_tensor **idx, dm_tensor **w,
+void dm_moe_route(dm_tensor *logits, dm_tensor *bias, int64_t k, int form, dm_tensor **idx, dm_tensor **w,
                   dm_tensor **counts);
 void dm_moe_sort(dm_tensor *idx, int64_t experts, dm_tensor **perm, dm_tensor **offsets, dm_tensor **inv);
 dm_tensor *dm_moe_experts(dm_tensor *u, dm_tensor *perm, dm_tensor *offsets, dm_tensor *ug, dm_tensor *uu,

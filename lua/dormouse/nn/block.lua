@@ -15,16 +15,14 @@ function Block:init(m)
   -- the branches' output projections: their fan-in std, times (3 max_iter)^-1/2 with init.branch_out = "depth"
   local out_factor = init.branch_out == "depth" and (3 * m.max_iter) ^ -0.5 or 1
   self:child("rms1", nn.RMSNorm(d))
-  self:child("kda", nn.KDA(d, m.heads, m.head_dim, {gate = m.kda.gate, gate_lb = m.kda.gate_lb,
-                                                     output_bias = m.kda.output_bias,
-                                                     init = {conv = init.conv, dt_bias = init.dt_bias,
-                                                             out_factor = out_factor}}))
+  self:child("kda", nn.KDA(d, m.heads, m.head_dim, nn.KDA.options(m, out_factor)))
   if #m.engram.orders > 0 then                      -- engram.orders = {} turns Engram off
     self:child("rms2", nn.RMSNorm(d))
     self:child("engram", nn.Engram(d, {orders = m.engram.orders, heads = m.engram.hash_heads,
                                        rows = m.engram.rows, width = m.engram.width, ram = m.engram.ram,
                                        std = init.engram_std, out_factor = out_factor,
-                                       output = m.engram.output}))
+                                       output = m.engram.output, dilation = m.engram.dilation,
+                                       alpha_gain = m.engram.alpha_gain, conv = init.engram_conv}))
   end
   if m.msa.top_k > 0 then                           -- an arm: block top-k sparse attention (docs/arms.md)
     self:child("rms_msa", nn.RMSNorm(d))
@@ -35,7 +33,7 @@ function Block:init(m)
                                shared_rank = m.shared_rank, ffn = m.ffn, lfb_gamma = m.moe.lfb_gamma,
                                capacity_factor = m.moe.capacity_factor, out_factor = out_factor,
                                balance = m.moe.balance, router_dtype = m.moe.router_dtype,
-                               router_std = m.moe.router_std, littlebit = m.moe.littlebit,
+                               router_std = m.moe.router_std, router = m.moe.router, littlebit = m.moe.littlebit,
                                fp8 = m.moe.fp8}))
 end
 

@@ -7,8 +7,12 @@ Engram — hashed byte n-gram memory (spec/model.md):
   vt    = alpha · vx
   out   = vt + silu( causal_conv(rmsnorm(vt)) )      kernel 4, dilation = max order, zero-initialised
 
-(model.engram.output = "projection", an option the spec does not have: out = W_e conv(vt),
-a d x d projection after a plain convolution.)
+Options the spec does not have: model.engram.output = "projection", out = W_e conv(vt), a d x d
+projection after a plain convolution (W_e then the branch's output, W_v drawn at its fan-in);
+model.engram.dilation, the convolution's dilation; model.init.engram_conv = "uniform", the
+convolution drawn from U(-1/2, 1/2); model.engram.alpha_gain, a learned gain w [d] (ones) in
+alpha's dot, sigmoid(sum_i w_i rmsnorm(u)_i rmsnorm(kx)_i / sqrt(d)) (one gain on each norm
+would multiply to the same w).
 ]]
 return function(nn, dm)
 local core_error = require("dormouse.core").error
@@ -38,16 +42,16 @@ function Engram:init(d, opts)
   self.table:requires_grad(false)
   self.entries = {}
   self.prefetches = {used = 0, missed = 0}       -- training lookups that found their prefetch, or not
-  self:child("wk", nn.Linear(subtables * opts.width, d))
-  self:child("wv", nn.Linear(subtables * opts.width, d,                   -- the branch's output
-                             {std = (subtables * opts.width) ^ -0.5 * (opts.out_factor or 1)}))
-  self:child("norm", nn.RMSNorm(d))
-  self:param("conv", nn.init.zeros({d, 4}))
-  self.dilation = opts.orders[#opts.orders]
   self.output = opts.output or "spec"
-  if self.output == "projection" then             -- W_e after a plain convolution (an option: not the spec's)
-    self:child("we", nn.Linear(d, d, {std = d ^ -0.5 * (opts.out_factor or 1)}))
-  end
+  local projected = self.output == "projection"   -- W_e after a plain convolution (an option: not the spec's)
+  self:child("wk", nn.Linear(subtables * opts.width, d))
+  self:child("wv", nn.Linear(subtables * opts.width, d,                   -- the branch's output, or W_e is
+                             {std = (subtables * opts.width) ^ -0.5 * (projected and 1 or opts.out_factor or 1)}))
+  self:child("norm", nn.RMSNorm(d))
+  self:param("conv", opts.conv == "uniform" and nn.init.uniform({d, 4}, -0.5, 0.5) or nn.init.zeros({d, 4}))
+  self.dilation = opts.dilation or opts.orders[#opts.orders]
+  if projected then self:child("we", nn.Linear(d, d, {std = d ^ -0.5 * (opts.out_factor or 1)})) end
+  if opts.alpha_gain then self:param("alpha_gain", nn.init.ones({d})) end
 end
 
 -- The bytes before a row that n-grams of these orders read (the longest less one); the one place
@@ -212,7 +216,7 @@ function Engram:forward(u, x, prefix, state)
     -- the rows in u's dtype (the table and its gradients stay f32)
     local e = nn.like(dm.embedding(c.inverse, c.compact), u):reshape({B, T, self.n_sub * self.width})
     local kx, vx = self.wk:forward(e), self.wv:forward(e)
-    local alpha = dm.engram_alpha(u, kx)
+    local alpha = dm.engram_alpha(u, kx, {gain = self.alpha_gain and nn.like(self.alpha_gain, u)})
     local vt = vx * alpha:unsqueeze(-1)
     local conv = nn.like(self.conv, vt)
     local projected = self.output == "projection"

@@ -11,6 +11,29 @@ return function(nn, dm)
 
 local KDA = nn.class("KDA")
 
+-- The decay rates A = exp(A_log) per head lie in A_RANGE; dt, the gate's step at initialisation
+-- (init.dt_bias = "log_uniform" or "decay"), is log-uniform in DT_RANGE (as in Mamba and FLA).
+KDA.A_RANGE, KDA.DT_RANGE = {1, 16}, {1e-3, 1e-1}
+
+-- The deepest log-decay a channel starts at under init.dt_bias = "decay": -deepest_start()
+function KDA.deepest_start() return KDA.A_RANGE[2] * KDA.DT_RANGE[2] end
+
+--[[ dt_bias for the gate to start at g = -A dt per channel (f = 0), dt [H*dk] > 0, A [H, 1]:
+the inverse softplus of dt for the softplus form, -A softplus(dt_bias) = -A dt; for the bounded
+form lb sigmoid(A dt_bias) = -A dt, so dt_bias = logit(A dt / -lb) / A. ]]
+local function dt_bias_for(self, gate, dt, A)
+  if gate == "softplus" then return dt + (-(-dt):exp() + 1):log() end   -- dt + log(1 - e^-dt)
+  local p = dt:reshape({self.heads, self.head_dim}) * A * (-1 / self.gate_lb)
+  return ((p / (-p + 1)):log() / A):reshape({self.heads * self.head_dim})
+end
+
+-- KDA's options from a model config m (its kda and init tables); out_factor scales W_o's std
+function KDA.options(m, out_factor)
+  local init = m.init or {}
+  return {gate = m.kda.gate, gate_lb = m.kda.gate_lb, output_bias = m.kda.output_bias,
+          init = {conv = init.conv, dt_bias = init.dt_bias, a_log = init.a_log, out_factor = out_factor}}
+end
+
 function KDA:init(d, heads, head_dim, opts)
   opts = opts or {}
   local hd = heads * head_dim
@@ -32,12 +55,20 @@ function KDA:init(d, heads, head_dim, opts)
   self:child("wb", nn.Linear(d, heads))
   self:child("wg1", nn.Linear(d, head_dim))
   self:child("wg2", nn.Linear(head_dim, hd))
-  -- decay rates spread over heads: exp(A_log) in [1, 16], as in Mamba and FLA
-  self:param("A_log", nn.init.uniform({heads}, 0, math.log(16)))
-  -- zeros, or as Mamba and FLA: the inverse softplus of dt ~ log-uniform on [1e-3, 1e-1] (init.dt_bias)
-  if init.dt_bias == "log_uniform" then
-    local dt = nn.init.uniform({hd}, math.log(1e-3), math.log(1e-1)):exp()
-    self:param("dt_bias", dt + (-(-dt):exp() + 1):log())          -- dt + log(1 - e^-dt)
+  -- decay rates spread over heads: exp(A_log) in A_RANGE, log-uniform (A_log ~ U(0, ln 16)) or
+  -- uniform (init.a_log = "uniform": A_log = log U(1, 16), as FLA's KDA layer draws it)
+  local A_lo, A_hi = KDA.A_RANGE[1], KDA.A_RANGE[2]
+  if init.a_log == "uniform" then
+    self:param("A_log", nn.init.uniform({heads}, A_lo, A_hi):log())
+  else
+    self:param("A_log", nn.init.uniform({heads}, math.log(A_lo), math.log(A_hi)))
+  end
+  -- zeros; or, for dt ~ log-uniform on DT_RANGE: its inverse softplus (log_uniform, as Mamba and FLA),
+  -- or the value that starts this gate at g = -A dt (decay: the same as log_uniform for softplus)
+  if init.dt_bias == "log_uniform" or init.dt_bias == "decay" then
+    local dt = nn.init.uniform({hd}, math.log(KDA.DT_RANGE[1]), math.log(KDA.DT_RANGE[2])):exp()
+    local gate = init.dt_bias == "decay" and self.gate or "softplus"
+    self:param("dt_bias", dt_bias_for(self, gate, dt, self.A_log:detach():exp():reshape({heads, 1})))
   else
     self:param("dt_bias", nn.init.zeros({hd}))
   end
@@ -91,7 +122,7 @@ models/byteflow.lua): m gives d, heads, head_dim, kda and ffn (the MLP's width).
 local KDALayer = nn.class("KDALayer")
 function KDALayer:init(m)
   self:child("rms1", nn.RMSNorm(m.d))
-  self:child("kda", nn.KDA(m.d, m.heads, m.head_dim, {gate = m.kda.gate, gate_lb = m.kda.gate_lb}))
+  self:child("kda", nn.KDA(m.d, m.heads, m.head_dim, nn.KDA.options(m)))
   self:child("rms2", nn.RMSNorm(m.d))
   self:child("up", nn.Linear(m.d, m.ffn))
   self:child("down", nn.Linear(m.ffn, m.d))

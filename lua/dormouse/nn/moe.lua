@@ -4,6 +4,7 @@ MoE — routed low-rank experts with a shared expert (spec/model.md):
   s      = sigmoid(W_r u)                      router scores, float32
   idx    = topk_k(s + lfb_bias)                the bias steers selection only
   w      = s[idx] / sum(s[idx])
+           (router = "softmax": idx = topk_k(W_r u + lfb_bias), w = softmax of the k chosen logits)
   expert e:  y_e = D[e] (silu((U_g[e]^T u) c_g[e]) · (U_u[e]^T u) c_u[e])
   shared:    y_s = the same form at rank r_s
   out    = W_write( y_s + sum_{e in idx} w_e y_e )
@@ -26,6 +27,7 @@ function MoE:init(d, opts)
   self.capacity_factor = opts.capacity_factor     -- nil: dropless
   self.balance = opts.balance or "sign"
   self.router_f32 = opts.router_dtype == "f32"
+  self.router_form = opts.router or "sigmoid"
   self:child("router", nn.Linear(d, E, {std = opts.router_std}))
   self:param("Ug", nn.init.normal({E, d, r}, d ^ -0.5))
   self:param("Uu", nn.init.normal({E, d, r}, d ^ -0.5))
@@ -260,7 +262,7 @@ function MoE:forward(u)
     -- routing in float32 (the master's dtype: f64 in a float64 twin)
     local scores = self.router_f32 and dm.linear(x:to(self.router.weight.dtype), self.router.weight)
                    or self.router:forward(x):to(self.lfb_bias.dtype)
-    local idx, w, counts = dm.moe_route(scores, self.lfb_bias, self.top_k)
+    local idx, w, counts = dm.moe_route(scores, self.lfb_bias, self.top_k, self.router_form)
     local perm, offsets, inv = dm.moe_sort(idx, self.experts)
     local drops
     if self.capacity_factor then                -- each expert's rows past its capacity: gate 0, counted

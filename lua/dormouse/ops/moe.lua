@@ -7,6 +7,9 @@ Routed experts: the pieces of a mixture-of-experts layer.
       idx [N, k] the chosen experts, best first; w [N, k] their gates
       sigmoid(logits) renormalised over the k (differentiable in logits);
       counts [E] how many tokens chose each expert.
+  local idx, w, counts = dm.moe_route(logits, bias, k, "softmax")
+      the softmax form: the k largest logits + bias chosen (the bias in logit
+      units), their gates a softmax over the k chosen logits.
   local perm, offsets, inv = dm.moe_sort(idx, E)
       the N*k assignments sorted by expert (stable): perm [N*k], offsets [E+1]
       (expert e owns sorted rows offsets[e] .. offsets[e+1]-1), inv [N*k].
@@ -47,8 +50,12 @@ local function count(v, where, what, lo)
   return v
 end
 
-function dm.moe_route(logits, bias, k)
-  return core.call("moe_route", logits, bias, {count(k, "moe_route", "k", 1)})
+function dm.moe_route(logits, bias, k, form)
+  form = form or "sigmoid"                           -- the op's descriptor knows its names (vm/ops/moe.h)
+  if type(form) ~= "string" then
+    error(string.format("moe_route: form must be a name (\"sigmoid\", \"softmax\"), got %s", type(form)), 2)
+  end
+  return core.call("moe_route", logits, bias, {count(k, "moe_route", "k", 1), form})
 end
 
 function dm.moe_sort(idx, experts)

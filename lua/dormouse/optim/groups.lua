@@ -12,9 +12,9 @@ Parameter groups, chosen by name and shape (spec/model.md, Optimisers):
 
 "Gates" are KDA's gate projections: the beta gate wb (d -> H), the decay
 gate's low-rank pair wg1, wg2, and the output gate's pair wo1, wo2; like the
-router they stay with AdamW (research-engram-muon-moe.md B.4: no primary
-source puts gate matrices under Muon). The rules are a list; the first that
-matches a parameter decides its group.
+router they stay with AdamW by default (no primary source puts gate matrices
+under Muon); optim.gates = "muon" gives them to Muon (groups.assign's opts).
+The rules are a list; the first that matches a parameter decides its group.
 ]]
 local dm = require "dormouse"
 
@@ -36,14 +36,14 @@ groups.rules = {
   {"adamw", "embedding", function(e) return class_of(e) == "Embedding" or e.name:match("^emb%.") end},
   {"adamw", "head", function(e) return e.name:match("^head%.") or e.name:match("^future_head%.") end},
   {"adamw", "gate", function(e) return leaf(e.name) == "loom_gate" end},   -- LOOM's per-iteration gates
-  {"adamw", "gain", function(e) return leaf(e.name) == "gain" end},
+  {"adamw", "gain", function(e) return leaf(e.name):match("gain$") end},
   {"adamw", "bias", function(e) return leaf(e.name):match("bias$") end},
   {"adamw", "router", function(e) return owner(e.name) == "router" end},
   {"adamw", "scale", function(e) return scales[leaf(e.name)] end},
   {"adamw", "scale", function(e)                                       -- LittleBit's row and column scales
     return class_of(e) == "MoE" and (leaf(e.name):match("_row$") or leaf(e.name):match("_col$")) ~= nil
   end},
-  {"adamw", "gate", function(e) return gates[owner(e.name) or ""] end},
+  {"adamw", "gate", function(e, opts) return gates[owner(e.name) or ""] and opts.gates ~= "muon" end},
   {"adamw", "A_log", function(e) return leaf(e.name) == "A_log" end},
   {"adamw", "conv", function(e) return leaf(e.name):match("^conv") end},
   {"muon", "matrix", function(e) local n = e.tensor:dim() return n == 2 or n == 3 end},
@@ -52,20 +52,22 @@ groups.rules = {
 
 groups.order = {"muon", "adamw", "engram"}
 
--- The group and the rule's reason for one entry {name, tensor, module}.
-function groups.classify(e)
+-- The group and the rule's reason for one entry {name, tensor, module}; opts.gates = "muon": KDA's
+-- gate projections go to Muon.
+function groups.classify(e, opts)
   for _, rule in ipairs(groups.rules) do
-    if rule[3](e) then return rule[1], rule[2] end
+    if rule[3](e, opts or {}) then return rule[1], rule[2] end
   end
 end
 
---[[ entries: a module's named_parameters(). Returns {muon = {...}, adamw =
-{...}, engram = {...}}, each a list of the entries with `why` (the rule) set. ]]
-function groups.assign(entries)
+--[[ entries: a module's named_parameters(); opts: {gates = "adamw" | "muon"} (optim.gates).
+Returns {muon = {...}, adamw = {...}, engram = {...}}, each a list of the entries with `why`
+(the rule) set. ]]
+function groups.assign(entries, opts)
   local out = {}
   for _, name in ipairs(groups.order) do out[name] = {} end
   for _, e in ipairs(entries) do
-    local g, why = groups.classify(e)
+    local g, why = groups.classify(e, opts)
     local list = out[g]
     list[#list + 1] = {name = e.name, tensor = e.tensor, module = e.module, why = why}
   end

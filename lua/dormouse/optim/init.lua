@@ -105,7 +105,7 @@ function optim.new(model, ocfg, scfg, steps, opts)
   self.base_lr = o.adamw_lr
   for i, e in ipairs(entries) do self.params[i] = e.tensor end
   local ns_dtype = o.ns_dtype or (entries[1].tensor.device == "cuda" and "bf16" or "f32")
-  local by = groups.assign(entries)
+  local by = groups.assign(entries, {gates = o.gates})
   if #by.muon > 0 then
     self.groups[#self.groups + 1] = Muon.new("muon", by.muon, {
       lr = o.muon_lr, momentum = o.momentum, nesterov = o.nesterov, weight_decay = o.weight_decay,
