@@ -1,19 +1,22 @@
--- Balance at b1 (docs/training.md, "Learning quality"): what keeps b1's 1,024 experts in use.
--- 400 steps of b1 on the embedded corpus an arm (warm-up 40), one seed: the table gives each
--- arm's held-out bpb_fin and its last log window's busiest share and dead experts; each run's
--- log has them over time. Then the arms that hold the balance earn their three seeds.
---   dormouse sweep experiments/balance_b1.lua           (on the H200: a few minutes an arm)
+-- Balance at b1 (docs/training.md, "Balance at b1"): what keeps b1's 1,024 experts in use without
+-- costing held-out loss. 2,000 steps of b1 (warm-up 200) on a corpus they do not repeat, made by
+-- tools/english-corpus.sh (68 MB of English; a run reads 16 MB of it); one seed an arm, the table
+-- gives each arm's held-out bpb_fin and its last log window's busiest share and dead experts, each
+-- run's log (runs/sweep-balance_b1/ARM-s1.log, metrics.jsonl) the same every 10 steps.
+--   tools/english-corpus.sh && dormouse sweep experiments/balance_b1.lua --jobs 2   (~14-21 GiB a run)
 return {
+  name = "balance_b1",
   base = "experiments/b1.lua",
   arms = {
     control = {},
     gamma_1e2 = {["model.moe.lfb_gamma"] = 1e-2},
-    gamma_1e4 = {["model.moe.lfb_gamma"] = 1e-4},
     proportional = {["model.moe.balance"] = "proportional"},
     proportional_1e2 = {["model.moe.balance"] = "proportional", ["model.moe.lfb_gamma"] = 1e-2},
     router_f32 = {["model.moe.router_dtype"] = "f32"},
     router_small = {["model.moe.router_std"] = 1e-3},
+    aux_1e2 = {["model.moe.aux_balance"] = 1e-2},
   },
   seeds = {1},
-  set = {steps = 400, ["schedule.warmup"] = 40, ["checkpoint.every"] = 0},
+  set = {steps = 2000, ["schedule.warmup"] = 200, ["data.path"] = "corpora/english.txt.zst",
+         ["eval.every"] = 500, ["eval.depths"] = {}, ["checkpoint.every"] = 0},
 }

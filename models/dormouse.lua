@@ -91,6 +91,10 @@ function Dormouse:arms()
                                 "relative error, on the log line)", self.cfg.moe.qat_from,
                                 qat == "ladder" and "fp8_e4m3, nvfp4, ternary in thirds" or qat)
   end
+  if self.cfg.moe.aux_balance > 0 then
+    on[#on + 1] = string.format("auxiliary balance loss at weight %g (aux_balance on the log line)",
+                                self.cfg.moe.aux_balance)
+  end
   if self.cfg.moe.fp8 then
     on[#on + 1] = "fp8 banks: the expert kernels read Ug, Uu, D as E4M3 codes under f32 scales a block of 32, " ..
                   "encoded from the masters once a pass (fp8, the codes' relative error, on the log line)"
@@ -273,6 +277,13 @@ function Dormouse:pass(x, prefix, opts)
       out.extras = out.extras or {}
       out.extras[counter] = v
     end
+  end
+  local aux = self.block.moe.aux
+  if aux and dm.grad_enabled() then                -- the auxiliary balance term, a mean over the iterations
+    aux = aux * (1 / self.max_iter)
+    out.extras = out.extras or {}
+    out.extras.aux_balance = aux
+    out.loss = out.loss + aux * self.cfg.moe.aux_balance
   end
   if self.loom_gate and dm.grad_enabled() then     -- the gates' size on the log line
     out.extras = out.extras or {}

@@ -269,6 +269,9 @@ local rows = {
       {"router", enum {"sigmoid", "softmax"}, "sigmoid", "the router's form: sigmoid = the top k of " ..
        "sigmoid(logits) + bias, gates s / sum s; softmax = the top k of logits + bias (the bias in logit " ..
        "units), gates a softmax over the k chosen logits"},
+      {"aux_balance", num{min = 0}, 0, "weight of an auxiliary balance loss, E sum_e f_e P_e (f_e the share " ..
+       "of a pass's assignments to expert e, P_e its mean router probability), averaged over the iterations " ..
+       "and added to the training loss (0 = off; aux_balance on the log line)"},
       {"retract_every", int{min = 0}, 0, "an arm: every N optimiser steps, Ug and Uu pulled back to orthonormal " ..
        "columns (each expert's polar factor; 0 = off)"},
       {"qat", enum {"off", "ladder", table.unpack(op_spellings("quantize", "format"))}, "off",
@@ -419,6 +422,17 @@ schema.checks = {
       return ("model.init.dt_bias = decay starts the gate at g = -exp(A_log) dt, down to %g, below the bounded " ..
               "gate's lower bound model.kda.gate_lb = %s; set gate_lb under %g or dt_bias to another " ..
               "choice"):format(-deepest, show(m.kda.gate_lb), -deepest)
+    end
+  end,
+  function(c)                                    -- the balance term is taped in the forward, once a pass
+    local w = c.model.moe.aux_balance
+    if w > 0 and c.model.recompute then
+      return "model.moe.aux_balance with model.recompute: the term would be recomputed without its tape; set " ..
+             "one of them off"
+    end
+    if w > 0 and c.model.segment and c.model.segment < c.seq then
+      return ("model.moe.aux_balance with model.segment (%d): the term counts a pass's assignments, and a " ..
+              "segment's pass adds to the row's; set model.segment = nil or aux_balance = 0"):format(c.model.segment)
     end
   end,
   function(c)

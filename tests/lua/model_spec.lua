@@ -415,6 +415,50 @@ describe("the structural options", function()
     assert.equal("sigmoid", config.load("experiments/tiny.lua").model.moe.router)
   end)
 
+  it("moe.aux_balance: E sum f_e P_e by hand, in the loss at its weight, float32 against float64", function()
+    for _, form in ipairs {"sigmoid", "softmax"} do
+      local m = nn.MoE(8, {experts = 4, top_k = 2, rank = 2, shared_rank = 2, ffn = 4, aux_balance = 0.5,
+                           router = form}):compute_in("f64")
+      local scores = dm.randn({5, 4}, {seed = 3, dtype = "f64"})
+      local counts = dm.tensor({4, 3, 2, 1}, {dtype = "i64"})
+      local s, want = scores:totable(), 0
+      for e = 1, 4 do
+        local P = 0
+        for t = 1, 5 do
+          local row, p = s[t], nil
+          local z = 0
+          for j = 1, 4 do z = z + (form == "softmax" and math.exp(row[j]) or 1 / (1 + math.exp(-row[j]))) end
+          p = (form == "softmax" and math.exp(row[e]) or 1 / (1 + math.exp(-row[e]))) / z
+          P = P + p / 5
+        end
+        want = want + ({4, 3, 2, 1})[e] / 10 * P
+      end
+      assert.is_true(math.abs(m:balance_term(scores, counts):item() - 4 * want) < 1e-12, form)
+    end
+    local names = grads_agree {"model.moe.aux_balance=0.01"}
+    assert.truthy(names:find("block.moe.router.weight", 1, true))
+    local x, prefix = tiny_batch()
+    local on, off = build("experiments/tiny.lua", {"model.moe.aux_balance=0.5"}), build("experiments/tiny.lua")
+    dm.scope(function()
+      local a, b = on:forward(x, prefix), off:forward(x, prefix)
+      local term = a.extras.aux_balance:item()
+      assert.is_true(term >= 1 - 1e-6)                      -- at least 1: its value at a perfect balance
+      assert.is_true(math.abs(a.loss:item() - (b.loss:item() + 0.5 * term)) < 1e-5)
+      assert.is_nil(b.extras and b.extras.aux_balance)
+    end)
+    dm.no_grad(function()                                 -- evals stay the pure CE
+      assert.equal(off:forward(x, prefix).loss:item(), on:forward(x, prefix).loss:item())
+    end)
+  end)
+
+  it("moe.aux_balance is named and counted, and refused with recompute or segments", function()
+    local log = arm_log("model.moe.aux_balance=0.01")          -- the term is 1 at a perfect balance, more off it
+    require("tests.lua.helpers").has(log, "arms: auxiliary balance loss at weight 0.01")
+    assert.truthy(log:find("step      6 [^\n]- aux_balance 1%.%d+"), log)
+    refused({"model.moe.aux_balance=0.01", "model.recompute=true"}, "model.moe.aux_balance", "model.recompute")
+    refused({"model.moe.aux_balance=0.01", "model.segment=8", "seq=16"}, "model.moe.aux_balance", "model.segment")
+  end)
+
   it("optim.gates = muon gives KDA's gate projections to Muon, their biases stay with AdamW", function()
     local groups = require "dormouse.optim.groups"
     local m = build("experiments/tiny.lua")

@@ -28,6 +28,7 @@ function MoE:init(d, opts)
   self.balance = opts.balance or "sign"
   self.router_f32 = opts.router_dtype == "f32"
   self.router_form = opts.router or "sigmoid"
+  self.aux_weight = opts.aux_balance or 0
   self:child("router", nn.Linear(d, E, {std = opts.router_std}))
   self:param("Ug", nn.init.normal({E, d, r}, d ^ -0.5))
   self:param("Uu", nn.init.normal({E, d, r}, d ^ -0.5))
@@ -125,7 +126,7 @@ end
 -- update_balance (after the backward) ends the pass.
 function MoE:new_pass()
   if dm.recomputing() then return end          -- a recompute around the whole pass: the forward's state stands
-  self.qat_err, self.lb_flip, self.fp8_err = nil, nil, nil
+  self.qat_err, self.lb_flip, self.fp8_err, self.aux = nil, nil, nil, nil
   self.counts = dm.zeros({self.experts}, {dtype = "i64", device = self.lfb_bias.device})
   self.drops = self.capacity_factor and dm.zeros({self.experts}, {dtype = "i64", device = self.lfb_bias.device})
 end
@@ -218,6 +219,22 @@ function MoE:fp8_banks()
   return W
 end
 
+--[[ The auxiliary balance term of one call (model.moe.aux_balance): E sum_e f_e P_e, f_e = counts_e
+/ (N k) the share of the call's assignments to e (no gradient), P_e the mean over the N tokens of
+e's router probability: softmax(logits) over the E experts for the softmax router, sigmoid(logits)
+renormalised over them for the sigmoid one. 1 when both are uniform. ]]
+function MoE:balance_term(scores, counts)
+  local N, E = scores:size(1), self.experts
+  local p
+  if self.router_form == "softmax" then p = scores:softmax(-1)
+  else
+    local s = scores:sigmoid()
+    p = s / s:sum(-1, true)
+  end
+  local f = counts:to(scores.dtype) * (1 / (N * self.top_k))
+  return (p:mean(1) * f):sum() * E
+end
+
 -- The routed experts' products (bf16 tensor-core kernels on the GPU) and their
 -- gated combine, in the weights' dtype; the result in x's.
 local function routed_experts(self, W, x, perm, offsets, inv, w)
@@ -258,7 +275,7 @@ function MoE:forward(u)
   local B, T, d = u:size(1), u:size(2), u:size(3)
   local x = u:reshape({B * T, d})
   local W = self:compute_weights()
-  local out, counts, drops = dm.scope(function()
+  local out, counts, drops, aux = dm.scope(function()
     -- routing in float32 (the master's dtype: f64 in a float64 twin)
     local scores = self.router_f32 and dm.linear(x:to(self.router.weight.dtype), self.router.weight)
                    or self.router:forward(x):to(self.lfb_bias.dtype)
@@ -271,8 +288,10 @@ function MoE:forward(u)
     local routed = routed_experts(self, W, x, perm, offsets, inv, w)
     local gs, us = self.sg:forward(x), self.su:forward(x)
     local h = dm.silu_mul(gs * nn.like(self.scg, gs), us * nn.like(self.scu, us))
-    return write_out(self, routed, h, ffn_pad(self, x)), counts, drops
+    local aux = self.aux_weight > 0 and dm.grad_enabled() and self:balance_term(scores, counts) or nil
+    return write_out(self, routed, h, ffn_pad(self, x)), counts, drops, aux
   end)
+  if aux then self.aux = self.aux and dm.keep(self.aux + aux) or dm.keep(aux) end   -- summed over the iterations
   if not dm.recomputing() then                 -- summed over the step's iterations, each counted once
     -- without new_pass the first call's counts are the sum: kept out of the scope
     -- it returns to (a recomputed call's ends with it)
