@@ -1,9 +1,15 @@
 -- Learning quality (docs/training.md, "Learning quality"): each form where a reference implementation
--- of the same model differs from the control, alone against it, and all of them together; small over
--- its 2,000 steps on the embedded corpus, three seeds an arm, judged on held-out bpb_fin (the table's
--- train column is the last log window's training loss: a held-out figure far above it is memorising).
---   dormouse sweep experiments/quality.lua --jobs 14                     (27 runs)
---   dormouse sweep experiments/quality.lua --arms gate_softplus,gate_bounded --jobs 9
+-- of the same model differed from this one's earlier defaults, alone against them, all together, and
+-- the winners together (which became the defaults). small over its 2,000 steps on the embedded corpus,
+-- three seeds an arm, judged on held-out bpb_fin; the table's train column is the last log window's
+-- training loss (a held-out figure far above it is memorising).
+--   dormouse sweep experiments/quality.lua --arms gate_softplus,gate_bounded,router_softmax,gates_muon,engram_out,engram_tables,small_inits,all --jobs 14
+--   dormouse sweep experiments/quality.lua --arms winners,winners_router,winners_inits --jobs 12
+local before = {                       -- the control: the forms before the A/B (set for every arm)
+  ["model.kda.gate"] = "bounded", ["model.init.dt_bias"] = "zeros", ["model.init.a_log"] = "log_uniform",
+  ["model.engram.output"] = "spec", ["model.engram.alpha_gain"] = false, ["model.init.engram_conv"] = "zeros",
+  ["checkpoint.every"] = 0,
+}
 local gate_softplus = {["model.kda.gate"] = "softplus", ["model.init.dt_bias"] = "log_uniform",
                        ["model.init.a_log"] = "uniform"}
 local router_softmax = {["model.moe.router"] = "softmax", ["model.moe.router_dtype"] = "f32"}
@@ -33,7 +39,10 @@ return {
     engram_tables = engram_tables,
     small_inits = small_inits,
     all = merged(gate_softplus, router_softmax, gates_muon, engram_out, engram_tables, small_inits),
+    winners = merged(gate_softplus, engram_out),                       -- the defaults since
+    winners_router = merged(gate_softplus, engram_out, router_softmax),
+    winners_inits = merged(gate_softplus, engram_out, small_inits),
   },
   seeds = {1, 2, 3},
-  set = {["checkpoint.every"] = 0},
+  set = before,
 }

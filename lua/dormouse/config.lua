@@ -589,6 +589,26 @@ command line.
 -- A plain deep copy of a resolved config (no strict metatables), for files and checkpoints.
 function config.plain(cfg) return copy(cfg) end
 
+--[[ config.upgrade(raw) -> a copy of a checkpoint's config naming every key of schema.introduced:
+what the code did before the key existed, where the checkpoint does not name it. ]]
+function config.upgrade(raw)
+  local out = copy(raw)
+  if type(out) ~= "table" then return out end
+  for key, was in pairs(schema.introduced) do
+    local t, path = out, {}
+    for part in key:gmatch("[^.]+") do path[#path + 1] = part end
+    for i = 1, #path - 1 do
+      if type(t[path[i]]) ~= "table" then t = nil; break end
+      t = t[path[i]]
+    end
+    if t and t[path[#path]] == nil then
+      local ok, v = pcall(function() if type(was) == "function" then return was(raw) end return was end)
+      if ok then t[path[#path]] = v end
+    end
+  end
+  return out
+end
+
 function config.describe(cfg, info)
   info = info or {overridden = {}, derived = {}}
   local rows, wkey, wval = {}, 0, 0

@@ -218,7 +218,8 @@ local rows = {
     {"shared_rank", positive, 64, "rank r_s of the shared expert"},
     {"ffn", positive, 2048, "expert output space F (the ffn space)"},
     {"kda", "Kimi Delta Attention", {
-      {"gate", enum {"bounded", "softplus"}, "bounded", "decay gate: bounded = lb*sigmoid(.), softplus = -exp(A_log)*softplus(.)"},
+      {"gate", enum {"bounded", "softplus"}, "softplus", "decay gate: softplus = -exp(A_log)*softplus(.), " ..
+       "bounded = lb*sigmoid(exp(A_log)*(.)) (docs/training.md, \"Learning quality\")"},
       {"gate_lb", num{below = 0}, -5, "lower bound lb of the bounded gate, g in (lb, 0)"},
       {"output_bias", bool, true, "a bias on the output gate's projection (W_o2)"},
     }},
@@ -228,10 +229,11 @@ local rows = {
       {"width", positive, 32, "row width de"},
       {"hash_heads", positive, 1, "hash heads K per hashed order"},
       {"ram", bool, false, "keep the tables in host memory (gathered rows, host-side sparse Adam)"},
-      {"output", enum {"spec", "projection"}, "spec", "the branch's output: spec = vt + silu(conv(rmsnorm(vt))); " ..
-       "projection = W_e conv(vt), a d x d projection after a plain convolution (not the spec's form)"},
-      {"dilation", optional(positive), nil, "the output convolution's dilation (nil = the largest order)"},
-      {"alpha_gain", bool, false, "a learned gain (ones at init) on the channels of alpha's dot of the two " ..
+      {"output", enum {"spec", "projection"}, "projection", "the branch's output: projection = W_e conv(vt), a " ..
+       "d x d projection after a plain convolution; spec = vt + silu(conv(rmsnorm(vt))), the first spec's form"},
+      {"dilation", optional(positive), nil, "the output convolution's dilation (nil = the form's: 1 for " ..
+       "projection, the largest order for spec)"},
+      {"alpha_gain", bool, true, "a learned gain (ones at init) on the channels of alpha's dot of the two " ..
        "RMS-normalised vectors"},
     }},
     {"msa", "block top-k sparse attention over past blocks, an extra branch (an arm; docs/arms.md)", {
@@ -251,12 +253,12 @@ local rows = {
       {"branch_out", enum {"fan_in", "depth"}, "fan_in", "std of the branches' output projections (KDA W_o, " ..
        "Engram W_v, the experts' W_write): fan_in^-1/2, or that times (3 max_iter)^-1/2"},
       {"engram_std", num{above = 0}, 0.02, "std of the Engram tables' rows at initialisation"},
-      {"dt_bias", enum {"zeros", "log_uniform", "decay"}, "zeros", "KDA's dt_bias: zeros; log_uniform: the " ..
+      {"dt_bias", enum {"zeros", "log_uniform", "decay"}, "log_uniform", "KDA's dt_bias: zeros; log_uniform: the " ..
        "inverse softplus of dt ~ log-uniform [1e-3, 1e-1] (Mamba, FLA); decay: the value at which the gate " ..
        "(either form) starts at g = -exp(A_log) dt for such a dt"},
-      {"a_log", enum {"log_uniform", "uniform"}, "log_uniform", "KDA's decay rates A = exp(A_log) per head: " ..
-       "log-uniform on [1, 16] (A_log ~ U(0, ln 16)), or uniform on [1, 16] (A_log = log U(1, 16))"},
-      {"engram_conv", enum {"zeros", "uniform"}, "zeros", "Engram's output convolution: zeros, or U(-1/2, 1/2)"},
+      {"a_log", enum {"log_uniform", "uniform"}, "uniform", "KDA's decay rates A = exp(A_log) per head: " ..
+       "uniform on [1, 16] (A_log = log U(1, 16)), or log-uniform on [1, 16] (A_log ~ U(0, ln 16))"},
+      {"engram_conv", enum {"zeros", "uniform"}, "uniform", "Engram's output convolution: U(-1/2, 1/2), or zeros"},
       {"conv", enum {"normal", "uniform"}, "normal", "KDA's short convolutions: N(0, 0.5^2), or U(-1/2, 1/2)"},
     }},
     {"moe", "routed low-rank experts with a shared expert", {
@@ -354,6 +356,25 @@ function schema.run_name_error(name)
   return ("name: %s is not a run name: letters, digits, '.', '_' and '-', not starting with '.' or '-', at most %d " ..
           "characters (it names the folder runs/NAME)"):format(show(name), schema.RUN_NAME_MAX)
 end
+
+--[[ Keys added after runs were made, with what the code did before each existed: a checkpoint's
+config that does not name one reads it so (config.upgrade), so that a model saved before a default
+changed loads as it trained, and a resume of it is told which key now differs. A function takes the
+checkpoint's config as saved and gives the value (nil: none). ]]
+schema.introduced = {
+  ["model.init.a_log"] = "log_uniform",
+  ["model.init.engram_conv"] = "zeros",
+  ["model.engram.alpha_gain"] = false,
+  -- nil meant the largest order for both forms; it still does for spec, and a checkpoint of either
+  -- form made since names alpha_gain (a nil dilation is not written)
+  ["model.engram.dilation"] = function(c)
+    local e = c.model.engram
+    if e.alpha_gain == nil and e.output == "projection" then return e.orders[#e.orders] end
+  end,
+  ["model.moe.router"] = "sigmoid",
+  ["model.moe.aux_balance"] = 0,
+  ["optim.gates"] = "adamw",
+}
 
 -- Keys that configs once had and no code reads any more: a config (an older
 -- checkpoint's, an experiment file, --set) may still name them; each is dropped

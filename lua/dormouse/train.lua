@@ -281,7 +281,7 @@ function Run:restore(dir)
   if not path then error("cannot resume " .. dir .. ": it holds no complete checkpoint", 0) end
   local c = dm.ckpt.load(path)
   train.check_meta(c.meta, path)
-  check_same_config(c.meta.config, self.cfg, dir)
+  check_same_config(config.upgrade(c.meta.config), self.cfg, dir)
   local state = train.named_state(self.model)
   c.model = banks.unpack(c.model, c.meta.banks, path .. "/model.safetensors")
   train.check_tensors(c.model, state, path .. "/model.safetensors")

@@ -145,7 +145,7 @@ describe("the experts' F padded to a multiple of 8", function()
 end)
 
 describe("a b1 step in bf16 (meta device)", function()
-  it("casts each parameter once a pass and each branch's input and output once: at most 94 casts forward", function()
+  it("casts each parameter once a pass and each branch's input and output once: at most 96 casts forward", function()
     local cfg = config.load("experiments/b1.lua")
     local casts = 0
     with_nn("meta", "bf16", function()
@@ -158,8 +158,8 @@ describe("a b1 step in bf16 (meta device)", function()
         if r.name == "cast" and r.phase == "forward" then casts = casts + r.calls end
       end
     end)
-    -- 44 parameters read by the block and the readouts, 2 per branch (3 branches, 4 iterations),
+    -- 46 parameters read by the block and the readouts, 2 per branch (3 branches, 4 iterations),
     -- 2 per readout (5), beta, the router's scores and the Engram rows per iteration
-    assert.is_true(casts > 0 and casts <= 94, casts .. " casts")
+    assert.is_true(casts > 0 and casts <= 96, casts .. " casts")
   end)
 end)

@@ -51,7 +51,7 @@ describe("config presets", function()
     assert.equal(0.1, o.weight_decay)
     assert.same({0.9, 0.95}, o.betas)
     local m = config.load(preset("b1")).model
-    assert.equal("bounded", m.kda.gate)
+    assert.equal("softplus", m.kda.gate)
     assert.equal(-5, m.kda.gate_lb)
     assert.equal(1e-3, m.moe.lfb_gamma)
     assert.is_nil(m.moe.capacity_factor)           -- dropless
@@ -579,5 +579,26 @@ describe("retired keys", function()
     local saved = config.plain(config.resolve({}, "a"))
     saved.model.kda.chunk = 64                      -- as a checkpoint of an earlier version holds it
     assert.same({}, config.diff(saved, config.plain(config.resolve({}, "b"))))
+  end)
+end)
+
+describe("keys introduced after a checkpoint was made", function()
+  it("read as the code did before them (config.upgrade); a config of now is left as it is", function()
+    local old = config.plain(config.load("experiments/tiny.lua", {"model.engram.output=projection"}))
+    for _, key in ipairs {"alpha_gain"} do old.model.engram[key] = nil end
+    old.model.init.a_log, old.model.init.engram_conv, old.model.moe.router = nil, nil, nil
+    old.model.moe.aux_balance, old.optim.gates = nil, nil
+    local up = config.upgrade(old)
+    assert.same({false, 3, "log_uniform", "zeros", "sigmoid", 0, "adamw"},
+                {up.model.engram.alpha_gain, up.model.engram.dilation, up.model.init.a_log,
+                 up.model.init.engram_conv, up.model.moe.router, up.model.moe.aux_balance, up.optim.gates})
+    assert.is_nil(old.model.engram.dilation)                -- a copy: the saved table is not touched
+    old.model.engram.output = "spec"                        -- the spec form's nil was the largest order already
+    assert.is_nil(config.upgrade(old).model.engram.dilation)
+    local now = config.plain(config.load("experiments/tiny.lua"))
+    assert.same(now, config.upgrade(now))
+    for key in pairs(require("dormouse.schema").introduced) do
+      assert.truthy(require("dormouse.schema").nodes[key], key .. " is a key of the schema")
+    end
   end)
 end)

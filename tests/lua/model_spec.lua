@@ -53,10 +53,10 @@ describe("b1", function()
     local m = build("experiments/b1.lua", nil, "meta")
     local c = m:counts()
     assert.are.equal(dm.memory("cpu").current, cpu)
-    assert.are.equal(1063082944, c.total)            -- about 1.07B
+    assert.are.equal(1067277248, c.total)            -- about 1.07B
     assert.are.equal(402651680, c.tables)            -- about 403M in the Engram tables (3 primes near 2^22, de 32)
-    assert.are.equal(660431264, c.without_tables)
-    assert.are.equal(34674048, c.active)             -- per token per iteration
+    assert.are.equal(664625568, c.without_tables)
+    assert.are.equal(38868352, c.active)             -- per token per iteration (Engram's W_e among them)
   end)
 end)
 
@@ -243,16 +243,24 @@ describe("model.init", function()
   end
   local base = params()
 
-  it("defaults to the choices before it (pinned)", function()
+  it("defaults to the choices the A/B made (pinned; docs/training.md, \"Learning quality\")", function()
     local cfg = config.load("experiments/tiny.lua")
-    assert.same({branch_out = "fan_in", engram_std = 0.02, dt_bias = "zeros", conv = "normal"},
-                {branch_out = cfg.model.init.branch_out, engram_std = cfg.model.init.engram_std,
-                 dt_bias = cfg.model.init.dt_bias, conv = cfg.model.init.conv})
+    local m = cfg.model
+    assert.same({branch_out = "fan_in", engram_std = 0.02, dt_bias = "log_uniform", conv = "normal",
+                 a_log = "uniform", engram_conv = "uniform"}, config.plain(m.init))
+    assert.same({"softplus", "projection", true, "sigmoid", "adamw", "sparse"},
+                {m.kda.gate, m.engram.output, m.engram.alpha_gain, m.moe.router, cfg.optim.gates,
+                 cfg.optim.engram_adam})
+    assert.is_nil(m.engram.dilation)                     -- the form's own: 1 for projection
+    assert.equal(1, build("experiments/tiny.lua").block.engram.dilation)
   end)
 
   it("branch_out = depth scales the three branch outputs by (3 max_iter)^-1/2 and touches nothing else", function()
     local p = params {"model.init.branch_out=depth"}
-    assert.same({"block.engram.wv.weight", "block.kda.wo.weight", "block.moe.write.weight"}, differ(base, p))
+    assert.same({"block.engram.we.weight", "block.kda.wo.weight", "block.moe.write.weight"}, differ(base, p))
+    local spec = params {"model.engram.output=spec"}             -- the spec form's output is W_v
+    assert.same({"block.engram.wv.weight", "block.kda.wo.weight", "block.moe.write.weight"},
+                differ(spec, params {"model.engram.output=spec", "model.init.branch_out=depth"}))
     for _, name in ipairs(differ(base, p)) do
       assert.is_true(dm.allclose(p[name], base[name] * (3 * 2) ^ -0.5, {rtol = 1e-6, atol = 0}), name)
     end
@@ -275,19 +283,20 @@ describe("model.init", function()
     assert.is_true(dt:max():item() / dt:min():item() > 10)    -- spread over the range, not one value
   end)
 
-  it("a_log = uniform draws A = exp(A_log) uniform on [1, 16], touching A_log alone", function()
-    local p = params {"model.init.a_log=uniform"}
-    assert.same({"block.kda.A_log"}, differ(base, p))
-    local A = p["block.kda.A_log"]:exp()
+  it("a_log = uniform draws A = exp(A_log) uniform on [1, 16]; log_uniform, log A uniform on [0, ln 16]", function()
+    local p = params {"model.init.a_log=log_uniform"}
+    assert.equal("block.kda.A_log", table.concat(differ(base, p), " "))
+    local A = base["block.kda.A_log"]:exp()
     assert.is_true(A:min():item() >= 1 - 1e-5 and A:max():item() <= 16 * (1 + 1e-5))
-    local logA = base["block.kda.A_log"]                 -- the default: log A uniform on [0, ln 16]
+    local logA = p["block.kda.A_log"]
     assert.is_true(logA:min():item() >= 0 and logA:max():item() <= math.log(16) + 1e-6)
   end)
 
   -- the log-decay g at f = 0, per channel, of a tiny model's KDA under these settings
   local function start_decay(sets)
     local kda = build("experiments/tiny.lua", sets).block.kda
-    return dm.kda_gate(dm.zeros({kda.dt_bias:numel()}), kda.A_log, kda.dt_bias, {kind = kda.gate, lb = kda.gate_lb})
+    return dm.no_grad(dm.kda_gate, dm.zeros({kda.dt_bias:numel()}), kda.A_log, kda.dt_bias,
+                      {kind = kda.gate, lb = kda.gate_lb})
   end
 
   it("dt_bias = decay starts either gate at g = -A dt, the softplus gate's start with log_uniform's dt", function()
@@ -299,20 +308,21 @@ describe("model.init", function()
       local got = start_decay {"model.kda.gate=" .. gate, "model.init.dt_bias=decay", "model.init.a_log=uniform"}
       assert.is_true(dm.allclose(got, want, {rtol = 1e-4, atol = 1e-7}), gate)
     end
-    local saturated = start_decay {"model.init.dt_bias=log_uniform"}      -- the bounded gate's other start
+    local saturated = start_decay {"model.kda.gate=bounded", "model.init.dt_bias=log_uniform"}   -- saturated
     assert.is_false(dm.allclose(saturated, want, {rtol = 1e-2, atol = 0}))
   end)
 
   it("refuses dt_bias = decay where the bounded gate cannot reach -16 dt", function()
-    refused({"model.init.dt_bias=decay", "model.kda.gate_lb=-1.5"}, "model.init.dt_bias = decay",
+    refused({"model.init.dt_bias=decay", "model.kda.gate=bounded", "model.kda.gate_lb=-1.5"}, "model.init.dt_bias = decay",
             "model.kda.gate_lb = -1.5", "-1.6")
-    assert.is_true(pcall(config.load, "experiments/tiny.lua",
-                         {"model.init.dt_bias=decay", "model.kda.gate_lb=-1.5", "model.kda.gate=softplus"}))
+    assert.is_true(pcall(config.load, "experiments/tiny.lua", {"model.init.dt_bias=decay", "model.kda.gate_lb=-1.5"}))
   end)
 
   it("engram_conv = uniform draws Engram's convolution from U(-1/2, 1/2), before it nothing moves", function()
-    local p = params {"model.init.engram_conv=uniform"}
-    local moved = table.concat(differ(base, p), " ")
+    local zeros = params {"model.init.engram_conv=zeros"}
+    assert.equal(0, zeros["block.engram.conv"]:abs():max():item())
+    local p = base
+    local moved = table.concat(differ(zeros, p), " ")
     assert.truthy(moved:find("block.engram.conv", 1, true))
     for _, before in ipairs {"block.kda", "block.engram.wk", "block.engram.wv", "emb."} do   -- drawn before it
       assert.is_nil(moved:find(before, 1, true), before)
@@ -370,26 +380,30 @@ describe("the structural options", function()
     return table.concat(names, " ")
   end
 
-  it("engram.output = projection: W_e after a plain convolution, float32 against float64", function()
+  it("engram.output: W_e after a plain convolution, or the spec's form, float32 against float64", function()
     local names = grads_agree {"model.engram.output=projection"}
     assert.truthy(names:find("block.engram.we.weight", 1, true))
+    assert.is_nil(names:find("block.engram.norm", 1, true))          -- the projection form has no rmsnorm(vt)
+    local spec = grads_agree {"model.engram.output=spec"}
+    assert.truthy(spec:find("block.engram.norm.gain", 1, true))
+    assert.is_nil(spec:find("block.engram.we", 1, true))
   end)
 
   it("engram's dilation, alpha's gain and a drawn convolution, float32 against float64", function()
     local names = grads_agree {"model.engram.output=projection", "model.engram.dilation=1",
                                "model.engram.alpha_gain=true", "model.init.engram_conv=uniform"}
     assert.truthy(names:find("block.engram.alpha_gain", 1, true))
-    assert.truthy(grads_agree({"model.engram.alpha_gain=true"}):find("block.engram.alpha_gain", 1, true))
-    assert.is_nil(grads_agree({}):find("alpha_gain", 1, true))
-    local m = build("experiments/tiny.lua", {"model.engram.dilation=1"})
-    assert.equal(1, m.block.engram.dilation)
-    assert.equal(3, build("experiments/tiny.lua").block.engram.dilation)      -- the largest order
+    assert.truthy(grads_agree({"model.engram.output=spec"}):find("block.engram.alpha_gain", 1, true))
+    assert.is_nil(grads_agree({"model.engram.alpha_gain=false"}):find("alpha_gain", 1, true))
+    local m = build("experiments/tiny.lua", {"model.engram.dilation=2"})
+    assert.equal(2, m.block.engram.dilation)
+    assert.equal(3, build("experiments/tiny.lua", {"model.engram.output=spec"}).block.engram.dilation)  -- the largest order
   end)
 
   it("alpha's gain is a gain: ones give the loss without it, bit for bit, and it sits with AdamW", function()
     local x, prefix = tiny_batch()
-    local on = build("experiments/tiny.lua", {"model.engram.alpha_gain=true"})
-    local off = build("experiments/tiny.lua")
+    local on = build("experiments/tiny.lua")
+    local off = build("experiments/tiny.lua", {"model.engram.alpha_gain=false"})
     dm.no_grad(function() assert.equal(off:forward(x, prefix).loss:item(), on:forward(x, prefix).loss:item()) end)
     local groups = require "dormouse.optim.groups"
     for _, e in ipairs(on:named_parameters()) do
@@ -963,11 +977,19 @@ describe("the control, every arm off", function()
   local function near(want, got, what) assert.is_true(math.abs(got - want) <= 1e-6 * want, what .. ": " .. got) end
   local OFF = {"model.aux.future=0", "model.aux.draft=0", "model.loom=false", "model.moe.retract_every=0",
                "model.moe.qat=off", "model.moe.littlebit=off", "model.msa.top_k=0", "checkpoint.banks=f32",
-               "model.moe.fp8=false"}
+               "model.moe.fp8=false", "model.moe.aux_balance=0"}
+  -- the forms of that tree, which later A/Bs changed as defaults (docs/training.md, "Learning quality")
+  local BEFORE = {"model.kda.gate=bounded", "model.init.dt_bias=zeros", "model.init.a_log=log_uniform",
+                  "model.engram.output=spec", "model.engram.alpha_gain=false", "model.init.engram_conv=zeros"}
+  local function before(sets)
+    local out = {table.unpack(BEFORE)}
+    for _, s in ipairs(sets) do out[#out + 1] = s end
+    return out
+  end
 
   it("computes what the model computed before the arms, bit for bit, with every arm's key off", function()
     local seen = {}
-    for k, overrides in ipairs {{}, OFF} do
+    for k, overrides in ipairs {before {}, before(OFF)} do
       local m = build("experiments/tiny.lua", overrides)
       local x, prefix = tiny_batch()
       local init = dm.no_grad(function() return m:forward(x, prefix).loss:item() end)

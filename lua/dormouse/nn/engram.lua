@@ -5,14 +5,15 @@ Engram — hashed byte n-gram memory (spec/model.md):
   kx    = W_k e_t ,  vx = W_v e_t
   alpha = sigmoid( dot(rmsnorm(u_t), rmsnorm(kx_t)) / sqrt(d) )
   vt    = alpha · vx
-  out   = vt + silu( causal_conv(rmsnorm(vt)) )      kernel 4, dilation = max order, zero-initialised
+  out   = W_e causal_conv(vt)          output = "projection" (the default): a plain convolution,
+                                       kernel 4, dilation 1; W_e d x d, the branch's output
+  out   = vt + silu( causal_conv(rmsnorm(vt)) )      output = "spec", the first spec's form:
+                                       dilation = max order (W_v the branch's output)
 
-Options the spec does not have: model.engram.output = "projection", out = W_e conv(vt), a d x d
-projection after a plain convolution (W_e then the branch's output, W_v drawn at its fan-in);
-model.engram.dilation, the convolution's dilation; model.init.engram_conv = "uniform", the
-convolution drawn from U(-1/2, 1/2); model.engram.alpha_gain, a learned gain w [d] (ones) in
-alpha's dot, sigmoid(sum_i w_i rmsnorm(u)_i rmsnorm(kx)_i / sqrt(d)) (one gain on each norm
-would multiply to the same w).
+model.engram.dilation sets the convolution's dilation; model.init.engram_conv draws it from
+U(-1/2, 1/2) (the default) or starts it at zeros; model.engram.alpha_gain (on by default) puts a
+learned gain w [d] (ones) in alpha's dot, sigmoid(sum_i w_i rmsnorm(u)_i rmsnorm(kx)_i / sqrt(d))
+(one gain on each norm would multiply to the same w). docs/model.md, docs/training.md.
 ]]
 return function(nn, dm)
 local core_error = require("dormouse.core").error
@@ -47,9 +48,9 @@ function Engram:init(d, opts)
   self:child("wk", nn.Linear(subtables * opts.width, d))
   self:child("wv", nn.Linear(subtables * opts.width, d,                   -- the branch's output, or W_e is
                              {std = (subtables * opts.width) ^ -0.5 * (projected and 1 or opts.out_factor or 1)}))
-  self:child("norm", nn.RMSNorm(d))
+  if not projected then self:child("norm", nn.RMSNorm(d)) end     -- the spec form's rmsnorm(vt)
   self:param("conv", opts.conv == "uniform" and nn.init.uniform({d, 4}, -0.5, 0.5) or nn.init.zeros({d, 4}))
-  self.dilation = opts.dilation or opts.orders[#opts.orders]
+  self.dilation = opts.dilation or (projected and 1 or opts.orders[#opts.orders])
   if projected then self:child("we", nn.Linear(d, d, {std = d ^ -0.5 * (opts.out_factor or 1)})) end
   if opts.alpha_gain then self:param("alpha_gain", nn.init.ones({d})) end
 end

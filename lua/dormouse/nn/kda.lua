@@ -3,7 +3,7 @@ KDA — Kimi Delta Attention (spec/model.md), per head, state dk × dv in float3
 
   q, k, v = silu(conv4(W u)),  q, k l2-normalised,  q scaled by dk^-1/2
   beta    = sigmoid(W_b u)
-  g       = lb · sigmoid(exp(A_log) · (W_g2 W_g1 u + dt_bias))      (or the softplus form)
+  g       = -exp(A_log) · softplus(W_g2 W_g1 u + dt_bias)     (gate = "bounded": lb · sigmoid(exp(A_log) · (.)))
   S_t     = Diag(exp(g_t)) S_{t-1} + beta_t k_t (v_t - S'^T k_t)^T ;  o_t = S_t^T q_t
   out     = W_o( rmsnorm_head(o) · sigmoid(W_o2 W_o1 u + b_o) )
 ]]
