@@ -99,6 +99,21 @@ describe("dormouse bench", function()
     assert.is_true(tonumber(doc:match('"kda":([%d%.eE%+%-]+)')) > 0)
   end)
 
+  it("writes the JSON alone to stdout with --json -, the table to stderr", function()
+    local err = os.tmpname()
+    local p = assert(io.popen(string.format("'%s' bench experiments/tiny.lua --steps 1 --warmup 0 " ..
+      "--set device=cpu --json - 2>'%s'", bin, err)))
+    local text = p:read("a")
+    local _, _, code = p:close()
+    assert.equal(0, code)
+    local doc = require("dormouse.json").decode(text)            -- nothing else on stdout
+    assert.is_true(doc.eager.tok_s > 0)
+    local f = assert(io.open(err))
+    has(f:read("a"), "bench tiny on cpu", "tokens/s")
+    f:close()
+    os.remove(err)
+  end)
+
   it("refuses an unknown flag and a missing experiment with exit 2", function()
     local p = assert(io.popen(string.format("'%s' bench --steps 2 2>&1", bin)))
     local text = p:read("a")

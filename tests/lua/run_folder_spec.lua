@@ -195,3 +195,53 @@ describe("a resume", function()
     has(resume(runs, "fw"), "meta.lua: firewall.total must be an integer >= 0, got lots")
   end)
 end)
+
+describe("an output file a user names (core.write_output)", function()
+  local core = require "dormouse.core"
+  local helpers = require "tests.lua.helpers"
+  local function kind(path)
+    local p = assert(io.popen("stat -c %F '" .. path .. "' 2>/dev/null"))
+    local k = p:read("l")
+    p:close()
+    return k
+  end
+
+  it("writes a new or regular file through a temporary name, and a symlink's target, keeping the link", function()
+    local dir = helpers.tmpdir()
+    core.write_output(dir .. "/new.json", "one\n")
+    assert.equal("one\n", helpers.read(dir .. "/new.json"))
+    core.write_output(dir .. "/new.json", "two\n")
+    assert.equal("two\n", helpers.read(dir .. "/new.json"))
+    assert.is_true(os.execute("ln -s new.json '" .. dir .. "/link.json'"))
+    core.write_output(dir .. "/link.json", "three\n")
+    assert.equal("symbolic link", kind(dir .. "/link.json"))
+    assert.equal("three\n", helpers.read(dir .. "/new.json"))
+    assert.is_nil(io.open(dir .. "/new.json.tmp"))
+    os.execute("rm -rf '" .. dir .. "'")
+  end)
+
+  it("writes a device through and never replaces it; refuses a directory, a dangling link, a FIFO without reader",
+     function()
+    core.write_output("/dev/null", "nothing\n")
+    assert.equal("character special file", kind("/dev/null"))
+    helpers.has(helpers.err_of(core.write_output, "/dev/full", "x"), "/dev/full: write failed")
+    assert.equal("character special file", kind("/dev/full"))
+    local dir = helpers.tmpdir()
+    helpers.has(helpers.err_of(core.write_output, dir, "x"), "is a directory")
+    assert.is_true(os.execute("ln -s nowhere '" .. dir .. "/dangling'"))
+    helpers.has(helpers.err_of(core.write_output, dir .. "/dangling", "x"), "symbolic link to nothing")
+    assert.is_true(os.execute("mkfifo '" .. dir .. "/fifo'"))
+    helpers.has(helpers.err_of(core.write_output, dir .. "/fifo", "x"), "a FIFO with no reader")
+    assert.equal("fifo", kind(dir .. "/fifo"))
+    os.execute("rm -rf '" .. dir .. "'")
+  end)
+
+  it("dormouse meta - writes to standard output", function()
+    local bin = arg and arg[-1]
+    local p = assert(io.popen(string.format("'%s' meta - 2>&1", bin)))
+    local text = p:read("a")
+    local _, _, code = p:close()
+    assert.equal(0, code)
+    helpers.has(text, "function dm.")
+  end)
+end)

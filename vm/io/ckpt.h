@@ -58,6 +58,10 @@ uint64_t dm_file_checksum(const char *path, int64_t *size);
 
 /* Small filesystem helpers for checkpoint directories. */
 void dm_write_file_atomic(const char *path, const void *data, size_t n);   /* tmp, fsync, rename */
+/* a file a user names for output: "-" is standard output; a regular file or a new one is written
+** atomically, through a symlink to its target; a device, FIFO or socket is written through, never
+** replaced; a directory or a dangling symlink is refused */
+void dm_write_output(const char *path, const void *data, size_t n);
 void dm_fsync_dir(const char *path);       /* make renames inside `path` durable */
 void dm_mkdirs(const char *path);          /* mkdir -p */
 /* rm -r without a shell: a folder and everything below it, links removed as links (never followed),

@@ -70,16 +70,19 @@ void dm_afile_open(dm_afile *f, const char *path) {
   if (f->fd < 0) dm_error("%s: cannot create %s: %s", path, tmp, strerror(errno));
 }
 
-void dm_afile_write(dm_afile *f, const void *data, size_t n) {
+/* all of data to fd; `what` names it in an error */
+static void write_all(int fd, const char *what, const void *data, size_t n) {
   const char *p = data;
   while (n > 0) {
-    ssize_t w = write(f->fd, p, n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n);
+    ssize_t w = write(fd, p, n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n);
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) dm_error("%s: write failed: %s", f->path, w < 0 ? strerror(errno) : "no progress");
+    if (w <= 0) dm_error("%s: write failed: %s", what, w < 0 ? strerror(errno) : "no progress");
     p += w;
     n -= (size_t)w;
   }
 }
+
+void dm_afile_write(dm_afile *f, const void *data, size_t n) { write_all(f->fd, f->path, data, n); }
 
 static void dirname_of(const char *path, char *dir, size_t n) {
   const char *slash = strrchr(path, '/');
@@ -103,6 +106,42 @@ void dm_afile_commit(dm_afile *f) {
 }
 
 static void af_cleanup(void *ud) { dm_afile_abort(ud); }
+
+static void close_fd(void *ud) { close(*(int *)ud); }
+
+/* A device, FIFO or socket: written through in place. O_NONBLOCK makes the open of a FIFO
+** without a reader fail (ENXIO) rather than wait; the writes then block as usual. */
+static void write_through(const char *path, const void *data, size_t n) {
+  int fd = open(path, O_WRONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0)
+    dm_error("%s: cannot open for writing: %s", path, errno == ENXIO ? "a FIFO with no reader" : strerror(errno));
+  int flags = fcntl(fd, F_GETFL);
+  if (flags >= 0) fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  dm_guard g;
+  dm_guard_begin(&g, close_fd, &fd);
+  write_all(fd, path, data, n);
+  dm_guard_end(&g);
+  if (close(fd) != 0) dm_error("%s: close failed: %s", path, strerror(errno));
+}
+
+void dm_write_output(const char *path, const void *data, size_t n) {
+  if (strcmp(path, "-") == 0) {
+    write_all(STDOUT_FILENO, "standard output", data, n);
+    return;
+  }
+  struct stat sb;
+  if (stat(path, &sb) != 0) {                    /* nothing there, or a link to nothing */
+    if (errno != ENOENT) dm_error("%s: cannot stat: %s", path, strerror(errno));
+    if (lstat(path, &sb) == 0) dm_error("%s: is a symbolic link to nothing; name its target or another file", path);
+    dm_write_file_atomic(path, data, n);
+    return;
+  }
+  if (S_ISDIR(sb.st_mode)) dm_error("%s: is a directory; name a file in it", path);
+  if (!S_ISREG(sb.st_mode)) { write_through(path, data, n); return; }
+  char target[PATH_MAX];                         /* a symlink's target is replaced, the link stays */
+  if (!realpath(path, target)) dm_error("%s: cannot resolve: %s", path, strerror(errno));
+  dm_write_file_atomic(target, data, n);
+}
 
 void dm_write_file_atomic(const char *path, const void *data, size_t n) {
   dm_afile f = {.fd = -1};

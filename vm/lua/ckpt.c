@@ -154,6 +154,16 @@ static int c_write_file(lua_State *L) {
   return 0;
 }
 
+/* core.write_output(path, text): a file a user named for output (dm_write_output: "-" is stdout) */
+static int c_write_output(lua_State *L) {
+  size_t n;
+  const char *path = luaL_checkstring(L, 1);
+  const char *data = luaL_checklstring(L, 2, &n);
+  DM_ENTER(L);
+  dm_write_output(path, data, n);
+  return 0;
+}
+
 static int c_mkdirs(lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
   DM_ENTER(L);
@@ -198,6 +208,7 @@ static int c_listdir(lua_State *L) {
 static const luaL_Reg funcs[] = {
   {"ckpt_save_tensors", c_save_tensors}, {"ckpt_load_tensors", c_load_tensors},
   {"ckpt_checksum", c_checksum}, {"ckpt_xxh64", c_xxh64}, {"ckpt_write_file", c_write_file},
+  {"write_output", c_write_output},
   {"ckpt_mkdirs", c_mkdirs}, {"ckpt_fsync_dir", c_fsync_dir}, {"ckpt_listdir", c_listdir},
   {"ckpt_remove_tree", c_remove_tree},
   {NULL, NULL}

@@ -169,7 +169,8 @@ local function bench(args, cli)
   end
   res.graph, res.graph_note = graph_steps(r, steps)
   r.loader:close()
-  print(report(r, res))
+  local to_stdout = args.flags.json == "-"        -- the JSON alone on stdout, the table on stderr
+  if to_stdout then io.stderr:write(report(r, res), "\n") else print(report(r, res)) end
   if args.flags.json then
     local json = require "dormouse.json"
     local fam = require("dormouse.profile").group(res.rows, function(row) return row.family end)
@@ -179,7 +180,8 @@ local function bench(args, cli)
                                         peak = res.graph.peak, reserved = res.graph.reserved, nodes = res.graph.nodes},
                  split = res.split, families = {}}
     for _, g in ipairs(fam) do doc.families[g.key] = g.ms / steps end
-    core.ckpt_write_file(args.flags.json, json.encode(doc) .. "\n")
+    io.stdout:flush()
+    core.write_output(args.flags.json, json.encode(doc) .. "\n")
   end
   return 0
 end

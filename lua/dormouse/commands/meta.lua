@@ -3,7 +3,8 @@ dormouse meta FILE
 
 Writes the editor lines (LuaLS) of the functions the ops' descriptors give
 them (lua/dormouse/ops/generated.lua) to FILE, its folder made as needed,
-through a temporary name. `make` writes build/meta/ops.lua, which
+through a temporary name (FILE "-": standard output; a device or FIFO is
+written through, a symlink's target replaced, never the link). `make` writes build/meta/ops.lua, which
 .luarc.json reads beside lua/meta.
 ]]
 local core = require "dormouse.core"
@@ -16,7 +17,7 @@ local function parse(argv)
   for i = 2, #argv do
     local a = argv[i]
     if a == "--help" or a == "-h" then return {help = true} end
-    if a:sub(1, 1) == "-" then error("unknown option " .. a, 0) end
+    if a:sub(1, 1) == "-" and a ~= "-" then error("unknown option " .. a, 0) end
     if file then error("one FILE, got " .. file .. " and " .. a, 0) end
     file = a
   end
@@ -28,7 +29,8 @@ local function body(args)
   local dir = args.file:match("^(.*)/[^/]*$")
   if dir and dir ~= "" then core.ckpt_mkdirs(dir) end
   require "dormouse"                        -- the generated functions checked as they install
-  core.ckpt_write_file(args.file, generated.luals(core))
+  io.stdout:flush()
+  core.write_output(args.file, generated.luals(core))
   return 0
 end
 
