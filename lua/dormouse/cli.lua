@@ -160,7 +160,7 @@ function commands.run(argv)
 end
 
 function commands.repl(argv)
-  return require("dormouse.repl").main(argv[2], cli)
+  return require("dormouse.repl").main(argv[2], cli, argv[3])
 end
 
 --[[ --shard K/N in a test command line: the spec files of tests/lua whose place in the sorted

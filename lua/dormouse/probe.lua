@@ -40,14 +40,31 @@ local function resolve_dir(path)
   error(path .. " holds no checkpoint (expected runs/NAME or runs/NAME/ckpt-STEP)", 0)
 end
 
+--[[ Opening a checkpoint runs the model file its config names. By name (models/NAME.lua of the
+install) that is this tree's code; by a path, it is whatever file is there, perhaps shipped
+beside the checkpoint: that runs only when the user says so (opts.trust, --trust), and is
+named as it runs. ]]
+local function check_arch(meta, dir, trust)
+  local arch = type(meta.config.model) == "table" and meta.config.model.arch
+  if type(arch) ~= "string" or not arch:find("/", 1, true) then return end
+  if not trust then
+    error(string.format("%s/meta.lua: model.arch names a model file by its path (%s); opening a checkpoint " ..
+                        "runs model files from models/ by name only. Read that file, then pass --trust to run " ..
+                        "it, or copy it to models/NAME.lua and open the run with model.arch = NAME", dir, arch), 0)
+  end
+  io.stderr:write(string.format("probe: --trust: running the model file %s that %s names\n", arch, dir))
+end
+
 -- The model of a checkpoint (its run's latest, or ckpt-STEP), its config, folder and step.
--- opts.device: "cpu" (the default, f32) or "cuda" (the run's compute dtype, as it trained).
+-- opts.device: "cpu" (the default, f32) or "cuda" (the run's compute dtype, as it trained);
+-- opts.trust: run a model file the checkpoint names by its path (check_arch).
 function probe.load(path, root, opts)
   local device = opts and opts.device or "cpu"
   local train = require "dormouse.train"
   local dir = resolve_dir(path)
   local c = dm.ckpt.load(dir)
   train.check_meta(c.meta, dir)
+  check_arch(c.meta, dir, opts and opts.trust)
   local cfg = config.resolve(config.upgrade(c.meta.config), dir .. "/meta.lua")
   local model = nn.build({device = device, compute_dtype = train.compute_dtype(cfg, device)}, train.build_model, cfg, root)
   local state = train.named_state(model)

@@ -123,9 +123,9 @@ local function is_dir(path)
 end
 
 -- `dormouse repl runs/NAME[/ckpt-STEP]`: the model of a checkpoint and its probes.
-local function checkpoint_env(env, path, cli)
+local function checkpoint_env(env, path, cli, trust)
   local probe = require "dormouse.probe"
-  local model, cfg, dir, step = probe.load(path, cli.root)
+  local model, cfg, dir, step = probe.load(path, cli.root, {trust = trust})
   local helpers = probe.env(model, cfg)
   for k, v in pairs(helpers) do if k ~= "help_text" then env[k] = v end end
   env.help = function() print(help_text .. "\n\nThis checkpoint:\n" .. helpers.help_text) end
@@ -133,11 +133,17 @@ local function checkpoint_env(env, path, cli)
                       require("dormouse.nn").human(model:n_params())))
 end
 
-function repl.main(file, cli)
+-- file: a script, or a run's folder; flag "--trust": run a model file the checkpoint names by its path
+function repl.main(file, cli, flag)
   local env = setmetatable({dm = dm, help = function() print(help_text) end}, {__index = _G})
   local tty = core.isatty(0)
+  if flag ~= nil and flag ~= "--trust" then
+    io.stderr:write("dormouse repl: unknown option '", tostring(flag), "' (usage: dormouse repl [FILE | runs/NAME " ..
+                    "[--trust]])\n")
+    return 2
+  end
   if file and is_dir(file) then
-    local ok, err = pcall(checkpoint_env, env, file, cli)
+    local ok, err = pcall(checkpoint_env, env, file, cli, flag == "--trust")
     if not ok then io.stderr:write(tostring(err), "\n"); return 1 end
     file = nil
   end

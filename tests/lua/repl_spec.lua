@@ -156,6 +156,36 @@ describe("dormouse repl on a checkpoint", function()
     assert.truthy(out:match("\n  block%s+%a+%s+[%d.]+[KM]?[^\n]*\n"), out)
     assert.truthy(out:match("\n      router%s+Linear%s+[%d.]+K?  weight %[%d+, %d+%]"), out)   -- its shapes
   end)
+
+  it("runs no model file a checkpoint names by its path, unless --trust, and says what it runs", function()
+    local runs = os.tmpname()
+    os.remove(runs)
+    helpers.run_quiet(helpers.tiny({"steps=1", "eval.every=0", "checkpoint.every=1", "log.every=1",
+                                    "schedule.warmup=0", "eval.baseline={}", "name=evil"}), {runs = runs})
+    local ckpt = runs .. "/evil/ckpt-1"
+    local marker = runs .. "/ran"
+    local payload = ckpt .. "/payload.lua"                -- a model file shipped beside the checkpoint
+    local f = assert(io.open(payload, "w"))
+    f:write(string.format("io.open(%q, 'w'):close()\nreturn dofile('models/dormouse.lua')\n", marker))
+    f:close()
+    local meta = helpers.read(ckpt .. "/meta.lua"):gsub('arch = "dormouse"', 'arch = "' .. payload .. '"')
+    f = assert(io.open(ckpt .. "/meta.lua", "w")); f:write(meta); f:close()
+    local core = require "dormouse.core"
+    core.ckpt_write_file(ckpt .. "/meta.xxh64", (core.ckpt_checksum(ckpt .. "/meta.lua")) .. "\n")   -- re-summed
+    local code, _, err = repl({"print(1)"}, "'" .. runs .. "/evil'")
+    assert.equal(1, code)
+    has(err, "model.arch names a model file by its path", payload, "--trust")
+    assert.is_nil(io.open(marker), "the payload ran")
+    local sample = assert(io.popen(string.format("'%s' sample '%s/evil' -n 2 2>&1", bin, runs)))
+    has(sample:read("a"), "--trust")
+    sample:close()
+    assert.is_nil(io.open(marker), "the payload ran under sample")
+    code, _, err = repl({"print(1)"}, "'" .. runs .. "/evil' --trust")
+    assert.equal(0, code, err)
+    has(err, "--trust: running the model file " .. payload)
+    assert.truthy(io.open(marker), "with --trust the file runs")
+    os.execute("rm -rf '" .. runs .. "'")
+  end)
 end)
 
 describe("the probes", function()

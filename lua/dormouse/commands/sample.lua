@@ -1,6 +1,6 @@
 --[==[
 dormouse sample RUN [--prompt TEXT | --prompt-file FILE] [-n N] [--temperature T] [--top-p P]
-                    [--seed S] [--device cpu|cuda] [--full]
+                    [--seed S] [--device cpu|cuda] [--full] [--trust]
 
 Loads a checkpoint (runs/NAME for its latest, or runs/NAME/ckpt-STEP) and
 streams N bytes (default 200) after the prompt to stdout as they come: the
@@ -10,14 +10,16 @@ before. --full runs a full forward over the last 256 bytes for every byte
 instead (the slow way, for comparison). Bytes that are not printable UTF-8
 are written as \xNN. --temperature 0 takes the most likely byte. On stderr
 at the end: the prompt's time (with the first byte) and the rate of
-generation over bytes 2-100, 101-1000, 1001-10000, ... (bytes/s).
+generation over bytes 2-100, 101-1000, 1001-10000, ... (bytes/s). A run
+whose config names its model file by a path (not models/NAME) is opened only
+with --trust: that file is code, perhaps shipped with the checkpoint.
 ]==]
 local dm = require "dormouse"
 local probe = require "dormouse.probe"
 local eval = require "dormouse.eval"
 
 local usage = "usage: dormouse sample RUN [--prompt TEXT | --prompt-file FILE] [-n N] [--temperature T] " ..
-              "[--top-p P] [--seed S] [--device cpu|cuda] [--full]"
+              "[--top-p P] [--seed S] [--device cpu|cuda] [--full] [--trust]"
 
 local function number(text, flag, ok, what)
   local v = tonumber(text)
@@ -50,6 +52,7 @@ local function parse(argv)
       end
       i = i + 2
     elseif a == "--full" then args.full = true; i = i + 1
+    elseif a == "--trust" then args.trust = true; i = i + 1
     elseif a == "--help" or a == "-h" then args.help = true; i = i + 1
     elseif a:sub(1, 1) == "-" then error("unknown option '" .. a .. "'", 0)
     elseif args.run then error("one run at a time; got '" .. args.run .. "' and '" .. a .. "'", 0)
@@ -83,7 +86,7 @@ local function run(argv, cli)
       error("--device cuda: no CUDA device here (or this build has no CUDA backend)", 0)
     end
     local prompt = read_prompt(args)
-    local model, _, dir, step = probe.load(args.run, cli.root, {device = args.device})
+    local model, _, dir, step = probe.load(args.run, cli.root, {device = args.device, trust = args.trust})
     io.stderr:write(string.format("sample: %s (step %d), %d prompt bytes, %s\n", dir, step, #prompt,
                                   args.full and "a full forward a byte" or "streaming"))
     local put, finish = probe.byte_printer(function(s) io.stdout:write(s) end)
