@@ -18,24 +18,28 @@ local function sample_length(text)
   return n
 end
 
--- the run a --resume path names: runs/NAME (or runs/NAME/ckpt-STEP) -> NAME
+-- the run a --resume path names: PARENT/NAME (or PARENT/NAME/ckpt-STEP) -> NAME, PARENT (the folder
+-- of run folders it lies in: "." for a bare NAME)
 local function resumed_name(path)
   path = path:gsub("/+$", "")
   path = path:gsub("/ckpt%-%d+$", "")
-  return path:match("([^/]+)$") or path
+  local parent, name = path:match("^(.*)/([^/]+)$")
+  if not name then return path, "." end
+  return name, parent == "" and "/" or parent
 end
 
 function experiment.run(file, raw, argv, cli)
   local args = config.parse_args(argv, 2, FLAGS)
   local n = sample_length(args.flags.sample)
   local cfg, info = config.resolve(raw, file, args.overrides)
-  -- a resume takes the run's name from its folder unless --set name= says otherwise (the file's name,
-  -- or its base name, names new runs)
+  -- a resume takes the run's name from its folder, and writes where it reads, unless --set name= says
+  -- otherwise (the file's name, or its base name, names new runs, in runs/)
   local resume = args.flags.resume and (args.flags.resume:gsub("(.)/+$", "%1"))
-  if resume and not info.overridden.name then cfg.name = resumed_name(resume) end
+  local runs
+  if resume and not info.overridden.name then cfg.name, runs = resumed_name(resume) end
   local train = require "dormouse.train"
   local summary = train.run(cfg, {resume = resume, overwrite = args.flags.overwrite,
-                                  quiet = args.flags.quiet, root = cli.root})
+                                  quiet = args.flags.quiet, root = cli.root, runs = runs})
   local lines = {string.format("done: %s, step %d", summary.dir, summary.step)}
   if summary.bpb_fin then
     local parts = {string.format("held-out bpb_fin %.4f", summary.bpb_fin)}

@@ -157,6 +157,24 @@ describe("dormouse run --resume", function()
     assert.equal(0, code, out)
     has(out, "resumed from runs/resB/ckpt-20 at step 20", "done: runs/resB, step 30")
   end)
+
+  it("writes where it reads: a run in another folder goes on there, ./runs untouched", function()
+    local cwd = dir .. "/resume-where"
+    assert(os.execute("mkdir -p '" .. cwd .. "/elsewhere'"))
+    local exe = bin:sub(1, 1) == "/" and bin or root .. "/" .. bin
+    local sets = "--quiet --sample 0 --set eval.every=0 --set checkpoint.every=10 --set eval.baseline='{}' "
+    local sh = helpers.sh
+    local code, out = sh(string.format("cd '%s/elsewhere' && DORMOUSE_HOME='%s' '%s' run '%s/experiments/tiny.lua' %s" ..
+                                       "--set steps=20 --set name=far", cwd, root, exe, root, sets))
+    assert.equal(0, code, out)
+    code, out = sh(string.format("cd '%s' && DORMOUSE_HOME='%s' '%s' run '%s/experiments/tiny.lua' %s--set steps=30 " ..
+                                 "--resume elsewhere/runs/far", cwd, root, exe, root, sets))
+    assert.equal(0, code, out)
+    has(out, "resumed from elsewhere/runs/far/ckpt-20 at step 20", "done: elsewhere/runs/far, step 30")
+    assert.is_nil(io.open(cwd .. "/runs/far/log.txt"), "nothing written under ./runs")
+    assert.truthy(io.open(cwd .. "/elsewhere/runs/far/ckpt-30/meta.lua"))
+    assert.truthy(io.open(cwd .. "/elsewhere/runs/far/ckpt-20/meta.lua"), "the run's own checkpoints kept")
+  end)
 end)
 
 describe("an interrupted run", function()
