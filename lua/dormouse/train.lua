@@ -554,6 +554,24 @@ the peak device memory in bytes, train_bpb = the last log window's training loss
 byte}. ]]
 local run_body
 
+--[[ A run folder has one process at a time: a lock beside it, PARENT/.NAME.lock, held for the
+life of the run (flock: the kernel lets it go when the process ends, a kill -9 too, so a stale
+one never blocks). Beside, not inside: --overwrite moves the folder aside. Returns the lock's
+descriptor; a second process is refused with the holder's pid. ]]
+function train.lock_run(dir)
+  local parent, name = dir:match("^(.*)/([^/]+)$")
+  parent, name = parent or ".", name or dir
+  if parent ~= "" then mkdir(parent) end
+  local path = (parent == "" and "" or parent .. "/") .. "." .. name .. ".lock"
+  local fd, holder = core.lock_file(path)
+  if not fd then
+    error(string.format("%s is in use by process %d (its lock %s): wait for that run to end or stop it; " ..
+                        "two processes in one run folder would overwrite each other's checkpoints",
+                        dir, holder, path), 0)
+  end
+  return fd
+end
+
 function train.run(cfg, opts)
   opts = opts or {}
   local err = schema.run_name_error(cfg.name)
@@ -562,7 +580,9 @@ function train.run(cfg, opts)
                              data_position = 0, silent = opts.silent, early_lines = {}}, Run)
   self.device = train.pick_device(cfg)
   self.dir = (opts.runs or "runs") .. "/" .. cfg.name
+  local lock = train.lock_run(self.dir)
   if not opts.resume and dm.ckpt.latest(self.dir) and not opts.overwrite then
+    core.unlock_file(lock)
     error(string.format("%s already holds checkpoints: resume it with --resume %s, or choose another " ..
                         "name with --set name=..., or pass --overwrite", self.dir, self.dir), 0)
   end
@@ -570,10 +590,9 @@ function train.run(cfg, opts)
   core.signals_hold(true)                     -- SIGINT/SIGTERM end the run between steps (Run:loop)
   local ok, res = pcall(run_body, self, cfg, opts)
   core.signals_hold(false)
-  if not ok then
-    self:undo_dir()
-    error(res, 0)
-  end
+  if not ok then self:undo_dir() end
+  core.unlock_file(lock)
+  if not ok then error(res, 0) end
   return res
 end
 

@@ -245,3 +245,30 @@ describe("an output file a user names (core.write_output)", function()
     helpers.has(text, "function dm.")
   end)
 end)
+
+describe("a run folder in use", function()
+  local core = require "dormouse.core"
+  local helpers = require "tests.lua.helpers"
+
+  it("refuses a second run on it, naming the holder's pid, and the first's folder is left as it was", function()
+    local runs = helpers.tmpdir()
+    local sets = {"steps=2", "eval.every=0", "checkpoint.every=2", "log.every=1", "schedule.warmup=0",
+                  "eval.baseline={}", "name=busy"}
+    helpers.run_quiet(helpers.tiny(sets), {runs = runs})
+    local before = helpers.read(runs .. "/busy/log.txt")
+    local fd = assert(core.lock_file(runs .. "/.busy.lock"))     -- as the first run's process holds it
+    local err = helpers.err_of(helpers.run_quiet, helpers.tiny(sets), {runs = runs, overwrite = true})
+    helpers.has(err, runs .. "/busy is in use by process", "/.busy.lock")
+    assert.equal(before, helpers.read(runs .. "/busy/log.txt"))
+    assert.truthy(io.open(runs .. "/busy/ckpt-2/meta.lua"))
+    local again, holder = core.lock_file(runs .. "/.busy.lock")
+    assert.is_nil(again)
+    local stat = assert(io.open("/proc/self/stat"))
+    assert.equal(stat:read("n"), holder)                          -- the pid the lock's file holds: ours
+    stat:close()
+    helpers.has(err, "process " .. holder .. " ")
+    core.unlock_file(fd)
+    helpers.run_quiet(helpers.tiny(sets), {runs = runs, overwrite = true})   -- free again: it runs
+    os.execute("rm -rf '" .. runs .. "'")
+  end)
+end)

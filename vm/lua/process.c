@@ -14,6 +14,12 @@
 **                                               left, nil, "interrupted" when a signal came
 **   core.signal_program(pid, "SIGTERM")      → sends it (SIGINT or SIGTERM); true when sent
 ** An exit status is the program's own, or 128 + the signal that ended it.
+**
+**   core.lock_file(path)                     → a held lock's descriptor: flock on path (made when
+**                                               absent) with this process's pid written in it; nil,
+**                                               the holder's pid when another holds it. The kernel
+**                                               lets it go when the process ends, kill -9 too.
+**   core.unlock_file(fd)                     → lets it go
 */
 #define _GNU_SOURCE     /* pipe2 */
 #include <errno.h>
@@ -21,6 +27,9 @@
 #include <signal.h>
 #include <spawn.h>
 #include <string.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <lua.h>
@@ -122,7 +131,38 @@ static int c_signal_program(lua_State *L) {
   return 1;
 }
 
+static int c_lock_file(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return luaL_error(L, "%s: cannot open the lock: %s", path, strerror(errno));
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    int e = errno;
+    char buf[32] = {0};
+    ssize_t got = pread(fd, buf, sizeof buf - 1, 0);
+    close(fd);
+    if (e != EWOULDBLOCK) return luaL_error(L, "%s: cannot lock: %s", path, strerror(e));
+    lua_pushnil(L);
+    lua_pushinteger(L, got > 0 ? strtoll(buf, NULL, 10) : 0);
+    return 2;
+  }
+  char pid[32];
+  int n = snprintf(pid, sizeof pid, "%lld\n", (long long)getpid());
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)n, 0) != n) {
+    int e = errno;
+    close(fd);
+    return luaL_error(L, "%s: cannot write the lock's pid: %s", path, strerror(e));
+  }
+  lua_pushinteger(L, fd);
+  return 1;
+}
+
+static int c_unlock_file(lua_State *L) {
+  close((int)luaL_checkinteger(L, 1));
+  return 0;
+}
+
 static const luaL_Reg funcs[] = {{"run_program", c_run_program}, {"spawn_program", c_spawn_program},
                                  {"wait_program", c_wait_program}, {"signal_program", c_signal_program},
+                                 {"lock_file", c_lock_file}, {"unlock_file", c_unlock_file},
                                  {NULL, NULL}};
 DM_LUA_FUNCS(funcs)
