@@ -353,12 +353,19 @@ local function check_meta_fields(meta, meta_path)
   if type(meta.files) ~= "table" then fail("%s: corrupted: no files table", meta_path) end
 end
 
-function ckpt.load(dir)
+-- A checkpoint's meta table alone, its checksum and fields checked (the tensors not read).
+function ckpt.load_meta(dir)
   if type(dir) ~= "string" then fail("ckpt.load: expected a checkpoint directory, got %s", tostring(dir)) end
   local meta_path = join(dir, META)
   check_meta_sum(dir, meta_path)
   local meta = ckpt.deserialize(read_file(meta_path), meta_path)
   check_meta_fields(meta, meta_path)
+  return meta
+end
+
+function ckpt.load(dir)
+  local meta = ckpt.load_meta(dir)
+  local meta_path = join(dir, META)
   for _, file in ipairs(FILES) do
     local want, path = meta.files[file], join(dir, file)
     if type(want) ~= "table" then fail("%s: corrupted: no checksum recorded for %s", meta_path, file) end

@@ -10,13 +10,20 @@ and evaluated on the same held-out windows, then a verdict table.
   }
 
 Optional: control (the name of the control arm, "control"), name (of the
-sweep, the base file's name), runs (the runs folder), quiet (no output),
+sweep: its file's base name, else the base file's), runs (the runs folder), quiet (no output),
 cli_set (a list of "KEY=VALUE" strings, as --set gives them: they apply to
 every arm over `set`; an arm's own keys still win), jobs (runs at once, 1:
 with more, each run is a process of its own, `dormouse sweep FILE --run
 ARM:SEED`, its output in runs/sweep-NAME/ARM-sSEED.log; several small runs
 share one GPU well), file (the sweep's file, which those processes read),
-select ("a,b": those arms only, besides the control; --arms).
+select ("a,b": those arms only, besides the control; --arms), overwrite
+(--overwrite: every run afresh).
+
+A sweep run again goes on where it stopped: a run whose folder holds its
+last checkpoint and whose result file is there is read, not trained; one
+stopped before its end resumes from its newest checkpoint. A run folder that
+holds a run of another config is refused before anything trains, naming the
+keys, unless overwrite is set.
 
 Each run's result goes to runs/sweep-NAME/ARM-sSEED.json: its final
 bpb_fin, its last log window's training loss in bits a byte (train_bpb: a
@@ -178,17 +185,7 @@ local function result_path(dir, arm, seed) return string.format("%s/%s-s%d", dir
 -- One run's figures, as its result file holds them
 local function result_of(s)
   return {bpb_fin = s.bpb_fin, train_bpb = s.train_bpb, tok_s = s.tok_s, mem_peak = s.mem_peak,
-          busiest = s.moe and s.moe.busiest, dead = s.moe and s.moe.dead, measures = s.measures}
-end
-
--- Train one (arm, seed) in this process; its result file is written when it ends
-local function train_one(spec, cfg, dir, arm, seed)
-  local train = require "dormouse.train"
-  local s = train.run(cfg, {overwrite = true, quiet = true, silent = spec.quiet, root = spec.root, runs = spec.runs})
-  local r = result_of(s)
-  local core = require "dormouse.core"
-  core.ckpt_write_file(result_path(dir, arm, seed) .. ".json", json.encode(r) .. "\n")
-  return r
+          busiest = s.moe and s.moe.busiest, dead = s.moe and s.moe.dead, measures = s.measures, step = s.step}
 end
 
 local function read_result(path)
@@ -200,6 +197,41 @@ local function read_result(path)
   return ok and type(r) == "table" and r or nil
 end
 
+--[[ What an earlier sweep left of one run: "done" (its last checkpoint is at the run's steps and
+its result file is there), "resume" (a checkpoint of the same config before that), or nil (none,
+or spec.overwrite). A folder holding another config's run is an error naming the keys. ]]
+function sweep.prior(spec, cfg, dir, arm, seed)
+  if spec.overwrite then return nil end
+  local ckpt = require "dormouse.ckpt"
+  local rundir = (spec.runs or "runs") .. "/" .. cfg.name
+  local latest = ckpt.latest(rundir)
+  if not latest then return nil end
+  local meta = ckpt.load_meta(latest)
+  local d = config.diff(config.upgrade(meta.config), config.plain(cfg))
+  if #d > 0 then
+    error(string.format("sweep: arm %s, seed %d: %s holds a run of another config:\n%s\n--overwrite trains it " ..
+                        "afresh (or give the sweep another name)", arm, seed, rundir,
+                        config.format_diff(d, "that run", "this sweep")), 0)
+  end
+  local r = read_result(result_path(dir, arm, seed) .. ".json")
+  if meta.step >= cfg.steps and r and r.step == meta.step and r.bpb_fin then return "done" end
+  return "resume", rundir
+end
+
+-- Train one (arm, seed) in this process (or resume it, or read it: sweep.prior); its result file
+-- is written when it ends
+local function train_one(spec, cfg, dir, arm, seed)
+  local how, rundir = sweep.prior(spec, cfg, dir, arm, seed)
+  if how == "done" then return read_result(result_path(dir, arm, seed) .. ".json") end
+  local train = require "dormouse.train"
+  local s = train.run(cfg, {overwrite = spec.overwrite, resume = rundir, quiet = true, silent = spec.quiet,
+                            root = spec.root, runs = spec.runs})
+  local r = result_of(s)
+  local core = require "dormouse.core"
+  core.ckpt_write_file(result_path(dir, arm, seed) .. ".json", json.encode(r) .. "\n")
+  return r
+end
+
 -- The runs as processes of their own, `jobs` at a time; each writes its result file. Every run
 -- is waited for; then a failed one is an error naming its log.
 local function count(t)
@@ -208,17 +240,24 @@ local function count(t)
   return n
 end
 
-local function train_jobs(spec, jobs, dir, names, say)
+local function train_jobs(spec, jobs, dir, names, say, cfgs)
   local core = require "dormouse.core"
   local queue, running, failed = {}, {}, {}
   for _, arm in ipairs(names) do
-    for _, seed in ipairs(spec.seeds) do queue[#queue + 1] = {arm = arm, seed = seed} end
+    for i, seed in ipairs(spec.seeds) do
+      if sweep.prior(spec, cfgs[arm][i], dir, arm, seed) == "done" then
+        say(string.format("== sweep: arm %s, seed %d: done before (%s.json)", arm, seed, result_path(dir, arm, seed)))
+      else
+        queue[#queue + 1] = {arm = arm, seed = seed}
+      end
+    end
   end
   local next_run, left, done = 1, #queue, 0
   local function start(job)
     local argv = {"/proc/self/exe", "sweep", spec.file}
     for _, s in ipairs(spec.cli_set or {}) do argv[#argv + 1] = "--set"; argv[#argv + 1] = s end
     if spec.select then argv[#argv + 1] = "--arms"; argv[#argv + 1] = spec.select end
+    if spec.overwrite then argv[#argv + 1] = "--overwrite" end
     argv[#argv + 1] = "--run"
     argv[#argv + 1] = job.arm .. ":" .. job.seed
     job.log = result_path(dir, job.arm, job.seed) .. ".log"
@@ -272,7 +311,7 @@ function sweep.run(spec)
          "dm.sweep{base = FILE, arms = {name = {overrides}}, seeds = {...}}")
   local control = spec.control or "control"
   if not spec.arms[control] then error("dm.sweep: no arm named '" .. control .. "' (the control)", 2) end
-  local base_name = spec.name or spec.base:match("([^/]+)%.lua$")
+  local base_name = spec.name or (spec.file and spec.file:match("([^/]+)%.lua$")) or spec.base:match("([^/]+)%.lua$")
   local names = sorted_arms(spec.arms, control)
   if spec.select then                                    -- some of the arms (--arms), the control always
     local chosen = {[control] = true}
@@ -291,6 +330,11 @@ function sweep.run(spec)
   short_schedule(spec, say)
   local cfgs = sweep.configs(spec, names, base_name)    -- every run's config, checked before the first trains
   local dir = (spec.runs or "runs") .. "/sweep-" .. base_name
+  if not spec.only then                                  -- what an earlier sweep left: checked before any trains
+    for _, arm in ipairs(names) do
+      for i, seed in ipairs(spec.seeds) do sweep.prior(spec, cfgs[arm][i], dir, arm, seed) end
+    end
+  end
   local core = require "dormouse.core"
   core.ckpt_mkdirs(dir)
   if spec.only then                                      -- one run, a job of a sweep with jobs > 1
@@ -307,7 +351,7 @@ function sweep.run(spec)
   if not jobs or jobs < 1 then error("sweep: jobs must be a whole number of at least 1, got " .. tostring(spec.jobs), 0) end
   if jobs > 1 then
     if not spec.file then error("sweep: jobs > 1 needs the sweep's file (spec.file), which each run's process reads", 0) end
-    train_jobs(spec, jobs, dir, names, say)
+    train_jobs(spec, jobs, dir, names, say, cfgs)
   end
   local results = {}
   for _, arm in ipairs(names) do

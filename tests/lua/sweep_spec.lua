@@ -1,5 +1,6 @@
 -- Seed sweeps: the verdict rule, and a real (tiny) sweep end to end.
 local sweep = require "dormouse.sweep"
+local has = require("tests.lua.helpers").has
 
 describe("the verdict", function()
   local function r(mean, spread) return {mean = mean, spread = spread, bpb = {}} end
@@ -64,7 +65,7 @@ describe("dormouse sweep", function()
     assert.equal(0, code, out)
     assert.is_truthy(out:find("sweep: schedule.warmup 4 -> 1 for runs of 4 steps", 1, true), out)
     assert.is_truthy(out:find("worse than control", 1, true) or out:find("no difference", 1, true), out)
-    local verdict = assert(io.open(dir .. "/sweep-tiny/verdict.txt")):read("a")
+    local verdict = assert(io.open(dir .. "/sweep-s/verdict.txt")):read("a")
     assert.is_truthy(verdict:find("seed 2", 1, true))
     os.execute("rm -rf '" .. dir .. "'")
   end)
@@ -76,18 +77,18 @@ describe("dormouse sweep", function()
          ["checkpoint.every"] = 0, ["log.every"] = 1}]])
     local code, out = sh(string.format("cd '%s' && '%s' sweep '%s'", cwd, bin, file))
     assert.equal(0, code, out)
-    local one = assert(io.open(dir .. "/sweep-tiny/verdict.json")):read("a")
-    code, out = sh(string.format("cd '%s' && '%s' sweep '%s' --jobs 3", cwd, bin, file))
+    local one = assert(io.open(dir .. "/sweep-s/verdict.json")):read("a")
+    code, out = sh(string.format("cd '%s' && '%s' sweep '%s' --jobs 3 --overwrite", cwd, bin, file))
     assert.equal(0, code, out)
     assert.is_truthy(out:find("== sweep: arm loom, seed 2 started", 1, true), out)
     assert.is_truthy(out:find("shared the device", 1, true), out)
     local json = require "dormouse.json"
-    local a, b = json.decode(one), json.decode(assert(io.open(dir .. "/sweep-tiny/verdict.json")):read("a"))
+    local a, b = json.decode(one), json.decode(assert(io.open(dir .. "/sweep-s/verdict.json")):read("a"))
     for _, arm in ipairs({"control", "loom"}) do
       for i = 1, 2 do assert.are.equal(a.arms[arm].bpb[i], b.arms[arm].bpb[i]) end
       assert.is_true(b.arms[arm].tok_s[1] > 0 and b.arms[arm].mem_peak[1] > 0)
     end
-    assert.is_truthy(io.open(dir .. "/sweep-tiny/loom-s2.log"))
+    assert.is_truthy(io.open(dir .. "/sweep-s/loom-s2.log"))
     -- a run that fails is named with its log, after the others end; a --run no sweep has is refused
     code, out = sh(string.format("cd '%s' && '%s' sweep '%s' --jobs 2 --set model.max_iter=0", cwd, bin, file))
     assert.equal(1, code, out)
@@ -109,16 +110,43 @@ describe("dormouse sweep", function()
   set = {steps = 100000, ["eval.every"] = 0, ["eval.windows"] = 4, ["eval.baseline"] = {}, ["checkpoint.every"] = 0}]])
     -- the parent alone gets the signal (not its process group), once its runs have begun
     local code, out = sh(string.format("cd '%s' && ('%s' sweep '%s' --jobs 2 & p=$!; " ..
-      "for i in $(seq 100); do grep -q '^step' '%s'/sweep-tiny/control-s2.log 2>/dev/null && break; sleep 0.1; done; " ..
+      "for i in $(seq 100); do grep -q '^step' '%s'/sweep-s/control-s2.log 2>/dev/null && break; sleep 0.1; done; " ..
       "kill -TERM $p; wait $p)", cwd, bin, file, dir))
     assert.equal(1, code, out)
     assert.is_truthy(out:find("== sweep: SIGTERM: the 2 runs going stop after their step", 1, true), out)
     assert.is_truthy(out:find("sweep: stopped by SIGTERM: 2 of 2 runs were not finished", 1, true), out)
     assert.is_truthy(out:find("== sweep: arm control, seed 1 stopped", 1, true), out)
-    local log = assert(io.open(dir .. "/sweep-tiny/control-s1.log")):read("a")
+    local log = assert(io.open(dir .. "/sweep-s/control-s1.log")):read("a")
     assert.is_truthy(log:find("SIGTERM: the run stopped after step", 1, true), log)
     local _, left = sh("pgrep -f '[s]weep " .. file .. "' || true")     -- [s]: not this pgrep's own shell
     assert.equal("", left)
+    os.execute("rm -rf '" .. dir .. "'")
+  end)
+
+  it("named by its file, run again reads the finished runs, resumes the stopped, refuses another config's", function()
+    local dir, file, cwd = sweep_file([[seeds = {1}, arms = {control = {}, loom = {["model.loom"] = true}},
+  set = {steps = 2, ["schedule.warmup"] = 1, ["eval.every"] = 0, ["eval.windows"] = 4, ["eval.baseline"] = {},
+         ["checkpoint.every"] = 2, ["log.every"] = 1, ["schedule.decay"] = 0}]])
+    local code, out = sh(string.format("cd '%s' && '%s' sweep '%s' --jobs 2", cwd, bin, file))
+    assert.equal(0, code, out)
+    local first = assert(io.open(dir .. "/sweep-s/verdict.json")):read("a")
+    code, out = sh(string.format("cd '%s' && '%s' sweep '%s' --jobs 2", cwd, bin, file))   -- nothing to train
+    assert.equal(0, code, out)
+    has(out, "== sweep: arm control, seed 1: done before", "== sweep: arm loom, seed 1: done before")
+    assert.is_nil(out:find("started", 1, true), out)
+    assert.equal(first, assert(io.open(dir .. "/sweep-s/verdict.json")):read("a"))
+    code, out = sh(string.format("cd '%s' && '%s' sweep '%s' --set steps=4", cwd, bin, file))   -- as if stopped at 2
+    assert.equal(0, code, out)
+    local log = assert(io.open(dir .. "/s-loom-s1/log.txt")):read("a")
+    has(log, "resumed from " .. dir .. "/s-loom-s1/ckpt-2 at step 2")
+    assert.truthy(io.open(dir .. "/s-loom-s1/ckpt-4/meta.lua"))
+    code, out = sh(string.format("cd '%s' && '%s' sweep '%s' --set model.max_iter=3", cwd, bin, file))
+    assert.equal(1, code, out)
+    has(out, dir .. "/s-control-s1 holds a run of another config", "model.max_iter: 2 (that run) vs 3 (this sweep)",
+        "--overwrite")
+    assert.truthy(io.open(dir .. "/s-control-s1/ckpt-4/meta.lua"), "refused: nothing replaced")
+    code, out = sh(string.format("cd '%s' && '%s' sweep '%s' --set model.max_iter=3 --overwrite", cwd, bin, file))
+    assert.equal(0, code, out)
     os.execute("rm -rf '" .. dir .. "'")
   end)
 

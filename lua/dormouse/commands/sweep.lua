@@ -9,13 +9,16 @@ verdict table and writes it to runs/sweep-NAME/. --jobs N trains N runs at
 once, each a process of its own (several small runs share a GPU well; their
 output goes to runs/sweep-NAME/ARM-sSEED.log). --run ARM:SEED trains that
 one run of the sweep alone (what each of those processes does). --arms A,B
-runs those arms only, besides the control.
+runs those arms only, besides the control. Run again, a sweep reads the runs
+that finished and resumes the ones that stopped; --overwrite trains every run
+afresh (a run folder holding another config's run is refused without it).
 ]]
 local config = require "dormouse.config"
 
 local sweep_cmd = {args = "FILE.lua [--set KEY=VALUE ...]", summary = "a seed sweep: arms x seeds, a verdict table"}
 
-local usage = "usage: dormouse sweep FILE.lua [--set KEY=VALUE ...] [--arms A,B] [--jobs N] [--run ARM:SEED] [--quiet]"
+local usage = "usage: dormouse sweep FILE.lua [--set KEY=VALUE ...] [--arms A,B] [--jobs N] [--run ARM:SEED] " ..
+              "[--overwrite] [--quiet]"
 
 local function fail(msg, code)
   io.stderr:write(msg, "\n")
@@ -23,7 +26,8 @@ local function fail(msg, code)
 end
 
 function sweep_cmd.run(argv, cli)
-  local ok, args = pcall(config.parse_args, argv, 2, {quiet = true, help = true, jobs = "N", run = "ARM:SEED", arms = "A,B"})
+  local ok, args = pcall(config.parse_args, argv, 2, {quiet = true, help = true, jobs = "N", run = "ARM:SEED", arms = "A,B",
+                                                               overwrite = true})
   if not ok then return fail("dormouse sweep: " .. args .. "\n" .. usage, 2) end
   if args.flags.help then io.write(usage, "\n"); return 0 end
   if not args.file then return fail("dormouse sweep: which file?\n" .. usage, 2) end
@@ -41,6 +45,7 @@ function sweep_cmd.run(argv, cli)
   spec.file = args.file
   spec.only = args.flags.run
   spec.select = args.flags.arms
+  spec.overwrite = spec.overwrite or args.flags.overwrite
   if args.flags.jobs then
     spec.jobs = math.tointeger(tonumber(args.flags.jobs))
     if not spec.jobs or spec.jobs < 1 then
