@@ -241,6 +241,9 @@ function train.check_meta(meta, path)
   count("rng[2] (the offset)", meta.rng[2])
   if type(meta.data) ~= "table" then bad("data", "{position = bytes}", meta.data) end
   count("data.position", meta.data.position)
+  if meta.data.position > core.loader_max_start() then
+    bad("data.position", "at most 2^62 (the batches drawn so far)", meta.data.position)
+  end
   if meta.banks ~= nil and (type(meta.banks) ~= "table" or type(meta.banks.format) ~= "string" or
                             type(meta.banks.shapes) ~= "table") then
     bad("banks", "{format = name, shapes = {bank = shape}}", meta.banks)

@@ -191,6 +191,10 @@ describe("a resume", function()
     has(resume(runs, "rng"), "meta.lua: rng[1] (the seed) must be an integer >= 0")
     runs = rewritten("pos", function(c) c.meta.data = {position = -3} end)
     has(resume(runs, "pos"), "meta.lua: data.position must be an integer >= 0, got -3")
+    runs = rewritten("far", function(c) c.meta.data = {position = math.maxinteger - 2} end)   -- once a SIGSEGV
+    local log = helpers.read(runs .. "/far/log.txt")
+    has(resume(runs, "far"), "meta.lua: data.position must be at most 2^62")
+    assert.equal(log, helpers.read(runs .. "/far/log.txt"))          -- refused before the folder was touched
     runs = rewritten("fw", function(c) c.meta.firewall = {total = "lots"} end)
     has(resume(runs, "fw"), "meta.lua: firewall.total must be an integer >= 0, got lots")
   end)

@@ -610,7 +610,8 @@ static void loader_destroy(dm_loader *l) {
 
 dm_loader *dm_loader_new(dm_corpus *c, const dm_batch_spec *s, int64_t start, int64_t depth) {
   dm_batch_check(c, s);
-  if (start < 0) dm_error("data loader: start must be >= 0, got %lld", (long long)start);
+  if (start < 0 || start > DM_LOADER_MAX_START)
+    dm_error("data loader: start must be in 0 .. 2^62, got %lld", (long long)start);
   if (depth < 1 || depth > 1024) dm_error("data loader: depth must be in 1..1024, got %lld", (long long)depth);
   dm_loader *l = calloc(1, sizeof *l);
   void **slots = calloc((size_t)depth, sizeof *slots);

@@ -102,6 +102,9 @@ void dm_data_set_host_buffers(const dm_host_buffers *hb);
 typedef struct dm_loader dm_loader;
 
 #define DM_LOADER_DEPTH 4
+/* the largest batch number a loader starts at: its counters run on from there and must not overflow
+** (a checkpoint's data.position is checked against it before a resume touches the run folder) */
+#define DM_LOADER_MAX_START ((int64_t)1 << 62)
 
 dm_loader *dm_loader_new(dm_corpus *c, const dm_batch_spec *s, int64_t start, int64_t depth);
 int64_t dm_loader_next(dm_loader *l, dm_tensor **x, dm_tensor **prefix);

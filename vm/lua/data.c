@@ -246,8 +246,14 @@ static int c_ngram_info(lua_State *L) {
   return 3;
 }
 
+/* core.loader_max_start() -> the largest batch number a loader starts at (DM_LOADER_MAX_START) */
+static int c_loader_max_start(lua_State *L) {
+  lua_pushinteger(L, DM_LOADER_MAX_START);
+  return 1;
+}
+
 static const luaL_Reg funcs[] = {
-  {"data_metatable", c_metatable},
+  {"data_metatable", c_metatable}, {"loader_max_start", c_loader_max_start},
   {"corpus_open", c_corpus_open}, {"corpus_close", close_corpus}, {"corpus_sizes", c_corpus_sizes},
   {"corpus_files", c_corpus_files}, {"corpus_bytes", c_corpus_bytes}, {"corpus_batch", c_corpus_batch},
   {"corpus_eval_windows", c_corpus_eval_windows}, {"corpus_eval_count", c_corpus_eval_count},
