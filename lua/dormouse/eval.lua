@@ -2,6 +2,7 @@
 Evaluation: the held-out loss of a model, and sampling text from it.
 ]]
 local dm = require "dormouse"
+local core = require "dormouse.core"
 
 local segments = require "dormouse.segments"
 
@@ -122,6 +123,9 @@ local function generator(model, bytes, opts)
         return b == n and last_logits(out) or nil, out.state
       end)
       if a > 1 then free_state(prev) end
+      -- the chunk's freed host blocks lie scattered through a heap that is never trimmed (vm/core/alloc.c):
+      -- their pages go back, so that host memory stays flat over a long prompt
+      core.empty_cache("cpu")
       if not s then break end                 -- no state: the model streams nothing (below)
     end
     if not s then

@@ -198,6 +198,35 @@ describe("streaming generation", function()
                  eval.sample(m, prompt, 32, {temperature = 0, prompt_chunk = 8192}))
   end)
 
+  it("keeps host memory flat over a long prompt (dormouse sample --prompt-file, its peak within 300 MB)", function()
+    -- a child process each: its peak resident memory (VmHWM) with a 40 KB prompt and with a 2-byte one
+    local bin = arg and arg[-1]
+    local corpus = dm.data.open(dm.data.default_corpus(), {eval_bytes = 4096})
+    local long = corpus:bytes(0, 40000)
+    corpus:close()
+    local function peak_kb(text)
+      local prompt = os.tmpname()
+      local f = assert(io.open(prompt, "wb")); f:write(text); f:close()
+      local script = os.tmpname()
+      f = assert(io.open(script, "w"))
+      f:write(string.format([[
+local m = require("dormouse.probe").load(%q, ".")
+local f = io.open(%q, "rb"); local text = f:read("a"); f:close()
+require("dormouse.eval").sample(m, text, 2, {temperature = 0})
+for line in io.lines("/proc/self/status") do
+  local kb = line:match("^VmHWM:%%s+(%%d+) kB") if kb then print(kb) end
+end]], dir .. "/st", prompt))
+      f:close()
+      local p = assert(io.popen(string.format("'%s' run '%s' 2>/dev/null", bin, script)))
+      local out = p:read("a")
+      p:close()
+      os.remove(prompt); os.remove(script)
+      return assert(tonumber(out:match("(%d+)%s*$")), out)
+    end
+    local short, grown = peak_kb("hi"), peak_kb(long)
+    assert.is_true(grown - short < 300 * 1024, string.format("%d KB against %d KB", grown, short))
+  end)
+
   it("checks its options", function()
     helpers.has(helpers.err_of(eval.sample, m, "x", 4, {temperature = -1}), "temperature must be a number >= 0")
     helpers.has(helpers.err_of(eval.sample, m, "x", 4, {top_p = 0}), "top_p must be a number in (0, 1]")
