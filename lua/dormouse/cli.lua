@@ -132,7 +132,7 @@ function commands.run(argv)
     io.stderr:write("dormouse run: which file? usage: dormouse run FILE.lua [args...]\n")
     return 2
   end
-  local chunk, err = loadfile(file)
+  local chunk, err = require("dormouse.config").loadfile(file)
   if not chunk then
     -- a syntax error already starts with file:line; a missing file gets our name
     io.stderr:write(err:find("^cannot open") and "dormouse run: " or "", err, "\n")

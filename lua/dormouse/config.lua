@@ -214,6 +214,17 @@ end
 config.root = "."
 
 -- The file model.arch names: a path as it is, else models/ARCH.lua under root (default config.root).
+--[[ loadfile of a Lua file a user names (an experiment, a model, a sweep, a script): nil and a
+message for what is not a regular file, before it is opened (a FIFO without a writer would wait
+forever); a missing file gets loadfile's own message. ]]
+function config.loadfile(path, ...)                 -- mode, env as loadfile takes them (an env given as nil is nil)
+  local kind = require("dormouse.core").file_kind(path)
+  if kind ~= "file" and kind ~= "missing" then
+    return nil, string.format("cannot open %s: it is %s, not a Lua file", path, kind)
+  end
+  return loadfile(path, ...)
+end
+
 function config.model_path(arch, root)
   return arch:find("/") and arch or (root or config.root) .. "/models/" .. arch .. ".lua"
 end
@@ -231,10 +242,8 @@ local function schema_for(raw, ovs)
   if arch == nil then arch = schema.nodes["model.arch"].default end
   if type(arch) ~= "string" then return runtime end          -- the type check says what is wrong
   local path = config.model_path(arch)
-  local f = io.open(path, "r")
-  if not f then return runtime end
-  f:close()
-  local chunk, err = loadfile(path)
+  if require("dormouse.core").file_kind(path) == "missing" then return runtime end
+  local chunk, err = config.loadfile(path)
   if not chunk then error(err, 0) end
   local ok, made = pcall(chunk)
   if not ok then error(tostring(made):find(path, 1, true) and made or path .. ": " .. tostring(made), 0) end
@@ -330,11 +339,13 @@ function config.load(path, overrides)
   if type(path) ~= "string" then
     error("config.load: expected the path of an experiment file, got " .. got(path), 2)
   end
-  local f, open_err = io.open(path, "r")
-  if not f then error("cannot open experiment file " .. open_err, 0) end
-  f:close()
+  local kind = require("dormouse.core").file_kind(path)
+  if kind ~= "file" then
+    error(string.format("cannot open experiment file %s: %s", path,
+                        kind == "missing" and "No such file or directory" or "it is " .. kind .. ", not a Lua file"), 0)
+  end
   local env = setmetatable({}, {__index = _G})
-  local chunk, err = loadfile(path, "t", env)
+  local chunk, err = config.loadfile(path, "t", env)
   if not chunk then error(err, 0) end                  -- "path:line: message"
   local results = table.pack(pcall(chunk))
   if not results[1] then

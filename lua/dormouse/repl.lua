@@ -148,7 +148,7 @@ function repl.main(file, cli, flag)
     file = nil
   end
   if file then
-    local chunk, err = loadfile(file, "t", env)
+    local chunk, err = require("dormouse.config").loadfile(file, "t", env)
     if not chunk then io.stderr:write(err, "\n"); return 1 end
     if cli.protect(chunk) ~= 0 then return 1 end
   end

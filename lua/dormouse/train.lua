@@ -51,7 +51,7 @@ end
 function train.build_model(cfg, root)
   local arch = cfg.model.arch
   local path = config.model_path(arch, root)
-  local chunk, err = loadfile(path)
+  local chunk, err = config.loadfile(path)
   if not chunk then
     local models, near, best = {}, nil, nil
     for _, f in ipairs(core.ckpt_listdir(root .. "/models") or {}) do

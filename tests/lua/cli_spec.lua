@@ -262,3 +262,21 @@ describe("the small commands", function()
     has(err, "unknown command 'sampel' (did you mean 'sample'?)")
   end)
 end)
+
+describe("a FIFO named where a file is read", function()
+  it("is refused at once by run, config, plan, sweep, repl and sample --prompt-file, naming it", function()
+    local fifo = dir .. "/pipe.lua"
+    assert(os.execute("mkfifo '" .. fifo .. "'"))
+    for _, args in ipairs {"run '" .. fifo .. "'", "config '" .. fifo .. "'", "plan '" .. fifo .. "'",
+                           "sweep '" .. fifo .. "'", "repl '" .. fifo .. "'",
+                           "sample runs/none --prompt-file '" .. fifo .. "'"} do
+      local code, out, err = dormouse(args, "timeout 20 ")
+      assert.is_true(code ~= 0 and code ~= 124, args .. ": exit " .. tostring(code))
+      has(out .. err, fifo)
+    end
+    local code, _, err = dormouse("run '" .. fifo .. "'")
+    assert.equal(1, code)
+    has(err, "it is a FIFO, not a Lua file")
+    os.remove(fifo)
+  end)
+end)

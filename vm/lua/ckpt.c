@@ -10,6 +10,7 @@
 #include <string.h>
 #include "lua/bind.h"
 #include "io/ckpt.h"
+#include <sys/stat.h>
 
 /* a string key or value without embedded NUL bytes (the core takes C strings) */
 static const char *check_cstring(lua_State *L, int idx, const char *path, const char *what) {
@@ -154,6 +155,18 @@ static int c_write_file(lua_State *L) {
   return 0;
 }
 
+/* core.file_kind(path) -> "file", "missing", or what else is there ("a FIFO", "a directory", "a device",
+** "a socket"), by stat, which never blocks: a FIFO without a writer would hang whoever opens it */
+static int c_file_kind(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  struct stat sb;
+  if (stat(path, &sb) != 0) lua_pushstring(L, errno == ENOENT ? "missing" : strerror(errno));
+  else if (S_ISREG(sb.st_mode)) lua_pushstring(L, "file");
+  else lua_pushstring(L, S_ISFIFO(sb.st_mode) ? "a FIFO" : S_ISDIR(sb.st_mode) ? "a directory" :
+                         S_ISSOCK(sb.st_mode) ? "a socket" : "a device");
+  return 1;
+}
+
 /* core.write_output(path, text): a file a user named for output (dm_write_output: "-" is stdout) */
 static int c_write_output(lua_State *L) {
   size_t n;
@@ -208,7 +221,7 @@ static int c_listdir(lua_State *L) {
 static const luaL_Reg funcs[] = {
   {"ckpt_save_tensors", c_save_tensors}, {"ckpt_load_tensors", c_load_tensors},
   {"ckpt_checksum", c_checksum}, {"ckpt_xxh64", c_xxh64}, {"ckpt_write_file", c_write_file},
-  {"write_output", c_write_output},
+  {"write_output", c_write_output}, {"file_kind", c_file_kind},
   {"ckpt_mkdirs", c_mkdirs}, {"ckpt_fsync_dir", c_fsync_dir}, {"ckpt_listdir", c_listdir},
   {"ckpt_remove_tree", c_remove_tree},
   {NULL, NULL}

@@ -31,7 +31,7 @@ function sweep_cmd.run(argv, cli)
   if not ok then return fail("dormouse sweep: " .. args .. "\n" .. usage, 2) end
   if args.flags.help then io.write(usage, "\n"); return 0 end
   if not args.file then return fail("dormouse sweep: which file?\n" .. usage, 2) end
-  local chunk, err = loadfile(args.file, "t")
+  local chunk, err = config.loadfile(args.file, "t")
   if not chunk then return fail("dormouse sweep: " .. err, 1) end
   local ran, spec = pcall(chunk)
   if not ran then return fail(tostring(spec), 1) end
