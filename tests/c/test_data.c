@@ -420,7 +420,8 @@ static void loader_errors(void) {
   CHECK(frees == 2);
   dm_data_set_host_buffers(NULL);
   EXPECT_ERROR(dm_data_set_host_buffers(&(dm_host_buffers){counting_alloc, NULL}), "both alloc and free");
-  EXPECT_ERROR(dm_loader_new(c, &s, -1, 4), "start must be >= 0");
+  EXPECT_ERROR(dm_loader_new(c, &s, -1, 4), "start must be in 0 .. 2^62, got -1");
+  EXPECT_ERROR(dm_loader_new(c, &s, INT64_MAX - 2, 4), "start must be in 0 .. 2^62");
   EXPECT_ERROR(dm_loader_new(c, &s, 0, 0), "depth must be in 1..1024, got 0");
   dm_batch_spec bad = s;
   bad.seq = 3000;
