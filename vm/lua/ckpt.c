@@ -145,15 +145,21 @@ static int c_xxh64(lua_State *L) {
   return 1;
 }
 
-/* core.ckpt_write_file(path, text): written to path.tmp, fsynced, renamed */
-static int c_write_file(lua_State *L) {
+/* (path, text) from the stack, handed to a writer */
+static int write_with(lua_State *L, void (*writer)(const char *, const void *, size_t)) {
   size_t n;
   const char *path = luaL_checkstring(L, 1);
   const char *data = luaL_checklstring(L, 2, &n);
   DM_ENTER(L);
-  dm_write_file_atomic(path, data, n);
+  writer(path, data, n);
   return 0;
 }
+
+/* core.ckpt_write_file(path, text): written to path.tmp, fsynced, renamed */
+static int c_write_file(lua_State *L) { return write_with(L, dm_write_file_atomic); }
+
+/* core.write_output(path, text): a file a user named for output (dm_write_output: "-" is stdout) */
+static int c_write_output(lua_State *L) { return write_with(L, dm_write_output); }
 
 /* core.file_kind(path) -> "file", "missing", or what else is there ("a FIFO", "a directory", "a device",
 ** "a socket"), by stat, which never blocks: a FIFO without a writer would hang whoever opens it */
@@ -165,16 +171,6 @@ static int c_file_kind(lua_State *L) {
   else lua_pushstring(L, S_ISFIFO(sb.st_mode) ? "a FIFO" : S_ISDIR(sb.st_mode) ? "a directory" :
                          S_ISSOCK(sb.st_mode) ? "a socket" : "a device");
   return 1;
-}
-
-/* core.write_output(path, text): a file a user named for output (dm_write_output: "-" is stdout) */
-static int c_write_output(lua_State *L) {
-  size_t n;
-  const char *path = luaL_checkstring(L, 1);
-  const char *data = luaL_checklstring(L, 2, &n);
-  DM_ENTER(L);
-  dm_write_output(path, data, n);
-  return 0;
 }
 
 static int c_mkdirs(lua_State *L) {
