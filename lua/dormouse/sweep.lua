@@ -306,9 +306,31 @@ local function train_jobs(spec, jobs, dir, names, say, cfgs)
   end
 end
 
+-- A sweep table's fields, each refused by name when malformed (before anything is resolved)
+local function check_spec(spec)
+  local function bad(key, want, v)
+    error(string.format("sweep: %s must be %s, got %s", key, want, v == nil and "nothing" or
+                        type(v) == "table" and "a table of another form" or string.format("%q", tostring(v))), 0)
+  end
+  if type(spec) ~= "table" then bad("the sweep", "a table {base =, arms =, seeds =}", spec) end
+  if type(spec.base) ~= "string" then bad("base", "an experiment file's path", spec.base) end
+  if type(spec.arms) ~= "table" then bad("arms", "a table {name = {KEY = value, ...}}", spec.arms) end
+  for name, arm in pairs(spec.arms) do
+    if type(name) ~= "string" or not name:match("^[%w_]+$") then bad("an arm's name", "a word", name) end
+    if type(arm) ~= "table" then bad("arms." .. name, "a table of overrides {KEY = value}", arm) end
+  end
+  if type(spec.seeds) ~= "table" or #spec.seeds == 0 then bad("seeds", "a list of one seed or more", spec.seeds) end
+  for i, seed in ipairs(spec.seeds) do
+    if math.type(seed) ~= "integer" or seed < 0 then bad("seeds[" .. i .. "]", "an integer >= 0", seed) end
+  end
+  if spec.set ~= nil and type(spec.set) ~= "table" then bad("set", "a table {KEY = value}", spec.set) end
+  if spec.name ~= nil and (type(spec.name) ~= "string" or not spec.name:match("^[%w_.%-]+$")) then
+    bad("name", "a word (it names runs/sweep-NAME)", spec.name)
+  end
+end
+
 function sweep.run(spec)
-  assert(type(spec) == "table" and spec.base and spec.arms and spec.seeds,
-         "dm.sweep{base = FILE, arms = {name = {overrides}}, seeds = {...}}")
+  check_spec(spec)
   local control = spec.control or "control"
   if not spec.arms[control] then error("dm.sweep: no arm named '" .. control .. "' (the control)", 2) end
   local base_name = spec.name or (spec.file and spec.file:match("([^/]+)%.lua$")) or spec.base:match("([^/]+)%.lua$")

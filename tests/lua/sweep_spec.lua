@@ -179,6 +179,20 @@ describe("the sweep files in experiments/", function()
     assert.is_true(checked >= 2)
   end)
 
+  it("refuse a malformed sweep table naming the field (no seeds once gave a -nan verdict)", function()
+    local base = "experiments/tiny.lua"
+    for _, case in ipairs {
+      {{base = base, arms = {control = {}}, seeds = {}}, "seeds must be a list of one seed or more"},
+      {{base = base, arms = {control = {}}, seeds = {1, 2.5}}, "seeds[2] must be an integer >= 0"},
+      {{base = base, arms = {control = 3}, seeds = {1}}, "arms.control must be a table of overrides"},
+      {{base = base, arms = "x", seeds = {1}}, "arms must be a table"},
+      {{arms = {control = {}}, seeds = {1}}, "base must be an experiment file's path"},
+      {{base = base, arms = {control = {}}, seeds = {1}, name = "../x"}, "name must be a word"},
+    } do
+      has(select(2, pcall(sweep.run, case[1])), case[2])
+    end
+  end)
+
   it("name the arm whose key is wrong before any run trains", function()
     local runs = os.tmpname()
     os.remove(runs)
