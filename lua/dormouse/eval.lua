@@ -48,15 +48,20 @@ function eval.held_out(model, x, prefix, opts)
 end
 
 -- Pick a byte from logits [256] (a CPU f32 tensor) with temperature and top-p;
--- temperature 0 takes the most likely byte (the first of equals).
+-- temperature 0 takes the most likely byte (the first of equals). The softmax of logits / T is
+-- taken in double as exp((l - max) / T), every term in [0, 1]: a tiny T (1e-40, whose 1/T f32 cannot
+-- hold) is as greedy as it should be, never a NaN.
 local function pick(logits, temperature, top_p, u)
-  if temperature == 0 then
-    local v = logits:totable()
-    local best = 1
-    for b = 2, #v do if v[b] > v[best] then best = b end end
-    return best - 1
+  local v = logits:totable()
+  local best = 1
+  for b = 2, #v do if v[b] > v[best] then best = b end end
+  if temperature == 0 then return best - 1 end
+  local probs, z = {}, 0
+  for b = 1, #v do
+    probs[b] = math.exp((v[b] - v[best]) / temperature)
+    z = z + probs[b]
   end
-  local probs = (logits * (1 / temperature)):softmax(-1):totable()
+  for b = 1, #v do probs[b] = probs[b] / z end
   local order = {}
   for b = 1, #probs do order[b] = b end
   table.sort(order, function(a, b) return probs[a] > probs[b] end)
@@ -187,8 +192,8 @@ last `context` bytes, 256, for each). ]]
 function eval.sample(model, prompt, n, opts)
   opts = opts or {}
   local temperature, top_p = opts.temperature or 1, opts.top_p or 0.95
-  if type(temperature) ~= "number" or temperature < 0 then
-    error("sample: temperature must be a number >= 0, got " .. tostring(temperature), 2)
+  if type(temperature) ~= "number" or not (temperature >= 0 and temperature < math.huge) then
+    error("sample: temperature must be a finite number >= 0, got " .. tostring(temperature), 2)
   end
   if type(top_p) ~= "number" or top_p <= 0 or top_p > 1 then
     error("sample: top_p must be a number in (0, 1], got " .. tostring(top_p), 2)

@@ -228,7 +228,11 @@ end]], dir .. "/st", prompt))
   end)
 
   it("checks its options", function()
-    helpers.has(helpers.err_of(eval.sample, m, "x", 4, {temperature = -1}), "temperature must be a number >= 0")
+    helpers.has(helpers.err_of(eval.sample, m, "x", 4, {temperature = -1}), "temperature must be a finite number >= 0")
+    helpers.has(helpers.err_of(eval.sample, m, "x", 4, {temperature = math.huge}), "a finite number >= 0")
+    -- a temperature whose 1/T an f32 cannot hold is greedy, not a NaN's 0xFF every byte
+    assert.equal(eval.sample(m, "In the beginning", 16, {temperature = 0}),
+                 eval.sample(m, "In the beginning", 16, {temperature = 1e-40}))
     helpers.has(helpers.err_of(eval.sample, m, "x", 4, {top_p = 0}), "top_p must be a number in (0, 1]")
   end)
 

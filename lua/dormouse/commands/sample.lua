@@ -39,7 +39,8 @@ local function parse(argv)
       args.n = math.tointeger(number(need(), a, function(v) return math.tointeger(v) and v >= 1 end,
                                      "a positive integer")); i = i + 2
     elseif a == "--temperature" then
-      args.temperature = number(need(), a, function(v) return v >= 0 end, "a number >= 0"); i = i + 2
+      args.temperature = number(need(), a, function(v) return v >= 0 and v < math.huge end, "a finite number >= 0")
+      i = i + 2
     elseif a == "--top-p" then
       args.top_p = number(need(), a, function(v) return v > 0 and v <= 1 end, "a number in (0, 1]"); i = i + 2
     elseif a == "--seed" then
