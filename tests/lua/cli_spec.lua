@@ -263,6 +263,15 @@ describe("the small commands", function()
   end)
 end)
 
+describe("standard output that cannot be written", function()
+  it("is an error and a non-zero exit, not a silent exit 0", function()
+    local code, _, err = dormouse("config experiments/tiny.lua >/dev/full")
+    assert.equal(1, code)
+    has(err, "writing to standard output failed")
+    assert.equal(0, (dormouse("config experiments/tiny.lua >/dev/null")))
+  end)
+end)
+
 describe("a FIFO named where a file is read", function()
   it("is refused at once by run, config, plan, sweep, repl and sample --prompt-file, naming it", function()
     local fifo = dir .. "/pipe.lua"

@@ -3,6 +3,7 @@
 ** preloaded, the library found relative to the binary, and argv handed to
 ** lua/dormouse/cli.lua, which does the rest.
 */
+#include <errno.h>
 #include <limits.h>
 #include <libgen.h>
 #include <stdio.h>
@@ -80,5 +81,10 @@ int main(int argc, char **argv) {
     code = 1;
   } else code = (int)luaL_optinteger(L, -1, 0);
   lua_close(L);
+  /* what went to stdout must have arrived: a full disk or a closed pipe is an error, not exit 0 */
+  if (fflush(stdout) != 0 || ferror(stdout)) {
+    fprintf(stderr, "dormouse: writing to standard output failed: %s\n", strerror(errno));
+    if (code == 0) code = 1;
+  }
   return code;
 }
