@@ -214,15 +214,37 @@ end
 config.root = "."
 
 -- The file model.arch names: a path as it is, else models/ARCH.lua under root (default config.root).
---[[ loadfile of a Lua file a user names (an experiment, a model, a sweep, a script): nil and a
-message for what is not a regular file, before it is opened (a FIFO without a writer would wait
-forever); a missing file gets loadfile's own message. ]]
+-- How long a FIFO a user names may take to show its writer (config.read_text): 10 s, or the
+-- environment's DORMOUSE_FIFO_WAIT_MS
+config.FIFO_WAIT_MS = math.tointeger(tonumber(os.getenv("DORMOUSE_FIFO_WAIT_MS") or "")) or 10000
+
+--[[ The text of a file a user names to be read (a script, an experiment, a prompt): a regular file,
+or a FIFO whose writer shows within FIFO_WAIT_MS (`dormouse run /dev/stdin` from a pipe; one that
+nobody writes would wait forever). nil and why for anything else (a folder, a device), and for a
+missing file (`missing` then true). ]]
+function config.read_text(path)
+  local core = require "dormouse.core"
+  local kind = core.file_kind(path)
+  if kind == "a FIFO" then
+    local text, why = core.read_fifo(path, config.FIFO_WAIT_MS)
+    if not text then return nil, string.format("%s is %s", path, why) end
+    return text
+  end
+  if kind ~= "file" then return nil, string.format("%s is %s, not a file", path, kind), kind == "missing" end
+  local f, err = io.open(path, "rb")
+  if not f then return nil, err end
+  local text = f:read("a")
+  f:close()
+  return text
+end
+
+-- loadfile of a Lua file a user names (config.read_text's rules); a missing file gets loadfile's message
 function config.loadfile(path, ...)                 -- mode, env as loadfile takes them (an env given as nil is nil)
   local kind = require("dormouse.core").file_kind(path)
-  if kind ~= "file" and kind ~= "missing" then
-    return nil, string.format("cannot open %s: it is %s, not a Lua file", path, kind)
-  end
-  return loadfile(path, ...)
+  if kind == "file" or kind == "missing" then return loadfile(path, ...) end
+  local text, why = config.read_text(path)
+  if not text then return nil, "cannot open " .. why end
+  return load(text, "@" .. path, ...)
 end
 
 function config.model_path(arch, root)
@@ -340,10 +362,7 @@ function config.load(path, overrides)
     error("config.load: expected the path of an experiment file, got " .. got(path), 2)
   end
   local kind = require("dormouse.core").file_kind(path)
-  if kind ~= "file" then
-    error(string.format("cannot open experiment file %s: %s", path,
-                        kind == "missing" and "No such file or directory" or "it is " .. kind .. ", not a Lua file"), 0)
-  end
+  if kind == "missing" then error(string.format("cannot open experiment file %s: No such file or directory", path), 0) end
   local env = setmetatable({}, {__index = _G})
   local chunk, err = config.loadfile(path, "t", env)
   if not chunk then error(err, 0) end                  -- "path:line: message"

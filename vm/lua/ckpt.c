@@ -10,7 +10,10 @@
 #include <string.h>
 #include "lua/bind.h"
 #include "io/ckpt.h"
+#include <fcntl.h>
+#include <poll.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 /* a string key or value without embedded NUL bytes (the core takes C strings) */
 static const char *check_cstring(lua_State *L, int idx, const char *path, const char *what) {
@@ -173,6 +176,38 @@ static int c_file_kind(lua_State *L) {
   return 1;
 }
 
+/* core.read_fifo(path, wait_ms) -> its whole text, or nil and why: a FIFO is read only once its
+** writer shows (bytes, or its end) within wait_ms; one nobody writes would wait forever */
+static int c_read_fifo(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  int wait_ms = (int)luaL_checkinteger(L, 2);
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) { lua_pushnil(L); lua_pushstring(L, strerror(errno)); return 2; }
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  int ready = poll(&p, 1, wait_ms);
+  if (ready <= 0) {
+    close(fd);
+    lua_pushnil(L);
+    lua_pushfstring(L, ready == 0 ? "a FIFO nothing was written to in %d ms (no writer?)" : "poll failed",
+                    wait_ms);
+    return 2;
+  }
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);   /* the writer is there: read to its end */
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  for (;;) {
+    char *dst = luaL_prepbuffer(&b);
+    ssize_t n = read(fd, dst, LUAL_BUFFERSIZE);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) { int e = errno; close(fd); return luaL_error(L, "%s: read failed: %s", path, strerror(e)); }
+    if (n == 0) break;
+    luaL_addsize(&b, (size_t)n);
+  }
+  close(fd);
+  luaL_pushresult(&b);
+  return 1;
+}
+
 static int c_mkdirs(lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
   DM_ENTER(L);
@@ -217,7 +252,7 @@ static int c_listdir(lua_State *L) {
 static const luaL_Reg funcs[] = {
   {"ckpt_save_tensors", c_save_tensors}, {"ckpt_load_tensors", c_load_tensors},
   {"ckpt_checksum", c_checksum}, {"ckpt_xxh64", c_xxh64}, {"ckpt_write_file", c_write_file},
-  {"write_output", c_write_output}, {"file_kind", c_file_kind},
+  {"write_output", c_write_output}, {"file_kind", c_file_kind}, {"read_fifo", c_read_fifo},
   {"ckpt_mkdirs", c_mkdirs}, {"ckpt_fsync_dir", c_fsync_dir}, {"ckpt_listdir", c_listdir},
   {"ckpt_remove_tree", c_remove_tree},
   {NULL, NULL}

@@ -396,6 +396,12 @@ static int open_core(lua_State *L) {
   luaL_setfuncs(L, funcs, 0);
   lua_pushstring(L, DM_VERSION);
   lua_setfield(L, -2, "version");
+#ifdef DM_SANITIZED
+  lua_pushboolean(L, 1);           /* AddressSanitizer's allocator: host memory is its, not glibc's */
+#else
+  lua_pushboolean(L, 0);
+#endif
+  lua_setfield(L, -2, "sanitized");
   dm_lua_open_tensor(L);
   set_registered(L);
   return 1;

@@ -67,14 +67,8 @@ end
 
 local function read_prompt(args)
   if not args.prompt_file then return args.prompt or "" end
-  local kind = require("dormouse.core").file_kind(args.prompt_file)
-  if kind ~= "file" and kind ~= "missing" then
-    error(string.format("--prompt-file: %s is %s, not a file", args.prompt_file, kind), 0)
-  end
-  local f, err = io.open(args.prompt_file, "rb")
-  if not f then error("--prompt-file: " .. err, 0) end
-  local text = f:read("a")
-  f:close()
+  local text, why = require("dormouse.config").read_text(args.prompt_file)
+  if not text then error("--prompt-file: " .. why, 0) end
   return text
 end
 
