@@ -263,6 +263,16 @@ describe("the small commands", function()
   end)
 end)
 
+describe("dormouse plan from another folder", function()
+  it("finds the model in the install's models/, as run does", function()
+    local exe = bin:sub(1, 1) == "/" and bin or root .. "/" .. bin
+    local code, out = helpers.sh(string.format("cd '%s' && DORMOUSE_HOME='%s' '%s' plan '%s/experiments/tiny.lua'",
+                                               dir, root, exe, root))
+    assert.equal(0, code, out)
+    has(out, "peak")
+  end)
+end)
+
 describe("standard output that cannot be written", function()
   it("is an error and a non-zero exit, not a silent exit 0", function()
     local code, _, err = dormouse("config experiments/tiny.lua >/dev/full")
