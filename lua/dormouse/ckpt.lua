@@ -157,11 +157,15 @@ function ckpt.serialize(v, name)
 end
 
 local MAX_WORK = 10000000       -- VM instructions; a table literal takes a few per value
+local MAX_TEXT = 64 << 20       -- bytes: a run's meta.lua is a few KB
 
 -- Read back what ckpt.serialize wrote ("return " .. literal): as data, with no
--- access to any environment and a bounded amount of work. `name` names the source.
+-- access to any environment, no string methods (("x"):rep(n) would reach them
+-- through the strings' metatable) and a bounded amount of text and work, so of
+-- memory too. `name` names the source.
 function ckpt.deserialize(text, name)
   name = name or "value"
+  if #text > MAX_TEXT then fail("%s: corrupted: %d bytes, over the %d a table literal may have", name, #text, MAX_TEXT) end
   local chunk, err = load(text, "=" .. name, "t", {})
   if not chunk then fail("%s: corrupted: %s", name, err) end
   local co = coroutine.create(chunk)
@@ -170,7 +174,11 @@ function ckpt.deserialize(text, name)
     work = work + 1000
     if work > MAX_WORK then error("too much work for a table literal", 0) end
   end, "", 1000)
+  local strings = getmetatable("")
+  local methods = strings.__index
+  strings.__index = nil                -- for the literal's run only; it runs to its end before this goes on
   local ok, value = coroutine.resume(co)
+  strings.__index = methods
   if not ok then fail("%s: corrupted: %s", name, tostring(value)) end
   if type(value) ~= "table" then fail("%s: corrupted: expected a table, got %s", name, type(value)) end
   return value

@@ -242,6 +242,11 @@ describe("ckpt.serialize", function()
     expect_error(function() ckpt.deserialize("return {x = io.open('/etc/passwd')}", "m.lua") end, "global 'io'")
     expect_error(function() ckpt.deserialize("while true do end", "m.lua") end, "m.lua: corrupted: too much work")
     expect_error(function() ckpt.deserialize("return 42", "m.lua") end, "expected a table, got number")
+    -- memory as well as work: no string method (("x"):rep(1.5e9) took 4.5 GB), no text past 64 MB
+    expect_error(function() ckpt.deserialize("return {a = ('x'):rep(1.5e9)}", "m.lua") end, "m.lua: corrupted")
+    expect_error(function() ckpt.deserialize(("return {a = 'x'}"):rep(1) .. (" "):rep((64 << 20) + 1), "m.lua") end,
+                 "over the 67108864 a table literal may have")
+    assert.equal("xx", ("x"):rep(2))                 -- the strings' methods are back afterwards
     expect_error(function() ckpt.deserialize("return {", "m.lua") end, "m.lua: corrupted")
     expect_error(function() ckpt.deserialize(string.dump(function() return {} end), "m.lua") end, "binary chunk")
   end)
