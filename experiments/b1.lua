@@ -17,7 +17,9 @@ return {
     expert_rank = 64, shared_rank = 192,
     ffn = 5461,
     engram = {orders = {3, 4, 5}, rows = 4194304, width = 32, ram = false},
-    moe = {capacity_factor = nil},  -- dropless: a capacity of 2.0 dropped most assignments
+    -- dropless: a capacity of 2.0 dropped most assignments; the balancing step in proportion to
+    -- the load error keeps the 1,024 experts in use (docs/training.md, "Balance at b1")
+    moe = {capacity_factor = nil, balance = "proportional"},
   },
 
   data = {eval_bytes = 81920},

@@ -3,18 +3,22 @@
 -- tools/english-corpus.sh (68 MB of English; a run reads 16 MB of it); one seed an arm, the table
 -- gives each arm's held-out bpb_fin and its last log window's busiest share and dead experts, each
 -- run's log (runs/sweep-balance_b1/ARM-s1.log, metrics.jsonl) the same every 10 steps.
---   tools/english-corpus.sh && dormouse sweep experiments/balance_b1.lua --jobs 2   (~14-21 GiB a run)
+--   tools/english-corpus.sh && dormouse sweep experiments/balance_b1.lua --jobs 2   (~14-22 GiB a run)
+local f32 = {["model.moe.router_dtype"] = "f32"}
 return {
   name = "balance_b1",
   base = "experiments/b1.lua",
   arms = {
-    control = {},
+    control = {},                                                    -- softmax router, proportional
+    f32 = f32,
+    sign_f32 = {["model.moe.balance"] = "sign", ["model.moe.router_dtype"] = "f32"},   -- collapses
+    aux_f32 = {["model.moe.balance"] = "sign", ["model.moe.router_dtype"] = "f32", ["model.moe.aux_balance"] = 1e-2},
     gamma_1e2 = {["model.moe.lfb_gamma"] = 1e-2},
-    proportional = {["model.moe.balance"] = "proportional"},
-    proportional_1e2 = {["model.moe.balance"] = "proportional", ["model.moe.lfb_gamma"] = 1e-2},
-    router_f32 = {["model.moe.router_dtype"] = "f32"},
     router_small = {["model.moe.router_std"] = 1e-3},
-    aux_1e2 = {["model.moe.aux_balance"] = 1e-2},
+    -- the sigmoid router (the default before): loss-free balancing by sign collapses, in proportion does not
+    sigmoid = {["model.moe.router"] = "sigmoid", ["model.moe.balance"] = "sign"},
+    sigmoid_proportional = {["model.moe.router"] = "sigmoid"},
+    sigmoid_aux = {["model.moe.router"] = "sigmoid", ["model.moe.balance"] = "sign", ["model.moe.aux_balance"] = 1e-2},
   },
   seeds = {1},
   set = {steps = 2000, ["schedule.warmup"] = 200, ["data.path"] = "corpora/english.txt.zst",

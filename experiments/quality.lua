@@ -8,7 +8,7 @@
 local before = {                       -- the control: the forms before the A/B (set for every arm)
   ["model.kda.gate"] = "bounded", ["model.init.dt_bias"] = "zeros", ["model.init.a_log"] = "log_uniform",
   ["model.engram.output"] = "spec", ["model.engram.alpha_gain"] = false, ["model.init.engram_conv"] = "zeros",
-  ["checkpoint.every"] = 0,
+  ["model.moe.router"] = "sigmoid", ["checkpoint.every"] = 0,
 }
 local gate_softplus = {["model.kda.gate"] = "softplus", ["model.init.dt_bias"] = "log_uniform",
                        ["model.init.a_log"] = "uniform"}
@@ -39,8 +39,8 @@ return {
     engram_tables = engram_tables,
     small_inits = small_inits,
     all = merged(gate_softplus, router_softmax, gates_muon, engram_out, engram_tables, small_inits),
-    winners = merged(gate_softplus, engram_out),                       -- the defaults since
-    winners_router = merged(gate_softplus, engram_out, router_softmax),
+    winners = merged(gate_softplus, engram_out),                       -- the defaults that followed
+    winners_router = merged(gate_softplus, engram_out, router_softmax),   -- and with the router chosen at b1
     winners_inits = merged(gate_softplus, engram_out, small_inits),
   },
   seeds = {1, 2, 3},

@@ -268,9 +268,9 @@ local rows = {
       {"router_dtype", enum {"compute", "f32"}, "compute", "the router's product: in the compute dtype " ..
        "(its scores cast to f32), or in f32 from an f32 copy of its input"},
       {"router_std", optional(num{above = 0}), nil, "std of the router's weights at initialisation (nil = d^-1/2)"},
-      {"router", enum {"sigmoid", "softmax"}, "sigmoid", "the router's form: sigmoid = the top k of " ..
-       "sigmoid(logits) + bias, gates s / sum s; softmax = the top k of logits + bias (the bias in logit " ..
-       "units), gates a softmax over the k chosen logits"},
+      {"router", enum {"sigmoid", "softmax"}, "softmax", "the router's form: softmax = the top k of " ..
+       "logits + bias (the bias in logit units), gates a softmax over the k chosen logits; sigmoid = the " ..
+       "top k of sigmoid(logits) + bias, gates s / sum s (docs/training.md, \"Balance at b1\")"},
       {"aux_balance", num{min = 0}, 0, "weight of an auxiliary balance loss, E sum_e f_e P_e (f_e the share " ..
        "of a pass's assignments to expert e, P_e its mean router probability), averaged over the iterations " ..
        "and added to the training loss (0 = off; aux_balance on the log line)"},

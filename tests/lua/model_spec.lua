@@ -248,7 +248,7 @@ describe("model.init", function()
     local m = cfg.model
     assert.same({branch_out = "fan_in", engram_std = 0.02, dt_bias = "log_uniform", conv = "normal",
                  a_log = "uniform", engram_conv = "uniform"}, config.plain(m.init))
-    assert.same({"softplus", "projection", true, "sigmoid", "adamw", "sparse"},
+    assert.same({"softplus", "projection", true, "softmax", "adamw", "sparse"},
                 {m.kda.gate, m.engram.output, m.engram.alpha_gain, m.moe.router, cfg.optim.gates,
                  cfg.optim.engram_adam})
     assert.is_nil(m.engram.dilation)                     -- the form's own: 1 for projection
@@ -416,7 +416,7 @@ describe("the structural options", function()
     grads_agree {"model.moe.router=softmax", "model.moe.router_dtype=f32"}
     local x, prefix = tiny_batch()
     local soft = build("experiments/tiny.lua", {"model.moe.router=softmax"})
-    local plain = build("experiments/tiny.lua")
+    local plain = build("experiments/tiny.lua", {"model.moe.router=sigmoid"})
     dm.no_grad(function()
       assert.are_not.equal(plain:forward(x, prefix).loss:item(), soft:forward(x, prefix).loss:item())
     end)
@@ -426,7 +426,12 @@ describe("the structural options", function()
     assert.same({{1, 2}}, idx:totable())       -- 0-based: expert 1 (-1 + 3) then 2 (2 - 1) over 0 (0.5)
     local e = {math.exp(-1), math.exp(2)}
     assert.is_true(dm.allclose(w, dm.tensor({{e[1] / (e[1] + e[2]), e[2] / (e[1] + e[2])}}), {rtol = 1e-6, atol = 0}))
-    assert.equal("sigmoid", config.load("experiments/tiny.lua").model.moe.router)
+    -- the defaults (docs/training.md, "Balance at b1"): the softmax router everywhere, and b1 balances
+    -- in proportion to the load error
+    assert.equal("softmax", config.load("experiments/tiny.lua").model.moe.router)
+    assert.equal("sign", config.load("experiments/tiny.lua").model.moe.balance)
+    assert.equal("proportional", config.load("experiments/b1.lua").model.moe.balance)
+    assert.equal("compute", config.load("experiments/b1.lua").model.moe.router_dtype)
   end)
 
   it("moe.aux_balance: E sum f_e P_e by hand, in the loss at its weight, float32 against float64", function()
@@ -978,9 +983,11 @@ describe("the control, every arm off", function()
   local OFF = {"model.aux.future=0", "model.aux.draft=0", "model.loom=false", "model.moe.retract_every=0",
                "model.moe.qat=off", "model.moe.littlebit=off", "model.msa.top_k=0", "checkpoint.banks=f32",
                "model.moe.fp8=false", "model.moe.aux_balance=0"}
-  -- the forms of that tree, which later A/Bs changed as defaults (docs/training.md, "Learning quality")
+  -- the forms of that tree, which later A/Bs changed as defaults (docs/training.md, "Learning quality",
+  -- "The router at b1")
   local BEFORE = {"model.kda.gate=bounded", "model.init.dt_bias=zeros", "model.init.a_log=log_uniform",
-                  "model.engram.output=spec", "model.engram.alpha_gain=false", "model.init.engram_conv=zeros"}
+                  "model.engram.output=spec", "model.engram.alpha_gain=false", "model.init.engram_conv=zeros",
+                  "model.moe.router=sigmoid"}
   local function before(sets)
     local out = {table.unpack(BEFORE)}
     for _, s in ipairs(sets) do out[#out + 1] = s end

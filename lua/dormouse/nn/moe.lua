@@ -1,10 +1,10 @@
 --[[
 MoE — routed low-rank experts with a shared expert (spec/model.md):
 
-  s      = sigmoid(W_r u)                      router scores, float32
-  idx    = topk_k(s + lfb_bias)                the bias steers selection only
-  w      = s[idx] / sum(s[idx])
-           (router = "softmax": idx = topk_k(W_r u + lfb_bias), w = softmax of the k chosen logits)
+  l      = W_r u                               router logits, float32 scores
+  idx    = topk_k(l + lfb_bias)                the bias steers selection only
+  w      = softmax(l[idx])                     over the k chosen
+           (router = "sigmoid": s = sigmoid(l), idx = topk_k(s + lfb_bias), w = s[idx] / sum(s[idx]))
   expert e:  y_e = D[e] (silu((U_g[e]^T u) c_g[e]) · (U_u[e]^T u) c_u[e])
   shared:    y_s = the same form at rank r_s
   out    = W_write( y_s + sum_{e in idx} w_e y_e )
@@ -27,7 +27,7 @@ function MoE:init(d, opts)
   self.capacity_factor = opts.capacity_factor     -- nil: dropless
   self.balance = opts.balance or "sign"
   self.router_f32 = opts.router_dtype == "f32"
-  self.router_form = opts.router or "sigmoid"
+  self.router_form = opts.router or "softmax"
   self.aux_weight = opts.aux_balance or 0
   self:child("router", nn.Linear(d, E, {std = opts.router_std}))
   self:param("Ug", nn.init.normal({E, d, r}, d ^ -0.5))
