@@ -14,6 +14,8 @@ return {
     sign_f32 = {["model.moe.balance"] = "sign", ["model.moe.router_dtype"] = "f32"},   -- collapses
     aux_f32 = {["model.moe.balance"] = "sign", ["model.moe.router_dtype"] = "f32", ["model.moe.aux_balance"] = 1e-2},
     gamma_1e2 = {["model.moe.lfb_gamma"] = 1e-2},
+    log = {["model.moe.balance"] = "log"},                           -- a starved expert back as fast
+    log_1e2 = {["model.moe.balance"] = "log", ["model.moe.lfb_gamma"] = 1e-2},
     router_small = {["model.moe.router_std"] = 1e-3},
     -- the sigmoid router (the default before): loss-free balancing by sign collapses, in proportion does not
     sigmoid = {["model.moe.router"] = "sigmoid", ["model.moe.balance"] = "sign"},

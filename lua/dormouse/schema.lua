@@ -263,8 +263,9 @@ local rows = {
     }},
     {"moe", "routed low-rank experts with a shared expert", {
       {"lfb_gamma", num{min = 0}, 1e-3, "loss-free balancing step: bias += gamma*sign(mean_load - load)"},
-      {"balance", enum {"sign", "proportional"}, "sign", "the balancing step: gamma*sign(mean_load - load), " ..
-       "or gamma*(mean_load - load)/mean_load (in proportion to the load error)"},
+      {"balance", enum {"sign", "proportional", "log"}, "sign", "the balancing step: gamma*sign(mean_load - load), " ..
+       "gamma*(mean_load - load)/mean_load (proportional: in proportion to the load error), or " ..
+       "gamma*log((mean_load + 1)/(load + 1)) (log: symmetric in the load's ratio to the mean)"},
       {"router_dtype", enum {"compute", "f32"}, "compute", "the router's product: in the compute dtype " ..
        "(its scores cast to f32), or in f32 from an f32 copy of its input"},
       {"router_std", optional(num{above = 0}), nil, "std of the router's weights at initialisation (nil = d^-1/2)"},

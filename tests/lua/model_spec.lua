@@ -352,6 +352,22 @@ describe("the balancing options", function()
     assert.equal("sign", config.load("experiments/tiny.lua").model.moe.balance)
   end)
 
+  it("balance = log moves each bias by gamma log((mean + 1) / (load + 1)): as far up for a starved expert as down for a busy one",
+     function()
+    local m = nn.MoE(8, {experts = 4, top_k = 1, rank = 2, shared_rank = 2, ffn = 4, lfb_gamma = 0.1,
+                         balance = "log"})
+    m.counts = dm.tensor({11, 2, 2, 1}, {dtype = "i64"})       -- mean 4: (mean + 1) / (load + 1) = 5/12, 5/3, 5/3, 5/2
+    m:update_balance()
+    local want = {0.1 * math.log(5 / 12), 0.1 * math.log(5 / 3), 0.1 * math.log(5 / 3), 0.1 * math.log(5 / 2)}
+    assert.is_true(dm.allclose(m.lfb_bias, dm.tensor(want), {rtol = 1e-6, atol = 1e-7}))
+    m.counts = dm.tensor({3, 3, 3, 3}, {dtype = "i64"})        -- balanced: no step
+    m:update_balance()
+    assert.is_true(dm.allclose(m.lfb_bias, dm.tensor(want), {rtol = 1e-6, atol = 1e-7}))
+    m.counts = dm.tensor({0, 0, 0, 0}, {dtype = "i64"})        -- nothing routed: no step, no NaN
+    m:update_balance()
+    assert.is_true(dm.allclose(m.lfb_bias, dm.tensor(want), {rtol = 1e-6, atol = 1e-7}))
+  end)
+
   it("router_dtype = f32 runs the router's product in f32 under another compute dtype; router_std sets its init",
      function()
     local seen = {}

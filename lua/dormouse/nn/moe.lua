@@ -340,9 +340,12 @@ end
 function MoE:routing() return self.counts end
 
 -- Loss-free balancing, on the whole step's counts (every iteration's routing):
--- lfb_bias[e] += gamma · sign(mean_load − load[e]), or with balance = "proportional"
--- gamma · (mean_load − load[e]) / mean_load. Returns the counts used and,
--- with a capacity factor, the step's dropped assignments per expert.
+-- lfb_bias[e] += gamma · sign(mean_load − load[e]); with balance = "proportional"
+-- gamma · (mean_load − load[e]) / mean_load, which pushes a busy expert down by its
+-- excess but lifts a starved one by gamma at most; with balance = "log"
+-- gamma · log((mean_load + 1) / (load[e] + 1)), the same size for a load k times the
+-- mean as for one k times under it. Returns the counts used and, with a capacity
+-- factor, the step's dropped assignments per expert.
 function MoE:update_balance()
   local counts, drops = self.counts, self.drops
   if not counts then return nil end
@@ -352,6 +355,10 @@ function MoE:update_balance()
       local load = counts:to(self.lfb_bias.dtype)
       local mean = load:sum() * (1 / self.experts)
       self.lfb_bias:add_((mean - load) / (mean + 1e-12) * self.gamma)
+    elseif self.balance == "log" then           -- symmetric in the load's ratio to the mean
+      local load = counts:to(self.lfb_bias.dtype)
+      local mean = load:sum() * (1 / self.experts)
+      self.lfb_bias:add_(((mean + 1) / (load + 1)):log() * self.gamma)
     else
       dm.moe_balance_(self.lfb_bias, counts, self.gamma)
     end
