@@ -157,15 +157,51 @@ function train.named_state(model)
   return t
 end
 
+local FLOATS = {f32 = true, f64 = true, bf16 = true, f16 = true}
+
+--[[ The firewall before a checkpoint: the name of the first tensor (by name) of `tensors` that
+holds a NaN or an infinity, or nil. A tensor's sum is the cheap test, one reduction on the
+device; a sum that is not finite is confirmed element by element, since finite values can
+overflow a sum. Read at checkpoint time only, never inside a step. ]]
+function train.first_nonfinite(tensors)
+  local names = {}
+  for name, t in pairs(tensors) do
+    if dm.is_tensor(t) and FLOATS[t.dtype] and t:numel() > 0 then names[#names + 1] = name end
+  end
+  table.sort(names)
+  return dm.no_grad(function()
+    for _, name in ipairs(names) do
+      local t = tensors[name]
+      if not instrument.finite(t:sum():item()) and not instrument.finite(t:abs():max():item()) then return name end
+    end
+  end)
+end
+
+-- A state that would poison every resume is never written (and so never prunes a good one): the
+-- run stops, naming the tensor and the newest checkpoint, which passed the same check.
+function Run:check_before_checkpoint(state, optim_state)
+  local bad, what = train.first_nonfinite(state), "the parameter"
+  if not bad then bad, what = train.first_nonfinite(optim_state), "the optimiser state" end
+  if not bad then return end
+  local last = dm.ckpt.latest(self.dir)
+  error(string.format("NaN firewall: %s '%s' holds non-finite values (NaN or inf) after step %d; no checkpoint " ..
+                      "of that state was written. %s", what, bad, self.step,
+                      last and string.format("The newest checkpoint, %s, passed this check (--resume %s continues " ..
+                                             "from it)", last, self.dir)
+                           or "The run has no checkpoint yet."), 0)
+end
+
 function Run:save_checkpoint()
   local seed, offset = dm.rng_state()
   local model, model_as, bank_info = train.named_state(self.model), nil, nil
+  local optim_state = self.opt:state()
+  self:check_before_checkpoint(model, optim_state)
   if self.cfg.checkpoint.banks ~= "f32" then        -- the banks as a low-bit format's codes (banks.lua)
     model, model_as, bank_info = banks.pack(self.model, model, self.cfg.checkpoint.banks)
   end
   local path = dm.ckpt.save(self.dir, self.step, {
     model = model, model_as = model_as,
-    optim = self.opt:state(),
+    optim = optim_state,
     meta = {config = config.plain(self.cfg), step = self.step, data = {position = self.loader:position()},
             rng = {seed, offset}, firewall = self.firewall, banks = bank_info},
   }, {keep = self.cfg.checkpoint.keep > 0 and self.cfg.checkpoint.keep or nil})
@@ -226,7 +262,6 @@ local function check_same_config(saved, cfg, dir)
   end
 end
 
-local FLOATS = {f32 = true, f64 = true, bf16 = true, f16 = true}
 
 -- the fields a run's meta.lua must hold, each checked with a message naming it and the file
 function train.check_meta(meta, path)
@@ -291,6 +326,11 @@ function Run:restore(dir)
   dm.no_grad(function()
     for name, t in pairs(state) do t:copy_(c.model[name]) end
   end)
+  local bad = train.first_nonfinite(c.optim)
+  if bad then
+    error(string.format("%s/optim.safetensors: tensor '%s' holds non-finite values (NaN or inf); resume from an " ..
+                        "earlier checkpoint", path, bad), 0)
+  end
   self.opt:load_state(c.optim)
   dm.set_rng_state(c.meta.rng[1], c.meta.rng[2])
   self.step = c.meta.step
@@ -391,6 +431,7 @@ end
 -- One eager step into the window; returns its loss.
 function Run:eager_step(window, tokens)
   local loss, r, step_counts, engram, drops, extras, events = self:train_step()
+  self.skipped = r.skipped or false
   window.events = instrument.add_events(window.events, events)
   ceiling(self.cfg, loss, self.step, window)
   window.steps = window.steps + 1
@@ -678,6 +719,29 @@ function run_body(self, cfg, opts)
           train_bpb = loss and loss / instrument.LN2}
 end
 
+-- Whether the step just taken was skipped by the NaN firewall (the captured step's
+-- clipping sum, read from the device: only when a checkpoint is due)
+function Run:step_skipped()
+  if self.graph then return not instrument.finite(self.opt.dev.sumsq:item()) end
+  return self.skipped
+end
+
+-- A due checkpoint is written after an applied step only: after a skipped one it waits for the
+-- next applied step (said once). Returns whether it was written.
+function Run:checkpoint_after_applied()
+  if self:step_skipped() then
+    if not self.checkpoint_due then
+      self:say(string.format("checkpoint of step %d deferred: the NaN firewall skipped that step; it is written " ..
+                             "after the next applied one", self.step))
+    end
+    self.checkpoint_due = true
+    return false
+  end
+  self.checkpoint_due = nil
+  self:save_checkpoint()
+  return true
+end
+
 -- The steps of a run, with its log lines, evals, checkpoints and progress bar.
 function Run:loop(opts)
   local cfg = self.cfg
@@ -695,8 +759,9 @@ function Run:loop(opts)
     else loss = self:eager_step(window, tokens_per_step) end
     if self.log_now then self:log_window(window); window = instrument.window() end
     if (cfg.eval.every > 0 and self.step % cfg.eval.every == 0) or self.step == cfg.steps then self:eval() end
-    local saved = (cfg.checkpoint.every > 0 and self.step % cfg.checkpoint.every == 0) or self.step == cfg.steps
-    if saved then self:save_checkpoint() end
+    local due = self.checkpoint_due or (cfg.checkpoint.every > 0 and self.step % cfg.checkpoint.every == 0) or
+                self.step == cfg.steps
+    local saved = due and self:checkpoint_after_applied()
     local sig = self.step < last and core.signal_pending()
     if sig then                               -- Ctrl-C or a TERM: this step is done; keep it, then stop
       if self.bar_shown then io.stdout:write("\r\27[K"); self.bar_shown = false end

@@ -41,15 +41,94 @@ describe("the NaN firewall", function()
     has(read(runs .. "/miss/metrics.jsonl"), '"loss":null')
   end)
 
-  it("refuses to resume from a checkpoint whose weights are not finite, naming the tensor", function()
+  it("writes no checkpoint of non-finite weights: the run stops there, naming the tensor", function()
     local runs = tmpdir()
-    -- the first window skips all its steps but is not the last: its checkpoint is written, then the
-    -- second window ends the run
-    has(err_of(run_poisoned, tiny {"name=w", "log.every=2", "checkpoint.every=2"}, {runs = runs}),
-        "two log windows in a row")
-    assert.is_truthy(read(runs .. "/w/ckpt-2/meta.lua"))
-    has(err_of(train.run, tiny {"name=w", "log.every=2", "checkpoint.every=2"},
-               {runs = runs, resume = runs .. "/w", quiet = true, silent = true, root = "."}),
-        "ckpt-2/model.safetensors", "'head.weight'", "non-finite")
+    -- step 2 is applied with a finite loss, then the head's weight turns NaN (as an update from a
+    -- poisoned optimiser state would): the checkpoint after it is refused and the one before kept
+    local setup = train.setup
+    train.setup = function(...)
+      local model, opt = setup(...)
+      model.after_step = function(m, step)
+        if step == 2 then require("dormouse").no_grad(function() m.head.weight:fill_(0 / 0) end) end
+      end
+      return model, opt
+    end
+    local ok, err = pcall(helpers.run_quiet, tiny {"name=w", "log.every=2", "checkpoint.every=1"}, {runs = runs})
+    train.setup = setup
+    assert.is_false(ok)
+    has(tostring(err), "NaN firewall: the parameter 'head.weight' holds non-finite values", "after step 2",
+        "no checkpoint of that state was written", "The newest checkpoint, " .. runs .. "/w/ckpt-1, passed")
+    assert.is_nil(core.ckpt_listdir(runs .. "/w/ckpt-2"))
+    assert.is_truthy(core.ckpt_listdir(runs .. "/w/ckpt-1"))
+  end)
+
+  it("refuses to resume from a checkpoint whose weights or optimiser state are not finite, naming the tensor",
+     function()
+    local runs = tmpdir()
+    local cfg = tiny {"name=r", "log.every=2", "checkpoint.every=2", "steps=2"}
+    helpers.run_quiet(cfg, {runs = runs})
+    local dm = require "dormouse"
+    local path = runs .. "/r/ckpt-2"
+    for _, case in ipairs {{"model", "head.weight", "model.safetensors"}, {"optim", "step", nil}} do
+      local c = dm.ckpt.load(path)
+      local name = case[2]
+      if case[1] == "optim" then                       -- the first float state by name
+        local names = {}
+        for n, t in pairs(c.optim) do if t.dtype == "f32" then names[#names + 1] = n end end
+        table.sort(names)
+        name = names[1]
+      end
+      c[case[1]][name]:fill_(0 / 0)
+      local poisoned = runs .. "/p" .. case[1]
+      dm.ckpt.save(poisoned, 2, c)
+      has(err_of(train.run, tiny {"name=r", "log.every=2", "checkpoint.every=2", "steps=4"},
+                 {runs = runs, resume = poisoned, quiet = true, silent = true, root = "."}),
+          "ckpt-2/" .. (case[3] or "optim.safetensors"), "'" .. name .. "'", "non-finite")
+    end
+  end)
+
+  it("leaves a resumable checkpoint when a learning rate of 1e3 poisons the run", function()
+    local runs = tmpdir()
+    local cfg = tiny {"name=lr", "steps=40", "log.every=2", "checkpoint.every=1", "checkpoint.keep=2",
+                      "optim.muon_lr=1e3", "optim.adamw_lr=1e3"}
+    local ok, err = pcall(helpers.run_quiet, cfg, {runs = runs})
+    assert.is_false(ok, "a learning rate of 1e3 ends the run")
+    has(tostring(err), "NaN firewall")
+    local dm = require "dormouse"
+    local path = dm.ckpt.latest(runs .. "/lr")
+    assert.is_truthy(path, "a checkpoint is left")
+    local c = dm.ckpt.load(path)
+    assert.is_nil(train.first_nonfinite(c.model))
+    assert.is_nil(train.first_nonfinite(c.optim))
+    -- and it resumes (the restore's checks pass; the steps after it may stop the run again)
+    local _, rerr = pcall(train.run, cfg, {runs = runs, resume = runs .. "/lr", quiet = true, silent = true,
+                                           root = "."})
+    assert.is_falsy(tostring(rerr):find("non-finite values (NaN or inf); resume from", 1, true), rerr)
+    has(read(runs .. "/lr/log.txt"), "resumed from " .. path)
+  end)
+
+  it("writes a due checkpoint after the next applied step, never after a skipped one", function()
+    local runs = tmpdir()
+    local setup = train.setup
+    train.setup = function(...)                    -- step 5's loss (the 5th forward) is NaN: skipped
+      local model, opt = setup(...)
+      local forward, calls = model.forward, 0
+      model.forward = function(m, ...)
+        local out = forward(m, ...)
+        calls = calls + 1
+        if calls == 5 then out.loss = out.loss * (0 / 0) end
+        return out
+      end
+      return model, opt
+    end
+    local ok, err = pcall(helpers.run_quiet, tiny {"name=d", "steps=7", "log.every=2", "checkpoint.every=1",
+                                                     "checkpoint.keep=0"}, {runs = runs})
+    train.setup = setup
+    assert.is_true(ok, tostring(err))
+    for step = 1, 7 do
+      local kept = core.ckpt_listdir(runs .. "/d/ckpt-" .. step) ~= nil
+      assert.equal(step ~= 5, kept, "ckpt-" .. step)
+    end
+    has(read(runs .. "/d/log.txt"), "checkpoint of step 5 deferred: the NaN firewall skipped that step")
   end)
 end)
