@@ -254,11 +254,18 @@ local function meta_with(parts, step, files)
 end
 
 -- Leftovers of an interrupted save: a temporary is dropped; a checkpoint
--- moved aside to be replaced goes back if its replacement never arrived.
+-- moved aside to be replaced goes back if its replacement never arrived; a
+-- folder under a final name without its meta.lua (two writers once raced
+-- there; a save renames complete folders only) is no checkpoint and goes, said.
 local function recover(run_dir)
   for _, name in ipairs(core.ckpt_listdir(run_dir) or {}) do
     local path = join(run_dir, name)
     if name:match("^ckpt%-%d+%.tmp$") then remove_dir(path) end
+    if name:match("^ckpt%-%d+$") and core.ckpt_listdir(path) and not exists(join(path, META)) then
+      remove_dir(path)
+      io.stderr:write(string.format("ckpt: removed %s: an incomplete checkpoint (no %s) under a final name\n",
+                                    path, META))
+    end
     local final = name:match("^(ckpt%-%d+)%.old$")
     if final then
       if core.ckpt_listdir(join(run_dir, final)) then remove_dir(path)

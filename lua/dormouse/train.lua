@@ -229,16 +229,40 @@ function Run:open_dir(opts)
     error(string.format("%s holds a run that an --overwrite set aside and did not finish replacing: " ..
                         "move it back to %s or remove it, then run again", aside, self.dir), 0)
   end
-  if opts.overwrite and not opts.resume and core.ckpt_listdir(self.dir) then
+  if opts.overwrite and not self.in_place and core.ckpt_listdir(self.dir) then
     local ok, err = os.rename(self.dir, aside)
     if not ok then error(string.format("--overwrite: cannot move %s aside: %s", self.dir, err), 0) end
     self.replaced = aside
   end
   mkdir(self.dir)
-  self.log_file = assert(io.open(self.dir .. "/log.txt", opts.resume and "a" or "w"))
+  if self.in_place then self:set_later_aside() end
+  self.log_file = assert(io.open(self.dir .. "/log.txt", self.in_place and "a" or "w"))
   for _, line in ipairs(self.early_lines) do self.log_file:write(line, "\n") end
   self.log_file:flush()
   write_atomic(self.dir .. "/config.lua", "return " .. dm.ckpt.serialize(config.plain(self.cfg)) .. "\n")
+end
+
+-- A resume of an earlier checkpoint in place: the run's later checkpoints are moved aside, never
+-- deleted (ckpt-STEP.aside, or .aside-2, ...: no longer checkpoints to resume or prune), and said.
+function Run:set_later_aside()
+  local moved, taken = {}, {}
+  for _, name in ipairs(core.ckpt_listdir(self.dir) or {}) do taken[name] = true end
+  for _, c in ipairs(dm.ckpt.list(self.dir)) do
+    if c.step > self.step then
+      local base = c.path:match("[^/]+$")
+      local to, n = base .. ".aside", 1
+      while taken[to] do n = n + 1; to = string.format("%s.aside-%d", base, n) end
+      taken[to] = true
+      to = self.dir .. "/" .. to
+      local ok, err = os.rename(c.path, to)
+      if not ok then error(string.format("resume: cannot move %s aside: %s", c.path, err), 0) end
+      moved[#moved + 1] = to:match("[^/]+$")
+    end
+  end
+  if #moved > 0 then
+    self:say(string.format("resume: %d later checkpoint%s moved aside in %s (%s); remove them once not needed",
+                           #moved, #moved == 1 and "" or "s", self.dir, table.concat(moved, ", ")))
+  end
 end
 
 -- A run that failed after its folder was made: the overwritten run, if still aside, goes back.
@@ -314,12 +338,33 @@ function train.check_tensors(saved, state, file)
   end
 end
 
-function Run:restore(dir)
-  local path = dm.ckpt.latest(dir)
-  if not path then error("cannot resume " .. dir .. ": it holds no complete checkpoint", 0) end
+--[[ What a --resume path names: a run folder (its newest complete checkpoint) or one checkpoint
+of it, RUN/ckpt-STEP. Returns the run folder and the checkpoint's path. ]]
+function train.resume_point(path)
+  path = path:gsub("(.)/+$", "%1")
+  local run_dir, step = path:match("^(.*)/ckpt%-(%d+)$")
+  if run_dir and dm.ckpt.list(run_dir) then
+    for _, c in ipairs(dm.ckpt.list(run_dir)) do
+      if c.path == path then return run_dir, path end
+    end
+    error(string.format("cannot resume %s: it is not a complete checkpoint of %s", path, run_dir), 0)
+  end
+  local latest = dm.ckpt.latest(path)
+  if not latest then error("cannot resume " .. path .. ": it holds no complete checkpoint", 0) end
+  return path, latest
+end
+
+function Run:restore(run_dir, path)
   local c = dm.ckpt.load(path)
   train.check_meta(c.meta, path)
-  check_same_config(config.upgrade(c.meta.config), self.cfg, dir)
+  local folder_step = math.tointeger(tonumber(path:match("ckpt%-(%d+)$")))
+  if c.meta.step ~= folder_step then
+    error(string.format("%s/meta.lua: step %d, but the folder is ckpt-%s: a checkpoint's meta.lua and its " ..
+                        "folder disagree; resume from another checkpoint", path, c.meta.step, tostring(folder_step)), 0)
+  end
+  local saved = config.upgrade(c.meta.config)
+  if run_dir ~= self.dir and type(saved) == "table" then saved.name = self.cfg.name end   -- continued under a new name
+  check_same_config(saved, self.cfg, run_dir)
   local state = train.named_state(self.model)
   c.model = banks.unpack(c.model, c.meta.banks, path .. "/model.safetensors")
   train.check_tensors(c.model, state, path .. "/model.safetensors")
@@ -625,7 +670,11 @@ function train.run(cfg, opts)
   self.device = train.pick_device(cfg)
   self.dir = (opts.runs or "runs") .. "/" .. cfg.name
   local lock = train.lock_run(self.dir)
-  if not opts.resume and dm.ckpt.latest(self.dir) and not opts.overwrite then
+  local ok_point, from_dir, from = pcall(function() if opts.resume then return train.resume_point(opts.resume) end end)
+  if not ok_point then core.unlock_file(lock); error(from_dir, 0) end
+  self.from_dir, self.from = from_dir, from              -- the run folder and checkpoint a resume reads
+  self.in_place = from_dir == self.dir                   -- a resume that writes where it reads
+  if not self.in_place and dm.ckpt.latest(self.dir) and not opts.overwrite then
     core.unlock_file(lock)
     error(string.format("%s already holds checkpoints: resume it with --resume %s, or choose another " ..
                         "name with --set name=..., or pass --overwrite", self.dir, self.dir), 0)
@@ -633,10 +682,18 @@ function train.run(cfg, opts)
   self.config_text = config.describe(cfg)
   core.signals_hold(true)                     -- SIGINT/SIGTERM end the run between steps (Run:loop)
   local ok, res = pcall(run_body, self, cfg, opts)
+  local sig = ok and core.signal_pending()      -- one that came during the last step or after it
   core.signals_hold(false)
   if not ok then self:undo_dir() end
   core.unlock_file(lock)
   if not ok then error(res, 0) end
+  if sig then                                   -- not dropped: the run is whole, and the caller stops
+    local msg = string.format("%s: the run had reached its last step (%d) and is complete, with its checkpoint",
+                              sig, res.step)
+    local log = io.open(self.dir .. "/log.txt", "a")
+    if log then log:write(msg, "\n"); log:close() end
+    error(msg, 0)
+  end
   return res
 end
 
@@ -659,7 +716,7 @@ function run_body(self, cfg, opts)
   local arms = self.model.arms and self.model:arms() or {}
   if #arms > 0 then self:say("arms: " .. table.concat(arms, "; ")) end
 
-  if opts.resume then self:restore(opts.resume)
+  if opts.resume then self:restore(self.from_dir, self.from)
   else
     local fitted = train.fit_to_corpus(self.model, corpus)
     if fitted then self:say(fitted) end
@@ -667,7 +724,7 @@ function run_body(self, cfg, opts)
   self:open_dir(opts)
   local metrics_path = self.dir .. "/metrics.jsonl"
   if opts.resume then
-    self.records = read_records(metrics_path, self.step)
+    self.records = read_records(self.from_dir .. "/metrics.jsonl", self.step)
     local lines = {}
     for _, r in ipairs(self.records) do lines[#lines + 1] = r.raw end
     write_atomic(metrics_path, #lines > 0 and table.concat(lines, "\n") .. "\n" or "")

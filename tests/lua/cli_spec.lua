@@ -207,6 +207,37 @@ echo "exit $?"
   end
 end)
 
+describe("a signal during the last step", function()
+  it("is not dropped: the run completes with its checkpoint, says so and fails", function()
+    local train = require "dormouse.train"
+    local helpers = require "tests.lua.helpers"
+    local runs = helpers.tmpdir()
+    local pid = io.open("/proc/self/stat"):read("l"):match("^(%d+)")
+    local setup = train.setup
+    train.setup = function(...)                 -- SIGINT to this process during the 3rd (last) step
+      local model, opt = setup(...)
+      local forward, calls = model.forward, 0
+      model.forward = function(m, ...)
+        calls = calls + 1
+        if calls == 3 then                      -- popen: system() would ignore SIGINT while kill runs
+          local k = assert(io.popen("kill -INT " .. pid)); k:read("a"); k:close()
+        end
+        return forward(m, ...)
+      end
+      return model, opt
+    end
+    local ok, err = pcall(helpers.run_quiet, helpers.tiny({"name=last", "steps=3", "eval.every=0", "log.every=1",
+                                                          "checkpoint.every=0", "eval.windows=2", "eval.baseline={}",
+                                                          "schedule.warmup=1"}),
+                          {runs = runs})
+    train.setup = setup
+    assert.is_false(ok)
+    helpers.has(tostring(err), "SIGINT: the run had reached its last step (3) and is complete, with its checkpoint")
+    assert.is_truthy(io.open(runs .. "/last/ckpt-3/meta.lua"))
+    helpers.has(read(runs .. "/last/log.txt"), "SIGINT: the run had reached its last step")
+  end)
+end)
+
 describe("a mapped corpus cut short by another program", function()
   it("ends the run with a message naming the file and exit 1, not a SIGBUS", function()
     local corpus = write("shrinking.txt", string.rep("abcdefgh", 1 << 17))        -- 1 MiB

@@ -134,6 +134,19 @@ describe("pruning old checkpoints", function()
     assert.is_nil(core.ckpt_listdir(runs .. "/p/ckpt-2.tmp"))
   end)
 
+  it("cleans a folder under a final name that lacks its meta.lua (once left by two racing resumes)", function()
+    local runs = tmpdir()
+    run_quiet(tiny {"name=i", "steps=2"}, {runs = runs})
+    local c = dm.ckpt.load(runs .. "/i/ckpt-2")
+    core.ckpt_mkdirs(runs .. "/i/ckpt-212")
+    core.ckpt_write_file(runs .. "/i/ckpt-212/model.safetensors", "partial")
+    assert.same({2}, {dm.ckpt.list(runs .. "/i")[1].step})
+    c.meta.step = 4
+    dm.ckpt.save(runs .. "/i", 4, {model = c.model, optim = c.optim, meta = c.meta})
+    assert.is_nil(core.ckpt_listdir(runs .. "/i/ckpt-212"))
+    assert.is_truthy(core.ckpt_listdir(runs .. "/i/ckpt-2"))
+  end)
+
   it("stopped half-way through deleting an old checkpoint, leaves it uncounted", function()
     local runs = tmpdir()
     run_quiet(tiny {"name=h", "steps=2"}, {runs = runs})
@@ -197,6 +210,58 @@ describe("a resume", function()
     assert.equal(log, helpers.read(runs .. "/far/log.txt"))          -- refused before the folder was touched
     runs = rewritten("fw", function(c) c.meta.firewall = {total = "lots"} end)
     has(resume(runs, "fw"), "meta.lua: firewall.total must be an integer >= 0, got lots")
+  end)
+
+  it("refuses a meta.lua whose step disagrees with its folder's name (once: step 999999999 ended it untrained)",
+     function()
+    local runs = tmpdir()
+    run_quiet(tiny {"name=st", "steps=2"}, {runs = runs})
+    local dir = runs .. "/st/ckpt-2"
+    local text, n = read(dir .. "/meta.lua"):gsub("step = 2,", "step = 999999999,")
+    assert.equal(1, n)
+    local f = assert(io.open(dir .. "/meta.lua", "wb")); f:write(text); f:close()
+    f = assert(io.open(dir .. "/meta.xxh64", "wb")); f:write(core.ckpt_checksum(dir .. "/meta.lua"), "\n"); f:close()
+    has(resume(runs, "st"), "ckpt-2/meta.lua: step 999999999, but the folder is ckpt-2")
+  end)
+
+  it("of RUN/ckpt-STEP continues from that checkpoint, the later ones moved aside, not deleted", function()
+    local runs = tmpdir()
+    run_quiet(tiny {"name=c", "steps=6"}, {runs = runs})
+    local dir = runs .. "/c"
+    local later = read(dir .. "/ckpt-6/model.safetensors")
+    local straight = run_quiet(tiny {"name=s", "steps=6"}, {runs = runs})
+    run_quiet(tiny {"name=c", "steps=6"}, {runs = runs, resume = dir .. "/ckpt-2/"})
+    has(read(dir .. "/log.txt"), "resumed from " .. dir .. "/ckpt-2 at step 2",
+        "resume: 2 later checkpoints moved aside in " .. dir .. " (ckpt-4.aside, ckpt-6.aside)")
+    assert.equal(later, read(dir .. "/ckpt-6.aside/model.safetensors"))
+    -- the same steps again from step 2: the same bits as the uninterrupted run
+    assert.equal(read(runs .. "/s/ckpt-6/model.safetensors"), read(dir .. "/ckpt-6/model.safetensors"))
+    assert.equal(straight.step, 6)
+    local steps = {}
+    for line in read(dir .. "/metrics.jsonl"):gmatch("[^\n]+") do
+      if line:find('"kind":"log"', 1, true) then steps[#steps + 1] = line:match('"step":(%d+)') end
+    end
+    assert.same({"2", "4", "6"}, steps)              -- the log lines of steps 2, 4, 6, once each
+    -- again from ckpt-2: the names taken are kept, the next is .aside-2
+    run_quiet(tiny {"name=c", "steps=6"}, {runs = runs, resume = dir .. "/ckpt-2"})
+    assert.is_truthy(core.ckpt_listdir(dir .. "/ckpt-6.aside-2"))
+    has(err_of(run_quiet, tiny {"name=c", "steps=6"}, {runs = runs, resume = dir .. "/ckpt-3"}),
+        "cannot resume " .. dir .. "/ckpt-3: it is not a complete checkpoint of " .. dir)
+  end)
+
+  it("under another name (--set name=) continues into a new folder, the old one untouched", function()
+    local runs = tmpdir()
+    run_quiet(tiny {"name=a", "steps=4"}, {runs = runs})
+    local before = snapshot(runs .. "/a")
+    run_quiet(tiny {"name=b", "steps=6"}, {runs = runs, resume = runs .. "/a/ckpt-2"})
+    assert.same(before, snapshot(runs .. "/a"))
+    has(read(runs .. "/b/log.txt"), "resumed from " .. runs .. "/a/ckpt-2 at step 2")
+    assert.is_truthy(core.ckpt_listdir(runs .. "/b/ckpt-6"))
+    assert.is_nil(core.ckpt_listdir(runs .. "/b/ckpt-2"))
+    has(read(runs .. "/b/metrics.jsonl"), '"step":2', '"step":6')
+    -- a folder that holds checkpoints is not continued into without --overwrite
+    has(err_of(run_quiet, tiny {"name=b", "steps=6"}, {runs = runs, resume = runs .. "/a"}),
+        runs .. "/b already holds checkpoints")
   end)
 end)
 
