@@ -158,11 +158,13 @@ end
 
 local MAX_WORK = 10000000       -- VM instructions; a table literal takes a few per value
 local MAX_TEXT = 64 << 20       -- bytes: a run's meta.lua is a few KB
+local MAX_MEMORY = 256 << 20    -- bytes of Lua memory its run may take: the text's values and some
 
 -- Read back what ckpt.serialize wrote ("return " .. literal): as data, with no
 -- access to any environment, no string methods (("x"):rep(n) would reach them
--- through the strings' metatable) and a bounded amount of text and work, so of
--- memory too. `name` names the source.
+-- through the strings' metatable), a bounded amount of text and work, and a
+-- ceiling on memory (concatenation is an operator: "s .. s" doubles in one
+-- instruction). `name` names the source.
 function ckpt.deserialize(text, name)
   name = name or "value"
   if #text > MAX_TEXT then fail("%s: corrupted: %d bytes, over the %d a table literal may have", name, #text, MAX_TEXT) end
@@ -177,8 +179,13 @@ function ckpt.deserialize(text, name)
   local strings = getmetatable("")
   local methods = strings.__index
   strings.__index = nil                -- for the literal's run only; it runs to its end before this goes on
+  core.memory_limit(MAX_MEMORY)
   local ok, value = coroutine.resume(co)
+  core.memory_limit(nil)
   strings.__index = methods
+  if not ok and value == "not enough memory" then
+    fail("%s: corrupted: reading it takes more than the %d MB a table literal may", name, MAX_MEMORY >> 20)
+  end
   if not ok then fail("%s: corrupted: %s", name, tostring(value)) end
   if type(value) ~= "table" then fail("%s: corrupted: expected a table, got %s", name, type(value)) end
   return value
@@ -384,6 +391,10 @@ function ckpt.load(dir)
   for _, file in ipairs(FILES) do
     local want, path = meta.files[file], join(dir, file)
     if type(want) ~= "table" then fail("%s: corrupted: no checksum recorded for %s", meta_path, file) end
+    if math.type(want.size) ~= "integer" then        -- "430104", a string, once read as a mismatch with 430104
+      fail("%s: corrupted: files[%q].size must be an integer, got %s %s", meta_path, file, type(want.size),
+           tostring(want.size))
+    end
     local sum, size = core.ckpt_checksum(path)
     if size ~= want.size then
       fail("%s: %s: meta.lua records %s bytes, the file has %d", path,

@@ -246,6 +246,12 @@ describe("ckpt.serialize", function()
     expect_error(function() ckpt.deserialize("return {a = ('x'):rep(1.5e9)}", "m.lua") end, "m.lua: corrupted")
     expect_error(function() ckpt.deserialize(("return {a = 'x'}"):rep(1) .. (" "):rep((64 << 20) + 1), "m.lua") end,
                  "over the 67108864 a table literal may have")
+    -- nor by concatenation, an operator ("s .. s" doubled 34 times took 12 GB): a ceiling on memory
+    expect_error(function() ckpt.deserialize('local s = "x" for i = 1, 34 do s = s .. s end return {s}', "m.lua") end,
+                 "m.lua: corrupted: reading it takes more than the 256 MB a table literal may")
+    local big = ckpt.deserialize('local s = "xxxxxxxx" for i = 1, 20 do s = s .. s end return {#s}', "m.lua")
+    assert.equal(8 << 20, big[1])                   -- under the ceiling it reads
+    assert.equal(("x"):rep(300 << 20):len(), 300 << 20)   -- and the ceiling goes with the reading
     assert.equal("xx", ("x"):rep(2))                 -- the strings' methods are back afterwards
     expect_error(function() ckpt.deserialize("return {", "m.lua") end, "m.lua: corrupted")
     expect_error(function() ckpt.deserialize(string.dump(function() return {} end), "m.lua") end, "binary chunk")
@@ -352,6 +358,9 @@ describe("checkpoint directories", function()
     expect_error(function() ckpt.load(dir) end, "meta.lua: corrupted: no files table")
     write(dir .. "/meta.lua", "return {step = 3, files = {}}")
     expect_error(function() ckpt.load(dir) end, "meta.lua: corrupted: no checksum recorded for model.safetensors")
+    write(dir .. "/meta.lua", string.format('return {step = 3, files = {["model.safetensors"] = {size = "%d"}}}', size))
+    expect_error(function() ckpt.load(dir) end,              -- once "records 430104 bytes, the file has 430104"
+                 'meta.lua: corrupted: files["model.safetensors"].size must be an integer, got string ' .. size)
     os.remove(dir .. "/meta.lua")
     expect_error(function() ckpt.load(dir) end, "meta.lua")
   end)

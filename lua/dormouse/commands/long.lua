@@ -32,6 +32,9 @@ local function parse(argv)
   local f = args.flags
   args.lengths = {}
   for t in (f.lengths or "8192,32768,131072"):gmatch("[^,]+") do args.lengths[#args.lengths + 1] = count(t, "lengths", 2) end
+  if #args.lengths == 0 then
+    error(string.format("--lengths must list one length or more (T,T,...: integers >= 2), got '%s'", f.lengths), 0)
+  end
   args.segment = count(f.segment or 8192, "segment", 1)
   args.steps = count(f.steps or 3, "steps", 1)
   args.bytes = count(f.bytes or 2000, "bytes", 2)
