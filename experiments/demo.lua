@@ -21,7 +21,8 @@ return {
   data = {eval_bytes = 65536},
   optim = {muon_lr = 3e-3, adamw_lr = 3e-3},
   schedule = {kind = "wsd", warmup = 20, decay = 0.25},
-  eval = {every = 100, windows = 64, baseline = {3, 5}},
+  eval = {every = 100, windows = 64, baseline = {3, 5},
+          tasks = "tasks/kjv.lua"},  -- correct@64/256/1024: verses completed from their opening words
   checkpoint = {every = 200, keep = 1},
   log = {every = 20},
 }

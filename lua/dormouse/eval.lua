@@ -189,6 +189,30 @@ byte as a one-character string, for streaming), stream (true: the model's
 state carried from byte to byte, the same cost for every byte, the prompt
 in chunks of prompt_chunk bytes, 8,192; false: a full forward over the
 last `context` bytes, 256, for each). ]]
+-- a prompt's bytes as a list (an empty prompt: one newline)
+local function prompt_bytes(prompt)
+  local bytes = {}
+  for i = 1, #prompt, 4096 do                    -- a long prompt: a slice at a time (string.byte's limit)
+    table.move({prompt:byte(i, math.min(#prompt, i + 4095))}, 1, math.min(4096, #prompt - i + 1), #bytes + 1, bytes)
+  end
+  if #bytes == 0 then bytes = {10} end
+  return bytes
+end
+
+-- fn(gen) with the model in eval mode, no autograd, and the generator closed after, whatever happens
+local function generating(model, prompt, opts, fn)
+  local was_training = model.training
+  model:eval()
+  local ok, err = pcall(dm.no_grad, function()
+    local gen = generator(model, prompt_bytes(prompt), opts)
+    local done, e = pcall(fn, gen)
+    gen.close()
+    if not done then error(e, 0) end
+  end)
+  model:train(was_training)
+  if not ok then error(err, 0) end
+end
+
 function eval.sample(model, prompt, n, opts)
   opts = opts or {}
   local temperature, top_p = opts.temperature or 1, opts.top_p or 0.95
@@ -198,31 +222,36 @@ function eval.sample(model, prompt, n, opts)
   if type(top_p) ~= "number" or top_p <= 0 or top_p > 1 then
     error("sample: top_p must be a number in (0, 1], got " .. tostring(top_p), 2)
   end
-  local bytes = {}
-  for i = 1, #prompt, 4096 do                    -- a long prompt: a slice at a time (string.byte's limit)
-    table.move({prompt:byte(i, math.min(#prompt, i + 4095))}, 1, math.min(4096, #prompt - i + 1), #bytes + 1, bytes)
-  end
-  if #bytes == 0 then bytes = {10} end
   local uniforms = dm.rand({math.max(n, 1)}, {seed = opts.seed or 0}):totable()
-  local was_training = model.training
-  model:eval()
   local out = {}
-  local ok, err = pcall(dm.no_grad, function()
-    local gen = generator(model, bytes, opts)
-    local done, e = pcall(function()
-      for i = 1, n do
-        local b = pick(gen.next(), temperature, top_p, uniforms[i])
-        gen.push(b)
-        out[#out + 1] = string.char(b)
-        if opts.on_byte then opts.on_byte(out[#out]) end
-      end
-    end)
-    gen.close()
-    if not done then error(e, 0) end
+  generating(model, prompt, opts, function(gen)
+    for i = 1, n do
+      local b = pick(gen.next(), temperature, top_p, uniforms[i])
+      gen.push(b)
+      out[#out + 1] = string.char(b)
+      if opts.on_byte then opts.on_byte(out[#out]) end
+    end
   end)
-  model:train(was_training)
-  if not ok then error(err, 0) end
   return table.concat(out)
+end
+
+--[[ The greedy continuation of a prompt, a byte at a time, until judge(text) decides: true
+(solved), false (it cannot be any more) or nil (go on); at most n bytes. Returns the text and
+the verdict (nil: the budget ran out first). The bytes stream as eval.sample's (opts.device,
+opts.stream). ]]
+function eval.greedy_until(model, prompt, n, judge, opts)
+  opts = opts or {}
+  local out, verdict = {}, nil
+  generating(model, prompt, opts, function(gen)
+    for _ = 1, n do
+      local b = pick(gen.next(), 0, 1, 0)
+      gen.push(b)
+      out[#out + 1] = string.char(b)
+      verdict = judge(table.concat(out))
+      if verdict ~= nil then return end
+    end
+  end)
+  return table.concat(out), verdict
 end
 
 return eval

@@ -113,6 +113,12 @@ function instrument.log_line(r)
 end
 
 -- The eval line: window bytes, context, fin, bpb_fin (beside the n-gram baselines), periter, depths.
+-- Names in order with their numbers as numbers: correct@64 before correct@256 before correct@1024
+function instrument.natural_less(a, b)
+  local function padded(s) return (s:gsub("%d+", function(d) return string.format("%020d", tonumber(d)) end)) end
+  return padded(a) < padded(b)
+end
+
 function instrument.eval_line(e, baselines)
   local parts = {
     string.format("eval %6d", e.step),
@@ -135,7 +141,7 @@ function instrument.eval_line(e, baselines)
   for _, d in ipairs(depths) do parts[#parts + 1] = string.format("fin_%d %.4f", d[1], d[2] / LN2) end
   local names = {}                                   -- the model's own measures (an arm's), by name
   for name in pairs(e.measures or {}) do names[#names + 1] = name end
-  table.sort(names)
+  table.sort(names, instrument.natural_less)
   for _, name in ipairs(names) do parts[#parts + 1] = string.format("%s %.4f", name, e.measures[name]) end
   return table.concat(parts, "  ")
 end

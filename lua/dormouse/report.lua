@@ -347,20 +347,24 @@ local function sample_html(text)
 end
 
 local function eval_table(records)
-  local rows, iters, depths = {}, 0, {}
+  local rows, iters, depths, measured = {}, 0, {}, {}
   for _, r in ipairs(records) do
     if r.kind == "eval" then
       rows[#rows + 1] = r
       iters = math.max(iters, #(r.periter or {}))
       for D in pairs(r.depths or {}) do depths[D] = true end
+      for name in pairs(r.measures or {}) do measured[name] = true end
     end
   end
-  local ds = {}
+  local ds, ms = {}, {}
   for D in pairs(depths) do ds[#ds + 1] = D end
   table.sort(ds)
+  for name in pairs(measured) do ms[#ms + 1] = name end       -- correct@B, an arm's draft_accept
+  table.sort(ms, require("dormouse.instrument").natural_less)
   local out = {"<table><tr><th>step</th><th>bpb_fin</th>"}
   for i = 1, iters do out[#out + 1] = "<th>iteration " .. i .. "</th>" end
   for _, D in ipairs(ds) do out[#out + 1] = "<th>fin_" .. D .. "</th>" end
+  for _, name in ipairs(ms) do out[#out + 1] = "<th>" .. esc(name) .. "</th>" end
   out[#out + 1] = "</tr>"
   for k = #rows, 1, -1 do                        -- the latest first
     local r = rows[k]
@@ -372,6 +376,10 @@ local function eval_table(records)
     for _, D in ipairs(ds) do
       local v = r.depths and r.depths[D]
       out[#out + 1] = v and string.format("<td>%.4f</td>", v / LN2) or "<td></td>"
+    end
+    for _, name in ipairs(ms) do
+      local v = r.measures and r.measures[name]
+      out[#out + 1] = type(v) == "number" and string.format("<td>%.4f</td>", v) or "<td></td>"
     end
     out[#out + 1] = "</tr>"
   end

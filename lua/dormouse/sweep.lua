@@ -150,7 +150,7 @@ function sweep.table(results, names, seeds)
       if not seen[m] then seen[m] = true; measured[#measured + 1] = m end
     end
   end
-  table.sort(measured)
+  table.sort(measured, require("dormouse.instrument").natural_less)
   local head = {string.format("%-14s %9s %9s", "arm", "mean", "spread")}
   for _, s in ipairs(seeds) do head[#head + 1] = string.format("%9s", "seed " .. s) end
   head[#head + 1] = string.format("%9s %9s %8s", "train", "tok/s", "peak MiB")

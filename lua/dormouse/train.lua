@@ -24,6 +24,7 @@ local instrument = require "dormouse.instrument"
 local json = require "dormouse.json"
 local report = require "dormouse.report"
 local evaluate = require "dormouse.eval"
+local tasks = require "dormouse.tasks"
 local segments = require "dormouse.segments"
 
 local train = {}
@@ -557,6 +558,12 @@ function Run:eval()
   local e = evaluate.held_out(self.model, self.eval_x, self.eval_prefix, {
     batch = self.cfg.batch, device = self.device, depths = self.cfg.eval.depths, segment = self.cfg.model.segment})
   e.step = self.step
+  if self.tasks then                        -- correct@B of eval.tasks, beside the model's own measures
+    e.measures = e.measures or {}
+    for name, v in pairs(tasks.correct_at(self.model, self.tasks, self.cfg.eval.budgets, {device = self.device})) do
+      e.measures[name] = v
+    end
+  end
   self:say(instrument.eval_line(e, self.baselines))
   local rec = {kind = "eval", step = self.step, time = os.time(), bytes = e.bytes, ctx = e.ctx, segment = e.segment,
                fin = e.fin,
@@ -587,6 +594,13 @@ function Run:write_report(live, stopped)
 end
 
 ---------------------------------------------------------------- the run
+
+-- A file a config names: as given when it is there, else under the install's root (tasks/kjv.lua)
+function train.find_file(path, root)
+  if core.file_kind(path) ~= "missing" or path:sub(1, 1) == "/" then return path end
+  local installed = (root or ".") .. "/" .. path
+  return core.file_kind(installed) ~= "missing" and installed or path
+end
 
 function train.open_corpus(cfg)
   local path = cfg.data.path or dm.data.default_corpus()
@@ -716,6 +730,7 @@ function run_body(self, cfg, opts)
   local arms = self.model.arms and self.model:arms() or {}
   if #arms > 0 then self:say("arms: " .. table.concat(arms, "; ")) end
 
+  if cfg.eval.tasks then self.tasks = tasks.load(train.find_file(cfg.eval.tasks, opts.root)) end
   if opts.resume then self:restore(self.from_dir, self.from)
   else
     local fitted = train.fit_to_corpus(self.model, corpus)
