@@ -214,6 +214,13 @@ function Run:save_checkpoint()
   end
 end
 
+-- A file of the run folder opened to write, or an error that names it and says why (read-only, full)
+function train.open_run_file(path, mode)
+  local f, err = io.open(path, mode)
+  if not f then error(string.format("cannot write %s", err), 0) end
+  return f
+end
+
 --[[ The run folder, made only once everything that can refuse the run has
 passed (the config, the model, the corpus, a resume's checks): a refused run
 leaves the disk as it was. With --overwrite the old run is moved aside to
@@ -237,7 +244,7 @@ function Run:open_dir(opts)
   end
   mkdir(self.dir)
   if self.in_place then self:set_later_aside() end
-  self.log_file = assert(io.open(self.dir .. "/log.txt", self.in_place and "a" or "w"))
+  self.log_file = train.open_run_file(self.dir .. "/log.txt", self.in_place and "a" or "w")
   for _, line in ipairs(self.early_lines) do self.log_file:write(line, "\n") end
   self.log_file:flush()
   write_atomic(self.dir .. "/config.lua", "return " .. dm.ckpt.serialize(config.plain(self.cfg)) .. "\n")
@@ -744,7 +751,7 @@ function run_body(self, cfg, opts)
     for _, r in ipairs(self.records) do lines[#lines + 1] = r.raw end
     write_atomic(metrics_path, #lines > 0 and table.concat(lines, "\n") .. "\n" or "")
   end
-  self.metrics_file = assert(io.open(metrics_path, opts.resume and "a" or "w"))
+  self.metrics_file = train.open_run_file(metrics_path, opts.resume and "a" or "w")
   if cfg.log.tensorboard then                -- dir/tb: on resume made again from the metrics kept
     local tb = require "dormouse.tensorboard"
     self.tensorboard = opts.resume and tb.rewrite(self.dir .. "/tb", self.records) or tb.open(self.dir .. "/tb")

@@ -134,6 +134,13 @@ describe("pruning old checkpoints", function()
     assert.is_nil(core.ckpt_listdir(runs .. "/p/ckpt-2.tmp"))
   end)
 
+  it("that cannot be written says which file and why, not a traceback (a read-only folder once showed one)",
+     function()
+    local train = require "dormouse.train"
+    local err = err_of(train.open_run_file, "/nonexistent-dir/r/log.txt", "w")
+    assert.equal("cannot write /nonexistent-dir/r/log.txt: No such file or directory", err)
+  end)
+
   it("cleans a folder under a final name that lacks its meta.lua (once left by two racing resumes)", function()
     local runs = tmpdir()
     run_quiet(tiny {"name=i", "steps=2"}, {runs = runs})
