@@ -79,10 +79,11 @@ describe("the NaN firewall", function()
         name = names[1]
       end
       c[case[1]][name]:fill_(0 / 0)
-      local poisoned = runs .. "/p" .. case[1]
+      local other = tmpdir()                            -- the same run's name, in a folder of its own
+      local poisoned = other .. "/r"
       dm.ckpt.save(poisoned, 2, c)
       has(err_of(train.run, tiny {"name=r", "log.every=2", "checkpoint.every=2", "steps=4"},
-                 {runs = runs, resume = poisoned, quiet = true, silent = true, root = "."}),
+                 {runs = other, resume = poisoned, quiet = true, silent = true, root = "."}),
           "ckpt-2/" .. (case[3] or "optim.safetensors"), "'" .. name .. "'", "non-finite")
     end
   end)
