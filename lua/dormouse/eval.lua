@@ -47,12 +47,11 @@ function eval.held_out(model, x, prefix, opts)
           depths = depths, measures = measures}
 end
 
--- Pick a byte from logits [256] (a CPU f32 tensor) with temperature and top-p;
+-- Pick a byte from logits (256 numbers, a list) with temperature and top-p;
 -- temperature 0 takes the most likely byte (the first of equals). The softmax of logits / T is
 -- taken in double as exp((l - max) / T), every term in [0, 1]: a tiny T (1e-40, whose 1/T f32 cannot
 -- hold) is as greedy as it should be, never a NaN.
-local function pick(logits, temperature, top_p, u)
-  local v = logits:totable()
+local function pick(v, temperature, top_p, u)
   local best = 1
   for b = 2, #v do if v[b] > v[best] then best = b end end
   if temperature == 0 then return best - 1 end
@@ -166,6 +165,11 @@ local function generator(model, bytes, opts)
     logits = nil
   end
   function gen.close() free_state(state); state = nil end
+  function gen.take_state()                  -- the state after next(), now the caller's (nil: none)
+    local s = streaming and state or nil
+    if s then state = nil end
+    return s
+  end
   return gen
 end
 
@@ -213,26 +217,137 @@ local function generating(model, prompt, opts, fn)
   if not ok then error(err, 0) end
 end
 
-function eval.sample(model, prompt, n, opts)
-  opts = opts or {}
+local function sampling(opts)
   local temperature, top_p = opts.temperature or 1, opts.top_p or 0.95
   if type(temperature) ~= "number" or not (temperature >= 0 and temperature < math.huge) then
-    error("sample: temperature must be a finite number >= 0, got " .. tostring(temperature), 2)
+    error("sample: temperature must be a finite number >= 0, got " .. tostring(temperature), 3)
   end
   if type(top_p) ~= "number" or top_p <= 0 or top_p > 1 then
-    error("sample: top_p must be a number in (0, 1], got " .. tostring(top_p), 2)
+    error("sample: top_p must be a number in (0, 1], got " .. tostring(top_p), 3)
   end
+  return temperature, top_p
+end
+
+function eval.sample(model, prompt, n, opts)
+  opts = opts or {}
+  local temperature, top_p = sampling(opts)
   local uniforms = dm.rand({math.max(n, 1)}, {seed = opts.seed or 0}):totable()
   local out = {}
   generating(model, prompt, opts, function(gen)
     for i = 1, n do
-      local b = pick(gen.next(), temperature, top_p, uniforms[i])
+      local b = pick(gen.next():totable(), temperature, top_p, uniforms[i])
       gen.push(b)
       out[#out + 1] = string.char(b)
       if opts.on_byte then opts.on_byte(out[#out]) end
     end
   end)
   return table.concat(out)
+end
+
+-- the streams' states, one per stream (batch 1), as one of batch #states
+local function cat_states(states)
+  local out = {}
+  for i, part in pairs(states[1]) do
+    out[i] = {}
+    for k in pairs(part) do
+      local rows = {}
+      for j, s in ipairs(states) do rows[j] = s[i][k] end
+      out[i][k] = dm.cat(rows, 1)
+    end
+  end
+  return out
+end
+
+-- rows of bytes (each a list of one length) as a [#rows, len] u8 tensor on device
+local function byte_rows(rows, len, device)
+  local t = len > 0 and dm.tensor(rows, {dtype = "u8"}) or dm.zeros({#rows, 0}, {dtype = "u8"})
+  if device and device ~= "cpu" then t = t:to(device) end
+  return t
+end
+
+--[[ Many streams at once: every prompt of `prompts` is continued by n bytes (or until its text
+ends with opts.stop), opts.streams of them (all, by default) in one step of that batch a byte.
+Each prompt runs alone first (in chunks, as eval.sample's), its state then copied into a free
+slot of the batch's: a stream that ends gives its slot to the next prompt (continuous batching).
+Stream j samples as eval.sample does with seed opts.seed + j - 1, so each stream's text is the
+one eval.sample gives alone, up to the rounding of a batched product. opts as eval.sample's, and
+on_byte(j, byte) as they come, on_done(j, text) as each stream ends, stop (a string). Returns the
+texts, in the prompts' order. ]]
+function eval.sample_streams(model, prompts, n, opts)
+  opts = opts or {}
+  local temperature, top_p = sampling(opts)
+  local width = math.min(opts.streams or #prompts, #prompts)
+  local device, stop, seed = opts.device, opts.stop, opts.seed or 0
+  local ctx = model.context and model:context() or 0
+  local texts, slots, taken, state = {}, {}, 0, nil
+  -- the next prompt's pass alone: a slot's stream, its first logits, and its state (batch 1)
+  local function start()
+    taken = taken + 1
+    local j = taken
+    local gen = generator(model, prompt_bytes(prompts[j]), {device = device, prompt_chunk = opts.prompt_chunk})
+    local logits = gen.next():totable()
+    local s = gen.take_state()
+    gen.close()
+    if not s then error("sample: many streams need a model whose forward carries its state (out.state)", 0) end
+    return {j = j, bytes = prompt_bytes(prompts[j]), out = {}, logits = logits,
+            uniforms = dm.rand({math.max(n, 1)}, {seed = seed + j - 1}):totable()}, s
+  end
+  generating(model, "", {device = device}, function()
+    local firsts = {}
+    for slot = 1, width do slots[slot], firsts[slot] = start() end
+    state = dm.scope(function() return cat_states(firsts) end)
+    for _, s in ipairs(firsts) do free_state(s) end
+    while true do
+      for slot, s in ipairs(slots) do           -- a finished stream's slot takes the next prompt
+        if s.done and taken < #prompts then
+          local fresh, rows = start()
+          for i, part in pairs(state) do
+            for k, t in pairs(part) do t:narrow(1, slot, 1):copy_(rows[i][k]) end
+          end
+          free_state(rows)
+          slots[slot] = fresh
+        end
+      end
+      local active = 0
+      for _, s in ipairs(slots) do
+        if not s.done then
+          local b = pick(s.logits, temperature, top_p, s.uniforms[#s.out + 1])
+          s.bytes[#s.bytes + 1] = b
+          s.out[#s.out + 1] = string.char(b)
+          if opts.on_byte then opts.on_byte(s.j, s.out[#s.out]) end
+          local text = #s.out >= n and table.concat(s.out) or nil
+          if #s.out >= n or (stop and #s.out >= #stop and table.concat(s.out, "", #s.out - #stop + 1) == stop) then
+            s.done, texts[s.j] = true, text or table.concat(s.out)
+            if opts.on_done then opts.on_done(s.j, texts[s.j]) end
+          else
+            active = active + 1
+          end
+        end
+      end
+      if active == 0 and taken == #prompts then break end
+      local x, prefix = {}, {}                 -- each slot's newest byte (a finished one's is stepped idle)
+      for slot, s in ipairs(slots) do
+        local m = #s.bytes
+        x[slot] = {s.bytes[m], 0}
+        local row = {}
+        for a = m - ctx, m - 1 do row[#row + 1] = a >= 1 and s.bytes[a] or 0 end
+        prefix[slot] = row
+      end
+      local logits, next_state = dm.scope(function()
+        local out = model:forward(byte_rows(x, 2, device), byte_rows(prefix, ctx, device), {state = state})
+        local l = out.fin_logits
+        return l:narrow(2, l:size(2), 1):reshape({width, 256}):to("cpu"):to("f32"), out.state
+      end)
+      free_state(state)
+      state = next_state
+      local rows = logits:totable()
+      logits:free()
+      for slot, s in ipairs(slots) do if not s.done then s.logits = rows[slot] end end
+    end
+    free_state(state)
+    state = nil
+  end)
+  return texts
 end
 
 --[[ The greedy continuation of a prompt, a byte at a time, until judge(text) decides: true
@@ -244,7 +359,7 @@ function eval.greedy_until(model, prompt, n, judge, opts)
   local out, verdict = {}, nil
   generating(model, prompt, opts, function(gen)
     for _ = 1, n do
-      local b = pick(gen.next(), 0, 1, 0)
+      local b = pick(gen.next():totable(), 0, 1, 0)
       gen.push(b)
       out[#out + 1] = string.char(b)
       verdict = judge(table.concat(out))

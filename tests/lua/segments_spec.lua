@@ -240,6 +240,54 @@ end]], dir .. "/st", prompt))
     helpers.has(helpers.err_of(eval.sample, m, "x", 4, {top_p = 0}), "top_p must be a number in (0, 1]")
   end)
 
+  it("runs many streams in one batched step, each the bytes it gives alone, a finished slot taking the next prompt",
+     function()
+    local prompts = {"In the beginning", "And God said", "\n  1 And the LORD spake unto Moses, ", "Amen", "x"}
+    local done = {}
+    local texts = eval.sample_streams(m, prompts, 48, {temperature = 0.9, seed = 5, streams = 2,
+                                                       on_done = function(j, text) done[#done + 1] = j end})
+    for j, p in ipairs(prompts) do
+      assert.equal(eval.sample(m, p, 48, {temperature = 0.9, seed = 5 + j - 1}), texts[j], "stream " .. j)
+    end
+    table.sort(done)
+    assert.same({1, 2, 3, 4, 5}, done)
+    -- a stop text ends a stream once its text ends with it; greedy streams equal greedy alone
+    local greedy = eval.sample(m, "In the", 64, {temperature = 0})
+    local at = greedy:find("e", 1, true)
+    assert.is_truthy(at, greedy)
+    local stopped = eval.sample_streams(m, {"In the", "In the"}, 64, {temperature = 0, stop = "e"})
+    assert.same({greedy:sub(1, at), greedy:sub(1, at)}, stopped)
+    helpers.has(helpers.err_of(eval.sample_streams, m, {"x"}, 4, {top_p = 2}), "top_p must be a number in (0, 1]")
+  end)
+
+  it("runs as `dormouse sample RUN --prompts FILE --streams N`, one JSON line a stream", function()
+    local bin = arg and arg[-1]
+    local file = dir .. "/prompts.jsonl"
+    local f = assert(io.open(file, "w"))
+    f:write('{"prompt": "In the"}\n{"prompt": "And God"}\n{"prompt": "Amen"}\n')
+    f:close()
+    local p = assert(io.popen(string.format("'%s' sample '%s/st' --prompts '%s' --streams 2 -n 20 --temperature 0 " ..
+                                            "2>/dev/null", bin, dir, file)))
+    local out = p:read("a")
+    local _, _, code = p:close()
+    assert.equal(0, code, out)
+    local json, seen = require "dormouse.json", {}
+    for line in out:gmatch("[^\n]+") do
+      local rec = json.decode(line)
+      seen[rec.stream] = rec
+    end
+    for j, prompt in ipairs {"In the", "And God", "Amen"} do
+      assert.equal(prompt, seen[j].prompt)
+      assert.equal(eval.sample(m, prompt, 20, {temperature = 0}), seen[j].text)
+    end
+    f = assert(io.open(dir .. "/bad.jsonl", "w")); f:write('{"prompt": "a"}\n{"text": 3}\n'); f:close()
+    p = assert(io.popen(string.format("'%s' sample '%s/st' --prompts '%s/bad.jsonl' 2>&1", bin, dir, dir)))
+    local err = p:read("a")
+    _, _, code = p:close()
+    assert.equal(1, code, err)
+    helpers.has(err, "bad.jsonl line 2: expected {\"prompt\": \"...\"}")
+  end)
+
   it("runs as `dormouse sample RUN --prompt TEXT -n N`, the bytes on stdout and their rate on stderr", function()
     local bin = arg and arg[-1]
     local function sample(args)

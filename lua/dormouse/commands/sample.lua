@@ -1,6 +1,7 @@
 --[==[
-dormouse sample RUN [--prompt TEXT | --prompt-file FILE] [-n N] [--temperature T] [--top-p P]
-                    [--seed S] [--device cpu|cuda] [--full] [--trust]
+dormouse sample RUN [--prompt TEXT | --prompt-file FILE | --prompts FILE] [-n N] [--streams N]
+                    [--stop TEXT] [--temperature T] [--top-p P] [--seed S] [--device cpu|cuda]
+                    [--full] [--trust]
 
 Loads a checkpoint (runs/NAME for its latest, or runs/NAME/ckpt-STEP) and
 streams N bytes (default 200) after the prompt to stdout as they come: the
@@ -13,13 +14,23 @@ at the end: the prompt's time (with the first byte) and the rate of
 generation over bytes 2-100, 101-1000, 1001-10000, ... (bytes/s). A run
 whose config names its model file by a path (not models/NAME) is opened only
 with --trust: that file is code, perhaps shipped with the checkpoint.
+
+Many streams at once: --prompts FILE (one prompt a line; a .jsonl file holds
+one {"prompt": ...} a line) and --streams N (how many run in one batched
+step; with one prompt, that prompt sampled N times). Stream j samples with
+seed S + j - 1, so its text is what a single-stream sample with that seed
+gives; a stream ends after N bytes or once its text ends with --stop, and
+its slot takes the next prompt. Each stream is written as it ends, one JSON
+line {"stream": j, "prompt": ..., "text": ...} (bytes that are not UTF-8 as
+U+FFFD); on stderr the total rate.
 ]==]
 local dm = require "dormouse"
 local probe = require "dormouse.probe"
 local eval = require "dormouse.eval"
 
-local usage = "usage: dormouse sample RUN [--prompt TEXT | --prompt-file FILE] [-n N] [--temperature T] " ..
-              "[--top-p P] [--seed S] [--device cpu|cuda] [--full] [--trust]"
+local usage = "usage: dormouse sample RUN [--prompt TEXT | --prompt-file FILE | --prompts FILE] [-n N] " ..
+              "[--streams N] [--stop TEXT] [--temperature T] [--top-p P] [--seed S] [--device cpu|cuda] " ..
+              "[--full] [--trust]"
 
 local function number(text, flag, ok, what)
   local v = tonumber(text)
@@ -35,6 +46,14 @@ local function parse(argv)
     local function need() if value == nil then error(a .. " needs a value", 0) end return value end
     if a == "--prompt" then args.prompt = need(); i = i + 2
     elseif a == "--prompt-file" then args.prompt_file = need(); i = i + 2
+    elseif a == "--prompts" then args.prompts = need(); i = i + 2
+    elseif a == "--stop" then
+      args.stop = need()
+      if #args.stop == 0 then error("--stop takes a non-empty text", 0) end
+      i = i + 2
+    elseif a == "--streams" then
+      args.streams = math.tointeger(number(need(), a, function(v) return math.tointeger(v) and v >= 1 end,
+                                           "a positive integer")); i = i + 2
     elseif a == "-n" or a == "--bytes" then
       args.n = math.tointeger(number(need(), a, function(v) return math.tointeger(v) and v >= 1 end,
                                      "a positive integer")); i = i + 2
@@ -62,6 +81,12 @@ local function parse(argv)
   if args.help then return args end
   if not args.run then error("which run? give runs/NAME or runs/NAME/ckpt-STEP", 0) end
   if args.prompt and args.prompt_file then error("--prompt or --prompt-file, not both", 0) end
+  if args.prompts and (args.prompt or args.prompt_file) then
+    error("--prompts FILE holds the prompts: not with --prompt or --prompt-file", 0)
+  end
+  if args.full and (args.prompts or args.streams) then
+    error("--full runs one stream a full forward a byte: not with --prompts or --streams", 0)
+  end
   return args
 end
 
@@ -72,6 +97,30 @@ local function read_prompt(args)
   return text
 end
 
+-- --prompts FILE: one prompt a line, or a .jsonl file's {"prompt": ...} a line; errors name the line
+local function read_prompts(path)
+  local text, why = require("dormouse.config").read_text(path)
+  if not text then error("--prompts: " .. why, 0) end
+  local json, jsonl, out, n = require "dormouse.json", path:match("%.jsonl$") ~= nil, {}, 0
+  for line in text:gmatch("([^\n]*)\n?") do
+    n = n + 1
+    if line ~= "" then
+      if jsonl then
+        local ok, rec = pcall(json.decode, line)
+        if not ok or type(rec) ~= "table" or type(rec.prompt) ~= "string" then
+          error(string.format("--prompts: %s line %d: expected {\"prompt\": \"...\"}%s", path, n,
+                              ok and "" or ": " .. tostring(rec)), 0)
+        end
+        out[#out + 1] = rec.prompt
+      else
+        out[#out + 1] = line
+      end
+    end
+  end
+  if #out == 0 then error("--prompts: " .. path .. " holds no prompt", 0) end
+  return out
+end
+
 -- "2-100: 1604.5, 101-1000: 1581.9, ..." (eval.rates)
 local function rates(stamps)
   local parts = {}
@@ -79,10 +128,38 @@ local function rates(stamps)
   return table.concat(parts, ", ")
 end
 
+-- many streams: one JSON line a stream as it ends, the total rate on stderr
+local function many(args, model, prompts)
+  local json, now = require "dormouse.json", require("dormouse.core").now
+  local settle = args.device == "cuda" and dm.cuda.synchronize or function() end
+  local width = math.min(args.streams or #prompts, #prompts)
+  io.stderr:write(string.format("sample: %d stream%s, %d at once, up to %d bytes each\n", #prompts,
+                                #prompts == 1 and "" or "s", width, args.n))
+  local total, t0 = 0, now()
+  eval.sample_streams(model, prompts, args.n, {
+    temperature = args.temperature, top_p = args.top_p, seed = args.seed, device = args.device,
+    streams = width, stop = args.stop,
+    on_done = function(j, text)
+      total = total + #text
+      io.stdout:write(json.encode({stream = j, prompt = prompts[j], text = text}), "\n")
+      io.stdout:flush()
+    end})
+  settle()
+  local dt = now() - t0
+  io.stderr:write(string.format("sample: %d bytes in %.3f s (prompts included): %.1f bytes/s in all\n", total, dt,
+                                dt > 0 and total / dt or 0 / 0))
+end
+
 local function run(argv, cli)
   return cli.framed("sample", usage, parse, function(args)
     if args.device == "cuda" and not dm.cuda.is_available() then
       error("--device cuda: no CUDA device here (or this build has no CUDA backend)", 0)
+    end
+    if args.prompts or (args.streams or 1) > 1 then
+      local prompts = args.prompts and read_prompts(args.prompts) or {}
+      if not args.prompts then for j = 1, args.streams do prompts[j] = read_prompt(args) end end
+      local model = probe.load(args.run, cli.root, {device = args.device, trust = args.trust})
+      return many(args, model, prompts)
     end
     local prompt = read_prompt(args)
     local model, _, dir, step = probe.load(args.run, cli.root, {device = args.device, trust = args.trust})
