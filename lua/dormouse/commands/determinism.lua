@@ -1,0 +1,149 @@
+--[==[
+dormouse determinism EXPERIMENT.lua [--steps N] [--set KEY=VALUE ...]
+
+Trains the experiment three times for N steps (default 20) from the same
+seed: twice straight through, and once stopped after step N/2 (as a kill
+would: its checkpoint there) and resumed. Each later run is compared with
+the first: the training loss and gradient norm of every step, then every
+parameter and optimiser state of the final checkpoint, bit for bit. Prints
+the first difference each has (the step and both values, or the tensor and
+its largest difference) and exits 1 when there is one. The runs are kept in
+runs/determinism-NAME/ (replaced by the next check of NAME).
+]==]
+local config = require "dormouse.config"
+
+local usage = "usage: dormouse determinism EXPERIMENT.lua [--steps N] [--set KEY=VALUE ...]"
+local FLAGS = {steps = "N", help = true}
+
+local determinism = {}
+
+local function parse(argv)
+  local args = config.parse_args(argv, 2, FLAGS)
+  if args.flags.help then return {help = true} end
+  if not args.file then error("which experiment? (an experiments/*.lua file)", 0) end
+  local steps = math.tointeger(tonumber(args.flags.steps or 20))
+  if not steps or steps < 2 then
+    error(string.format("--steps must be an integer >= 2, got %s", tostring(args.flags.steps)), 0)
+  end
+  args.steps = steps
+  return args
+end
+
+-- the log records of a run's metrics.jsonl by step: {loss =, grad_norm =}
+local function steps_of(path)
+  local json, out = require "dormouse.json", {}
+  for line in io.lines(path) do
+    local rec = json.decode(line)
+    if rec.kind == "log" then out[rec.step] = rec end
+  end
+  return out
+end
+
+-- the first step where b's loss or gradient norm differs from a's: a sentence, or nil
+local function first_step_difference(a, b, steps)
+  for step = 1, steps do
+    local x, y = a[step], b[step]
+    if not x or not y then return string.format("step %d is logged in one run only", step) end
+    for _, key in ipairs {"loss", "grad_norm"} do
+      if x[key] ~= y[key] then
+        return string.format("step %d: %s %s against %s", step, key, tostring(y[key]), tostring(x[key]))
+      end
+    end
+  end
+end
+
+-- the first tensor (by name) of a checkpoint part that differs: a sentence, or nil
+local function first_tensor_difference(a, b, part)
+  local names = {}
+  for name in pairs(a) do names[#names + 1] = name end
+  for name in pairs(b) do if a[name] == nil then names[#names + 1] = name end end
+  table.sort(names)
+  for _, name in ipairs(names) do
+    local x, y = a[name], b[name]
+    if not x or not y then return string.format("%s '%s' is in one checkpoint only", part, name) end
+    if x.dtype ~= y.dtype or table.concat(x:shape(), "x") ~= table.concat(y:shape(), "x") then
+      return string.format("%s '%s' has another dtype or shape", part, name)
+    end
+    local xf, yf = x:to("f64"), y:to("f64")
+    local same = xf:eq(yf):to("f64"):sum():item() == x:numel()
+    if not same then
+      local nan_same = xf:ne(xf):eq(yf:ne(yf)):to("f64"):sum():item() == x:numel() and
+                       xf:ne(xf):to("f64"):sum():item() > 0
+      if not nan_same then
+        return string.format("%s '%s' differs, by up to %.3g", part, name, (xf - yf):abs():max():item())
+      end
+    end
+  end
+end
+
+--[[ The three runs and their comparisons. opts: steps, overrides (a list of "k=v"), root, runs (the
+folder of the three runs' folders). Returns {name, dir, steps, half, checks = {{what, difference}}}:
+difference nil where the runs agree. ]]
+function determinism.check(file, opts)
+  local train = require "dormouse.train"
+  local steps, half = opts.steps, opts.steps // 2
+  local o = {}
+  for _, s in ipairs(opts.overrides or {}) do o[#o + 1] = s end
+  for _, s in ipairs {"steps=" .. steps, "log.every=1", "eval.every=0", "eval.sample=0",
+                      "checkpoint.every=" .. half, "checkpoint.keep=0"} do o[#o + 1] = s end
+  -- a warm-up the short runs can hold, unless one is asked for (as a sweep does)
+  local asked = false
+  for _, s in ipairs(opts.overrides or {}) do asked = asked or config.split_set(s) == "schedule.warmup" end
+  if not asked then
+    local probe = {table.unpack(o)}
+    probe[#probe + 1] = "schedule.warmup=1"
+    local c = config.load(file, probe)
+    local decay = c.schedule.kind == "wsd" and math.ceil(c.schedule.decay * steps) or 0
+    if config.load(file).schedule.warmup + decay > steps then o[#o + 1] = "schedule.warmup=" .. math.max(1, steps // 10) end
+  end
+  local cfg = config.load(file, o)
+  local dir = (opts.runs or "runs") .. "/determinism-" .. cfg.name
+  local function run(k, extra)
+    local ro = {runs = dir .. "/" .. k, overwrite = true, quiet = true, silent = true, root = opts.root}
+    for key, v in pairs(extra or {}) do ro[key] = v end
+    return train.run(cfg, ro)
+  end
+  if opts.say then opts.say(string.format("determinism: run 1 of 3 (%d steps)", steps)) end
+  run(1)
+  if opts.say then opts.say("determinism: run 2 of 3") end
+  run(2)
+  if opts.say then opts.say(string.format("determinism: run 3 of 3, stopped after step %d and resumed", half)) end
+  run(3, {stop_at = half})
+  run(3, {resume = dir .. "/3/" .. cfg.name, overwrite = false})
+  local dm = require "dormouse"
+  local function folder(k) return dir .. "/" .. k .. "/" .. cfg.name end
+  local first = {steps = steps_of(folder(1) .. "/metrics.jsonl"), ckpt = dm.ckpt.load(folder(1) .. "/ckpt-" .. steps)}
+  local checks = {}
+  for k, what in pairs {[2] = "run 2, straight through", [3] = string.format("run 3, resumed at step %d", half)} do
+    local other = dm.ckpt.load(folder(k) .. "/ckpt-" .. steps)
+    local diff = first_step_difference(first.steps, steps_of(folder(k) .. "/metrics.jsonl"), steps)
+                 or first_tensor_difference(first.ckpt.model, other.model, "parameter")
+                 or first_tensor_difference(first.ckpt.optim, other.optim, "optimiser state")
+    checks[k - 1] = {what = what, difference = diff}
+  end
+  return {name = cfg.name, dir = dir, steps = steps, half = half, checks = checks, device = train.pick_device(cfg)}
+end
+
+local function body(args, cli)
+  local r = determinism.check(args.file, {steps = args.steps, overrides = args.overrides, root = cli.root,
+                                          say = function(s) io.stderr:write(s, "\n") end})
+  local lines, differ = {string.format("determinism %s on %s: %d steps from one seed, three runs (%s/)", r.name,
+                                       r.device, r.steps, r.dir)}, false
+  for _, c in ipairs(r.checks) do
+    lines[#lines + 1] = string.format("  %-28s %s", c.what .. ":", c.difference and "differs from run 1: " ..
+      c.difference or "equal to run 1 (every step's loss and gradient norm as logged, every parameter and optimiser state bit for bit)")
+    differ = differ or c.difference ~= nil
+  end
+  lines[#lines + 1] = differ and "verdict: not deterministic" or "verdict: deterministic, bit for bit"
+  print(table.concat(lines, "\n"))
+  return differ and 1 or 0
+end
+
+local function run(argv, cli)
+  return cli.framed("determinism", usage, parse, function(args) return body(args, cli) end)(argv)
+end
+
+determinism.summary = "train three times (one stopped and resumed) and compare every step and tensor bit for bit"
+determinism.args = "EXPERIMENT.lua [--steps N]"
+determinism.run = run
+return determinism
