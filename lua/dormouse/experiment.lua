@@ -8,7 +8,30 @@ local config = require "dormouse.config"
 
 local experiment = {}
 
-local FLAGS = {resume = "DIR", overwrite = true, quiet = true, sample = "N"}
+local FLAGS = {resume = "DIR", overwrite = true, quiet = true, sample = "N", stress = true, ["stress-lr"] = "K",
+               ["stress-steps"] = "N"}
+
+-- --stress: the experiment's stability smoke (dormouse.stress) instead of the run; exit 1 when it fails
+local function stress_run(file, raw, args, cli)
+  local f = args.flags
+  local k = tonumber(f["stress-lr"] or 2)
+  if not k or k <= 0 or k == math.huge then
+    error(string.format("--stress-lr must be a positive number, got %s", tostring(f["stress-lr"])), 0)
+  end
+  local steps = math.tointeger(tonumber(f["stress-steps"] or 50))
+  if not steps or steps < 2 then
+    error(string.format("--stress-steps must be an integer >= 2, got %s", tostring(f["stress-steps"])), 0)
+  end
+  if f.resume then error("--stress runs the experiment from its start: not with --resume", 0) end
+  local stress = require "dormouse.stress"
+  local cfg = stress.config(raw, file, args.overrides, k, steps)
+  io.stderr:write(string.format("stress: %d guarded steps of %s at %gx its learning rates (nothing is written)\n",
+                                steps, cfg.name, k))
+  local res = stress.run(cfg, k, {root = cli.root})
+  if not res.passed then error(res.line, 0) end
+  print(res.line)
+  return {stress = res}
+end
 
 -- --sample N: checked before the run starts, not after it has trained
 local function sample_length(text)
@@ -30,6 +53,8 @@ end
 
 function experiment.run(file, raw, argv, cli)
   local args = config.parse_args(argv, 2, FLAGS)
+  if args.flags.stress then return stress_run(file, raw, args, cli) end
+  if args.flags["stress-lr"] or args.flags["stress-steps"] then error("--stress-lr and --stress-steps go with --stress", 0) end
   local n = sample_length(args.flags.sample)
   local cfg, info = config.resolve(raw, file, args.overrides)
   -- a resume takes the run's name from its folder, and writes where it reads, unless --set name= says
