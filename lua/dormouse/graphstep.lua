@@ -121,12 +121,16 @@ function GraphStep:step(step)
   end
   if self.graph then
     self.graph:replay()
+    self.replays = self.replays + 1
   elseif self.done < self.warmup then
     dm.scope(function() self:body() end)
   else
     dm.cuda.synchronize()
     dm.cuda.empty_cache()          -- the warm-up's blocks go back: the graph gets its own pool
+    local c0, r0 = core.kda_passes()
     self.graph = dm.cuda.graph(function() self:body() end)
+    local c1, r1 = core.kda_passes()
+    self.kda_step, self.replays = {c1 - c0, r1 - r0}, 0   -- a replay's passes, which no C code counts
     self.graph:replay()
   end
   self.done = self.done + 1
@@ -163,6 +167,12 @@ function GraphStep:window(steps)
   if sum.counts then sum.counts:zero_() end
   if sum.drops then sum.drops:zero_() end
   return w
+end
+
+-- KDA's forward passes by path the replays ran (after the first), which the op's counters never saw
+function GraphStep:kda_passes()
+  if not self.kda_step then return 0, 0 end
+  return self.replays * self.kda_step[1], self.replays * self.kda_step[2]
 end
 
 -- The captured graph's nodes (0 before the capture).

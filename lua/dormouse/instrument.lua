@@ -109,6 +109,9 @@ function instrument.log_line(r)
   if r.engram then
     parts[#parts + 1] = string.format("engram rows %d uniq %.3f", r.engram.rows, r.engram.unique_frac)
   end
+  if r.kda and r.kda.chunked + r.kda.recurrent > 0 then   -- KDA's forward passes by path
+    parts[#parts + 1] = string.format("kda chunked %d recurrent %d", r.kda.chunked, r.kda.recurrent)
+  end
   return table.concat(parts, "  ")
 end
 

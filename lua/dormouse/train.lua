@@ -523,6 +523,31 @@ function Run:graph_step(window, tokens)
   return self.window_loss
 end
 
+-- KDA's forward passes by path so far, the captured step's replays included
+function Run:kda_totals()
+  local chunked, recurrent = core.kda_passes()
+  if self.graph then
+    local c, r = self.graph:kda_passes()
+    chunked, recurrent = chunked + c, recurrent + r
+  end
+  return {chunked = chunked, recurrent = recurrent}
+end
+
+-- the training steps' KDA passes since the last call (evals and samples in between not counted), and
+-- once, where a CUDA run's steps took the recurrent path, a line that says so
+function Run:kda_window()
+  local now, last = self:kda_totals(), self.kda_last or {chunked = 0, recurrent = 0}
+  self.kda_last = now
+  local d = {chunked = now.chunked - last.chunked, recurrent = now.recurrent - last.recurrent}
+  if d.recurrent > 0 and self.device == "cuda" and not self.kda_warned then
+    self.kda_warned = true
+    self:say(string.format("kda: %d forward passes of the window took the recurrent path on cuda (slow: the " ..
+                           "chunked kernels need T >= 64, dk and dv <= 64, not f64); the log line counts them",
+                           d.recurrent))
+  end
+  return d
+end
+
 function Run:log_window(w)
   local now = os.time()
   local elapsed = math.max(core.now() - w.t0, 1e-9)
@@ -540,7 +565,7 @@ function Run:log_window(w)
   local r = {step = self.step, loss = applied > 0 and w.loss / applied or 0 / 0, tok_s = w.tokens / elapsed,
              lr = w.lr, grad_norm = applied > 0 and w.grad_norm / applied or 0 / 0, skips = w.skips,
              mem = {allocated = mem.allocated, peak = mem.peak}, moe = moe, engram = w.engram, extras = extras,
-             events = w.events}
+             events = w.events, kda = self:kda_window()}
   self:say(instrument.log_line(r))
   self.last_moe = moe
   self:record({kind = "log", step = r.step, loss = r.loss, tok_s = r.tok_s, lr = r.lr,
@@ -548,6 +573,7 @@ function Run:log_window(w)
                moe_busiest = moe and moe.busiest, moe_entropy = moe and moe.entropy,
                moe_dead = moe and moe.dead, moe_drops = moe and moe.drops, moe_load = instrument.shares(counts),
                engram_rows = w.engram and w.engram.rows, engram_unique = w.engram and w.engram.unique_frac,
+               kda_chunked = r.kda.chunked, kda_recurrent = r.kda.recurrent,
                extras = extras, events = w.events, time = now})
   -- the page between evals, at most every 30 s (as often as it reloads); the last comes with the final eval
   if self.step < self.cfg.steps and core.now() - (self.report_at or -math.huge) >= 30 then self:write_report(true) end
@@ -589,6 +615,7 @@ function Run:eval()
     end
   end
   self:write_report(self.step < self.cfg.steps)
+  self.kda_last = self:kda_totals()          -- the eval's passes are not the next window's
   return e
 end
 
@@ -827,6 +854,7 @@ function Run:loop(opts)
   local tty = not opts.quiet and core.isatty(1)
   local tokens_per_step = cfg.batch * cfg.seq * cfg.grad_accum
   local window = instrument.window()
+  self.kda_last = self:kda_totals()
   local t_start = core.now()
   local first = self.step
   local last = math.min(cfg.steps, opts.stop_at or cfg.steps)

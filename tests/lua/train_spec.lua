@@ -99,6 +99,14 @@ describe("a run", function()
     assert.is_true(tonumber(l[#l]) < tonumber(l[1]), "the loss did not fall: " .. table.concat(l, " "))
     local log = io.open(runs .. "/w/log.txt"):read("a")
     assert.matches("moe busiest [%d.]+ entropy [%d.]+ dead %d+ drops %d+", log)
+    -- KDA's passes by path, the window's steps only (tiny: 2 iterations a step, the CPU's recurrent
+    -- path; the eval at step 15 not counted in the window after it)
+    local cfg = tiny {"name=w"}
+    local every = cfg.log.every
+    for line in log:gmatch("step +%d+[^\n]*") do
+      assert.truthy(line:find("kda chunked 0 recurrent " .. every * cfg.model.max_iter, 1, true), line)
+    end
+    assert.matches('"kda_recurrent":' .. every * cfg.model.max_iter, io.open(runs .. "/w/metrics.jsonl"):read("a"))
     assert.matches("engram rows %d+ uniq [%d.]+", log)
     local html = io.open(runs .. "/w/report.html"):read("a")
     assert.matches("held%-out bits per byte", html)       -- the charts (tests/lua/report_spec.lua has the rest)

@@ -56,6 +56,10 @@ static void new_grads(dm_ctx *c, int n, dm_device dev, dm_tensor **gr) {
 
 enum { Q, K, V, G, BETA, S0, KDA_NIN };
 
+static dm_kda_pass_counts passes;
+
+dm_kda_pass_counts dm_kda_passes(void) { return passes; }
+
 static int64_t chunk_attr(const dm_attrs *a) {
   double ch = a->nv >= 1 ? a->v[0] : 0;
   if (!(ch >= 0) || ch != floor(ch) || ch > 1e9)
@@ -124,6 +128,10 @@ static void kda_forward(dm_ctx *c) {
   dm_tensor *sT = dm_tensor_new(q->device, ct, 4, (int64_t[]){B, H, dk, dv});
   /* DM_KERNEL caches by call site: one site per kernel name */
   const bool ch = chunked(&c->a, q, v);
+  if (q->device != DM_META) {
+    if (ch) passes.chunked++;
+    else passes.recurrent++;
+  }
   dm_kda_fwd_k fwd = ch ? DM_KERNEL(dm_kda_fwd_k, "kda_chunk_fwd", q->device)
                         : DM_KERNEL(dm_kda_fwd_k, "kda_fwd", q->device);
   plan_kda(q, v, ch, false, 0, true, true);

@@ -154,4 +154,9 @@ dm_tensor *dm_kda(dm_tensor *q, dm_tensor *k, dm_tensor *v, dm_tensor *g, dm_ten
                   int64_t chunk, dm_tensor **s_final);
 dm_tensor *dm_kda_gate(dm_tensor *f, dm_tensor *a_log, dm_tensor *dt_bias, int kind, double lb);
 
+/* The forward passes kda has run since the process began, by path (the log line's `kda`, so that
+** the recurrent path's slowness on a CUDA device is seen, not guessed); a plan's are not counted. */
+typedef struct { int64_t chunked, recurrent; } dm_kda_pass_counts;
+dm_kda_pass_counts dm_kda_passes(void);
+
 #endif
