@@ -30,6 +30,22 @@ function instrument.end_window(fw, window)
   return fw.windows_with_skips >= 2
 end
 
+--[[ The utilisation floor (guard.*): the window's MoE counters against guard.busiest and
+guard.dead; `state` counts the windows past the floor in a row. Returns nil, or once
+guard.windows of them have passed, what is past it ("busiest 0.370 > 0.050, dead 61 > 50")
+and for how many windows. ]]
+function instrument.utilisation(state, moe, guard)
+  if not moe or (guard.busiest == nil and guard.dead == nil) then return nil end
+  local past = {}
+  if guard.busiest and moe.busiest > guard.busiest then
+    past[#past + 1] = string.format("busiest %.3f > %.3f", moe.busiest, guard.busiest)
+  end
+  if guard.dead and moe.dead > guard.dead then past[#past + 1] = string.format("dead %d > %d", moe.dead, guard.dead) end
+  state.windows = #past > 0 and (state.windows or 0) + 1 or 0
+  if state.windows < guard.windows then return nil end
+  return table.concat(past, ", "), state.windows
+end
+
 -- MoE counters from the window's summed routing counts (a Lua list of E numbers)
 -- and the assignments it dropped at capacity (a number; nil: dropless).
 function instrument.moe_counters(counts, drops)
@@ -108,6 +124,9 @@ function instrument.log_line(r)
   end
   if r.engram then
     parts[#parts + 1] = string.format("engram rows %d uniq %.3f", r.engram.rows, r.engram.unique_frac)
+  end
+  if r.utilisation then
+    parts[#parts + 1] = string.format("utilisation %s for %d windows", r.utilisation, r.utilisation_windows)
   end
   if r.kda and r.kda.chunked + r.kda.recurrent > 0 then   -- KDA's forward passes by path
     parts[#parts + 1] = string.format("kda chunked %d recurrent %d", r.kda.chunked, r.kda.recurrent)

@@ -350,6 +350,16 @@ local rows = {
     {"every", positive, 10, "steps per log line (the window of its counters)", progress = true},
     {"tensorboard", bool, false, "also write the metrics as TensorBoard event files in runs/NAME/tb", progress = true},
   }},
+
+  {"guard", "the utilisation floor: the experts' use watched window by window (docs/training.md)", {
+    {"busiest", optional(fraction), nil, "a log window whose busiest expert holds more than this share of the " ..
+     "assignments is past the floor (nil = not watched)", progress = true},
+    {"dead", optional(int{min = 0}), nil, "a log window with more experts than this without an assignment is " ..
+     "past the floor (nil = not watched)", progress = true},
+    {"windows", positive, 3, "log windows past the floor in a row that trip the guard", progress = true},
+    {"action", enum {"flag", "stop"}, "flag", "flag: the log line says so while it lasts; stop: the run " ..
+     "writes its checkpoint and stops (exit 1)", progress = true},
+  }},
 }
 
 -- Checks across keys, run once every key is valid: each returns a message or nil.

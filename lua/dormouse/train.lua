@@ -566,6 +566,8 @@ function Run:log_window(w)
              lr = w.lr, grad_norm = applied > 0 and w.grad_norm / applied or 0 / 0, skips = w.skips,
              mem = {allocated = mem.allocated, peak = mem.peak}, moe = moe, engram = w.engram, extras = extras,
              events = w.events, kda = self:kda_window()}
+  self.guard_state = self.guard_state or {}
+  r.utilisation, r.utilisation_windows = instrument.utilisation(self.guard_state, moe, self.cfg.guard)
   self:say(instrument.log_line(r))
   self.last_moe = moe
   self:record({kind = "log", step = r.step, loss = r.loss, tok_s = r.tok_s, lr = r.lr,
@@ -573,13 +575,19 @@ function Run:log_window(w)
                moe_busiest = moe and moe.busiest, moe_entropy = moe and moe.entropy,
                moe_dead = moe and moe.dead, moe_drops = moe and moe.drops, moe_load = instrument.shares(counts),
                engram_rows = w.engram and w.engram.rows, engram_unique = w.engram and w.engram.unique_frac,
-               kda_chunked = r.kda.chunked, kda_recurrent = r.kda.recurrent,
+               kda_chunked = r.kda.chunked, kda_recurrent = r.kda.recurrent, utilisation = r.utilisation,
                extras = extras, events = w.events, time = now})
   -- the page between evals, at most every 30 s (as often as it reloads); the last comes with the final eval
   if self.step < self.cfg.steps and core.now() - (self.report_at or -math.huge) >= 30 then self:write_report(true) end
   if instrument.end_window(self.firewall, w) then
     error(string.format("NaN firewall: steps were skipped in two log windows in a row (%d skipped in all, " ..
                         "the last window ends at step %d); the run stops", self.firewall.total, self.step), 0)
+  end
+  if r.utilisation and self.cfg.guard.action == "stop" then
+    self:save_checkpoint()
+    error(string.format("utilisation floor: %s for %d log windows in a row, to step %d; the run stops with its " ..
+                        "checkpoint (--resume %s continues it; guard.action = flag only says so)", r.utilisation,
+                        r.utilisation_windows, self.step, self.dir), 0)
   end
   if w.skips > 0 and self.step == self.cfg.steps then   -- no later window can clear it: no checkpoint of it
     error(string.format("NaN firewall: %d of the %d steps of the final log window (to step %d) were skipped; " ..

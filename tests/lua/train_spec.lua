@@ -113,6 +113,31 @@ describe("a run", function()
     assert.is_true(res.bpb_fin > 0)
   end)
 
+  it("watches the experts' use against the utilisation floor: flagged on the line, or stopped with a checkpoint",
+     function()
+    local instrument = require "dormouse.instrument"
+    local state, guard = {}, {busiest = 0.1, dead = 2, windows = 2}
+    assert.is_nil(instrument.utilisation(state, {busiest = 0.3, dead = 0}, guard))      -- one window: not yet
+    assert.same({"busiest 0.300 > 0.100, dead 3 > 2", 2},
+                {instrument.utilisation(state, {busiest = 0.3, dead = 3}, guard)})
+    assert.is_nil(instrument.utilisation(state, {busiest = 0.05, dead = 0}, guard))     -- back under: counted anew
+    assert.is_nil(instrument.utilisation(state, {busiest = 0.3, dead = 0}, guard))
+    assert.is_nil(instrument.utilisation({}, {busiest = 0.9, dead = 99}, {windows = 1})) -- nothing watched
+    local runs = tmpdir()
+    run_quiet(tiny {"name=fl", "steps=20", "log.every=5", "guard.busiest=0.01", "guard.windows=2"}, {runs = runs})
+    local log = io.open(runs .. "/fl/log.txt"):read("a")
+    assert.matches("step +10 [^\n]*utilisation busiest [%d.]+ > 0%.010 for 2 windows", log)
+    assert.is_nil(log:match("step +5 [^\n]*utilisation"))
+    local ok, err = pcall(tiny, {"name=st", "guard.dead=-1"})
+    assert.is_false(ok)
+    assert.matches("guard.dead: expected integer >= 0 or nil", err)
+    ok, err = pcall(run_quiet, tiny {"name=st", "steps=20", "log.every=5", "guard.busiest=0.01", "guard.windows=2",
+                                     "guard.action=stop"}, {runs = runs})
+    assert.is_false(ok)
+    assert.matches("utilisation floor: busiest [%d.]+ > 0%.010 for 2 log windows in a row, to step 10", err)
+    assert.is_truthy(io.open(runs .. "/st/ckpt-10/meta.lua"), "its checkpoint")
+  end)
+
   it("stops with a clear error on a missing corpus", function()
     local ok, err = pcall(run_quiet, tiny {"name=m", "data.path=/nonexistent/corpus.txt"}, {runs = tmpdir()})
     assert.is_false(ok)
