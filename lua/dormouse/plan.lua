@@ -119,8 +119,7 @@ local function on_meta(compute, fn)
   return table.unpack(res, 2, res.n)
 end
 
-local dtype_bytes = {f64 = 8, i64 = 8, f32 = 4, i32 = 4, bf16 = 2, f16 = 2, u8 = 1}
-local function bytes_of(t) return t:numel() * dtype_bytes[t.dtype] end
+local function bytes_of(t) return t:numel() * core.dtype_size(t.dtype) end
 
 --[[ The model and optimiser of cfg on the meta device. opts.root: the folder
 holding models/ ("."). ]]

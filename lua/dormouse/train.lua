@@ -25,6 +25,7 @@ local json = require "dormouse.json"
 local report = require "dormouse.report"
 local evaluate = require "dormouse.eval"
 local tasks = require "dormouse.tasks"
+local preflight = require "dormouse.preflight"
 local segments = require "dormouse.segments"
 
 local train = {}
@@ -778,6 +779,7 @@ function run_body(self, cfg, opts)
     local fitted = train.fit_to_corpus(self.model, corpus)
     if fitted then self:say(fitted) end
   end
+  preflight.check(cfg, self.device, train.named_state(self.model), self.opt:state(), self.step, self.dir)
   self:open_dir(opts)
   local metrics_path = self.dir .. "/metrics.jsonl"
   if opts.resume then

@@ -1,0 +1,49 @@
+/*
+** vm/lua/system.c — what the machine has, for a run's pre-flight, and the size of a dtype:
+**
+**   core.disk_free(path)      -> bytes free to this user on path's filesystem, or nil, why
+**   core.memory_available()   -> bytes of host memory available (MemAvailable), or nil
+**   core.dtype_size(name)     -> bytes an element of that dtype takes (vm/core/dm.h's fact)
+*/
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/statvfs.h>
+#include "lua/bind.h"
+#include "core/dm.h"
+
+static int c_disk_free(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  struct statvfs s;
+  if (statvfs(path, &s) != 0) {
+    lua_pushnil(L);
+    lua_pushfstring(L, "%s: %s", path, strerror(errno));
+    return 2;
+  }
+  lua_pushinteger(L, (lua_Integer)s.f_bavail * (lua_Integer)s.f_frsize);
+  return 1;
+}
+
+static int c_memory_available(lua_State *L) {
+  FILE *f = fopen("/proc/meminfo", "r");
+  long long kb = -1;
+  char line[256];
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1) break;
+  if (f) fclose(f);
+  if (kb < 0) lua_pushnil(L);
+  else lua_pushinteger(L, (lua_Integer)kb * 1024);
+  return 1;
+}
+
+static int c_dtype_size(lua_State *L) {
+  const char *name = luaL_checkstring(L, 1);
+  int t = dm_dtype_from_name(name);
+  if (t < 0) return luaL_error(L, "dtype_size: unknown dtype '%s'", name);
+  lua_pushinteger(L, (lua_Integer)dm_dtype_size((dm_dtype)t));
+  return 1;
+}
+
+static const luaL_Reg funcs[] = {{"disk_free", c_disk_free}, {"memory_available", c_memory_available},
+                                 {"dtype_size", c_dtype_size}, {NULL, NULL}};
+DM_LUA_FUNCS(funcs)
