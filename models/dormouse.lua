@@ -45,6 +45,20 @@ function Dormouse:after_step(step)
   end
 end
 
+-- At each log window (the trainer, outside any captured step): the measures asked for and the
+-- arms that act on them. opts.orthogonality: put the probe on the line. Returns measures by name
+-- ({ortho = x}) and events ({retract = 1}), either nil.
+function Dormouse:after_window(opts)
+  local moe, when = self.block.moe, self.cfg.moe.retract_when
+  if not moe or not (opts.orthogonality or when) then return nil end
+  local ortho = moe:orthogonality()
+  if when and ortho > when then
+    moe:retract()
+    return {ortho = ortho}, {retract = 1}
+  end
+  return {ortho = ortho}
+end
+
 --[[ QAT's format at `step` of a run of `steps` (nil before model.moe.qat_from of the run, or
 when off): one format, or the ladder's fp8_e4m3, nvfp4, ternary in equal thirds of the rest. ]]
 local LADDER = {"fp8_e4m3", "nvfp4", "ternary"}
@@ -73,6 +87,10 @@ function Dormouse:arms()
   if self.cfg.moe.retract_every > 0 then
     on[#on + 1] = string.format("retraction of Ug, Uu to orthonormal columns every %d steps (retract on the " ..
                                 "log line)", self.cfg.moe.retract_every)
+  end
+  if self.cfg.moe.retract_when then
+    on[#on + 1] = string.format("retraction of Ug, Uu to orthonormal columns at a log window whose ortho is above " ..
+                                "%g (ortho and retract on the log line)", self.cfg.moe.retract_when)
   end
   if self.future_head then on[#on + 1] = string.format("future-byte head at weight %g (aux_future on the log line)",
                                                         self.future_weight) end

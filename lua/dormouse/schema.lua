@@ -277,6 +277,9 @@ local rows = {
        "and added to the training loss (0 = off; aux_balance on the log line)"},
       {"retract_every", int{min = 0}, 0, "an arm: every N optimiser steps, Ug and Uu pulled back to orthonormal " ..
        "columns (each expert's polar factor; 0 = off)"},
+      {"retract_when", optional(num{above = 0}), nil, "an arm: Ug and Uu pulled back to orthonormal columns at a " ..
+       "log window whose orthogonality probe (ortho on the log line: 1 for random columns of the init's scale, 0 " ..
+       "orthonormal) is above this (nil = off)"},
       {"qat", enum {"off", "ladder", table.unpack(op_spellings("quantize", "format"))}, "off",
        "an arm: the experts' factors Ug, Uu, D fake-quantised (straight through) from qat_from of the run on, " ..
        "in one format, or ladder: fp8_e4m3, nvfp4, ternary in equal thirds of that span (docs/arms.md)"},
@@ -349,6 +352,9 @@ local rows = {
   {"log", "the log line", {
     {"every", positive, 10, "steps per log line (the window of its counters)", progress = true},
     {"tensorboard", bool, false, "also write the metrics as TensorBoard event files in runs/NAME/tb", progress = true},
+    {"orthogonality", bool, false, "the experts' factors' distance from orthonormal columns on the log line (ortho: " ..
+     "||U^T U - I||_F over its value for random columns of the init's scale, sqrt(r (r + 1) / d); 1 at a random " ..
+     "init, 0 orthonormal, at every d and r)", progress = true},
   }},
 
   {"guard", "the utilisation floor: the experts' use watched window by window (docs/training.md)", {

@@ -563,6 +563,11 @@ function Run:log_window(w)
     extras = extras or {}
     extras[name] = applied > 0 and (dm.is_tensor(v) and v:item() or v) / applied or 0 / 0
   end
+  if self.model.after_window then              -- the window's own measures (ortho) and the arms on them
+    local measures, events = self.model:after_window({orthogonality = self.cfg.log.orthogonality})
+    for name, v in pairs(measures or {}) do extras = extras or {}; extras[name] = v end
+    w.events = instrument.add_events(w.events, events)
+  end
   local r = {step = self.step, loss = applied > 0 and w.loss / applied or 0 / 0, tok_s = w.tokens / elapsed,
              lr = w.lr, grad_norm = applied > 0 and w.grad_norm / applied or 0 / 0, skips = w.skips,
              mem = {allocated = mem.allocated, peak = mem.peak}, moe = moe, engram = w.engram, extras = extras,

@@ -648,6 +648,30 @@ describe("retraction (model.moe.retract_every)", function()
     assert.truthy(log:find("step      6 [^\n]- retract 2 "), log)            -- steps 4 and 6
     assert.is_nil(build("experiments/tiny.lua"):after_step(2))
   end)
+
+  it("has a probe of the factors' distance from orthonormal: 1 at a random init whatever d and r, 0 retracted",
+     function()
+    for _, shape in ipairs {{64, 4}, {256, 16}, {1024, 32}} do
+      local m = nn.MoE(shape[1], {experts = 8, top_k = 1, rank = shape[2], shared_rank = 2, ffn = 4})
+      local ortho = m:orthogonality()
+      assert.is_true(math.abs(ortho - 1) < 0.1, string.format("d %d, r %d: %.4f", shape[1], shape[2], ortho))
+      m:retract()
+      assert.is_true(m:orthogonality() < 1e-3)
+    end
+  end)
+
+  it("with model.moe.retract_when, retracts at a log window whose probe is above it; log.orthogonality shows it",
+     function()
+    local helpers = require "tests.lua.helpers"
+    local log = arm_log({"model.moe.retract_when=0.5"})
+    helpers.has(log, "arms: retraction of Ug, Uu to orthonormal columns at a log window whose ortho is above 0.5")
+    assert.truthy(log:find("step      3 [^\n]- ortho 0%.9%d+ [^\n]- retract 1 "), log)   -- near the init: retracted
+    assert.truthy(log:find("step      6 [^\n]- ortho 0%.[0-4]%d+ "), log)                  -- 3 steps after: near 0
+    assert.is_nil(log:find("step      6 [^\n]- retract"), log)
+    local shown = arm_log({"log.orthogonality=true"})
+    assert.truthy(shown:find("step      6 [^\n]- ortho 0%.%d+ "), shown)
+    assert.is_nil(arm_log({}):find("ortho", 1, true))                                       -- off by default
+  end)
 end)
 
 describe("QAT (model.moe.qat)", function()

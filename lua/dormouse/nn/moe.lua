@@ -335,6 +335,33 @@ function MoE:retract()
   end)
 end
 
+--[[ The orthogonality probe (log.orthogonality, model.moe.retract_when): how far Ug's and Uu's
+columns are from orthonormal, ||W^T W - I||_F for each expert's [d, r] factor W, over its expected
+value for random columns of the init's scale (entries N(0, 1/d): diagonal terms of variance 2/d,
+the rest 1/d, so sqrt(r (r + 1) / d)), the mean over the experts and both factors: 1 at a random
+init and 0 orthonormal, whatever d and r (a raw distance's scale moves with them). ]]
+function MoE:orthogonality()
+  return dm.no_grad(function()
+    return dm.scope(function()
+      local total, n = 0, 0
+      for _, name in ipairs {"Ug", "Uu"} do
+        local W = self[name]:to("f32")
+        local E, d, r = W:size(1), W:size(2), W:size(3)
+        local rows = {}
+        for i = 1, r do
+          rows[i] = {}
+          for j = 1, r do rows[i][j] = i == j and 1 or 0 end
+        end
+        local I = dm.tensor({rows}, {dtype = "f32", device = W.device})
+        local D = W:transpose(2, 3):matmul(W) - I
+        total = total + (D:square():sum_to({E, 1, 1}):sqrt():sum():item() / math.sqrt(r * (r + 1) / d))
+        n = n + E
+      end
+      return total / n
+    end)
+  end)
+end
+
 -- The probe protocol (docs/models.md, "Probes"): this module's routing counts [E] over its
 -- calls since the pass began (a forward's every iteration), or nil before any.
 function MoE:routing() return self.counts end
