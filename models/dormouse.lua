@@ -29,6 +29,11 @@ function Dormouse:init(m)
     self.future_weight = m.aux.future
     self:child("future_head", nn.Linear(m.d, 256))
   end
+  if m.aux.jepa > 0 then                            -- an arm: a later position's representation, predicted
+    self.jepa_weight, self.jepa_offset = m.aux.jepa, m.aux.jepa_offset
+    self:child("jepa_in", nn.Linear(m.d, math.max(1, m.d // 4)))
+    self:child("jepa_out", nn.Linear(math.max(1, m.d // 4), m.d))
+  end
   if m.aux.draft > 0 then                           -- an arm: a draft of the byte after next, given the next
     self.draft_weight = m.aux.draft
     self:child("draft_head", nn.Linear(m.d, 256))
@@ -94,6 +99,10 @@ function Dormouse:arms()
   end
   if self.future_head then on[#on + 1] = string.format("future-byte head at weight %g (aux_future on the log line)",
                                                         self.future_weight) end
+  if self.jepa_in then
+    on[#on + 1] = string.format("JEPA: the representation %d bytes ahead predicted at weight %g (aux_jepa on the " ..
+                                "log line)", self.jepa_offset, self.jepa_weight)
+  end
   if self.block.msa then
     on[#on + 1] = string.format("MSA: each query reads its top %d past blocks of %d positions%s (msa_far on the " ..
                                 "log line)", self.cfg.msa.top_k, self.cfg.msa.block,
@@ -143,6 +152,21 @@ local function future_ce(self, h, x)
     local hs = h:narrow(2, 1, T - 1)
     local logits = self.future_head:forward(self.rmsf:forward(self:activation(hs))):to(h.dtype)
     return ce(logits, x:narrow(2, 3, T - 1):to("i64"))
+  end)
+end
+
+--[[ JEPA (an arm, model.aux.jepa; docs/arms.md): a joint-embedding predictive loss on the fin
+readout's input hbar. A small predictor (d -> d/4 -> d, silu between) maps hbar_t to a prediction
+of hbar_{t+k}, k = model.aux.jepa_offset, whose value is held fixed (no gradient through the
+target); the loss is 1 - cosine(prediction, target), the mean over the T - k positions that have
+one. Cosine, not a squared distance: the representation's scale is the readout's to keep. ]]
+local function jepa_loss(self, hbar)
+  local T, k = hbar:size(2), self.jepa_offset
+  return dm.scope(function()
+    local pred = self.jepa_out:forward(self.jepa_in:forward(hbar:narrow(2, 1, T - k)):silu())
+    local target = hbar:narrow(2, k + 1, T - k):detach()
+    local cos = (pred:l2norm(1e-6) * target:l2norm(1e-6):to(pred.dtype)):sum(-1)
+    return 1 - cos:to(hbar.dtype):mean()
   end)
 end
 
@@ -319,6 +343,16 @@ function Dormouse:pass(x, prefix, opts)
   elseif self.draft_head and T >= 2 and not carried then       -- an evaluation: what a decoder would keep
     local logits = draft(self, sum_h * (1 / self.max_iter), inputs, x)
     out.measures = {draft_accept = accepted(logits, out.fin_logits)}
+  end
+  if self.jepa_in and dm.grad_enabled() and T > self.jepa_offset then   -- training only: evals stay the pure CE
+    if carried then
+      error("model.aux.jepa: a pass by segments would lose each segment's last targets (they lie in the " ..
+            "next); set model.segment = nil or model.aux.jepa = 0", 0)
+    end
+    local aux = jepa_loss(self, sum_h * (1 / self.max_iter))
+    out.extras = out.extras or {}
+    out.extras.aux_jepa = aux
+    out.loss = out.loss + aux * self.jepa_weight
   end
   if self.future_head and dm.grad_enabled() and T >= 2 then   -- training only: evals stay the pure CE
     if carried then

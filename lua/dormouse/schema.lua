@@ -248,6 +248,10 @@ local rows = {
        "input, added to the training loss (0 = off; evals stay the pure CE)"},
       {"draft", num{min = 0}, 0, "weight of DSpark's draft head: the byte after next from the fin readout's " ..
        "input and the next byte's embedding, for speculative decoding (0 = off; draft_accept on the eval line)"},
+      {"jepa", num{min = 0}, 0, "weight of a joint-embedding predictive loss: a small predictor maps the fin " ..
+       "readout's input at t to its (stop-gradient) value at t + jepa_offset, 1 - cosine (0 = off; aux_jepa " ..
+       "on the log line; evals stay the pure CE)"},
+      {"jepa_offset", positive, 8, "how many bytes ahead model.aux.jepa predicts the representation"},
     }},
     {"init", "initialisation choices the spec leaves open (docs/training.md, \"Learning quality\")", {
       {"branch_out", enum {"fan_in", "depth"}, "fan_in", "std of the branches' output projections (KDA W_o, " ..
@@ -448,7 +452,7 @@ schema.checks = {
       return ("model.segment (%d) with model.msa: the branch keeps no past keys across segments; set " ..
               "model.segment = nil or model.msa.top_k = 0"):format(c.model.segment)
     end
-    for _, head in ipairs {"future", "draft"} do
+    for _, head in ipairs {"future", "draft", "jepa"} do
       if c.model.aux[head] > 0 then
         return ("model.segment (%d) with model.aux.%s: the head's last target in each segment lies in the " ..
                 "next; set model.segment = nil or model.aux.%s = 0"):format(c.model.segment, head, head)

@@ -538,6 +538,36 @@ describe("the structural options", function()
     helpers.has(helpers.err_of(segments.backward, m, x, prefix, 8, 1), "model.aux.future", "model.segment")
   end)
 
+  it("aux.jepa: a later representation predicted, 1 - cosine to a held target, in the training loss only",
+     function()
+    local names = grads_agree {"model.aux.jepa=0.5", "model.aux.jepa_offset=3"}     -- float32 against float64
+    assert.truthy(names:find("jepa_in.weight", 1, true))
+    assert.is_nil(grads_agree({}):find("jepa", 1, true))                            -- off: no predictor
+    local m = build("experiments/tiny.lua", {"model.aux.jepa=0.5", "model.aux.jepa_offset=3"})
+    local plain = build("experiments/tiny.lua")
+    local x, prefix = tiny_batch()
+    local pure = dm.no_grad(function()             -- evals stay the pure CE: the same numbers without it
+      local a, b = m:forward(x, prefix), plain:forward(x, prefix)
+      assert.equal(b.loss:item(), a.loss:item())
+      assert.is_nil(a.extras)
+      return a.loss:item()
+    end)
+    dm.scope(function()
+      local out = m:forward(x, prefix)
+      local aux = out.extras.aux_jepa:item()
+      assert.is_true(aux > 0 and aux < 2)          -- 1 - cosine
+      assert.is_true(math.abs(out.loss:item() - (pure + 0.5 * aux)) < 1e-5)
+      out.loss:backward()
+      assert.is_true(m.jepa_in.weight.grad:abs():max():item() > 0)
+    end)
+    local segments = require "dormouse.segments"
+    local helpers = require "tests.lua.helpers"
+    helpers.has(helpers.err_of(segments.backward, m, x, prefix, 8, 1), "model.aux.jepa", "model.segment")
+    local log = arm_log("model.aux.jepa=0.1")
+    helpers.has(log, "arms: JEPA: the representation 8 bytes ahead predicted at weight 0.1")
+    assert.truthy(log:find("step      3 .- aux_jepa %d"), log)
+  end)
+
   it("aux.future is named at the start and counted on the log line", function()
     local helpers = require "tests.lua.helpers"
     local log = arm_log("model.aux.future=0.1")
@@ -1022,7 +1052,7 @@ describe("the control, every arm off", function()
   local function near(want, got, what) assert.is_true(math.abs(got - want) <= 1e-6 * want, what .. ": " .. got) end
   local OFF = {"model.aux.future=0", "model.aux.draft=0", "model.loom=false", "model.moe.retract_every=0",
                "model.moe.qat=off", "model.moe.littlebit=off", "model.msa.top_k=0", "checkpoint.banks=f32",
-               "model.moe.fp8=false", "model.moe.aux_balance=0"}
+               "model.moe.fp8=false", "model.moe.aux_balance=0", "model.aux.jepa=0"}
   -- the forms of that tree, which later A/Bs changed as defaults (docs/training.md, "Learning quality",
   -- "The router at b1")
   local BEFORE = {"model.kda.gate=bounded", "model.init.dt_bias=zeros", "model.init.a_log=log_uniform",
