@@ -77,9 +77,12 @@ function experiment.run(file, raw, argv, cli)
   print(table.concat(lines, "\n"))
   if n > 0 then
     io.write("sample: ")
+    -- what is not printable UTF-8 as \xNN, as dormouse sample and the REPL show it (no BEL, no escapes)
+    local put, finish = require("dormouse.probe").byte_printer(function(s) io.write(s) end)
     local ok, err = pcall(require("dormouse.eval").sample, summary.model, "In the beginning", n, {
       temperature = 0.8, device = summary.device, seed = cfg.seed,
-      on_byte = function(b) io.write(b); io.stdout:flush() end})
+      on_byte = function(b) put(b); io.stdout:flush() end})
+    finish()
     io.write("\n")
     -- the run is done and saved: a sample that fails is said, and the run still succeeds
     if not ok then io.stderr:write("sample: failed: ", tostring(err), "\n") end

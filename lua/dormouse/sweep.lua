@@ -257,6 +257,7 @@ local function train_jobs(spec, jobs, dir, names, say, cfgs)
     local argv = {"/proc/self/exe", "sweep", spec.file}
     for _, s in ipairs(spec.cli_set or {}) do argv[#argv + 1] = "--set"; argv[#argv + 1] = s end
     if spec.select then argv[#argv + 1] = "--arms"; argv[#argv + 1] = spec.select end
+    if spec.seeds_flag then argv[#argv + 1] = "--seeds"; argv[#argv + 1] = spec.seeds_flag end
     if spec.overwrite then argv[#argv + 1] = "--overwrite" end
     argv[#argv + 1] = "--run"
     argv[#argv + 1] = job.arm .. ":" .. job.seed
@@ -402,6 +403,8 @@ function sweep.run(spec)
   end
   sweep.verdicts(results, control)
   local text = sweep.table(results, names, spec.seeds)
+  text = text .. "\n(mean, spread and the seeds: held-out bpb_fin, bits a byte, lower is better; train: the last " ..
+         "log window's training loss in bits a byte)"
   if jobs > 1 then
     text = text .. string.format("\n(%d runs at once shared the device: tok/s is each run's share of it)", jobs)
   end

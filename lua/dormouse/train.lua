@@ -351,12 +351,21 @@ end
 of it, RUN/ckpt-STEP. Returns the run folder and the checkpoint's path. ]]
 function train.resume_point(path)
   path = path:gsub("(.)/+$", "%1")
-  local run_dir, step = path:match("^(.*)/ckpt%-(%d+)$")
-  if run_dir and dm.ckpt.list(run_dir) then
+  local function listed(dir)                    -- "ckpt-20, ckpt-40" or "none"
+    local names = {}
+    for _, c in ipairs(dm.ckpt.list(dir)) do names[#names + 1] = c.path:match("[^/]+$") end
+    return #names > 0 and table.concat(names, ", ") or "none"
+  end
+  local run_dir = path:match("^(.*)/ckpt%-%d+$")
+  if run_dir and core.file_kind(run_dir) == "a directory" then
     for _, c in ipairs(dm.ckpt.list(run_dir)) do
       if c.path == path then return run_dir, path end
     end
-    error(string.format("cannot resume %s: it is not a complete checkpoint of %s", path, run_dir), 0)
+    error(string.format("cannot resume %s: it is not a complete checkpoint of %s (its checkpoints: %s)", path,
+                        run_dir, listed(run_dir)), 0)
+  end
+  if core.file_kind(path) == "missing" then
+    error(string.format("cannot resume %s: there is no such run folder", path), 0)
   end
   local latest = dm.ckpt.latest(path)
   if not latest then error("cannot resume " .. path .. ": it holds no complete checkpoint", 0) end

@@ -253,7 +253,13 @@ describe("a resume", function()
     run_quiet(tiny {"name=c", "steps=6"}, {runs = runs, resume = dir .. "/ckpt-2"})
     assert.is_truthy(core.ckpt_listdir(dir .. "/ckpt-6.aside-2"))
     has(err_of(run_quiet, tiny {"name=c", "steps=6"}, {runs = runs, resume = dir .. "/ckpt-3"}),
-        "cannot resume " .. dir .. "/ckpt-3: it is not a complete checkpoint of " .. dir)
+        "cannot resume " .. dir .. "/ckpt-3: it is not a complete checkpoint of " .. dir,
+        "(its checkpoints: ckpt-2, ckpt-4, ckpt-6)")
+    -- a folder that is not there is said so, before the model is built (no banner first)
+    local ok, err = pcall(require("dormouse.train").run, tiny {"name=nope"}, {runs = runs, resume = runs .. "/nope",
+                                                          root = ".", quiet = true})
+    assert.is_false(ok)
+    assert.equal("cannot resume " .. runs .. "/nope: there is no such run folder", err)
   end)
 
   it("under another name (--set name=) continues into a new folder, the old one untouched", function()

@@ -1,5 +1,5 @@
 --[[
-dormouse sweep FILE.lua [--set KEY=VALUE ...] [--arms A,B] [--jobs N] [--quiet]
+dormouse sweep FILE.lua [--set KEY=VALUE ...] [--arms A,B] [--seeds S,S] [--steps N] [--jobs N] [--quiet]
 
 Runs a seed sweep: FILE returns the table dm.sweep takes ({base =, arms =,
 seeds =, set =, ...}; experiments/sweep_seeds.lua). Every --set applies to
@@ -9,7 +9,9 @@ verdict table and writes it to runs/sweep-NAME/. --jobs N trains N runs at
 once, each a process of its own (several small runs share a GPU well; their
 output goes to runs/sweep-NAME/ARM-sSEED.log). --run ARM:SEED trains that
 one run of the sweep alone (what each of those processes does). --arms A,B
-runs those arms only, besides the control. Run again, a sweep reads the runs
+runs those arms only, besides the control. --seeds 1,2 replaces the file's
+seeds; --steps N gives every run N steps (a short sweep: the warm-up follows).
+Run again, a sweep reads the runs
 that finished and resumes the ones that stopped; --overwrite trains every run
 afresh (a run folder holding another config's run is refused without it).
 ]]
@@ -17,8 +19,8 @@ local config = require "dormouse.config"
 
 local sweep_cmd = {args = "FILE.lua [--set KEY=VALUE ...]", summary = "a seed sweep: arms x seeds, a verdict table"}
 
-local usage = "usage: dormouse sweep FILE.lua [--set KEY=VALUE ...] [--arms A,B] [--jobs N] [--run ARM:SEED] " ..
-              "[--overwrite] [--quiet]"
+local usage = "usage: dormouse sweep FILE.lua [--set KEY=VALUE ...] [--arms A,B] [--seeds S,S] [--steps N] " ..
+              "[--jobs N] [--run ARM:SEED] [--overwrite] [--quiet]"
 
 local function fail(msg, code)
   io.stderr:write(msg, "\n")
@@ -27,7 +29,7 @@ end
 
 function sweep_cmd.run(argv, cli)
   local ok, args = pcall(config.parse_args, argv, 2, {quiet = true, help = true, jobs = "N", run = "ARM:SEED", arms = "A,B",
-                                                               overwrite = true})
+                                                               overwrite = true, seeds = "S,S", steps = "N"})
   if not ok then return fail("dormouse sweep: " .. args .. "\n" .. usage, 2) end
   if args.flags.help then io.write(usage, "\n"); return 0 end
   if not args.file then return fail("dormouse sweep: which file?\n" .. usage, 2) end
@@ -40,6 +42,23 @@ function sweep_cmd.run(argv, cli)
                               "seeds = {...}}, got %s", args.file, type(spec)), 1)
   end
   spec.cli_set = args.overrides
+  if args.flags.steps then                         -- a short sweep: every run's steps (the warm-up follows)
+    local n = math.tointeger(tonumber(args.flags.steps))
+    if not n or n < 1 then return fail("dormouse sweep: --steps takes a whole number of at least 1, got " ..
+                                       args.flags.steps, 2) end
+    spec.cli_set[#spec.cli_set + 1] = "steps=" .. n
+  end
+  if args.flags.seeds then                         -- the file's seeds replaced
+    local seeds = {}
+    for s in args.flags.seeds:gmatch("[^,]+") do
+      local n = math.tointeger(tonumber(s))
+      if not n or n < 0 then return fail("dormouse sweep: --seeds takes integers >= 0 with commas, got " ..
+                                         args.flags.seeds, 2) end
+      seeds[#seeds + 1] = n
+    end
+    if #seeds == 0 then return fail("dormouse sweep: --seeds takes one seed or more (1,2,3)", 2) end
+    spec.seeds, spec.seeds_flag = seeds, args.flags.seeds
+  end
   spec.quiet = spec.quiet or args.flags.quiet
   spec.root = spec.root or cli.root
   spec.file = args.file
