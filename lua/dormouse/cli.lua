@@ -126,7 +126,46 @@ local commands = {}
 
 -- A file that returns a table is an experiment: it is trained (see
 -- dormouse/experiment.lua). Any other file is a script.
+-- the help of the built-in commands (those of commands/ carry their own)
+local HELP = {
+  run = [==[
+usage: dormouse run FILE.lua [--set KEY=VALUE ...] [--resume RUN] [--overwrite] [--quiet] [--sample N]
+                   [--stress [--stress-lr K] [--stress-steps N]]
+
+Runs a Lua script with the library loaded. A script that returns a config (an experiment file,
+experiments/*.lua) is trained: runs/NAME/ gets its log, metrics, report and checkpoints.
+  --set KEY=VALUE    override any config key (dormouse config FILE lists them); repeatable
+  --resume RUN       continue runs/NAME (its newest checkpoint) or runs/NAME/ckpt-STEP
+  --overwrite        replace a run folder that holds checkpoints (default: refused)
+  --quiet            no progress bar (the log lines still print)
+  --sample N         bytes sampled after the run (default 200; 0 = none)
+  --stress           N guarded steps at K times the learning rates instead of the run; nothing written
+  --stress-lr K      default 2
+  --stress-steps N   default 50
+example: dormouse run experiments/small.lua --set steps=2000 --set seed=3]==],
+  repl = [==[
+usage: dormouse repl [RUN [--trust]]
+
+An interactive Lua session with the library loaded (readline; history in ~/.dormouse_history).
+On a run (runs/NAME or runs/NAME/ckpt-STEP) its model and config are loaded with the probes:
+sample, loss, experts, ... (docs/repl.md). A run whose config names its model file by a path
+opens only with --trust: that file is code.
+example: dormouse repl runs/demo]==],
+  test = [==[
+usage: dormouse test [--shard K/N] [SPEC.lua ...] [busted's flags]
+
+Runs the Busted suite (tests/lua/*_spec.lua, from the repository root), or the spec files named,
+or the K-th of N parts of it (--shard K/N). Busted's own flags follow (busted --help).
+example: dormouse test tests/lua/model_spec.lua]==],
+}
+
+local function wants_help(argv)
+  for i = 2, #argv do if argv[i] == "--help" or argv[i] == "-h" then return true end end
+  return false
+end
+
 function commands.run(argv)
+  if argv[2] == "--help" or argv[2] == "-h" then print(HELP.run) return 0 end
   local file = argv[2]
   if not file then
     io.stderr:write("dormouse run: which file? usage: dormouse run FILE.lua [args...]\n")
@@ -160,6 +199,7 @@ function commands.run(argv)
 end
 
 function commands.repl(argv)
+  if wants_help(argv) then print(HELP.repl) return 0 end
   return require("dormouse.repl").main(argv[2], cli, argv[3])
 end
 
@@ -198,6 +238,7 @@ local function shard(argv)
 end
 
 function commands.test(argv)
+  if argv[2] == "--help" or argv[2] == "-h" then print(HELP.test) return 0 end
   local why
   argv, why = shard(argv)
   if not argv then
@@ -218,9 +259,17 @@ end
 -- the usage with every command, those of commands/ after the built-in ones
 local function full_usage() return (usage:gsub("(\n  help[^\n]*)", "%1" .. extra_commands(), 1)) end
 
-function commands.help()
-  print(full_usage())
-  return 0
+-- dormouse help [COMMAND]: the whole usage, or one command's help (its --help)
+function commands.help(argv)
+  local name = argv and argv[2]
+  if not name then print(full_usage()) return 0 end
+  if HELP[name] then print(HELP[name]) return 0 end
+  local run = cli.command(name)
+  if not run then
+    io.stderr:write(string.format("dormouse help: no command '%s'\n", name))
+    return 2
+  end
+  return run({[0] = argv[0], name, "--help"})
 end
 
 -- the nearest command name to a mistyped one, when it is near

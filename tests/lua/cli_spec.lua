@@ -336,3 +336,31 @@ describe("a FIFO named where a file is read", function()
     os.remove(fifo)
   end)
 end)
+
+describe("every command's help", function()
+  local function help(args)
+    local p = assert(io.popen(string.format("'%s' %s 2>&1", bin, args)))
+    local out = p:read("a")
+    local _, _, code = p:close()
+    return code, out
+  end
+
+  it("is shown by COMMAND --help and by dormouse help COMMAND, with its flags, exit 0", function()
+    local names = {"run", "repl", "test"}
+    for _, file in ipairs(require("dormouse.core").ckpt_listdir("lua/dormouse/commands")) do
+      names[#names + 1] = file:match("^([%w_]+)%.lua$")
+    end
+    for _, name in ipairs(names) do
+      for _, form in ipairs {name .. " --help", "help " .. name} do
+        local code, out = help(form)
+        assert.equal(0, code, form .. ": " .. out)
+        assert.truthy(out:find("usage: dormouse " .. name, 1, true), form .. ": " .. out)
+      end
+    end
+    local code, out = help("run --help")
+    assert.truthy(out:find("--sample N         bytes sampled after the run (default 200", 1, true), out)
+    code, out = help("help nope")
+    assert.equal(2, code)
+    assert.truthy(out:find("no command 'nope'", 1, true), out)
+  end)
+end)
