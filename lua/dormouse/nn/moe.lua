@@ -308,6 +308,16 @@ end
 -- square root of the Gram matrix G = W^T W (r x r, batched over experts) comes from the coupled
 -- Newton-Schulz iteration Y <- Y T, Z <- T Z, T = (3 I - Z Y) / 2 from Y = G / ||G||_F, Z = I
 -- (every eigenvalue of Y in (0, 1]: it converges), so (G / c)^-1/2 = Z and G^-1/2 = Z / sqrt(c).
+-- the r x r identity as a [1, r, r] tensor (it broadcasts over the experts)
+local function identity(r, dtype, device)
+  local rows = {}
+  for i = 1, r do
+    rows[i] = {}
+    for j = 1, r do rows[i][j] = i == j and 1 or 0 end
+  end
+  return dm.tensor({rows}, {dtype = dtype, device = device})
+end
+
 local RETRACT_STEPS = 14                 -- the iteration's steps: orthonormal to 1e-6 in f32 from a random init
 
 function MoE:retract()
@@ -316,12 +326,7 @@ function MoE:retract()
       for _, name in ipairs {"Ug", "Uu"} do
         local W = self[name]
         local E, r = W:size(1), W:size(3)
-        local rows = {}
-        for i = 1, r do
-          rows[i] = {}
-          for j = 1, r do rows[i][j] = i == j and 1 or 0 end
-        end
-        local I = dm.tensor({rows}, {dtype = W.dtype, device = W.device})
+        local I = identity(r, W.dtype, W.device)
         local G = W:transpose(2, 3):matmul(W)
         local c = G:square():sum_to({E, 1, 1}):sqrt()
         local Y, Z = G / c, I
@@ -347,12 +352,7 @@ function MoE:orthogonality()
       for _, name in ipairs {"Ug", "Uu"} do
         local W = self[name]:to("f32")
         local E, d, r = W:size(1), W:size(2), W:size(3)
-        local rows = {}
-        for i = 1, r do
-          rows[i] = {}
-          for j = 1, r do rows[i][j] = i == j and 1 or 0 end
-        end
-        local I = dm.tensor({rows}, {dtype = "f32", device = W.device})
+        local I = identity(r, "f32", W.device)
         local D = W:transpose(2, 3):matmul(W) - I
         total = total + (D:square():sum_to({E, 1, 1}):sqrt():sum():item() / math.sqrt(r * (r + 1) / d))
         n = n + E
