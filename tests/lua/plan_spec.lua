@@ -357,10 +357,19 @@ describe("dormouse plan", function()
         "proposal: batch")
   end)
 
-  it("prints JSON with --json", function()
-    local code, out = dormouse("experiments/tiny.lua --memory 64MiB --json --set batch=2")
+  it("writes JSON with --json FILE, or alone to standard output with --json -, as bench does", function()
+    local code, out = dormouse("experiments/tiny.lua --memory 64MiB --json - --set batch=2")
     assert.equal(0, code)
     has(out, '"batch":2', '"peak_bytes":', '"proposal":{', '"rows":[')
+    assert.equal("{", out:sub(1, 1))                                -- the JSON alone
+    local file = os.tmpname()
+    code, out = dormouse("experiments/tiny.lua --json '" .. file .. "' --set batch=2")
+    assert.equal(0, code)
+    has(out, "tiny: batch 2 x seq 64")                               -- the table, the JSON in the file
+    has(assert(io.open(file)):read("a"), '"batch":2')
+    os.remove(file)
+    local _, _, err = dormouse("experiments/tiny.lua --json --set batch=2")
+    has(err, "--json needs a value")
   end)
 
   it("refuses an unknown file, a bad size, and a config that fits nothing", function()

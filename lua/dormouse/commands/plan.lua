@@ -1,17 +1,19 @@
 --[[
-dormouse plan EXPERIMENT [--memory SIZE] [--set KEY=VALUE ...] [--json]
+dormouse plan EXPERIMENT [--memory SIZE] [--set KEY=VALUE ...] [--json FILE]
 
 Predicts the peak device memory of one training step of an experiment at its
 batch x seq without running it (dormouse/plan.lua: the step runs on the meta
 device, with every byte counted), prints what is live at the peak by
 category, and with --memory (16GiB, 16000MiB, 12.5GB) the largest batch x seq
-that fits. --json prints the same as one JSON object, in bytes.
+that fits. --json FILE writes the same as one JSON object, in bytes (as bench's
+--json: - for standard output alone; a link's target, a FIFO or device written
+through).
 ]]
 local config = require "dormouse.config"
 local plan = require "dormouse.plan"
 local json = require "dormouse.json"
 
-local usage = "usage: dormouse plan EXPERIMENT.lua [--memory SIZE] [--set KEY=VALUE ...] [--json]"
+local usage = "usage: dormouse plan EXPERIMENT.lua [--memory SIZE] [--set KEY=VALUE ...] [--json FILE]"
 
 local function fail(msg, code)
   io.stderr:write(msg, "\n")
@@ -19,7 +21,7 @@ local function fail(msg, code)
 end
 
 local function run(argv)
-  local ok, args = pcall(config.parse_args, argv, 2, {memory = "SIZE", json = true, help = true})
+  local ok, args = pcall(config.parse_args, argv, 2, {memory = "SIZE", json = "FILE", help = true})
   if not ok then return fail("dormouse plan: " .. args .. "\n" .. usage, 2) end
   if args.flags.help then io.write(usage, "\n"); return 0 end
   if not args.file then return fail("dormouse plan: which experiment? " .. usage, 2) end
@@ -38,7 +40,8 @@ local function run(argv)
   if args.flags.json then
     local out = plan.plain(r)
     out.error = why or nil
-    io.write(json.encode(out), "\n")
+    require("dormouse.core").write_output(args.flags.json, json.encode(out) .. "\n")
+    if args.flags.json ~= "-" then io.write(plan.format(r), "\n") end
   else
     io.write(plan.format(r), "\n")
   end
