@@ -114,8 +114,27 @@ end
 function probe.env(model, cfg)
   local env = {model = model, cfg = cfg}
 
+  local SAMPLE_OPTIONS = {temperature = true, top_p = true, seed = true, return_text = true}
   function env.sample(prompt, n, opts)
     opts = opts or {}
+    -- refused at the caller's line: a count, the options by name, their values
+    if n ~= nil and not (math.type(n) == "integer" and n >= 1) then
+      error(string.format("sample: n must be a whole number of bytes >= 1, got %s", tostring(n)), 2)
+    end
+    if type(opts) ~= "table" then error("sample: opts must be a table {temperature =, top_p =, seed =}", 2) end
+    for k in pairs(opts) do
+      if not SAMPLE_OPTIONS[k] then
+        error(string.format("sample: unknown option '%s' (options: return_text, seed, temperature, top_p)",
+                            tostring(k)), 2)
+      end
+    end
+    local t, p = opts.temperature, opts.top_p
+    if t ~= nil and not (type(t) == "number" and t >= 0 and t < math.huge) then
+      error("sample: temperature must be a finite number >= 0, got " .. tostring(t), 2)
+    end
+    if p ~= nil and not (type(p) == "number" and p > 0 and p <= 1) then
+      error("sample: top_p must be a number in (0, 1], got " .. tostring(p), 2)
+    end
     local put, finish = probe.byte_printer(function(s) io.write(s) end)
     local text = eval.sample(model, prompt or "", n or 200, {
       temperature = opts.temperature, top_p = opts.top_p, seed = opts.seed,
@@ -134,8 +153,9 @@ function probe.env(model, cfg)
       local out = model:forward(x, prefix, {depths = depths})
       local r = {bytes = #text - 1, periter = {}, fin_D = {}}
       for i, ce in ipairs(out.periter) do r.periter[i] = ce:item() / LN2 end
-      for D, ce in pairs(out.fin_D) do r.fin_D[D] = ce:item() / LN2 end
-      r.fin = r.fin_D[cfg.model.max_iter]
+      for D, ce in pairs(out.fin_D or {}) do r.fin_D[D] = ce:item() / LN2 end
+      -- the forward's own fin (a model whose fin_D is empty has one too: docs/models.md)
+      r.fin = out.fin and out.fin:item() / LN2 or r.fin_D[cfg.model.max_iter]
       return r
     end)
   end

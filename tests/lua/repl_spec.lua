@@ -214,6 +214,19 @@ describe("the probes", function()
     assert.is_nil(err:find("stack traceback", 1, true), err)
   end)
 
+  it("refuse a bad count, an unknown option or a bad value at the caller's line, and give fin for every model",
+     function()
+    local code, out, err = repl({"sample('hi', -5)", "sample('hi', 3, {temp = 0.5})",
+                                 "sample('hi', 3, {temperature = -1})", "print(loss('In the beginning').fin > 0)"},
+                                "'" .. runs .. "/st'")
+    assert.equal(0, code, err)
+    has(err, "sample: n must be a whole number of bytes >= 1, got -5",
+        "sample: unknown option 'temp' (options: return_text, seed, temperature, top_p)",
+        "sample: temperature must be a finite number >= 0, got -1")
+    assert.is_nil(err:find("probe.lua", 1, true), err)      -- the user's line, not the library's
+    has(out, "true")                                          -- the stack model's fin, its fin_D empty
+  end)
+
   it("say so for a model without experts or Engram", function()
     local code, _, err = repl({"experts('In the beginning')", "engram('In the beginning')"}, "'" .. runs .. "/st'")
     assert.equal(0, code, err)
