@@ -75,6 +75,11 @@ function experiment.run(file, raw, argv, cli)
     lines[#lines + 1] = table.concat(parts, ", ")
   end
   print(table.concat(lines, "\n"))
+  local log = io.open(summary.dir .. "/log.txt", "a")        -- the closing summary belongs to the record too
+  if log then
+    log:write(table.concat(lines, "\n"), "\nreport: ", summary.dir, "/report.html\n")
+    log:close()
+  end
   if n > 0 then
     io.write("sample: ")
     -- what is not printable UTF-8 as \xNN, as dormouse sample and the REPL show it (no BEL, no escapes)

@@ -364,3 +364,19 @@ describe("every command's help", function()
     assert.truthy(out:find("no command 'nope'", 1, true), out)
   end)
 end)
+
+describe("a finished run's log.txt", function()
+  it("ends with the closing summary it printed", function()
+    local cwd = dir .. "/summary"
+    assert(os.execute("mkdir -p '" .. cwd .. "'"))
+    local exe = bin:sub(1, 1) == "/" and bin or root .. "/" .. bin
+    local p = assert(io.popen(string.format("cd '%s' && DORMOUSE_HOME='%s' '%s' run '%s/experiments/tiny.lua' --quiet " ..
+                                            "--sample 0 --set steps=2 --set schedule.warmup=1 --set eval.windows=2 2>&1",
+                                            cwd, root, exe, root)))
+    local out = p:read("a")
+    local _, _, code = p:close()
+    assert.equal(0, code, out)
+    local log = read(cwd .. "/runs/tiny/log.txt")
+    assert.truthy(log:find("done: runs/tiny, step 2\nheld%-out bpb_fin [%d.]+[^\n]*\nreport: runs/tiny/report.html\n$"), log)
+  end)
+end)
