@@ -424,6 +424,10 @@ function plan.format(r)
   if r.memory then
     say("")
     say("in %s: batch %d x seq %d %s", size(r.memory), r.batch, r.seq, r.fits and "fits" or "does not fit")
+    if not r.fits then
+      say("to keep batch x seq: --set model.engram.ram=true (the tables in host memory), model.recompute=true, " ..
+          "optim.momentum_dtype=bf16; experiments/b1_16gb.lua sets all three for b1")
+    end
     local p = r.proposal
     if not p then return table.concat(out, "\n") end
     say("proposal: batch %d x seq %d = %d tokens a micro-batch (needs %s)", p.batch, p.seq, p.tokens, size(p.need))

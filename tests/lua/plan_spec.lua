@@ -357,6 +357,13 @@ describe("dormouse plan", function()
         "proposal: batch")
   end)
 
+  it("says how to keep a batch that does not fit, pointing at the 16 GB preset", function()
+    local code, out = dormouse("experiments/tiny.lua --memory 64MiB --set batch=512")
+    assert.equal(0, code)
+    has(out, "batch 512 x seq 64 does not fit", "to keep batch x seq: --set model.engram.ram=true",
+        "experiments/b1_16gb.lua sets all three for b1", "proposal: batch")
+  end)
+
   it("writes JSON with --json FILE, or alone to standard output with --json -, as bench does", function()
     local code, out = dormouse("experiments/tiny.lua --memory 64MiB --json - --set batch=2")
     assert.equal(0, code)
