@@ -71,6 +71,10 @@ function profile.table(rows, total_ms, opts)
     line("%-22s %10.2f %6.1f%%", "(no op running)", (total_ms - sum) / steps, 100 * (total_ms - sum) / total_ms)
   end
   line("%-22s %10.2f", "step", total_ms / steps)
+  if total_ms > sum then
+    line("(no op running: the step's time between ops, the Lua that drives them, the tape's bookkeeping, " ..
+         "allocation and the data's copy)")
+  end
   line("")
   line("%-30s %-9s %10s %7s %8s", "slowest ops", "phase", "ms/step", "share", "calls")
   for i = 1, math.min(top, #rows) do

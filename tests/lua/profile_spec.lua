@@ -76,7 +76,8 @@ describe("dm.profile", function()
     local rows = {{name = "kda", family = "kda", phase = "forward", ms = 6, calls = 2},
                   {name = "matmul", family = "matmul", phase = "backward", ms = 2, calls = 4}}
     local text = dm.profile.table(rows, 5, {steps = 2})
-    has(text, "kda", "3.00", "60.0%", "matmul", "1.00", "20.0%", "(no op running)", "20.0%")
+    has(text, "kda", "3.00", "60.0%", "matmul", "1.00", "20.0%", "(no op running)", "20.0%",
+        "(no op running: the step's time between ops")
   end)
 end)
 
