@@ -19,7 +19,9 @@ SAN_FLAGS = -DDM_SANITIZE=ON -DDM_FUZZ=ON -DDM_CUDA=OFF
 FUZZ_TEST_SECONDS ?= 10
 FUZZ_SECONDS ?= 600
 
-.PHONY: all deps deps-test build build-asan test test-asan fuzz demo clean
+PREFIX ?= /usr/local
+
+.PHONY: all deps deps-test build build-asan test test-asan fuzz demo install clean
 
 all: build
 
@@ -82,6 +84,11 @@ test: deps-test build build-asan
 # a sample and the report's path.
 demo: build
 	$(BUILD)/dormouse run experiments/demo.lua --overwrite
+
+# dormouse on PATH: $(PREFIX)/bin/dormouse, the library, models, experiments and tasks in
+# $(PREFIX)/share/dormouse, where the binary finds them (no DORMOUSE_HOME needed)
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX)
 
 # The sanitizer suite alone.
 test-asan: build-asan
