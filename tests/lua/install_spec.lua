@@ -6,7 +6,7 @@ local has = helpers.has
 describe("an installed dormouse", function()
   it("runs from any folder without DORMOUSE_HOME, the experiments and tasks beside it", function()
     local bin = arg and arg[-1]
-    local here = os.getenv("PWD")
+    local here = assert(io.popen("pwd")):read("l")            -- ctest sets the folder, not $PWD
     local exe = bin:sub(1, 1) == "/" and bin or here .. "/" .. bin
     local build = exe:match("^(.*)/[^/]+$")
     local prefix, cwd = helpers.tmpdir(), helpers.tmpdir()
