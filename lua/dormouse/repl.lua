@@ -178,6 +178,10 @@ function repl.main(file, cli, flag)
         local msg = res[2]:gsub("\n%s*repl:%d+: in main chunk", ""):gsub("\n%s*%[C%]: in function 'error'", "")
                           :gsub("\nstack traceback:$", "")
         io.stderr:write(msg, "\n")
+      elseif res.n == 2 and res[2] == nil and buffer:match("^%s*[%a_][%w_]*%s*$") then
+        -- a bare name that is nil: most often a misspelling, said rather than printed as nil
+        io.stderr:write(string.format("%s: no such name here (not a variable, a probe or a library function)\n",
+                                      buffer:match("[%a_][%w_]*")))
       elseif res.n > 1 then
         -- printing is protected too: a value whose printer raises ends nothing but its line
         local ok, text = pcall(function()

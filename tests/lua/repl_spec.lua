@@ -41,6 +41,13 @@ local function repl(lines, extra)
 end
 
 describe("dormouse repl on a pipe", function()
+  it("says a bare name that is not there rather than printing nil (a misspelling)", function()
+    local code, out, err = repl {"sampel", "x = 3", "x"}
+    assert.equal(0, code)
+    has(err, "sampel: no such name here (not a variable, a probe or a library function)")
+    assert.equal("3\n", out)
+  end)
+
   it("prints expressions: numbers, strings, tables and tensors with their shape", function()
     local code, out, err = repl {
       "1 + 1",
