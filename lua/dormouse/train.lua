@@ -652,6 +652,13 @@ end
 
 ---------------------------------------------------------------- the run
 
+-- A path without its "." parts and doubled slashes, to compare two spellings of one folder ("./x", "x")
+function train.plain_path(p)
+  local parts = {}
+  for part in p:gmatch("[^/]+") do if part ~= "." then parts[#parts + 1] = part end end
+  return (p:sub(1, 1) == "/" and "/" or "") .. table.concat(parts, "/")
+end
+
 -- A file a config names: as given when it is there, else under the install's root (tasks/kjv.lua)
 function train.find_file(path, root)
   if core.file_kind(path) ~= "missing" or path:sub(1, 1) == "/" then return path end
@@ -744,7 +751,7 @@ function train.run(cfg, opts)
   local ok_point, from_dir, from = pcall(function() if opts.resume then return train.resume_point(opts.resume) end end)
   if not ok_point then core.unlock_file(lock); error(from_dir, 0) end
   self.from_dir, self.from = from_dir, from              -- the run folder and checkpoint a resume reads
-  self.in_place = from_dir == self.dir                   -- a resume that writes where it reads
+  self.in_place = from_dir ~= nil and train.plain_path(from_dir) == train.plain_path(self.dir)   -- writes where it reads
   if not self.in_place and dm.ckpt.latest(self.dir) and not opts.overwrite then
     core.unlock_file(lock)
     error(string.format("%s already holds checkpoints: resume it with --resume %s, or choose another " ..

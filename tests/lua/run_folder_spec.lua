@@ -262,6 +262,17 @@ describe("a resume", function()
     assert.equal("cannot resume " .. runs .. "/nope: there is no such run folder", err)
   end)
 
+  it("of a folder spelt another way (./x for x) continues in place", function()
+    local train = require "dormouse.train"
+    assert.equal("x", train.plain_path("./x"))
+    assert.equal("runs/x", train.plain_path("runs//./x/"))
+    assert.equal("/abs/runs/x", train.plain_path("/abs/./runs/x"))
+    local runs = tmpdir()
+    run_quiet(tiny {"name=sp", "steps=2"}, {runs = runs})
+    run_quiet(tiny {"name=sp", "steps=4"}, {runs = runs, resume = runs .. "/./sp"})
+    assert.is_truthy(core.ckpt_listdir(runs .. "/sp/ckpt-4"))
+  end)
+
   it("under another name (--set name=) continues into a new folder, the old one untouched", function()
     local runs = tmpdir()
     run_quiet(tiny {"name=a", "steps=4"}, {runs = runs})
