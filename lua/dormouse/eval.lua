@@ -204,17 +204,23 @@ local function prompt_bytes(prompt)
 end
 
 -- fn(gen) with the model in eval mode, no autograd, and the generator closed after, whatever happens
-local function generating(model, prompt, opts, fn)
+-- fn() with the model in eval mode and no autograd, its mode put back whatever happens
+local function evaluating(model, fn)
   local was_training = model.training
   model:eval()
-  local ok, err = pcall(dm.no_grad, function()
+  local ok, err = pcall(dm.no_grad, fn)
+  model:train(was_training)
+  if not ok then error(err, 0) end
+end
+
+-- fn(gen) for a generator of the prompt, closed after whatever happens
+local function generating(model, prompt, opts, fn)
+  evaluating(model, function()
     local gen = generator(model, prompt_bytes(prompt), opts)
     local done, e = pcall(fn, gen)
     gen.close()
     if not done then error(e, 0) end
   end)
-  model:train(was_training)
-  if not ok then error(err, 0) end
 end
 
 local function sampling(opts)
@@ -292,7 +298,7 @@ function eval.sample_streams(model, prompts, n, opts)
     return {j = j, bytes = prompt_bytes(prompts[j]), out = {}, logits = logits,
             uniforms = dm.rand({math.max(n, 1)}, {seed = seed + j - 1}):totable()}, s
   end
-  generating(model, "", {device = device}, function()
+  evaluating(model, function()
     local firsts = {}
     for slot = 1, width do slots[slot], firsts[slot] = start() end
     state = dm.scope(function() return cat_states(firsts) end)

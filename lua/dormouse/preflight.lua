@@ -10,6 +10,7 @@ that cannot fit is refused with both numbers; nothing is written.
          moments); on a CPU run the parameters, buffers and optimiser state; against MemAvailable.
 ]]
 local core = require "dormouse.core"
+local dm = require "dormouse"
 
 local preflight = {}
 
@@ -18,7 +19,7 @@ local GB = 1e9
 local function bytes_of(tensors, keep)
   local n = 0
   for _, t in pairs(tensors) do
-    if type(t) ~= "table" and (not keep or keep(t)) then n = n + t:numel() * core.dtype_size(t.dtype) end
+    if dm.is_tensor(t) and (not keep or keep(t)) then n = n + t:numel() * core.dtype_size(t.dtype) end
   end
   return n
 end

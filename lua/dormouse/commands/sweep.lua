@@ -43,6 +43,11 @@ function sweep_cmd.run(argv, cli)
   end
   spec.cli_set = args.overrides
   if args.flags.steps then                         -- a short sweep: every run's steps (the warm-up follows)
+    for _, s in ipairs(spec.cli_set) do
+      if config.split_set(s) == "steps" then
+        return fail("dormouse sweep: --steps and --set steps=... both give the steps: give one", 2)
+      end
+    end
     local n = math.tointeger(tonumber(args.flags.steps))
     if not n or n < 1 then return fail("dormouse sweep: --steps takes a whole number of at least 1, got " ..
                                        args.flags.steps, 2) end
