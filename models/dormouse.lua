@@ -375,6 +375,12 @@ function Dormouse:held()
   return out
 end
 
+-- A step by segments, as each segment's backward ends: the Engram rows' gradients join the
+-- step's running sum (Engram:fold), so that a pass holds one sum whatever its number of segments.
+function Dormouse:fold_sparse()
+  if self.block.engram then self.block.engram:fold() end
+end
+
 -- The bytes before a segment that its forward reads (prefix): Engram's longest n-gram less one.
 function Dormouse:context() return nn.Engram.context_for(self.cfg.engram.orders) end
 

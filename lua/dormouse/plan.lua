@@ -37,6 +37,7 @@ local nn = require "dormouse.nn"
 local optim = require "dormouse.optim"
 local config = require "dormouse.config"
 local train = require "dormouse.train"
+local segments = require "dormouse.segments"
 
 local plan = {}
 
@@ -67,24 +68,31 @@ end
 
 ---------------------------------------------------------------- the step
 
---[[ One optimiser step as the trainer takes it on whole rows (train.lua, Run:train_step; a
-step by segments is planned as one segment's: Session:run),
-with the same allocations and no value read back, so that it runs on the meta
-device as on the GPU: next_batch() -> x, prefix on the model's device;
-grad_accum micro-batches of forward and backward; the balancing; the global
-norm's clipping and every group's update (Optimizer:step, blind: the update
-applied whatever the norm, which on the meta device has no value); zero_grad.
+--[[ One optimiser step as the trainer takes it (train.step), with the same
+allocations and no value read back, so that it runs on the meta device as on
+the GPU: next_batch() -> x, prefix on the model's device; grad_accum
+micro-batches of forward and backward, by segments of `segment` bytes when
+the rows are longer (segments.backward); the balancing; the global norm's
+clipping and every group's update (Optimizer:step, blind: the update applied
+whatever the norm, which on the meta device has no value); zero_grad.
 mark(phase), when given, is called as "forward", "backward" and "optimiser"
 begin. Everything the step makes is released at its end (dm.scope). ]]
-function plan.step(model, opt, next_batch, grad_accum, mark)
+function plan.step(model, opt, next_batch, grad_accum, mark, segment)
   mark = mark or function() end
+  local function ended(phase)                        -- the trainer's marks close a phase, the planner's open one
+    mark(phase == "forward" and "backward" or "forward")
+  end
   dm.scope(function()
     for _ = 1, grad_accum do
       mark("forward")
       local x, prefix = next_batch()
-      train.micro_batch(model, x, prefix, 1 / grad_accum, false, function(phase)
-        if phase == "forward" then mark("backward") end      -- the planner's marks open a phase
-      end)
+      if segment and x:size(2) - 1 > segment then
+        segments.backward(model, x, prefix, segment, 1 / grad_accum, ended)
+      else
+        train.micro_batch(model, x, prefix, 1 / grad_accum, false, function(phase)
+          if phase == "forward" then mark("backward") end
+        end)
+      end
     end
     mark("optimiser")
     train.balance(model)
@@ -177,16 +185,65 @@ function Session:sort_holders()
   for _, g in ipairs(groups) do self.groups[#self.groups + 1] = g end
 end
 
--- The rows a pass of a step of B × T sees: by segments (model.segment) a step holds one segment's
--- pass at a time, so its peak is that of a step at T = segment (the boundary states, a few MiB, aside)
-function Session:pass_rows(T) return self.segment and math.min(T, self.segment) or T end
+--[[ A step of T bytes by segments (model.segment): its number of segments S and
+the rows the planner runs, three segments (the last as long as T's), or T when
+S <= 3; nil when the step takes T whole. ]]
+function Session:segments_of(T)
+  local len = self.segment
+  if not len or T <= len then return nil end
+  local S = math.ceil(T / len)
+  return S, S > 3 and 2 * len + (T - (S - 1) * len) or T
+end
+
+--[[ The state one segment hands the next at batch B, as a step by segments
+keeps it at each boundary: {bytes, blocks} (blocks: in the caching
+allocator's). Made by a forward of one segment on the meta device. ]]
+function Session:boundary_state(B)
+  if self.state_at and self.state_at.B == B then return self.state_at end
+  local r = {B = B, bytes = 0, blocks = 0}
+  on_meta(self.compute, function()
+    dm.no_grad(function()
+      dm.scope(function()
+        local x = dm.zeros({B, self.segment + 1}, {dtype = "u8", device = "meta"})
+        local prefix = dm.zeros({B, self.ctx}, {dtype = "u8", device = "meta"})
+        local out = self.model:forward(x, prefix, {state = {}})
+        segments.each(out.state or {}, function(_, _, t)
+          r.bytes = r.bytes + bytes_of(t)
+          r.blocks = r.blocks + core.cuda_block_size(bytes_of(t))
+        end)
+      end)
+    end)
+  end)
+  self.state_at = r
+  return r
+end
 
 --[[ One step at B × T on the meta device; watch_at: the allocation at which to
 sort the live bytes; scratch: the CUDA kernels' scratch charged where they take
 it (plan.CARD; false: none). Returns the phases in order, each {name, peak, at,
 blocks} (bytes over the session's start, the allocation number within the step). ]]
 function Session:run(B, T, watch_at, scratch)
-  T = self:pass_rows(T)
+  local S, rows = self:segments_of(T)
+  local order = self:run_rows(B, rows or T, watch_at, scratch)
+  if S and S > 3 then
+    -- The step's peak is where its backward begins: the first sweep has kept the state at every
+    -- boundary, S - 1 of them, and the backward frees them as it goes (a middle segment's holds
+    -- its start's copy and its end's gradient besides). Three segments run here, the other S - 3
+    -- are added to the forward and the backward (the optimiser's phase holds none). This assumes
+    -- the Engram rows' running sum (Engram:fold) grows slower than the boundary states go: true
+    -- of text, where most n-grams a segment reads were read before.
+    local st = self:boundary_state(B)
+    for _, p in ipairs(order) do
+      if p.name == "forward" or p.name == "backward" then
+        p.peak, p.blocks = p.peak + (S - 3) * st.bytes, p.blocks + (S - 3) * st.blocks
+      end
+    end
+  end
+  return order
+end
+
+-- One step at B × T as it runs (Session:run)
+function Session:run_rows(B, T, watch_at, scratch)
   local phases, order, current = {}, {}, nil
   local function close()
     if not current then return end
@@ -213,7 +270,7 @@ function Session:run(B, T, watch_at, scratch)
   if watch_at then core.meta_watch(watch_at, self.groups) end
   if scratch then core.plan_card(plan.CARD) end
   local ok, err = pcall(on_meta, self.compute, function()
-    plan.step(self.model, self.opt, next_batch, self.grad_accum, mark)
+    plan.step(self.model, self.opt, next_batch, self.grad_accum, mark, self.segment)
   end)
   core.plan_card(nil)
   close()
@@ -273,6 +330,12 @@ function Session:attribute(B, T)
     local bytes = p.bytes
     if p.kind == "other" then bytes = bytes - self.base.current end      -- meta tensors from before the session
     if p.name ~= "host" then r.parts[#r.parts + 1] = {name = p.name, kind = p.kind, bytes = bytes} end
+  end
+  local S = self:segments_of(T)
+  if S and S > 3 and (r.phase == "forward" or r.phase == "backward") then
+    local st = self:boundary_state(B)
+    r.parts[#r.parts + 1] = {name = string.format("boundary states of %d more segments (%s each)", S - 3,
+                                                  size(st.bytes)), kind = "states", bytes = (S - 3) * st.bytes}
   end
   r.watched = w.current - self.base.current - self.host_bytes
   r.where, r.last = w.where, w.last
@@ -344,6 +407,8 @@ function plan.report(cfg, opts)
     r.name, r.batch, r.seq, r.grad_accum, r.dtype, r.ns_dtype = cfg.name, cfg.batch, cfg.seq, cfg.grad_accum,
                                                                   cfg.dtype, s.ns_dtype
     r.segment = cfg.model.segment
+    r.segments = s:segments_of(cfg.seq)
+    r.state = r.segments and s:boundary_state(cfg.batch) or nil
     r.host = s.ram and s.host_bytes or nil
     if opts.memory then
       r.memory = opts.memory
@@ -406,9 +471,9 @@ function plan.format(r)
   end
   say("%s: batch %d x seq %d, grad_accum %d; products in %s, Newton-Schulz in %s", r.name, r.batch, r.seq,
       r.grad_accum, r.dtype, r.ns_dtype)
-  if r.segment and r.segment < r.seq then
-    say("by segments of %d (model.segment): planned as one segment's pass, batch %d x seq %d; the boundary " ..
-        "states aside", r.segment, r.batch, r.segment)
+  if r.segments then
+    say("by %d segments of %d (model.segment): a boundary state of %s kept for each; the step's peak where " ..
+        "its backward begins, all of them alive", r.segments, r.segment, size(r.state.bytes))
   end
   say("the peak: in the %s, at allocation %d of the step (%s, in %s)", r.phase, r.at, size(r.last),
       r.where ~= "" and r.where or "no op")
@@ -452,7 +517,8 @@ function plan.plain(r)
     rows[#rows + 1] = {category = row.label, bytes = row.bytes, share = row.bytes / r.peak, saved_by_op = row.op}
   end
   return {experiment = r.name, batch = r.batch, seq = r.seq, grad_accum = r.grad_accum, dtype = r.dtype,
-          ns_dtype = r.ns_dtype, phase = r.phase, peak_bytes = r.peak, blocks_bytes = r.blocks,
+          ns_dtype = r.ns_dtype, phase = r.phase, segments = r.segments,
+          state_bytes_per_segment = r.state and r.state.bytes, peak_bytes = r.peak, blocks_bytes = r.blocks,
           outside_bytes = r.outside, need_bytes = r.need, host_bytes = r.host, rows = rows,
           memory_bytes = r.memory, fits = r.fits, proposal = r.proposal}
 end

@@ -10,11 +10,19 @@ activations are alive at a time (docs/training.md, "Long sequences").
                                     → the pass's {fin, periter, fin_D} as numbers, the
                                       segments' means weighted by their bytes (no gradient)
   segments.backward(model, x, prefix, len, scale [, mark])
-                                    → the whole rows' loss (a number); the gradient of
-                                      scale · loss is added into the parameters'
-                                      (mark(phase), when given: as each forward and
-                                      backward ends, as train.step's)
+                                    → the whole rows' loss (a one-element tensor on the
+                                      model's device: the caller reads it) and the arms'
+                                      terms; the gradient of scale · loss is added into
+                                      the parameters' (mark(phase), when given: as each
+                                      forward and backward ends, as train.step's)
   segments.free(state)              frees a pass's out.state now
+  segments.each(state, fn)          fn(i, key, tensor) for each tensor of a state
+
+What a pass keeps grows with its number of segments by the boundary states
+alone: the first sweep keeps the state at every boundary (each iteration's KDA
+state and convolution inputs: models/dormouse.lua, docs/training.md), and the
+backward frees each as it passes it. What the optimiser reads is folded into
+one running sum as each segment's backward ends (the model's fold_sparse).
 
 The backward runs the segments forward without a tape, keeping the state at
 each boundary, then walks them from the last: each is run again on a tape
@@ -45,6 +53,7 @@ local function each_tensor(state, fn)
     for k, t in pairs(it) do fn(i, k, t) end
   end
 end
+segments.each = each_tensor
 
 -- Free a state's tensors now (a pass's out.state; nil: nothing)
 function segments.free(state) if state then each_tensor(state, function(_, _, t) t:free() end) end end
@@ -121,6 +130,15 @@ local function leaves(state)
   return out
 end
 
+-- sum + v, the two let go at once (a running sum over the segments holds one tensor, not one a segment)
+local function add(sum, v)
+  if not sum then return v end
+  local total = sum + v
+  sum:free()
+  v:free()
+  return total
+end
+
 function segments.backward(model, x, prefix, len, scale, mark)
   mark = mark or function() end
   local T = x:size(2) - 1
@@ -150,30 +168,37 @@ function segments.backward(model, x, prefix, len, scale, mark)
         end)
       end
       objective:backward()
+      if model.fold_sparse then model:fold_sparse() end   -- the segment's sparse gradients into the step's sum
       mark("backward")
       local parts = {}
       for name, v in pairs(out.extras or {}) do parts[name] = v:detach() * w end
       -- this segment's share of the loss, its arms' terms, and what the model keeps for the step's end
       return out.loss:detach() * w, parts, model.held and model:held() or nil
     end)
-    loss = loss and loss + share or share
-    for name, v in pairs(parts) do extras[name] = extras[name] and extras[name] + v or v end
+    loss = add(loss, share)
+    for name, v in pairs(parts) do extras[name] = add(extras[name], v) end
     free_state(grads)
     grads = nil
     if from then
-      grads = {}
-      each_tensor(from, function(i, k, t)
-        if t.grad then
-          grads[i] = grads[i] or {}
-          grads[i][k] = dm.keep(t.grad:detach())
-        end
+      -- in a scope of its own: the handles read here (t.grad) would otherwise hold each
+      -- segment's gradients until the step's end
+      grads = dm.scope(function()
+        local g = {}
+        each_tensor(from, function(i, k, t)
+          local tg = t.grad
+          if tg then
+            g[i] = g[i] or {}
+            g[i][k] = tg:detach()
+          end
+        end)
+        return g
       end)
       free_state(from)
       free_state(starts[s])
     end
   end
   free_state(grads)
-  return loss:item(), extras                         -- the step's one read of a value (the extras stay on the device)
+  return loss, extras                                -- read by the caller (the step's one read of a value)
 end
 
 return segments

@@ -453,6 +453,7 @@ function train.step(r, mark)
       local l, terms
       if seg and x:size(2) - 1 > seg then        -- by segments, the state carried: forward and backward in one
         l, terms = segments.backward(r.model, x, prefix, seg, 1 / cfg.grad_accum, mark)
+        l = l:item()
       else
         local out
         out, l = train.micro_batch(r.model, x, prefix, 1 / cfg.grad_accum, true, mark)

@@ -6,7 +6,8 @@ Long sequences, measured: for each length T (default 8192,32768,131072)
 one batch of a single row of T bytes trained by segments of --segment
 bytes (default 8192; model.segment), eager: tokens/s over --steps steps
 (default 3) after one warm-up step, and the peak memory of those steps;
-each against the first length's. Then generation at a constant cost per
+each against the first length's, the peak also against dormouse plan's
+prediction, with the bytes of the state kept at each segment boundary. Then generation at a constant cost per
 byte: the experiment's model (as initialised: the rate does not depend on
 training) streams --bytes bytes (default 2000) after a prompt of
 --prompt-bytes bytes (default 4096) from the corpus, and its rate is given
@@ -14,6 +15,7 @@ over bytes 2-100, 101-1000, ... Nothing is written. The table comes last.
 ]]
 local config = require "dormouse.config"
 local core = require "dormouse.core"
+local plan = require "dormouse.plan"
 
 local usage = "usage: dormouse long EXPERIMENT.lua [--lengths T,T,...] [--segment N] [--steps N] [--bytes N] " ..
               "[--prompt-bytes N] [--set KEY=VALUE ...]"
@@ -66,6 +68,14 @@ local function measure(args, T, root)
                peak = dm.memory(r.device).peak, device = r.device}
   r.loader:close()
   r.corpus:close()
+  -- the planner's figures for the same step: its peak and the state kept at each boundary
+  local s = plan.session(cfg, {root = root})
+  local ok, err = pcall(function()
+    row.planned = s:measure(1, T).peak
+    row.kept = s:segments_of(T) and s:boundary_state(1).bytes or 0
+  end)
+  s:close()
+  if not ok then error(err, 0) end
   return row
 end
 
@@ -101,12 +111,15 @@ local function body(args, cli)
   local g = generation(args, root)
   local out = {string.format("long %s on %s: a row of T bytes a step, by segments of %d past it, %d steps each",
                              args.file, rows[1].device, args.segment, args.steps), "",
-               string.format("%9s %9s %12s %11s %12s %11s %10s", "T", "segments", "tokens/s", "ms/step", "peak",
-                             "tok/s ratio", "peak ratio")}
+               string.format("%9s %9s %12s %11s %12s %11s %10s %12s %10s %9s", "T", "segments", "tokens/s",
+                             "ms/step", "peak", "tok/s ratio", "peak ratio", "planned", "peak/plan", "kept/seg")}
   for _, r in ipairs(rows) do
-    out[#out + 1] = string.format("%9d %9d %12.0f %11.2f %9.3f GiB %11.3f %10.3f", r.T, r.segments, r.tok_s, r.ms,
-                                  r.peak / GiB, r.tok_s / rows[1].tok_s, r.peak / rows[1].peak)
+    out[#out + 1] = string.format("%9d %9d %12.0f %11.2f %9.3f GiB %11.3f %10.3f %8.3f GiB %10.4f %5.2f MiB",
+                                  r.T, r.segments, r.tok_s, r.ms, r.peak / GiB, r.tok_s / rows[1].tok_s,
+                                  r.peak / rows[1].peak, r.planned / GiB, r.peak / r.planned, r.kept / 2 ^ 20)
   end
+  out[#out + 1] = "planned: dormouse plan's peak for the same step; kept/seg: the state kept at each boundary " ..
+                  "between segments (the one part of the step that grows with T)"
   out[#out + 1] = ""
   out[#out + 1] = string.format("generation (%s, as initialised): a %d-byte prompt and the first byte %.3f s",
                                 g.name, g.prompt, g.first)

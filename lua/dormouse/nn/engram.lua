@@ -168,11 +168,20 @@ count n on the device (dm.engram_unique's padded form); the sparse Adam then
 reads n there. Tables in host memory have no static form. ]]
 function Engram:set_static(on) self.static = on or nil end
 
+-- Distinct rows and the gradients summed on them, from lists of rows [n_i] and gradients
+-- [n_i, width] (2 to 64 of each: dm.cat's inputs).
+local function unique_sum(rows, grads)
+  local all_rows, inverse = dm.engram_unique(dm.cat(rows, 1))
+  if inverse.device ~= grads[1].device then inverse = inverse:to(grads[1].device) end   -- host rows
+  return all_rows, dm.engram_sparse_grad(dm.cat(grads, 1), inverse, all_rows:size(1))
+end
+
 -- This step's sparse gradient: rows [U] and grads [U, width], summed over the
--- micro-batches of the step, and in the static form the count n of real rows
--- (a one-element device tensor); nil when there is none.
+-- micro-batches and segments of the step, and in the static form the count n
+-- of real rows (a one-element device tensor); nil when there is none.
 function Engram:sparse_grad()
   local rows, grads, ns = {}, {}, {}
+  if self.folded then rows[1], grads[1] = self.folded.rows, self.folded.g end
   for _, c in ipairs(self.entries) do
     local g = c.compact.grad
     if g then rows[#rows + 1], grads[#grads + 1], ns[#ns + 1] = c.rows, g, c.n end
@@ -185,11 +194,47 @@ function Engram:sparse_grad()
   -- The sum is made once (until the next lookup) and handed out again: clipping
   -- scales it in place, and the update must read that tensor, not a fresh sum.
   if not self.summed then
-    local all_rows, inverse = dm.engram_unique(dm.cat(rows, 1))
-    if inverse.device ~= grads[1].device then inverse = inverse:to(grads[1].device) end   -- host rows
-    self.summed = {rows = all_rows, g = dm.engram_sparse_grad(dm.cat(grads, 1), inverse, all_rows:size(1))}
+    local all_rows, g = unique_sum(rows, grads)
+    self.summed = {rows = all_rows, g = g}
   end
   return self.summed.rows, self.summed.g
+end
+
+--[[ Fold the lookups whose gradient is in (their backward has run) into the
+step's running sum, and let their rows and gradients go. A step by segments
+calls this as each segment's backward ends (the model's fold_sparse), so a
+pass holds one running sum whatever its number of segments, instead of every
+segment's rows and gradients until the optimiser reads them (and joins more
+than dm.cat takes). The sum is the one sparse_grad makes, in another order. ]]
+function Engram:fold()
+  local done, rest = {}, {}
+  for _, c in ipairs(self.entries) do
+    if c.compact:is_freed() then                    -- a lookup whose pass's scope let it go: nothing to fold
+      if self.current == c then self.current = nil end
+    elseif c.compact.grad and not c.n then done[#done + 1] = c
+    else rest[#rest + 1] = c end
+  end
+  self.entries = rest
+  if #done == 0 then return end
+  local rows, grads = {}, {}
+  if self.folded then rows[1], grads[1] = self.folded.rows, self.folded.g end
+  for _, c in ipairs(done) do rows[#rows + 1], grads[#grads + 1] = c.rows, c.compact.grad end
+  local all_rows, g
+  if #rows == 1 then
+    all_rows, g = rows[1], grads[1]:clone()         -- the first: its gradient goes with its compact
+  else
+    all_rows, g = dm.no_grad(unique_sum, rows, grads)
+  end
+  if self.folded and all_rows ~= self.folded.rows then self.folded.rows:free() end
+  if self.folded then self.folded.g:free() end
+  for _, c in ipairs(done) do
+    if c.rows ~= all_rows then c.rows:free() end
+    c.inverse:free()
+    c.compact:free()                                 -- and its gradient
+    if self.current == c then self.current = nil end
+  end
+  self.folded = {rows = dm.keep(all_rows), g = dm.keep(g)}
+  self.entries, self.summed = rest, nil
 end
 
 -- The tensors this step's training lookups hold for the optimiser (Dormouse:held).
@@ -199,11 +244,12 @@ function Engram:held(out)
       if c[key] then out[#out + 1] = c[key] end
     end
   end
+  if self.folded then out[#out + 1], out[#out + 2] = self.folded.rows, self.folded.g end
   return out
 end
 
 function Engram:clear_sparse()
-  self.entries, self.current, self.summed = {}, nil, nil
+  self.entries, self.current, self.summed, self.folded = {}, nil, nil, nil
 end
 
 -- The lookup's tensors outlive the forward (the optimiser reads compact's
