@@ -19,6 +19,29 @@ local function rel(a, b)
   return (a:to("f64") - b:to("f64")):abs():max():item() / (scale > 0 and scale or 1)
 end
 
+-- every gradient of model b as model a's (1e-10 relative); the number compared
+local function same_gradients(a, b)
+  local pb = {}
+  for _, p in ipairs(b:named_parameters()) do pb[p.name] = p.tensor end
+  local checked = 0
+  for _, p in ipairs(a:named_parameters()) do
+    if p.tensor.grad then
+      local e = rel(pb[p.name].grad, p.tensor.grad)
+      assert.is_true(e <= 1e-10, string.format("%s: %.3g", p.name, e))
+      checked = checked + 1
+    end
+  end
+  return checked
+end
+
+-- the Engram rows' sparse gradient of model b as model a's: the same rows, sums to 1e-10
+local function same_engram_rows(a, b)
+  local ra, ga = a.block.engram:sparse_grad()
+  local rb, gb = b.block.engram:sparse_grad()
+  assert.is_true(dm.allclose(ra, rb, {rtol = 0, atol = 0}))
+  assert.is_true(rel(gb, ga) <= 1e-10)
+end
+
 local corpus
 setup(function() corpus = dm.data.open(dm.data.default_corpus(), {eval_bytes = 4096}) end)
 teardown(function() corpus:close() end)
@@ -56,21 +79,8 @@ describe("a pass by segments with the state carried", function()
       local cb = b:update_balance()
       assert.is_true(math.abs(la - lb) <= 1e-12 * la)
       assert.is_true(dm.allclose(ca, cb, {rtol = 0, atol = 0}), "routing counts")
-      local pb = {}
-      for _, p in ipairs(b:named_parameters()) do pb[p.name] = p.tensor end
-      local checked = 0
-      for _, p in ipairs(a:named_parameters()) do
-        if p.tensor.grad then
-          local e = rel(pb[p.name].grad, p.tensor.grad)
-          assert.is_true(e <= 1e-10, string.format("%s: %.3g", p.name, e))
-          checked = checked + 1
-        end
-      end
-      assert.is_true(checked > 30)
-      local ra, ga = a.block.engram:sparse_grad()
-      local rb, gb = b.block.engram:sparse_grad()
-      assert.is_true(dm.allclose(ra, rb, {rtol = 0, atol = 0}))
-      assert.is_true(rel(gb, ga) <= 1e-10)
+      assert.is_true(same_gradients(a, b) > 30)
+      same_engram_rows(a, b)
     end)
   end)
 
@@ -84,20 +94,10 @@ describe("a pass by segments with the state carried", function()
       out.loss:backward()
       local lb = segments.backward(b, x, prefix, 16, 1.0):item()
       assert.is_true(math.abs(la - lb) <= 1e-12 * la, la .. " vs " .. lb)
-      local pb = {}
-      for _, p in ipairs(b:named_parameters()) do pb[p.name] = p.tensor end
-      for _, p in ipairs(a:named_parameters()) do
-        if p.tensor.grad then
-          local e = rel(pb[p.name].grad, p.tensor.grad)
-          assert.is_true(e <= 1e-10, string.format("%s: %.3g", p.name, e))
-        end
-      end
+      same_gradients(a, b)
       -- the segments' lookups were folded as they came: one running sum is left, no lookup
       assert.are.equal(0, #b.block.engram.entries)
-      local ra, ga = a.block.engram:sparse_grad()
-      local rb, gb = b.block.engram:sparse_grad()
-      assert.is_true(dm.allclose(ra, rb, {rtol = 0, atol = 0}))
-      assert.is_true(rel(gb, ga) <= 1e-10)
+      same_engram_rows(a, b)
     end)
   end)
 
@@ -130,14 +130,7 @@ describe("a pass by segments with the state carried", function()
       out.loss:backward()
       local lb = segments.backward(b, x, prefix, 16, 1.0):item()
       assert.is_true(math.abs(la - lb) <= 1e-12 * la)
-      local pb = {}
-      for _, p in ipairs(b:named_parameters()) do pb[p.name] = p.tensor end
-      for _, p in ipairs(a:named_parameters()) do
-        if p.tensor.grad then
-          local e = rel(pb[p.name].grad, p.tensor.grad)
-          assert.is_true(e <= 1e-10, string.format("%s: %.3g", p.name, e))
-        end
-      end
+      same_gradients(a, b)
     end)
   end)
 end)
