@@ -129,13 +129,15 @@ local commands = {}
 -- the help of the built-in commands (those of commands/ carry their own)
 local HELP = {
   run = [==[
-usage: dormouse run FILE.lua [--set KEY=VALUE ...] [--resume RUN] [--overwrite] [--quiet] [--sample N]
+usage: dormouse run FILE.lua [--set KEY=VALUE ...] [--resume RUN | --init RUN] [--overwrite] [--quiet] [--sample N]
                    [--stress [--stress-lr K] [--stress-steps N]]
 
 Runs a Lua script with the library loaded. A script that returns a config (an experiment file,
 experiments/*.lua) is trained: runs/NAME/ gets its log, metrics, report and checkpoints.
   --set KEY=VALUE    override any config key (dormouse config FILE lists them); repeatable
   --resume RUN       continue runs/NAME (its newest checkpoint) or runs/NAME/ckpt-STEP
+  --init RUN         a new run from the model weights of runs/NAME or runs/NAME/ckpt-STEP (a fine-tune;
+                     the same as --set init=RUN): optimiser, schedule, data and step start fresh
   --overwrite        replace a run folder that holds checkpoints (default: refused)
   --quiet            no progress bar (the log lines still print)
   --sample N         bytes sampled after the run (default 200; 0 = none)

@@ -533,6 +533,12 @@ end
 -- Keys a resume may change: how far a run goes and how it is observed.
 config.progress_keys = progress
 
+-- The model keys a run started from a checkpoint's weights (init) may change.
+config.tune_keys = {}
+for _, leaf in ipairs(schema.leaves) do
+  if leaf.tune then config.tune_keys[#config.tune_keys + 1] = leaf.key end
+end
+
 local function flatten(t, prefix, out)
   for k, v in pairs(t) do
     local key = prefix .. tostring(k)

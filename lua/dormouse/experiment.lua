@@ -1,5 +1,5 @@
 --[[
-`dormouse run EXPERIMENT.lua [--set k=v ...] [--resume runs/NAME] [--overwrite]`:
+`dormouse run EXPERIMENT.lua [--set k=v ...] [--resume runs/NAME | --init runs/NAME] [--overwrite]`:
 an experiment file returns a config table; this resolves it, trains, and
 ends with the held-out BPB beside the n-gram baselines, a sample and the
 report's path.
@@ -8,7 +8,7 @@ local config = require "dormouse.config"
 
 local experiment = {}
 
-local FLAGS = {resume = "DIR", overwrite = true, quiet = true, sample = "N", stress = true, ["stress-lr"] = "K",
+local FLAGS = {resume = "DIR", init = "RUN", overwrite = true, quiet = true, sample = "N", stress = true, ["stress-lr"] = "K",
                ["stress-steps"] = "N"}
 
 -- --stress: the experiment's stability smoke (dormouse.stress) instead of the run; exit 1 when it fails
@@ -56,6 +56,10 @@ function experiment.run(file, raw, argv, cli)
   if args.flags.stress then return stress_run(file, raw, args, cli) end
   if args.flags["stress-lr"] or args.flags["stress-steps"] then error("--stress-lr and --stress-steps go with --stress", 0) end
   local n = sample_length(args.flags.sample)
+  if args.flags.init then                        -- --init RUN is --set init=RUN
+    if args.flags.resume then error("--init starts a new run from a checkpoint's weights: not with --resume", 0) end
+    args.overrides[#args.overrides + 1] = "init=" .. string.format("%q", args.flags.init)
+  end
   local cfg, info = config.resolve(raw, file, args.overrides)
   -- a resume takes the run's name from its folder, and writes where it reads, unless --set name= says
   -- otherwise (the file's name, or its base name, names new runs, in runs/)

@@ -6,6 +6,9 @@ files against it; `dormouse config` prints it.
 A row is {name, type, default, doc} or, for a nested section,
 {name, doc, {rows...}}. A row marked `progress = true` says how far a run
 goes or how it is observed, not what it computes: a resume may change it.
+A model row marked `tune = true` leaves the model's weights meaning what they
+meant (how a pass is run, balanced or initialised): a run started from a
+checkpoint's weights (`init`) may change it, and no other model key.
 
 Types: integer, number, boolean, string, enum{...}, list(elem [, length]),
 optional(t). Numeric types take bounds: integer{min = 1}, number{below = 1}
@@ -192,6 +195,9 @@ local fraction = num{min = 0, max = 1}
 local rows = {
   {"name", optional(str), nil, "run name: logs and checkpoints go to runs/NAME (nil = the experiment file's base name)"},
   {"seed", int{min = 0}, 1, "seed of the parameter init and the data order"},
+  {"init", optional(str), nil, "a run folder (its newest checkpoint) or RUN/ckpt-STEP whose model weights this " ..
+   "run starts from, a fine-tune: the optimiser, schedule, data and step start fresh, and the model keys must " ..
+   "be the checkpoint's but those marked tune (docs/training.md, \"Fine-tuning from a checkpoint\")"},
   {"steps", positive, 2000, "optimiser steps in the whole run (the schedule spans them)", progress = true},
   {"batch", positive, 8, "sequences per micro-batch"},
   {"seq", positive, 512, "bytes per training sequence"},
@@ -209,9 +215,9 @@ local rows = {
     {"head_dim", positive, 64, "KDA head dim dh (dk = dv = dh)"},
     {"max_iter", positive, 2, "iterations of the weight-shared block"},
     {"recompute", bool, false, "recompute each iteration's block in the backward instead of keeping its " ..
-     "activations (less memory, one more forward of the block)"},
+     "activations (less memory, one more forward of the block)", tune = true},
     {"segment", optional(positive), nil, "bytes per segment: longer rows (training and eval) run as segments " ..
-     "with the state carried, the gradient exact, memory flat in the length (nil = whole rows)"},
+     "with the state carried, the gradient exact, memory flat in the length (nil = whole rows)", tune = true},
     {"experts", positive, 64, "routed experts E"},
     {"top_k", positive, 2, "experts chosen per token k"},
     {"expert_rank", positive, 16, "rank r of a routed expert"},
@@ -228,7 +234,7 @@ local rows = {
       {"rows", positive, 65536, "rows R per order (hashed orders round it to a prime)"},
       {"width", positive, 32, "row width de"},
       {"hash_heads", positive, 1, "hash heads K per hashed order"},
-      {"ram", bool, false, "keep the tables in host memory (gathered rows, host-side sparse Adam)"},
+      {"ram", bool, false, "keep the tables in host memory (gathered rows, host-side sparse Adam)", tune = true},
       {"output", enum {"spec", "projection"}, "projection", "the branch's output: projection = W_e conv(vt), a " ..
        "d x d projection after a plain convolution; spec = vt + silu(conv(rmsnorm(vt))), the first spec's form"},
       {"dilation", optional(positive), nil, "the output convolution's dilation (nil = the form's: 1 for " ..
@@ -255,46 +261,46 @@ local rows = {
     }},
     {"init", "initialisation choices the spec leaves open (docs/training.md, \"Learning quality\")", {
       {"branch_out", enum {"fan_in", "depth"}, "fan_in", "std of the branches' output projections (KDA W_o, " ..
-       "Engram W_v, the experts' W_write): fan_in^-1/2, or that times (3 max_iter)^-1/2"},
-      {"engram_std", num{above = 0}, 0.02, "std of the Engram tables' rows at initialisation"},
+       "Engram W_v, the experts' W_write): fan_in^-1/2, or that times (3 max_iter)^-1/2", tune = true},
+      {"engram_std", num{above = 0}, 0.02, "std of the Engram tables' rows at initialisation", tune = true},
       {"dt_bias", enum {"zeros", "log_uniform", "decay"}, "log_uniform", "KDA's dt_bias: zeros; log_uniform: the " ..
        "inverse softplus of dt ~ log-uniform [1e-3, 1e-1] (Mamba, FLA); decay: the value at which the gate " ..
-       "(either form) starts at g = -exp(A_log) dt for such a dt"},
+       "(either form) starts at g = -exp(A_log) dt for such a dt", tune = true},
       {"a_log", enum {"log_uniform", "uniform"}, "uniform", "KDA's decay rates A = exp(A_log) per head: " ..
-       "uniform on [1, 16] (A_log = log U(1, 16)), or log-uniform on [1, 16] (A_log ~ U(0, ln 16))"},
-      {"engram_conv", enum {"zeros", "uniform"}, "uniform", "Engram's output convolution: U(-1/2, 1/2), or zeros"},
-      {"conv", enum {"normal", "uniform"}, "normal", "KDA's short convolutions: N(0, 0.5^2), or U(-1/2, 1/2)"},
+       "uniform on [1, 16] (A_log = log U(1, 16)), or log-uniform on [1, 16] (A_log ~ U(0, ln 16))", tune = true},
+      {"engram_conv", enum {"zeros", "uniform"}, "uniform", "Engram's output convolution: U(-1/2, 1/2), or zeros", tune = true},
+      {"conv", enum {"normal", "uniform"}, "normal", "KDA's short convolutions: N(0, 0.5^2), or U(-1/2, 1/2)", tune = true},
     }},
     {"moe", "routed low-rank experts with a shared expert", {
-      {"lfb_gamma", num{min = 0}, 1e-3, "loss-free balancing step: bias += gamma*sign(mean_load - load)"},
+      {"lfb_gamma", num{min = 0}, 1e-3, "loss-free balancing step: bias += gamma*sign(mean_load - load)", tune = true},
       {"balance", enum {"sign", "proportional", "log"}, "sign", "the balancing step: gamma*sign(mean_load - load), " ..
        "gamma*(mean_load - load)/mean_load (proportional: in proportion to the load error), or " ..
-       "gamma*log((mean_load + 1)/(load + 1)) (log: symmetric in the load's ratio to the mean)"},
+       "gamma*log((mean_load + 1)/(load + 1)) (log: symmetric in the load's ratio to the mean)", tune = true},
       {"router_dtype", enum {"compute", "f32"}, "compute", "the router's product: in the compute dtype " ..
-       "(its scores cast to f32), or in f32 from an f32 copy of its input"},
-      {"router_std", optional(num{above = 0}), nil, "std of the router's weights at initialisation (nil = d^-1/2)"},
+       "(its scores cast to f32), or in f32 from an f32 copy of its input", tune = true},
+      {"router_std", optional(num{above = 0}), nil, "std of the router's weights at initialisation (nil = d^-1/2)", tune = true},
       {"router", enum {"sigmoid", "softmax"}, "softmax", "the router's form: softmax = the top k of " ..
        "logits + bias (the bias in logit units), gates a softmax over the k chosen logits; sigmoid = the " ..
        "top k of sigmoid(logits) + bias, gates s / sum s (docs/training.md, \"Balance at b1\")"},
       {"aux_balance", num{min = 0}, 0, "weight of an auxiliary balance loss, E sum_e f_e P_e (f_e the share " ..
        "of a pass's assignments to expert e, P_e its mean router probability), averaged over the iterations " ..
-       "and added to the training loss (0 = off; aux_balance on the log line)"},
+       "and added to the training loss (0 = off; aux_balance on the log line)", tune = true},
       {"retract_every", int{min = 0}, 0, "an arm: every N optimiser steps, Ug and Uu pulled back to orthonormal " ..
-       "columns (each expert's polar factor; 0 = off)"},
+       "columns (each expert's polar factor; 0 = off)", tune = true},
       {"retract_when", optional(num{above = 0}), nil, "an arm: Ug and Uu pulled back to orthonormal columns at a " ..
        "log window whose orthogonality probe (ortho on the log line: 1 for random columns of the init's scale, 0 " ..
-       "orthonormal) is above this (nil = off)"},
+       "orthonormal) is above this (nil = off)", tune = true},
       {"qat", enum {"off", "ladder", table.unpack(op_spellings("quantize", "format"))}, "off",
        "an arm: the experts' factors Ug, Uu, D fake-quantised (straight through) from qat_from of the run on, " ..
-       "in one format, or ladder: fp8_e4m3, nvfp4, ternary in equal thirds of that span (docs/arms.md)"},
-      {"qat_from", fraction, 0.85, "the fraction of the run's steps after which model.moe.qat begins"},
+       "in one format, or ladder: fp8_e4m3, nvfp4, ternary in equal thirds of that span (docs/arms.md)", tune = true},
+      {"qat_from", fraction, 0.85, "the fraction of the run's steps after which model.moe.qat begins", tune = true},
       {"littlebit", enum {"off", "sign", "residual"}, "off", "an arm: the experts' factors Ug, Uu, D as " ..
        "row * sign(latent) * col with learned row and column scales (LittleBit), residual: plus a second " ..
        "such term on a latent of its own (docs/arms.md)"},
       {"fp8", bool, false, "an arm: the expert kernels read Ug, Uu, D as fp8 E4M3 codes under f32 scales a " ..
        "block of 32, encoded from the masters each pass (no 16-bit copy of the banks); the same products as " ..
-       "model.moe.qat = fp8_e4m3 from the first step (docs/arms.md)"},
-      {"capacity_factor", optional(num{above = 0}), nil, "nil = dropless; else assignments over factor*T*k/E per expert are dropped and counted"},
+       "model.moe.qat = fp8_e4m3 from the first step (docs/arms.md)", tune = true},
+      {"capacity_factor", optional(num{above = 0}), nil, "nil = dropless; else assignments over factor*T*k/E per expert are dropped and counted", tune = true},
     }},
   }},
 
@@ -514,7 +520,7 @@ schema.checks = {
 ---------------------------------------------------------------- the tree
 
 -- root: the section tree. nodes[dotted] = a section or a leaf; leaves: every
--- leaf in schema order. A leaf: {name, key, type, default, doc, progress, index}.
+-- leaf in schema order. A leaf: {name, key, type, default, doc, progress, tune, index}.
 local function build(rows_, prefix, section, nodes, leaves)
   nodes, leaves = nodes or schema.nodes, leaves or schema.leaves
   section.children, section.order = {}, {}
@@ -524,7 +530,7 @@ local function build(rows_, prefix, section, nodes, leaves)
     local node
     if schema.is_type(row[2]) then
       node = {name = name, key = key, type = row[2], default = row[3], doc = row[4],
-              progress = row.progress or false, parent = section}
+              progress = row.progress or false, tune = row.tune or false, parent = section}
       local ok, err = row[2]:check(row[3])
       assert(err == nil and (ok ~= nil or row[3] == nil), "schema: bad default for " .. key .. ": " .. tostring(err))
       leaves[#leaves + 1] = node

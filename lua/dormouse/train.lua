@@ -205,7 +205,7 @@ function Run:save_checkpoint()
     model = model, model_as = model_as,
     optim = optim_state,
     meta = {config = config.plain(self.cfg), step = self.step, data = {position = self.loader:position()},
-            rng = {seed, offset}, firewall = self.firewall, banks = bank_info},
+            rng = {seed, offset}, firewall = self.firewall, banks = bank_info, init = self.init_from},
   }, {keep = self.cfg.checkpoint.keep > 0 and self.cfg.checkpoint.keep or nil})
   self:say("checkpoint " .. path)
   if self.replaced then                   -- the run this one overwrote: gone once this one has a checkpoint
@@ -316,6 +316,10 @@ function train.check_meta(meta, path)
                             type(meta.banks.shapes) ~= "table") then
     bad("banks", "{format = name, shapes = {bank = shape}}", meta.banks)
   end
+  if meta.init ~= nil and (type(meta.init) ~= "table" or type(meta.init.run) ~= "string" or
+                           math.type(meta.init.step) ~= "integer" or type(meta.init.checksum) ~= "string") then
+    bad("init", "{run = folder, step = integer, checksum = XXH64}", meta.init)
+  end
   if meta.firewall ~= nil then
     if type(meta.firewall) ~= "table" then bad("firewall", "{total, windows_with_skips}", meta.firewall) end
     count("firewall.total", meta.firewall.total)
@@ -326,13 +330,23 @@ end
 -- the saved tensors against the model's: every name, dtype and shape; none missing, none extra
 function train.check_tensors(saved, state, file)
   local function shape(t) return "[" .. table.concat(t:shape(), ", ") .. "]" end
+  local names, unlike = {}, {}
+  for name in pairs(state) do names[#names + 1] = name end
+  table.sort(names)
+  for _, name in ipairs(names) do                 -- every tensor unlike the model's, named with both shapes
+    local s, t = saved[name], state[name]
+    if s and (s.dtype ~= t.dtype or shape(s) ~= shape(t)) then
+      unlike[#unlike + 1] = string.format("tensor '%s' is %s %s, the model's is %s %s", name, s.dtype, shape(s),
+                                          t.dtype, shape(t))
+    end
+  end
+  if #unlike == 1 then error(file .. ": " .. unlike[1], 0) end
+  if #unlike > 1 then
+    error(string.format("%s: %d tensors unlike the model's:\n  %s", file, #unlike, table.concat(unlike, "\n  ")), 0)
+  end
   for name, t in pairs(state) do
     local s = saved[name]
     if not s then error(file .. " has no tensor '" .. name .. "'", 0) end
-    if s.dtype ~= t.dtype or shape(s) ~= shape(t) then
-      error(string.format("%s: tensor '%s' is %s %s, the model's is %s %s", file, name, s.dtype, shape(s),
-                          t.dtype, shape(t)), 0)
-    end
     if s:numel() > 0 and FLOATS[s.dtype] and not instrument.finite(s:abs():max():item()) then
       error(string.format("%s: tensor '%s' holds non-finite values (NaN or inf); resume from an earlier " ..
                           "checkpoint", file, name), 0)
@@ -349,7 +363,8 @@ end
 
 --[[ What a --resume path names: a run folder (its newest complete checkpoint) or one checkpoint
 of it, RUN/ckpt-STEP. Returns the run folder and the checkpoint's path. ]]
-function train.resume_point(path)
+function train.resume_point(path, verb)
+  verb = verb or "resume"
   path = path:gsub("(.)/+$", "%1")
   local function listed(dir)                    -- "ckpt-20, ckpt-40" or "none"
     local names = {}
@@ -361,14 +376,14 @@ function train.resume_point(path)
     for _, c in ipairs(dm.ckpt.list(run_dir)) do
       if c.path == path then return run_dir, path end
     end
-    error(string.format("cannot resume %s: it is not a complete checkpoint of %s (its checkpoints: %s)", path,
+    error(string.format("cannot %s %s: it is not a complete checkpoint of %s (its checkpoints: %s)", verb, path,
                         run_dir, listed(run_dir)), 0)
   end
   if core.file_kind(path) == "missing" then
-    error(string.format("cannot resume %s: there is no such run folder", path), 0)
+    error(string.format("cannot %s %s: there is no such run folder", verb, path), 0)
   end
   local latest = dm.ckpt.latest(path)
-  if not latest then error("cannot resume " .. path .. ": it holds no complete checkpoint", 0) end
+  if not latest then error(string.format("cannot %s %s: it holds no complete checkpoint", verb, path), 0) end
   return path, latest
 end
 
@@ -399,12 +414,42 @@ function Run:restore(run_dir, path)
   self.step = c.meta.step
   self.data_position = c.meta.data.position
   self.firewall = c.meta.firewall or self.firewall
+  self.init_from = c.meta.init
   self:say(string.format("resumed from %s at step %d", path, self.step))
   if c.meta.banks then
     self:say(string.format("resume: the experts' banks were saved as %s: training continues from the values of " ..
                            "their codes, not from the f32 masters (a resume from them is not the run's own)",
                            c.meta.banks.format))
   end
+end
+
+--[[ init: the model's weights from the checkpoint cfg.init names (a run folder's newest, or
+RUN/ckpt-STEP), everything else fresh. Refused, naming each: a model key that differs from the
+checkpoint's other than those marked tune (schema.lua), and a tensor whose dtype or shape
+differs. Keeps {run, step, checksum} (model.safetensors's XXH64) for this run's checkpoints. ]]
+function Run:start_from(path)
+  local run_dir, point = train.resume_point(path, "start from")
+  local c = dm.ckpt.load(point)
+  train.check_meta(c.meta, point)
+  local saved = config.upgrade(c.meta.config)
+  local d = config.diff({model = saved.model}, {model = config.plain(self.cfg).model}, config.tune_keys)
+  if #d > 0 then
+    error(string.format("init %s: the model differs from the checkpoint's in %d key%s that define%s its " ..
+                        "weights:\n%s\n(a run from a checkpoint may change only these model keys: %s)", point, #d,
+                        #d == 1 and "" or "s", #d == 1 and "s" or "", config.format_diff(d, "checkpoint", "now"),
+                        table.concat(config.tune_keys, ", ")), 0)
+  end
+  local state = train.named_state(self.model)
+  local file = point .. "/model.safetensors"
+  local tensors = banks.unpack(c.model, c.meta.banks, file)
+  train.check_tensors(tensors, state, file)
+  dm.no_grad(function()
+    for name, t in pairs(state) do t:copy_(tensors[name]) end
+  end)
+  local sum = dm.ckpt.checksum(file)
+  self.init_from = {run = run_dir, step = c.meta.step, checksum = sum}
+  self:say(string.format("init: the model's weights from %s (step %d, model.safetensors %s); the optimiser, " ..
+                         "schedule, data and step start fresh", point, c.meta.step, sum))
 end
 
 ---------------------------------------------------------------- the step
@@ -800,6 +845,7 @@ function run_body(self, cfg, opts)
   else
     local fitted = train.fit_to_corpus(self.model, corpus)
     if fitted then self:say(fitted) end
+    if cfg.init then self:start_from(cfg.init) end
   end
   preflight.check(cfg, self.device, train.named_state(self.model), self.opt:state(), self.step, self.dir)
   self:open_dir(opts)
@@ -837,6 +883,7 @@ function run_body(self, cfg, opts)
     self:say("graph: eager steps (" .. why .. ")")
   end
 
+  if self.init_from and self.step == 0 then self:eval() end   -- where the checkpoint's weights start
   if self.graph then                    -- the graph's pool goes back also when the loop fails
     local ok, err = pcall(self.loop, self, opts)
     self.graph:free()
