@@ -3,7 +3,11 @@ SHELL := /bin/bash
 # packages, as root), configures, builds and runs every test.
 
 BUILD ?= build
+TEST_BUILD ?= build-test
 ASAN_BUILD ?= build-asan
+# make test builds without the CUDA kernels (they cannot run without a GPU, and nvcc takes minutes);
+# TEST_CUDA=AUTO builds them where nvcc is, and runs the op suite on the GPU where there is one
+TEST_CUDA ?= OFF
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
@@ -21,7 +25,7 @@ FUZZ_SECONDS ?= 600
 
 PREFIX ?= /usr/local
 
-.PHONY: all deps deps-test build build-asan test test-asan fuzz demo install clean
+.PHONY: all deps deps-test build build-test build-asan test test-asan fuzz demo install clean
 
 all: build
 
@@ -58,24 +62,31 @@ build: deps
 	cmake --build $(BUILD) -j$(JOBS)
 	DORMOUSE_HOME=$(CURDIR) $(BUILD)/dormouse meta $(BUILD)/meta/ops.lua
 
+# the suite's own build: the plain build without the CUDA kernels unless TEST_CUDA says otherwise
+build-test: deps
+	cmake -S . -B $(TEST_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDM_CUDA=$(TEST_CUDA) $(ARCH_FLAG) $(CMAKE_FLAGS) >/dev/null
+	cmake --build $(TEST_BUILD) -j$(JOBS)
+
 build-asan: deps
 	CC=clang cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(SAN_FLAGS) \
 	  -DDM_FUZZ_SECONDS=$(FUZZ_TEST_SECONDS) $(CMAKE_FLAGS) >/dev/null
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
 
-# One ctest run in the folder $(1): its summary, its counts appended to $(2).
-run_ctest = cd $(1) && ctest --output-on-failure -j$(JOBS) 2>&1 | tee ctest.log; status=$${PIPESTATUS[0]}; \
+# One ctest run in the folder $(1): its summary, its counts appended to $(2); $(3): more ctest flags.
+run_ctest = cd $(1) && ctest --output-on-failure -j$(JOBS) $(3) 2>&1 | tee ctest.log; status=$${PIPESTATUS[0]}; \
 	grep -h "GPU tests skipped" Testing/Temporary/LastTest.log 2>/dev/null | head -1; \
 	sed -n 's/.* tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\2 \1/p' ctest.log >> $(2); \
 	exit $$status
 
 # The suite (C units, the op oracle suite, Busted specs), then the same under the
-# sanitizers with the fuzz targets; both ctest summaries, then the counts as one line.
-test: deps-test build build-asan
+# sanitizers with the fuzz targets, less the specs that mostly train models (CMakeLists.txt,
+# DM_TRAINING_SPECS: make test-asan runs them too); both ctest summaries, then the counts as one line.
+test: deps-test build-test build-asan
 	@counts=$$(mktemp); status=0; \
-	echo "== the suite ($(BUILD))"; ( $(call run_ctest,$(BUILD),$$counts) ) || status=1; \
-	echo "== under AddressSanitizer and UBSan, with the fuzz targets ($(ASAN_BUILD))"; \
-	( $(call run_ctest,$(ASAN_BUILD),$$counts) ) || status=1; \
+	echo "== the suite ($(TEST_BUILD))"; ( $(call run_ctest,$(TEST_BUILD),$$counts) ) || status=1; \
+	echo "== under AddressSanitizer and UBSan, with the fuzz targets ($(ASAN_BUILD)); the specs that" \
+	     "train models run in the suite above (make test-asan: under the sanitizers too)"; \
+	( $(call run_ctest,$(ASAN_BUILD),$$counts,-LE trains) ) || status=1; \
 	awk '{ t += $$1; f += $$2 } END { printf "%d passed, %d failed\n", t - f, f }' $$counts; \
 	rm -f $$counts; exit $$status
 
@@ -114,4 +125,4 @@ fuzz: build-asan
 	done; exit $$status
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(TEST_BUILD) $(ASAN_BUILD)
