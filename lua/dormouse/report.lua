@@ -242,6 +242,11 @@ local JS = [==[
   }
   function chart(title, parts, o) {
     o = o || {};
+    // a series the run never logged (a model without experts, without Engram) is left out, and a chart
+    // left with none is not drawn: no empty frames
+    parts = parts.filter(function (p) { return p.y.some(function (v) { return v != null; }); });
+    if (parts.length === 0) return;
+    if (o.right && !parts.some(function (p) { return p.scale === o.right; })) o.right = undefined;
     var data = join(parts);
     if (data[0].length === 0) return;
     var el = document.createElement("div");
@@ -298,30 +303,53 @@ local JS = [==[
   chart("memory (MiB)", [part("allocated", L.step, L.mem_allocated), part("peak", L.step, L.mem_peak)],
         {zero: true, ylabel: "MiB"});
 
-  // each expert's share of the assignments over time, against the fair share 1/E: a heat map
+  // each expert's share of the assignments over time, against the fair share 1/E: a heat map with
+  // the experts' ids down its left, the steps along its foot and the colours' key in its caption
   var S = D.load;
   if (S.share.length > 0) {
-    var n = S.share.length, experts = S.share[0].length, w = W, h = 280;
+    var n = S.share.length, experts = S.share[0].length, w = W, h = 280, left = 44, foot = 22;
+    var pw = w - left - 8, ph = h - foot;
+    function shade(v) {                                   // v: the load over the fair share
+      if (v === 0) return "#f4a6a6";
+      var k = Math.min(1, Math.log2(1 + v) / Math.log2(9));   // fair load (1) at a third, 8x at the top
+      return "rgb(" + Math.round(247 - 239 * k) + "," + Math.round(251 - 203 * k) + "," + Math.round(255 - 148 * k) + ")";
+    }
+    var key = [0, 0.5, 1, 2, 4, 8].map(function (v) {
+      return '<span class="key" style="background:' + shade(v) + '">' + (v === 0 ? "none" : v + "x") + "</span>";
+    }).join(" ");
     var el = document.createElement("div");
     el.className = "chart heat";
-    el.innerHTML = "<div><b>each expert's load over time</b> (share of the assignments over the fair share 1/" +
-                   experts + "; red: none; steps " + S.step[0] + " to " + S.step[n - 1] + ")</div>";
+    el.innerHTML = "<div><b>each expert's load over time</b>: its share of the assignments over the fair share 1/" +
+                   experts + ", experts 1 to " + experts + " down, steps " + S.step[0] + " to " + S.step[n - 1] +
+                   " across</div><div>" + key + "</div>";
     var cv = document.createElement("canvas");
     cv.width = w; cv.height = h;
     el.appendChild(cv);
     document.getElementById("charts").appendChild(el);
-    var ctx = cv.getContext("2d"), cw = w / n, rh = h / experts, cells = 0;
+    var ctx = cv.getContext("2d"), cw = pw / n, rh = ph / experts, cells = 0;
     for (var t = 0; t < n; t++)
       for (var e = 0; e < experts; e++) {
-        var v = S.share[t][e] * experts;
-        if (v === 0) ctx.fillStyle = "#f4a6a6";
-        else {
-          var k = Math.min(1, Math.log2(1 + v) / Math.log2(9));          // fair load (1) at a third, 8x at the top
-          ctx.fillStyle = "rgb(" + Math.round(247 - 239 * k) + "," + Math.round(251 - 203 * k) + "," + Math.round(255 - 148 * k) + ")";
-        }
-        ctx.fillRect(Math.floor(t * cw), Math.floor(e * rh), Math.ceil(cw), Math.ceil(rh));
+        ctx.fillStyle = shade(S.share[t][e] * experts);
+        ctx.fillRect(left + Math.floor(t * cw), Math.floor(e * rh), Math.ceil(cw), Math.ceil(rh));
         cells++;
       }
+    ctx.fillStyle = "#222";
+    ctx.font = "11px system-ui, sans-serif";
+    ctx.textAlign = "right";
+    ctx.textBaseline = "middle";
+    var ticks = Math.min(experts, 8);
+    for (var i = 0; i < ticks; i++) {                     // expert ids, 1-based, first and last among them
+      var id = Math.round(i * (experts - 1) / Math.max(1, ticks - 1));
+      ctx.fillText(String(id + 1), left - 4, Math.min(ph - 6, Math.max(6, (id + 0.5) * rh)));
+    }
+    ctx.textAlign = "center";
+    ctx.textBaseline = "top";
+    var marks = Math.min(n, 6);
+    for (var j = 0; j < marks; j++) {                     // the steps of evenly spaced windows
+      var at = Math.round(j * (n - 1) / Math.max(1, marks - 1));
+      var x = Math.min(w - 20, Math.max(left + 12, left + (at + 0.5) * cw));
+      ctx.fillText(String(S.step[at]), x, ph + 5);
+    }
     made++;
     if (cells === n * experts) drawn++;
   }
@@ -333,7 +361,7 @@ local JS = [==[
 local CSS = [==[
 body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1400px}
 #charts{display:flex;flex-wrap:wrap;gap:16px}.chart{border:1px solid #ddd;padding:4px;background:#fff}
-.heat{font-size:12px}table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}
+.heat{font-size:12px}.key{display:inline-block;padding:0 6px;border:1px solid #ccc}table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}
 pre{background:#f6f6f6;padding:8px;overflow:auto;white-space:pre-wrap}.status{color:#555}
 ]==]
 

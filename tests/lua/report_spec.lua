@@ -28,6 +28,8 @@ describe("report.html", function()
                       {runs = runs})
     helpers.run_quiet(helpers.tiny({"steps=40", "eval.every=10", "log.every=5", "checkpoint.every=10", "name=live"}),
                       {runs = runs, stop_at = 20})
+    helpers.run_quiet(helpers.tiny({"steps=10", "eval.every=10", "log.every=5", "checkpoint.every=0", "name=plain",
+                                    "model.arch=stack"}), {runs = runs})
     dir = runs .. "/r"
   end)
   teardown(function() os.execute("rm -rf '" .. runs .. "'") end)
@@ -45,11 +47,19 @@ describe("report.html", function()
   it("draws every chart in headless Chromium, ink in each plot and no script error", function()
     if not core.vendor("uplot.js") then pending("this build has no chart library (configured offline)") return end
     if not browser() then pending("no headless Chromium here (make test installs it)") return end
-    local body = rendered(dir .. "/report.html"):match("<body[^>]*>")
+    local dom = rendered(dir .. "/report.html")
+    local body = dom:match("<body[^>]*>")
     assert.truthy(body, "no body in the rendered page")
+    -- the load map's axes and key: experts down, steps across, the colours' meaning
+    helpers.has(dom, "experts 1 to 8 down, steps 5 to 40 across", '">none</span>', '">1x</span>', '">8x</span>')
     assert.is_nil(body:find("data-error", 1, true), body)
     local charts, drawn = tonumber(body:match('data%-charts="(%d+)"')), tonumber(body:match('data%-drawn="(%d+)"'))
     assert.equal(8, charts, body)                  -- seven curves and the experts' load map
+    assert.equal(charts, drawn, body)
+    -- a model without experts or Engram: their charts are left out, not drawn empty
+    body = rendered(runs .. "/plain/report.html"):match("<body[^>]*>")
+    charts, drawn = tonumber(body:match('data%-charts="(%d+)"')), tonumber(body:match('data%-drawn="(%d+)"'))
+    assert.equal(5, charts, body)                  -- held-out, training loss, tokens/s, lr and norm, memory
     assert.equal(charts, drawn, body)
   end)
 

@@ -65,7 +65,8 @@ double dm_cuda_bench_gemm(dm_dtype dt, int64_t m, int64_t n, int64_t k, int reps
 
 static inline bool dm_cuda_available(void) { return false; }
 static inline const char *dm_cuda_unavailable_reason(void) {
-  return "this build has no CUDA backend; configure with -DDM_CUDA=ON where nvcc is installed";
+  return "this build has no CUDA backend: configured without nvcc or with DM_CUDA=OFF, as make test's "
+         "(TEST_CUDA=AUTO builds the kernels) and the sanitizers' builds are; make builds them where nvcc is";
 }
 static inline void dm_cuda_init(void) { dm_error("cuda: %s", dm_cuda_unavailable_reason()); }
 static inline dm_cuda_info dm_cuda_device_info(void) {
