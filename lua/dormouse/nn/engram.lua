@@ -234,7 +234,7 @@ function Engram:fold()
     if self.current == c then self.current = nil end
   end
   self.folded = {rows = dm.keep(all_rows), g = dm.keep(g)}
-  self.entries, self.summed = rest, nil
+  self.summed = nil
 end
 
 -- The tensors this step's training lookups hold for the optimiser (Dormouse:held).
