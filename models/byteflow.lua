@@ -46,6 +46,7 @@ local keys = {
 }
 
 local ByteFlow = nn.class("ByteFlow")
+ByteFlow.masks = true      -- its losses honour opts.mask (nn.targets): it trains on records
 function ByteFlow:init(m)
   local p = m.patch
   if p.max_len < p.min_len then
@@ -163,11 +164,11 @@ local function with_zero_row(t)
 end
 
 -- The trainer's contract (docs/models.md): forward(x [B, T+1], prefix, opts) returns loss, fin and
--- fin_logits; extras.patch is the batch's mean bytes a patch.
+-- fin_logits; extras.patch is the batch's mean bytes a patch. opts.mask: as nn.targets.
 function ByteFlow:forward(x, prefix, opts)
   local B, T, p = x:size(1), x:size(2) - 1, self.patch
   local bytes = x:narrow(2, 1, T)
-  local targets = x:narrow(2, 2, T):to("i64"):reshape({-1})
+  local targets, kept = nn.targets(x, opts and opts.mask)
   local pool, ctx, count = dm.patch_index(bytes, self.breaks, p.min_len, p.max_len, (T + p.min_len - 1) // p.min_len)
   local l = self.emb:forward(bytes)
   for _, layer in ipairs(self.enc) do l = layer:forward(l) end
@@ -179,7 +180,7 @@ function ByteFlow:forward(x, prefix, opts)
   end)
   for _, layer in ipairs(self.dec) do h = layer:forward(h) end
   local logits = self.head:forward(self.rmsf:forward(self:activation(h))):to(h.dtype)
-  local ce = dm.cross_entropy(logits:reshape({-1, 256}), targets)
+  local ce = nn.cross_entropy(logits, targets, kept)
   local per_patch = dm.full({}, B * T, {device = count.device}) / count:to("f32"):sum()
   return {loss = ce, fin = ce, periter = {ce}, fin_D = {}, fin_logits = logits, extras = {patch = per_patch}}
 end

@@ -14,6 +14,7 @@ local dm = require "dormouse"
 local nn = require "dormouse.nn"
 
 local Dormouse = nn.class("Dormouse")
+Dormouse.masks = true      -- its losses honour opts.mask (nn.targets): it trains on records
 
 function Dormouse:init(m)
   self.cfg = m
@@ -140,18 +141,21 @@ local function readout(self, h)
   return self.head:forward(self.rmsf:forward(self:activation(h))):to(h.dtype)
 end
 
-local function ce(logits, targets)
-  local V = logits:size(-1)
-  return dm.cross_entropy(logits:reshape({-1, V}), targets:reshape({-1}))
+local ce = nn.cross_entropy        -- (logits, targets, kept): the mean over the kept targets (nn.targets)
+
+-- the targets two bytes ahead, x[:, 3..T+1] (as nn.targets, the mask's entries for them with them)
+local function targets_after_next(x, mask)
+  local T = x:size(2) - 1
+  return nn.targets(x:narrow(2, 2, T), mask and mask:narrow(2, 2, T - 1))
 end
 
 -- the future head's cross-entropy: from position t, the byte at t + 2 (the positions before the last)
-local function future_ce(self, h, x)
+local function future_ce(self, h, x, mask)
   local T = h:size(2)
   return dm.scope(function()
     local hs = h:narrow(2, 1, T - 1)
     local logits = self.future_head:forward(self.rmsf:forward(self:activation(hs))):to(h.dtype)
-    return ce(logits, x:narrow(2, 3, T - 1):to("i64"))
+    return ce(logits, targets_after_next(x, mask))
   end)
 end
 
@@ -176,12 +180,12 @@ the fin readout's input at t plus the embedding of byte t+1, without another pas
 draft_t = W_draft rmsf(hbar_t + Emb[x_{t+1}]). Trained on the byte after next, weight gamma; at
 evaluation its greedy draft is accepted where it equals the model's own greedy byte at t+1
 (draft_accept: the share of drafts a greedy speculative decoder would keep). ]]
-local function draft(self, hbar, inputs, x)
+local function draft(self, hbar, inputs, x, mask)
   local T = hbar:size(2)
   return dm.scope(function()
     local hs = hbar:narrow(2, 1, T - 1) + self.emb:forward(inputs:narrow(2, 2, T - 1)):to(hbar.dtype)
     local logits = self.draft_head:forward(self.rmsf:forward(self:activation(hs))):to(hbar.dtype)
-    return logits, ce(logits, x:narrow(2, 3, T - 1):to("i64"))
+    return logits, ce(logits, targets_after_next(x, mask))
   end)
 end
 
@@ -195,10 +199,10 @@ local function accepted(draft_logits, fin_logits)
 end
 
 -- the logits of h and their cross-entropy; the readout's intermediates are dropped as it returns
-local function scored(self, h, targets)
+local function scored(self, h, targets, kept)
   return dm.scope(function()
     local logits = readout(self, h)
-    return logits, ce(logits, targets)
+    return logits, ce(logits, targets, kept)
   end)
 end
 
@@ -210,7 +214,9 @@ or {} at a sequence's start: the pass then carries every iteration's KDA
 state and convolution inputs from it, and returns its own as out.state
 (docs/models.md, "Segments and streaming"). opts.counts = "add": the pass's
 routing counts add to the step's so far instead of starting them again (a
-step of several segments balances on all of them).
+step of several segments balances on all of them). opts.mask [B, T]: 1 where
+a target is scored, 0 where not (a record's prompt, data.records): every loss is
+then the mean over the scored targets (nn.targets).
 Returns {loss, fin, periter = {CE_1 ...}, fin_D = {[D] = ...}, logits = {...}, fin_logits[, state]
 [, extras = {name = scalar}: what the log line shows besides the loss (the arms' own terms)]
 [, measures = {name = scalar}: without a tape, what the eval line shows besides the CE]}. ]]
@@ -271,7 +277,7 @@ end
 function Dormouse:pass(x, prefix, opts)
   local T = x:size(2) - 1
   local inputs = x:narrow(2, 1, T)
-  local targets = x:narrow(2, 2, T):to("i64")
+  local targets, kept = nn.targets(x, opts.mask)
   if opts.counts ~= "add" then self.block.moe:new_pass() end   -- this pass's routing counts start here
   if self.block.engram then self.block.engram:lookup(inputs, prefix) end   -- the pass's rows, made here too
   local h = self.emb:forward(inputs)
@@ -294,12 +300,12 @@ function Dormouse:pass(x, prefix, opts)
       h = self.block:forward(h, inputs, prefix)
     end
     if self.loom_gate then h = loom(self, h_in, h, i) end
-    out.logits[i], out.periter[i] = scored(self, h, targets)
+    out.logits[i], out.periter[i] = scored(self, h, targets, kept)
     total = total and total + out.periter[i] or out.periter[i]
     sum_h = sum_h and sum_h + h or h
     if wanted[i] or i == self.max_iter then
       local logits
-      logits, out.fin_D[i] = scored(self, sum_h * (1 / i), targets)
+      logits, out.fin_D[i] = scored(self, sum_h * (1 / i), targets, kept)
       if i == self.max_iter then out.fin_logits = logits end
     end
   end
@@ -336,12 +342,12 @@ function Dormouse:pass(x, prefix, opts)
       error("model.aux.draft: a pass by segments would lose each segment's last target (it lies in the " ..
             "next); set model.segment = nil or model.aux.draft = 0", 0)
     end
-    local _, aux = draft(self, sum_h * (1 / self.max_iter), inputs, x)
+    local _, aux = draft(self, sum_h * (1 / self.max_iter), inputs, x, opts.mask)
     out.extras = out.extras or {}
     out.extras.aux_draft = aux
     out.loss = out.loss + aux * self.draft_weight
   elseif self.draft_head and T >= 2 and not carried then       -- an evaluation: what a decoder would keep
-    local logits = draft(self, sum_h * (1 / self.max_iter), inputs, x)
+    local logits = draft(self, sum_h * (1 / self.max_iter), inputs, x, opts.mask)
     out.measures = {draft_accept = accepted(logits, out.fin_logits)}
   end
   if self.jepa_in and dm.grad_enabled() and T > self.jepa_offset then   -- training only: evals stay the pure CE
@@ -359,7 +365,7 @@ function Dormouse:pass(x, prefix, opts)
       error("model.aux.future: a pass by segments would lose each segment's last target (it lies in the " ..
             "next); set model.segment = nil or model.aux.future = 0", 0)
     end
-    local aux = future_ce(self, sum_h * (1 / self.max_iter), x)
+    local aux = future_ce(self, sum_h * (1 / self.max_iter), x, opts.mask)
     out.extras = out.extras or {}
     out.extras.aux_future = aux
     out.loss = out.loss + aux * self.future_weight

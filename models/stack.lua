@@ -17,6 +17,7 @@ local dm = require "dormouse"
 local nn = require "dormouse.nn"
 
 local Stack = nn.class("Stack")
+Stack.masks = true      -- its losses honour opts.mask (nn.targets): it trains on records
 function Stack:init(m)
   self:child("emb", nn.Embedding(256, m.d))
   self.layers = {}
@@ -28,10 +29,10 @@ end
 -- The trainer's contract: forward(x [B, T+1], prefix, opts) returns at least loss
 -- and fin (and fin_logits for sampling); periter and fin_D are optional. With
 -- opts.state (segments, streaming: docs/models.md) it carries each layer's state
--- from it and returns its own as state.
+-- from it and returns its own as state; with opts.mask the loss covers the targets it keeps (nn.targets).
 function Stack:forward(x, prefix, opts)
   local T = x:size(2) - 1
-  local targets = x:narrow(2, 2, T):to("i64"):reshape({-1})
+  local targets, kept = nn.targets(x, opts and opts.mask)
   local h = self.emb:forward(x:narrow(2, 1, T))
   local carried = opts and opts.state
   local state = carried and {} or nil
@@ -39,7 +40,7 @@ function Stack:forward(x, prefix, opts)
     if carried then h, state[l] = layer:forward(h, carried[l] or {}) else h = layer:forward(h) end
   end
   local logits = self.head:forward(self.rmsf:forward(self:activation(h))):to(h.dtype)
-  local ce = dm.cross_entropy(logits:reshape({-1, 256}), targets)
+  local ce = nn.cross_entropy(logits, targets, kept)
   return {loss = ce, fin = ce, periter = {ce}, fin_D = {}, fin_logits = logits, state = state}
 end
 

@@ -12,13 +12,16 @@ local numbers = segments.numbers                -- a forward's losses as numbers
 
 --[[ Held-out windows x [n, T+1] with their prefixes, in batches; with
 opts.segment shorter than T, each window by segments with the state
-carried (dormouse.segments). Returns {bytes, ctx = T, segment, fin,
-periter = {CE_i}, depths = {[D] = fin_D}} in nats per byte. ]]
+carried (dormouse.segments). opts.mask [n, T] (on the CPU): only the targets
+it keeps are scored (records), each batch weighted by the targets it keeps.
+Returns {bytes (the bytes scored), ctx = T, segment, fin, periter = {CE_i},
+depths = {[D] = fin_D}} in nats per byte. ]]
 function eval.held_out(model, x, prefix, opts)
   local n, T = x:size(1), x:size(2) - 1
   local batch = opts.batch or 8
   local segmented = opts.segment and opts.segment < T
   local fin, periter, depths, measures = 0, {}, {}, nil
+  local scored = opts.mask and opts.mask:to("f64"):sum():item() or n * T
   local was_training = model.training
   model:eval()
   dm.no_grad(function()
@@ -26,10 +29,13 @@ function eval.held_out(model, x, prefix, opts)
       local len = math.min(batch, n - start + 1)
       dm.scope(function()
         local xb, pb = x:narrow(1, start, len), prefix:narrow(1, start, len)
-        if opts.device and opts.device ~= "cpu" then xb, pb = xb:to(opts.device), pb:to(opts.device) end
-        local r = segmented and segments.evaluate(model, xb, pb, opts.segment, {depths = opts.depths})
-                  or numbers(model:forward(xb, pb, {depths = opts.depths}))
-        local w = len / n
+        local mb = opts.mask and opts.mask:narrow(1, start, len)
+        local w = mb and mb:to("f64"):sum():item() / scored or len / n
+        if opts.device and opts.device ~= "cpu" then
+          xb, pb, mb = xb:to(opts.device), pb:to(opts.device), mb and mb:to(opts.device)
+        end
+        local r = segmented and segments.evaluate(model, xb, pb, opts.segment, {depths = opts.depths, mask = mb})
+                  or numbers(model:forward(xb, pb, {depths = opts.depths, mask = mb}))
         fin = fin + r.fin * w
         for i, ce in ipairs(r.periter) do periter[i] = (periter[i] or 0) + ce * w end
         for _, D in ipairs(opts.depths or {}) do        -- (periter and fin_D are optional: docs/models.md)
@@ -43,7 +49,7 @@ function eval.held_out(model, x, prefix, opts)
     end
   end)
   model:train(was_training)
-  return {bytes = n * T, ctx = T, segment = segmented and opts.segment or nil, fin = fin, periter = periter,
+  return {bytes = scored, ctx = T, segment = segmented and opts.segment or nil, fin = fin, periter = periter,
           depths = depths, measures = measures}
 end
 

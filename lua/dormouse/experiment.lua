@@ -85,10 +85,17 @@ function experiment.run(file, raw, argv, cli)
     log:close()
   end
   if n > 0 then
-    io.write("sample: ")
     -- what is not printable UTF-8 as \xNN, as dormouse sample and the REPL show it (no BEL, no escapes)
     local put, finish = require("dormouse.probe").byte_printer(function(s) io.write(s) end)
-    local ok, err = pcall(require("dormouse.eval").sample, summary.model, "In the beginning", n, {
+    if summary.sample_prompt ~= "In the beginning" then        -- a record's prompt (records) is shown first
+      io.write("sample after the prompt \"")
+      for i = 1, #summary.sample_prompt do put(summary.sample_prompt:sub(i, i)) end
+      finish()
+      io.write("\": ")
+    else
+      io.write("sample: ")
+    end
+    local ok, err = pcall(require("dormouse.eval").sample, summary.model, summary.sample_prompt, n, {
       temperature = 0.8, device = summary.device, seed = cfg.seed,
       on_byte = function(b) put(b); io.stdout:flush() end})
     finish()

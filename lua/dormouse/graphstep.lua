@@ -82,7 +82,7 @@ end
 function GraphStep:body()
   local r, sum = self.r, self.sum
   local train = require "dormouse.train"
-  local out = train.micro_batch(r.model, self.x, self.prefix, 1)
+  local out = train.micro_batch(r.model, self.x, self.prefix, 1, nil, nil, self.mask)
   local counts, drops = train.balance(r.model)
   local lookup = r.model.block and r.model.block.engram and r.model.block.engram.current
   if lookup and lookup.n then                      -- the padded lookups' count, for the log line
@@ -107,13 +107,15 @@ end
 -- One training step; returns {lr, lr_mult, events = model:after_step's or nil}.
 function GraphStep:step(step)
   local r = self.r
-  local x, prefix = r.loader:next()
+  local x, prefix, _, mask = r.loader:next()      -- mask: records' batches only
   if not self.x then               -- the input buffers, shaped by the first batch
     self.x = dm.keep(dm.empty(x:shape(), {dtype = x.dtype, device = r.device}))
     self.prefix = dm.keep(dm.empty(prefix:shape(), {dtype = prefix.dtype, device = r.device}))
+    if mask then self.mask = dm.keep(dm.empty(mask:shape(), {dtype = mask.dtype, device = r.device})) end
   end
   self.x:copy_(x)
   self.prefix:copy_(prefix)
+  if mask then self.mask:copy_(mask) end
   local res = r.opt:prepare(step)
   if r.model.before_step and r.model:before_step(step, r.cfg.steps) and self.graph then
     error(string.format("graph: the model's step changed at step %d after it was captured (model.moe.qat's " ..

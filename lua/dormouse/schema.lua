@@ -308,6 +308,10 @@ local rows = {
     {"path", optional(str), nil, "corpus file (raw bytes or .zst); nil = the embedded default corpus"},
     {"eval_bytes", positive, 81920, "bytes held out at the corpus end for evaluation, never trained on"},
     {"ctx", optional(positive), nil, "bytes per eval sequence (nil = seq)"},
+    {"records", optional(str), nil, "prompt/response records for supervised fine-tuning, instead of the corpus: " ..
+     "JSONL ({\"prompt\": ..., \"response\": ...} a line) or a task file (tasks/addition.lua); rows are packed " ..
+     "from whole records and the loss covers the response bytes only (docs/training.md)"},
+    {"eval_records", positive, 256, "records held out at the end of data.records, never trained on"},
   }},
 
   {"optim", "Muon for 2-D matrices, AdamW for the rest, Adam for the Engram tables", {
@@ -348,7 +352,9 @@ local rows = {
     {"sample", int{min = 0}, 160, "bytes sampled after each eval for the report (temperature 0.8; 0 = none)", progress = true},
     {"tasks", optional(str), nil, "a task file (tasks/kjv.lua; found here, else in the install): each eval puts " ..
      "correct@B, the fraction solved within B greedy bytes, on its line (nil = none; docs/training.md)", progress = true},
-    {"budgets", list(positive), {64, 256, 1024}, "the byte budgets B of eval.tasks' correct@B", progress = true},
+    {"budgets", list(positive), {64, 256, 1024}, "the byte budgets B of eval.tasks' correct@B and of exact@B", progress = true},
+    {"exact", int{min = 0}, 64, "held-out records (data.records) whose response is generated greedily at each " ..
+     "eval: exact@B, the share produced within B bytes, on the eval line (0 = none)", progress = true},
   }},
 
   {"checkpoint", "checkpoints", {

@@ -5,16 +5,21 @@ convolution inputs) from the one before. The loss and the gradient are those
 of the whole rows, exactly; only the boundary states and one segment's
 activations are alive at a time (docs/training.md, "Long sequences").
 
-  segments.split(x, prefix, len)    → {{x = [B, n+1], prefix = [B, P], n = n}, ...}
+  segments.split(x, prefix, len, mask)     (mask: or nil)
+                                    → {{x = [B, n+1], prefix = [B, P], n = n, w = share,
+                                       mask = the mask's [B, n] or nil}, ...}
   segments.evaluate(model, x, prefix, len, opts)
                                     → the pass's {fin, periter, fin_D} as numbers, the
-                                      segments' means weighted by their bytes (no gradient)
-  segments.backward(model, x, prefix, len, scale [, mark])
+                                      segments' means weighted by their shares (no
+                                      gradient; opts.depths, opts.mask)
+  segments.backward(model, x, prefix, len, scale, mark, mask)   (mark, mask: or nil)
                                     → the whole rows' loss (a one-element tensor on the
                                       model's device: the caller reads it) and the arms'
                                       terms; the gradient of scale · loss is added into
                                       the parameters' (mark(phase), when given: as each
-                                      forward and backward ends, as train.step's)
+                                      forward and backward ends, as train.step's;
+                                      mask: the targets scored, as the model's
+                                      opts.mask)
   segments.free(state)              frees a pass's out.state now
   segments.each(state, fn)          fn(i, key, tensor) for each tensor of a state
 
@@ -36,14 +41,27 @@ local segments = {}
 
 --[[ x [B, T+1] (inputs 1..T, targets 2..T+1), prefix [B, P] the bytes before each
 row: segment s of n bytes reads inputs a..a+n-1 (a = (s-1) len + 1) with their
-targets, and the P bytes before a as its prefix. ]]
-function segments.split(x, prefix, len)
+targets, and the P bytes before a as its prefix. Its share w of the rows' loss
+is n / T, or with a mask [B, T] (the targets scored: the model's opts.mask) its
+scored targets over the rows' (read from the mask once). ]]
+function segments.split(x, prefix, len, mask)
   local T, P = x:size(2) - 1, prefix:size(2)
   local whole = P > 0 and dm.cat({prefix, x}, 2) or x
   local out = {}
   for a = 1, T, len do
     local n = math.min(len, T - a + 1)
-    out[#out + 1] = {x = x:narrow(2, a, n + 1), prefix = P > 0 and whole:narrow(2, a, P) or prefix, n = n}
+    out[#out + 1] = {x = x:narrow(2, a, n + 1), prefix = P > 0 and whole:narrow(2, a, P) or prefix, n = n,
+                     w = n / T, mask = mask and mask:narrow(2, a, n)}
+  end
+  if mask then
+    local per = dm.scope(function()           -- each segment's scored targets, in one read
+      local counts = {}
+      for i, seg in ipairs(out) do counts[i] = seg.mask:to("f32"):sum():reshape({1}) end
+      return dm.cat(counts, 1):to("cpu"):totable()
+    end)
+    local all = 0
+    for _, c in ipairs(per) do all = all + c end
+    for i, seg in ipairs(out) do seg.w = all > 0 and per[i] / all or 0 end
   end
   return out
 end
@@ -81,7 +99,7 @@ end
 -- (the state is returned apart: a scope keeps the tensors of a returned table two levels deep)
 local function pass(model, seg, state, opts)
   local next_state, r = dm.scope(function()
-    local out = model:forward(seg.x, seg.prefix, {state = state or {}, depths = opts and opts.depths})
+    local out = model:forward(seg.x, seg.prefix, {state = state or {}, depths = opts and opts.depths, mask = seg.mask})
     if not out.state then error(no_state(model), 0) end
     return out.state, segments.numbers(out)
   end)
@@ -100,15 +118,14 @@ local function state_after(model, seg, state)
 end
 
 function segments.evaluate(model, x, prefix, len, opts)
-  local T = x:size(2) - 1
   local total = {fin = 0, periter = {}, fin_D = {}}
   dm.no_grad(function()
     local state
-    for _, seg in ipairs(segments.split(x, prefix, len)) do
+    for _, seg in ipairs(segments.split(x, prefix, len, opts and opts.mask)) do
       local r = pass(model, seg, state, opts)
       free_state(state)
       state = r.state
-      local w = seg.n / T
+      local w = seg.w
       total.fin = total.fin + r.fin * w
       for i, v in ipairs(r.periter) do total.periter[i] = (total.periter[i] or 0) + v * w end
       for D, v in pairs(r.fin_D) do total.fin_D[D] = (total.fin_D[D] or 0) + v * w end
@@ -139,10 +156,9 @@ local function add(sum, v)
   return total
 end
 
-function segments.backward(model, x, prefix, len, scale, mark)
+function segments.backward(model, x, prefix, len, scale, mark, mask)
   mark = mark or function() end
-  local T = x:size(2) - 1
-  local segs = segments.split(x, prefix, len)
+  local segs = segments.split(x, prefix, len, mask)
   local starts = {}                                  -- starts[s]: the state segment s begins from
   dm.no_grad(function()
     for s = 1, #segs - 1 do starts[s + 1] = state_after(model, segs[s], starts[s]) end
@@ -156,9 +172,10 @@ function segments.backward(model, x, prefix, len, scale, mark)
     local from = starts[s] and leaves(starts[s]) or nil
     local share, parts = dm.scope(function()
       -- the last segment starts the step's routing counts; the others add theirs
-      local out = model:forward(seg.x, seg.prefix, {state = from or {}, counts = s < #segs and "add" or nil})
+      local out = model:forward(seg.x, seg.prefix, {state = from or {}, counts = s < #segs and "add" or nil,
+                                                    mask = seg.mask})
       if not out.state then error(no_state(model), 0) end
-      local w = seg.n / T
+      local w = seg.w
       mark("forward")
       local objective = out.loss * (w * scale)
       if grads then

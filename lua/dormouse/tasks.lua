@@ -103,4 +103,15 @@ function tasks.correct_at(model, set, budgets, opts)
   return out
 end
 
+-- The first n of a list of records {prompt, response} as a task set (each response checked as a
+-- prefix: exact@B); nil where n is 0 or there is no record
+function tasks.of_records(list, n)
+  local out = {name = "records", tasks = {}}
+  for i = 1, math.min(n, #list) do
+    out.tasks[i] = {prompt = list[i].prompt, answer = list[i].response, check = "prefix",
+                    where = string.format("record %d", i)}
+  end
+  return #out.tasks > 0 and out or nil
+end
+
 return tasks

@@ -109,7 +109,7 @@ step 0 (dormouse bench and the check scripts). opts.root: the folder of models/.
 function train.prepare(cfg, opts)
   local r = {cfg = cfg, step = 0, log_now = false, device = train.pick_device(cfg)}
   r.model, r.opt = train.setup(cfg, r.device, opts and opts.root or ".")
-  r.corpus = train.open_corpus(cfg)
+  r.corpus = train.open_corpus(cfg, opts)
   train.fit_to_corpus(r.model, r.corpus)
   r.loader = r.corpus:loader {batch = cfg.batch, seq = cfg.seq, seed = cfg.seed, ctx = train.engram_ctx(cfg)}
   train.lookahead(r)
@@ -120,6 +120,11 @@ end
 function train.setup(cfg, device, root)
   dm.manual_seed(cfg.seed)
   local model = nn.build({device = device, compute_dtype = train.compute_dtype(cfg, device)}, train.build_model, cfg, root)
+  if cfg.data.records and not model.masks then
+    error(string.format("data.records: the model %s does not say that its losses honour opts.mask (the field " ..
+                        "masks = true), so it would train on the prompts too; docs/models.md says how " ..
+                        "(nn.targets, nn.cross_entropy)", cfg.model.arch), 0)
+  end
   return model, optim.new(model, cfg.optim, cfg.schedule, cfg.steps, {quiet = true})
 end
 
@@ -468,10 +473,11 @@ below, the captured one of graphstep.lua and the planned one of plan.step): the
 forward of x, prefix, and the backward of its loss weighted by `scale` (1 /
 grad_accum). With `read` the loss is read back first and a non-finite one takes no
 backward (the eager step's NaN firewall; the captured and the planned steps read
-nothing). mark, when given, is called with "forward" and "backward" as each ends.
+nothing). mark, when given, is called with "forward" and "backward" as each ends. mask: the
+batch's loss mask (records), or nil.
 Returns the forward's out and the loss read (nil without read). ]]
-function train.micro_batch(model, x, prefix, scale, read, mark)
-  local out = model:forward(x, prefix)
+function train.micro_batch(model, x, prefix, scale, read, mark, mask)
+  local out = model:forward(x, prefix, mask and {mask = mask} or nil)
   local l = read and out.loss:item() or nil
   if mark then mark("forward") end
   if not read or instrument.finite(l) then (scale == 1 and out.loss or out.loss * scale):backward() end
@@ -491,17 +497,17 @@ function train.step(r, mark)
   return dm.scope(function()
     local loss, extras = 0, {}
     for _ = 1, cfg.grad_accum do
-      local x, prefix = r.loader:next()
-      if r.device ~= "cpu" then x, prefix = x:to(r.device), prefix:to(r.device) end
+      local x, prefix, _, mask = r.loader:next()     -- mask: records' batches only
+      if r.device ~= "cpu" then x, prefix, mask = x:to(r.device), prefix:to(r.device), mask and mask:to(r.device) end
       mark("data")
       local seg = cfg.model.segment
       local l, terms
       if seg and x:size(2) - 1 > seg then        -- by segments, the state carried: forward and backward in one
-        l, terms = segments.backward(r.model, x, prefix, seg, 1 / cfg.grad_accum, mark)
+        l, terms = segments.backward(r.model, x, prefix, seg, 1 / cfg.grad_accum, mark, mask)
         l = l:item()
       else
         local out
-        out, l = train.micro_batch(r.model, x, prefix, 1 / cfg.grad_accum, true, mark)
+        out, l = train.micro_batch(r.model, x, prefix, 1 / cfg.grad_accum, true, mark, mask)
         terms = out.extras
       end
       loss = loss + l / cfg.grad_accum
@@ -658,12 +664,20 @@ end
 
 function Run:eval()
   local e = evaluate.held_out(self.model, self.eval_x, self.eval_prefix, {
-    batch = self.cfg.batch, device = self.device, depths = self.cfg.eval.depths, segment = self.cfg.model.segment})
+    batch = self.cfg.batch, device = self.device, depths = self.cfg.eval.depths, segment = self.cfg.model.segment,
+    mask = self.eval_mask})
   e.step = self.step
   if self.tasks then                        -- correct@B of eval.tasks, beside the model's own measures
     e.measures = e.measures or {}
     for name, v in pairs(tasks.correct_at(self.model, self.tasks, self.cfg.eval.budgets, {device = self.device})) do
       e.measures[name] = v
+    end
+  end
+  local exact = self.eval_mask and tasks.of_records(self.corpus:held_out(), self.cfg.eval.exact)
+  if exact then                             -- exact@B: held-out responses generated within B bytes
+    e.measures = e.measures or {}
+    for name, v in pairs(tasks.correct_at(self.model, exact, self.cfg.eval.budgets, {device = self.device})) do
+      e.measures["exact" .. name:match("@%d+$")] = v
     end
   end
   self:say(instrument.eval_line(e, self.baselines))
@@ -674,7 +688,7 @@ function Run:eval()
   self:record(rec)
   self.last_eval = e
   if self.cfg.eval.sample > 0 and not self.sample_failed then   -- a short sample for the report (streamed)
-    local ok, text = pcall(evaluate.sample, self.model, "In the beginning", self.cfg.eval.sample,
+    local ok, text = pcall(evaluate.sample, self.model, self:sample_prompt(), self.cfg.eval.sample,
                            {temperature = 0.8, seed = self.cfg.seed, device = self.device})
     if ok then
       self:record({kind = "sample", step = self.step, time = os.time(), text = text})
@@ -712,9 +726,21 @@ function train.find_file(path, root)
   return core.file_kind(installed) ~= "missing" and installed or path
 end
 
-function train.open_corpus(cfg)
-  local path = cfg.data.path or dm.data.default_corpus()
-  return dm.data.open(path, {eval_bytes = cfg.data.eval_bytes}), path
+--[[ The run's data and its path: the byte corpus of data.path, or with data.records a record set
+(dormouse.records: its loader's batches bring a mask, the loss covering the response bytes).
+opts.root: where a path not found here is looked for (tasks/addition.lua in the install). ]]
+function train.open_corpus(cfg, opts)
+  local d = cfg.data
+  if d.records then
+    if d.path then
+      error(string.format("data.records (%s) and data.path (%s): a run trains on one or the other", d.records,
+                          d.path), 0)
+    end
+    local path = train.find_file(d.records, opts and opts.root)
+    return require("dormouse.records").open(path, {eval_records = d.eval_records}), path
+  end
+  local path = d.path or dm.data.default_corpus()
+  return dm.data.open(path, {eval_bytes = d.eval_bytes}), path
 end
 
 -- Every line of metrics.jsonl up to `step`, so a resumed run's file continues cleanly.
@@ -827,14 +853,15 @@ function run_body(self, cfg, opts)
   end
   self.model, self.opt = train.setup(cfg, self.device, opts.root or ".")
 
-  local corpus, path = train.open_corpus(cfg)
+  local corpus, path = train.open_corpus(cfg, opts)
   self.corpus = corpus
   local counts = self.model.counts and self.model:counts()
-  self.summary = string.format("%s on %s: %s parameters%s; corpus %s (%d bytes, %d held out); device %s",
+  self.summary = string.format("%s on %s: %s parameters%s; %s; device %s",
     cfg.name, cfg.model.arch, nn.human(self.model:n_params()),
     counts and string.format(" (%s without the Engram tables, %s active per token per iteration)",
                              nn.human(counts.without_tables), nn.human(counts.active)) or "",
-    path, corpus:size(), corpus:eval_size(), self.device)
+    corpus.describe and corpus:describe() or
+      string.format("corpus %s (%d bytes, %d held out)", path, corpus:size(), corpus:eval_size()), self.device)
   self:say(self.summary)
   self:say(self.opt:describe())
   local arms = self.model.arms and self.model:arms() or {}
@@ -864,10 +891,20 @@ function run_body(self, cfg, opts)
 
   local ctx = train.engram_ctx(cfg)
   local eval_seq = cfg.data.ctx or cfg.seq
-  self.eval_x, self.eval_prefix = corpus:eval_windows {seq = eval_seq, n = cfg.eval.windows, ctx = ctx}
+  local cut
+  self.eval_x, self.eval_prefix, self.eval_mask, cut = corpus:eval_windows {seq = eval_seq, n = cfg.eval.windows,
+                                                                            ctx = ctx}
   dm.keep(self.eval_x); dm.keep(self.eval_prefix)
+  if self.eval_mask then
+    dm.keep(self.eval_mask)
+    self:say(string.format("records: the eval scores the responses of %d held-out windows (bpb_fin: over the " ..
+                           "response bytes)%s%s", self.eval_x:size(1),
+                           cut > 0 and string.format("; %d held-out records are longer than %d bytes and cut",
+                                                     cut, eval_seq + 1) or "",
+                           #cfg.eval.baseline > 0 and "; no n-gram baseline on records (eval.baseline)" or ""))
+  end
   self.baselines = {}
-  for _, order in ipairs(cfg.eval.baseline) do
+  for _, order in ipairs(self.eval_mask and {} or cfg.eval.baseline) do
     local bpb = corpus:ngram_bpb(order, {seq = eval_seq, n = self.eval_x:size(1)})
     self.baselines[#self.baselines + 1] = {order = order, bpb = bpb}
   end
@@ -901,7 +938,12 @@ function run_body(self, cfg, opts)
   return {step = self.step, bpb_fin = e and e.fin / instrument.LN2, baselines = self.baselines, dir = self.dir,
           model = self.model, device = self.device, periter = e and e.periter, moe = self.last_moe,
           tok_s = tok_s, mem_peak = mem_peak, measures = e and e.measures,
-          train_bpb = loss and loss / instrument.LN2}
+          train_bpb = loss and loss / instrument.LN2, sample_prompt = self:sample_prompt()}
+end
+
+-- What a sample of the run starts from: the first held-out record's prompt (records), else a verse's opening
+function Run:sample_prompt()
+  return self.eval_mask and self.corpus:held_out()[1].prompt or "In the beginning"
 end
 
 -- Whether the step just taken was skipped by the NaN firewall (the captured step's

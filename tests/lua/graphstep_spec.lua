@@ -47,6 +47,25 @@ describe("graphstep (eagerly, on the CPU)", function()
     a.loader:close(); b.loader:close()
   end)
 
+  it("trains on records as train.step does: the mask in a buffer of its own, bit for bit", function()
+    local cfg = tiny({"data.records=tasks/addition.lua"})
+    local a, b = prepared(cfg), prepared(cfg)
+    local gs = graphstep.new(b, {eager = true})
+    local loss_sum = 0
+    for step = 1, 4 do
+      a.step = step
+      loss_sum = loss_sum + train.step(a)
+      gs:step(step)
+    end
+    assert.are.same({4, 64}, gs.mask:shape())
+    assert.is_true(math.abs(gs:window(4).loss - loss_sum) <= 1e-12 * loss_sum)
+    local pa, pb = a.model:named_parameters(), b.model:named_parameters()
+    for i, e in ipairs(pa) do
+      assert.is_true(dm.allclose(e.tensor, pb[i].tensor, {rtol = 0, atol = 0}), e.name)
+    end
+    a.loader:close(); b.loader:close()
+  end)
+
   it("refuses the CPU, grad_accum > 1 and a capture with no eager step before it", function()
     local cfg = tiny()
     local r = prepared(cfg)

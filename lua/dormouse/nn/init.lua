@@ -304,4 +304,32 @@ end
 
 for _, layer in ipairs {"layers", "kda", "engram", "moe", "msa", "block"} do require("dormouse.nn." .. layer)(nn, dm) end
 
+--[[ The targets of a pass over x [B, T+1]: the bytes x[:, 2..T+1] as i64 [B, T]. With a mask
+[B, T] (1: the target is scored, 0: it is not: a record's prompt, data.records), the targets it
+leaves out are nn.IGNORE, and `kept`, the number it keeps (an f32 scalar on x's device, at least 1),
+is returned too. nn.cross_entropy(logits, targets, kept) is then the mean over the kept targets (0
+where none is), else over all: every model's loss and its masked form are one function. ]]
+nn.IGNORE = 256                              -- not a byte: cross_entropy's ignore_index
+function nn.targets(x, mask)
+  local T = x:size(2) - 1
+  local targets = x:narrow(2, 2, T):to("i64")
+  if mask == nil then return targets end
+  if mask:size(1) ~= x:size(1) or mask:size(2) ~= T then
+    error(string.format("forward: opts.mask must be [B, T] = [%d, %d] (one entry a target), got [%s]",
+                        x:size(1), T, table.concat(mask:shape(), ", ")), 0)
+  end
+  local keep = mask:to("i64")
+  local kept = mask:to("f32"):sum():clamp(1, math.huge)
+  return targets * keep + (1 - keep) * nn.IGNORE, kept
+end
+
+--- nn.cross_entropy(logits [..., V], targets [...], kept): the mean cross-entropy (nn.targets)
+function nn.cross_entropy(logits, targets, kept)
+  local V = logits:size(-1)
+  if kept == nil then return dm.cross_entropy(logits:reshape({-1, V}), targets:reshape({-1})) end
+  local sum = dm.cross_entropy(logits:reshape({-1, V}), targets:reshape({-1}),
+                               {ignore_index = nn.IGNORE, reduction = "sum"})
+  return sum / kept:to(sum.dtype)
+end
+
 return nn
