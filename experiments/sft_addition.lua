@@ -1,5 +1,5 @@
 -- Supervised fine-tuning on spans: a model learns tasks/addition.lua's sums ("a+b=" answered by
--- a+b and a newline), the loss on the answers' bytes only (docs/training.md, "Supervised
+-- a+b and a newline), the loss on the answers' bytes only (docs/post-training.md, "Supervised
 -- fine-tuning on spans"). From scratch on a CPU in about 6 minutes; from a base with --init:
 --   dormouse run experiments/sft_addition.lua
 --   dormouse run experiments/sft_addition.lua --init runs/BASE   (a base of this model's keys)

@@ -310,7 +310,7 @@ local rows = {
     {"ctx", optional(positive), nil, "bytes per eval sequence (nil = seq)"},
     {"records", optional(str), nil, "prompt/response records for supervised fine-tuning, instead of the corpus: " ..
      "JSONL ({\"prompt\": ..., \"response\": ...} a line) or a task file (tasks/addition.lua); rows are packed " ..
-     "from whole records and the loss covers the response bytes only (docs/training.md)"},
+     "from whole records and the loss covers the response bytes only (docs/post-training.md)"},
     {"eval_records", positive, 256, "records held out at the end of data.records, never trained on"},
   }},
 

@@ -1,0 +1,213 @@
+/*
+** vm/lua/sandbox.c — running a program under limits, for the verifiers'
+** sandbox (lua/dormouse/sandbox.lua puts bubblewrap in front of the program).
+**
+**   core.run_limited(argv, {seconds = 2, output = 65536, memory = bytes, processes = 64,
+**                           file_size = bytes, uid = 65534})
+**     → {status = exit status (128 + signal), stdout = ..., stderr = ..., timed_out = bool,
+**        output_over = bool, seconds = wall time}
+**
+** The child gets its own session (so the whole group can be killed), stdin
+** /dev/null, and its limits before exec: RLIMIT_AS (memory), RLIMIT_NPROC
+** (processes of its user), RLIMIT_FSIZE (a file's size), RLIMIT_CPU (seconds +
+** 1), no core files. With `uid` (only when this process is root) it drops to
+** that user and group first: the processes limit then counts that user's
+** processes only. The parent reads stdout and stderr until both close, keeping
+** at most `output` bytes of each; past the wall-clock `seconds` or the output
+** cap it kills the child's process group (SIGKILL) and says which. No shell
+** ever sees the argument vector.
+**
+**   core.make_temp_dir(prefix)   → a new folder $TMPDIR/prefixXXXXXX (mkdtemp), mode 0755: others
+**                                  may read it (the sandbox's user reads the program from it)
+*/
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <lua.h>
+#include <lauxlib.h>
+#include "lua/bind.h"
+
+#define ARGS_MAX 128
+
+typedef struct {
+  double seconds;
+  lua_Integer output, memory, processes, file_size, uid;
+} dm_limits;
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static lua_Integer opt_int(lua_State *L, const char *key, lua_Integer dflt) {
+  lua_getfield(L, 2, key);
+  lua_Integer v = lua_isnil(L, -1) ? dflt : luaL_checkinteger(L, -1);
+  lua_pop(L, 1);
+  return v;
+}
+
+static void read_limits(lua_State *L, dm_limits *lim) {
+  luaL_checktype(L, 2, LUA_TTABLE);
+  lua_getfield(L, 2, "seconds");
+  lim->seconds = lua_isnil(L, -1) ? 2.0 : luaL_checknumber(L, -1);
+  lua_pop(L, 1);
+  lim->output = opt_int(L, "output", 65536);
+  lim->memory = opt_int(L, "memory", 0);
+  lim->processes = opt_int(L, "processes", 0);
+  lim->file_size = opt_int(L, "file_size", 0);
+  lim->uid = opt_int(L, "uid", -1);
+  if (lim->seconds <= 0 || lim->output < 1) luaL_error(L, "run_limited: seconds and output must be positive");
+}
+
+static void set_limit(int resource, lua_Integer v) {
+  if (v <= 0) return;
+  struct rlimit r = {(rlim_t)v, (rlim_t)v};
+  setrlimit(resource, &r);
+}
+
+/* In the child, between fork and exec: only async-signal-safe calls. */
+static void child(const char **argv, const dm_limits *lim, int out, int err) {
+  setsid();
+  int null = open("/dev/null", O_RDONLY);
+  if (null < 0 || dup2(null, 0) < 0 || dup2(out, 1) < 0 || dup2(err, 2) < 0) _exit(126);
+  set_limit(RLIMIT_AS, lim->memory);
+  set_limit(RLIMIT_FSIZE, lim->file_size);
+  set_limit(RLIMIT_CPU, (lua_Integer)lim->seconds + 1);
+  struct rlimit none = {0, 0};
+  setrlimit(RLIMIT_CORE, &none);
+  if (lim->uid >= 0 && geteuid() == 0) {
+    gid_t gid = (gid_t)lim->uid;
+    if (setgroups(1, &gid) != 0 || setgid(gid) != 0 || setuid((uid_t)lim->uid) != 0) _exit(126);
+  }
+  set_limit(RLIMIT_NPROC, lim->processes);   /* after the uid: it counts the user's processes */
+  execvp(argv[0], (char *const *)argv);
+  _exit(127);
+}
+
+typedef struct {
+  int fd;
+  luaL_Buffer *buf;
+  lua_Integer kept;
+} dm_stream;
+
+/* Read what is there; false at its end. Bytes past `cap` are read and dropped, and flag it. */
+static int drain(dm_stream *s, lua_Integer cap, int *over) {
+  char chunk[16384];
+  ssize_t got = read(s->fd, chunk, sizeof chunk);
+  if (got < 0) return errno == EINTR || errno == EAGAIN;
+  if (got == 0) return 0;
+  lua_Integer room = cap - s->kept, take = got < room ? got : room;
+  if (take > 0) { luaL_addlstring(s->buf, chunk, (size_t)take); s->kept += take; }
+  if (got > take) *over = 1;
+  return 1;
+}
+
+static int c_run_limited(lua_State *L) {
+  const char *argv[ARGS_MAX];
+  luaL_checktype(L, 1, LUA_TTABLE);
+  int n = (int)luaL_len(L, 1);
+  if (n < 1 || n >= ARGS_MAX) return luaL_error(L, "run_limited: 1 to %d arguments, got %d", ARGS_MAX - 1, n);
+  for (int i = 0; i < n; i++) {
+    lua_rawgeti(L, 1, i + 1);
+    argv[i] = luaL_checkstring(L, -1);
+    lua_pop(L, 1);
+  }
+  argv[n] = NULL;
+  dm_limits lim;
+  read_limits(L, &lim);
+
+  int out[2], err[2];
+  if (pipe2(out, O_CLOEXEC) != 0) return luaL_error(L, "run_limited: pipe: %s", strerror(errno));
+  if (pipe2(err, O_CLOEXEC) != 0) {
+    close(out[0]); close(out[1]);
+    return luaL_error(L, "run_limited: pipe: %s", strerror(errno));
+  }
+  double t0 = now_s();
+  pid_t pid = fork();
+  if (pid < 0) {
+    int e = errno;
+    close(out[0]); close(out[1]); close(err[0]); close(err[1]);
+    return luaL_error(L, "run_limited: fork: %s", strerror(e));
+  }
+  if (pid == 0) child(argv, &lim, out[1], err[1]);
+  close(out[1]);
+  close(err[1]);
+
+  luaL_Buffer ob;                                        /* stdout; stderr gathers in err_text */
+  lua_newtable(L);                                       /* the result, below the two buffers */
+  luaL_buffinit(L, &ob);
+  dm_stream so = {out[0], &ob, 0};
+  char *err_text = malloc((size_t)lim.output);
+  lua_Integer err_kept = 0;
+  int open_out = 1, open_err = 1, over = 0, timed_out = 0, killed = 0;
+  while (open_out || open_err) {
+    double left = lim.seconds - (now_s() - t0);
+    if (left <= 0 && !killed) { timed_out = 1; kill(-pid, SIGKILL); kill(pid, SIGKILL); killed = 1; }
+    if (over && !killed) { kill(-pid, SIGKILL); kill(pid, SIGKILL); killed = 1; }
+    struct pollfd p[2] = {{open_out ? out[0] : -1, POLLIN, 0}, {open_err ? err[0] : -1, POLLIN, 0}};
+    int wait_ms = killed ? 200 : (int)(left * 1000) + 1;
+    int ready = poll(p, 2, wait_ms);
+    if (ready < 0 && errno != EINTR) break;
+    if (ready <= 0) { if (killed) break; continue; }  /* after a kill, a pipe a grandchild holds is let go */
+    if (open_out && (p[0].revents & (POLLIN | POLLHUP | POLLERR))) open_out = drain(&so, lim.output, &over);
+    if (open_err && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) {
+      char chunk[16384];
+      ssize_t got = read(err[0], chunk, sizeof chunk);
+      if (got == 0 || (got < 0 && errno != EINTR && errno != EAGAIN)) open_err = 0;
+      else if (got > 0) {
+        lua_Integer room = lim.output - err_kept, take = got < room ? got : room;
+        if (take > 0 && err_text) { memcpy(err_text + err_kept, chunk, (size_t)take); err_kept += take; }
+        if (got > take) over = 1;
+      }
+    }
+  }
+  close(out[0]);
+  close(err[0]);
+  kill(-pid, SIGKILL);                                   /* what is left of the group: nothing outlives the call */
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+  double seconds = now_s() - t0;
+  luaL_pushresult(&ob);
+  lua_setfield(L, -2, "stdout");
+  lua_pushlstring(L, err_text ? err_text : "", (size_t)err_kept);
+  free(err_text);
+  lua_setfield(L, -2, "stderr");
+  lua_pushinteger(L, WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+  lua_setfield(L, -2, "status");
+  lua_pushboolean(L, timed_out);
+  lua_setfield(L, -2, "timed_out");
+  lua_pushboolean(L, over);
+  lua_setfield(L, -2, "output_over");
+  lua_pushnumber(L, seconds);
+  lua_setfield(L, -2, "seconds");
+  return 1;
+}
+
+static int c_make_temp_dir(lua_State *L) {
+  const char *prefix = luaL_checkstring(L, 1), *tmp = getenv("TMPDIR");
+  if (strchr(prefix, '/')) return luaL_error(L, "make_temp_dir: the prefix '%s' holds a '/'", prefix);
+  lua_pushfstring(L, "%s/%sXXXXXX", tmp && *tmp ? tmp : "/tmp", prefix);
+  char *path = strdup(lua_tostring(L, -1));
+  if (!path || !mkdtemp(path) || chmod(path, 0755) != 0) {
+    int e = errno;
+    free(path);
+    return luaL_error(L, "make_temp_dir: %s: %s", lua_tostring(L, -1), strerror(e));
+  }
+  lua_pushstring(L, path);
+  free(path);
+  return 1;
+}
+
+static const luaL_Reg funcs[] = {{"run_limited", c_run_limited}, {"make_temp_dir", c_make_temp_dir}, {NULL, NULL}};
+DM_LUA_FUNCS(funcs)
