@@ -256,6 +256,16 @@ function eval.sample(model, prompt, n, opts)
   return table.concat(out)
 end
 
+-- tensors joined along dim 1, by groups of 64 (dm.cat takes at most 64 at once)
+local function cat_many(rows)
+  while #rows > 64 do
+    local groups = {}
+    for a = 1, #rows, 64 do groups[#groups + 1] = dm.cat(table.move(rows, a, math.min(a + 63, #rows), 1, {}), 1) end
+    rows = groups
+  end
+  return dm.cat(rows, 1)
+end
+
 -- the streams' states, one per stream (batch 1), as one of batch #states
 local function cat_states(states)
   local out = {}
@@ -264,7 +274,7 @@ local function cat_states(states)
     for k in pairs(part) do
       local rows = {}
       for j, s in ipairs(states) do rows[j] = s[i][k] end
-      out[i][k] = dm.cat(rows, 1)
+      out[i][k] = cat_many(rows)
     end
   end
   return out

@@ -62,6 +62,12 @@ describe("rollouts", function()
     assert.equal(0, r.pass_rate)
   end)
 
+  it("runs more streams at once than one dm.cat takes (72)", function()
+    local r = rollouts.run(model(), SET, {k = 24, budget = 2, seed = 3})
+    assert.equal(72, #r.samples)
+    for _, s in ipairs(r.samples) do assert.equal(2, s.bytes) end
+  end)
+
   it("refuses unknown options and bad counts by name", function()
     helpers.has(helpers.err_of(rollouts.run, model(), SET, {K = 2}), "unknown option 'K'")
     helpers.has(helpers.err_of(rollouts.run, model(), SET, {k = 0}), "k must be an integer >= 1")
