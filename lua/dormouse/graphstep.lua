@@ -43,6 +43,9 @@ function graphstep.why_not(r, opts)
   if r.device ~= "cuda" and not (opts and opts.eager) then
     return string.format("graph = true needs the cuda device (this run is on %s)", r.device)
   end
+  if cfg.rl and cfg.rl.k > 0 then
+    return "rl.k > 0: each step samples from the model before its update (dormouse.rl)"
+  end
   if cfg.grad_accum ~= 1 then
     return string.format("a captured step takes one micro-batch: grad_accum must be 1, got %d", cfg.grad_accum)
   end

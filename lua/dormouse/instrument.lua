@@ -100,16 +100,21 @@ instrument.fmt_time = fmt_time
 
 -- The log line: step, loss, BPB, tokens/s, lr, grad norm, skips, memory, counters.
 function instrument.log_line(r)
-  local parts = {
-    string.format("step %6d", r.step),
-    string.format("loss %.4f", r.loss),
-    string.format("bpb %.4f", r.loss / LN2),
-    string.format("tok/s %8.0f", r.tok_s),
+  local parts = {string.format("step %6d", r.step)}
+  if r.policy then           -- an RL step's loss is the policy-gradient objective, not a cross-entropy: no bpb
+    parts[2] = string.format("pg_loss %.4f", r.loss)
+    parts[3] = string.format("sampled/s %6.0f", r.tok_s)
+  else
+    parts[2] = string.format("loss %.4f", r.loss)
+    parts[3] = string.format("bpb %.4f", r.loss / LN2)
+    parts[4] = string.format("tok/s %8.0f", r.tok_s)
+  end
+  for _, part in ipairs {
     string.format("lr %.2e", r.lr),
     string.format("gnorm %.3f", r.grad_norm),
     string.format("skips %d", r.skips),
     string.format("mem %.0f/%.0fMiB", mib(r.mem.allocated), mib(r.mem.peak)),
-  }
+  } do parts[#parts + 1] = part end
   local names = {}                                  -- a model's own terms (an arm's loss), by name
   for name in pairs(r.extras or {}) do names[#names + 1] = name end
   table.sort(names)

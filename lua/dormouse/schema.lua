@@ -357,6 +357,24 @@ local rows = {
      "eval: exact@B, the share produced within B bytes, on the eval line (0 = none)", progress = true},
   }},
 
+  {"rl", "reinforcement learning against verifiers, on data.records' tasks (docs/post-training.md)", {
+    {"k", int{min = 0}, 0, "samples a task each step; > 0: each step is a policy-gradient step on the model's own " ..
+     "samples, scored by the verifier, instead of a supervised one (0 = none)"},
+    {"tasks", positive, 16, "tasks a step (drawn from the training records by the seed and the step)"},
+    {"budget", positive, 32, "bytes a sample at most"},
+    {"stop", optional(str), nil, "a sample ends where its text ends with this (e.g. \"\\n\"; nil = at the budget)"},
+    {"temperature", num{above = 0}, 1.0, "the samples' temperature (top-p 0.95)"},
+    {"advantage", enum {"group", "fork"}, "group", "group: each sample's reward less its task's mean (GRPO's " ..
+     "baseline); fork: each byte credited with V(after it) - V(before it), each V the mean reward of rl.forks " ..
+     "continuations from that prefix (fork-replay)"},
+    {"forks", positive, 4, "continuations from each fork point (rl.advantage = fork)"},
+    {"bytes_penalty", num{min = 0}, 0.0, "lambda: the reward is the verifier's score less lambda times the bytes used"},
+    {"kl", num{min = 0}, 0.0, "weight of KL(policy || the model the run started from, init), estimated on the " ..
+     "sampled bytes (0 = none; > 0 needs init)"},
+    {"verifier", optional(enum {"exact", "numeric", "code"}), nil, "the verifier of the samples (nil = exact: " ..
+     "the output begins with the record's response)"},
+  }},
+
   {"checkpoint", "checkpoints", {
     {"every", int{min = 0}, 500, "steps between checkpoints (0 = only at the end)", progress = true},
     {"keep", int{min = 0}, 3, "newest checkpoints kept on disk (0 = all)", progress = true},

@@ -428,6 +428,37 @@ function Run:restore(run_dir, path)
   end
 end
 
+-- The weights of loaded checkpoint c (at `point`) into model, each tensor's dtype and shape checked
+local function load_weights(model, c, point)
+  local state = train.named_state(model)
+  local file = point .. "/model.safetensors"
+  local tensors = banks.unpack(c.model, c.meta.banks, file)
+  train.check_tensors(tensors, state, file)
+  dm.no_grad(function()
+    for name, t in pairs(state) do t:copy_(tensors[name]) end
+  end)
+end
+
+--[[ A second model of the run's config, out of training, with the weights this run started from
+(its init: the run, step and checksum its meta keeps); the global random state is left as it was.
+The reference of rl.kl (dormouse.rl). ]]
+function train.initial_model(cfg, device, root, init)
+  local point = init.run .. "/ckpt-" .. init.step
+  local seed, offset = dm.rng_state()
+  local model = nn.build({device = device, compute_dtype = train.compute_dtype(cfg, device)}, train.build_model, cfg,
+                         root)
+  dm.set_rng_state(seed, offset)
+  local c = dm.ckpt.load(point)
+  load_weights(model, c, point)
+  local sum = dm.ckpt.checksum(point .. "/model.safetensors")
+  if sum ~= init.checksum then
+    error(string.format("rl.kl: %s/model.safetensors has changed since this run started from it (checksum %s, " ..
+                        "then %s)", point, sum, init.checksum), 0)
+  end
+  model:eval()
+  return model
+end
+
 --[[ init: the model's weights from the checkpoint cfg.init names (a run folder's newest, or
 RUN/ckpt-STEP), everything else fresh. Refused, naming each: a model key that differs from the
 checkpoint's other than those marked tune (schema.lua), and a tensor whose dtype or shape
@@ -444,14 +475,8 @@ function Run:start_from(path)
                         #d == 1 and "" or "s", #d == 1 and "s" or "", config.format_diff(d, "checkpoint", "now"),
                         table.concat(config.tune_keys, ", ")), 0)
   end
-  local state = train.named_state(self.model)
-  local file = point .. "/model.safetensors"
-  local tensors = banks.unpack(c.model, c.meta.banks, file)
-  train.check_tensors(tensors, state, file)
-  dm.no_grad(function()
-    for name, t in pairs(state) do t:copy_(tensors[name]) end
-  end)
-  local sum = dm.ckpt.checksum(file)
+  load_weights(self.model, c, point)
+  local sum = dm.ckpt.checksum(point .. "/model.safetensors")
   self.init_from = {run = run_dir, step = c.meta.step, checksum = sum}
   self:say(string.format("init: the model's weights from %s (step %d, model.safetensors %s); the optimiser, " ..
                          "schedule, data and step start fresh", point, c.meta.step, sum))
@@ -534,7 +559,10 @@ function train.step(r, mark)
   end)
 end
 
-function Run:train_step() return train.step(self) end
+function Run:train_step()
+  if self.rl then return self.rl:step(self) end         -- rl.k > 0: a policy-gradient step (dormouse.rl)
+  return train.step(self)
+end
 
 local function ceiling(cfg, loss, step, window)
   if instrument.finite(loss) and loss > cfg.ce_ceiling then
@@ -550,7 +578,7 @@ function Run:eager_step(window, tokens)
   window.events = instrument.add_events(window.events, events)
   ceiling(self.cfg, loss, self.step, window)
   window.steps = window.steps + 1
-  window.tokens = window.tokens + tokens
+  window.tokens = window.tokens + (self.rl and self.rl.sampled or tokens)   -- RL: the bytes it sampled
   window.lr = r.lr
   if r.skipped then window.skips = window.skips + 1
   else
@@ -630,6 +658,7 @@ function Run:log_window(w)
     w.events = instrument.add_events(w.events, events)
   end
   local r = {step = self.step, loss = applied > 0 and w.loss / applied or 0 / 0, tok_s = w.tokens / elapsed,
+             policy = self.rl ~= nil,
              lr = w.lr, grad_norm = applied > 0 and w.grad_norm / applied or 0 / 0, skips = w.skips,
              mem = {allocated = mem.allocated, peak = mem.peak}, moe = moe, engram = w.engram, extras = extras,
              events = w.events, kda = self:kda_window()}
@@ -910,7 +939,8 @@ function run_body(self, cfg, opts)
   end
   self.loader = corpus:loader {batch = cfg.batch, seq = cfg.seq, seed = cfg.seed, ctx = ctx,
                                start = self.data_position}
-  train.lookahead(self)
+  if cfg.rl.k > 0 then self.rl = require("dormouse.rl").new(self, opts.root)
+  else train.lookahead(self) end                  -- (an RL step's rows are sampled, not the loader's)
   local graph, why = train.graph_mode(self)
   if graph then
     self.graph = require("dormouse.graphstep").new(self)

@@ -1,0 +1,219 @@
+--[[
+dormouse.rl — reinforcement learning against verifiers (rl.k > 0): each step
+samples k outputs for each of rl.tasks tasks from the model as it is, scores
+them, and takes a policy-gradient step on the sampled bytes. The trainer and
+the sampler are one process with the same tensors: no weight is copied.
+
+  local rl = require "dormouse.rl"
+  local learner = rl.new(run)             -- run: cfg, model, opt, device, corpus (data.records)
+  local loss, result, counts, engram, drops, extras = learner:step(run)   -- train.step's results
+
+A step, t its tasks (drawn from the seed and the step among the training
+records: prompt, and the response the verifier checks), s a sample:
+
+  reward   r_ts = score_ts - rl.bytes_penalty * bytes_ts
+  group    A_ts = r_ts - mean_s r_ts                 (every byte of the sample gets it)
+  fork     each byte i of a sample is a fork point: rl.forks continuations
+           from its prefix estimate V(prefix) (their mean reward; the whole
+           sample's own reward is V of all of it); byte i's advantage is
+           V(prefix through i) - V(prefix before i): the difference its
+           decision made to the outcome
+  loss     sum over the samples' bytes of A * CE(fin logits, byte), over the number of sampled bytes
+           + rl.kl * the mean over those bytes of exp(q) - q - 1, q = log p_init - log p (the
+             unbiased estimator of KL(p || p_init); p_init the model at the run's start, kept)
+
+The loss's gradient is the policy gradient of the mean reward (a byte whose
+advantage is positive is made likelier). The log line counts pass (the share
+of samples that passed), out_bytes (their mean length), adv_abs (the mean
+|advantage| over the bytes), adv_std (the spread of the group's rewards) and
+with rl.kl, kl.
+]]
+local dm = require "dormouse"
+local evaluate = require "dormouse.eval"
+local rollouts = require "dormouse.rollouts"
+local verify = require "dormouse.verify"
+
+local rl = {}
+local Learner = {}
+Learner.__index = Learner
+rl.Learner = Learner                             -- (its methods, for tests on a learner of a given cfg)
+
+-- a 64-bit mix: the step's draw of tasks (as the records' rows are drawn)
+local function mix(z)
+  z = (z ~ (z >> 30)) * 0xbf58476d1ce4e5b9
+  z = (z ~ (z >> 27)) * 0x94d049bb133111eb
+  return z ~ (z >> 31)
+end
+
+function rl.new(r, root)
+  local cfg = r.cfg
+  if not (r.corpus and r.corpus.held_out) then
+    error("rl.k > 0: reinforcement learning draws its tasks from data.records (prompt/response records or a " ..
+          "task file); set data.records", 0)
+  end
+  local self = setmetatable({cfg = cfg.rl, seed = cfg.seed, tasks = {}}, Learner)
+  for i, rec in ipairs(r.corpus.train) do
+    self.tasks[i] = {prompt = rec.prompt, answer = rec.response}
+  end
+  self.verifier = cfg.rl.verifier and verify.get(cfg.rl.verifier) or verify.exact
+  if cfg.rl.kl > 0 then                       -- the weights the run started from, fixed: the KL term's reference
+    if not r.init_from then
+      error("rl.kl > 0 measures the policy against the model it started from: set init (--init RUN)", 0)
+    end
+    self.init = require("dormouse.train").initial_model(cfg, r.device, root, r.init_from)
+  end
+  return self
+end
+
+-- the step's tasks: rl.tasks of the training records, drawn from (seed, step)
+function Learner:pick(step)
+  local out = {name = "rl", tasks = {}}
+  for i = 1, self.cfg.tasks do
+    local z = mix(mix(mix(0x5eed + self.seed) + step) + i)
+    out.tasks[i] = self.tasks[1 + z % #self.tasks]
+  end
+  return out
+end
+
+function Learner:reward(v, bytes) return v.score - self.cfg.bytes_penalty * bytes end
+
+-- rows prompt..output for each sample, per-target weights (the advantage of each output byte) and the
+-- output's mask: x [N, L] u8, w and m [N, L-1] f32
+function rl.rows(samples, prompts, advantage)
+  local len = 2
+  for j, s in ipairs(samples) do len = math.max(len, #prompts[j] + #s.output) end
+  local xs, ws, ms = {}, {}, {}
+  for j, s in ipairs(samples) do
+    local text = prompts[j] .. s.output
+    local row, w, m = {}, {}, {}
+    for i = 1, len do row[i] = i <= #text and text:byte(i) or 0 end
+    for t = 1, len - 1 do                        -- target t is byte t + 1
+      local i = t + 1 - #prompts[j]                -- its place in the output (1 = the first output byte)
+      local on = i >= 1 and i <= #s.output
+      w[t], m[t] = on and advantage(j, i) or 0, on and 1 or 0
+    end
+    xs[j], ws[j], ms[j] = row, w, m
+  end
+  return dm.tensor(xs, {dtype = "u8"}), dm.tensor(ws, {dtype = "f32"}), dm.tensor(ms, {dtype = "f32"})
+end
+
+-- the group advantages: each sample's reward less its task's mean (a function (j) → sample j's), and
+-- the mean over tasks of the rewards' spread
+function Learner:group_advantages(ro)
+  local adv, spread = {}, 0
+  for _, group in pairs(ro.groups) do
+    local mean = 0
+    for _, s in ipairs(group) do mean = mean + s.reward end
+    mean = mean / #group
+    local var = 0
+    for _, s in ipairs(group) do
+      s.advantage = s.reward - mean
+      var = var + s.advantage ^ 2
+    end
+    spread = spread + math.sqrt(var / #group)
+  end
+  for j, s in ipairs(ro.samples) do adv[j] = s.advantage end
+  return function(j) return adv[j] end, spread / ro.tasks
+end
+
+-- fork-replay: V at each prefix of each sample from rl.forks continuations; byte i gets V(i) - V(i-1).
+-- Returns that (a function (j, i)), the mean |reward - V(prompt)|, and the values value[j][i]
+-- (i output bytes; value[j][#output] the sample's own reward)
+function Learner:fork_advantages(model, ro, set, opts)
+  local prompts, who = {}, {}
+  for j, s in ipairs(ro.samples) do
+    for i = 0, #s.output - 1 do                  -- the prefixes before each byte (0: the prompt alone)
+      prompts[#prompts + 1] = set.tasks[s.task].prompt .. s.output:sub(1, i)
+      who[#prompts] = {j, i}
+    end
+  end
+  local forks = self.cfg.forks
+  local list = {}
+  for p = 1, #prompts do for _ = 1, forks do list[#list + 1] = prompts[p] end end
+  local texts = #list > 0 and evaluate.sample_streams(model, list, opts.budget, {
+    temperature = opts.temperature, seed = opts.seed + 7919, stop = opts.stop, device = opts.device}) or {}
+  for _, text in ipairs(texts) do self.sampled = self.sampled + #text end
+  local value = {}                               -- value[j][i]: V of sample j's prefix of i output bytes
+  for p, w in ipairs(who) do
+    local j, i = w[1], w[2]
+    local s = ro.samples[j]
+    local task, sum = set.tasks[s.task], 0
+    for f = 1, forks do
+      local out = s.output:sub(1, i) .. texts[(p - 1) * forks + f]
+      sum = sum + self:reward(self.verifier(task, out), #out)
+    end
+    value[j] = value[j] or {}
+    value[j][i] = sum / forks
+  end
+  local spread = 0
+  for j, s in ipairs(ro.samples) do
+    value[j] = value[j] or {}
+    value[j][#s.output] = s.reward
+    spread = spread + math.abs(s.reward - (value[j][0] or s.reward))
+  end
+  return function(j, i) return value[j][i] - value[j][i - 1] end, spread / #ro.samples, value
+end
+
+-- The step's loss from the rows (a device scalar) and the KL term (a number, or nil)
+function Learner:loss(model, x, w, m)
+  local T = x:size(2) - 1
+  local n = math.max(m:sum():item(), 1)
+  local targets = x:narrow(2, 2, T):to("i64"):reshape({-1})
+  local prefix = dm.zeros({x:size(1), model.context and model:context() or 0}, {dtype = "u8", device = x.device})
+  local out = model:forward(x, prefix)
+  local ce = dm.cross_entropy(out.fin_logits:reshape({-1, 256}), targets, {reduction = "none"})
+  local loss = (ce * w:reshape({-1}):to(ce.dtype)):sum() / n
+  local kl
+  if self.init then
+    local ref = dm.no_grad(function()
+      return dm.cross_entropy(self.init:forward(x, prefix).fin_logits:reshape({-1, 256}), targets,
+                              {reduction = "none"})
+    end)
+    local q = ce - ref                             -- log p_init - log p of each sampled byte
+    local mm = m:reshape({-1}):to(ce.dtype)
+    local k3 = ((q:exp() - q - 1) * mm):sum() / n
+    loss = loss + k3 * self.cfg.kl
+    kl = k3:detach()
+  end
+  return loss, kl
+end
+
+--[[ One RL step of run r: train.step's results (the loss: the policy-gradient objective; the
+extras: pass, out_bytes, adv_abs, adv_std[, kl]). ]]
+function Learner:step(r)
+  local cfg, model = self.cfg, r.model
+  if model.before_step then model:before_step(r.step, r.cfg.steps) end
+  local set = self:pick(r.step)
+  local opts = {k = cfg.k, budget = cfg.budget, stop = cfg.stop, temperature = cfg.temperature,
+                seed = self.seed * 1000003 + r.step * cfg.tasks * cfg.k, device = r.device}
+  local ro = rollouts.run(model, set, {k = opts.k, budget = opts.budget, stop = opts.stop,
+                                       temperature = opts.temperature, seed = opts.seed, device = opts.device,
+                                       verifier = self.verifier})
+  self.sampled = 0                               -- the bytes sampled this step (the log line's rate)
+  for _, s in ipairs(ro.samples) do
+    s.reward = self:reward(s, s.bytes)
+    self.sampled = self.sampled + s.bytes
+  end
+  local advantage, spread
+  if cfg.advantage == "fork" then advantage, spread = self:fork_advantages(model, ro, set, opts)
+  else advantage, spread = self:group_advantages(ro) end
+  local prompts = {}
+  for j, s in ipairs(ro.samples) do prompts[j] = set.tasks[s.task].prompt end
+  return dm.scope(function()
+    local x, w, m = rl.rows(ro.samples, prompts, advantage)
+    local adv_abs = w:abs():sum():item() / math.max(m:sum():item(), 1)
+    if r.device ~= "cpu" then x, w, m = x:to(r.device), w:to(r.device), m:to(r.device) end
+    local loss, kl = self:loss(model, x, w, m)
+    local value = loss:item()
+    loss:backward()
+    local counts, drops = require("dormouse.train").balance(model)
+    local result = r.opt:step(r.step)
+    r.opt:zero_grad()
+    local events = (not result.skipped and model.after_step) and model:after_step(r.step) or nil
+    local extras = {pass = ro.pass_rate, out_bytes = ro.mean_bytes, adv_abs = adv_abs, adv_std = spread,
+                    kl = kl and kl:item() or nil}
+    return value, result, counts, nil, drops, extras, events
+  end)
+end
+
+return rl

@@ -1,0 +1,133 @@
+-- Reinforcement learning against verifiers (rl.k > 0): the advantages (group, fork-replay), the
+-- policy-gradient loss against a by-hand sum, and runs from a supervised base (the log line's
+-- counters, resume, the KL term against the base, refusals).
+local dm = require "dormouse"
+local config = require "dormouse.config"
+local json = require "dormouse.json"
+local rl = require "dormouse.rl"
+local train = require "dormouse.train"
+local helpers = require "tests.lua.helpers"
+
+local BASE = {"log.every=2", "checkpoint.keep=0", "dtype=f32", "eval.sample=0", "schedule.warmup=2",
+              "data.records=tasks/addition.lua", "eval.exact=4", "eval.budgets={8}", "eval.windows=4"}
+-- (the penalty on bytes: the samples' rewards differ even where none passes, so the gradient is not 0)
+local RL = {"rl.k=4", "rl.tasks=3", "rl.budget=6", 'rl.stop="\\n"', "rl.bytes_penalty=0.01", "steps=4",
+            "eval.every=4", "checkpoint.every=2"}
+
+local function with(...)
+  local o = {}
+  for _, list in ipairs {...} do for _, s in ipairs(list) do o[#o + 1] = s end end
+  return o
+end
+
+local function records(dir, name, kind)
+  local out = {}
+  for line in io.lines(dir .. "/" .. name .. "/metrics.jsonl") do
+    local r = json.decode(line)
+    if r.kind == kind then out[#out + 1] = r end
+  end
+  return out
+end
+
+describe("reinforcement learning", function()
+  local dir
+  setup(function()
+    dir = helpers.tmpdir()
+    helpers.run_quiet(helpers.tiny(with(BASE, {"name=base", "steps=8", "eval.every=8", "checkpoint.every=8"})),
+                      {runs = dir})
+  end)
+
+  it("takes policy-gradient steps from a base: the log line counts pass, bytes and advantages", function()
+    local res = helpers.run_quiet(helpers.tiny(with(BASE, RL, {"name=rl", "init=" .. dir .. "/base"})), {runs = dir})
+    assert.equal(4, res.step)
+    local logs = records(dir, "rl", "log")
+    assert.equal(2, #logs)
+    for _, l in ipairs(logs) do
+      assert.truthy(l.extras.pass >= 0 and l.extras.pass <= 1)
+      assert.truthy(l.extras.out_bytes > 0 and l.extras.out_bytes <= 6)
+      assert.truthy(l.extras.adv_abs >= 0 and l.extras.adv_std >= 0)
+      assert.truthy(l.loss == l.loss and l.grad_norm > 0)
+    end
+    local log = helpers.read(dir .. "/rl/log.txt")
+    helpers.has(log, "pg_loss ", "sampled/s ", " pass ")
+    -- on the GPU too the step stays eager: it samples before each update
+    helpers.has(require("dormouse.graphstep").why_not({cfg = helpers.tiny(with(BASE, RL)), device = "cuda"}),
+                "rl.k > 0: each step samples from the model")
+    assert.equal(2, #records(dir, "rl", "eval"))            -- at step 0 (the base's weights) and 4
+  end)
+
+  it("resumes exactly: 4 steps straight equal 2, a stop and a resume", function()
+    local cfg = with(BASE, RL, {"init=" .. dir .. "/base", "rl.advantage=fork", "rl.forks=2", "rl.kl=0.1"})
+    helpers.run_quiet(helpers.tiny(with(cfg, {"name=straight"})), {runs = dir})
+    helpers.run_quiet(helpers.tiny(with(cfg, {"name=stopped"})), {runs = dir, stop_at = 2})
+    helpers.run_quiet(helpers.tiny(with(cfg, {"name=stopped"})), {runs = dir, resume = dir .. "/stopped"})
+    local a, b = records(dir, "straight", "log"), records(dir, "stopped", "log")
+    assert.equal(2, #a)
+    for i = 1, 2 do
+      assert.equal(a[i].loss, b[i].loss)
+      assert.equal(a[i].extras.kl, b[i].extras.kl)
+    end
+    assert.truthy(a[1].extras.kl >= 0)
+  end)
+
+  it("refuses rl.kl without init and rl.k without records, naming what is missing", function()
+    local err = helpers.err_of(helpers.run_quiet, helpers.tiny(with(BASE, RL, {"name=nokl", "rl.kl=0.1"})),
+                               {runs = dir})
+    helpers.has(err, "rl.kl > 0 measures the policy against the model it started from: set init")
+    err = helpers.err_of(helpers.run_quiet, helpers.tiny({"name=nodata", "rl.k=2", "steps=2", "schedule.warmup=1"}), {runs = dir})
+    helpers.has(err, "rl.k > 0: reinforcement learning draws its tasks from data.records")
+  end)
+end)
+
+describe("the policy gradient", function()
+  local function tiny_model()
+    local cfg = config.load("experiments/tiny.lua")
+    dm.manual_seed(cfg.seed)
+    return train.build_model(cfg, "."):cast("f64")
+  end
+
+  it("rows put each sample's advantage on its output bytes and nothing on its prompt", function()
+    local samples = {{output = "12\n"}, {output = "7"}}
+    local x, w, m = rl.rows(samples, {"5+7=", "3+4="}, function(j, i) return j * 10 + i end)
+    assert.same({2, 7}, x:shape())
+    assert.equal("5+7=12\n", string.char(table.unpack(x:totable()[1])))
+    assert.same({0, 0, 0, 11, 12, 13}, w:totable()[1])
+    assert.same({0, 0, 0, 21, 0, 0}, w:totable()[2])
+    assert.same({0, 0, 0, 1, 1, 1}, m:totable()[1])
+  end)
+
+  it("is the advantage-weighted cross-entropy of the sampled bytes over their number (f64, by hand)", function()
+    local model = tiny_model()
+    local learner = setmetatable({cfg = {kl = 0}}, rl.Learner)
+    local x, w, m = rl.rows({{output = "42\n"}, {output = "5"}}, {"40+2=", "2+3="},
+                            function(j, i) return j == 1 and 0.5 or -0.25 end)
+    x, w, m = x, w:to("f64"), m:to("f64")
+    dm.scope(function()
+      local loss = learner:loss(model, x, w, m)
+      local out = model:forward(x, dm.zeros({2, model:context()}, {dtype = "u8"}))
+      local ce = dm.cross_entropy(out.fin_logits:reshape({-1, 256}), x:narrow(2, 2, x:size(2) - 1):to("i64"):reshape({-1}),
+                                  {reduction = "none"}):totable()
+      local by_hand, ws = 0, w:reshape({-1}):totable()
+      for i, c in ipairs(ce) do by_hand = by_hand + c * ws[i] end
+      by_hand = by_hand / 4                                  -- 4 sampled bytes
+      assert.is_true(math.abs(loss:item() - by_hand) <= 1e-12 * math.abs(by_hand), loss:item() .. " vs " .. by_hand)
+    end)
+  end)
+
+  it("fork-replay credits each byte with the change in value it made (the sum is the reward less V(prompt))", function()
+    local model = tiny_model()
+    local set = {tasks = {{prompt = "1+1=", answer = "2\n"}, {prompt = "3+4=", answer = "7\n"}}}
+    local learner = setmetatable({cfg = {forks = 3, bytes_penalty = 0.01}, verifier = require("dormouse.verify").exact,
+                                  sampled = 0}, rl.Learner)
+    local ro = require("dormouse.rollouts").run(model, set, {k = 2, budget = 3, seed = 5, temperature = 2})
+    for _, s in ipairs(ro.samples) do s.reward = learner:reward(s, s.bytes) end
+    local advantage, _, value = learner:fork_advantages(model, ro, set, {budget = 3, temperature = 2, seed = 5})
+    for j, s in ipairs(ro.samples) do
+      local sum = 0
+      for i = 1, #s.output do sum = sum + advantage(j, i) end
+      assert.is_true(math.abs(sum - (s.reward - value[j][0])) <= 1e-12)
+      assert.equal(s.reward, value[j][#s.output])
+      assert.truthy(value[j][0] <= 1 and value[j][0] >= -0.03)
+    end
+  end)
+end)
