@@ -69,7 +69,8 @@ end
 -- Further commands live in lua/dormouse/commands/NAME.lua, each returning
 -- {summary = "one line", run = function(argv, cli) ... return exit_code end}.
 function cli.command(name)
-  if not name:match("^[%w_]+$") then return nil end
+  if not name:match("^[%w_-]+$") then return nil end
+  name = name:gsub("%-", "_")                       -- post-train is commands/post_train.lua
   local path = package.searchpath("dormouse.commands." .. name, package.path)
   if not path then return nil end
   local mod = require("dormouse.commands." .. name)
@@ -114,7 +115,7 @@ local function extra_commands()
   for _, name in ipairs(extra_names()) do
     local ok, mod = pcall(require, "dormouse.commands." .. name)
     if ok and type(mod) == "table" then
-      local left = name .. " " .. (mod.args or "")
+      local left = name:gsub("_", "-") .. " " .. (mod.args or "")
       lines[#lines + 1] = #left <= 24 and string.format("  %-24s %s", left, mod.summary or "")
                           or string.format("  %s\n  %-24s %s", left, "", mod.summary or "")   -- a long one: its own line
     end

@@ -716,6 +716,7 @@ function Run:eval()
                periter = e.periter, depths = e.depths, measures = e.measures}
   self:record(rec)
   self.last_eval = e
+  self.first_eval = self.first_eval or e
   if self.cfg.eval.sample > 0 and not self.sample_failed then   -- a short sample for the report (streamed)
     local ok, text = pcall(evaluate.sample, self.model, self:sample_prompt(), self.cfg.eval.sample,
                            {temperature = 0.8, seed = self.cfg.seed, device = self.device})
@@ -968,7 +969,9 @@ function run_body(self, cfg, opts)
   return {step = self.step, bpb_fin = e and e.fin / instrument.LN2, baselines = self.baselines, dir = self.dir,
           model = self.model, device = self.device, periter = e and e.periter, moe = self.last_moe,
           tok_s = tok_s, mem_peak = mem_peak, measures = e and e.measures,
-          train_bpb = loss and loss / instrument.LN2, sample_prompt = self:sample_prompt()}
+          train_bpb = loss and loss / instrument.LN2, sample_prompt = self:sample_prompt(),
+          first_eval = self.first_eval and {step = self.first_eval.step, bpb_fin = self.first_eval.fin / instrument.LN2,
+                                            measures = self.first_eval.measures}}
 end
 
 -- What a sample of the run starts from: the first held-out record's prompt (records), else a verse's opening

@@ -79,6 +79,59 @@ describe("reinforcement learning", function()
   end)
 end)
 
+describe("dormouse post-train", function()
+  local dir
+  setup(function()
+    dir = helpers.tmpdir()
+    helpers.run_quiet(helpers.tiny(with(BASE, {"name=base", "steps=4", "eval.every=4", "checkpoint.every=4"})),
+                      {runs = dir})
+  end)
+
+  -- the command in this process: its exit code and what it printed
+  local function post_train(...)
+    local printed, saved = {}, _G.print
+    _G.print = function(...) printed[#printed + 1] = table.concat({...}, "\t") end
+    local ok, code = pcall(require("dormouse.commands.post_train").run, {[0] = "dormouse", "post-train", ...},
+                           require("dormouse.cli"))
+    _G.print = saved
+    assert(ok, code)
+    return code, table.concat(printed, "\n")
+  end
+
+  it("runs SFT then RL from a base and tables the held-out figures of each", function()
+    local code, out = post_train("--base", dir .. "/base", "--env", "addition", "--sft-steps", "4", "--rl-steps", "2",
+                                 "--quiet", "--set", "eval.exact=4", "--set", "eval.windows=4", "--set", "rl.tasks=2",
+                                 "--set", "rl.k=2", "--set", "rl.budget=6")
+    assert.equal(0, code)
+    helpers.has(out, "model     bpb_fin  exact@8", "\nbase ", "\nsft ", "\nrl ", dir .. "/base-post-sft")
+    local meta = require("dormouse.ckpt").load_meta(dir .. "/base-post-rl/ckpt-2")
+    assert.equal(dir .. "/base-post-sft", meta.init.run)
+    assert.equal(4, meta.init.step)
+    local cfg = dofile(dir .. "/base-post-rl/config.lua")
+    assert.equal("\n", cfg.rl.stop)                         -- every addition answer ends with a newline
+    assert.equal(2, cfg.rl.k)
+  end)
+
+  it("refuses a missing base or task set, two task sets, and nothing to do, by name", function()
+    local function refused(...)
+      local saved = io.stderr
+      local lines = {}
+      io.stderr = {write = function(_, ...) for _, s in ipairs {...} do lines[#lines + 1] = s end end}
+      local code = post_train(...)
+      io.stderr = saved
+      return code, table.concat(lines)
+    end
+    local code, msg = refused("--env", "addition")
+    assert.equal(2, code); helpers.has(msg, "which base? --base runs/NAME")
+    code, msg = refused("--base", dir .. "/base", "--env", "addition,strings")
+    assert.equal(2, code); helpers.has(msg, "one task set a post-training for now")
+    code, msg = refused("--base", dir .. "/base", "--env", "nope")
+    assert.equal(1, code); helpers.has(msg, "--env nope: no such file, nor tasks/nope.lua")
+    code, msg = refused("--base", dir .. "/base", "--env", "addition", "--sft-steps", "0", "--rl-steps", "0")
+    assert.equal(2, code); helpers.has(msg, "nothing to do")
+  end)
+end)
+
 describe("the policy gradient", function()
   local function tiny_model()
     local cfg = config.load("experiments/tiny.lua")
