@@ -219,7 +219,7 @@ Loader.__close = function(self) self:close() end
 
 --- set:loader{batch, seq, seed, ctx, start = k} → batches start, start+1, ... (next, peek, position, close)
 function Set:loader(o)
-  local known = {batch = true, seq = true, seed = true, ctx = true, start = true, depth = true, dtype = true}
+  local known = {batch = true, seq = true, seed = true, ctx = true, start = true, dtype = true}
   for key in pairs(o) do
     if not known[key] then fail("records:loader: unknown option '%s'", tostring(key)) end
   end

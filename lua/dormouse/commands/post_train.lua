@@ -17,7 +17,8 @@ to one, or to a JSONL file of records. NAME defaults to the base's name with
 "-post". The --set keys go to both runs (rl.* matter in the second); each
 phase's schedule warms up over a tenth of its steps unless schedule.warmup
 is set; a sample ends at "\n" (rl.stop) when every training response ends with one,
-unless rl.stop is set. The table at the end gives, for the base and after each
+unless rl.stop is set; the RL phase's learning rates are a tenth of the
+config's unless optim.muon_lr or optim.adamw_lr is set. The table at the end gives, for the base and after each
 phase, the held-out bpb over the responses and exact@B (docs/post-training.md).
 ]]
 local config = require "dormouse.config"
@@ -27,6 +28,9 @@ local usage = "usage: dormouse post-train --base RUN[/ckpt-N] --env TASKS [--sft
               "[--name NAME] [--overwrite] [--quiet] [--set KEY=VALUE ...]"
 local FLAGS = {base = "RUN", env = "TASKS", ["sft-steps"] = "N", ["rl-steps"] = "N", name = "NAME",
                overwrite = true, quiet = true, help = true}
+
+-- the RL phase's learning rates as a share of the config's (measured: docs/post-training.md)
+local RL_LR = 0.1
 
 local function count(v, flag, default)
   if v == nil then return default end
@@ -126,6 +130,14 @@ local function body(args, cli)
         io.stderr:write("post-train: every response ends with a newline: a sample ends at one (rl.stop)\n")
       end
     end
+    local base = config.load(base_cfg)
+    for _, key in ipairs {"muon_lr", "adamw_lr"} do      -- a policy step is smaller than a supervised one
+      if not user_sets(user, "optim." .. key) then
+        extra[#extra + 1] = string.format("optim.%s=%.17g", key, base.optim[key] * RL_LR)
+      end
+    end
+    io.stderr:write(string.format("post-train: the RL phase's learning rates are %g of the config's unless " ..
+                                  "--set optim.muon_lr and optim.adamw_lr say otherwise\n", RL_LR))
     local s = phase("rl", args.rl_steps, from, extra)
     if #rows == 0 and s.first_eval then rows[#rows + 1] = {"base", s.first_eval.bpb_fin, s.first_eval.measures or {}} end
     row("rl", s)
