@@ -26,10 +26,15 @@ The loss's gradient is the policy gradient of the mean reward (a byte whose
 advantage is positive is made likelier). The log line counts pass (the share
 of samples that passed), out_bytes (their mean length), adv_abs (the mean
 |advantage| over the bytes), adv_std (the spread of the group's rewards) and
-with rl.kl, kl.
+with rl.kl, kl. Every decision is a line of runs/NAME/rollouts.jsonl: each
+sample (kind "rollout": the step, the task's place in the step's draw, the
+sample, prompt, output, bytes, pass, score, reason, time) and with fork-replay
+each continuation (kind "fork": at = the output bytes it continued from); a
+resume keeps the lines of the steps before it.
 ]]
 local dm = require "dormouse"
 local evaluate = require "dormouse.eval"
+local json = require "dormouse.json"
 local rollouts = require "dormouse.rollouts"
 local verify = require "dormouse.verify"
 
@@ -62,7 +67,25 @@ function rl.new(r, root)
     end
     self.init = require("dormouse.train").initial_model(cfg, r.device, root, r.init_from)
   end
+  if r.dir then                                  -- every decision beside the run (a resume keeps those before it)
+    self.log = r.dir .. "/rollouts.jsonl"
+    rl.keep_log(self.log, r.step)
+  end
   return self
+end
+
+-- the log's lines of steps up to `upto` (none: an empty file), written again in one piece
+function rl.keep_log(path, upto)
+  local kept = {}
+  local f = io.open(path, "rb")
+  if f then
+    for line in f:lines() do
+      local ok, rec = pcall(json.decode, line)
+      if ok and type(rec) == "table" and (rec.step or math.huge) <= upto then kept[#kept + 1] = line .. "\n" end
+    end
+    f:close()
+  end
+  require("dormouse.core").ckpt_write_file(path, table.concat(kept))
 end
 
 -- the step's tasks: rl.tasks of the training records, drawn from (seed, step)
@@ -134,17 +157,24 @@ function Learner:fork_advantages(model, ro, set, opts)
     temperature = opts.temperature, seed = opts.seed + 7919, stop = opts.stop, device = opts.device}) or {}
   for _, text in ipairs(texts) do self.sampled = self.sampled + #text end
   local value = {}                               -- value[j][i]: V of sample j's prefix of i output bytes
+  local log = self.log and assert(io.open(self.log, "ab"))
   for p, w in ipairs(who) do
     local j, i = w[1], w[2]
     local s = ro.samples[j]
     local task, sum = set.tasks[s.task], 0
     for f = 1, forks do
       local out = s.output:sub(1, i) .. texts[(p - 1) * forks + f]
-      sum = sum + self:reward(self.verifier(task, out), #out)
+      local v = self.verifier(task, out)
+      sum = sum + self:reward(v, #out)
+      if log then                                -- the evidence of each value: every continuation
+        log:write(json.encode({kind = "fork", step = opts.step, task = s.task, sample = s.sample, at = i, fork = f,
+                               output = out, bytes = #out, pass = v.pass, score = v.score, reason = v.reason}), "\n")
+      end
     end
     value[j] = value[j] or {}
     value[j][i] = sum / forks
   end
+  if log then log:close() end
   local spread = 0
   for j, s in ipairs(ro.samples) do
     value[j] = value[j] or {}
@@ -185,10 +215,10 @@ function Learner:step(r)
   if model.before_step then model:before_step(r.step, r.cfg.steps) end
   local set = self:pick(r.step)
   local opts = {k = cfg.k, budget = cfg.budget, stop = cfg.stop, temperature = cfg.temperature,
-                seed = self.seed * 1000003 + r.step * cfg.tasks * cfg.k, device = r.device}
+                seed = self.seed * 1000003 + r.step * cfg.tasks * cfg.k, device = r.device, step = r.step}
   local ro = rollouts.run(model, set, {k = opts.k, budget = opts.budget, stop = opts.stop,
                                        temperature = opts.temperature, seed = opts.seed, device = opts.device,
-                                       verifier = self.verifier})
+                                       verifier = self.verifier, log = self.log, step = r.step})
   self.sampled = 0                               -- the bytes sampled this step (the log line's rate)
   for _, s in ipairs(ro.samples) do
     s.reward = self:reward(s, s.bytes)

@@ -54,6 +54,12 @@ describe("reinforcement learning", function()
     helpers.has(require("dormouse.graphstep").why_not({cfg = helpers.tiny(with(BASE, RL)), device = "cuda"}),
                 "rl.k > 0: each step samples from the model")
     assert.equal(2, #records(dir, "rl", "eval"))            -- at step 0 (the base's weights) and 4
+    local lines = {}
+    for line in io.lines(dir .. "/rl/rollouts.jsonl") do lines[#lines + 1] = json.decode(line) end
+    assert.equal(4 * 3 * 4, #lines)                         -- steps x tasks x samples, each decision
+    assert.equal(1, lines[1].step); assert.equal(4, lines[#lines].step)
+    assert.equal("rollout", lines[1].kind)
+    assert.truthy(lines[1].prompt:match("^%d+%+%d+=$") and lines[1].reason)
   end)
 
   it("resumes exactly: 4 steps straight equal 2, a stop and a resume", function()
@@ -68,6 +74,11 @@ describe("reinforcement learning", function()
       assert.equal(a[i].extras.kl, b[i].extras.kl)
     end
     assert.truthy(a[1].extras.kl >= 0)
+    -- the decisions too: every sample and every fork's continuation, the same bytes
+    local ra, rb = helpers.read(dir .. "/straight/rollouts.jsonl"), helpers.read(dir .. "/stopped/rollouts.jsonl")
+    assert.truthy(ra:find('"kind":"fork"', 1, true))
+    local function strip(t) return (t:gsub(',"time":%d+', ""):gsub('"seconds":[^,]+,', "")) end   -- the clocks
+    assert.equal(strip(ra), strip(rb))
   end)
 
   it("refuses rl.kl without init and rl.k without records, naming what is missing", function()
