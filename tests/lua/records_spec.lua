@@ -54,6 +54,34 @@ describe("records", function()
                 "5 records held out of the 5", "leaves none to train on")
   end)
 
+  it("ships task sets whose answers are right: every sum of addition, every string function of strings", function()
+    for _, r in ipairs(records.read("tasks/addition.lua")) do
+      local a, b = r.prompt:match("^(%d+)%+(%d+)=$")
+      assert.equal(tostring(tonumber(a) + tonumber(b)) .. "\n", r.response, r.prompt)
+    end
+    local fns = {reverse = string.reverse, upper = string.upper, length = function(w) return tostring(#w) end,
+                 first = function(w) return w:sub(1, 1) end, last = function(w) return w:sub(-1) end,
+                 sort = function(w)
+                   local t = {}
+                   for c in w:gmatch(".") do t[#t + 1] = c end
+                   table.sort(t)
+                   return table.concat(t)
+                 end}
+    local seen = {}
+    for _, r in ipairs(records.read("tasks/strings.lua")) do
+      local name, w = r.prompt:match("^(%l+)%((%l+)%)=$")
+      local x, cw = r.prompt:match("^count%((%l),(%l+)%)=$")
+      if x then
+        assert.equal(select(2, cw:gsub(x, "")) .. "\n", r.response, r.prompt)
+        seen.count = true
+      else
+        assert.equal(fns[name](w) .. "\n", r.response, r.prompt)
+        seen[name] = true
+      end
+    end
+    for _, name in ipairs {"reverse", "upper", "length", "first", "last", "sort", "count"} do assert.truthy(seen[name], name) end
+  end)
+
   it("packs rows from record starts; the mask is 1 exactly on response targets; the batch is (seed, k)'s", function()
     local set <close> = records.open(letters_and_digits(200), {eval_records = 20})
     assert.equal(180, #set.train)
