@@ -361,6 +361,33 @@ describe("dormouse repl on a terminal", function()
     assert.truthy(out:find("\n3\n", 1, true), out)
   end)
 
+  it("Tab completes a path in a string past its folders, and an absolute one", function()
+    if not has_script() then pending("no `script` here") return end
+    assert(os.execute("mkdir -p '" .. home .. "/sub/dir' && touch '" .. home .. "/sub/dir/target_file.txt'"))
+    local ok, out = on_a_terminal({"f = io.open(\"" .. home .. "/sub/di\t", "tar\t", ")\n",
+                                   "print(f ~= nil)\n", "\004"}, home)
+    assert.is_true(ok, out)
+    local f = assert(io.open(home .. "/.dormouse_history"))
+    local hist = f:read("a")
+    f:close()
+    has(hist, "f = io.open(\"" .. home .. "/sub/dir/target_file.txt\")")
+    assert.truthy(out:find("\ntrue\n", 1, true), out)
+  end)
+
+  it("keeps a chunk of several lines as one history entry, in the next session too", function()
+    if not has_script() then pending("no `script` here") return end
+    local ok, out = on_a_terminal({"function sq(x)\n", "  return x * x\n", "end\n", "print(sq(7))\n", "\004"}, home)
+    assert.is_true(ok, out)
+    -- the next session: two steps back is the whole function, which defines sq again
+    ok, out = on_a_terminal({"\027[A\027[A\n", "print(sq(5))\n", "\004"}, home)
+    assert.is_true(ok, out)
+    assert.truthy(out:find("\n25\n", 1, true), out)
+    local f = assert(io.open(home .. "/.dormouse_history"))
+    local hist = f:read("a")
+    f:close()
+    assert.truthy(hist:match("^#%d+\nfunction sq%(x%)\n  return x %* x\nend\n#%d+\nprint%(sq%(7%)%)\n"), hist)
+  end)
+
   it("writes each line to the history as it is entered, so a killed session keeps its lines", function()
     if not has_script() then pending("no `script` here") return end
     local ok, out = on_a_terminal({"answer = 42\\n", "print('kept')\\n", "os.execute('kill -9 ' .. " ..

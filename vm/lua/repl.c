@@ -8,7 +8,8 @@
 **
 **   core.readline(prompt)              the line; nil at end of input; false when Ctrl-C dropped it
 **   core.add_history(line [, path [, max]])   to this session's history, and appended at once to
-**                                      path's file, kept to its last max lines
+**                                      path's file, kept to its last max lines; a chunk of
+**                                      several lines is one entry, in the file too
 **   core.read_history(path)
 **   core.repl_interrupts(on)           Ctrl-C as above while on (the calling state's main thread)
 **   core.set_completer(fn)             fn(word) -> the completions of the word before the cursor
@@ -86,8 +87,17 @@ static int r_readline(lua_State *L) {
   return 1;
 }
 
+/* A chunk of several lines is one history entry, in the file too: each entry is written under a
+** timestamp line, and a line without one continues the entry before it (readline 8) */
+static void multiline_history(void) {
+  history_comment_char = '#';                    /* a timestamp is "#<seconds>" (with '\0', none is written) */
+  history_write_timestamps = 1;
+  history_multiline_entries = 1;
+}
+
 static int r_add_history(lua_State *L) {
-  add_history(luaL_checkstring(L, 1));
+  multiline_history();
+  add_history(luaL_checkstring(L, 1));          /* (add_history stamps it with the time) */
   const char *path = luaL_optstring(L, 2, NULL);
   if (!path) return 0;
   int max = (int)luaL_optinteger(L, 3, 1000);
@@ -99,7 +109,14 @@ static int r_add_history(lua_State *L) {
 }
 
 static int r_read_history(lua_State *L) {
-  lua_pushboolean(L, read_history(luaL_checkstring(L, 1)) == 0);
+  const char *path = luaL_checkstring(L, 1);
+  multiline_history();
+  /* a file of an earlier version holds no timestamps: each of its lines is an entry */
+  FILE *f = fopen(path, "r");
+  int c = f ? fgetc(f) : EOF;
+  if (f) fclose(f);
+  if (c != EOF && c != '#') history_multiline_entries = 0;
+  lua_pushboolean(L, read_history(path) == 0);
   return 1;
 }
 
@@ -142,6 +159,7 @@ static char *common_prefix(char **m, int n) {
 
 static char **complete(const char *text, int start, int end) {
   (void)start, (void)end;
+  rl_completion_append_character = '\0';       /* a file name completed in a string: no space after it */
   lua_State *L = repl_L;
   if (!L || completer == LUA_NOREF) return NULL;
   int top = lua_gettop(L);
@@ -170,7 +188,12 @@ static int r_set_completer(lua_State *L) {
   lua_pushvalue(L, 1);
   completer = luaL_ref(L, LUA_REGISTRYINDEX);
   rl_attempted_completion_function = complete;
-  rl_basic_word_break_characters = " \t\n\"\\'`@$><=;|&{}()[],+-*/%^~#";   /* not . and : */
+  /* not . and : (dm.ra<Tab>, x:su<Tab>), nor / (a path: readline skips a break character that
+  ** opens a word, so "/tmp/x<Tab>" would complete tmp/x) */
+  rl_basic_word_break_characters = " \t\n\"\\'`@$><=;|&{}()[],+-*%^~#";
+  /* inside a string the word is all of it from the quote: readline's file names complete a
+  ** whole path ("runs/b1/ck<Tab>", "/tmp/x<Tab>"), the completer having no name for it */
+  rl_completer_quote_characters = "\"'";
   return 0;
 }
 
