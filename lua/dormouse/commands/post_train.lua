@@ -24,8 +24,21 @@ phase, the held-out bpb over the responses and exact@B (docs/post-training.md).
 local config = require "dormouse.config"
 local core = require "dormouse.core"
 
-local usage = "usage: dormouse post-train --base RUN[/ckpt-N] --env TASKS [--sft-steps N] [--rl-steps N] " ..
-              "[--name NAME] [--overwrite] [--quiet] [--set KEY=VALUE ...]"
+local usage = [[usage: dormouse post-train --base RUN[/ckpt-N] --env TASKS [--sft-steps N] [--rl-steps N]
+                           [--name NAME] [--overwrite] [--quiet] [--set KEY=VALUE ...]
+SFT then RL from a base checkpoint, as two runs of the base's config (docs/post-training.md).
+  --base RUN         the base: a run folder (its newest checkpoint) or RUN/ckpt-STEP (required)
+  --env TASKS        the task set: tasks/TASKS.lua (here or in the install) or a path to a task
+                     file or a JSONL file of records (required)
+  --sft-steps N      supervised steps on the records (default 500; 0: none)
+  --rl-steps N       RL steps against the verifier from the supervised model (default 200; 0: none)
+  --name NAME        the runs are NAME-sft and NAME-rl (default: the base's name and -post)
+  --overwrite        replace runs of those names
+  --quiet            no progress bar
+  --set KEY=VALUE    a config key for both runs (rl.k: 8 unless set; the RL run's learning rates a
+                     tenth of the config's unless set; rl.stop "
+" when every response ends so)
+example: dormouse post-train --base runs/base --env addition --sft-steps 1000 --rl-steps 200]]
 local FLAGS = {base = "RUN", env = "TASKS", ["sft-steps"] = "N", ["rl-steps"] = "N", name = "NAME",
                overwrite = true, quiet = true, help = true}
 
