@@ -21,7 +21,8 @@ KiB; more fails the run), disk (bytes of /work and /tmp each, default 64 MiB).
 Run as root, the program runs as the user nobody (65534), so that the processes
 limit counts its own processes only: a fork bomb meets it and then the time
 limit. Past the time limit or the output cap the whole sandbox is killed (its
-PID namespace goes with bubblewrap). Nothing on the host is writable from
+PID namespace goes with bubblewrap), and the call returns once every process
+of it has ended. Nothing on the host is writable from
 inside; the host folder the program is read from is removed after the run.
 ]]
 local core = require "dormouse.core"
@@ -48,7 +49,7 @@ end
 
 -- bwrap's arguments around a program that reads its files from `dir` (bound at /task)
 local function bwrap_argv(bwrap, dir, disk, command)
-  local argv = {bwrap, "--unshare-all", "--die-with-parent", "--new-session",
+  local argv = {bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--info-fd", "3",
                 "--ro-bind", "/usr", "/usr"}
   for _, top in ipairs {"/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"} do   -- links into /usr, or folders
     for _, a in ipairs {"--ro-bind-try", top, top} do argv[#argv + 1] = a end
@@ -130,7 +131,7 @@ function sandbox.available()
   end
   local dir = core.make_temp_dir("dormouse-sandbox-")
   local r = core.run_limited(bwrap_argv(bwrap, dir, DEFAULTS.disk, {"/usr/bin/env", "true"}),
-                             {seconds = 10, output = 4096, uid = NOBODY})
+                             {seconds = 10, output = 4096, uid = NOBODY, info_fd = 3})
   core.ckpt_remove_tree(dir)
   if r.status ~= 0 then
     checked = {false, "bubblewrap cannot make its sandbox here: " .. (last_line(r.stderr, 300) or
@@ -158,10 +159,18 @@ function sandbox.run(opts)
     for _, a in ipairs(o.args) do command[#command + 1] = a end
     return core.run_limited(bwrap_argv(system_program("bwrap"), dir, o.disk, command), {
       seconds = o.seconds, output = o.output, memory = o.memory, processes = o.processes,
-      file_size = o.disk, uid = NOBODY})
+      file_size = o.disk, uid = NOBODY, info_fd = 3})
   end)
   core.ckpt_remove_tree(dir)
   if not done then error(r, 0) end
+  -- the sandbox's first process ends only once every other one in its PID namespace has: wait for it,
+  -- so that nothing the program started outlives the call
+  local first = tonumber((r.info or ""):match('"child%-pid"%s*:%s*(%d+)'))
+  if first and not core.wait_gone(first, 10) then
+    error(string.format("sandbox: the sandbox's processes (its first, pid %d) still run 10 s after it was killed",
+                        first), 2)
+  end
+  r.info = nil
   r.reason = reason_of(r, o)
   r.ok = r.reason == nil
   return r

@@ -3,20 +3,23 @@
 ** sandbox (lua/dormouse/sandbox.lua puts bubblewrap in front of the program).
 **
 **   core.run_limited(argv, {seconds = 2, output = 65536, memory = bytes, processes = 64,
-**                           file_size = bytes, uid = 65534})
+**                           file_size = bytes, uid = 65534, info_fd = 3})
 **     → {status = exit status (128 + signal), stdout = ..., stderr = ..., timed_out = bool,
-**        output_over = bool, seconds = wall time}
+**        output_over = bool, seconds = wall time[, info = what the child wrote to info_fd]}
 **
 ** The child gets its own session (so the whole group can be killed), stdin
 ** /dev/null, and its limits before exec: RLIMIT_AS (memory), RLIMIT_NPROC
 ** (processes of its user), RLIMIT_FSIZE (a file's size), RLIMIT_CPU (seconds +
-** 1), no core files. With `uid` (only when this process is root) it drops to
+** 1), no core files. With info_fd the child also has a pipe as that descriptor
+** (bwrap --info-fd: the sandbox's first process), read once it has ended. With `uid` (only when this process is root) it drops to
 ** that user and group first: the processes limit then counts that user's
 ** processes only. The parent reads stdout and stderr until both close, keeping
 ** at most `output` bytes of each; past the wall-clock `seconds` or the output
 ** cap it kills the child's process group (SIGKILL) and says which. No shell
 ** ever sees the argument vector.
 **
+**   core.wait_gone(pid, seconds) → true once the process has ended (gone, or a zombie); false after
+**                                  `seconds` if it still runs
 **   core.make_temp_dir(prefix)   → a new folder $TMPDIR/prefixXXXXXX (mkdtemp), mode 0755: others
 **                                  may read it (the sandbox's user reads the program from it)
 */
@@ -26,6 +29,7 @@
 #include <grp.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -42,6 +46,7 @@
 typedef struct {
   double seconds;
   lua_Integer output, memory, processes, file_size, uid;
+  int info_fd;                                   /* a descriptor number the child writes its info to, or -1 */
 } dm_limits;
 
 static double now_s(void) {
@@ -67,6 +72,7 @@ static void read_limits(lua_State *L, dm_limits *lim) {
   lim->processes = opt_int(L, "processes", 0);
   lim->file_size = opt_int(L, "file_size", 0);
   lim->uid = opt_int(L, "uid", -1);
+  lim->info_fd = (int)opt_int(L, "info_fd", -1);
   if (lim->seconds <= 0 || lim->output < 1) luaL_error(L, "run_limited: seconds and output must be positive");
 }
 
@@ -77,10 +83,13 @@ static void set_limit(int resource, lua_Integer v) {
 }
 
 /* In the child, between fork and exec: only async-signal-safe calls. */
-static void child(const char **argv, const dm_limits *lim, int out, int err) {
+static void child(const char **argv, const dm_limits *lim, int out, int err, int info) {
   setsid();
   int null = open("/dev/null", O_RDONLY);
   if (null < 0 || dup2(null, 0) < 0 || dup2(out, 1) < 0 || dup2(err, 2) < 0) _exit(126);
+  if (info >= 0) {                                 /* dup2 onto itself keeps close-on-exec: clear it */
+    if (info == lim->info_fd ? fcntl(info, F_SETFD, 0) < 0 : dup2(info, lim->info_fd) < 0) _exit(126);
+  }
   set_limit(RLIMIT_AS, lim->memory);
   set_limit(RLIMIT_FSIZE, lim->file_size);
   set_limit(RLIMIT_CPU, (lua_Integer)lim->seconds + 1);
@@ -127,9 +136,9 @@ static int c_run_limited(lua_State *L) {
   dm_limits lim;
   read_limits(L, &lim);
 
-  int out[2], err[2];
+  int out[2], err[2], info[2] = {-1, -1};
   if (pipe2(out, O_CLOEXEC) != 0) return luaL_error(L, "run_limited: pipe: %s", strerror(errno));
-  if (pipe2(err, O_CLOEXEC) != 0) {
+  if (pipe2(err, O_CLOEXEC) != 0 || (lim.info_fd >= 0 && pipe2(info, O_CLOEXEC) != 0)) {
     close(out[0]); close(out[1]);
     return luaL_error(L, "run_limited: pipe: %s", strerror(errno));
   }
@@ -138,11 +147,13 @@ static int c_run_limited(lua_State *L) {
   if (pid < 0) {
     int e = errno;
     close(out[0]); close(out[1]); close(err[0]); close(err[1]);
+    if (info[0] >= 0) { close(info[0]); close(info[1]); }
     return luaL_error(L, "run_limited: fork: %s", strerror(e));
   }
-  if (pid == 0) child(argv, &lim, out[1], err[1]);
+  if (pid == 0) child(argv, &lim, out[1], err[1], info[1]);
   close(out[1]);
   close(err[1]);
+  if (info[1] >= 0) close(info[1]);
 
   luaL_Buffer ob;                                        /* stdout; stderr gathers in err_text */
   lua_newtable(L);                                       /* the result, below the two buffers */
@@ -177,6 +188,12 @@ static int c_run_limited(lua_State *L) {
   kill(-pid, SIGKILL);                                   /* what is left of the group: nothing outlives the call */
   int status = 0;
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+  char info_text[512] = {0};
+  if (info[0] >= 0) {                                    /* the child has ended: what it wrote is all there */
+    ssize_t got = read(info[0], info_text, sizeof info_text - 1);
+    if (got > 0) info_text[got] = '\0';
+    close(info[0]);
+  }
   double seconds = now_s() - t0;
   luaL_pushresult(&ob);
   lua_setfield(L, -2, "stdout");
@@ -191,7 +208,33 @@ static int c_run_limited(lua_State *L) {
   lua_setfield(L, -2, "output_over");
   lua_pushnumber(L, seconds);
   lua_setfield(L, -2, "seconds");
+  if (info[0] >= 0) {
+    lua_pushstring(L, info_text);
+    lua_setfield(L, -2, "info");
+  }
   return 1;
+}
+
+/* core.wait_gone(pid, seconds) → true once the process has ended (no such process, or a zombie),
+** false when it still runs after `seconds`: a killed PID namespace's first process ends only after
+** every other process of the namespace has */
+static int c_wait_gone(lua_State *L) {
+  lua_Integer pid = luaL_checkinteger(L, 1);
+  double limit = luaL_checknumber(L, 2), t0 = now_s();
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%lld/stat", (long long)pid);
+  for (;;) {
+    char buf[512];
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f) fclose(f);
+    buf[n] = '\0';
+    const char *paren = strrchr(buf, ')');          /* "pid (comm) S ...": the state after the name */
+    if (!f || !paren || paren[1] == '\0' || paren[2] == 'Z' || paren[2] == 'X') { lua_pushboolean(L, 1); return 1; }
+    if (now_s() - t0 > limit) { lua_pushboolean(L, 0); return 1; }
+    struct timespec pause = {0, 10 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+  }
 }
 
 static int c_make_temp_dir(lua_State *L) {
@@ -209,5 +252,6 @@ static int c_make_temp_dir(lua_State *L) {
   return 1;
 }
 
-static const luaL_Reg funcs[] = {{"run_limited", c_run_limited}, {"make_temp_dir", c_make_temp_dir}, {NULL, NULL}};
+static const luaL_Reg funcs[] = {{"run_limited", c_run_limited}, {"make_temp_dir", c_make_temp_dir},
+                                 {"wait_gone", c_wait_gone}, {NULL, NULL}};
 DM_LUA_FUNCS(funcs)
