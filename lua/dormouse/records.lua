@@ -117,6 +117,8 @@ local function u8(parts, shape)
   return dm.tensor(v, {dtype = "u8"}):reshape(shape)
 end
 
+records.mix = mix                        -- (the RL step's draw of its tasks: dormouse.rl)
+
 local RESPONSE, PROMPT = "\1", "\0"
 
 -- the bytes and the mask of records in order, and where each starts (0-based)

@@ -36,19 +36,13 @@ local dm = require "dormouse"
 local evaluate = require "dormouse.eval"
 local json = require "dormouse.json"
 local rollouts = require "dormouse.rollouts"
+local mix = require("dormouse.records").mix      -- the 64-bit mix the records' rows are drawn with
 local verify = require "dormouse.verify"
 
 local rl = {}
 local Learner = {}
 Learner.__index = Learner
 rl.Learner = Learner                             -- (its methods, for tests on a learner of a given cfg)
-
--- a 64-bit mix: the step's draw of tasks (as the records' rows are drawn)
-local function mix(z)
-  z = (z ~ (z >> 30)) * 0xbf58476d1ce4e5b9
-  z = (z ~ (z >> 27)) * 0x94d049bb133111eb
-  return z ~ (z >> 31)
-end
 
 function rl.new(r, root)
   local cfg = r.cfg

@@ -72,6 +72,17 @@ function helpers.run_quiet(cfg, opts)
   return require("dormouse.train").run(cfg, opts)
 end
 
+-- the records of a run's metrics.jsonl (run_dir/metrics.jsonl) of one kind ("log", "eval"), in order
+function helpers.metrics(run_dir, kind)
+  local json = require "dormouse.json"
+  local out = {}
+  for line in io.lines(run_dir .. "/metrics.jsonl") do
+    local r = json.decode(line)
+    if r.kind == kind then out[#out + 1] = r end
+  end
+  return out
+end
+
 -- a file's bytes, or nil when it cannot be opened
 function helpers.read(path)
   local f = io.open(path, "rb")

@@ -249,14 +249,7 @@ describe("a run on records", function()
                 "eval.sample=0", "schedule.warmup=2", "data.records=tasks/addition.lua", "eval.exact=4",
                 "eval.budgets={4,8}"}
 
-  local function lines(name, kind)
-    local out = {}
-    for line in io.lines(dir .. "/" .. name .. "/metrics.jsonl") do
-      local r = json.decode(line)
-      if r.kind == kind then out[#out + 1] = r end
-    end
-    return out
-  end
+  local function lines(name, kind) return helpers.metrics(dir .. "/" .. name, kind) end
 
   it("evaluates the held-out responses (masked bpb, exact@B) and says what it reads", function()
     local res = helpers.run_quiet(helpers.tiny(BASE, {"name=sft"}), {runs = dir})

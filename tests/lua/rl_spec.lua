@@ -20,14 +20,7 @@ local function with(...)
   return o
 end
 
-local function records(dir, name, kind)
-  local out = {}
-  for line in io.lines(dir .. "/" .. name .. "/metrics.jsonl") do
-    local r = json.decode(line)
-    if r.kind == kind then out[#out + 1] = r end
-  end
-  return out
-end
+local function records(dir, name, kind) return helpers.metrics(dir .. "/" .. name, kind) end
 
 describe("reinforcement learning", function()
   local dir
