@@ -22,6 +22,10 @@ function eval.held_out(model, x, prefix, opts)
   local segmented = opts.segment and opts.segment < T
   local fin, periter, depths, measures = 0, {}, {}, nil
   local scored = opts.mask and opts.mask:to("f64"):sum():item() or n * T
+  if scored == 0 then
+    error(string.format("eval: the %d held-out windows of %d bytes score no target (every held-out prompt is " ..
+                        "longer than a window?)", n, T + 1), 0)
+  end
   local was_training = model.training
   model:eval()
   dm.no_grad(function()

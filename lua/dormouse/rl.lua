@@ -19,8 +19,9 @@ records: prompt, and the response the verifier checks), s a sample:
            V(prefix through i) - V(prefix before i): the difference its
            decision made to the outcome
   loss     sum over the samples' bytes of A * CE(fin logits, byte), over the number of sampled bytes
-           + rl.kl * the mean over those bytes of exp(q) - q - 1, q = log p_init - log p (the
-             unbiased estimator of KL(p || p_init); p_init the model at the run's start, kept)
+           + rl.kl * the mean over those bytes of exp(q) - q - 1, q = log p_init - log p (an
+             estimator of KL(p || p_init), unbiased for samples drawn at temperature 1; p_init
+             the model the run started from, init)
 
 The loss's gradient is the policy gradient of the mean reward (a byte whose
 advantage is positive is made likelier). The log line counts pass (the share

@@ -131,7 +131,8 @@ function sandbox.available()
   end
   local dir = core.make_temp_dir("dormouse-sandbox-")
   local r = core.run_limited(bwrap_argv(bwrap, dir, DEFAULTS.disk, {"/usr/bin/env", "true"}),
-                             {seconds = 10, output = 4096, uid = NOBODY, info_fd = 3})
+                             {seconds = 10, output = 4096, uid = NOBODY, info_fd = 3, memory = DEFAULTS.memory,
+                              processes = DEFAULTS.processes, file_size = DEFAULTS.disk})   -- run's limits
   core.ckpt_remove_tree(dir)
   if r.status ~= 0 then
     checked = {false, "bubblewrap cannot make its sandbox here: " .. (last_line(r.stderr, 300) or

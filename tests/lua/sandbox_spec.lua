@@ -102,6 +102,17 @@ end]==], keep, dir .. "/new")
                                "wrote /tmp/mine"}, "\n") .. "\n", r.stdout)
     assert.equal("as it was", helpers.read(keep))
     assert.is_nil(io.open(dir .. "/new"))
+    -- nor through a descriptor this process holds open (a run's log while its samples are verified)
+    if has_python then
+      local log = dir .. "/log.jsonl"
+      local held = assert(io.open(log, "ab"))
+      held:write("kept\n"); held:flush()
+      local forged = sandbox.run {language = "python3", source = "import os\nn = 0\nfor fd in range(3, 256):\n" ..
+                                  "  try:\n    os.write(fd, b'forged'); n += 1\n  except OSError:\n    pass\nprint(n)"}
+      held:close()
+      assert.equal("0\n", forged.stdout)
+      assert.equal("kept\n", helpers.read(log))
+    end
     local again = sandbox.run {language = "lua", source = "print(io.open('/work/mine') == nil)"}
     assert.equal("true\n", again.stdout)
   end)

@@ -111,12 +111,27 @@ static int r_add_history(lua_State *L) {
 static int r_read_history(lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
   multiline_history();
-  /* a file of an earlier version holds no timestamps: each of its lines is an entry */
+  /* a file of an earlier version holds no timestamps: each of its lines is an entry, and the file is
+  ** written again with a timestamp for each, so that later entries of several lines stay whole */
   FILE *f = fopen(path, "r");
   int c = f ? fgetc(f) : EOF;
   if (f) fclose(f);
-  if (c != EOF && c != '#') history_multiline_entries = 0;
-  lua_pushboolean(L, read_history(path) == 0);
+  if (c == EOF || c == '#') {
+    lua_pushboolean(L, read_history(path) == 0);
+    return 1;
+  }
+  history_multiline_entries = 0;
+  int ok = read_history(path) == 0;
+  history_multiline_entries = 1;
+  HIST_ENTRY **list = history_list();
+  for (int i = 0; ok && list && list[i]; i++) {
+    char *stamp = strdup("#0");
+    if (!stamp) break;
+    free(list[i]->timestamp);
+    list[i]->timestamp = stamp;
+  }
+  if (ok) write_history(path);
+  lua_pushboolean(L, ok);
   return 1;
 }
 

@@ -8,15 +8,19 @@
 **        output_over = bool, seconds = wall time[, info = what the child wrote to info_fd]}
 **
 ** The child gets its own session (so the whole group can be killed), stdin
-** /dev/null, and its limits before exec: RLIMIT_AS (memory), RLIMIT_NPROC
-** (processes of its user), RLIMIT_FSIZE (a file's size), RLIMIT_CPU (seconds +
-** 1), no core files. With info_fd the child also has a pipe as that descriptor
-** (bwrap --info-fd: the sandbox's first process), read once it has ended. With `uid` (only when this process is root) it drops to
-** that user and group first: the processes limit then counts that user's
-** processes only. The parent reads stdout and stderr until both close, keeping
-** at most `output` bytes of each; past the wall-clock `seconds` or the output
-** cap it kills the child's process group (SIGKILL) and says which. No shell
-** ever sees the argument vector.
+** /dev/null, no descriptor of the parent's past 2 (but info_fd: a pipe there,
+** read once it has ended; bwrap --info-fd names the sandbox's first process),
+** and its limits before exec: RLIMIT_AS (memory), RLIMIT_FSIZE (a file's
+** size), RLIMIT_CPU (seconds + 1), no core files. With `uid` (only when this
+** process is root) it drops to that user and group, and only then takes
+** RLIMIT_NPROC (`processes`: it counts a user's every process and thread, so
+** under the caller's own user it is not set). argv[1] is an absolute path (no
+** PATH search; no shell ever sees the vector). The parent reads stdout and
+** stderr until both close, keeping at most `output` bytes of each; past the
+** wall-clock `seconds` or the output cap it kills the child's process group
+** (SIGKILL) and says which; a program that closes both and goes on has the
+** rest of its time. The call raises only before the fork, or when the exit
+** status cannot be had.
 **
 **   core.wait_gone(pid, seconds) → true once the process has ended (gone, or a zombie); false after
 **                                  `seconds` if it still runs
@@ -82,13 +86,18 @@ static void set_limit(int resource, lua_Integer v) {
   setrlimit(resource, &r);
 }
 
-/* In the child, between fork and exec: only async-signal-safe calls. */
+/* In the child, between fork and exec: only async-signal-safe calls. Every descriptor past 2 is
+** closed but info_fd: a file the parent holds open (a run's log) must not reach the program. */
 static void child(const char **argv, const dm_limits *lim, int out, int err, int info) {
   setsid();
   int null = open("/dev/null", O_RDONLY);
   if (null < 0 || dup2(null, 0) < 0 || dup2(out, 1) < 0 || dup2(err, 2) < 0) _exit(126);
   if (info >= 0) {                                 /* dup2 onto itself keeps close-on-exec: clear it */
     if (info == lim->info_fd ? fcntl(info, F_SETFD, 0) < 0 : dup2(info, lim->info_fd) < 0) _exit(126);
+    if (lim->info_fd > 3) close_range(3, (unsigned)lim->info_fd - 1, 0);
+    close_range((unsigned)lim->info_fd + 1, ~0U, 0);
+  } else {
+    close_range(3, ~0U, 0);
   }
   set_limit(RLIMIT_AS, lim->memory);
   set_limit(RLIMIT_FSIZE, lim->file_size);
@@ -98,28 +107,34 @@ static void child(const char **argv, const dm_limits *lim, int out, int err, int
   if (lim->uid >= 0 && geteuid() == 0) {
     gid_t gid = (gid_t)lim->uid;
     if (setgroups(1, &gid) != 0 || setgid(gid) != 0 || setuid((uid_t)lim->uid) != 0) _exit(126);
+    /* only under a user of its own: the limit counts every process and thread of the user */
+    set_limit(RLIMIT_NPROC, lim->processes);
   }
-  set_limit(RLIMIT_NPROC, lim->processes);   /* after the uid: it counts the user's processes */
-  execvp(argv[0], (char *const *)argv);
+  execv(argv[0], (char *const *)argv);             /* (execvp's PATH search is not async-signal-safe) */
   _exit(127);
 }
 
+/* A stream read into a buffer of `cap` bytes: more is read and dropped, and flagged */
 typedef struct {
-  int fd;
-  luaL_Buffer *buf;
+  int fd, open;
+  char *text;
   lua_Integer kept;
 } dm_stream;
 
-/* Read what is there; false at its end. Bytes past `cap` are read and dropped, and flag it. */
-static int drain(dm_stream *s, lua_Integer cap, int *over) {
+static void drain(dm_stream *s, lua_Integer cap, int *over) {
   char chunk[16384];
   ssize_t got = read(s->fd, chunk, sizeof chunk);
-  if (got < 0) return errno == EINTR || errno == EAGAIN;
-  if (got == 0) return 0;
+  if (got == 0 || (got < 0 && errno != EINTR && errno != EAGAIN)) { s->open = 0; return; }
+  if (got < 0) return;
   lua_Integer room = cap - s->kept, take = got < room ? got : room;
-  if (take > 0) { luaL_addlstring(s->buf, chunk, (size_t)take); s->kept += take; }
+  if (take > 0) { memcpy(s->text + s->kept, chunk, (size_t)take); s->kept += take; }
   if (got > take) *over = 1;
-  return 1;
+}
+
+static void kill_group(pid_t pid) { kill(-pid, SIGKILL); kill(pid, SIGKILL); }
+
+static void close_pipe(int p[2]) {
+  for (int i = 0; i < 2; i++) if (p[i] >= 0) close(p[i]);
 }
 
 static int c_run_limited(lua_State *L) {
@@ -133,73 +148,83 @@ static int c_run_limited(lua_State *L) {
     lua_pop(L, 1);
   }
   argv[n] = NULL;
+  if (argv[0][0] != '/') return luaL_error(L, "run_limited: the program must be an absolute path, got '%s'", argv[0]);
   dm_limits lim;
   read_limits(L, &lim);
+  if (lim.info_fd >= 0 && lim.info_fd <= 2) return luaL_error(L, "run_limited: info_fd must be 3 or more");
 
-  int out[2], err[2], info[2] = {-1, -1};
-  if (pipe2(out, O_CLOEXEC) != 0) return luaL_error(L, "run_limited: pipe: %s", strerror(errno));
-  if (pipe2(err, O_CLOEXEC) != 0 || (lim.info_fd >= 0 && pipe2(info, O_CLOEXEC) != 0)) {
-    close(out[0]); close(out[1]);
-    return luaL_error(L, "run_limited: pipe: %s", strerror(errno));
+  /* everything that can fail is made before the fork: nothing raises while the child runs */
+  dm_stream so = {-1, 1, malloc((size_t)lim.output), 0}, se = {-1, 1, malloc((size_t)lim.output), 0};
+  int out[2] = {-1, -1}, err[2] = {-1, -1}, info[2] = {-1, -1};
+  if (!so.text || !se.text || pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0 ||
+      (lim.info_fd >= 0 && pipe2(info, O_CLOEXEC | O_NONBLOCK) != 0)) {
+    int e = errno;
+    free(so.text); free(se.text);
+    close_pipe(out); close_pipe(err); close_pipe(info);
+    return luaL_error(L, "run_limited: cannot make its buffers or pipes: %s", strerror(e));
   }
   double t0 = now_s();
   pid_t pid = fork();
   if (pid < 0) {
     int e = errno;
-    close(out[0]); close(out[1]); close(err[0]); close(err[1]);
-    if (info[0] >= 0) { close(info[0]); close(info[1]); }
+    free(so.text); free(se.text);
+    close_pipe(out); close_pipe(err); close_pipe(info);
     return luaL_error(L, "run_limited: fork: %s", strerror(e));
   }
   if (pid == 0) child(argv, &lim, out[1], err[1], info[1]);
   close(out[1]);
   close(err[1]);
   if (info[1] >= 0) close(info[1]);
+  so.fd = out[0];
+  se.fd = err[0];
 
-  luaL_Buffer ob;                                        /* stdout; stderr gathers in err_text */
-  lua_newtable(L);                                       /* the result, below the two buffers */
-  luaL_buffinit(L, &ob);
-  dm_stream so = {out[0], &ob, 0};
-  char *err_text = malloc((size_t)lim.output);
-  lua_Integer err_kept = 0;
-  int open_out = 1, open_err = 1, over = 0, timed_out = 0, killed = 0;
-  while (open_out || open_err) {
+  int over = 0, timed_out = 0, status = 0, reaped = 0;
+  double killed_at = -1;
+  while (so.open || se.open) {
     double left = lim.seconds - (now_s() - t0);
-    if (left <= 0 && !killed) { timed_out = 1; kill(-pid, SIGKILL); kill(pid, SIGKILL); killed = 1; }
-    if (over && !killed) { kill(-pid, SIGKILL); kill(pid, SIGKILL); killed = 1; }
-    struct pollfd p[2] = {{open_out ? out[0] : -1, POLLIN, 0}, {open_err ? err[0] : -1, POLLIN, 0}};
-    int wait_ms = killed ? 200 : (int)(left * 1000) + 1;
-    int ready = poll(p, 2, wait_ms);
+    if (killed_at < 0 && (left <= 0 || over)) { timed_out = left <= 0 && !over; kill_group(pid); killed_at = now_s(); }
+    /* after a kill, a pipe that something outside the group still holds is let go within a second */
+    if (killed_at >= 0 && now_s() - killed_at > 1) break;
+    struct pollfd p[2] = {{so.open ? so.fd : -1, POLLIN, 0}, {se.open ? se.fd : -1, POLLIN, 0}};
+    int ready = poll(p, 2, killed_at >= 0 ? 100 : (int)(left * 1000) + 1);
     if (ready < 0 && errno != EINTR) break;
-    if (ready <= 0) { if (killed) break; continue; }  /* after a kill, a pipe a grandchild holds is let go */
-    if (open_out && (p[0].revents & (POLLIN | POLLHUP | POLLERR))) open_out = drain(&so, lim.output, &over);
-    if (open_err && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) {
-      char chunk[16384];
-      ssize_t got = read(err[0], chunk, sizeof chunk);
-      if (got == 0 || (got < 0 && errno != EINTR && errno != EAGAIN)) open_err = 0;
-      else if (got > 0) {
-        lua_Integer room = lim.output - err_kept, take = got < room ? got : room;
-        if (take > 0 && err_text) { memcpy(err_text + err_kept, chunk, (size_t)take); err_kept += take; }
-        if (got > take) over = 1;
-      }
-    }
+    if (ready <= 0) continue;
+    if (so.open && (p[0].revents & (POLLIN | POLLHUP | POLLERR))) drain(&so, lim.output, &over);
+    if (se.open && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) drain(&se, lim.output, &over);
   }
   close(out[0]);
   close(err[0]);
-  kill(-pid, SIGKILL);                                   /* what is left of the group: nothing outlives the call */
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+  /* both streams ended before a kill: the program may still run; it has what is left of its time */
+  while (killed_at < 0 && !reaped) {
+    pid_t w = waitpid(pid, &status, WNOHANG);
+    if (w == pid) { reaped = 1; break; }
+    if (w < 0 && errno != EINTR) break;
+    if (now_s() - t0 >= lim.seconds) { timed_out = 1; break; }
+    struct timespec pause = {0, 5 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+  }
+  kill_group(pid);                                       /* what is left of the group: nothing outlives the call */
+  int wait_failed = 0;
+  if (!reaped) {
+    pid_t w;
+    while ((w = waitpid(pid, &status, 0)) < 0 && errno == EINTR) {}
+    wait_failed = w != pid;
+  }
   char info_text[512] = {0};
-  if (info[0] >= 0) {                                    /* the child has ended: what it wrote is all there */
+  if (info[0] >= 0) {                                    /* the child has ended: what it wrote is there */
     ssize_t got = read(info[0], info_text, sizeof info_text - 1);
     if (got > 0) info_text[got] = '\0';
     close(info[0]);
   }
   double seconds = now_s() - t0;
-  luaL_pushresult(&ob);
+  lua_newtable(L);
+  lua_pushlstring(L, so.text, (size_t)so.kept);
   lua_setfield(L, -2, "stdout");
-  lua_pushlstring(L, err_text ? err_text : "", (size_t)err_kept);
-  free(err_text);
+  lua_pushlstring(L, se.text, (size_t)se.kept);
   lua_setfield(L, -2, "stderr");
+  free(so.text);
+  free(se.text);
+  if (wait_failed) return luaL_error(L, "run_limited: waitpid: %s (its exit status is unknown)", strerror(errno));
   lua_pushinteger(L, WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
   lua_setfield(L, -2, "status");
   lua_pushboolean(L, timed_out);

@@ -166,7 +166,10 @@ local function body(args, cli)
     for _, c in ipairs(cols) do parts[#parts + 1] = string.format("%" .. #c .. ".4f", r[3][c] or 0 / 0) end
     print(table.concat(parts, "  "))
   end
-  print(string.format("runs: %s/%s-sft, %s/%s-rl (bpb_fin: held-out responses, bits a byte)", runs, name, runs, name))
+  local made = {}
+  if args.sft_steps > 0 then made[#made + 1] = runs .. "/" .. name .. "-sft" end
+  if args.rl_steps > 0 then made[#made + 1] = runs .. "/" .. name .. "-rl" end
+  print(string.format("runs: %s (bpb_fin: held-out responses, bits a byte)", table.concat(made, ", ")))
 end
 
 return {
