@@ -77,6 +77,21 @@ function cli.command(name)
   return function(argv) return mod.run(argv, cli) end
 end
 
+--[[ A command's --help: its usage, then, when that is one line, what the header comment of its
+file (lua/dormouse/commands/NAME.lua, NAME as typed with - for _) says after its synopsis: what it
+does, its flags and their defaults. One text, written once, read by --help and the source alike. ]]
+function cli.help_text(name, usage)
+  if usage:find("\n") then return usage end
+  local path = package.searchpath("dormouse.commands." .. name:gsub("%-", "_"), package.path)
+  local f = path and io.open(path, "r")
+  local src = f and f:read("a") or ""
+  if f then f:close() end
+  local eq, body = src:match("^%-%-%[(=*)%[\n(.-)%]%1%]")
+  if not body then return usage end
+  local rest = body:match("^.-\n%s*\n(.*)$")          -- after the synopsis's paragraph
+  return rest and usage .. "\n\n" .. rest:gsub("%s+$", "") or usage
+end
+
 --[[ The frame of a command in commands/: parse(argv) → args (an error: the message and the usage
 on stderr, exit 2; args.help: the usage, exit 0), then body(args) (an error: its message on stderr
 without its Lua position, exit 1; else body's exit code, 0 when none). ]]
@@ -87,7 +102,7 @@ function cli.framed(name, usage, parse, body)
       io.stderr:write("dormouse ", name, ": ", tostring(args), "\n", usage, "\n")
       return 2
     end
-    if args.help then print(usage) return 0 end
+    if args.help then print(cli.help_text(name, usage)) return 0 end
     local done, code = pcall(body, args)
     if not done then
       -- the messages name the file, key or value; the Lua line they were raised on is noise here

@@ -360,6 +360,11 @@ describe("every command's help", function()
     end
     local code, out = help("run --help")
     assert.truthy(out:find("--sample N         bytes sampled after the run (default 200", 1, true), out)
+    -- a command's help is its file's header comment: what it does, the flags' defaults
+    code, out = help("sample --help")
+    assert.truthy(out:find("streams N bytes (default 200) after the prompt", 1, true), out)
+    code, out = help("help long")
+    assert.truthy(out:find("(default 8192;", 1, true), out)
     code, out = help("help nope")
     assert.equal(2, code)
     assert.truthy(out:find("no command 'nope'", 1, true), out)

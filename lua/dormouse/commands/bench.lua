@@ -189,7 +189,7 @@ end
 local function run(argv, cli)
   local ok, args = pcall(config.parse_args, argv, 2, FLAGS)
   if not ok then io.stderr:write("dormouse bench: ", args, "\n", usage, "\n"); return 2 end
-  if args.flags.help then io.write(usage, "\n"); return 0 end
+  if args.flags.help then io.write(require("dormouse.cli").help_text("bench", usage), "\n"); return 0 end
   if not args.file then io.stderr:write("dormouse bench: which experiment?\n", usage, "\n"); return 2 end
   local done, err = pcall(bench, args, cli)
   if done then return 0 end

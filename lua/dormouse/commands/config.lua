@@ -18,7 +18,7 @@ end
 local function run(argv)
   local ok, args = pcall(config.parse_args, argv, 2, {diff = "OTHER.lua", help = true})
   if not ok then return fail("dormouse config: " .. args .. "\n" .. usage, 2) end
-  if args.flags.help then io.write(usage, "\n"); return 0 end
+  if args.flags.help then io.write(require("dormouse.cli").help_text("config", usage), "\n"); return 0 end
 
   local cfg, info
   ok, cfg, info = pcall(function()

@@ -23,7 +23,7 @@ end
 local function run(argv)
   local ok, args = pcall(config.parse_args, argv, 2, {memory = "SIZE", json = "FILE", help = true})
   if not ok then return fail("dormouse plan: " .. args .. "\n" .. usage, 2) end
-  if args.flags.help then io.write(usage, "\n"); return 0 end
+  if args.flags.help then io.write(require("dormouse.cli").help_text("plan", usage), "\n"); return 0 end
   if not args.file then return fail("dormouse plan: which experiment? " .. usage, 2) end
   local memory
   if args.flags.memory then

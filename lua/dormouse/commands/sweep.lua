@@ -31,7 +31,7 @@ function sweep_cmd.run(argv, cli)
   local ok, args = pcall(config.parse_args, argv, 2, {quiet = true, help = true, jobs = "N", run = "ARM:SEED", arms = "A,B",
                                                                overwrite = true, seeds = "S,S", steps = "N"})
   if not ok then return fail("dormouse sweep: " .. args .. "\n" .. usage, 2) end
-  if args.flags.help then io.write(usage, "\n"); return 0 end
+  if args.flags.help then io.write(require("dormouse.cli").help_text("sweep", usage), "\n"); return 0 end
   if not args.file then return fail("dormouse sweep: which file?\n" .. usage, 2) end
   local chunk, err = config.loadfile(args.file, "t")
   if not chunk then return fail("dormouse sweep: " .. err, 1) end
