@@ -2,8 +2,8 @@
 dormouse bench EXPERIMENT.lua [--set KEY=VALUE ...] [--steps N] [--warmup N] [--json FILE]
 
 Times an experiment's training step without training a run: the model,
-optimiser and loader of the resolved config, `warmup` untimed steps, then
-`steps` timed ones. Prints tokens/s, ms a step and peak memory; the split
+optimiser and loader of the resolved config, --warmup untimed steps (default
+3), then --steps timed ones (default 10). Prints tokens/s, ms a step and peak memory; the split
 of a step into its phases (a second pass, the device synchronised between
 phases: data, forward, backward, optimiser, the optimiser's own split into
 clipping and each group's update); and each op family's share of the step

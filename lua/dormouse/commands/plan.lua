@@ -4,8 +4,8 @@ dormouse plan EXPERIMENT [--memory SIZE] [--set KEY=VALUE ...] [--json FILE]
 Predicts the peak device memory of one training step of an experiment at its
 batch x seq without running it (dormouse/plan.lua: the step runs on the meta
 device, with every byte counted), prints what is live at the peak by
-category, and with --memory (16GiB, 16000MiB, 12.5GB) the largest batch x seq
-that fits. --json FILE writes the same as one JSON object, in bytes (as bench's
+category, and with --memory (16GiB, 16000MiB, 12.5GB; default none) the largest
+batch x seq that fits. --json FILE writes the same as one JSON object, in bytes (as bench's
 --json: - for standard output alone; a link's target, a FIFO or device written
 through).
 ]]

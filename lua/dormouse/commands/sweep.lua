@@ -5,7 +5,7 @@ Runs a seed sweep: FILE returns the table dm.sweep takes ({base =, arms =,
 seeds =, set =, ...}; experiments/sweep_seeds.lua). Every --set applies to
 every arm, over the file's `set` (an arm's own keys still win); a run shorter
 than the base's warm-up gets a shorter one, and a line says so. Prints the
-verdict table and writes it to runs/sweep-NAME/. --jobs N trains N runs at
+verdict table and writes it to runs/sweep-NAME/. --jobs N (default 1) trains N runs at
 once, each a process of its own (several small runs share a GPU well; their
 output goes to runs/sweep-NAME/ARM-sSEED.log). --run ARM:SEED trains that
 one run of the sweep alone (what each of those processes does). --arms A,B
