@@ -32,7 +32,29 @@ local records = {}
 
 local function fail(fmt, ...) error(string.format(fmt, ...), 0) end
 
--- the records of a JSONL file, each {prompt, response}; errors name the file and the line
+-- a JSONL record's fields for the code verifier (tests: a program or a list of statements; language,
+-- head, seconds), checked as a task file's are
+local function code_fields(rec)
+  local tests = rec.tests
+  if type(tests) == "table" then
+    if #tests == 0 then error("\"tests\" is an empty list", 0) end
+    for j, t in ipairs(tests) do
+      if type(t) ~= "string" then error(string.format("\"tests\"[%d] is not a string", j), 0) end
+    end
+  elseif tests ~= nil and type(tests) ~= "string" then
+    error("\"tests\" must be a string (a program) or a list of strings (statements)", 0)
+  end
+  if rec.language ~= nil and rec.language ~= "python3" and rec.language ~= "lua" then
+    error(string.format("\"language\" must be \"python3\" or \"lua\", got %s", tostring(rec.language)), 0)
+  end
+  if rec.head ~= nil and type(rec.head) ~= "string" then error("\"head\" must be a string", 0) end
+  if rec.seconds ~= nil and (type(rec.seconds) ~= "number" or rec.seconds <= 0) then
+    error("\"seconds\" must be a number > 0", 0)
+  end
+end
+
+-- the records of a JSONL file, each {prompt, response} (and a code task's tests, language, head,
+-- seconds); errors name the file and the line
 local function read_jsonl(path)
   local f, err = io.open(path, "rb")
   if not f then fail("data.records: cannot open '%s': %s", path, tostring(err)) end
@@ -53,7 +75,10 @@ local function read_jsonl(path)
         end
       end
       if #rec.response == 0 then f:close(); fail("data.records: %s:%d has an empty response", path, n) end
-      out[#out + 1] = {prompt = rec.prompt, response = rec.response}
+      local ok_code, err = pcall(code_fields, rec)
+      if not ok_code then f:close(); fail("data.records: %s:%d: %s", path, n, err) end
+      out[#out + 1] = {prompt = rec.prompt, response = rec.response, tests = rec.tests, language = rec.language,
+                       head = rec.head, seconds = rec.seconds}
     end
   end
   f:close()
@@ -70,7 +95,8 @@ local function read_tasks(path)
            "continuation (check \"prefix\", the default)", path, i, type(t.check) == "function" and "a function" or
            "\"" .. tostring(t.check) .. "\"")
     end
-    out[i] = {prompt = t.prompt, response = t.answer}
+    out[i] = {prompt = t.prompt, response = t.answer, tests = t.tests, language = t.language, head = t.head,
+              seconds = t.seconds}
   end
   return out
 end
@@ -137,22 +163,30 @@ local Set = {}
 Set.__index = Set
 Set.__close = function(self) self:close() end
 
---[[ records.open(path, {eval_records = N}) → a record set. N (default 0) of the
-file's records, its last, are held out; at least one must be left to train. ]]
-function records.open(path, opts)
+--[[ records.open(path or {path, ...}, {eval_records = N}) → a record set. The last N (default 0) records
+of each file are held out, at least one left to train; the held-out records of several files are taken
+in turn (the first of each, then the second of each, ...), so that any first n of them mix the files. ]]
+function records.open(paths, opts)
   opts = opts or {}
-  local list = records.read(path)
+  if type(paths) ~= "table" then paths = {paths} end
   local held = opts.eval_records or 0
   if math.type(held) ~= "integer" or held < 0 then
     fail("data.eval_records must be an integer >= 0, got %s", tostring(held))
   end
-  if held >= #list then
-    fail("data.eval_records: %d records held out of the %d in %s leaves none to train on", held, #list, path)
+  local self = setmetatable({paths = paths, train = {}, held = {}, streams = {}}, Set)
+  local held_of = {}
+  for f, path in ipairs(paths) do
+    local list = records.read(path)
+    if held >= #list then
+      fail("data.eval_records: %d records held out of the %d in %s leaves none to train on", held, #list, path)
+    end
+    held_of[f] = {}
+    for i, r in ipairs(list) do
+      if i <= #list - held then self.train[#self.train + 1] = r else held_of[f][#held_of[f] + 1] = r end
+    end
   end
-  local self = setmetatable({path = path, train = {}, held = {}, streams = {}}, Set)
-  for i, r in ipairs(list) do
-    local part = i <= #list - held and self.train or self.held
-    part[#part + 1] = r
+  for i = 1, held do
+    for f = 1, #paths do self.held[#self.held + 1] = held_of[f][i] end
   end
   self.train_bytes, self.train_response = 0, 0
   for _, r in ipairs(self.train) do
@@ -167,13 +201,14 @@ end
 function Set:size() return self.train_bytes + self.held_bytes end
 function Set:train_size() return self.train_bytes end
 function Set:eval_size() return self.held_bytes end
-function Set:files() return {self.path} end
+function Set:files() return self.paths end
 function Set:close() self.streams = {} end
 function Set:held_out() return self.held end
 
 -- what a run's first line says of it
 function Set:describe()
-  return string.format("records %s (%d to train, %d held out; %d bytes, %d of them responses)", self.path,
+  return string.format("records %s (%d to train, %d held out; %d bytes, %d of them responses)",
+                       table.concat(self.paths, " + "),
                        #self.train, #self.held, self.train_bytes, self.train_response)
 end
 

@@ -11,7 +11,9 @@ the sampler are one process with the same tensors: no weight is copied.
 A step, t its tasks (drawn from the seed and the step among the training
 records: prompt, and the response the verifier checks), s a sample:
 
-  reward   r_ts = score_ts - rl.bytes_penalty * bytes_ts
+  reward   r_ts = credit_ts - rl.bytes_penalty * bytes_ts, credit the verifier's pass (1 or 0; rl.reward
+           = "pass", hard) or its score (partial credit in [0, 1]; "score", soft). The verifier: rl.verifier,
+           else each task's own (code for a record with tests, exact otherwise)
   group    A_ts = r_ts - mean_s r_ts                 (every byte of the sample gets it)
   fork     each byte i of a sample is a fork point: rl.forks continuations
            from its prefix estimate V(prefix) (their mean reward; the whole
@@ -53,9 +55,11 @@ function rl.new(r, root)
   end
   local self = setmetatable({cfg = cfg.rl, seed = cfg.seed, tasks = {}}, Learner)
   for i, rec in ipairs(r.corpus.train) do
-    self.tasks[i] = {prompt = rec.prompt, answer = rec.response}
+    self.tasks[i] = {prompt = rec.prompt, answer = rec.response, tests = rec.tests, language = rec.language,
+                     head = rec.head, seconds = rec.seconds}
   end
-  self.verifier = cfg.rl.verifier and verify.get(cfg.rl.verifier) or verify.exact
+  local named = cfg.rl.verifier and verify.get(cfg.rl.verifier)      -- nil: each task's own kind
+  self.verifier = function(task, output) return (named or verify.of(task))(task, output) end
   if cfg.rl.kl > 0 then                       -- the weights the run started from, fixed: the KL term's reference
     if not r.init_from then
       error("rl.kl > 0 measures the policy against the model it started from: set init (--init RUN)", 0)
@@ -93,7 +97,10 @@ function Learner:pick(step)
   return out
 end
 
-function Learner:reward(v, bytes) return v.score - self.cfg.bytes_penalty * bytes end
+function Learner:reward(v, bytes)
+  local credit = self.cfg.reward == "score" and v.score or (v.pass and 1 or 0)
+  return credit - self.cfg.bytes_penalty * bytes
+end
 
 -- rows prompt..output for each sample, per-target weights (the advantage of each output byte) and the
 -- output's mask: x [N, L] u8, w and m [N, L-1] f32

@@ -43,12 +43,10 @@ local function check(opts)
   end
 end
 
--- the verifier of a task: the one named, the function given, or the task's own kind
+-- the verifier of a task: the function given, the one named, or the task's own kind
 local function verifier_of(opts, task)
-  local v = opts.verifier
-  if type(v) == "function" then return v end
-  if v ~= nil then return verify.get(v) end
-  return task.tests and verify.code or verify.exact
+  if type(opts.verifier) == "function" then return opts.verifier end
+  return verify.of(task, opts.verifier)
 end
 
 function rollouts.run(model, set, opts)

@@ -309,9 +309,10 @@ local rows = {
     {"eval_bytes", positive, 81920, "bytes held out at the corpus end for evaluation, never trained on"},
     {"ctx", optional(positive), nil, "bytes per eval sequence (nil = seq)"},
     {"records", optional(str), nil, "prompt/response records for supervised fine-tuning, instead of the corpus: " ..
-     "JSONL ({\"prompt\": ..., \"response\": ...} a line) or a task file (tasks/addition.lua); rows are packed " ..
-     "from whole records and the loss covers the response bytes only (docs/post-training.md)"},
-    {"eval_records", positive, 256, "records held out at the end of data.records, never trained on"},
+     "JSONL ({\"prompt\": ..., \"response\": ...} a line) or a task file (tasks/addition.lua), or several " ..
+     "separated by commas; rows are packed from whole records and the loss covers the response bytes only " ..
+     "(docs/post-training.md)"},
+    {"eval_records", positive, 256, "records held out at the end of each file of data.records, never trained on"},
   }},
 
   {"optim", "Muon for 2-D matrices, AdamW for the rest, Adam for the Engram tables", {
@@ -371,8 +372,12 @@ local rows = {
     {"bytes_penalty", num{min = 0}, 0.0, "lambda: the reward is the verifier's score less lambda times the bytes used"},
     {"kl", num{min = 0}, 0.0, "weight of KL(policy || the model the run started from, init), estimated on the " ..
      "sampled bytes (0 = none; > 0 needs init)"},
-    {"verifier", optional(enum {"exact", "numeric", "code"}), nil, "the verifier of the samples (nil = exact: " ..
-     "the output begins with the record's response)"},
+    {"verifier", optional(enum {"exact", "numeric", "code"}), nil, "the verifier of the samples (nil = each " ..
+     "record's own: code (its tests in the sandbox) for a record with tests, else exact (the output begins with " ..
+     "the record's response))"},
+    {"reward", enum {"pass", "score"}, "pass", "the verifier's credit in the reward: pass (1 or 0, hard) or score " ..
+     "(partial credit in [0, 1], soft: the share of the answer's bytes right before the first wrong one, of a " ..
+     "list of tests passed)"},
   }},
 
   {"checkpoint", "checkpoints", {

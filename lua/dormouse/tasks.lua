@@ -8,7 +8,14 @@ A task file is Lua that returns
      {prompt = "...", answer = "..."},                       the continuation begins with answer
      {prompt = "...", answer = "...", check = "contains"},   answer appears in it
      {prompt = "...", check = function(text) ... end},       a predicate of the continuation so far
+     {prompt = "...", answer = "...", tests = {"assert(f(2) == 4)", ...},
+      language = "lua", head = "...", seconds = 2},          a code task (below)
   }}
+
+A code task's answer is a reference solution (what correct@budget and
+supervised fine-tuning read); tests, language, head and seconds are the
+code verifier's (dormouse.verify: head .. output .. tests run in the
+sandbox), read by reinforcement learning (rl.*) and dormouse post-train.
 
 Each task's prompt is continued greedily, a byte at a time, until it is
 solved, can no longer be (a "prefix" answer that went astray), or the
@@ -28,6 +35,32 @@ local CHECKS = {prefix = true, contains = true}
 
 local function fail(path, fmt, ...) error(path .. ": " .. string.format(fmt, ...), 0) end
 
+local KEYS = {prompt = true, answer = true, check = true, tests = true, language = true, head = true, seconds = true}
+local LANGUAGES = {python3 = true, lua = true}
+
+-- a code task's fields (dormouse.verify's code verifier: tests, language, head, seconds)
+local function check_code(path, where, t)
+  local tests = t.tests
+  if type(tests) == "table" then
+    if #tests == 0 then fail(path, "%s.tests is an empty list", where) end
+    for j, s in ipairs(tests) do
+      if type(s) ~= "string" then fail(path, "%s.tests[%d] must be a string (a statement), got a %s", where, j, type(s)) end
+    end
+  elseif tests ~= nil and type(tests) ~= "string" then
+    fail(path, "%s.tests must be a program (a string) or a list of statements, got a %s", where, type(tests))
+  end
+  if t.language ~= nil and not LANGUAGES[t.language] then
+    fail(path, "%s.language must be \"python3\" or \"lua\", got %s", where, tostring(t.language))
+  end
+  if t.head ~= nil and type(t.head) ~= "string" then fail(path, "%s.head must be a string", where) end
+  if t.seconds ~= nil and (type(t.seconds) ~= "number" or t.seconds <= 0) then
+    fail(path, "%s.seconds must be a number > 0", where)
+  end
+  if tests == nil and (t.language or t.head or t.seconds) then
+    fail(path, "%s has language, head or seconds but no tests (they are the code verifier's)", where)
+  end
+end
+
 local function check_task(path, i, t)
   local where = string.format("tasks[%d]", i)
   if type(t) ~= "table" then fail(path, "%s must be a table {prompt =, answer = | check =}, got a %s", where, type(t)) end
@@ -41,9 +74,11 @@ local function check_task(path, i, t)
     fail(path, "%s.answer must be a non-empty string (check %s)", where, check)
   end
   for k in pairs(t) do
-    if k ~= "prompt" and k ~= "answer" and k ~= "check" then fail(path, "%s has an unknown key '%s'", where, tostring(k)) end
+    if not KEYS[k] then fail(path, "%s has an unknown key '%s'", where, tostring(k)) end
   end
-  return {prompt = t.prompt, answer = t.answer, check = check, where = path .. ": " .. where}
+  check_code(path, where, t)
+  return {prompt = t.prompt, answer = t.answer, check = check, where = path .. ": " .. where,
+          tests = t.tests, language = t.language, head = t.head, seconds = t.seconds}
 end
 
 -- A task file, checked: {name =, path =, tasks = {{prompt, answer, check}, ...}}; errors name the

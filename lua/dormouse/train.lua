@@ -766,8 +766,10 @@ function train.open_corpus(cfg, opts)
       error(string.format("data.records (%s) and data.path (%s): a run trains on one or the other", d.records,
                           d.path), 0)
     end
-    local path = train.find_file(d.records, opts and opts.root)
-    return require("dormouse.records").open(path, {eval_records = d.eval_records}), path
+    local paths = {}
+    for name in d.records:gmatch("[^,]+") do paths[#paths + 1] = train.find_file(name, opts and opts.root) end
+    if #paths == 0 then error(string.format("data.records = %q names no file", d.records), 0) end
+    return require("dormouse.records").open(paths, {eval_records = d.eval_records}), table.concat(paths, ",")
   end
   local path = d.path or dm.data.default_corpus()
   return dm.data.open(path, {eval_bytes = d.eval_bytes}), path

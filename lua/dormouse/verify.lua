@@ -2,26 +2,40 @@
 dormouse.verify — verifiers: whether a model's output solves a task. A
 verifier is a function(task, output) → {pass = bool, score = number in [0, 1],
 reason = a short phrase}; output is the bytes the model wrote after the
-task's prompt.
+task's prompt. pass is the hard verdict; score is partial credit (1 when it
+passes), the reward of rl.reward = "score" (dormouse post-train --verifier soft).
 
   local verify = require "dormouse.verify"
   verify.exact({answer = "42\n"}, "42\nand more")          → {pass = true, score = 1, reason = "exact"}
   verify.numeric({answer = "0.5"}, " about 0.50 ...")      → the first number, 0.50, is 0.5
   verify.code({language = "python3", tests = "assert f(2) == 4"}, "def f(x):\n  return x * x\n")
+  verify.code({language = "lua", head = "local function f(x) return ",
+               tests = {"assert(f(2) == 4)", "assert(f(-3) == 9)"}}, "x * x end")   → 2 of 2 tests
   verify.get("numeric")                                     → the verifier of that name
+  verify.of(task, name)                                     → the named one, else the task's own kind
 
-exact: the output begins with task.answer. numeric: the first number in the
-output (an optional sign, digits, a decimal part, an exponent) equals
-tonumber(task.answer) to task.tolerance (relative, default 1e-9; exact for
-integers). code: the output, then a newline and task.tests, run as one
-program in the sandbox (dormouse.sandbox: task.language python3 or lua,
-task.seconds, default 2); it passes when the program exits with status 0, and
-fails with the sandbox's reason otherwise (a time limit, an assertion's
-message, output over the cap).
+exact: the output begins with task.answer; its score is the share of the
+answer's bytes the output matches before it first differs. numeric: the first
+number in the output (an optional sign, digits, a decimal part, an exponent)
+equals tonumber(task.answer) to task.tolerance (relative, default 1e-9; exact
+for integers); no partial credit. code: task.head (code before the output,
+default none), the output, then task.tests, run as one program in the
+sandbox (dormouse.sandbox: task.language python3 or lua, task.seconds,
+default 2). tests is a program (a string: it passes when the program exits
+with status 0, the score 0 or 1) or a list of statements that raise on
+failure (assert ...): each runs on its own after the output, the score is
+the share that pass, and it passes when all do. A list's count is printed
+under a key drawn for the run, and a program that ends before printing it
+(a crash, os.exit) fails; a program that reads its own source could still
+forge it, so the list form is for scoring, the sandbox for safety.
 ]]
+local core = require "dormouse.core"
+
 local verify = {}
 
-local function verdict(pass, reason) return {pass = pass, score = pass and 1 or 0, reason = reason} end
+local function verdict(pass, reason, score)
+  return {pass = pass, score = score or (pass and 1 or 0), reason = reason}
+end
 
 function verify.exact(task, output)
   local answer = task.answer
@@ -30,7 +44,7 @@ function verify.exact(task, output)
   local n = 1
   while n <= #answer and output:byte(n) == answer:byte(n) do n = n + 1 end
   return verdict(false, n > #output and string.format("stopped after %d of %d bytes", #output, #answer)
-                        or string.format("differs at byte %d", n))
+                        or string.format("differs at byte %d", n), (n - 1) / #answer)
 end
 
 -- the first number in text: its value and its spelling, or nil
@@ -58,10 +72,60 @@ function verify.numeric(task, output)
   return verdict(pass, pass and "equal" or string.format("%s is not %s", spelled, tostring(task.answer)))
 end
 
+-- the tests' statements as the end of a program in `language` that prints "KEY passed" last
+local HARNESS = {
+  lua = function(tests, key)
+    local out = {"\nlocal __dm_passed = 0\nfor _, __dm_test in ipairs {"}
+    for _, t in ipairs(tests) do out[#out + 1] = "function()\n" .. t .. "\nend," end
+    out[#out + 1] = "} do if pcall(__dm_test) then __dm_passed = __dm_passed + 1 end end\n"
+    out[#out + 1] = string.format("io.stdout:write(\"\\n%s \", __dm_passed, \"\\n\")\n", key)
+    return table.concat(out)
+  end,
+  python3 = function(tests, key)
+    local out = {"\n__dm_tests = []\n"}
+    for i, t in ipairs(tests) do
+      out[#out + 1] = string.format("def __dm_test_%d():\n    %s\n    pass\n__dm_tests.append(__dm_test_%d)\n", i,
+                                    t:gsub("\n", "\n    "), i)
+    end
+    out[#out + 1] = "__dm_passed = 0\nfor __dm_test in __dm_tests:\n    try:\n        __dm_test()\n" ..
+                    "        __dm_passed += 1\n    except BaseException:\n        pass\n"
+    out[#out + 1] = string.format("print('\\n%s', __dm_passed, flush=True)\n", key)
+    return table.concat(out)
+  end,
+}
+
+local runs = 0
+local function run_key()                       -- a word no program can know before it runs
+  runs = runs + 1
+  return string.format("dm%x%x", math.floor(core.now() * 1e6) % 0x100000000, runs)
+end
+
+-- a list of test statements: the share that pass
+local function code_list(task, output, language)
+  local tests = task.tests
+  if #tests == 0 then error("verify.code: the task's tests list is empty", 3) end
+  local harness = HARNESS[language]
+  if not harness then error(string.format("verify.code: no test harness for language '%s'", tostring(language)), 3) end
+  local key = run_key()
+  local r = require("dormouse.sandbox").run {language = language, seconds = task.seconds,
+                                             source = (task.head or "") .. output .. "\n" .. harness(tests, key)}
+  local passed = tonumber(r.stdout and r.stdout:match("\n" .. key .. " (%d+)\n$"))
+  if not passed then
+    return verdict(false, r.ok and "the tests did not run to their end" or r.reason)
+  end
+  local pass = passed == #tests and r.ok
+  return verdict(pass, string.format("%d of %d tests passed%s", passed, #tests, r.ok and "" or "; " .. r.reason),
+                 passed / #tests)
+end
+
 function verify.code(task, output)
-  if type(task.tests) ~= "string" then error("verify.code: the task has no tests (a program, a string)", 2) end
-  local r = require("dormouse.sandbox").run {language = task.language or "python3",
-                                             source = output .. "\n" .. task.tests, seconds = task.seconds}
+  local language = task.language or "python3"
+  if type(task.tests) == "table" then return code_list(task, output, language) end
+  if type(task.tests) ~= "string" then
+    error("verify.code: the task has no tests (a program, or a list of statements)", 2)
+  end
+  local r = require("dormouse.sandbox").run {language = language, seconds = task.seconds,
+                                             source = (task.head or "") .. output .. "\n" .. task.tests}
   return verdict(r.ok, r.ok and string.format("tests passed in %.2f s", r.seconds) or r.reason)
 end
 
@@ -74,6 +138,12 @@ function verify.get(name)
     error(string.format("verify: no verifier '%s' (exact, numeric, code)", tostring(name)), 2)
   end
   return v
+end
+
+--- verify.of(task, name) → the verifier named (nil: code for a task with tests, exact otherwise)
+function verify.of(task, name)
+  if name ~= nil then return verify.get(name) end
+  return task.tests and verify.code or verify.exact
 end
 
 return verify

@@ -54,6 +54,44 @@ describe("records", function()
                 "5 records held out of the 5", "leaves none to train on")
   end)
 
+  it("carries a code task's tests, language, head and seconds from JSONL and task files", function()
+    local path = write("code.jsonl", json.encode({prompt = "p", response = "r", tests = {"assert(f(1) == 1)"},
+                                                  language = "lua", head = "local function f(x) return ", seconds = 3}) ..
+                                     "\n" .. json.encode({prompt = "q", response = "s", tests = "assert(true)"}) .. "\n")
+    local list = records.read(path)
+    assert.same({prompt = "p", response = "r", tests = {"assert(f(1) == 1)"}, language = "lua",
+                 head = "local function f(x) return ", seconds = 3}, list[1])
+    assert.same({prompt = "q", response = "s", tests = "assert(true)"}, list[2])
+    local code = records.read("tasks/code.lua")
+    assert.equal(20000, #code)
+    assert.equal(code[1].prompt, code[1].head); assert.equal("lua", code[1].language); assert.equal(4, #code[1].tests)
+    for _, c in ipairs {{'{"prompt": "a", "response": "b", "tests": []}', ":1: \"tests\" is an empty list"},
+                        {'{"prompt": "a", "response": "b", "tests": 3}', ":1: \"tests\" must be a string"},
+                        {'{"prompt": "a", "response": "b", "tests": "t", "language": "c"}', ":1: \"language\" must be"},
+                        {'{"prompt": "a", "response": "b", "tests": "t", "seconds": -1}', ":1: \"seconds\" must be"}} do
+      local bad = write("badcode.jsonl", c[1] .. "\n")
+      helpers.has(helpers.err_of(records.read, bad), bad .. c[2])
+    end
+  end)
+
+  it("opens several files: all of them train, each holds out its last records, taken in turn", function()
+    local a, b = letters_and_digits(6), letters_and_digits(9)
+    local set = records.open({a, b}, {eval_records = 2})
+    assert.equal(4 + 7, #set.train)
+    local la, lb = records.read(a), records.read(b)
+    assert.same({la[5], lb[8], la[6], lb[9]}, set:held_out())
+    assert.same({a, b}, set:files())
+    helpers.has(set:describe(), a .. " + " .. b, "11 to train, 4 held out")
+    helpers.has(helpers.err_of(records.open, {a, letters_and_digits(2)}, {eval_records = 2}),
+                "2 records held out of the 2 in")
+    -- a run's data.records names them separated by commas
+    local cfg = config.load("experiments/sft_addition.lua",
+                            {string.format("data.records=%q", a .. "," .. b), "data.eval_records=2"})
+    local opened, path = train.open_corpus(cfg)
+    assert.equal(a .. "," .. b, path)
+    assert.equal(11, #opened.train)
+  end)
+
   it("ships task sets whose answers are right: every sum of addition, every string function of strings", function()
     for _, r in ipairs(records.read("tasks/addition.lua")) do
       local a, b = r.prompt:match("^(%d+)%+(%d+)=$")

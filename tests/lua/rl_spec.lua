@@ -105,7 +105,7 @@ describe("dormouse post-train", function()
   it("runs SFT then RL from a base and tables the held-out figures of each", function()
     local code, out = post_train("--base", dir .. "/base", "--env", "addition", "--sft-steps", "4", "--rl-steps", "2",
                                  "--quiet", "--set", "eval.exact=4", "--set", "eval.windows=4", "--set", "rl.tasks=2",
-                                 "--set", "rl.k=2", "--set", "rl.budget=6")
+                                 "--set", "rl.k=2", "--set", "rl.budget=6", "--set", "eval.budgets={8}")
     assert.equal(0, code)
     helpers.has(out, "model     bpb_fin  exact@8", "\nbase ", "\nsft ", "\nrl ", dir .. "/base-post-sft")
     local meta = require("dormouse.ckpt").load_meta(dir .. "/base-post-rl/ckpt-2")
@@ -114,9 +114,32 @@ describe("dormouse post-train", function()
     local cfg = dofile(dir .. "/base-post-rl/config.lua")
     assert.equal("\n", cfg.rl.stop)                         -- every addition answer ends with a newline
     assert.equal(2, cfg.rl.k)
+    assert.equal("pass", cfg.rl.reward)                     -- --verifier hard, the default
   end)
 
-  it("refuses a missing base or task set, two task sets, and nothing to do, by name", function()
+  it("trains on several task sets at once, each sample judged by its own verifier (--verifier soft)", function()
+    local code, out = post_train("--base", dir .. "/base", "--env", "addition,code", "--verifier", "soft",
+                                 "--name", "mixed", "--sft-steps", "0", "--rl-steps", "2", "--quiet",
+                                 "--set", "eval.exact=4", "--set", "eval.windows=4", "--set", "rl.tasks=6",
+                                 "--set", "rl.k=2", "--set", "rl.budget=8", "--set", "eval.budgets={8}")
+    assert.equal(0, code)
+    helpers.has(out, dir .. "/mixed-rl")
+    local cfg = dofile(dir .. "/mixed-rl/config.lua")
+    assert.equal("score", cfg.rl.reward)
+    helpers.has(cfg.data.records, "tasks/addition.lua,", "tasks/code.lua")
+    local kinds = {}
+    for line in io.lines(dir .. "/mixed-rl/rollouts.jsonl") do
+      local r = json.decode(line)
+      kinds[r.prompt:match("^%-%- ") and "code" or "sum"] = r.reason
+      if r.prompt:match("^%-%- ") then                     -- the code verifier's reasons, not exact's
+        assert.falsy(r.reason:match("differs at byte") or r.reason:match("stopped after"), r.reason)
+      end
+    end
+    assert.truthy(kinds.code and kinds.sum, "both task sets drawn")
+    helpers.has(helpers.read(dir .. "/mixed-rl/log.txt"), "records ", "tasks/addition.lua + ", "tasks/code.lua")
+  end)
+
+  it("refuses a missing base or task set, a verifier mode it does not know, and nothing to do, by name", function()
     local function refused(...)
       local saved = io.stderr
       local lines = {}
@@ -127,12 +150,26 @@ describe("dormouse post-train", function()
     end
     local code, msg = refused("--env", "addition")
     assert.equal(2, code); helpers.has(msg, "which base? --base runs/NAME")
-    code, msg = refused("--base", dir .. "/base", "--env", "addition,strings")
-    assert.equal(2, code); helpers.has(msg, "one task set a post-training for now")
+    code, msg = refused("--base", dir .. "/base", "--env", "addition", "--verifier", "lenient")
+    assert.equal(2, code); helpers.has(msg, "--verifier lenient: hard (the reward is a pass) or soft")
+    code, msg = refused("--base", dir .. "/base", "--env", "addition", "--verifier", "soft", "--set", "rl.reward=\"pass\"")
+    assert.equal(2, code); helpers.has(msg, "--verifier and --set rl.reward say the same thing")
+    code, msg = refused("--base", dir .. "/base", "--env", "addition,nope")
+    assert.equal(1, code); helpers.has(msg, "--env nope: no such file")
     code, msg = refused("--base", dir .. "/base", "--env", "nope")
     assert.equal(1, code); helpers.has(msg, "--env nope: no such file, nor tasks/nope.lua")
     code, msg = refused("--base", dir .. "/base", "--env", "addition", "--sft-steps", "0", "--rl-steps", "0")
     assert.equal(2, code); helpers.has(msg, "nothing to do")
+  end)
+end)
+
+describe("the reward", function()
+  it("credits a pass (hard) or the verifier's score (soft), less the bytes' penalty", function()
+    local hard = setmetatable({cfg = {reward = "pass", bytes_penalty = 0.01}}, rl.Learner)
+    local soft = setmetatable({cfg = {reward = "score", bytes_penalty = 0}}, rl.Learner)
+    assert.equal(0 - 0.04, hard:reward({pass = false, score = 0.75}, 4))
+    assert.equal(1 - 0.04, hard:reward({pass = true, score = 1}, 4))
+    assert.equal(0.75, soft:reward({pass = false, score = 0.75}, 4))
   end)
 end)
 

@@ -9,8 +9,19 @@ local helpers = require "tests.lua.helpers"
 describe("verifiers without a sandbox", function()
   it("exact: the output begins with the answer", function()
     assert.same({pass = true, score = 1, reason = "exact"}, verify.exact({answer = "42\n"}, "42\n7+7="))
-    assert.same({pass = false, score = 0, reason = "differs at byte 2"}, verify.exact({answer = "42\n"}, "43\n"))
-    assert.same({pass = false, score = 0, reason = "stopped after 1 of 3 bytes"}, verify.exact({answer = "42\n"}, "4"))
+    -- the score: partial credit, the share of the answer right before the first wrong byte
+    assert.same({pass = false, score = 1 / 3, reason = "differs at byte 2"}, verify.exact({answer = "42\n"}, "43\n"))
+    assert.same({pass = false, score = 1 / 3, reason = "stopped after 1 of 3 bytes"}, verify.exact({answer = "42\n"}, "4"))
+    assert.same({pass = false, score = 0, reason = "differs at byte 1"}, verify.exact({answer = "42\n"}, "7"))
+  end)
+
+  it("of: the verifier named, else the task's own kind", function()
+    assert.equal(verify.exact, verify.of({answer = "1"}))
+    assert.equal(verify.code, verify.of({answer = "1", tests = "assert(true)"}))
+    assert.equal(verify.numeric, verify.of({answer = "1", tests = "assert(true)"}, "numeric"))
+    helpers.has(helpers.err_of(verify.of, {answer = "1"}, "fuzzy"), "no verifier 'fuzzy'")
+    helpers.has(helpers.err_of(verify.code, {tests = {}}, "x"), "tests list is empty")
+    helpers.has(helpers.err_of(verify.code, {tests = 7}, "x"), "has no tests")
   end)
 
   it("numeric: the first number in the output, to a tolerance", function()
@@ -66,6 +77,40 @@ describe("the sandbox", function()
       v = verify.code({language = "python3", tests = "assert f(4) == 16"}, "def f(x):\n  return x * x\n")
       assert.is_true(v.pass, v.reason)
     end
+  end)
+
+  it("scores a list of tests by the share that pass, after the task's head", function()
+    local task = {language = "lua", head = "local function f(x) return ",
+                  tests = {"assert(f(2) == 4)", "assert(f(-3) == 9)", "assert(f(1) == 2)"}}
+    local v = verify.code(task, "x * x end")
+    assert.same({pass = false, score = 2 / 3, reason = "2 of 3 tests passed"}, v)
+    task.tests[3] = "assert(f(1) == 1)"
+    assert.same({pass = true, score = 1, reason = "3 of 3 tests passed"}, verify.code(task, "x * x end"))
+    -- a program that ends before the tests have counted fails, though it exits with status 0
+    v = verify.code(task, "x * x end os.exit(0)")
+    assert.same({pass = false, score = 0, reason = "the tests did not run to their end"}, v)
+    -- printing what the count looks like does not pass: the count's key is drawn for each run
+    v = verify.code(task, "x end print('\\ndm0 3')")
+    assert.is_false(v.pass); assert.equal(1 / 3, v.score)
+    v = verify.code(task, "x * (")                               -- a syntax error: the sandbox's reason
+    assert.is_false(v.pass); assert.equal(0, v.score); helpers.has(v.reason, "exit status 1")
+    if has_python then
+      local py = {language = "python3", head = "def f(x):\n    return ",
+                  tests = {"assert f(2) == 4", "assert f(3) == 9\nassert f(0) == 0", "assert f(1) == 2"}}
+      assert.same({pass = false, score = 2 / 3, reason = "2 of 3 tests passed"}, verify.code(py, "x * x\n"))
+    end
+  end)
+
+  it("passes every reference answer of tasks/code.lua, and fails a wrong body", function()
+    local set = require("dormouse.tasks").load("tasks/code.lua")
+    for i = 1, #set.tasks, 1999 do
+      local t = set.tasks[i]
+      local v = verify.of(t)(t, t.answer)
+      assert.is_true(v.pass, t.prompt .. t.answer .. ": " .. v.reason)
+    end
+    local t = set.tasks[1]
+    local v = verify.of(t)(t, "nil end\n")
+    assert.is_false(v.pass); assert.equal(0, v.score); assert.equal("0 of 4 tests passed", v.reason)
   end)
 
   it("stops an endless loop at its time limit", function()

@@ -24,6 +24,12 @@ describe("a task file", function()
       {"return {tasks = {{prompt = 'a', answer = 'b'}, {prompt = 'a'}}}", "tasks[2].answer must be a non-empty string (check prefix)"},
       {"return {tasks = {{prompt = 'a', answer = 'b', check = 'regex'}}}", 'tasks[1].check must be "prefix", "contains" or a function'},
       {"return {tasks = {{prompt = 'a', answer = 'b', budget = 3}}}", "tasks[1] has an unknown key 'budget'"},
+      {"return {tasks = {{prompt = 'a', answer = 'b', tests = {}}}}", "tasks[1].tests is an empty list"},
+      {"return {tasks = {{prompt = 'a', answer = 'b', tests = {'x', 3}}}}", "tasks[1].tests[2] must be a string"},
+      {"return {tasks = {{prompt = 'a', answer = 'b', tests = 3}}}", "tasks[1].tests must be a program"},
+      {"return {tasks = {{prompt = 'a', answer = 'b', tests = 'x', language = 'ruby'}}}", 'tasks[1].language must be "python3" or "lua"'},
+      {"return {tasks = {{prompt = 'a', answer = 'b', tests = 'x', seconds = 0}}}", "tasks[1].seconds must be a number > 0"},
+      {"return {tasks = {{prompt = 'a', answer = 'b', head = 'x'}}}", "tasks[1] has language, head or seconds but no tests"},
       {"error('broken')", "broken"},
     }
     for _, c in ipairs(cases) do

@@ -1,6 +1,6 @@
 --[[
-dormouse post-train --base RUN[/ckpt-N] --env TASKS [--sft-steps N] [--rl-steps N] [--name NAME]
-                    [--overwrite] [--quiet] [--set KEY=VALUE ...]
+dormouse post-train --base RUN[/ckpt-N] --env TASKS[,TASKS...] [--verifier hard|soft] [--sft-steps N]
+                    [--rl-steps N] [--name NAME] [--overwrite] [--quiet] [--set KEY=VALUE ...]
 
 From a base checkpoint to a model that solves a task set, as two runs of the
 base's own config (RUN/config.lua):
@@ -13,7 +13,12 @@ base's own config (RUN/config.lua):
      steps (default 200; 0: none).
 
 --env names a task file (tasks/NAME.lua, here or in the install) or a path
-to one, or to a JSONL file of records. NAME defaults to the base's name with
+to one, or to a JSONL file of records; several, separated by commas, train
+and are held out together (each file's last data.eval_records records held
+out). Each sample is scored by its record's verifier (code for a record with
+tests, exact otherwise; rl.verifier names one for all); --verifier hard (the
+default) rewards a pass, soft the verifier's partial credit (rl.reward =
+"score": the share of the answer right, of a list of tests passed). NAME defaults to the base's name with
 "-post". The --set keys go to both runs (rl.* matter in the second); each
 phase's schedule warms up over a tenth of its steps unless schedule.warmup
 is set; a sample ends at "\n" (rl.stop) when every training response ends with one,
@@ -24,26 +29,31 @@ phase, the held-out bpb over the responses and exact@B (docs/post-training.md).
 local config = require "dormouse.config"
 local core = require "dormouse.core"
 
-local usage = [[usage: dormouse post-train --base RUN[/ckpt-N] --env TASKS [--sft-steps N] [--rl-steps N]
-                           [--name NAME] [--overwrite] [--quiet] [--set KEY=VALUE ...]
+local usage = [[usage: dormouse post-train --base RUN[/ckpt-N] --env TASKS[,TASKS...] [--verifier hard|soft]
+                           [--sft-steps N] [--rl-steps N] [--name NAME] [--overwrite] [--quiet] [--set KEY=VALUE ...]
 SFT then RL from a base checkpoint, as two runs of the base's config (docs/post-training.md).
   --base RUN         the base: a run folder (its newest checkpoint) or RUN/ckpt-STEP (required)
   --env TASKS        the task set: tasks/TASKS.lua (here or in the install) or a path to a task
-                     file or a JSONL file of records (required)
+                     file or a JSONL file of records; several separated by commas (required)
+  --verifier MODE    hard: the reward is the verifier's pass (default); soft: its partial credit
   --sft-steps N      supervised steps on the records (default 500; 0: none)
   --rl-steps N       RL steps against the verifier from the supervised model (default 200; 0: none)
   --name NAME        the runs are NAME-sft and NAME-rl (default: the base's name and -post)
   --overwrite        replace runs of those names
   --quiet            no progress bar
   --set KEY=VALUE    a config key for both runs (rl.k: 8 unless set; the RL run's learning rates a
-                     tenth of the config's unless set; rl.stop "
-" when every response ends so)
+                     tenth of the config's unless set; rl.stop "\n" when every response ends so)
 example: dormouse post-train --base runs/base --env addition --sft-steps 1000 --rl-steps 200]]
-local FLAGS = {base = "RUN", env = "TASKS", ["sft-steps"] = "N", ["rl-steps"] = "N", name = "NAME",
+local FLAGS = {base = "RUN", env = "TASKS", verifier = "MODE", ["sft-steps"] = "N", ["rl-steps"] = "N", name = "NAME",
                overwrite = true, quiet = true, help = true}
 
 -- the RL phase's learning rates as a share of the config's (measured: docs/post-training.md)
 local RL_LR = 0.1
+
+local function user_sets(user, key)
+  for _, s in ipairs(user) do if config.split_set(s) == key then return true end end
+  return false
+end
 
 local function count(v, flag, default)
   if v == nil then return default end
@@ -60,9 +70,16 @@ local function parse(argv)
   local f = args.flags
   if not f.base then error("which base? --base runs/NAME (or runs/NAME/ckpt-STEP)", 0) end
   if not f.env then error("which task set? --env addition (tasks/addition.lua) or --env PATH", 0) end
-  if f.env:find(",", 1, true) then
-    error(string.format("--env %s: one task set a post-training for now (a file of records can hold several " ..
-                        "kinds of task)", f.env), 0)
+  args.envs = {}
+  for name in f.env:gmatch("[^,]+") do args.envs[#args.envs + 1] = name end
+  if #args.envs == 0 then error(string.format("--env %q names no task set", f.env), 0) end
+  local modes = {hard = "pass", soft = "score"}
+  if f.verifier ~= nil and not modes[f.verifier] then
+    error(string.format("--verifier %s: hard (the reward is a pass) or soft (partial credit)", f.verifier), 0)
+  end
+  args.reward = modes[f.verifier or "hard"]
+  if f.verifier and user_sets(args.overrides, "rl.reward") then
+    error("--verifier and --set rl.reward say the same thing: give one", 0)
   end
   args.sft_steps = count(f["sft-steps"], "sft-steps", 500)
   args.rl_steps = count(f["rl-steps"], "rl-steps", 200)
@@ -72,7 +89,10 @@ end
 
 -- the task set's file: a path as given, else tasks/NAME.lua here or in the install
 local function env_file(name, root)
-  if core.file_kind(name) == "file" then return name end
+  if core.file_kind(name) == "file" then
+    if name:find(",", 1, true) then error(string.format("--env: the path %s holds a comma", name), 0) end
+    return name
+  end
   for _, p in ipairs {"tasks/" .. name .. ".lua", (root or ".") .. "/tasks/" .. name .. ".lua"} do
     if core.file_kind(p) == "file" then return p end
   end
@@ -95,15 +115,14 @@ local function overrides(defaults, user, forced)
   return out
 end
 
-local function user_sets(user, key)
-  for _, s in ipairs(user) do if config.split_set(s) == key then return true end end
-  return false
-end
 
--- "\n" when every training response ends with a newline, else nil
-local function common_stop(path)
-  local set = require("dormouse.records").read(path)
-  for _, r in ipairs(set) do if r.response:sub(-1) ~= "\n" then return nil end end
+-- "\n" when every training response of the files ends with a newline, else nil
+local function common_stop(paths)
+  for _, path in ipairs(paths) do
+    for _, r in ipairs(require("dormouse.records").read(path)) do
+      if r.response:sub(-1) ~= "\n" then return nil end
+    end
+  end
   return "\n"
 end
 
@@ -111,7 +130,9 @@ local function body(args, cli)
   local train = require "dormouse.train"
   local run_dir, point = train.resume_point(args.flags.base, "post-train from")
   local base_cfg = run_dir .. "/config.lua"
-  local env = env_file(args.flags.env, cli.root)
+  local envs = {}
+  for i, e in ipairs(args.envs) do envs[i] = env_file(e, cli.root) end
+  local env = table.concat(envs, ",")
   local name = args.flags.name or (run_dir:match("([^/]+)$") .. "-post")
   local runs = run_dir:match("^(.*)/[^/]+$") or "."
   local user = args.overrides
@@ -136,8 +157,9 @@ local function body(args, cli)
   if args.rl_steps > 0 then
     local extra = {}
     if not user_sets(user, "rl.k") then extra[#extra + 1] = "rl.k=8" end
+    if not user_sets(user, "rl.reward") then extra[#extra + 1] = string.format("rl.reward=%q", args.reward) end
     if not user_sets(user, "rl.stop") then
-      local stop = common_stop(env)
+      local stop = common_stop(envs)
       if stop then
         extra[#extra + 1] = 'rl.stop="\\n"'
         io.stderr:write("post-train: every response ends with a newline: a sample ends at one (rl.stop)\n")
