@@ -353,9 +353,10 @@ local rows = {
     {"sample", int{min = 0}, 160, "bytes sampled after each eval for the report (temperature 0.8; 0 = none)", progress = true},
     {"tasks", optional(str), nil, "a task file (tasks/kjv.lua; found here, else in the install): each eval puts " ..
      "correct@B, the fraction solved within B greedy bytes, on its line (nil = none; docs/training.md)", progress = true},
-    {"budgets", list(positive), {64, 256, 1024}, "the byte budgets B of eval.tasks' correct@B and of exact@B", progress = true},
+    {"budgets", list(positive), {64, 256, 1024}, "the byte budgets B of eval.tasks' correct@B, exact@B and pass@B", progress = true},
     {"exact", int{min = 0}, 64, "held-out records (data.records) whose response is generated greedily at each " ..
-     "eval: exact@B, the share produced within B bytes, on the eval line (0 = none)", progress = true},
+     "eval: exact@B, the share produced within B bytes, on the eval line, and for records with tests pass@B, the " ..
+     "share whose output passes them (0 = none)", progress = true},
   }},
 
   {"rl", "reinforcement learning against verifiers, on data.records' tasks (docs/post-training.md)", {

@@ -139,14 +139,45 @@ function tasks.correct_at(model, set, budgets, opts)
 end
 
 -- The first n of a list of records {prompt, response} as a task set (each response checked as a
--- prefix: exact@B); nil where n is 0 or there is no record
+-- prefix: exact@B; a code record keeps its tests for pass@B); nil where n is 0 or there is no record
 function tasks.of_records(list, n)
   local out = {name = "records", tasks = {}}
   for i = 1, math.min(n, #list) do
-    out.tasks[i] = {prompt = list[i].prompt, answer = list[i].response, check = "prefix",
-                    where = string.format("record %d", i)}
+    local r = list[i]
+    out.tasks[i] = {prompt = r.prompt, answer = r.response, check = "prefix", where = string.format("record %d", i),
+                    tests = r.tests, language = r.language, head = r.head, seconds = r.seconds}
   end
   return #out.tasks > 0 and out or nil
+end
+
+--[[ pass@B of the tasks of a set that have tests: {["pass@B"] = the share whose greedy output, cut at B
+bytes, passes its tests (dormouse.verify's code verifier), ...}, or nil when no task has tests. The
+output ends at a newline where the task's answer does (a one-line solution), else at the largest
+budget; a solution other than the answer passes as well as it. ]]
+function tasks.passed_at(model, set, budgets, opts)
+  local verify = require "dormouse.verify"
+  local most, tested = 0, 0
+  for _, b in ipairs(budgets) do most = math.max(most, b) end
+  local passed = {}
+  for _, task in ipairs(set.tasks) do
+    if task.tests then
+      tested = tested + 1
+      local one_line = task.answer and task.answer:sub(-1) == "\n"
+      local text = evaluate.greedy_until(model, task.prompt, most, function(t)
+        if one_line and t:sub(-1) == "\n" then return true end
+      end, opts)
+      local by_length = {}                      -- a cut the same as a shorter budget's is judged once
+      for _, b in ipairs(budgets) do
+        local cut = text:sub(1, b)
+        if by_length[#cut] == nil then by_length[#cut] = verify.code(task, cut).pass end
+        if by_length[#cut] then passed[b] = (passed[b] or 0) + 1 end
+      end
+    end
+  end
+  if tested == 0 then return nil end
+  local out = {}
+  for _, b in ipairs(budgets) do out["pass@" .. b] = (passed[b] or 0) / tested end
+  return out
 end
 
 return tasks

@@ -708,6 +708,10 @@ function Run:eval()
     for name, v in pairs(tasks.correct_at(self.model, exact, self.cfg.eval.budgets, {device = self.device})) do
       e.measures["exact" .. name:match("@%d+$")] = v
     end
+    -- pass@B: the code records' outputs run against their tests (any solution, not only the response)
+    for name, v in pairs(tasks.passed_at(self.model, exact, self.cfg.eval.budgets, {device = self.device}) or {}) do
+      e.measures[name] = v
+    end
   end
   self:say(instrument.eval_line(e, self.baselines))
   local rec = {kind = "eval", step = self.step, time = os.time(), bytes = e.bytes, ctx = e.ctx, segment = e.segment,

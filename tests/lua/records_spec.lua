@@ -306,6 +306,37 @@ describe("a run on records", function()
                 "records: the eval scores the responses of", "no n-gram baseline on records", "exact@4 ")
   end)
 
+  it("puts pass@B on the eval line for records with tests (tasks/code.lua beside tasks/addition.lua)", function()
+    helpers.run_quiet(helpers.tiny(BASE, {"name=coded", "data.records=\"tasks/addition.lua,tasks/code.lua\"",
+                                          "eval.exact=6", "eval.budgets={8,16}"}), {runs = dir})
+    local e = lines("coded", "eval")[1]
+    for _, m in ipairs {"exact@8", "exact@16", "pass@8", "pass@16"} do assert.truthy(e.measures[m], m) end
+    assert.truthy(e.measures["pass@8"] <= e.measures["pass@16"])
+  end)
+
+  it("pass@B: a greedy output cut at B bytes, judged by its tests, any solution counting", function()
+    local evaluate, tasks = require "dormouse.eval", require "dormouse.tasks"
+    local outputs = {a = "x * 2 end\n", b = "x + x end\n", c = "x * 3 end\n"}
+    local saved = evaluate.greedy_until
+    evaluate.greedy_until = function(_, prompt, n, judge)         -- the model's greedy bytes, given
+      local text = outputs[prompt:sub(1, 1)]
+      for i = 1, math.min(n, #text) do if judge(text:sub(1, i)) then return text:sub(1, i), true end end
+      return text:sub(1, n)
+    end
+    local head, tests = "local function f(x) return ", {"assert(f(2) == 4)", "assert(f(-1) == -2)"}
+    local set = {tasks = {}}
+    for _, p in ipairs {"a", "b", "c"} do
+      set.tasks[#set.tasks + 1] = {prompt = p .. "\n" .. head, answer = "x * 2 end\n", head = head, tests = tests,
+                                   language = "lua"}
+    end
+    set.tasks[4] = {prompt = "a", answer = "z"}                 -- no tests: not counted
+    local ok, out = pcall(tasks.passed_at, nil, set, {4, 16})
+    evaluate.greedy_until = saved
+    assert(ok, out)
+    assert.same({["pass@4"] = 0, ["pass@16"] = 2 / 3}, out)
+    assert.is_nil(tasks.passed_at(nil, {tasks = {{prompt = "a", answer = "z"}}}, {4}))
+  end)
+
   it("resumes exactly: 6 steps straight equal 3, a stop and a resume", function()
     helpers.run_quiet(helpers.tiny(BASE, {"name=straight"}), {runs = dir})
     helpers.run_quiet(helpers.tiny(BASE, {"name=stopped"}), {runs = dir, stop_at = 3})
