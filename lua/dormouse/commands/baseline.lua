@@ -4,7 +4,9 @@ dormouse baseline [CORPUS] --order N[-M] [--eval-bytes N] [--seq T [--windows N]
 Fits an interpolated Kneser-Ney byte n-gram model on a corpus's train split
 and prints its held-out bits per byte: the number a trained model must beat
 on the same split. Without CORPUS, the default corpus (the King James Bible)
-is used. --order 1-6 prints one row per order. --seq T scores the targets of
+is used; CORPUS may be an experiment file (its data.path, data.eval_bytes
+and eval windows). --eval-bytes N: the held-out split (default: the config's
+data.eval_bytes). --order 1-6 prints one row per order. --seq T scores the targets of
 the held-out windows of T+1 bytes the model is evaluated on (--windows N of
 them; all by default) instead of the whole held-out split.
 ]==]

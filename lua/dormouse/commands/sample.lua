@@ -9,7 +9,9 @@ prompt is one pass that keeps the model's state, then each byte is one
 recurrent step that carries it, so every byte costs the same whatever came
 before. --full runs a full forward over the last 256 bytes for every byte
 instead (the slow way, for comparison). Bytes that are not printable UTF-8
-are written as \xNN. --temperature 0 takes the most likely byte. On stderr
+are written as \xNN. --temperature T (default 1; 0 takes the most likely
+byte), --top-p P (default 0.95), --seed S (default 0), --device (default
+cpu). Without --prompt or --prompt-file the prompt is empty. On stderr
 at the end: the prompt's time (with the first byte) and the rate of
 generation over bytes 2-100, 101-1000, 1001-10000, ... (bytes/s). A run
 whose config names its model file by a path (not models/NAME) is opened only
