@@ -20,10 +20,15 @@
 ** wall-clock `seconds` or the output cap it kills the child's process group
 ** (SIGKILL) and says which; a program that closes both and goes on has the
 ** rest of its time. The call raises only before the fork, or when the exit
-** status cannot be had.
+** status cannot be had. With info_fd, this process is a child subreaper while
+** the child runs: a process of the child's that outlives it (bwrap's first
+** process in its PID namespace, which ends after bwrap has) becomes this
+** process's child, for wait_gone to reap, instead of the system's init's (which
+** may reap late: its zombies would count against the user's RLIMIT_NPROC, and
+** a later sandbox could not fork).
 **
-**   core.wait_gone(pid, seconds) → true once the process has ended (gone, or a zombie); false after
-**                                  `seconds` if it still runs
+**   core.wait_gone(pid, seconds) → true once the process has ended (a child of this process: reaped;
+**                                  another: gone or a zombie); false after `seconds` if it still runs
 **   core.make_temp_dir(prefix)   → a new folder $TMPDIR/prefixXXXXXX (mkdtemp), mode 0755: others
 **                                  may read it (the sandbox's user reads the program from it)
 */
@@ -36,6 +41,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -163,10 +169,16 @@ static int c_run_limited(lua_State *L) {
     close_pipe(out); close_pipe(err); close_pipe(info);
     return luaL_error(L, "run_limited: cannot make its buffers or pipes: %s", strerror(e));
   }
+  int subreaper = 0;                           /* what it was before: restored once the child is reaped */
+  if (lim.info_fd >= 0) {
+    prctl(PR_GET_CHILD_SUBREAPER, &subreaper);
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
+  }
   double t0 = now_s();
   pid_t pid = fork();
   if (pid < 0) {
     int e = errno;
+    if (lim.info_fd >= 0 && !subreaper) prctl(PR_SET_CHILD_SUBREAPER, 0);
     free(so.text); free(se.text);
     close_pipe(out); close_pipe(err); close_pipe(info);
     return luaL_error(L, "run_limited: fork: %s", strerror(e));
@@ -210,6 +222,8 @@ static int c_run_limited(lua_State *L) {
     while ((w = waitpid(pid, &status, 0)) < 0 && errno == EINTR) {}
     wait_failed = w != pid;
   }
+  /* the child has ended: its orphans are this process's children now, and later ones need not be */
+  if (lim.info_fd >= 0 && !subreaper) prctl(PR_SET_CHILD_SUBREAPER, 0);
   char info_text[512] = {0};
   if (info[0] >= 0) {                                    /* the child has ended: what it wrote is there */
     ssize_t got = read(info[0], info_text, sizeof info_text - 1);
@@ -246,6 +260,17 @@ static int c_run_limited(lua_State *L) {
 static int c_wait_gone(lua_State *L) {
   lua_Integer pid = luaL_checkinteger(L, 1);
   double limit = luaL_checknumber(L, 2), t0 = now_s();
+  if (pid <= 0) return luaL_error(L, "wait_gone: pid must be > 0, got %d", (int)pid);
+  for (;;) {                                     /* a child of this process (run_limited's orphan): reap it */
+    int status;
+    pid_t w = waitpid((pid_t)pid, &status, WNOHANG);
+    if (w == (pid_t)pid) { lua_pushboolean(L, 1); return 1; }
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) break;                            /* not a child of this one: watch /proc below */
+    if (now_s() - t0 > limit) { lua_pushboolean(L, 0); return 1; }
+    struct timespec pause = {0, 2 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+  }
   char path[64];
   snprintf(path, sizeof path, "/proc/%lld/stat", (long long)pid);
   for (;;) {
