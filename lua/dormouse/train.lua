@@ -771,7 +771,9 @@ function train.open_corpus(cfg, opts)
                           d.path), 0)
     end
     local paths = {}
-    for name in d.records:gmatch("[^,]+") do paths[#paths + 1] = train.find_file(name, opts and opts.root) end
+    for name in d.records:gmatch("[^,]+") do
+      paths[#paths + 1] = train.find_file(name:match("^%s*(.-)%s*$"), opts and opts.root)
+    end
     if #paths == 0 then error(string.format("data.records = %q names no file", d.records), 0) end
     return require("dormouse.records").open(paths, {eval_records = d.eval_records}), table.concat(paths, ",")
   end

@@ -26,8 +26,9 @@ with status 0, the score 0 or 1) or a list of statements that raise on
 failure (assert ...): each runs on its own after the output, the score is
 the share that pass, and it passes when all do. A list's count is printed
 under a key drawn for the run, and a program that ends before printing it
-(a crash, os.exit) fails; a program that reads its own source could still
-forge it, so the list form is for scoring, the sandbox for safety.
+(a crash, os.exit) fails, and the functions the harness calls are taken
+before the output runs; a program that reads its own source could still
+forge the count, so the list form is for scoring, the sandbox for safety.
 ]]
 local core = require "dormouse.core"
 
@@ -72,13 +73,20 @@ function verify.numeric(task, output)
   return verdict(pass, pass and "equal" or string.format("%s is not %s", spelled, tostring(task.answer)))
 end
 
+-- A program's first line, before the task's head and the output: the functions the harness calls, kept
+-- where the output cannot replace them
+local PRELUDE = {
+  lua = "local __dm_pcall, __dm_ipairs, __dm_stdout = pcall, ipairs, io.stdout\n",
+  python3 = "__dm_print = print\n",
+}
+
 -- the tests' statements as the end of a program in `language` that prints "KEY passed" last
 local HARNESS = {
   lua = function(tests, key)
-    local out = {"\nlocal __dm_passed = 0\nfor _, __dm_test in ipairs {"}
+    local out = {"\nlocal __dm_passed = 0\nfor _, __dm_test in __dm_ipairs {"}
     for _, t in ipairs(tests) do out[#out + 1] = "function()\n" .. t .. "\nend," end
-    out[#out + 1] = "} do if pcall(__dm_test) then __dm_passed = __dm_passed + 1 end end\n"
-    out[#out + 1] = string.format("io.stdout:write(\"\\n%s \", __dm_passed, \"\\n\")\n", key)
+    out[#out + 1] = "} do if __dm_pcall(__dm_test) then __dm_passed = __dm_passed + 1 end end\n"
+    out[#out + 1] = string.format("__dm_stdout:write(\"\\n%s \", __dm_passed, \"\\n\")\n", key)
     return table.concat(out)
   end,
   python3 = function(tests, key)
@@ -89,7 +97,7 @@ local HARNESS = {
     end
     out[#out + 1] = "__dm_passed = 0\nfor __dm_test in __dm_tests:\n    try:\n        __dm_test()\n" ..
                     "        __dm_passed += 1\n    except BaseException:\n        pass\n"
-    out[#out + 1] = string.format("print('\\n%s', __dm_passed, flush=True)\n", key)
+    out[#out + 1] = string.format("__dm_print('\\n%s', __dm_passed, flush=True)\n", key)
     return table.concat(out)
   end,
 }
@@ -108,7 +116,7 @@ local function code_list(task, output, language)
   if not harness then error(string.format("verify.code: no test harness for language '%s'", tostring(language)), 3) end
   local key = run_key()
   local r = require("dormouse.sandbox").run {language = language, seconds = task.seconds,
-                                             source = (task.head or "") .. output .. "\n" .. harness(tests, key)}
+    source = PRELUDE[language] .. (task.head or "") .. output .. "\n" .. harness(tests, key)}
   local passed = tonumber(r.stdout and r.stdout:match("\n" .. key .. " (%d+)\n$"))
   if not passed then
     return verdict(false, r.ok and "the tests did not run to their end" or r.reason)

@@ -84,9 +84,9 @@ describe("records", function()
     helpers.has(set:describe(), a .. " + " .. b, "11 to train, 4 held out")
     helpers.has(helpers.err_of(records.open, {a, letters_and_digits(2)}, {eval_records = 2}),
                 "2 records held out of the 2 in")
-    -- a run's data.records names them separated by commas
+    -- a run's data.records names them separated by commas (spaces around a name are not part of it)
     local cfg = config.load("experiments/sft_addition.lua",
-                            {string.format("data.records=%q", a .. "," .. b), "data.eval_records=2"})
+                            {string.format("data.records=%q", a .. ", " .. b), "data.eval_records=2"})
     local opened, path = train.open_corpus(cfg)
     assert.equal(a .. "," .. b, path)
     assert.equal(11, #opened.train)

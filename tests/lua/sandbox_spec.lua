@@ -92,6 +92,9 @@ describe("the sandbox", function()
     -- printing what the count looks like does not pass: the count's key is drawn for each run
     v = verify.code(task, "x end print('\\ndm0 3')")
     assert.is_false(v.pass); assert.equal(1 / 3, v.score)
+    -- nor does replacing what the harness calls
+    v = verify.code(task, "x end pcall = function() return true end")
+    assert.is_false(v.pass); assert.equal(1 / 3, v.score)
     v = verify.code(task, "x * (")                               -- a syntax error: the sandbox's reason
     assert.is_false(v.pass); assert.equal(0, v.score); helpers.has(v.reason, "exit status 1")
     if has_python then
