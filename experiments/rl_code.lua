@@ -2,7 +2,7 @@
 -- in the sandbox) from a supervised model: the hard reward (a sample's pass, 1 or 0) against the soft
 -- one (the share of its assertions that pass), three seeds each, the group baseline. pass@24 on the
 -- eval line is the share of 128 held-out tasks whose greedy body passes its tests; exact@24 the share
--- that writes the reference body (docs/post-training.md, "Code tasks").
+-- that writes the reference body (docs/post-training.md, "Task sets").
 --   dormouse run experiments/sft_addition.lua --set data.records=nil --set steps=300 --set name=base
 --   dormouse post-train --base runs/base --env code --name code --sft-steps 1000 --rl-steps 0 \
 --     --set 'eval.budgets={24}' --set eval.exact=128
