@@ -290,6 +290,44 @@ describe("corpus:eval_windows and the n-gram baseline", function()
   end)
 end)
 
+describe("dormouse baseline", function()
+  -- the command in this process: its exit code, what it printed and what it wrote on stderr
+  local function baseline(...)
+    local printed, said, saved, saved_err = {}, {}, _G.print, io.stderr
+    _G.print = function(...) printed[#printed + 1] = table.concat({...}, "\t") end
+    io.stderr = {write = function(_, ...) for _, v in ipairs {...} do said[#said + 1] = v end end}
+    local ok, code = pcall(require("dormouse.commands.baseline").run, {[0] = "dormouse", "baseline", ...},
+                           require("dormouse.cli"))
+    _G.print, io.stderr = saved, saved_err
+    assert(ok, code)
+    return code, table.concat(printed, "\n"), table.concat(said)
+  end
+
+  it("prints each order's held-out bpb, as corpus:ngram_bpb scores it, and refuses what it cannot do", function()
+    local dir = tmpdir()
+    write(dir .. "/r.txt", string.rep("the cat sat on the mat. ", 200))
+    local code, out = baseline(dir .. "/r.txt", "--order", "1-3", "--eval-bytes", "480")
+    assert.equal(0, code)
+    local c <close> = data.open(dir .. "/r.txt", {eval_bytes = 480})
+    for order = 1, 3 do
+      local line = out:match("\n" .. order .. " +[^\n]+")
+      assert.truthy(line, "no row for order " .. order .. " in\n" .. out)
+      local bpb = tonumber(line:match("^\n%d+ +([%d.]+)"))
+      assert.is_true(math.abs(bpb - c:ngram_bpb(order)) < 1e-4, line)
+    end
+    assert.truthy(out:find("held out  480 bytes", 1, true), out)
+    code, out = baseline(dir .. "/r.txt", "--order", "2", "--eval-bytes", "480", "--seq", "10", "--windows", "4")
+    assert.equal(0, code)
+    assert.truthy(out:find("scored    the targets of 4 held-out windows of 11 bytes", 1, true), out)
+    local said
+    code, _, said = baseline(dir .. "/r.txt")
+    assert.equal(2, code); assert.truthy(said:find("which order? give --order N", 1, true), said)
+    code, _, said = baseline(dir .. "/r.txt", "--order", "2", "--windows", "3")
+    assert.equal(2, code); assert.truthy(said:find("--windows needs --seq", 1, true), said)
+    rm_rf(dir)
+  end)
+end)
+
 describe("data.default_corpus", function()
   local dir
   before_each(function() dir = tmpdir() end)
