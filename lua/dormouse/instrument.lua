@@ -46,25 +46,18 @@ function instrument.utilisation(state, moe, guard)
   return table.concat(past, ", "), state.windows
 end
 
--- MoE counters from the window's summed routing counts (a Lua list of E numbers)
--- and the assignments it dropped at capacity (a number; nil: dropless).
+-- MoE counters from the window's summed routing counts (an i64 tensor [E] on any device, or a Lua list
+-- of E counts) and the assignments it dropped at capacity (a number; nil: dropless): the op
+-- moe_counters's busiest share, entropy (normalised here by log E) and dead experts.
 function instrument.moe_counters(counts, drops)
   if not counts then return nil end
-  local total, busiest, dead = 0, 0, 0
-  for _, c in ipairs(counts) do
-    total = total + c
-    if c > busiest then busiest = c end
-    if c == 0 then dead = dead + 1 end
-  end
-  local entropy = 0
-  for _, c in ipairs(counts) do
-    if c > 0 then local p = c / total; entropy = entropy - p * math.log(p) end
-  end
-  return {busiest = total > 0 and busiest / total or 0, entropy = entropy / math.log(#counts > 1 and #counts or 2),
-          dead = dead, drops = math.tointeger(drops) or drops or 0}
+  local dm = require "dormouse"
+  local t = dm.is_tensor(counts) and counts or dm.tensor(counts, {dtype = "i64"})
+  local c = dm.moe_counters(t)
+  return {busiest = c.busiest_share, entropy = c.entropy / math.log(math.max(t:numel(), 2)), dead = c.dead,
+          drops = math.tointeger(drops) or drops or 0}
 end
 
--- Each expert's share of the window's assignments, to 4 places (the report's load map); nil without counts.
 function instrument.shares(counts)
   if not counts then return nil end
   local total = 0

@@ -645,7 +645,7 @@ function Run:log_window(w)
   local drops = w.drops
   if dm.is_tensor(drops) then drops = drops:sum():item() end
   local counts = w.counts and w.counts:totable()
-  local moe = instrument.moe_counters(counts, drops)
+  local moe = instrument.moe_counters(w.counts, drops)
   local applied = w.steps - w.skips               -- a window of skipped steps only has no loss: nan, never 0
   local extras
   for name, v in pairs(w.extras or {}) do       -- device sums (eager) or numbers (the graph's window)

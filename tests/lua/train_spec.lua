@@ -113,6 +113,21 @@ describe("a run", function()
     assert.is_true(res.bpb_fin > 0)
   end)
 
+  it("counts the experts' use with the op moe_counters: busiest share, entropy over log E, dead (by hand)", function()
+    local instrument = require "dormouse.instrument"
+    local counts = {6, 0, 2, 0, 8}
+    local total, h = 16, 0
+    for _, c in ipairs(counts) do if c > 0 then h = h - c / total * math.log(c / total) end end
+    local want = {busiest = 0.5, entropy = h / math.log(5), dead = 2, drops = 3}
+    local got = instrument.moe_counters(counts, 3)
+    assert.equal(want.busiest, got.busiest); assert.equal(want.dead, got.dead); assert.equal(3, got.drops)
+    assert.is_true(math.abs(want.entropy - got.entropy) < 1e-12)
+    assert.same(got, instrument.moe_counters(dm.tensor(counts, {dtype = "i64"}), 3))   -- a tensor, as the trainer's
+    assert.same({busiest = 0, entropy = 0, dead = 3, drops = 0}, instrument.moe_counters({0, 0, 0}))
+    assert.same({busiest = 1, entropy = 0, dead = 0, drops = 0}, instrument.moe_counters({7}))
+    assert.is_nil(instrument.moe_counters(nil))
+  end)
+
   it("watches the experts' use against the utilisation floor: flagged on the line, or stopped with a checkpoint",
      function()
     local instrument = require "dormouse.instrument"
