@@ -97,6 +97,13 @@ function Learner:pick(step)
   return out
 end
 
+-- The first random seed of a step's samples (kind 1) or of its fork continuations (kind 2): stream j of
+-- them draws from this + j - 1. Hashed from (seed, step, kind) into 48 bits, so that no two steps' or
+-- kinds' runs of seeds overlap (adjacent bases would: a step's forks reuse a later step's samples').
+function Learner:stream_seed(step, kind)
+  return mix(mix(mix(0x7a11 + self.seed) + step) + kind) % (1 << 48)
+end
+
 function Learner:reward(v, bytes)
   local credit = self.cfg.reward == "score" and v.score or (v.pass and 1 or 0)
   return credit - self.cfg.bytes_penalty * bytes
@@ -156,7 +163,7 @@ function Learner:fork_advantages(model, ro, set, opts)
   local list = {}
   for p = 1, #prompts do for _ = 1, forks do list[#list + 1] = prompts[p] end end
   local texts = #list > 0 and evaluate.sample_streams(model, list, opts.budget, {
-    temperature = opts.temperature, seed = opts.seed + 7919, stop = opts.stop, device = opts.device}) or {}
+    temperature = opts.temperature, seed = opts.fork_seed, stop = opts.stop, device = opts.device}) or {}
   for _, text in ipairs(texts) do self.sampled = self.sampled + #text end
   local value = {}                               -- value[j][i]: V of sample j's prefix of i output bytes
   local log = self.log and assert(io.open(self.log, "ab"))
@@ -217,7 +224,8 @@ function Learner:step(r)
   if model.before_step then model:before_step(r.step, r.cfg.steps) end
   local set = self:pick(r.step)
   local opts = {k = cfg.k, budget = cfg.budget, stop = cfg.stop, temperature = cfg.temperature,
-                seed = self.seed * 1000003 + r.step * cfg.tasks * cfg.k, device = r.device, step = r.step}
+                seed = self:stream_seed(r.step, 1), fork_seed = self:stream_seed(r.step, 2), device = r.device,
+                step = r.step}
   local ro = rollouts.run(model, set, {k = opts.k, budget = opts.budget, stop = opts.stop,
                                        temperature = opts.temperature, seed = opts.seed, device = opts.device,
                                        verifier = self.verifier, log = self.log, step = r.step})

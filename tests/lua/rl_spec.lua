@@ -163,6 +163,24 @@ describe("dormouse post-train", function()
   end)
 end)
 
+describe("the samples' seeds", function()
+  it("give each step's samples and forks runs of seeds that no other step's or kind's overlap", function()
+    local learner = setmetatable({seed = 3}, rl.Learner)
+    local bases = {}
+    for step = 1, 300 do
+      for kind = 1, 2 do
+        local b = learner:stream_seed(step, kind)
+        assert.truthy(math.type(b) == "integer" and b >= 0 and b < 1 << 48)
+        bases[#bases + 1] = b
+      end
+    end
+    table.sort(bases)
+    for i = 2, #bases do assert.truthy(bases[i] - bases[i - 1] > 1e6, "two runs of seeds within 1e6") end
+    assert.equal(learner:stream_seed(7, 1), setmetatable({seed = 3}, rl.Learner):stream_seed(7, 1))
+    assert.are_not.equal(learner:stream_seed(7, 1), setmetatable({seed = 4}, rl.Learner):stream_seed(7, 1))
+  end)
+end)
+
 describe("the reward", function()
   it("credits a pass (hard) or the verifier's score (soft), less the bytes' penalty", function()
     local hard = setmetatable({cfg = {reward = "pass", bytes_penalty = 0.01}}, rl.Learner)
