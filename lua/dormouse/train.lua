@@ -515,29 +515,51 @@ function train.balance(model)
   if model.update_balance then return model:update_balance() end
 end
 
+--[[ The weights of a step's micro-batches: 1 / grad_accum each, or under loss masks (records) each
+one's share of the step's scored targets, so that the step's loss is the mean over all of them as one
+batch's would be (a micro-batch of short responses counts for less). masks: the micro-batches'
+masks (u8 tensors on the CPU) or nil. ]]
+function train.micro_weights(masks, n)
+  local w = {}
+  local total, counts = 0, {}
+  for i = 1, n do
+    counts[i] = masks and masks[i] and masks[i]:to("f64"):sum():item() or 1
+    total = total + counts[i]
+  end
+  for i = 1, n do w[i] = total > 0 and counts[i] / total or 1 / n end
+  return w
+end
+
 function train.step(r, mark)
   local cfg = r.cfg
   mark = mark or function() end
   if r.model.before_step then r.model:before_step(r.step, cfg.steps) end
   return dm.scope(function()
     local loss, extras = 0, {}
-    for _ = 1, cfg.grad_accum do
+    local batches, masks = {}, nil
+    for i = 1, cfg.grad_accum do                 -- every micro-batch first: the masks decide the weights
       local x, prefix, _, mask = r.loader:next()     -- mask: records' batches only
+      batches[i] = {x, prefix, mask}
+      if mask then masks = masks or {}; masks[i] = mask end
+    end
+    local weight = train.micro_weights(masks, cfg.grad_accum)
+    for i = 1, cfg.grad_accum do
+      local x, prefix, mask = batches[i][1], batches[i][2], batches[i][3]
       if r.device ~= "cpu" then x, prefix, mask = x:to(r.device), prefix:to(r.device), mask and mask:to(r.device) end
       mark("data")
       local seg = cfg.model.segment
       local l, terms
       if seg and x:size(2) - 1 > seg then        -- by segments, the state carried: forward and backward in one
-        l, terms = segments.backward(r.model, x, prefix, seg, 1 / cfg.grad_accum, mark, mask)
+        l, terms = segments.backward(r.model, x, prefix, seg, weight[i], mark, mask)
         l = l:item()
       else
         local out
-        out, l = train.micro_batch(r.model, x, prefix, 1 / cfg.grad_accum, true, mark, mask)
+        out, l = train.micro_batch(r.model, x, prefix, weight[i], true, mark, mask)
         terms = out.extras
       end
-      loss = loss + l / cfg.grad_accum
+      loss = loss + l * weight[i]
       for name, v in pairs(terms or {}) do           -- kept on the device: read at the log line
-        local part = v:detach() * (1 / cfg.grad_accum)
+        local part = v:detach() * weight[i]
         extras[name] = extras[name] and extras[name] + part or part
       end
     end

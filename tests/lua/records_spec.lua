@@ -249,6 +249,39 @@ describe("the loss under a mask", function()
     assert.are_not.equal(lc, ld)
   end)
 
+  it("weighs a step's micro-batches by their response targets: two of 2 rows step as one of 4 rows (f64)", function()
+    local o = {batch = 2, seq = 24, seed = 1, ctx = train.engram_ctx(config.load("experiments/tiny.lua"))}
+    local a, b = {set:batch(0, o)}, {set:batch(3, o)}
+    local na, nb = a[3]:to("f64"):sum():item(), b[3]:to("f64"):sum():item()
+    assert.are_not.equal(na, nb)                          -- else equal weights would pass too
+    local function step(batches, accum)                     -- train.step's loss and the gradient it stepped on
+      local m, i, grads = model_of(), 0, nil
+      local r = {cfg = config.load("experiments/tiny.lua", {"grad_accum=" .. accum}), model = m, device = "cpu",
+                 step = 1,
+                 loader = {next = function() i = i + 1; return batches[i][1], batches[i][2], i - 1, batches[i][3] end},
+                 opt = {step = function()
+                          grads = {}
+                          for name, g in pairs(grads_of(m)) do grads[name] = dm.keep(g) end   -- past the step's scope
+                          return {grad_norm = 0, lr = 0}
+                        end,
+                        zero_grad = function() end}}
+      return train.step(r), grads
+    end
+    local function cat(j) return dm.cat({a[j], b[j]}, 1) end
+    local l2, g2 = step({a, b}, 2)
+    local l1, g1 = step({{cat(1), cat(2), cat(3)}}, 1)
+    assert.is_true(math.abs(l1 - l2) < 1e-12 * math.abs(l1), l1 .. " vs " .. l2)
+    local n = 0
+    for name, g in pairs(g1) do
+      assert.is_true(dm.allclose(g, g2[name], {rtol = 1e-9, atol = 1e-12}), name)
+      n = n + 1
+    end
+    assert.truthy(n > 20)
+    assert.same({0.25, 0.75}, train.micro_weights({dm.tensor({1, 0}, {dtype = "u8"}), dm.tensor({1, 2}, {dtype = "u8"})}, 2))
+    assert.same({0.5, 0.5}, train.micro_weights(nil, 2))
+    assert.same({0.5, 0.5}, train.micro_weights({dm.zeros({2}, {dtype = "u8"}), dm.zeros({2}, {dtype = "u8"})}, 2))
+  end)
+
   it("of a batch with no response byte is 0, with no NaN in any gradient", function()
     local m = model_of()
     local x, prefix = set:batch(0, {batch = 2, seq = 16, seed = 1, ctx = 2})
