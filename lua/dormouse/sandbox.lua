@@ -18,9 +18,11 @@ seconds (wall time, default 2), memory (bytes of address space, default 512 MiB)
 processes (default 64), output (bytes kept of stdout and of stderr, default 64
 KiB; more fails the run), disk (bytes of /work and /tmp each, default 64 MiB).
 
-Run as root, the program runs as the user nobody (65534), so that the processes
-limit counts its own processes only: a fork bomb meets it and then the time
-limit. Past the time limit or the output cap the whole sandbox is killed (its
+Run as root, the program runs as a user of this process's own (2,000,000,000 plus
+its pid, a number no account uses), so that the processes limit counts the
+sandbox's processes only: a fork bomb meets it and then the time limit, and
+never eats the quota of another process's sandboxes (two runs verifying code at
+once) or of a user of the system. Past the time limit or the output cap the whole sandbox is killed (its
 PID namespace goes with bubblewrap), and the call returns once every process
 of it has ended. Nothing on the host is writable from
 inside; the host folder the program is read from is removed after the run.
@@ -35,7 +37,7 @@ local LANGUAGES = {
 }
 
 local DEFAULTS = {seconds = 2, memory = 512 << 20, processes = 64, output = 65536, disk = 64 << 20}
-local NOBODY = 65534
+local SANDBOX_UID = 2000000000 + core.pid()   -- the program's user when this process is root (above)
 
 local SIGNALS = {[6] = "SIGABRT", [9] = "SIGKILL", [11] = "SIGSEGV (a memory fault)", [24] = "SIGXCPU (the CPU time limit)",
                  [25] = "SIGXFSZ (the file size limit)"}
@@ -119,6 +121,18 @@ local function options(o)
   return out, lang
 end
 
+-- The sandbox's first process ends only once every other one in its PID namespace has: wait for it
+-- (and reap it: run_limited made it this process's child), so that nothing the program started
+-- outlives the call, nor its zombie the user's process count
+local function wait_first(r)
+  local first = tonumber((r.info or ""):match('"child%-pid"%s*:%s*(%d+)'))
+  if first and not core.wait_gone(first, 10) then
+    error(string.format("sandbox: the sandbox's processes (its first, pid %d) still run 10 s after it was killed",
+                        first), 3)
+  end
+  r.info = nil
+end
+
 --[[ The sandbox itself, checked once: bwrap is there and can make its namespaces here.
 sandbox.available() → true, or false and why. ]]
 local checked
@@ -131,9 +145,10 @@ function sandbox.available()
   end
   local dir = core.make_temp_dir("dormouse-sandbox-")
   local r = core.run_limited(bwrap_argv(bwrap, dir, DEFAULTS.disk, {"/usr/bin/env", "true"}),
-                             {seconds = 10, output = 4096, uid = NOBODY, info_fd = 3, memory = DEFAULTS.memory,
+                             {seconds = 10, output = 4096, uid = SANDBOX_UID, info_fd = 3, memory = DEFAULTS.memory,
                               processes = DEFAULTS.processes, file_size = DEFAULTS.disk})   -- run's limits
   core.ckpt_remove_tree(dir)
+  wait_first(r)
   if r.status ~= 0 then
     checked = {false, "bubblewrap cannot make its sandbox here: " .. (last_line(r.stderr, 300) or
                "exit status " .. r.status)}
@@ -160,18 +175,11 @@ function sandbox.run(opts)
     for _, a in ipairs(o.args) do command[#command + 1] = a end
     return core.run_limited(bwrap_argv(system_program("bwrap"), dir, o.disk, command), {
       seconds = o.seconds, output = o.output, memory = o.memory, processes = o.processes,
-      file_size = o.disk, uid = NOBODY, info_fd = 3})
+      file_size = o.disk, uid = SANDBOX_UID, info_fd = 3})
   end)
   core.ckpt_remove_tree(dir)
   if not done then error(r, 0) end
-  -- the sandbox's first process ends only once every other one in its PID namespace has: wait for it,
-  -- so that nothing the program started outlives the call
-  local first = tonumber((r.info or ""):match('"child%-pid"%s*:%s*(%d+)'))
-  if first and not core.wait_gone(first, 10) then
-    error(string.format("sandbox: the sandbox's processes (its first, pid %d) still run 10 s after it was killed",
-                        first), 2)
-  end
-  r.info = nil
+  wait_first(r)
   r.reason = reason_of(r, o)
   r.ok = r.reason == nil
   return r

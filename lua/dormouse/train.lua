@@ -536,15 +536,20 @@ function train.step(r, mark)
   if r.model.before_step then r.model:before_step(r.step, cfg.steps) end
   return dm.scope(function()
     local loss, extras = 0, {}
-    local batches, masks = {}, nil
-    for i = 1, cfg.grad_accum do                 -- every micro-batch first: the masks decide the weights
-      local x, prefix, _, mask = r.loader:next()     -- mask: records' batches only
-      batches[i] = {x, prefix, mask}
-      if mask then masks = masks or {}; masks[i] = mask end
+    -- records over several micro-batches: every one first, their masks deciding the weights; a corpus's
+    -- one at a time (host Engram tables prefetch the batch after the one being computed)
+    local batches, masks = {}, {}
+    if cfg.data.records and cfg.grad_accum > 1 then
+      for i = 1, cfg.grad_accum do
+        local x, prefix, _, mask = r.loader:next()
+        batches[i], masks[i] = {x, prefix, mask}, mask
+      end
     end
-    local weight = train.micro_weights(masks, cfg.grad_accum)
+    local weight = train.micro_weights(#masks > 0 and masks or nil, cfg.grad_accum)
     for i = 1, cfg.grad_accum do
-      local x, prefix, mask = batches[i][1], batches[i][2], batches[i][3]
+      local x, prefix, mask, _
+      if batches[i] then x, prefix, mask = batches[i][1], batches[i][2], batches[i][3]
+      else x, prefix, _, mask = r.loader:next() end   -- mask: records' batches only
       if r.device ~= "cpu" then x, prefix, mask = x:to(r.device), prefix:to(r.device), mask and mask:to(r.device) end
       mark("data")
       local seg = cfg.model.segment

@@ -256,7 +256,8 @@ describe("the loss under a mask", function()
     assert.are_not.equal(na, nb)                          -- else equal weights would pass too
     local function step(batches, accum)                     -- train.step's loss and the gradient it stepped on
       local m, i, grads = model_of(), 0, nil
-      local r = {cfg = config.load("experiments/tiny.lua", {"grad_accum=" .. accum}), model = m, device = "cpu",
+      local r = {cfg = config.load("experiments/tiny.lua", {"grad_accum=" .. accum, "data.records=\"x.jsonl\""}),
+                 model = m, device = "cpu",
                  step = 1,
                  loader = {next = function() i = i + 1; return batches[i][1], batches[i][2], i - 1, batches[i][3] end},
                  opt = {step = function()

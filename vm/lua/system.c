@@ -4,11 +4,13 @@
 **   core.disk_free(path)      -> bytes free to this user on path's filesystem, or nil, why
 **   core.memory_available()   -> bytes of host memory available (MemAvailable), or nil
 **   core.dtype_size(name)     -> bytes an element of that dtype takes (vm/core/dm.h's fact)
+**   core.pid()                -> this process's id
 */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/statvfs.h>
+#include <unistd.h>
 #include "lua/bind.h"
 #include "core/dm.h"
 
@@ -44,6 +46,11 @@ static int c_dtype_size(lua_State *L) {
   return 1;
 }
 
+static int c_pid(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)getpid());
+  return 1;
+}
+
 static const luaL_Reg funcs[] = {{"disk_free", c_disk_free}, {"memory_available", c_memory_available},
-                                 {"dtype_size", c_dtype_size}, {NULL, NULL}};
+                                 {"dtype_size", c_dtype_size}, {"pid", c_pid}, {NULL, NULL}};
 DM_LUA_FUNCS(funcs)
