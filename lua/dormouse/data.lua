@@ -10,10 +10,12 @@ held-out windows, and the n-gram baseline.
   local ex, eprefix = corpus:eval_windows {seq = 256, n = 16}
   print(corpus:ngram_bpb(5, {seq = 256, n = 16}))
 
-A corpus is one byte stream: a file, a list of files, or a directory (its
+A corpus is one byte stream: a file, a list of files, a directory (its
 regular files, recursively, each level in sorted name order, hidden names
-skipped); `.zst` files are decompressed at open. The held-out split is the
-last eval_bytes of the stream; training windows never touch it.
+skipped) or a glob; `.zst` files are decompressed at open. The held-out
+split is the last eval_bytes of the stream; training windows never touch it.
+A mixture (opts.weights) holds each source's train bytes in turn, then the
+held-out bytes: each source's tail, or the end of a separate eval source.
 
 Batch k (k = 0, 1, ...: the number of batches drawn before it) is x [B, T+1]
 (inputs x[:, 1..T], targets x[:, 2..T+1]) and prefix [B, ctx], the ctx
@@ -96,17 +98,39 @@ local Corpus = {}
 local corpus_mt = core.data_metatable("corpus")
 corpus_mt.__index = Corpus
 
---- data.open(path_or_list, {eval_bytes = N}) → a corpus; eval_bytes defaults to 0 (no held-out split)
-function data.open(paths, opts)
-  local o = options(opts, "data.open", {eval_bytes = true})
+local function path_list(paths, where, what)
   if type(paths) == "string" then paths = {paths} end
   if type(paths) ~= "table" or #paths == 0 then
-    fail("data.open: expects a path or a list of paths, got %s", type(paths) == "table" and "an empty list" or type(paths))
+    fail("%s: expects %s, got %s", where, what, type(paths) == "table" and "an empty list" or type(paths))
   end
   for i, p in ipairs(paths) do
-    if type(p) ~= "string" then fail("data.open: path %d is a %s, not a string", i, type(p)) end
+    if type(p) ~= "string" then fail("%s: path %d is a %s, not a string", where, i, type(p)) end
   end
-  return core.corpus_open(paths, integer(o, "eval_bytes", "data.open", 0, 0))
+  return paths
+end
+
+--[[ data.open(path_or_list, {eval_bytes = N, weights = {w, ...}, eval = path_or_list}) → a corpus.
+eval_bytes defaults to 0 (no held-out split). Without weights the paths are one source, joined in
+order; with them each path (a file, a folder or a glob) is a source of its own, and each training
+row reads one source, drawn by weight. eval: a held-out source whose last eval_bytes are the
+held-out split (without it, each source's tail, eval_bytes shared by weight). ]]
+function data.open(paths, opts)
+  local o = options(opts, "data.open", {eval_bytes = true, weights = true, eval = true})
+  paths = path_list(paths, "data.open", "a path or a list of paths")
+  local weights = o.weights
+  if weights ~= nil then
+    if type(weights) ~= "table" or #weights ~= #paths then
+      fail("data.open: option 'weights' must be a list of %d numbers, one a path, got %s", #paths,
+           type(weights) == "table" and #weights .. " entries" or type(weights))
+    end
+    for i, w in ipairs(weights) do
+      if type(w) ~= "number" or not (w > 0) or w == math.huge then
+        fail("data.open: weight %d (of '%s') must be a number > 0, got %s", i, paths[i], tostring(w))
+      end
+    end
+  end
+  local eval = o.eval ~= nil and path_list(o.eval, "data.open: option 'eval'", "a path or a list of paths") or nil
+  return core.corpus_open(paths, integer(o, "eval_bytes", "data.open", 0, 0), weights, eval)
 end
 
 corpus_mt.__tostring = function(self)
@@ -114,13 +138,17 @@ corpus_mt.__tostring = function(self)
   if not ok then return "Corpus (closed)" end
   local files = core.corpus_files(self)
   local more = #files > 1 and string.format(" and %d more files", #files - 1) or ""
-  return string.format("Corpus('%s'%s: %d bytes, train %d, held out %d)", files[1], more, size, train, held)
+  local sources = core.corpus_sources(self)
+  local mix = #sources > 1 and string.format(", %d sources", #sources) or ""
+  return string.format("Corpus('%s'%s%s: %d bytes, train %d, held out %d)", files[1], more, mix, size, train, held)
 end
 
 function Corpus:size() return (core.corpus_sizes(self)) end
 function Corpus:train_size() return (select(2, core.corpus_sizes(self))) end
 function Corpus:eval_size() return select(3, core.corpus_sizes(self)) end
 function Corpus:files() return core.corpus_files(self) end
+--- corpus:sources() → {{begin = b, ["end"] = e, share = w}, ...}: each source's train bytes [b, e) and its share of the rows
+function Corpus:sources() return core.corpus_sources(self) end
 function Corpus:close() core.corpus_close(self) end
 
 --- corpus:bytes(offset, n) → n bytes from a 0-based offset, as a string

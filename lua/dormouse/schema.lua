@@ -305,8 +305,15 @@ local rows = {
   }},
 
   {"data", "the byte corpus", {
-    {"path", optional(str), nil, "corpus file (raw bytes or .zst); nil = the embedded default corpus"},
-    {"eval_bytes", positive, 81920, "bytes held out at the corpus end for evaluation, never trained on"},
+    {"path", optional(str), nil, "corpus file (raw bytes or .zst), folder or glob; nil = the embedded default corpus"},
+    {"sources", optional(list(str)), nil, "a mixture instead of data.path: files, folders or globs, each a source; " ..
+     "each training row reads one source, drawn by data.weights from the run's seed (docs/training.md, \"Corpora\")"},
+    {"weights", optional(list(num{above = 0})), nil, "data.sources' weights, one a source (nil = equal); a source " ..
+     "draws its weight over the weights' sum of the rows"},
+    {"eval", optional(str), nil, "a held-out source (file, folder or glob): its last eval_bytes are the held-out " ..
+     "split, and every byte of the training sources trains; nil = the tail of each source"},
+    {"eval_bytes", positive, 81920, "bytes held out for evaluation, never trained on: the corpus's last, each " ..
+     "source's tail shared by weight, or data.eval's last"},
     {"ctx", optional(positive), nil, "bytes per eval sequence (nil = seq)"},
     {"records", optional(str), nil, "prompt/response records for supervised fine-tuning, instead of the corpus: " ..
      "JSONL ({\"prompt\": ..., \"response\": ...} a line) or a task file (tasks/addition.lua), or several " ..

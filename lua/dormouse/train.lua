@@ -787,15 +787,43 @@ function train.find_file(path, root)
   return core.file_kind(installed) ~= "missing" and installed or path
 end
 
---[[ The run's data and its path: the byte corpus of data.path, or with data.records a record set
-(dormouse.records: its loader's batches bring a mask, the loss covering the response bytes).
-opts.root: where a path not found here is looked for (tasks/addition.lua in the install). ]]
+--[[ The byte corpus a config names, as data.open takes it: {paths, opts = {eval_bytes, weights,
+eval}, label = a short description}. data.path is one source (nil: the embedded corpus);
+data.sources a mixture drawn by data.weights (nil: equal); data.eval a held-out source. ]]
+function train.corpus_spec(d)
+  if d.path and d.sources then
+    error(string.format("data.path (%s) and data.sources (%s): a run reads one or the other", d.path,
+                        table.concat(d.sources, ", ")), 0)
+  end
+  if d.weights and not d.sources then error("data.weights needs data.sources (the weights are theirs)", 0) end
+  if d.sources and #d.sources == 0 then error("data.sources = {} names no source", 0) end
+  if d.weights and #d.weights ~= #d.sources then
+    error(string.format("data.weights has %d entries and data.sources %d: give one weight a source", #d.weights,
+                        #d.sources), 0)
+  end
+  local paths = d.sources or {d.path or dm.data.default_corpus()}
+  local weights = d.sources and (d.weights or {})
+  local label = {}
+  for i = 1, d.sources and #paths or 0 do
+    weights[i] = weights[i] or 1
+    label[i] = string.format("%s x %g", paths[i], weights[i])
+  end
+  return {paths = paths, opts = {eval_bytes = d.eval_bytes, weights = weights, eval = d.eval},
+          label = d.sources and table.concat(label, " + ") or paths[1]}
+end
+
+--[[ The run's data and its path: the byte corpus of data.path or data.sources, or with
+data.records a record set (dormouse.records: its loader's batches bring a mask, the loss covering
+the response bytes). opts.root: where a path not found here is looked for (tasks/addition.lua in
+the install). ]]
 function train.open_corpus(cfg, opts)
   local d = cfg.data
   if d.records then
-    if d.path then
-      error(string.format("data.records (%s) and data.path (%s): a run trains on one or the other", d.records,
-                          d.path), 0)
+    for _, key in ipairs {"path", "sources", "eval"} do
+      if d[key] then
+        error(string.format("data.records (%s) and data.%s (%s): a run trains on one or the other", d.records, key,
+                            type(d[key]) == "table" and table.concat(d[key], ", ") or d[key]), 0)
+      end
     end
     local paths = {}
     for name in d.records:gmatch("[^,]+") do
@@ -804,8 +832,8 @@ function train.open_corpus(cfg, opts)
     if #paths == 0 then error(string.format("data.records = %q names no file", d.records), 0) end
     return require("dormouse.records").open(paths, {eval_records = d.eval_records}), table.concat(paths, ",")
   end
-  local path = d.path or dm.data.default_corpus()
-  return dm.data.open(path, {eval_bytes = d.eval_bytes}), path
+  local spec = train.corpus_spec(d)
+  return dm.data.open(spec.paths, spec.opts), spec.label
 end
 
 -- Every line of metrics.jsonl up to `step`, so a resumed run's file continues cleanly.
@@ -926,7 +954,8 @@ function run_body(self, cfg, opts)
     counts and string.format(" (%s without the Engram tables, %s active per token per iteration)",
                              nn.human(counts.without_tables), nn.human(counts.active)) or "",
     corpus.describe and corpus:describe() or
-      string.format("corpus %s (%d bytes, %d held out)", path, corpus:size(), corpus:eval_size()), self.device)
+      string.format("corpus %s (%d bytes, %d held out%s)", path, corpus:size(), corpus:eval_size(),
+                    cfg.data.eval and " from " .. cfg.data.eval or ""), self.device)
   self:say(self.summary)
   self:say(self.opt:describe())
   local arms = self.model.arms and self.model:arms() or {}

@@ -115,8 +115,8 @@ describe("data.open", function()
     located(expect_error(function() data.open(42) end, "data.open: expects a path or a list of paths, got number"))
     expect_error(function() data.open({}) end, "got an empty list")
     expect_error(function() data.open({dir .. "/a.txt", 7}) end, "path 2 is a number, not a string")
-    located(expect_error(function() data.open(dir .. "/a.txt", {eval = 5}) end,
-                         "data.open: unknown option 'eval' (options: eval_bytes)"))
+    located(expect_error(function() data.open(dir .. "/a.txt", {held = 5}) end,
+                         "data.open: unknown option 'held' (options: eval, eval_bytes, weights)"))
     expect_error(function() data.open(dir .. "/a.txt", {eval_bytes = -1}) end,
                  "option 'eval_bytes' must be an integer >= 0, got -1")
     expect_error(function() data.open(dir .. "/a.txt", {eval_bytes = 1.5}) end, "got 1.5")
@@ -138,6 +138,96 @@ describe("data.open", function()
     collectgarbage()
     collectgarbage()
     assert.is_false(mapped(dir .. "/a.txt"))
+  end)
+end)
+
+describe("a mixture of sources", function()
+  local dir, lower, upper, held
+  before_each(function()
+    dir = tmpdir()
+    lower, upper, held = text(20000, 1), text(5000, 2):upper(), text(3000, 3)
+    write(dir .. "/a.txt", lower)
+    write(dir .. "/b.txt", upper)
+    write(dir .. "/e.txt", held)
+  end)
+  after_each(function() rm_rf(dir) end)
+
+  -- the rows of a batch: how many read source a (lower case), and whether any mixes the two
+  local function count_rows(c, n)
+    local from_a, crossing = 0, 0
+    for _, row in ipairs(c:batch(0, {batch = n, seq = 31, seed = 5}):totable()) do
+      local s = string.char(table.unpack(row))
+      if s:match("^%l+$") then from_a = from_a + 1 elseif not s:match("^%u+$") then crossing = crossing + 1 end
+    end
+    return from_a, crossing
+  end
+
+  it("draws each row from one source, in proportion to the weights", function()
+    local c <close> = data.open({dir .. "/a.txt", dir .. "/b.txt"}, {eval_bytes = 1000, weights = {0.8, 0.2}})
+    local from_a, crossing = count_rows(c, 4000)
+    assert.are.equal(0, crossing)
+    -- 4,000 draws of a 0.8 coin: the standard deviation of the share is 0.0063
+    assert.is_true(math.abs(from_a / 4000 - 0.8) < 0.025, "rows from source a: " .. from_a .. " of 4000")
+    local other <close> = data.open({dir .. "/a.txt", dir .. "/b.txt"}, {eval_bytes = 1000, weights = {1, 3}})
+    local a2 = count_rows(other, 4000)
+    assert.is_true(math.abs(a2 / 4000 - 0.25) < 0.03, "rows from source a at weights 1:3: " .. a2)
+    assert.are.equal("Corpus('" .. dir .. "/a.txt' and 1 more files, 2 sources: 25000 bytes, train 24000, " ..
+                     "held out 1000)", tostring(c))
+  end)
+
+  it("holds out each source's tail, eval_bytes shared by weight", function()
+    local c <close> = data.open({dir .. "/a.txt", dir .. "/b.txt"}, {eval_bytes = 1000, weights = {0.8, 0.2}})
+    local src = c:sources()
+    assert.are.same({0, 19200, 0.8}, {src[1].begin, src[1]["end"], src[1].share})
+    assert.are.same({19200, 24000}, {src[2].begin, src[2]["end"]})
+    assert.is_true(math.abs(src[2].share - 0.2) < 1e-12)
+    assert.are.equal(lower:sub(1, 19200) .. upper:sub(1, 4800), c:bytes(0, 24000))
+    assert.are.equal(lower:sub(19201) .. upper:sub(4801), c:bytes(24000, 1000))
+    -- no training row reaches a held-out byte: every row lies inside its source's train bytes
+    for _, row in ipairs(c:batch(3, {batch = 500, seq = 63, seed = 2}):totable()) do
+      local s = string.char(table.unpack(row))
+      local at = lower:find(s, 1, true) or upper:find(s, 1, true)
+      assert.is_truthy(at)
+      assert.is_true(at + 63 <= (s:match("^%l") and 19200 or 4800))
+    end
+  end)
+
+  it("holds out the end of a separate eval source, and trains on every byte of the others", function()
+    local c <close> = data.open({dir .. "/a.txt", dir .. "/b.txt"},
+                                {eval_bytes = 2000, weights = {1, 1}, eval = dir .. "/e.txt"})
+    assert.are.equal(25000, c:train_size())
+    assert.are.equal(2000, c:eval_size())
+    assert.are.equal(held:sub(1001), c:bytes(25000, 2000))
+    local x = c:eval_windows({seq = 100, n = 2})
+    assert.are.equal(held:sub(1001, 1101), row_string(x, 1))
+    -- one source with an eval source: the same
+    local one <close> = data.open(dir .. "/a.txt", {eval_bytes = 500, eval = dir .. "/e.txt"})
+    assert.are.same({20000, 500}, {one:train_size(), one:eval_size()})
+  end)
+
+  it("takes globs, in sorted order", function()
+    local c <close> = data.open(dir .. "/*.txt", {eval_bytes = 10})
+    assert.are.same({dir .. "/a.txt", dir .. "/b.txt", dir .. "/e.txt"}, c:files())
+    local mixed <close> = data.open({dir .. "/[ab].txt", dir .. "/e.*"}, {weights = {1, 1}})
+    assert.are.equal(2, #mixed:sources())
+    expect_error(function() data.open(dir .. "/*.bin") end, "'" .. dir .. "/*.bin' matches no file")
+  end)
+
+  it("refuses weights, eval sources and shares that cannot work, naming them", function()
+    local ab = {dir .. "/a.txt", dir .. "/b.txt"}
+    located(expect_error(function() data.open(ab, {weights = {1}}) end,
+                         "option 'weights' must be a list of 2 numbers, one a path, got 1 entries"))
+    expect_error(function() data.open(ab, {weights = {1, 0}}) end, "weight 2 (of '" .. dir .. "/b.txt') must be a number > 0")
+    expect_error(function() data.open(ab, {weights = {1, 1}, eval = dir .. "/e.txt"}) end,
+                 "an eval source ('" .. dir .. "/e.txt') needs eval_bytes > 0")
+    expect_error(function() data.open(ab, {weights = {1, 1}, eval_bytes = 4000, eval = dir .. "/e.txt"}) end,
+                 "the eval source '" .. dir .. "/e.txt' holds 3000 bytes, fewer than eval_bytes (4000)")
+    expect_error(function() data.open(ab, {weights = {1, 9}, eval_bytes = 6000}) end,
+                 "source 2 ('" .. dir .. "/b.txt') holds 5000 bytes; its share of eval_bytes, 5400, leaves none to train on")
+    write(dir .. "/tiny.txt", "xyz")
+    local c <close> = data.open({dir .. "/a.txt", dir .. "/tiny.txt"}, {weights = {1, 1}})
+    expect_error(function() c:batch(0, {batch = 2, seq = 8}) end,
+                 "the train split of source 2, '" .. dir .. "/tiny.txt' (3 bytes), is shorter than one window of seq + 1 = 9 bytes")
   end)
 end)
 

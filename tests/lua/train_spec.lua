@@ -159,6 +159,36 @@ describe("a run", function()
     assert.matches("/nonexistent/corpus.txt", err)
   end)
 
+  it("trains on a mixture of sources and scores a separate eval source, and refuses keys that clash", function()
+    local dir, runs = tmpdir(), tmpdir()
+    local kjv = dm.data.open(dm.data.default_corpus())
+    for i, name in ipairs {"a.txt", "b.txt", "e.txt"} do
+      local f = assert(io.open(dir .. "/" .. name, "wb"))
+      f:write(kjv:bytes(i * 100000, 30000))
+      f:close()
+    end
+    kjv:close()
+    local sources = string.format("data.sources={%s/a.txt, %s/b.txt}", dir, dir)
+    local summary = run_quiet(tiny {"name=mix", "steps=4", "eval.every=4", "log.every=2", sources,
+                                    "data.weights={3, 1}", "data.eval=" .. dir .. "/e.txt"}, {runs = runs})
+    assert.are.equal(4, summary.step)
+    assert.is_truthy(summary.bpb_fin)
+    local log = require("tests.lua.helpers").read(runs .. "/mix/log.txt")
+    assert.is_truthy(log:find(string.format("corpus %s/a.txt x 3 + %s/b.txt x 1 (64096 bytes, 4096 held out from %s/e.txt)",
+                                            dir, dir, dir), 1, true), log)
+    local function refused(overrides, part)
+      local ok, err = pcall(run_quiet, tiny(overrides), {runs = runs})
+      assert.is_false(ok)
+      assert.is_truthy(tostring(err):find(part, 1, true), tostring(err))
+    end
+    refused({"name=r1", sources, "data.path=" .. dir .. "/a.txt"}, "data.path (" .. dir .. "/a.txt) and data.sources")
+    refused({"name=r2", "data.weights={1, 2}"}, "data.weights needs data.sources")
+    refused({"name=r3", sources, "data.weights={1, 2, 3}"}, "data.weights has 3 entries and data.sources 2")
+    refused({"name=r4", "data.records=tasks/addition.lua", "data.eval=" .. dir .. "/e.txt"},
+            "data.records (tasks/addition.lua) and data.eval")
+    os.execute("rm -rf '" .. dir .. "' '" .. runs .. "'")
+  end)
+
   it("ends at once above the CE ceiling, naming the step", function()
     local ok, err = pcall(run_quiet, tiny {"name=ce", "ce_ceiling=0.5"}, {runs = tmpdir()})
     assert.is_false(ok)

@@ -7,348 +7,200 @@
 ** The loader thread never calls dm_error or dm_alloc: it fills plain host
 ** buffers and leaves any error for the caller's thread to raise.
 */
-#include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
-#include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-#include <zstd.h>
 #include "data/data.h"
+#include "data/files.h"
 #include "core/alloc.h"
 #include "core/core.h"
 #include "core/philox.h"
 
+/* A part is a slice of one file placed in the stream; a source's train segment is where its rows
+** start. A single source keeps its file order: train, then its tail, contiguous as in the files. */
 typedef struct part {
-  char *path;
   const uint8_t *data;
   int64_t size;
-  int64_t offset;          /* where the file starts in the stream */
-  bool mapped;             /* munmap, else free */
+  int64_t offset;          /* where the slice starts in the stream */
 } part;
+
+typedef struct source {
+  int64_t begin, end;      /* its train bytes in the stream */
+  double upto;             /* the weights' running share up to and including this source */
+  char name[160];          /* for messages: its first path, and how many more */
+} source;
 
 struct dm_corpus {
   int refs;
-  part *parts;             /* only files that hold bytes, in stream order */
+  dm_file *files;          /* only files that hold bytes: the sources' in order, then the eval source's */
+  int nfiles;
+  part *parts;             /* in stream order */
   int nparts;
+  source *sources;
+  int nsources;
   int64_t size, eval_bytes;
   char name[256];          /* for messages: the first path, and how many more */
 };
 
-#define ERRMAX 1024
-
-static bool fail(char *err, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, ERRMAX, fmt, ap);
-  va_end(ap);
-  return false;
-}
-
-/* ---- the file list --------------------------------------------------------------------- */
-
-typedef struct strlist { char **v; int n, cap; } strlist;
-
-static bool strlist_take(strlist *l, char *s, char *err) {
-  if (s && l->n == l->cap) {
-    int cap = l->cap ? 2 * l->cap : 16;
-    char **v = realloc(l->v, sizeof *v * (size_t)cap);
-    if (v) { l->v = v; l->cap = cap; }
-  }
-  if (!s || l->n == l->cap) { free(s); return fail(err, "corpus: out of host memory listing files"); }
-  l->v[l->n++] = s;
-  return true;
-}
-
-static void strlist_free(strlist *l) {
-  for (int i = 0; i < l->n; i++) free(l->v[i]);
-  free(l->v);
-  *l = (strlist){0};
-}
-
-static char *join_path(const char *dir, const char *name) {
-  size_t nd = strlen(dir);
-  bool slash = nd > 0 && dir[nd - 1] == '/';
-  char *p = malloc(nd + strlen(name) + 2);
-  if (p) sprintf(p, slash ? "%s%s" : "%s/%s", dir, name);
-  return p;
-}
-
-static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
-static bool walk(const char *dir, strlist *out, char *err);
-
-/* a directory's entries in sorted order, hidden names skipped; directories recursed */
-static bool walk_entries(const char *dir, strlist *names, strlist *out, char *err) {
-  if (names->n > 1) qsort(names->v, (size_t)names->n, sizeof *names->v, cmp_str);
-  for (int i = 0; i < names->n; i++) {
-    char *path = join_path(dir, names->v[i]);
-    struct stat st;
-    if (!path) return fail(err, "corpus: out of host memory listing files");
-    bool ok = true;
-    if (stat(path, &st) != 0) ok = fail(err, "corpus: cannot open '%s': %s", path, strerror(errno));
-    else if (S_ISDIR(st.st_mode)) ok = walk(path, out, err);
-    else if (S_ISREG(st.st_mode)) { ok = strlist_take(out, path, err); path = NULL; }
-    free(path);
-    if (!ok) return false;
-  }
-  return true;
-}
-
-static bool walk(const char *dir, strlist *out, char *err) {
-  DIR *d = opendir(dir);
-  if (!d) return fail(err, "corpus: cannot read directory '%s': %s", dir, strerror(errno));
-  strlist names = {0};
-  bool ok = true;
-  for (struct dirent *e; ok && (e = readdir(d));)
-    if (e->d_name[0] != '.') ok = strlist_take(&names, strdup(e->d_name), err);
-  closedir(d);
-  if (ok) ok = walk_entries(dir, &names, out, err);
-  strlist_free(&names);
-  return ok;
-}
-
-static bool collect(const char *path, strlist *out, char *err) {
-  struct stat st;
-  if (stat(path, &st) != 0) return fail(err, "corpus: cannot open '%s': %s", path, strerror(errno));
-  if (S_ISREG(st.st_mode)) return strlist_take(out, strdup(path), err);
-  if (!S_ISDIR(st.st_mode)) return fail(err, "corpus: '%s' is neither a regular file nor a directory", path);
-  int before = out->n;
-  if (!walk(path, out, err)) return false;
-  if (out->n == before)
-    return fail(err, "corpus: directory '%s' holds no files (hidden names are skipped)", path);
-  return true;
-}
-
-/* ---- mapped files that shrink ------------------------------------------------------------
-** A mapped file cut short by another process makes the next read past its new end a SIGBUS.
-** The mappings are registered here; a SIGBUS inside one ends the process with a message naming
-** the file (exit status 1) instead of a signal's death; any other SIGBUS stays the default. The
-** handler reads the table only (plain stores under a mutex add and remove its entries). */
-#define MAPS_MAX 4096
-
-static struct { const uint8_t *lo, *hi; const char *path; } maps[MAPS_MAX];
-static pthread_mutex_t maps_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_once_t maps_once = PTHREAD_ONCE_INIT;
-
-static void say(const char *s) {
-  ssize_t r = write(2, s, strlen(s));
-  (void)r;
-}
-
-static void on_sigbus(int sig, siginfo_t *si, void *ctx) {
-  (void)ctx;
-  const uint8_t *a = si->si_addr;
-  for (int i = 0; i < MAPS_MAX; i++) {
-    const char *path = maps[i].path;
-    if (path && a >= maps[i].lo && a < maps[i].hi) {
-      say("dormouse: corpus: '");
-      say(path);
-      say("' became shorter while it was being read (another program truncated or rewrote it); "
-          "the run stops. Its checkpoints are complete: resume once the corpus is whole again.\n");
-      _exit(1);
-    }
-  }
-  signal(sig, SIG_DFL);                   /* not ours: the default death, at the same place */
-}
-
-static void maps_install(void) {
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_sigaction = on_sigbus;
-  sa.sa_flags = SA_SIGINFO;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGBUS, &sa, NULL);
-}
-
-static void maps_add(const part *p) {
-  pthread_once(&maps_once, maps_install);
-  pthread_mutex_lock(&maps_lock);
-  for (int i = 0; i < MAPS_MAX; i++)
-    if (!maps[i].path) {
-      maps[i].lo = p->data;
-      maps[i].hi = p->data + p->size;
-      maps[i].path = p->path;          /* set last: the handler tests it first */
-      break;
-    }
-  pthread_mutex_unlock(&maps_lock);
-}
-
-static void maps_remove(const part *p) {
-  pthread_mutex_lock(&maps_lock);
-  for (int i = 0; i < MAPS_MAX; i++)
-    if (maps[i].path && maps[i].lo == p->data) { maps[i].path = NULL; break; }
-  pthread_mutex_unlock(&maps_lock);
-}
-
-/* ---- loading one file ------------------------------------------------------------------ */
-
-static bool map_file(part *p, char *err) {
-  int fd = open(p->path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return fail(err, "corpus: cannot read '%s': %s", p->path, strerror(errno));
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    close(fd);
-    return fail(err, "corpus: cannot read '%s': %s", p->path, strerror(errno));
-  }
-  p->size = (int64_t)st.st_size;
-  if (p->size > 0) {
-    void *m = mmap(NULL, (size_t)p->size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (m == MAP_FAILED) {
-      close(fd);
-      return fail(err, "corpus: cannot map '%s': %s", p->path, strerror(errno));
-    }
-    p->data = m;
-    p->mapped = true;
-    maps_add(p);
-  }
-  close(fd);
-  return true;
-}
-
-static bool grow(uint8_t **buf, size_t *cap, size_t need) {
-  size_t c = *cap ? *cap : (size_t)1 << 20;
-  while (c < need) c *= 2;
-  uint8_t *b = realloc(*buf, c);
-  if (!b) return false;
-  *buf = b;
-  *cap = c;
-  return true;
-}
-
-typedef struct inflater {
-  ZSTD_DCtx *z;
-  uint8_t *in, *out;
-  size_t in_cap, len, cap;
-  size_t last;             /* the decoder's last return: 0 when a frame has just ended */
-} inflater;
-
-/* decode one chunk of compressed input that starts at compressed offset base */
-static bool inflate_chunk(inflater *f, const part *p, size_t n, int64_t base, char *err) {
-  ZSTD_inBuffer in = {f->in, n, 0};
-  bool full = false;
-  while (in.pos < in.size || full) {
-    size_t step = ZSTD_DStreamOutSize();
-    if (f->cap - f->len < step && !grow(&f->out, &f->cap, f->len + step))
-      return fail(err, "corpus: out of host memory decompressing '%s' (%zu bytes so far)", p->path, f->len);
-    ZSTD_outBuffer out = {f->out + f->len, f->cap - f->len, 0};
-    f->last = ZSTD_decompressStream(f->z, &out, &in);
-    if (ZSTD_isError(f->last))
-      return fail(err, "corpus: '%s' is a corrupted zstd stream: %s (at compressed byte offset %lld)",
-                  p->path, ZSTD_getErrorName(f->last), (long long)(base + (int64_t)in.pos));
-    f->len += out.pos;
-    full = out.pos == out.size;     /* the decoder may hold more output */
-  }
-  return true;
-}
-
-static bool inflate_all(inflater *f, FILE *fp, const part *p, char *err) {
-  int64_t base = 0;
-  for (;;) {
-    size_t n = fread(f->in, 1, f->in_cap, fp);
-    if (n == 0) break;
-    if (!inflate_chunk(f, p, n, base, err)) return false;
-    base += (int64_t)n;
-  }
-  if (ferror(fp))
-    return fail(err, "corpus: cannot read '%s' at compressed byte offset %lld", p->path, (long long)base);
-  if (base == 0 || f->last != 0)
-    return fail(err, "corpus: '%s' is a truncated zstd stream: the file ends inside a frame "
-                "(at compressed byte offset %lld)", p->path, (long long)base);
-  return true;
-}
-
-static bool inflate_file(part *p, char *err) {
-  FILE *fp = fopen(p->path, "rb");
-  if (!fp) return fail(err, "corpus: cannot read '%s': %s", p->path, strerror(errno));
-  inflater f = {ZSTD_createDCtx(), NULL, NULL, ZSTD_DStreamInSize(), 0, 0, 1};
-  f.in = malloc(f.in_cap);
-  bool ok = f.z && f.in ? inflate_all(&f, fp, p, err)
-                        : fail(err, "corpus: out of host memory opening '%s'", p->path);
-  fclose(fp);
-  ZSTD_freeDCtx(f.z);
-  free(f.in);
-  if (!ok || f.len == 0) { free(f.out); return ok; }
-  uint8_t *fit = realloc(f.out, f.len);      /* give back the slack of the last doubling */
-  p->data = fit ? fit : f.out;
-  p->size = (int64_t)f.len;
-  return true;
-}
-
-static bool is_zst(const char *path) {
-  size_t n = strlen(path);
-  return n >= 4 && strcmp(path + n - 4, ".zst") == 0;
-}
+#define fail dm_data_fail
+#define ERRMAX DM_DATA_ERRMAX
 
 /* ---- opening and closing --------------------------------------------------------------- */
 
 static void corpus_destroy(dm_corpus *c) {
   if (!c) return;
-  for (int i = 0; i < c->nparts; i++) {
-    part *p = &c->parts[i];
-    if (p->mapped) { maps_remove(p); munmap((void *)p->data, (size_t)p->size); }
-    else free((void *)p->data);
-    free(p->path);
-  }
+  for (int i = 0; i < c->nfiles; i++) dm_file_unload(&c->files[i]);
+  free(c->files);
   free(c->parts);
+  free(c->sources);
   free(c);
 }
 
-/* load every file in order; files without bytes are dropped from the stream */
-static bool load_parts(dm_corpus *c, strlist *files, char *err) {
-  c->parts = calloc((size_t)files->n, sizeof *c->parts);
-  if (!c->parts) return fail(err, "corpus: out of host memory");
-  for (int i = 0; i < files->n; i++) {
-    part *p = &c->parts[c->nparts];
-    p->path = files->v[i];
-    files->v[i] = NULL;
-    bool ok = is_zst(p->path) ? inflate_file(p, err) : map_file(p, err);
-    if (!ok || p->size == 0) { free(p->path); *p = (part){0}; }
-    if (!ok) return false;
-    if (p->size == 0) continue;
-    p->offset = c->size;
-    c->size += p->size;
-    c->nparts++;
+static void name_paths(char *name, size_t n, int npaths, const char *const *paths) {
+  if (npaths == 1) snprintf(name, n, "'%s'", paths[0]);
+  else snprintf(name, n, "'%s' and %d more", paths[0], npaths - 1);
+}
+
+/* loads one source's files after those loaded so far; files without bytes are dropped */
+static bool load_source(dm_corpus *c, const dm_source *src, int64_t *bytes, char *err) {
+  dm_pathlist files = {0};
+  bool ok = true;
+  for (int i = 0; ok && i < src->npaths; i++) ok = dm_paths_collect(src->paths[i], &files, err);
+  dm_file *grown = ok ? realloc(c->files, sizeof *grown * (size_t)(c->nfiles + files.n)) : c->files;
+  if (ok && !grown && files.n > 0) ok = fail(err, "corpus: out of host memory");
+  if (grown) c->files = grown;
+  *bytes = 0;
+  for (int i = 0; ok && i < files.n; i++) {
+    dm_file *f = &c->files[c->nfiles];
+    *f = (dm_file){.path = files.v[i]};
+    files.v[i] = NULL;
+    ok = dm_file_load(f, err);
+    if (!ok || f->size == 0) { dm_file_unload(f); continue; }
+    *bytes += f->size;
+    c->nfiles++;
   }
+  char name[160];
+  name_paths(name, sizeof name, src->npaths, src->paths);
+  if (ok && *bytes == 0)
+    ok = fail(err, "corpus is empty: %s (%d file%s) holds no bytes", name, files.n, files.n == 1 ? "" : "s");
+  dm_pathlist_free(&files);
+  return ok;
+}
+
+/* places bytes [lo, hi) of files [f0, f1) (counted as one stream) after the parts so far */
+static void place(dm_corpus *c, int f0, int f1, int64_t lo, int64_t hi) {
+  int64_t at = 0;
+  for (int i = f0; i < f1 && at < hi; at += c->files[i].size, i++) {
+    int64_t a = lo > at ? lo : at, b = hi < at + c->files[i].size ? hi : at + c->files[i].size;
+    if (a >= b) continue;
+    c->parts[c->nparts++] = (part){c->files[i].data + (a - at), b - a, c->size};
+    c->size += b - a;
+  }
+}
+
+/* each source's share of the held-out bytes, by weight; the last takes what rounding leaves */
+static int64_t tail_of(const dm_source *sources, int n, int i, int64_t eval_bytes, double total) {
+  if (i < n - 1) return (int64_t)((double)eval_bytes * sources[i].weight / total);
+  int64_t rest = eval_bytes;
+  for (int j = 0; j < n - 1; j++) rest -= tail_of(sources, n, j, eval_bytes, total);
+  return rest;
+}
+
+static bool check_sources(int n, const dm_source *sources, const dm_source *eval, int64_t eval_bytes,
+                          char *err) {
+  if (n < 1) return fail(err, "corpus: no path given");
+  for (int s = 0; s <= n; s++) {
+    const dm_source *src = s < n ? &sources[s] : eval;
+    if (!src) break;
+    if (src->npaths < 1 && s == n) return fail(err, "corpus: the eval source names no path");
+    if (src->npaths < 1) return n == 1 ? fail(err, "corpus: no path given") : fail(err, "corpus: source %d names no path", s + 1);
+    for (int i = 0; i < src->npaths; i++)
+      if (!src->paths[i] || !src->paths[i][0]) return fail(err, "corpus: path %d is empty", i + 1);
+    if (s < n && !(src->weight > 0 && src->weight < 1e300))
+      return fail(err, "corpus: source %d ('%s') has weight %g; a weight must be a number > 0", s + 1,
+                  src->paths[0], src->weight);
+  }
+  if (eval_bytes < 0) return fail(err, "corpus: eval_bytes must be >= 0, got %lld", (long long)eval_bytes);
+  if (eval && eval_bytes == 0)
+    return fail(err, "corpus: an eval source ('%s') needs eval_bytes > 0: the bytes of it that are held out",
+                eval->paths[0]);
   return true;
 }
 
-static void set_name(dm_corpus *c, int npaths, const char *const *paths) {
-  if (npaths == 1) snprintf(c->name, sizeof c->name, "'%s'", paths[0]);
-  else snprintf(c->name, sizeof c->name, "'%s' and %d more", paths[0], npaths - 1);
+/* the sources' train segments, then the held-out bytes: each source's tail, or the eval source's */
+static bool lay_out(dm_corpus *c, int n, const dm_source *sources, const int *first, const int64_t *bytes,
+                    int64_t eval_bytes, bool has_eval, char *err) {
+  double total = 0;
+  for (int s = 0; s < n; s++) total += sources[s].weight;
+  int64_t tails[n];
+  for (int s = 0; s < n; s++) {
+    tails[s] = has_eval ? 0 : tail_of(sources, n, s, eval_bytes, total);
+    if (tails[s] >= bytes[s]) {
+      if (n == 1)
+        return fail(err, "corpus %s: eval_bytes (%lld) must be smaller than the corpus size (%lld bytes)",
+                    c->name, (long long)eval_bytes, (long long)bytes[s]);
+      return fail(err, "corpus: source %d (%s) holds %lld bytes; its share of eval_bytes, %lld, leaves none "
+                  "to train on", s + 1, c->sources[s].name, (long long)bytes[s], (long long)tails[s]);
+    }
+  }
+  if (has_eval && eval_bytes > bytes[n])
+    return fail(err, "corpus: the eval source %s holds %lld bytes, fewer than eval_bytes (%lld)",
+                c->sources[n].name, (long long)bytes[n], (long long)eval_bytes);
+  c->parts = calloc((size_t)(2 * c->nfiles + 1), sizeof *c->parts);
+  if (!c->parts) return fail(err, "corpus: out of host memory");
+  double share = 0;
+  for (int s = 0; s < n; s++) {
+    c->sources[s].begin = c->size;
+    place(c, first[s], first[s + 1], 0, bytes[s] - tails[s]);
+    c->sources[s].end = c->size;
+    share += sources[s].weight;
+    c->sources[s].upto = s == n - 1 ? 1.0 : share / total;
+  }
+  if (has_eval) place(c, first[n], first[n + 1], bytes[n] - eval_bytes, bytes[n]);
+  else for (int s = 0; s < n; s++) place(c, first[s], first[s + 1], bytes[s] - tails[s], bytes[s]);
+  c->eval_bytes = eval_bytes;
+  return true;
 }
 
-dm_corpus *dm_corpus_open(int npaths, const char *const *paths, int64_t eval_bytes) {
-  if (npaths < 1) dm_error("corpus: no path given");
-  for (int i = 0; i < npaths; i++)
-    if (!paths[i] || !paths[i][0]) dm_error("corpus: path %d is empty", i + 1);
-  if (eval_bytes < 0) dm_error("corpus: eval_bytes must be >= 0, got %lld", (long long)eval_bytes);
+static bool open_into(dm_corpus *c, int n, const dm_source *sources, const dm_source *eval, int64_t eval_bytes,
+                      char *err) {
+  int m = n + (eval != NULL);
+  int first[m + 1];
+  int64_t bytes[m];
+  c->sources = calloc((size_t)m, sizeof *c->sources);
+  if (!c->sources) return fail(err, "corpus: out of host memory");
+  for (int s = 0; s < m; s++) {
+    const dm_source *src = s < n ? &sources[s] : eval;
+    name_paths(c->sources[s].name, sizeof c->sources[s].name, src->npaths, src->paths);
+    first[s] = c->nfiles;
+    if (!load_source(c, src, &bytes[s], err)) return false;
+  }
+  first[m] = c->nfiles;
+  name_paths(c->name, sizeof c->name, sources[0].npaths, sources[0].paths);
+  if (n > 1) snprintf(c->name, sizeof c->name, "%s and %d more source%s", c->sources[0].name, n - 1, n > 2 ? "s" : "");
+  c->nsources = n;
+  return lay_out(c, n, sources, first, bytes, eval_bytes, eval != NULL, err);
+}
+
+dm_corpus *dm_corpus_open_sources(int nsources, const dm_source *sources, const dm_source *eval,
+                                  int64_t eval_bytes) {
   char err[ERRMAX];
-  strlist files = {0};
+  if (!check_sources(nsources, sources, eval, eval_bytes, err)) dm_error("%s", err);
   dm_corpus *c = calloc(1, sizeof *c);
-  bool ok = c ? true : fail(err, "corpus: out of host memory");
-  for (int i = 0; ok && i < npaths; i++) ok = collect(paths[i], &files, err);
-  if (ok) ok = load_parts(c, &files, err);
-  if (ok) set_name(c, npaths, paths);
-  if (ok && c->size == 0)
-    ok = fail(err, "corpus is empty: %s (%d file%s) holds no bytes", c->name, files.n, files.n == 1 ? "" : "s");
-  if (ok && eval_bytes >= c->size)
-    ok = fail(err, "corpus %s: eval_bytes (%lld) must be smaller than the corpus size (%lld bytes)",
-              c->name, (long long)eval_bytes, (long long)c->size);
-  strlist_free(&files);
-  if (!ok) {
+  if (!c) dm_error("corpus: out of host memory");
+  if (!open_into(c, nsources, sources, eval, eval_bytes, err)) {
     corpus_destroy(c);
     dm_error("%s", err);
   }
   c->refs = 1;
-  c->eval_bytes = eval_bytes;
   return c;
+}
+
+dm_corpus *dm_corpus_open(int npaths, const char *const *paths, int64_t eval_bytes) {
+  dm_source one = {npaths, paths, 1.0};
+  return dm_corpus_open_sources(1, &one, NULL, eval_bytes);
 }
 
 void dm_corpus_retain(dm_corpus *c) { c->refs++; }
@@ -360,11 +212,20 @@ void dm_corpus_release(dm_corpus *c) {
 int64_t dm_corpus_size(const dm_corpus *c) { return c->size; }
 int64_t dm_corpus_train_size(const dm_corpus *c) { return c->size - c->eval_bytes; }
 int64_t dm_corpus_eval_size(const dm_corpus *c) { return c->eval_bytes; }
-int dm_corpus_nfiles(const dm_corpus *c) { return c->nparts; }
+int dm_corpus_nfiles(const dm_corpus *c) { return c->nfiles; }
 
 const char *dm_corpus_file(const dm_corpus *c, int i) {
-  if (i < 0 || i >= c->nparts) dm_error("corpus: file %d of %d", i + 1, c->nparts);
-  return c->parts[i].path;
+  if (i < 0 || i >= c->nfiles) dm_error("corpus: file %d of %d", i + 1, c->nfiles);
+  return c->files[i].path;
+}
+
+int dm_corpus_nsources(const dm_corpus *c) { return c->nsources; }
+
+void dm_corpus_source(const dm_corpus *c, int i, int64_t *begin, int64_t *end, double *share) {
+  if (i < 0 || i >= c->nsources) dm_error("corpus: source %d of %d", i + 1, c->nsources);
+  *begin = c->sources[i].begin;
+  *end = c->sources[i].end;
+  *share = c->sources[i].upto - (i > 0 ? c->sources[i - 1].upto : 0.0);
 }
 
 /* ---- reading ------------------------------------------------------------------------------- */
@@ -492,10 +353,25 @@ void dm_batch_check(const dm_corpus *c, const dm_batch_spec *s) {
   check_window_spec(c, s, "data batch");
   if (s->batch < 1 || s->batch > INT32_MAX)
     dm_error("data batch: batch must be in 1..%d, got %lld", INT32_MAX, (long long)s->batch);
-  int64_t train = dm_corpus_train_size(c);
-  if (train < s->seq + 1)
-    dm_error("data batch: the train split of %s (%lld bytes) is shorter than one window of "
-             "seq + 1 = %lld bytes", c->name, (long long)train, (long long)s->seq + 1);
+  for (int i = 0; i < c->nsources; i++) {
+    const source *src = &c->sources[i];
+    if (src->end - src->begin >= s->seq + 1) continue;
+    if (c->nsources == 1)
+      dm_error("data batch: the train split of %s (%lld bytes) is shorter than one window of "
+               "seq + 1 = %lld bytes", c->name, (long long)(src->end - src->begin), (long long)s->seq + 1);
+    dm_error("data batch: the train split of source %d, %s (%lld bytes), is shorter than one window of "
+             "seq + 1 = %lld bytes", i + 1, src->name, (long long)(src->end - src->begin),
+             (long long)s->seq + 1);
+  }
+}
+
+/* which source a row reads: the first whose running weight share passes a uniform draw */
+static const source *pick_source(const dm_corpus *c, const uint32_t r[4]) {
+  if (c->nsources == 1) return &c->sources[0];
+  double v = (double)(((uint64_t)r[2] << 32 | r[3]) >> 11) * 0x1p-53;     /* [0, 1) */
+  for (int i = 0; i < c->nsources - 1; i++)
+    if (v < c->sources[i].upto) return &c->sources[i];
+  return &c->sources[c->nsources - 1];
 }
 
 int64_t dm_batch_start(const dm_corpus *c, const dm_batch_spec *s, int64_t k, int64_t row) {
@@ -503,9 +379,10 @@ int64_t dm_batch_start(const dm_corpus *c, const dm_batch_spec *s, int64_t k, in
   uint64_t uk = (uint64_t)k;
   dm_philox((uint32_t)s->seed, (uint32_t)(s->seed >> 32), (uint32_t)uk, (uint32_t)(uk >> 32),
             (uint32_t)row, DATA_STREAM, r);
+  const source *src = pick_source(c, r);
   uint64_t u = (uint64_t)r[0] << 32 | r[1];
-  uint64_t choices = (uint64_t)(dm_corpus_train_size(c) - s->seq);   /* starts 0 .. train - (T+1) */
-  return (int64_t)(((unsigned __int128)u * choices) >> 64);        /* u * choices / 2^64 */
+  uint64_t choices = (uint64_t)(src->end - src->begin - s->seq);    /* starts begin .. end - (T+1) */
+  return src->begin + (int64_t)(((unsigned __int128)u * choices) >> 64);   /* u * choices / 2^64 */
 }
 
 void dm_corpus_batch(const dm_corpus *c, const dm_batch_spec *s, int64_t k, dm_tensor **x,

@@ -2,12 +2,18 @@
 ** data.h — byte corpora: files, splits, training batches, a loader thread
 ** and held-out windows.
 **
-** A corpus is one byte stream: a file, a list of files, or a directory (its
+** A corpus is one byte stream: a file, a list of files, a directory (its
 ** regular files, recursively, each level in sorted name order, hidden names
-** skipped), concatenated. Raw files are memory-mapped; `.zst` files are
-** decompressed into memory once, at open. The held-out split is the LAST
-** eval_bytes of the stream and no training window ever touches it; the
-** train split is the rest.
+** skipped) or a glob, concatenated. Raw files are memory-mapped; `.zst`
+** files are decompressed into memory once, at open. The held-out split is
+** the LAST eval_bytes of the stream and no training window ever touches it;
+** the train split is the rest.
+**
+** A mixture is several sources, each a list of paths with a weight: the
+** stream holds each source's train bytes in turn, then the held-out bytes,
+** either each source's tail (eval_bytes shared by weight) or the last
+** eval_bytes of a separate eval source. A row picks its source by weight,
+** then its start within that source's train bytes, so no row crosses two.
 **
 ** Training batch k (k = 0, 1, ...: the number of batches drawn before it)
 ** is B rows of T+1 bytes. Row r starts at a position drawn by Philox from
@@ -32,6 +38,19 @@ typedef struct dm_corpus dm_corpus;
 ** or truncated zstd frame (with the compressed byte offset), or an
 ** eval_bytes that is negative or not smaller than the corpus. refs = 1. */
 dm_corpus *dm_corpus_open(int npaths, const char *const *paths, int64_t eval_bytes);
+
+typedef struct dm_source {
+  int npaths;
+  const char *const *paths;
+  double weight;        /* > 0; a source draws weight / (the weights' sum) of the rows */
+} dm_source;
+
+/* A mixture of sources (one source is dm_corpus_open); eval, when not NULL, is the
+** held-out source (its weight unused) and needs eval_bytes > 0. Raises as
+** dm_corpus_open, and on a weight that is not > 0 or a source whose share of
+** eval_bytes leaves it no train bytes. */
+dm_corpus *dm_corpus_open_sources(int nsources, const dm_source *sources, const dm_source *eval,
+                                  int64_t eval_bytes);
 void dm_corpus_retain(dm_corpus *c);
 void dm_corpus_release(dm_corpus *c);      /* the last release unmaps and frees; NULL is fine */
 
@@ -40,6 +59,9 @@ int64_t dm_corpus_train_size(const dm_corpus *c);   /* bytes [0, train) */
 int64_t dm_corpus_eval_size(const dm_corpus *c);    /* bytes [train, size) */
 int dm_corpus_nfiles(const dm_corpus *c);           /* files that hold bytes, in stream order */
 const char *dm_corpus_file(const dm_corpus *c, int i);
+int dm_corpus_nsources(const dm_corpus *c);
+/* source i's train bytes [begin, end) in the stream and its share of the rows */
+void dm_corpus_source(const dm_corpus *c, int i, int64_t *begin, int64_t *end, double *share);
 
 /* The bytes at pos that lie contiguously in memory: sets *p and returns how
 ** many (0 at or past the end). pos must be >= 0. */
@@ -59,9 +81,10 @@ typedef struct dm_batch_spec {
   dm_device device;     /* where the returned tensors live */
 } dm_batch_spec;
 
-/* raises when the spec is invalid or the train split is shorter than one window */
+/* raises when the spec is invalid or a source's train bytes are shorter than one window */
 void dm_batch_check(const dm_corpus *c, const dm_batch_spec *s);
-/* where row r of batch k starts: uniform over [0, train - (T+1)] */
+/* where row r of batch k starts: one source by weight (one source: no draw), then uniform
+** over its train bytes [begin, end - (T+1)] */
 int64_t dm_batch_start(const dm_corpus *c, const dm_batch_spec *s, int64_t k, int64_t row);
 /* batch k: x [B, T+1] and prefix [B, ctx], two views of one allocation */
 void dm_corpus_batch(const dm_corpus *c, const dm_batch_spec *s, int64_t k, dm_tensor **x,

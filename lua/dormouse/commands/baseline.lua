@@ -4,8 +4,8 @@ dormouse baseline [CORPUS] --order N[-M] [--eval-bytes N] [--seq T [--windows N]
 Fits an interpolated Kneser-Ney byte n-gram model on a corpus's train split
 and prints its held-out bits per byte: the number a trained model must beat
 on the same split. Without CORPUS, the default corpus (the King James Bible)
-is used; CORPUS may be an experiment file (its data.path, data.eval_bytes
-and eval windows). --eval-bytes N: the held-out split (default: the config's
+is used; CORPUS may be an experiment file (its data.path or data.sources,
+data.weights, data.eval, data.eval_bytes and eval windows). --eval-bytes N: the held-out split (default: the config's
 data.eval_bytes). --order 1-6 prints one row per order. --seq T scores the targets of
 the held-out windows of T+1 bytes the model is evaluated on (--windows N of
 them; all by default) instead of the whole held-out split.
@@ -52,36 +52,38 @@ local function parse(argv)
   return args
 end
 
---[[ What to measure: the corpus, its held-out size and the scored windows.
-An experiment config (experiments/*.lua) gives its data.path (nil: the
-default corpus), data.eval_bytes, and the eval windows the trainer scores
+--[[ What to measure: the corpus (paths and data.open's options), its label, and the scored
+windows. An experiment config (experiments/*.lua) gives its data keys (data.path or
+data.sources, data.weights, data.eval, data.eval_bytes) and the eval windows the trainer scores
 (seq = data.ctx or seq, n = eval.windows), each overridden by the flags. ]]
 local function resolve(args)
   if args.target and args.target:match("%.lua$") then
     local cfg = require("dormouse.config").load(args.target)
+    local spec = require("dormouse.train").corpus_spec(cfg.data)
+    spec.opts.eval_bytes = args.eval_bytes or spec.opts.eval_bytes
     local seq = args.seq or cfg.data.ctx or cfg.seq
-    return {
-      path = cfg.data.path or data.default_corpus(),
-      eval_bytes = args.eval_bytes or cfg.data.eval_bytes,
-      windows = {seq = seq, n = args.windows or (not args.seq and cfg.eval.windows or nil)},
-    }
+    spec.windows = {seq = seq, n = args.windows or (not args.seq and cfg.eval.windows or nil)}
+    return spec
   end
   local defaults = require("dormouse.config").resolve({}, "defaults")
+  local path = args.target or data.default_corpus()
   return {
-    path = args.target or data.default_corpus(),
-    eval_bytes = args.eval_bytes or defaults.data.eval_bytes,
+    paths = {path}, label = path,
+    opts = {eval_bytes = args.eval_bytes or defaults.data.eval_bytes},
     eval_default = args.eval_bytes == nil,
     windows = args.seq and {seq = args.seq, n = args.windows} or nil,
   }
 end
 
 local function report(src, orders)
-  local corpus <close> = data.open(src.path, {eval_bytes = src.eval_bytes})
+  local corpus <close> = data.open(src.paths, src.opts)
   local files = #corpus:files()
-  print(string.format("corpus    %s (%s bytes in %d file%s)", src.path, commas(corpus:size()), files,
+  print(string.format("corpus    %s (%s bytes in %d file%s)", src.label, commas(corpus:size()), files,
                       files == 1 and "" or "s"))
   print(string.format("train     %s bytes", commas(corpus:train_size())))
-  print(string.format("held out  %s bytes, the last of the corpus%s", commas(corpus:eval_size()),
+  local where = src.opts.eval and "the last of " .. src.opts.eval
+                or #corpus:sources() > 1 and "each source's tail, shared by weight" or "the last of the corpus"
+  print(string.format("held out  %s bytes, %s%s", commas(corpus:eval_size()), where,
                       src.eval_default and " (the config default data.eval_bytes; --eval-bytes N to change)" or ""))
   if src.windows then
     local n = src.windows.n or corpus:eval_count(src.windows.seq)

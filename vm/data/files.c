@@ -1,0 +1,302 @@
+/*
+** files.c — the files behind a corpus: listing paths (files, directories,
+** globs) and loading one file, mapped or decompressed. See files.h.
+**
+** A mapped file that another process shortens turns the next read past its
+** new end into a SIGBUS; the mappings are registered so that the handler can
+** name the file instead of dying silently.
+*/
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zstd.h>
+#include "data/files.h"
+
+bool dm_data_fail(char *err, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, DM_DATA_ERRMAX, fmt, ap);
+  va_end(ap);
+  return false;
+}
+
+/* ---- the file list --------------------------------------------------------------------- */
+
+static bool dm_pathlist_take(dm_pathlist *l, char *s, char *err) {
+  if (s && l->n == l->cap) {
+    int cap = l->cap ? 2 * l->cap : 16;
+    char **v = realloc(l->v, sizeof *v * (size_t)cap);
+    if (v) { l->v = v; l->cap = cap; }
+  }
+  if (!s || l->n == l->cap) { free(s); return dm_data_fail(err, "corpus: out of host memory listing files"); }
+  l->v[l->n++] = s;
+  return true;
+}
+
+void dm_pathlist_free(dm_pathlist *l) {
+  for (int i = 0; i < l->n; i++) free(l->v[i]);
+  free(l->v);
+  *l = (dm_pathlist){0};
+}
+
+static char *join_path(const char *dir, const char *name) {
+  size_t nd = strlen(dir);
+  bool slash = nd > 0 && dir[nd - 1] == '/';
+  char *p = malloc(nd + strlen(name) + 2);
+  if (p) sprintf(p, slash ? "%s%s" : "%s/%s", dir, name);
+  return p;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+static bool walk(const char *dir, dm_pathlist *out, char *err);
+
+/* a directory's entries in sorted order, hidden names skipped; directories recursed */
+static bool walk_entries(const char *dir, dm_pathlist *names, dm_pathlist *out, char *err) {
+  if (names->n > 1) qsort(names->v, (size_t)names->n, sizeof *names->v, cmp_str);
+  for (int i = 0; i < names->n; i++) {
+    char *path = join_path(dir, names->v[i]);
+    struct stat st;
+    if (!path) return dm_data_fail(err, "corpus: out of host memory listing files");
+    bool ok = true;
+    if (stat(path, &st) != 0) ok = dm_data_fail(err, "corpus: cannot open '%s': %s", path, strerror(errno));
+    else if (S_ISDIR(st.st_mode)) ok = walk(path, out, err);
+    else if (S_ISREG(st.st_mode)) { ok = dm_pathlist_take(out, path, err); path = NULL; }
+    free(path);
+    if (!ok) return false;
+  }
+  return true;
+}
+
+static bool walk(const char *dir, dm_pathlist *out, char *err) {
+  DIR *d = opendir(dir);
+  if (!d) return dm_data_fail(err, "corpus: cannot read directory '%s': %s", dir, strerror(errno));
+  dm_pathlist names = {0};
+  bool ok = true;
+  for (struct dirent *e; ok && (e = readdir(d));)
+    if (e->d_name[0] != '.') ok = dm_pathlist_take(&names, strdup(e->d_name), err);
+  closedir(d);
+  if (ok) ok = walk_entries(dir, &names, out, err);
+  dm_pathlist_free(&names);
+  return ok;
+}
+
+/* a regular file, or a directory's files */
+static bool collect_one(const char *path, dm_pathlist *out, char *err) {
+  struct stat st;
+  if (stat(path, &st) != 0) return dm_data_fail(err, "corpus: cannot open '%s': %s", path, strerror(errno));
+  if (S_ISREG(st.st_mode)) return dm_pathlist_take(out, strdup(path), err);
+  if (!S_ISDIR(st.st_mode)) return dm_data_fail(err, "corpus: '%s' is neither a regular file nor a directory", path);
+  int before = out->n;
+  if (!walk(path, out, err)) return false;
+  if (out->n == before)
+    return dm_data_fail(err, "corpus: directory '%s' holds no files (hidden names are skipped)", path);
+  return true;
+}
+
+static bool is_glob(const char *path) { return strpbrk(path, "*?[") != NULL; }
+
+/* a glob's matches in sorted order (glob sorts them), each a file or a directory */
+static bool collect_glob(const char *pattern, dm_pathlist *out, char *err) {
+  glob_t g;
+  int rc = glob(pattern, GLOB_ERR, NULL, &g);
+  if (rc == GLOB_NOMATCH) return dm_data_fail(err, "corpus: '%s' matches no file", pattern);
+  if (rc != 0) {
+    globfree(&g);
+    return dm_data_fail(err, "corpus: cannot expand '%s': %s", pattern,
+                        rc == GLOB_NOSPACE ? "out of host memory" : "a directory could not be read");
+  }
+  bool ok = true;
+  for (size_t i = 0; ok && i < g.gl_pathc; i++) ok = collect_one(g.gl_pathv[i], out, err);
+  globfree(&g);
+  return ok;
+}
+
+bool dm_paths_collect(const char *path, dm_pathlist *out, char *err) {
+  struct stat st;
+  if (is_glob(path) && stat(path, &st) != 0) return collect_glob(path, out, err);
+  return collect_one(path, out, err);
+}
+
+/* ---- mapped files that shrink ------------------------------------------------------------
+** A mapped file cut short by another process makes the next read past its new end a SIGBUS.
+** The mappings are registered here; a SIGBUS inside one ends the process with a message naming
+** the file (exit status 1) instead of a signal's death; any other SIGBUS stays the default. The
+** handler reads the table only (plain stores under a mutex add and remove its entries). */
+#define MAPS_MAX 4096
+
+static struct { const uint8_t *lo, *hi; const char *path; } maps[MAPS_MAX];
+static pthread_mutex_t maps_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t maps_once = PTHREAD_ONCE_INIT;
+
+static void say(const char *s) {
+  ssize_t r = write(2, s, strlen(s));
+  (void)r;
+}
+
+static void on_sigbus(int sig, siginfo_t *si, void *ctx) {
+  (void)ctx;
+  const uint8_t *a = si->si_addr;
+  for (int i = 0; i < MAPS_MAX; i++) {
+    const char *path = maps[i].path;
+    if (path && a >= maps[i].lo && a < maps[i].hi) {
+      say("dormouse: corpus: '");
+      say(path);
+      say("' became shorter while it was being read (another program truncated or rewrote it); "
+          "the run stops. Its checkpoints are complete: resume once the corpus is whole again.\n");
+      _exit(1);
+    }
+  }
+  signal(sig, SIG_DFL);                   /* not ours: the default death, at the same place */
+}
+
+static void maps_install(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = on_sigbus;
+  sa.sa_flags = SA_SIGINFO;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGBUS, &sa, NULL);
+}
+
+static void maps_add(const dm_file *p) {
+  pthread_once(&maps_once, maps_install);
+  pthread_mutex_lock(&maps_lock);
+  for (int i = 0; i < MAPS_MAX; i++)
+    if (!maps[i].path) {
+      maps[i].lo = p->data;
+      maps[i].hi = p->data + p->size;
+      maps[i].path = p->path;          /* set last: the handler tests it first */
+      break;
+    }
+  pthread_mutex_unlock(&maps_lock);
+}
+
+static void maps_remove(const dm_file *p) {
+  pthread_mutex_lock(&maps_lock);
+  for (int i = 0; i < MAPS_MAX; i++)
+    if (maps[i].path && maps[i].lo == p->data) { maps[i].path = NULL; break; }
+  pthread_mutex_unlock(&maps_lock);
+}
+
+/* ---- loading one file ------------------------------------------------------------------ */
+
+static bool map_file(dm_file *p, char *err) {
+  int fd = open(p->path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return dm_data_fail(err, "corpus: cannot read '%s': %s", p->path, strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    close(fd);
+    return dm_data_fail(err, "corpus: cannot read '%s': %s", p->path, strerror(errno));
+  }
+  p->size = (int64_t)st.st_size;
+  if (p->size > 0) {
+    void *m = mmap(NULL, (size_t)p->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (m == MAP_FAILED) {
+      close(fd);
+      return dm_data_fail(err, "corpus: cannot map '%s': %s", p->path, strerror(errno));
+    }
+    p->data = m;
+    p->mapped = true;
+    maps_add(p);
+  }
+  close(fd);
+  return true;
+}
+
+static bool grow(uint8_t **buf, size_t *cap, size_t need) {
+  size_t c = *cap ? *cap : (size_t)1 << 20;
+  while (c < need) c *= 2;
+  uint8_t *b = realloc(*buf, c);
+  if (!b) return false;
+  *buf = b;
+  *cap = c;
+  return true;
+}
+
+typedef struct inflater {
+  ZSTD_DCtx *z;
+  uint8_t *in, *out;
+  size_t in_cap, len, cap;
+  size_t last;             /* the decoder's last return: 0 when a frame has just ended */
+} inflater;
+
+/* decode one chunk of compressed input that starts at compressed offset base */
+static bool inflate_chunk(inflater *f, const dm_file *p, size_t n, int64_t base, char *err) {
+  ZSTD_inBuffer in = {f->in, n, 0};
+  bool full = false;
+  while (in.pos < in.size || full) {
+    size_t step = ZSTD_DStreamOutSize();
+    if (f->cap - f->len < step && !grow(&f->out, &f->cap, f->len + step))
+      return dm_data_fail(err, "corpus: out of host memory decompressing '%s' (%zu bytes so far)", p->path, f->len);
+    ZSTD_outBuffer out = {f->out + f->len, f->cap - f->len, 0};
+    f->last = ZSTD_decompressStream(f->z, &out, &in);
+    if (ZSTD_isError(f->last))
+      return dm_data_fail(err, "corpus: '%s' is a corrupted zstd stream: %s (at compressed byte offset %lld)",
+                  p->path, ZSTD_getErrorName(f->last), (long long)(base + (int64_t)in.pos));
+    f->len += out.pos;
+    full = out.pos == out.size;     /* the decoder may hold more output */
+  }
+  return true;
+}
+
+static bool inflate_all(inflater *f, FILE *fp, const dm_file *p, char *err) {
+  int64_t base = 0;
+  for (;;) {
+    size_t n = fread(f->in, 1, f->in_cap, fp);
+    if (n == 0) break;
+    if (!inflate_chunk(f, p, n, base, err)) return false;
+    base += (int64_t)n;
+  }
+  if (ferror(fp))
+    return dm_data_fail(err, "corpus: cannot read '%s' at compressed byte offset %lld", p->path, (long long)base);
+  if (base == 0 || f->last != 0)
+    return dm_data_fail(err, "corpus: '%s' is a truncated zstd stream: the file ends inside a frame "
+                "(at compressed byte offset %lld)", p->path, (long long)base);
+  return true;
+}
+
+static bool inflate_file(dm_file *p, char *err) {
+  FILE *fp = fopen(p->path, "rb");
+  if (!fp) return dm_data_fail(err, "corpus: cannot read '%s': %s", p->path, strerror(errno));
+  inflater f = {ZSTD_createDCtx(), NULL, NULL, ZSTD_DStreamInSize(), 0, 0, 1};
+  f.in = malloc(f.in_cap);
+  bool ok = f.z && f.in ? inflate_all(&f, fp, p, err)
+                        : dm_data_fail(err, "corpus: out of host memory opening '%s'", p->path);
+  fclose(fp);
+  ZSTD_freeDCtx(f.z);
+  free(f.in);
+  if (!ok || f.len == 0) { free(f.out); return ok; }
+  uint8_t *fit = realloc(f.out, f.len);      /* give back the slack of the last doubling */
+  p->data = fit ? fit : f.out;
+  p->size = (int64_t)f.len;
+  return true;
+}
+
+static bool is_zst(const char *path) {
+  size_t n = strlen(path);
+  return n >= 4 && strcmp(path + n - 4, ".zst") == 0;
+}
+
+/* ---- one file ------------------------------------------------------------------------------ */
+
+bool dm_file_load(dm_file *f, char *err) {
+  return is_zst(f->path) ? inflate_file(f, err) : map_file(f, err);
+}
+
+void dm_file_unload(dm_file *f) {
+  if (f->mapped) { maps_remove(f); munmap((void *)f->data, (size_t)f->size); }
+  else free((void *)f->data);
+  free(f->path);
+  *f = (dm_file){0};
+}
