@@ -215,14 +215,19 @@ end
 
 -- ---- the n-gram baseline ------------------------------------------------------------------
 
+data.NGRAM_PIECES = core.ngram_pieces()    -- a sampled fit's pieces
+
 -- A model is a table holding the fitted userdata (freed on close or collection) and its corpus.
 local NGram = {}
 NGram.__index = NGram
 
---- corpus:ngram(order) → an interpolated Kneser-Ney byte model fitted on the train split
-function Corpus:ngram(order)
+--- corpus:ngram(order, {sample = bytes}) → an interpolated Kneser-Ney byte model fitted on the
+--- train split: the whole of it, or with sample, that many of its bytes in data.NGRAM_PIECES pieces
+--- spread evenly over it (a corpus of gigabytes fits in seconds)
+function Corpus:ngram(order, opts)
   local o = integer({order = order}, "order", "corpus:ngram", 1)    -- the core checks the top
-  return setmetatable({_m = core.ngram_fit(self, o), _corpus = self}, NGram)
+  local sample = integer(options(opts, "corpus:ngram", {sample = true}), "sample", "corpus:ngram", 0, 0)
+  return setmetatable({_m = core.ngram_fit(self, o, sample), _corpus = self}, NGram)
 end
 
 --- model:bpb(opts) → held-out bits per byte and the number of bytes scored; opts as for ngram_bpb
@@ -240,12 +245,16 @@ end
 function NGram:close() core.ngram_close(self._m) end
 NGram.__close = NGram.close
 
---- corpus:ngram_bpb(order, {seq = T, n = N}) → the order-n baseline's held-out bits per byte on
---- the targets of the same eval windows the model is scored on (no options: the whole held-out split)
+--- corpus:ngram_bpb(order, {seq = T, n = N, sample = bytes}) → the order-n baseline's held-out bits
+--- per byte on the targets of the same eval windows the model is scored on (no seq: the whole
+--- held-out split), fitted as corpus:ngram(order, {sample = bytes}) fits
 function Corpus:ngram_bpb(order, opts)
-  scored_range(self, opts, "corpus:ngram_bpb")       -- check the options before the fit
-  local m <close> = self:ngram(order)
-  return m:bpb(opts)
+  local where = "corpus:ngram_bpb"
+  local o = options(opts, where, {seq = true, n = true, sample = true})
+  local scored = {seq = o.seq, n = o.n}
+  scored_range(self, scored, where)                  -- check the options before the fit
+  local m <close> = self:ngram(order, {sample = o.sample})
+  return m:bpb(scored)
 end
 
 -- ---- the loader ----------------------------------------------------------------------------

@@ -357,6 +357,9 @@ local rows = {
     {"windows", optional(positive), nil, "ctx-byte sequences read per eval (nil = the whole held-out split)", progress = true},
     {"depths", list(positive), {}, "depths D < max_iter whose fin_D is reported too (fin itself always is)", progress = true},
     {"baseline", list(int{min = 1, max = 8}), {3, 5}, "byte n-gram orders (Kneser-Ney, fit on the train split) printed beside bpb_fin", progress = true},
+    {"baseline_bytes", int{min = 0}, 8388608, "the n-gram baselines fit on this many bytes of the train split, " ..
+     "in pieces spread evenly over it (a corpus of gigabytes starts in seconds); 0 or a smaller split: all of it",
+     progress = true},
     {"sample", int{min = 0}, 160, "bytes sampled after each eval for the report (temperature 0.8; 0 = none)", progress = true},
     {"tasks", optional(str), nil, "a task file (tasks/kjv.lua; found here, else in the install): each eval puts " ..
      "correct@B, the fraction solved within B greedy bytes, on its line (nil = none; docs/training.md)", progress = true},

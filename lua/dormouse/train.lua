@@ -999,7 +999,8 @@ function run_body(self, cfg, opts)
   end
   self.baselines = {}
   for _, order in ipairs(self.eval_mask and {} or cfg.eval.baseline) do
-    local bpb = corpus:ngram_bpb(order, {seq = eval_seq, n = self.eval_x:size(1)})
+    local bpb = corpus:ngram_bpb(order, {seq = eval_seq, n = self.eval_x:size(1),
+                                         sample = cfg.eval.baseline_bytes})
     self.baselines[#self.baselines + 1] = {order = order, bpb = bpb}
   end
   self.loader = corpus:loader {batch = cfg.batch, seq = cfg.seq, seed = cfg.seed, ctx = ctx,

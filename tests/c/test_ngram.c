@@ -18,6 +18,8 @@ static const char *TEXT =
 
 static const uint8_t *D;
 static int64_t N;
+static int64_t POS[4096];       /* the positions counted, in stream order: 0..N-1, or a sampled fit's */
+static int64_t NPOS;
 
 static int byte_at(int64_t p) { return p < 0 ? 0 : D[p]; }
 
@@ -30,15 +32,17 @@ static bool ends_at(int64_t p, const uint8_t *g, int n) {
 
 static int64_t raw_count(const uint8_t *g, int n) {
   int64_t c = 0;
-  for (int64_t p = 0; p < N; p++) c += ends_at(p, g, n);
+  for (int64_t i = 0; i < NPOS; i++) c += ends_at(POS[i], g, n);
   return c;
 }
 
 static int64_t continuation_count(const uint8_t *g, int n) {
   bool seen[256] = {0};
   int64_t c = 0;
-  for (int64_t p = 0; p < N; p++)
+  for (int64_t i = 0; i < NPOS; i++) {
+    int64_t p = POS[i];
     if (ends_at(p, g, n) && !seen[byte_at(p - n)]) { seen[byte_at(p - n)] = true; c++; }
+  }
   return c;
 }
 
@@ -49,10 +53,11 @@ static int64_t ref_count(int order, const uint8_t *g, int n) {
 static double ref_discount(int order, int n) {
   int64_t n1 = 0, n2 = 0;
   uint8_t g[8];
-  for (int64_t p = 0; p < N; p++) {
+  for (int64_t j = 0; j < NPOS; j++) {
+    int64_t p = POS[j];
     for (int i = 0; i < n; i++) g[i] = (uint8_t)byte_at(p - n + 1 + i);
     bool first = true;
-    for (int64_t q = 0; q < p && first; q++) first = !ends_at(q, g, n);
+    for (int64_t q = 0; q < j && first; q++) first = !ends_at(POS[q], g, n);
     if (!first) continue;
     int64_t c = ref_count(order, g, n);
     n1 += c == 1;
@@ -66,6 +71,21 @@ static double ref_d[9];
 static void ref_fit(const uint8_t *data, int64_t n, int order) {
   D = data;
   N = n;
+  NPOS = n;
+  for (int64_t p = 0; p < n; p++) POS[p] = p;
+  for (int k = 1; k <= order; k++) ref_d[k] = ref_discount(order, k);
+}
+
+/* the fit on `pieces` pieces of `len` bytes, piece i at floor((train - len) * i / (pieces - 1)),
+** each n-gram read from the whole stream (a piece's history is the bytes before it) */
+static void ref_fit_pieces(const uint8_t *data, int64_t train, int pieces, int64_t len, int order) {
+  D = data;
+  N = train;
+  NPOS = 0;
+  for (int i = 0; i < pieces; i++) {
+    int64_t at = (int64_t)((double)(train - len) * i / (pieces - 1));
+    for (int64_t p = at; p < at + len; p++) POS[NPOS++] = p;
+  }
   for (int k = 1; k <= order; k++) ref_d[k] = ref_discount(order, k);
 }
 
@@ -192,7 +212,7 @@ static void corpus_bits(void) {
   dm_corpus *c = dm_corpus_open(1, (const char *const[]){path}, 90);
   int64_t train = dm_corpus_train_size(c);
   for (int order = 1; order <= 5; order++) {
-    dm_ngram *m = dm_ngram_fit(c, order);
+    dm_ngram *m = dm_ngram_fit(c, order, 0);
     ref_fit((const uint8_t *)TEXT, train, order);
     double want = 0;
     for (int64_t p = train; p < n; p++) {
@@ -214,7 +234,25 @@ static void corpus_bits(void) {
     EXPECT_ERROR(dm_ngram_bits(m, c, 10, n + 1), "cannot score bytes [10, 464) of a corpus of 463");
     dm_ngram_free(m);
   }
-  EXPECT_ERROR(dm_ngram_fit(c, 9), "order must be in 1..8, got 9");
+  EXPECT_ERROR(dm_ngram_fit(c, 9, 0), "order must be in 1..8, got 9");
+  /* a sampled fit: DM_NGRAM_PIECES pieces of 2 bytes, or 40 pieces of 1 byte (fewer bytes than
+  ** pieces), against the reference counting the same positions; a sample as large as the split
+  ** is the whole fit */
+  const int64_t samples[][3] = {{2 * DM_NGRAM_PIECES, DM_NGRAM_PIECES, 2}, {40, 40, 1}, {train, 1, train}};
+  for (int k = 0; k < 3; k++)
+    for (int order = 1; order <= 4; order++) {
+      dm_ngram *m = dm_ngram_fit(c, order, samples[k][0]);
+      if (samples[k][1] == 1) ref_fit((const uint8_t *)TEXT, train, order);
+      else ref_fit_pieces((const uint8_t *)TEXT, train, (int)samples[k][1], samples[k][2], order);
+      double want = 0;
+      for (int64_t p = train; p < n; p++) {
+        uint8_t hist[8];
+        for (int i = 0; i < order - 1; i++) hist[i] = (uint8_t)TEXT[p - (order - 1) + i];
+        want -= log2(ref_prob(order, hist, (uint8_t)TEXT[p]));
+      }
+      CHECK(close_rel(dm_ngram_bits(m, c, train, n), want, 1e-9));
+      dm_ngram_free(m);
+    }
   dm_corpus_release(c);
   unlink(path);
 }

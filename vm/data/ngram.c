@@ -191,21 +191,42 @@ double dm_ngram_prob(const dm_ngram *m, uint64_t history, int byte) {
 
 /* ---- over a corpus -------------------------------------------------------------------------- */
 
-dm_ngram *dm_ngram_fit(const dm_corpus *c, int order) {
+/* counts bytes [from, to) of the stream, the history the order - 1 bytes before from */
+static bool count_range(dm_ngram *m, const dm_corpus *c, int64_t from, int64_t to) {
+  uint8_t before[8];
+  dm_corpus_read(c, from - 8, 8, before);     /* pad bytes 0 before the start */
+  m->key = 0;
+  for (int i = 0; i < 8; i++) m->key = (m->key << 8) | before[i];
+  bool ok = true;
+  for (int64_t pos = from; ok && pos < to;) {
+    const uint8_t *p;
+    int64_t n = dm_corpus_span(c, pos, &p);
+    if (n > to - pos) n = to - pos;
+    ok = count(m, p, n);
+    pos += n;
+  }
+  return ok;
+}
+
+dm_ngram *dm_ngram_fit(const dm_corpus *c, int order, int64_t sample) {
   dm_ngram *m = dm_ngram_new(order);
   int64_t train = dm_corpus_train_size(c);
   bool ok = true;
-  for (int64_t pos = 0; ok && pos < train;) {
-    const uint8_t *p;
-    int64_t n = dm_corpus_span(c, pos, &p);
-    if (n > train - pos) n = train - pos;
-    ok = count(m, p, n);
-    pos += n;
+  if (sample <= 0 || sample >= train) ok = count_range(m, c, 0, train);
+  else {
+    int pieces = DM_NGRAM_PIECES;
+    int64_t piece = sample / pieces;
+    if (piece < 1) { pieces = (int)sample; piece = 1; }
+    for (int i = 0; ok && i < pieces; i++) {
+      int64_t at = pieces == 1 ? 0 : (int64_t)((double)(train - piece) * i / (pieces - 1));
+      ok = count_range(m, c, at, at + piece);
+    }
   }
   if (ok) ok = finish(m);
   if (!ok) {
     dm_ngram_free(m);
-    dm_error("ngram: out of host memory fitting order %d on %lld bytes", order, (long long)train);
+    dm_error("ngram: out of host memory fitting order %d on %lld bytes", order,
+             (long long)(sample > 0 && sample < train ? sample : train));
   }
   return m;
 }

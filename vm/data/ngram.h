@@ -45,8 +45,11 @@ int64_t dm_ngram_entries(const dm_ngram *m, int n);  /* distinct n-grams of orde
 ** the low 8 bits (pad bytes 0 beyond the stream's start) */
 double dm_ngram_prob(const dm_ngram *m, uint64_t history, int byte);
 
-/* fit on a corpus's train split */
-dm_ngram *dm_ngram_fit(const dm_corpus *c, int order);
+/* Fit on a corpus's train split: all of it when sample <= 0 or sample >= its size, else on
+** DM_NGRAM_PIECES pieces of sample / DM_NGRAM_PIECES bytes spread evenly over it (the first at
+** its start, the last at its end), each counted with the bytes before it as its history. */
+#define DM_NGRAM_PIECES 64
+dm_ngram *dm_ngram_fit(const dm_corpus *c, int order, int64_t sample);
 /* total bits, -sum log2 P, of the bytes [from, to) of the corpus, each
 ** predicted from the bytes before it in the stream */
 double dm_ngram_bits(const dm_ngram *m, const dm_corpus *c, int64_t from, int64_t to);

@@ -80,20 +80,58 @@ static int c_metatable(lua_State *L) {
 
 /* ---- the corpus ----------------------------------------------------------------------------- */
 
-/* core.corpus_open({path, ...}, eval_bytes) */
-static int c_corpus_open(lua_State *L) {
-  luaL_checktype(L, 1, LUA_TTABLE);
-  int n = (int)luaL_len(L, 1);
-  int64_t eval_bytes = luaL_checkinteger(L, 2);
-  const char **paths = lua_newuserdatauv(L, sizeof *paths * (size_t)(n > 0 ? n : 1), 0);  /* collected */
-  for (int i = 0; i < n; i++) {
-    lua_geti(L, 1, i + 1);
-    paths[i] = luaL_checkstring(L, -1);      /* the table keeps the string alive */
+/* the strings of the list at idx, in a userdata the collector frees (the list keeps them alive) */
+static const char **string_list(lua_State *L, int idx, int *n) {
+  *n = (int)luaL_len(L, idx);
+  const char **v = lua_newuserdatauv(L, sizeof *v * (size_t)(*n > 0 ? *n : 1), 0);
+  for (int i = 0; i < *n; i++) {
+    lua_geti(L, idx, i + 1);
+    v[i] = luaL_checkstring(L, -1);
     lua_pop(L, 1);
   }
+  return v;
+}
+
+/* core.corpus_open({path, ...}, eval_bytes [, {weight, ...} [, {eval path, ...}]]): without weights
+** one source of all the paths, with them each path a source of its weight */
+static int c_corpus_open(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  int64_t eval_bytes = luaL_checkinteger(L, 2);
+  bool mixed = !lua_isnoneornil(L, 3), has_eval = !lua_isnoneornil(L, 4);
+  if (mixed) luaL_checktype(L, 3, LUA_TTABLE);
+  if (has_eval) luaL_checktype(L, 4, LUA_TTABLE);
+  int n, ne = 0;
+  const char **paths = string_list(L, 1, &n);
+  const char **eval_paths = has_eval ? string_list(L, 4, &ne) : NULL;
+  if (mixed && luaL_len(L, 3) != n) luaL_error(L, "corpus_open: %d weights for %d paths", (int)luaL_len(L, 3), n);
+  int ns = mixed ? n : 1;
+  dm_source *sources = lua_newuserdatauv(L, sizeof *sources * (size_t)(ns > 0 ? ns : 1), 0);
+  for (int i = 0; i < ns; i++) {
+    double w = 1.0;
+    if (mixed) { lua_geti(L, 3, i + 1); w = luaL_checknumber(L, -1); lua_pop(L, 1); }
+    sources[i] = mixed ? (dm_source){1, &paths[i], w} : (dm_source){n, paths, 1.0};
+  }
+  dm_source eval = {ne, eval_paths, 1.0};
   void **box = new_box(L, CORPUS_MT, close_corpus);
   DM_ENTER(L);
-  *box = dm_corpus_open(n, paths, eval_bytes);
+  *box = dm_corpus_open_sources(ns, sources, has_eval ? &eval : NULL, eval_bytes);
+  return 1;
+}
+
+/* core.corpus_sources(c) → {{begin = b, ["end"] = e, share = w}, ...}: each source's train bytes */
+static int c_corpus_sources(lua_State *L) {
+  dm_corpus *c = check_corpus(L, 1);
+  lua_createtable(L, dm_corpus_nsources(c), 0);
+  for (int i = 0; i < dm_corpus_nsources(c); i++) {
+    int64_t begin, end;
+    double share;
+    dm_corpus_source(c, i, &begin, &end, &share);
+    lua_createtable(L, 0, 3);
+    lua_pushinteger(L, begin); lua_setfield(L, -2, "begin");
+    lua_pushinteger(L, end); lua_setfield(L, -2, "end");
+    lua_pushnumber(L, share); lua_setfield(L, -2, "share");
+    lua_rawseti(L, -2, i + 1);
+  }
   return 1;
 }
 
@@ -210,13 +248,21 @@ static int c_loader_position(lua_State *L) {
 
 /* ---- n-gram baselines ---------------------------------------------------------------------- */
 
-/* core.ngram_fit(c, order) → the model fitted on the train split */
+/* core.ngram_fit(c, order [, sample]) → the model fitted on the train split (sample > 0: on that
+** many of its bytes, in pieces spread over it) */
 static int c_ngram_fit(lua_State *L) {
   dm_corpus *c = check_corpus(L, 1);
   int order = (int)luaL_checkinteger(L, 2);
+  int64_t sample = luaL_optinteger(L, 3, 0);
   void **box = new_box(L, NGRAM_MT, close_ngram);
   DM_ENTER(L);
-  *box = dm_ngram_fit(c, order);
+  *box = dm_ngram_fit(c, order, sample);
+  return 1;
+}
+
+/* core.ngram_pieces() → how many pieces a sampled fit counts */
+static int c_ngram_pieces(lua_State *L) {
+  lua_pushinteger(L, DM_NGRAM_PIECES);
   return 1;
 }
 
@@ -255,11 +301,11 @@ static int c_loader_max_start(lua_State *L) {
 static const luaL_Reg funcs[] = {
   {"data_metatable", c_metatable}, {"loader_max_start", c_loader_max_start},
   {"corpus_open", c_corpus_open}, {"corpus_close", close_corpus}, {"corpus_sizes", c_corpus_sizes},
-  {"corpus_files", c_corpus_files}, {"corpus_bytes", c_corpus_bytes}, {"corpus_batch", c_corpus_batch},
+  {"corpus_files", c_corpus_files}, {"corpus_sources", c_corpus_sources}, {"corpus_bytes", c_corpus_bytes}, {"corpus_batch", c_corpus_batch},
   {"corpus_eval_windows", c_corpus_eval_windows}, {"corpus_eval_count", c_corpus_eval_count},
   {"loader_new", c_loader_new}, {"loader_next", c_loader_next}, {"loader_position", c_loader_position},
   {"loader_close", close_loader},
-  {"ngram_fit", c_ngram_fit}, {"ngram_bits", c_ngram_bits}, {"ngram_info", c_ngram_info},
+  {"ngram_fit", c_ngram_fit}, {"ngram_pieces", c_ngram_pieces}, {"ngram_bits", c_ngram_bits}, {"ngram_info", c_ngram_info},
   {"ngram_close", close_ngram},
   {NULL, NULL}
 };

@@ -1,5 +1,5 @@
 --[==[
-dormouse baseline [CORPUS] --order N[-M] [--eval-bytes N] [--seq T [--windows N]]
+dormouse baseline [CORPUS] --order N[-M] [--eval-bytes N] [--fit-bytes N] [--seq T [--windows N]]
 
 Fits an interpolated Kneser-Ney byte n-gram model on a corpus's train split
 and prints its held-out bits per byte: the number a trained model must beat
@@ -8,11 +8,13 @@ is used; CORPUS may be an experiment file (its data.path or data.sources,
 data.weights, data.eval, data.eval_bytes and eval windows). --eval-bytes N: the held-out split (default: the config's
 data.eval_bytes). --order 1-6 prints one row per order. --seq T scores the targets of
 the held-out windows of T+1 bytes the model is evaluated on (--windows N of
-them; all by default) instead of the whole held-out split.
+them; all by default) instead of the whole held-out split. --fit-bytes N: fit on
+N bytes of the train split, in pieces spread evenly over it (default: the
+config's eval.baseline_bytes, 8 MiB; 0: all of it).
 ]==]
 local data = require "dormouse.data"
 
-local usage = "usage: dormouse baseline [CORPUS] --order N[-M] [--eval-bytes N] [--seq T [--windows N]]"
+local usage = "usage: dormouse baseline [CORPUS] --order N[-M] [--eval-bytes N] [--fit-bytes N] [--seq T [--windows N]]"
 
 local function commas(n)
   local s = tostring(n)
@@ -40,6 +42,12 @@ local function parse(argv)
       args.orders = lo and {count(lo, a), count(hi, a)} or {count(value, a), count(value, a)}
       i = i + 2
     elseif a == "--eval-bytes" then args.eval_bytes = count(value, a); i = i + 2
+    elseif a == "--fit-bytes" then
+      args.fit_bytes = math.tointeger(tonumber(value))
+      if not args.fit_bytes or args.fit_bytes < 0 then
+        error("--fit-bytes takes an integer >= 0, got '" .. tostring(value) .. "'", 0)
+      end
+      i = i + 2
     elseif a == "--seq" then args.seq = count(value, a); i = i + 2
     elseif a == "--windows" then args.windows = count(value, a); i = i + 2
     elseif a == "--help" or a == "-h" then args.help = true; i = i + 1
@@ -63,6 +71,7 @@ local function resolve(args)
     spec.opts.eval_bytes = args.eval_bytes or spec.opts.eval_bytes
     local seq = args.seq or cfg.data.ctx or cfg.seq
     spec.windows = {seq = seq, n = args.windows or (not args.seq and cfg.eval.windows or nil)}
+    spec.fit_bytes = args.fit_bytes or cfg.eval.baseline_bytes
     return spec
   end
   local defaults = require("dormouse.config").resolve({}, "defaults")
@@ -71,6 +80,7 @@ local function resolve(args)
     paths = {path}, label = path,
     opts = {eval_bytes = args.eval_bytes or defaults.data.eval_bytes},
     eval_default = args.eval_bytes == nil,
+    fit_bytes = args.fit_bytes or defaults.eval.baseline_bytes,
     windows = args.seq and {seq = args.seq, n = args.windows} or nil,
   }
 end
@@ -80,7 +90,10 @@ local function report(src, orders)
   local files = #corpus:files()
   print(string.format("corpus    %s (%s bytes in %d file%s)", src.label, commas(corpus:size()), files,
                       files == 1 and "" or "s"))
-  print(string.format("train     %s bytes", commas(corpus:train_size())))
+  local sampled = src.fit_bytes > 0 and src.fit_bytes < corpus:train_size()
+  print(string.format("train     %s bytes%s", commas(corpus:train_size()),
+                      sampled and string.format(", fitted on %s of them in %d pieces (--fit-bytes)",
+                                                commas(src.fit_bytes), data.NGRAM_PIECES) or ""))
   local where = src.opts.eval and "the last of " .. src.opts.eval
                 or #corpus:sources() > 1 and "each source's tail, shared by weight" or "the last of the corpus"
   print(string.format("held out  %s bytes, %s%s", commas(corpus:eval_size()), where,
@@ -92,7 +105,7 @@ local function report(src, orders)
   print("order  bpb      bytes scored  discounts D_1..D_n (plain KN)             fit s  score s")
   for order = orders[1], orders[2] do
     local t0 = os.clock()
-    local m <close> = corpus:ngram(order)
+    local m <close> = corpus:ngram(order, {sample = src.fit_bytes})
     local t1 = os.clock()
     local bpb, scored = m:bpb(src.windows)
     local t2 = os.clock()
