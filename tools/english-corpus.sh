@@ -7,11 +7,13 @@
 #
 #   tools/english-corpus.sh [OUT]       default OUT: corpora/english.txt.zst
 #
-# Needs apt-get (the packages are downloaded, not installed), dpkg, tar, xz and zstd.
+# Needs apt-get (the packages are downloaded, not installed), dpkg, tar, xz, and dormouse
+# (build/dormouse, or $DORMOUSE), which writes the text in zstd frames that a run reads in place.
 set -euo pipefail
 out=${1:-corpora/english.txt.zst}
-for tool in apt-get dpkg tar xz zstd; do
-  command -v "$tool" >/dev/null || { echo "english-corpus: $tool is missing" >&2; exit 1; }
+dormouse=${DORMOUSE:-build/dormouse}
+for tool in apt-get dpkg tar xz "$dormouse"; do
+  command -v "$tool" >/dev/null || { echo "english-corpus: $tool is missing (build dormouse first: make)" >&2; exit 1; }
 done
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -25,6 +27,5 @@ tar xJf "$work"/linux/usr/src/linux-source-6.1.tar.xz -C "$work" linux-source-6.
   (cd "$work/linux-source-6.1" && find Documentation -type f \( -name '*.rst' -o -name '*.txt' \) -print0 |
      LC_ALL=C sort -z | xargs -0 cat)
   zcat "$work"/gcide/usr/share/dictd/gcide.dict.dz
-} | zstd -q -19 -T0 -f -o "$out.tmp"
-mv "$out.tmp" "$out"
-echo "english-corpus: $out, $(zstd -dc "$out" | wc -c) bytes of text, $(du -h "$out" | cut -f1) compressed"
+} > "$work/english.txt"
+"$dormouse" corpus pack "$out" "$work/english.txt" --force

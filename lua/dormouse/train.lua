@@ -957,6 +957,11 @@ function run_body(self, cfg, opts)
       string.format("corpus %s (%d bytes, %d held out%s)", path, corpus:size(), corpus:eval_size(),
                     cfg.data.eval and " from " .. cfg.data.eval or ""), self.device)
   self:say(self.summary)
+  for _, w in ipairs(corpus.decoded_whole and corpus:decoded_whole() or {}) do
+    self:say(string.format("corpus: %s is held whole in memory (%d bytes decoded): its zstd frames are too large " ..
+                           "to read in place; `dormouse corpus pack OUT.zst %s` writes it in frames", w.path, w.bytes,
+                           w.path))
+  end
   self:say(self.opt:describe())
   local arms = self.model.arms and self.model:arms() or {}
   if #arms > 0 then self:say("arms: " .. table.concat(arms, "; ")) end

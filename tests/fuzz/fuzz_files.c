@@ -3,7 +3,8 @@
 ** runtime: FUZZ_TARGET selects one.
 **
 **   safetensors   dm_safetensors_read on the input as a .safetensors file
-**   corpus        dm_corpus_open on the input as a .zst corpus, every byte read
+**   corpus        dm_corpus_open on the input as a .zst corpus, every byte read (frames
+**                 read in place or the file decoded whole)
 **
 ** A reader may refuse an input (dm_error, caught here by longjmp); it must
 ** never crash, hang, leak or read out of bounds (ASan and UBSan watch).
@@ -42,15 +43,20 @@ static void reader(const char *path) {
   dm_safetensors *st = dm_safetensors_read(path);
   dm_safetensors_free(st);
 }
+static void after(void) {}
 
 #else
 #define SUFFIX ".zst"
+static dm_corpus *opened;      /* released after a refusal too: a frame read in place may fail at a read */
 static void reader(const char *path) {
-  dm_corpus *c = dm_corpus_open(1, &path, 0);
+  opened = dm_corpus_open(1, &path, 0);
   uint8_t buf[4096];
-  for (int64_t pos = 0, n = dm_corpus_size(c); pos < n; pos += (int64_t)sizeof buf)
-    dm_corpus_read(c, pos, n - pos < (int64_t)sizeof buf ? n - pos : (int64_t)sizeof buf, buf);
-  dm_corpus_release(c);
+  for (int64_t pos = 0, n = dm_corpus_size(opened); pos < n; pos += (int64_t)sizeof buf)
+    dm_corpus_read(opened, pos, n - pos < (int64_t)sizeof buf ? n - pos : (int64_t)sizeof buf, buf);
+}
+static void after(void) {
+  dm_corpus_release(opened);
+  opened = NULL;
 }
 #endif
 
@@ -62,6 +68,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   refused = &jb;
   if (setjmp(jb) == 0) reader(path);
   refused = NULL;
+  after();
   unlink(path);
   return 0;
 }

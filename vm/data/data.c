@@ -14,6 +14,7 @@
 #include <string.h>
 #include "data/data.h"
 #include "data/files.h"
+#include "data/zframes.h"
 #include "core/alloc.h"
 #include "core/core.h"
 #include "core/philox.h"
@@ -21,8 +22,8 @@
 /* A part is a slice of one file placed in the stream; a source's train segment is where its rows
 ** start. A single source keeps its file order: train, then its tail, contiguous as in the files. */
 typedef struct part {
-  const uint8_t *data;
-  int64_t size;
+  int file;
+  int64_t at, size;        /* bytes [at, at + size) of the file */
   int64_t offset;          /* where the slice starts in the stream */
 } part;
 
@@ -41,6 +42,7 @@ struct dm_corpus {
   source *sources;
   int nsources;
   int64_t size, eval_bytes;
+  dm_zcache *frames;       /* decoded frames of the zstd files read in place (zframes.h) */
   char name[256];          /* for messages: the first path, and how many more */
 };
 
@@ -55,6 +57,7 @@ static void corpus_destroy(dm_corpus *c) {
   free(c->files);
   free(c->parts);
   free(c->sources);
+  dm_zcache_free(c->frames);
   free(c);
 }
 
@@ -95,7 +98,7 @@ static void place(dm_corpus *c, int f0, int f1, int64_t lo, int64_t hi) {
   for (int i = f0; i < f1 && at < hi; at += c->files[i].size, i++) {
     int64_t a = lo > at ? lo : at, b = hi < at + c->files[i].size ? hi : at + c->files[i].size;
     if (a >= b) continue;
-    c->parts[c->nparts++] = (part){c->files[i].data + (a - at), b - a, c->size};
+    c->parts[c->nparts++] = (part){i, a - at, b - a, c->size};
     c->size += b - a;
   }
 }
@@ -178,6 +181,8 @@ static bool open_into(dm_corpus *c, int n, const dm_source *sources, const dm_so
     if (!load_source(c, src, &bytes[s], err)) return false;
   }
   first[m] = c->nfiles;
+  c->frames = dm_zcache_new();
+  if (!c->frames) return fail(err, "corpus: out of host memory");
   name_paths(c->name, sizeof c->name, sources[0].npaths, sources[0].paths);
   if (n > 1) snprintf(c->name, sizeof c->name, "%s and %d more source%s", c->sources[0].name, n - 1, n > 2 ? "s" : "");
   c->nsources = n;
@@ -230,41 +235,49 @@ void dm_corpus_source(const dm_corpus *c, int i, int64_t *begin, int64_t *end, d
 
 /* ---- reading ------------------------------------------------------------------------------- */
 
-int64_t dm_corpus_span(const dm_corpus *c, int64_t pos, const uint8_t **p) {
-  *p = NULL;
-  if (pos < 0 || pos >= c->size) return 0;
-  int lo = 0, hi = c->nparts - 1;        /* the last part starting at or before pos */
+/* the part holding pos: the last starting at or before it */
+static const part *part_of(const dm_corpus *c, int64_t pos) {
+  int lo = 0, hi = c->nparts - 1;
   while (lo < hi) {
     int mid = (lo + hi + 1) / 2;
     if (c->parts[mid].offset <= pos) lo = mid;
     else hi = mid - 1;
   }
-  const part *q = &c->parts[lo];
-  *p = q->data + (pos - q->offset);
-  return q->offset + q->size - pos;
+  return &c->parts[lo];
 }
 
-/* no checks, no errors: the loader thread calls this */
-static void copy_bytes(const dm_corpus *c, int64_t pos, int64_t n, uint8_t *dst) {
+/* No dm_error: the loader thread calls this. Positions before 0 read as pad bytes 0; false with
+** a message in err when a zstd frame does not decode. */
+static bool copy_bytes(const dm_corpus *c, int64_t pos, int64_t n, uint8_t *dst, char *err, size_t errlen) {
   if (pos < 0) {
     int64_t pad = -pos < n ? -pos : n;
     memset(dst, 0, (size_t)pad);
     dst += pad; pos += pad; n -= pad;
   }
   while (n > 0) {
-    const uint8_t *p;
-    int64_t m = dm_corpus_span(c, pos, &p);
+    const part *q = part_of(c, pos);
+    const dm_file *f = &c->files[q->file];
+    int64_t from = q->at + (pos - q->offset), m = q->offset + q->size - pos;
     if (m > n) m = n;
-    memcpy(dst, p, (size_t)m);
+    if (f->data) memcpy(dst, f->data + from, (size_t)m);
+    else if (!dm_zframes_read(f->frames, c->frames, f->path, from, m, dst, err, errlen)) return false;
     dst += m; pos += m; n -= m;
   }
+  return true;
 }
 
 void dm_corpus_read(const dm_corpus *c, int64_t pos, int64_t n, uint8_t *dst) {
   if (n < 0 || pos > c->size - n)
     dm_error("corpus %s: cannot read %lld bytes at offset %lld of %lld", c->name, (long long)n,
              (long long)pos, (long long)c->size);
-  copy_bytes(c, pos, n, dst);
+  char err[ERRMAX];
+  if (!copy_bytes(c, pos, n, dst, err, sizeof err)) dm_error("%s", err);
+}
+
+int64_t dm_corpus_whole(const dm_corpus *c, int i) {
+  if (i < 0 || i >= c->nfiles) dm_error("corpus: file %d of %d", i + 1, c->nfiles);
+  const dm_file *f = &c->files[i];
+  return f->decoded_whole ? f->size : 0;
 }
 
 /* ---- windows into tensors -------------------------------------------------------------------
@@ -280,18 +293,21 @@ static void widen(dm_dtype dt, void *row, int64_t n) {
   if (dt == DM_I64) for (int64_t i = n - 1; i >= 0; i--) ((int64_t *)row)[i] = b[i];
 }
 
-static void fill_rows(const dm_corpus *c, const dm_batch_spec *s, start_fn start, int64_t k,
-                      int64_t rows, void *buf) {
+/* false with a message in err when a zstd frame does not decode (no dm_error: the loader calls it) */
+static bool fill_rows(const dm_corpus *c, const dm_batch_spec *s, start_fn start, int64_t k,
+                      int64_t rows, void *buf, char *err, size_t errlen) {
   size_t es = dm_dtype_size(s->dtype), xw = (size_t)(s->seq + 1) * es, pw = (size_t)s->ctx * es;
   char *x = buf, *pre = x + (size_t)rows * xw;
   for (int64_t r = 0; r < rows; r++) {
     int64_t at = start(c, s, k, r);
     char *xr = x + (size_t)r * xw, *pr = pre + (size_t)r * pw;
-    copy_bytes(c, at, s->seq + 1, (uint8_t *)xr);
+    if (!copy_bytes(c, at, s->seq + 1, (uint8_t *)xr, err, errlen) ||
+        !copy_bytes(c, at - s->ctx, s->ctx, (uint8_t *)pr, err, errlen))
+      return false;
     widen(s->dtype, xr, s->seq + 1);
-    copy_bytes(c, at - s->ctx, s->ctx, (uint8_t *)pr);
     widen(s->dtype, pr, s->ctx);
   }
+  return true;
 }
 
 static int64_t rows_numel(const dm_batch_spec *s, int64_t rows) { return rows * (s->seq + 1 + s->ctx); }
@@ -317,14 +333,15 @@ static dm_tensor *upload(const void *host, dm_dtype dt, int64_t n, dm_device dev
 static void make_rows(const dm_corpus *c, const dm_batch_spec *s, start_fn start, int64_t k, int64_t rows,
                       dm_tensor **x, dm_tensor **prefix) {
   int64_t n = rows_numel(s, rows);
+  char err[ERRMAX];
   dm_tensor *all;
   if (s->device == DM_CPU) {
     all = dm_tensor_new(DM_CPU, s->dtype, 1, &n);
-    fill_rows(c, s, start, k, rows, dm_data(all));
+    if (!fill_rows(c, s, start, k, rows, dm_data(all), err, sizeof err)) { dm_release(all); dm_error("%s", err); }
   } else {
     void *host = malloc((size_t)n * dm_dtype_size(s->dtype));
     if (!host) dm_error("data: out of host memory for %lld rows", (long long)rows);
-    fill_rows(c, s, start, k, rows, host);
+    if (!fill_rows(c, s, start, k, rows, host, err, sizeof err)) { free(host); dm_error("%s", err); }
     all = upload(host, s->dtype, n, s->device);
     free(host);
   }
@@ -462,12 +479,15 @@ static void *loader_main(void *arg) {
     void *slot = l->slots[i];
     pthread_mutex_unlock(&l->mu);
     if (!slot) slot = l->hb.alloc(l->slot_bytes);
-    if (slot) fill_rows(l->corpus, &l->spec, dm_batch_start, k, l->spec.batch, slot);
+    char err[sizeof l->err];
+    bool filled = slot && fill_rows(l->corpus, &l->spec, dm_batch_start, k, l->spec.batch, slot, err, sizeof err);
     pthread_mutex_lock(&l->mu);
-    if (slot) { l->slots[i] = slot; l->produced++; }
+    if (slot) l->slots[i] = slot;
+    if (filled) l->produced++;
     else {
       l->failed = true;
-      snprintf(l->err, sizeof l->err, "the host buffer allocator returned NULL for %zu bytes", l->slot_bytes);
+      if (slot) memcpy(l->err, err, sizeof l->err);
+      else snprintf(l->err, sizeof l->err, "the host buffer allocator returned NULL for %zu bytes", l->slot_bytes);
     }
     pthread_cond_signal(&l->can_take);
   }

@@ -4,8 +4,10 @@
 **
 ** A corpus is one byte stream: a file, a list of files, a directory (its
 ** regular files, recursively, each level in sorted name order, hidden names
-** skipped) or a glob, concatenated. Raw files are memory-mapped; `.zst`
-** files are decompressed into memory once, at open. The held-out split is
+** skipped) or a glob, concatenated. Raw files are memory-mapped; a `.zst`
+** file is mapped too and read in place, a frame at a time through a small
+** cache, when its frames have bounded sizes (zframes.h; any frame above
+** 16 MiB, or of unknown size, and it is decompressed into memory at open). The held-out split is
 ** the LAST eval_bytes of the stream and no training window ever touches it;
 ** the train split is the rest.
 **
@@ -59,15 +61,15 @@ int64_t dm_corpus_train_size(const dm_corpus *c);   /* bytes [0, train) */
 int64_t dm_corpus_eval_size(const dm_corpus *c);    /* bytes [train, size) */
 int dm_corpus_nfiles(const dm_corpus *c);           /* files that hold bytes, in stream order */
 const char *dm_corpus_file(const dm_corpus *c, int i);
+/* file i's decoded size when it is a zstd file decoded whole at open (one frame above
+** DM_ZFRAME_MAX, or frames without their sizes), else 0: such a file is held in memory */
+int64_t dm_corpus_whole(const dm_corpus *c, int i);
 int dm_corpus_nsources(const dm_corpus *c);
 /* source i's train bytes [begin, end) in the stream and its share of the rows */
 void dm_corpus_source(const dm_corpus *c, int i, int64_t *begin, int64_t *end, double *share);
 
-/* The bytes at pos that lie contiguously in memory: sets *p and returns how
-** many (0 at or past the end). pos must be >= 0. */
-int64_t dm_corpus_span(const dm_corpus *c, int64_t pos, const uint8_t **p);
 /* n bytes from pos into dst; positions before 0 read as the pad byte 0.
-** Raises if pos + n passes the end. */
+** Raises if pos + n passes the end, or on a zstd frame that does not decode. */
 void dm_corpus_read(const dm_corpus *c, int64_t pos, int64_t n, uint8_t *dst);
 
 /* ---- training batches ------------------------------------------------------------------- */

@@ -21,6 +21,7 @@
 #include <unistd.h>
 #include <zstd.h>
 #include "data/files.h"
+#include "data/zframes.h"
 
 bool dm_data_fail(char *err, const char *fmt, ...) {
   va_list ap;
@@ -174,8 +175,8 @@ static void maps_add(const dm_file *p) {
   pthread_mutex_lock(&maps_lock);
   for (int i = 0; i < MAPS_MAX; i++)
     if (!maps[i].path) {
-      maps[i].lo = p->data;
-      maps[i].hi = p->data + p->size;
+      maps[i].lo = p->mapping;
+      maps[i].hi = p->mapping + p->mapped_size;
       maps[i].path = p->path;          /* set last: the handler tests it first */
       break;
     }
@@ -185,7 +186,7 @@ static void maps_add(const dm_file *p) {
 static void maps_remove(const dm_file *p) {
   pthread_mutex_lock(&maps_lock);
   for (int i = 0; i < MAPS_MAX; i++)
-    if (maps[i].path && maps[i].lo == p->data) { maps[i].path = NULL; break; }
+    if (maps[i].path && maps[i].lo == p->mapping) { maps[i].path = NULL; break; }
   pthread_mutex_unlock(&maps_lock);
 }
 
@@ -199,15 +200,14 @@ static bool map_file(dm_file *p, char *err) {
     close(fd);
     return dm_data_fail(err, "corpus: cannot read '%s': %s", p->path, strerror(errno));
   }
-  p->size = (int64_t)st.st_size;
-  if (p->size > 0) {
-    void *m = mmap(NULL, (size_t)p->size, PROT_READ, MAP_PRIVATE, fd, 0);
+  if (st.st_size > 0) {
+    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (m == MAP_FAILED) {
       close(fd);
       return dm_data_fail(err, "corpus: cannot map '%s': %s", p->path, strerror(errno));
     }
-    p->data = m;
-    p->mapped = true;
+    p->mapping = m;
+    p->mapped_size = (int64_t)st.st_size;
     maps_add(p);
   }
   close(fd);
@@ -283,20 +283,45 @@ static bool inflate_file(dm_file *p, char *err) {
   return true;
 }
 
-static bool is_zst(const char *path) {
+bool dm_is_zst(const char *path) {
   size_t n = strlen(path);
   return n >= 4 && strcmp(path + n - 4, ".zst") == 0;
 }
 
 /* ---- one file ------------------------------------------------------------------------------ */
 
+static void unmap(dm_file *f) {
+  if (!f->mapping) return;
+  maps_remove(f);
+  munmap((void *)f->mapping, (size_t)f->mapped_size);
+  f->mapping = NULL;
+  f->mapped_size = 0;
+}
+
+/* a zstd file: read in place when its frames allow, else decoded whole */
+static bool load_zst(dm_file *f, char *err) {
+  if (!map_file(f, err)) return false;
+  bool oom = false;
+  f->frames = f->mapping ? dm_zframes_index(f->mapping, f->mapped_size, &oom) : NULL;
+  if (oom) return dm_data_fail(err, "corpus: out of host memory indexing '%s'", f->path);
+  if (f->frames) { f->size = dm_zframes_size(f->frames); return true; }
+  unmap(f);
+  f->decoded_whole = true;
+  return inflate_file(f, err);
+}
+
 bool dm_file_load(dm_file *f, char *err) {
-  return is_zst(f->path) ? inflate_file(f, err) : map_file(f, err);
+  if (dm_is_zst(f->path)) return load_zst(f, err);
+  if (!map_file(f, err)) return false;
+  f->data = f->mapping;
+  f->size = f->mapped_size;
+  return true;
 }
 
 void dm_file_unload(dm_file *f) {
-  if (f->mapped) { maps_remove(f); munmap((void *)f->data, (size_t)f->size); }
-  else free((void *)f->data);
+  if (!f->mapping) free((void *)f->data);
+  unmap(f);
+  dm_zframes_free(f->frames);
   free(f->path);
   *f = (dm_file){0};
 }

@@ -27,14 +27,23 @@ typedef struct dm_pathlist { char **v; int n, cap; } dm_pathlist;
 bool dm_paths_collect(const char *path, dm_pathlist *out, char *err);
 void dm_pathlist_free(dm_pathlist *l);
 
+typedef struct dm_zframes dm_zframes;
+
 typedef struct dm_file {
   char *path;              /* owned */
-  const uint8_t *data;     /* mapped, or decompressed into the heap */
-  int64_t size;
-  bool mapped;
+  const uint8_t *data;     /* its bytes in memory (mapped, or decompressed into the heap); NULL when
+                              read in frames */
+  int64_t size;            /* its bytes (decoded) */
+  const uint8_t *mapping;  /* the file as it is on disk, mapped; NULL when nothing is */
+  int64_t mapped_size;
+  dm_zframes *frames;      /* a zstd file read in place, frame by frame (zframes.h) */
+  bool decoded_whole;      /* a zstd file that could not be read in frames, decoded at open */
 } dm_file;
 
-/* Loads f->path into f->data and f->size (an empty file: data NULL, size 0). */
+bool dm_is_zst(const char *path);          /* named *.zst */
+
+/* Loads f->path: a raw file is mapped; a zstd file is mapped and read in place when its frames
+** allow (zframes.h), else decoded whole into the heap. An empty file: size 0, nothing held. */
 bool dm_file_load(dm_file *f, char *err);
 /* Unmaps or frees the bytes and the path; a zeroed dm_file is fine. */
 void dm_file_unload(dm_file *f);

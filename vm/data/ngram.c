@@ -191,18 +191,20 @@ double dm_ngram_prob(const dm_ngram *m, uint64_t history, int byte) {
 
 /* ---- over a corpus -------------------------------------------------------------------------- */
 
+#define CHUNK (1 << 16)          /* bytes read from the corpus at a time */
+
 /* counts bytes [from, to) of the stream, the history the order - 1 bytes before from */
 static bool count_range(dm_ngram *m, const dm_corpus *c, int64_t from, int64_t to) {
   uint8_t before[8];
   dm_corpus_read(c, from - 8, 8, before);     /* pad bytes 0 before the start */
   m->key = 0;
   for (int i = 0; i < 8; i++) m->key = (m->key << 8) | before[i];
+  static _Thread_local uint8_t chunk[CHUNK];
   bool ok = true;
   for (int64_t pos = from; ok && pos < to;) {
-    const uint8_t *p;
-    int64_t n = dm_corpus_span(c, pos, &p);
-    if (n > to - pos) n = to - pos;
-    ok = count(m, p, n);
+    int64_t n = to - pos < CHUNK ? to - pos : CHUNK;
+    dm_corpus_read(c, pos, n, chunk);
+    ok = count(m, chunk, n);
     pos += n;
   }
   return ok;
@@ -240,14 +242,14 @@ double dm_ngram_bits(const dm_ngram *m, const dm_corpus *c, int64_t from, int64_
   dm_corpus_read(c, from - 8, 8, before);     /* pad bytes 0 before the start */
   uint64_t h = 0;
   for (int i = 0; i < 8; i++) h = (h << 8) | before[i];
+  static _Thread_local uint8_t chunk[CHUNK];
   double bits = 0;
   for (int64_t pos = from; pos < to;) {
-    const uint8_t *p;
-    int64_t n = dm_corpus_span(c, pos, &p);
-    if (n > to - pos) n = to - pos;
+    int64_t n = to - pos < CHUNK ? to - pos : CHUNK;
+    dm_corpus_read(c, pos, n, chunk);
     for (int64_t i = 0; i < n; i++) {
-      bits -= log2(prob(m, h, p[i]));
-      h = (h << 8) | p[i];
+      bits -= log2(prob(m, h, chunk[i]));
+      h = (h << 8) | chunk[i];
     }
     pos += n;
   }

@@ -8,9 +8,12 @@
 #include <stdlib.h>
 #include "lua/bind.h"
 #include "data/data.h"
+#include "data/files.h"
 #include "data/ngram.h"
+#include "data/zframes.h"
 
 #define CORPUS_MT "dormouse.Corpus"
+#define ZWRITER_MT "dormouse.ZWriter"
 #define LOADER_MT "dormouse.Loader"
 #define NGRAM_MT "dormouse.NGram"
 
@@ -45,6 +48,13 @@ static int close_loader(lua_State *L) {
 static int close_ngram(lua_State *L) {
   void **box = luaL_checkudata(L, 1, NGRAM_MT);
   dm_ngram_free(*box);
+  *box = NULL;
+  return 0;
+}
+
+static int close_zwriter(lua_State *L) {          /* a writer never closed leaves nothing on disk */
+  void **box = luaL_checkudata(L, 1, ZWRITER_MT);
+  dm_zwriter_abort(*box);
   *box = NULL;
   return 0;
 }
@@ -133,6 +143,73 @@ static int c_corpus_sources(lua_State *L) {
     lua_rawseti(L, -2, i + 1);
   }
   return 1;
+}
+
+/* core.corpus_whole(c) → {{path = p, bytes = n}, ...}: the zstd files decoded whole at open */
+static int c_corpus_whole(lua_State *L) {
+  dm_corpus *c = check_corpus(L, 1);
+  lua_newtable(L);
+  for (int i = 0, n = 0; i < dm_corpus_nfiles(c); i++) {
+    if (dm_corpus_whole(c, i) == 0) continue;
+    lua_createtable(L, 0, 2);
+    lua_pushstring(L, dm_corpus_file(c, i)); lua_setfield(L, -2, "path");
+    lua_pushinteger(L, dm_corpus_whole(c, i)); lua_setfield(L, -2, "bytes");
+    lua_rawseti(L, -2, ++n);
+  }
+  return 1;
+}
+
+/* core.corpus_list(path) → the files a path names (a file, a folder's files, a glob's), in order */
+static int c_corpus_list(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  dm_pathlist files = {0};
+  char err[DM_DATA_ERRMAX];
+  if (!dm_paths_collect(path, &files, err)) {
+    dm_pathlist_free(&files);
+    return luaL_error(L, "%s", err);
+  }
+  lua_createtable(L, files.n, 0);
+  for (int i = 0; i < files.n; i++) { lua_pushstring(L, files.v[i]); lua_rawseti(L, -2, i + 1); }
+  dm_pathlist_free(&files);
+  return 1;
+}
+
+/* ---- writing zstd files in frames ------------------------------------------------------------ */
+
+static dm_zwriter *check_zwriter(lua_State *L) { return checked(L, 1, ZWRITER_MT, "zstd writer"); }
+
+/* core.zwriter_open(path, frame_bytes, level) → a writer (PATH.tmp until zwriter_close) */
+static int c_zwriter_open(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  int64_t frame = luaL_checkinteger(L, 2);
+  int level = (int)luaL_checkinteger(L, 3);
+  void **box = new_box(L, ZWRITER_MT, close_zwriter);
+  char err[DM_DATA_ERRMAX];
+  *box = dm_zwriter_open(path, frame, level, err);
+  if (!*box) return luaL_error(L, "%s", err);
+  return 1;
+}
+
+/* core.zwriter_add_file(w, path) → the bytes written in so far */
+static int c_zwriter_add_file(lua_State *L) {
+  dm_zwriter *w = check_zwriter(L);
+  char err[DM_DATA_ERRMAX];
+  if (!dm_zwriter_add_file(w, luaL_checkstring(L, 2), err)) return luaL_error(L, "%s", err);
+  lua_pushinteger(L, dm_zwriter_bytes_in(w));
+  return 1;
+}
+
+/* core.zwriter_close(w) → bytes in, the file's bytes (renamed into place) */
+static int c_zwriter_close(lua_State *L) {
+  dm_zwriter *w = check_zwriter(L);
+  void **box = lua_touserdata(L, 1);
+  int64_t in = dm_zwriter_bytes_in(w), out;
+  *box = NULL;                                   /* closed either way */
+  char err[DM_DATA_ERRMAX];
+  if (!dm_zwriter_close(w, &out, err)) return luaL_error(L, "%s", err);
+  lua_pushinteger(L, in);
+  lua_pushinteger(L, out);
+  return 2;
 }
 
 /* core.corpus_sizes(c) → size, train, eval */
@@ -301,7 +378,8 @@ static int c_loader_max_start(lua_State *L) {
 static const luaL_Reg funcs[] = {
   {"data_metatable", c_metatable}, {"loader_max_start", c_loader_max_start},
   {"corpus_open", c_corpus_open}, {"corpus_close", close_corpus}, {"corpus_sizes", c_corpus_sizes},
-  {"corpus_files", c_corpus_files}, {"corpus_sources", c_corpus_sources}, {"corpus_bytes", c_corpus_bytes}, {"corpus_batch", c_corpus_batch},
+  {"corpus_files", c_corpus_files}, {"corpus_whole", c_corpus_whole}, {"corpus_list", c_corpus_list},
+  {"zwriter_open", c_zwriter_open}, {"zwriter_add_file", c_zwriter_add_file}, {"zwriter_close", c_zwriter_close}, {"corpus_sources", c_corpus_sources}, {"corpus_bytes", c_corpus_bytes}, {"corpus_batch", c_corpus_batch},
   {"corpus_eval_windows", c_corpus_eval_windows}, {"corpus_eval_count", c_corpus_eval_count},
   {"loader_new", c_loader_new}, {"loader_next", c_loader_next}, {"loader_position", c_loader_position},
   {"loader_close", close_loader},

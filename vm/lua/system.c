@@ -5,11 +5,13 @@
 **   core.memory_available()   -> bytes of host memory available (MemAvailable), or nil
 **   core.dtype_size(name)     -> bytes an element of that dtype takes (vm/core/dm.h's fact)
 **   core.pid()                -> this process's id
+**   core.same_file(a, b)      -> whether two paths name one file
 */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/statvfs.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include "lua/bind.h"
 #include "core/dm.h"
@@ -51,6 +53,16 @@ static int c_pid(lua_State *L) {
   return 1;
 }
 
+/* core.same_file(a, b) → true when both paths exist and name one file (the same device and inode) */
+static int c_same_file(lua_State *L) {
+  struct stat sa, sb;
+  bool same = stat(luaL_checkstring(L, 1), &sa) == 0 && stat(luaL_checkstring(L, 2), &sb) == 0 &&
+              sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+  lua_pushboolean(L, same);
+  return 1;
+}
+
 static const luaL_Reg funcs[] = {{"disk_free", c_disk_free}, {"memory_available", c_memory_available},
-                                 {"dtype_size", c_dtype_size}, {"pid", c_pid}, {NULL, NULL}};
+                                 {"dtype_size", c_dtype_size}, {"pid", c_pid}, {"same_file", c_same_file},
+                                 {NULL, NULL}};
 DM_LUA_FUNCS(funcs)
