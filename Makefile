@@ -14,8 +14,9 @@ CMAKE_FLAGS ?=
 DEB_PACKAGES = gcc make cmake pkg-config liblua5.4-dev lua-lpeg-dev libzstd-dev lua-busted \
                libreadline-dev libopenblas-dev bible-kjv clang libclang-rt-14-dev
 # what the tests need besides: a headless browser renders the run report (tests/lua/report_spec.lua);
-# bubblewrap, python3 and lua5.4 are the code verifiers' sandbox and its languages (tests/lua/sandbox_spec.lua)
-TEST_PACKAGES = chromium bubblewrap python3-minimal lua5.4
+# bubblewrap, python3 and lua5.4 are the code verifiers' sandbox and its languages (tests/lua/sandbox_spec.lua);
+# openmpi-bin starts the data-parallel jobs of CPU ranks (tests/lua/dist_spec.lua), zstd checks packed corpora
+TEST_PACKAGES = chromium bubblewrap python3-minimal lua5.4 openmpi-bin zstd
 
 # The sanitizer build: clang, AddressSanitizer and UBSan over the C core (no CUDA: the
 # sanitizers cannot see into kernels, and it runs where there is no GPU driver), with the

@@ -392,9 +392,9 @@ function Dormouse:context() return nn.Engram.context_for(self.cfg.engram.orders)
 
 -- Move the balancing bias on the last forward's routing counts (all
 -- iterations together); returns those counts [E] and, with a capacity factor,
--- the assignments dropped [E].
-function Dormouse:update_balance()
-  return self.block.moe:update_balance()
+-- the assignments dropped [E]. reduce (a data-parallel job): sums the counts over the ranks.
+function Dormouse:update_balance(reduce)
+  return self.block.moe:update_balance(reduce)
 end
 
 --[[ fn() → the loader's next x [B, T+1], prefix, k without taking it (train.lookahead):

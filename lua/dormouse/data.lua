@@ -77,19 +77,19 @@ local function name(opts, key, where, choices, default)
   fail("%s: option '%s' must be one of %s, got %s", where, key, table.concat(choices, ", "), tostring(v))
 end
 
-local BATCH = {batch = true, seq = true, ctx = true, seed = true, dtype = true, device = true}
+local BATCH = {batch = true, seq = true, ctx = true, seed = true, dtype = true, device = true, first_row = true}
 local LOADER = {batch = true, seq = true, ctx = true, seed = true, dtype = true, device = true,
-                start = true, depth = true}
+                first_row = true, start = true, depth = true}
 local WINDOWS = {seq = true, n = true, ctx = true, dtype = true, device = true}
 local SCORED = {seq = true, n = true}
 local DTYPES = {"u8", "i32", "i64"}
 
--- batch, seq, ctx, seed, dtype, device: the spec the core takes
+-- batch, seq, ctx, seed, dtype, device, first_row: the spec the core takes
 local function batch_spec(o, where)
   local seed = o.seed == nil and 0 or type(o.seed) == "number" and math.tointeger(o.seed)
   if not seed then fail("%s: option 'seed' must be an integer, got %s", where, tostring(o.seed)) end
   return integer(o, "batch", where, 1), integer(o, "seq", where, 1), integer(o, "ctx", where, 0, 0),
-         seed, name(o, "dtype", where, DTYPES, "u8"), o.device
+         seed, name(o, "dtype", where, DTYPES, "u8"), o.device, integer(o, "first_row", where, 0, 0)
 end
 
 -- ---- the corpus ------------------------------------------------------------------------------
@@ -159,7 +159,8 @@ function Corpus:bytes(offset, n)
   return core.corpus_bytes(self, offset, n)
 end
 
---- corpus:batch(k, {batch = B, seq = T, seed = s, ctx = c, dtype = "u8", device = "cpu"}) → x, prefix
+--- corpus:batch(k, {batch = B, seq = T, seed = s, ctx = c, dtype = "u8", device = "cpu", first_row = 0}) → x, prefix
+--- (first_row: the rows first_row .. first_row + B - 1 of batch k, a data-parallel rank's share)
 function Corpus:batch(k, opts)
   local where = "corpus:batch"
   if type(k) ~= "number" or math.tointeger(k) == nil or k < 0 then
@@ -169,13 +170,13 @@ function Corpus:batch(k, opts)
   return core.corpus_batch(self, math.tointeger(k), batch_spec(o, where))
 end
 
---- corpus:loader{batch, seq, seed, ctx, dtype, device, start = k, depth = 4} → a loader
+--- corpus:loader{batch, seq, seed, ctx, dtype, device, first_row, start = k, depth = 4} → a loader
 function Corpus:loader(opts)
   local where = "corpus:loader"
   local o = options(opts, where, LOADER)
-  local b, t, c, seed, dtype, device = batch_spec(o, where)
+  local b, t, c, seed, dtype, device, first_row = batch_spec(o, where)
   local depth = o.depth ~= nil and integer(o, "depth", where, 1) or nil   -- nil: the core's default, 4
-  return core.loader_new(self, b, t, c, seed, dtype, device, integer(o, "start", where, 0, 0), depth)
+  return core.loader_new(self, b, t, c, seed, dtype, device, first_row, integer(o, "start", where, 0, 0), depth)
 end
 
 --- corpus:eval_count(seq) → how many held-out windows of seq+1 bytes there are

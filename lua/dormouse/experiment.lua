@@ -67,8 +67,11 @@ function experiment.run(file, raw, argv, cli)
   local runs
   if resume and not info.overridden.name then cfg.name, runs = resumed_name(resume) end
   local train = require "dormouse.train"
+  local dist = require("dormouse.dist").init()     -- under mpirun: this process's rank of the job
   local summary = train.run(cfg, {resume = resume, overwrite = args.flags.overwrite,
-                                  quiet = args.flags.quiet, root = cli.root, runs = runs})
+                                  quiet = args.flags.quiet or dist.rank > 0, root = cli.root, runs = runs,
+                                  follower = dist.rank > 0})
+  if dist.rank > 0 then dist.finalize() return summary end     -- rank 0 says how it went
   local lines = {string.format("done: %s, step %d", summary.dir, summary.step)}
   if summary.bpb_fin then
     local parts = {string.format("held-out bpb_fin %.4f", summary.bpb_fin)}
@@ -104,6 +107,7 @@ function experiment.run(file, raw, argv, cli)
     if not ok then io.stderr:write("sample: failed: ", tostring(err), "\n") end
   end
   print("report: " .. summary.dir .. "/report.html")
+  dist.finalize()
   return summary
 end
 

@@ -46,6 +46,9 @@ function graphstep.why_not(r, opts)
   if cfg.rl and cfg.rl.k > 0 then
     return "rl.k > 0: each step samples from the model before its update (dormouse.rl)"
   end
+  if require("dormouse.dist").active() then
+    return "a data-parallel job: its collectives (MPI, on the host) are not in the captured step"
+  end
   if cfg.grad_accum ~= 1 then
     return string.format("a captured step takes one micro-batch: grad_accum must be 1, got %d", cfg.grad_accum)
   end

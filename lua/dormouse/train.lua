@@ -16,6 +16,7 @@ metrics.jsonl, report.html and the checkpoints.
 local dm = require "dormouse"
 local core = require "dormouse.core"
 local nn = require "dormouse.nn"
+local dist = require "dormouse.dist"
 local optim = require "dormouse.optim"
 local config = require "dormouse.config"
 local schema = require "dormouse.schema"
@@ -39,6 +40,9 @@ end
 
 -- the dtype a run's products take on `device`: the config's, but f32 on the CPU
 function train.compute_dtype(cfg, device) return device == "cpu" and "f32" or cfg.dtype end
+
+-- What a data-parallel job's rank > 0 writes its lines and records to: nothing (rank 0 writes the run)
+local NOWHERE = {write = function(f) return f end, flush = function() end, close = function() end}
 
 local function mkdir(path)
   core.ckpt_mkdirs(path)
@@ -199,6 +203,7 @@ function Run:check_before_checkpoint(state, optim_state)
 end
 
 function Run:save_checkpoint()
+  if self.follower then return end          -- rank 0 writes the job's checkpoints
   local seed, offset = dm.rng_state()
   local model, model_as, bank_info = train.named_state(self.model), nil, nil
   local optim_state = self.opt:state()
@@ -210,7 +215,8 @@ function Run:save_checkpoint()
     model = model, model_as = model_as,
     optim = optim_state,
     meta = {config = config.plain(self.cfg), step = self.step, data = {position = self.loader:position()},
-            rng = {seed, offset}, firewall = self.firewall, banks = bank_info, init = self.init_from},
+            rng = {seed, offset}, firewall = self.firewall, banks = bank_info, init = self.init_from,
+            ranks = dist.size},
   }, {keep = self.cfg.checkpoint.keep > 0 and self.cfg.checkpoint.keep or nil})
   self:say("checkpoint " .. path)
   if self.replaced then                   -- the run this one overwrote: gone once this one has a checkpoint
@@ -238,6 +244,7 @@ local function replaced_path(dir)
 end
 
 function Run:open_dir(opts)
+  if self.follower then self.log_file = NOWHERE; return end
   local aside = replaced_path(self.dir)
   if core.ckpt_listdir(aside) then
     error(string.format("%s holds a run that an --overwrite set aside and did not finish replacing: " ..
@@ -325,6 +332,9 @@ function train.check_meta(meta, path)
                            math.type(meta.init.step) ~= "integer" or type(meta.init.checksum) ~= "string") then
     bad("init", "{run = folder, step = integer, checksum = XXH64}", meta.init)
   end
+  if meta.ranks ~= nil and (math.type(meta.ranks) ~= "integer" or meta.ranks < 1) then
+    bad("ranks", "an integer >= 1 (the data-parallel job's ranks)", meta.ranks)
+  end
   if meta.firewall ~= nil then
     if type(meta.firewall) ~= "table" then bad("firewall", "{total, windows_with_skips}", meta.firewall) end
     count("firewall.total", meta.firewall.total)
@@ -399,6 +409,12 @@ function Run:restore(run_dir, path)
   if c.meta.step ~= folder_step then
     error(string.format("%s/meta.lua: step %d, but the folder is ckpt-%s: a checkpoint's meta.lua and its " ..
                         "folder disagree; resume from another checkpoint", path, c.meta.step, tostring(folder_step)), 0)
+  end
+  local ranks = c.meta.ranks or 1
+  if ranks ~= dist.size then
+    error(string.format("cannot resume %s: its checkpoints were written by a job of %d rank%s (a step of %d x batch " ..
+                        "rows) and this job has %d; resume it with mpirun -np %d", run_dir, ranks,
+                        ranks == 1 and "" or "s", ranks, dist.size, ranks), 0)
   end
   local saved = config.upgrade(c.meta.config)
   if run_dir ~= self.dir and type(saved) == "table" then saved.name = self.cfg.name end   -- continued under a new name
@@ -510,9 +526,10 @@ function train.micro_batch(model, x, prefix, scale, read, mark, mask)
   return out, l
 end
 
--- The experts' balance after a step's backward: the routing counts and the drops (nil without MoE)
+-- The experts' balance after a step's backward: the routing counts and the drops (nil without MoE);
+-- in a data-parallel job on every rank's counts, summed
 function train.balance(model)
-  if model.update_balance then return model:update_balance() end
+  if model.update_balance then return model:update_balance(dist.active() and dist.sum_ or nil) end
 end
 
 --[[ The weights of a step's micro-batches: 1 / grad_accum each, or under loss masks (records) each
@@ -574,6 +591,10 @@ function train.step(r, mark)
       local rows, lookups = 0, 0
       for _, c in ipairs(module.entries) do rows, lookups = rows + c.rows:numel(), lookups + c.inverse:numel() end
       engram = {rows = rows, unique_frac = rows / lookups}
+    end
+    if dist.active() then                          -- a data-parallel job: every rank's rows in the step
+      dist.average_grads(r.opt)
+      loss = dist.mean(loss)
     end
     local counts, drops = train.balance(r.model)
     local result, events
@@ -719,6 +740,7 @@ function Run:log_window(w)
 end
 
 function Run:eval()
+  if self.follower then return end          -- a data-parallel job's rank 0 evaluates; its replicas are equal
   local e = evaluate.held_out(self.model, self.eval_x, self.eval_prefix, {
     batch = self.cfg.batch, device = self.device, depths = self.cfg.eval.depths, segment = self.cfg.model.segment,
     mask = self.eval_mask})
@@ -766,6 +788,7 @@ end
 -- report.html from the records so far; live: the page reloads itself while the run goes;
 -- stopped: the run ended before its last step (a stop, a signal)
 function Run:write_report(live, stopped)
+  if self.follower then return end
   self.report_at = core.now()
   write_atomic(self.dir .. "/report.html", report.html({name = self.cfg.name, config_text = self.config_text,
     summary = self.summary, live = live, stopped = stopped and self.step}, self.records, self.baselines))
@@ -904,6 +927,16 @@ function train.lock_run(dir)
   return fd
 end
 
+--[[ What a data-parallel job cannot run yet, refused by name before anything is written. ]]
+function train.check_parallel(cfg)
+  local function refuse(what)
+    error(string.format("a data-parallel job (%d ranks) cannot run %s yet; run it as one process", dist.size, what), 0)
+  end
+  if cfg.data.records then refuse("data.records (each rank's loss covers another count of response bytes)") end
+  if cfg.rl.k > 0 then refuse("rl.k > 0 (each rank samples its own rollouts)") end
+  if cfg.model.engram and cfg.model.engram.ram then refuse("model.engram.ram (the host tables' own sparse Adam)") end
+end
+
 function train.run(cfg, opts)
   opts = opts or {}
   local err = schema.run_name_error(cfg.name)
@@ -912,25 +945,29 @@ function train.run(cfg, opts)
                              data_position = 0, silent = opts.silent, early_lines = {}}, Run)
   self.device = train.pick_device(cfg)
   self.dir = (opts.runs or "runs") .. "/" .. cfg.name
-  local lock = train.lock_run(self.dir)
+  if dist.active() then train.check_parallel(cfg) end
+  self.follower = opts.follower                -- a data-parallel job's rank > 0: reads the run, writes nothing
+  if self.follower then self.silent = true end
+  local lock = not self.follower and train.lock_run(self.dir)
   local ok_point, from_dir, from = pcall(function() if opts.resume then return train.resume_point(opts.resume) end end)
-  if not ok_point then core.unlock_file(lock); error(from_dir, 0) end
+  if not ok_point then if lock then core.unlock_file(lock) end; error(from_dir, 0) end
   self.from_dir, self.from = from_dir, from              -- the run folder and checkpoint a resume reads
   self.in_place = from_dir ~= nil and train.plain_path(from_dir) == train.plain_path(self.dir)   -- writes where it reads
-  if not self.in_place and dm.ckpt.latest(self.dir) and not opts.overwrite then
+  if not self.in_place and not self.follower and dm.ckpt.latest(self.dir) and not opts.overwrite then
     core.unlock_file(lock)
     error(string.format("%s already holds checkpoints: resume it with --resume %s, or choose another " ..
                         "name with --set name=..., or pass --overwrite", self.dir, self.dir), 0)
   end
   self.config_text = config.describe(cfg)
+  if dist.active() then dist.same(self.config_text, "config") end
   core.signals_hold(true)                     -- SIGINT/SIGTERM end the run between steps (Run:loop)
   local ok, res = pcall(run_body, self, cfg, opts)
   local sig = ok and core.signal_pending()      -- one that came during the last step or after it
   core.signals_hold(false)
   if not ok then self:undo_dir() end
-  core.unlock_file(lock)
+  if lock then core.unlock_file(lock) end
   if not ok then error(res, 0) end
-  if sig then                                   -- not dropped: the run is whole, and the caller stops
+  if sig and not self.follower then             -- not dropped: the run is whole, and the caller stops
     local msg = string.format("%s: the run had reached its last step (%d) and is complete, with its checkpoint",
                               sig, res.step)
     local log = io.open(self.dir .. "/log.txt", "a")
@@ -967,7 +1004,13 @@ function run_body(self, cfg, opts)
   if #arms > 0 then self:say("arms: " .. table.concat(arms, "; ")) end
 
   if cfg.eval.tasks then self.tasks = tasks.load(train.find_file(cfg.eval.tasks, opts.root)) end
-  if opts.resume then self:restore(self.from_dir, self.from)
+  if dist.active() then
+    self:say(string.format("data parallel: %d ranks over MPI, each %d rows of a step's %d (this is rank %d)",
+                           dist.size, cfg.batch, cfg.batch * dist.size, dist.rank))
+  end
+  if opts.resume then
+    self:restore(self.from_dir, self.from)
+    dist.barrier()                           -- every rank has read it before rank 0 writes beside it
   else
     local fitted = train.fit_to_corpus(self.model, corpus)
     if fitted then self:say(fitted) end
@@ -980,10 +1023,10 @@ function run_body(self, cfg, opts)
     self.records = read_records(self.from_dir .. "/metrics.jsonl", self.step)
     local lines = {}
     for _, r in ipairs(self.records) do lines[#lines + 1] = r.raw end
-    write_atomic(metrics_path, #lines > 0 and table.concat(lines, "\n") .. "\n" or "")
+    if not self.follower then write_atomic(metrics_path, #lines > 0 and table.concat(lines, "\n") .. "\n" or "") end
   end
-  self.metrics_file = train.open_run_file(metrics_path, opts.resume and "a" or "w")
-  if cfg.log.tensorboard then                -- dir/tb: on resume made again from the metrics kept
+  self.metrics_file = self.follower and NOWHERE or train.open_run_file(metrics_path, opts.resume and "a" or "w")
+  if cfg.log.tensorboard and not self.follower then    -- dir/tb: on resume made again from the metrics kept
     local tb = require "dormouse.tensorboard"
     self.tensorboard = opts.resume and tb.rewrite(self.dir .. "/tb", self.records) or tb.open(self.dir .. "/tb")
   end
@@ -1009,7 +1052,7 @@ function run_body(self, cfg, opts)
     self.baselines[#self.baselines + 1] = {order = order, bpb = bpb}
   end
   self.loader = corpus:loader {batch = cfg.batch, seq = cfg.seq, seed = cfg.seed, ctx = ctx,
-                               start = self.data_position}
+                               start = self.data_position, first_row = dist.rank * cfg.batch}
   if cfg.rl.k > 0 then self.rl = require("dormouse.rl").new(self, opts.root)
   else train.lookahead(self) end                  -- (an RL step's rows are sampled, not the loader's)
   local graph, why = train.graph_mode(self)
@@ -1076,7 +1119,7 @@ end
 function Run:loop(opts)
   local cfg = self.cfg
   local tty = not opts.quiet and core.isatty(1)
-  local tokens_per_step = cfg.batch * cfg.seq * cfg.grad_accum
+  local tokens_per_step = cfg.batch * cfg.seq * cfg.grad_accum * dist.size   -- every rank's
   local window = instrument.window()
   self.kda_last = self:kda_totals()
   local t_start = core.now()

@@ -370,6 +370,9 @@ void dm_batch_check(const dm_corpus *c, const dm_batch_spec *s) {
   check_window_spec(c, s, "data batch");
   if (s->batch < 1 || s->batch > INT32_MAX)
     dm_error("data batch: batch must be in 1..%d, got %lld", INT32_MAX, (long long)s->batch);
+  if (s->first_row < 0 || s->first_row > INT32_MAX - s->batch)
+    dm_error("data batch: first_row must be in 0..%lld, got %lld", (long long)(INT32_MAX - s->batch),
+             (long long)s->first_row);
   for (int i = 0; i < c->nsources; i++) {
     const source *src = &c->sources[i];
     if (src->end - src->begin >= s->seq + 1) continue;
@@ -392,6 +395,7 @@ static const source *pick_source(const dm_corpus *c, const uint32_t r[4]) {
 }
 
 int64_t dm_batch_start(const dm_corpus *c, const dm_batch_spec *s, int64_t k, int64_t row) {
+  row += s->first_row;
   uint32_t r[4];
   uint64_t uk = (uint64_t)k;
   dm_philox((uint32_t)s->seed, (uint32_t)(s->seed >> 32), (uint32_t)uk, (uint32_t)(uk >> 32),

@@ -81,12 +81,14 @@ typedef struct dm_batch_spec {
   uint64_t seed;
   dm_dtype dtype;       /* DM_U8, DM_I32 or DM_I64 */
   dm_device device;     /* where the returned tensors live */
+  int64_t first_row;    /* training batches: the rows drawn are first_row .. first_row + B - 1 of the
+                           batch (a rank of a data-parallel job reads its share); 0 otherwise */
 } dm_batch_spec;
 
 /* raises when the spec is invalid or a source's train bytes are shorter than one window */
 void dm_batch_check(const dm_corpus *c, const dm_batch_spec *s);
-/* where row r of batch k starts: one source by weight (one source: no draw), then uniform
-** over its train bytes [begin, end - (T+1)] */
+/* where row first_row + r of batch k starts: one source by weight (one source: no draw), then
+** uniform over its train bytes [begin, end - (T+1)] */
 int64_t dm_batch_start(const dm_corpus *c, const dm_batch_spec *s, int64_t k, int64_t row);
 /* batch k: x [B, T+1] and prefix [B, ctx], two views of one allocation */
 void dm_corpus_batch(const dm_corpus *c, const dm_batch_spec *s, int64_t k, dm_tensor **x,

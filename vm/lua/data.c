@@ -245,9 +245,10 @@ static int c_corpus_bytes(lua_State *L) {
   return 1;
 }
 
-/* batch, seq, ctx, seed, dtype, device at idx .. idx+5 */
+/* batch, seq, ctx, seed, dtype, device, first_row (nil: 0) at idx .. idx+6 */
 static dm_batch_spec read_spec(lua_State *L, int idx) {
   dm_batch_spec s;
+  s.first_row = luaL_optinteger(L, idx + 6, 0);
   s.batch = luaL_checkinteger(L, idx);
   s.seq = luaL_checkinteger(L, idx + 1);
   s.ctx = luaL_checkinteger(L, idx + 2);
@@ -263,7 +264,7 @@ static int push_pair(lua_State *L, dm_tensor *x, dm_tensor *prefix) {
   return 2;
 }
 
-/* core.corpus_batch(c, k, batch, seq, ctx, seed, dtype, device) → x, prefix */
+/* core.corpus_batch(c, k, batch, seq, ctx, seed, dtype, device, first_row) → x, prefix */
 static int c_corpus_batch(lua_State *L) {
   dm_corpus *c = check_corpus(L, 1);
   int64_t k = luaL_checkinteger(L, 2);
@@ -296,11 +297,11 @@ static int c_corpus_eval_count(lua_State *L) {
 
 /* ---- the loader ----------------------------------------------------------------------------- */
 
-/* core.loader_new(c, batch, seq, ctx, seed, dtype, device, start, depth) */
+/* core.loader_new(c, batch, seq, ctx, seed, dtype, device, first_row, start, depth) */
 static int c_loader_new(lua_State *L) {
   dm_corpus *c = check_corpus(L, 1);
   dm_batch_spec s = read_spec(L, 2);
-  int64_t start = luaL_checkinteger(L, 8), depth = luaL_optinteger(L, 9, DM_LOADER_DEPTH);
+  int64_t start = luaL_checkinteger(L, 9), depth = luaL_optinteger(L, 10, DM_LOADER_DEPTH);
   void **box = new_box(L, LOADER_MT, close_loader);
   DM_ENTER(L);
   *box = dm_loader_new(c, &s, start, depth);

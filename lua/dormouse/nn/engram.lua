@@ -176,6 +176,8 @@ local function unique_sum(rows, grads)
   return all_rows, dm.engram_sparse_grad(dm.cat(grads, 1), inverse, all_rows:size(1))
 end
 
+Engram.unique_sum = unique_sum
+
 -- This step's sparse gradient: rows [U] and grads [U, width], summed over the
 -- micro-batches and segments of the step, and in the static form the count n
 -- of real rows (a one-element device tensor); nil when there is none.
@@ -250,6 +252,13 @@ end
 
 function Engram:clear_sparse()
   self.entries, self.current, self.summed, self.folded = {}, nil, nil, nil
+end
+
+-- The step's sparse gradient replaced by rows [U] and grads [U, width] (a data-parallel job's:
+-- every rank's, summed by row; dormouse.dist)
+function Engram:replace_sparse_grad(rows, g)
+  self:clear_sparse()
+  self.folded = {rows = dm.keep(rows), g = dm.keep(g)}
 end
 
 -- The lookup's tensors outlive the forward (the optimiser reads compact's

@@ -373,10 +373,11 @@ function MoE:routing() return self.counts end
 -- gamma · log((mean_load + 1) / (load[e] + 1)), the same size for a load k times the
 -- mean as for one k times under it. Returns the counts used and, with a capacity
 -- factor, the step's dropped assignments per expert.
-function MoE:update_balance()
+function MoE:update_balance(reduce)
   local counts, drops = self.counts, self.drops
   if not counts then return nil end
   self.counts, self.drops = nil, nil
+  if reduce then counts = reduce(counts) end     -- a data-parallel job: every rank's counts, summed
   dm.no_grad(function()                        -- on the device, no sync
     if self.balance == "proportional" then      -- the step in proportion to each expert's load error
       local load = counts:to(self.lfb_bias.dtype)

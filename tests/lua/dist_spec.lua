@@ -1,0 +1,101 @@
+-- A data-parallel job on CPU ranks (mpirun -np 2): the step of one process with the job's whole
+-- batch, a rank killed ending the job with its name, a resume continuing byte for byte, refusals.
+local dm = require "dormouse"
+local helpers = require "tests.lua.helpers"
+
+local bin = arg and arg[-1]
+assert(bin and io.open(bin, "rb"), "dist_spec: cannot find the dormouse binary (arg[-1] = " .. tostring(bin) .. ")")
+if bin:sub(1, 1) ~= "/" then bin = os.getenv("PWD") .. "/" .. bin end    -- the runs go in a folder of their own
+local has_mpirun = os.execute("command -v mpirun >/dev/null 2>&1")
+
+-- root may start MPI jobs (a container's CI runs as root); 2 ranks on however many cores there are
+local MPIRUN = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 " ..
+               "timeout 300 mpirun -np %d "
+
+local function tiny_run(runs, ranks, extra)
+  local cmd = (ranks > 1 and string.format(MPIRUN, ranks) or "timeout 300 ") ..
+              string.format("'%s' run experiments/tiny.lua --quiet --sample 0 --set eval.every=0 " ..
+                            "--set eval.baseline={} --set log.every=10 %s", bin, extra)
+  return helpers.sh(string.format("cd '%s' && %s", runs, cmd))
+end
+
+-- the largest difference between two checkpoints' tensors, each as its norm relative to the first's
+local function difference(a_path, b_path)
+  local a, b = dm.ckpt.load(a_path), dm.ckpt.load(b_path)
+  local worst, where = 0, nil
+  for _, part in ipairs {"model", "optim"} do
+    for name, t in pairs(a[part]) do
+      local x, y = t:to("f64"), b[part][name]:to("f64")
+      local rel = ((x - y) * (x - y)):sum():item() ^ 0.5 / math.max((x * x):sum():item() ^ 0.5, 1e-30)
+      if rel > worst then worst, where = rel, part .. ":" .. name end
+    end
+  end
+  return worst, where
+end
+
+describe("a data-parallel job on CPU ranks", function()
+  local dir
+  before_each(function()
+    dir = helpers.tmpdir()
+    -- the runs' folders under dir; the experiments and models from the repository
+    os.execute(string.format("ln -s '%s/experiments' '%s/experiments' && ln -s '%s/models' '%s/models'",
+                             os.getenv("PWD"), dir, os.getenv("PWD"), dir))
+  end)
+  after_each(function() os.execute("rm -rf '" .. dir .. "'") end)
+
+  it("takes the step of one process whose batch is the ranks' batches together", function()
+    if not has_mpirun then pending("mpirun is not installed (Debian: openmpi-bin)") return end
+    local common = "--set steps=20 --set checkpoint.every=20"
+    local code, out = tiny_run(dir, 2, common .. " --set batch=2 --set name=two")
+    assert.are.equal(0, code, out)
+    assert.is_truthy(out:find("data parallel: 2 ranks over MPI, each 2 rows of a step's 4 (this is rank 0)", 1, true), out)
+    code, out = tiny_run(dir, 1, common .. " --set batch=4 --set name=one")
+    assert.are.equal(0, code, out)
+    code, out = tiny_run(dir, 1, common .. " --set batch=2 --set name=half")
+    assert.are.equal(0, code, out)
+    -- f32 steps: the ranks sum their gradients in another order than one process's batch does
+    local diff, where = difference(dir .. "/runs/one/ckpt-20", dir .. "/runs/two/ckpt-20")
+    assert.is_true(diff < 1e-4, string.format("2 ranks against 1: %.3e at %s", diff, tostring(where)))
+    local other = difference(dir .. "/runs/one/ckpt-20", dir .. "/runs/half/ckpt-20")
+    assert.is_true(other > 1e-2, string.format("1 rank of batch 2 against batch 4: only %.3e", other))
+    -- rank 0 wrote the run; the ranks' balancing biases and tables are in its checkpoint, compared above
+    assert.are.equal("two", dm.ckpt.load(dir .. "/runs/two/ckpt-20").meta.config.name)
+    assert.are.equal(2, dm.ckpt.load(dir .. "/runs/two/ckpt-20").meta.ranks)
+  end)
+
+  it("ends the job when a rank is killed, naming it, and a resume continues byte for byte", function()
+    if not has_mpirun then pending("mpirun is not installed (Debian: openmpi-bin)") return end
+    local common = "--set steps=160 --set checkpoint.every=40 --set checkpoint.keep=0 --set batch=2"
+    -- rank 1 kills itself (SIGKILL) once rank 0 has written ckpt-80
+    local killer = string.format("(cd '%s' && for i in $(seq 1 600); do [ -d runs/k/ckpt-80 ] && break; sleep 0.05; " ..
+      "done; for p in $(pgrep -f 'name=k$'); do tr '\\0' '\\n' < /proc/$p/environ | " ..
+      "grep -q '^OMPI_COMM_WORLD_RANK=1$' && kill -9 $p; done) &", dir)
+    os.execute(killer)
+    local code, out = tiny_run(dir, 2, common .. " --set name=k")
+    assert.are_not.equal(0, code)
+    assert.is_truthy(out:find("process rank 1", 1, true), out)
+    assert.is_truthy(io.open(dir .. "/runs/k/ckpt-80/meta.lua"), "ckpt-80")
+    code, out = tiny_run(dir, 2, common .. " --resume runs/k")
+    assert.are.equal(0, code, out)
+    assert.is_truthy(out:find("resumed from runs/k/ckpt-", 1, true), out)
+    code, out = tiny_run(dir, 2, common .. " --set name=whole")
+    assert.are.equal(0, code, out)
+    for _, file in ipairs {"model.safetensors", "optim.safetensors"} do
+      assert.are.equal(helpers.read(dir .. "/runs/whole/ckpt-160/" .. file), helpers.read(dir .. "/runs/k/ckpt-160/" .. file),
+                       file .. " differs from the uninterrupted run's")
+    end
+    -- one process cannot resume a job's checkpoints: the batch of a step would change
+    code, out = tiny_run(dir, 1, (common:gsub("steps=160", "steps=200")) .. " --resume runs/whole")
+    assert.are_not.equal(0, code)
+    assert.is_truthy(out:find("written by a job of 2 ranks (a step of 2 x batch rows) and this job has 1; resume it " ..
+                              "with mpirun -np 2", 1, true), out)
+  end)
+
+  it("refuses what a job of several ranks cannot run yet, by name", function()
+    if not has_mpirun then pending("mpirun is not installed (Debian: openmpi-bin)") return end
+    local code, out = tiny_run(dir, 2, "--set steps=2 --set schedule.warmup=1 --set data.records=tasks/addition.lua")
+    assert.are_not.equal(0, code)
+    assert.is_truthy(out:find("a data-parallel job (2 ranks) cannot run data.records", 1, true), out)
+    assert.is_nil(io.open(dir .. "/runs/tiny/log.txt"), "a refused job writes nothing")
+  end)
+end)
