@@ -595,6 +595,11 @@ function train.step(r, mark)
     if dist.active() then                          -- a data-parallel job: every rank's rows in the step
       dist.average_grads(r.opt)
       loss = dist.mean(loss)
+      if engram then                               -- the job's lookups and their distinct rows
+        local rows = module:sparse_grad()
+        local n = rows and rows:numel() or 0
+        engram = {rows = n, unique_frac = n / (dist.mean(engram.rows / engram.unique_frac) * dist.size)}
+      end
     end
     local counts, drops = train.balance(r.model)
     local result, events

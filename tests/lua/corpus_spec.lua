@@ -56,6 +56,11 @@ describe("dormouse corpus pack", function()
     local raw <close> = data.open({dir .. "/in/a.txt", dir .. "/in/sub/b.txt"}, {eval_bytes = 1000})
     local spec = {batch = 8, seq = 300, seed = 4, ctx = 5}
     for k = 0, 5 do assert.are.same(raw:batch(k, spec):totable(), c:batch(k, spec):totable()) end
+    -- paths from a list, one a line (blank lines skipped), after those given
+    write(dir .. "/list", dir .. "/in/sub/b.txt\n\n" .. dir .. "/in/a.txt\n")
+    assert.are.equal(0, (corpus_cmd("pack", dir .. "/listed.zst", dir .. "/in/a.txt", "--files-from", dir .. "/list")))
+    local listed <close> = data.open(dir .. "/listed.zst")
+    assert.are.equal(a .. b .. a, listed:bytes(0, 670000))
     -- a packed .zst can be packed again (decoded as it is read)
     assert.are.equal(0, (corpus_cmd("pack", dir .. "/again.zst", dir .. "/p.zst", dir .. "/in/a.txt")))
     local again <close> = data.open(dir .. "/again.zst")

@@ -1,12 +1,14 @@
 --[==[
-dormouse corpus pack OUT.zst PATH... [--frame-bytes N] [--level L] [--force] | corpus info PATH... [--read B,T]
+dormouse corpus pack OUT.zst PATH... [--files-from LIST] [--frame-bytes N] [--level L] [--force] | corpus info PATH... [--read B,T]
 
 pack writes the files the paths name (a file, a folder's files, a glob's
 matches; .zst inputs decoded) into one zstd file of frames of N decoded
 bytes (--frame-bytes, default 256 KiB, at most 16 MiB) with a seek table. A
 run reads such a file in place, a frame at a time through a small cache, so
 its memory does not grow with the corpus; any zstd tool decodes it whole.
---level: zstd's compression level (default 9). OUT is written as OUT.tmp
+--files-from LIST: the paths of a file, one a line, after those given (for
+lists longer than a command line: `find ... > LIST`). --level: zstd's
+compression level (default 9). OUT is written as OUT.tmp
 and renamed when whole; an existing OUT is refused unless --force, and OUT
 may not be one of the inputs.
 
@@ -20,7 +22,7 @@ prints its rows/s and bytes/s.
 local core = require "dormouse.core"
 local data = require "dormouse.data"
 
-local usage = "usage: dormouse corpus pack OUT.zst PATH... [--frame-bytes N] [--level L] [--force] | " ..
+local usage = "usage: dormouse corpus pack OUT.zst PATH... [--files-from LIST] [--frame-bytes N] [--level L] [--force] | " ..
               "corpus info PATH... [--read B,T]"
 
 local function human(n)
@@ -45,6 +47,9 @@ local function parse(argv)
     elseif a == "--frame-bytes" then args.frame_bytes = count(argv[i + 1], a, 1); i = i + 2
     elseif a == "--level" then args.level = count(argv[i + 1], a, 1); i = i + 2
     elseif a == "--force" then args.force = true; i = i + 1
+    elseif a == "--files-from" then
+      if not argv[i + 1] then error("--files-from takes a file of paths, one a line", 0) end
+      args.files_from = argv[i + 1]; i = i + 2
     elseif a == "--read" then
       local b, t = tostring(argv[i + 1]):match("^(%d+),(%d+)$")
       if not b then error("--read takes B,T (rows of a batch, bytes of a row but one), such as 8,1024", 0) end
@@ -62,11 +67,11 @@ local function parse(argv)
     args.out = table.remove(args.paths, 1)
     if not args.out then error("pack needs OUT.zst and the paths to pack", 0) end
     if not args.out:match("%.zst$") then error("pack writes a zstd file: OUT must end in .zst, got '" .. args.out .. "'", 0) end
-  elseif args.frame_bytes or args.level or args.force then
-    error("--frame-bytes, --level and --force are pack's", 0)
+  elseif args.frame_bytes or args.level or args.force or args.files_from then
+    error("--files-from, --frame-bytes, --level and --force are pack's", 0)
   end
   if args.read and args.action ~= "info" then error("--read is info's", 0) end
-  if #args.paths == 0 then error(args.action .. " needs at least one path", 0) end
+  if #args.paths == 0 and not args.files_from then error(args.action .. " needs at least one path", 0) end
   return args
 end
 
@@ -87,6 +92,13 @@ end
 local function pack(args)
   if core.file_kind(args.out) ~= "missing" and not args.force then
     error("'" .. args.out .. "' exists; --force replaces it (once the new file is whole)", 0)
+  end
+  if args.files_from then
+    local f, err = io.open(args.files_from, "r")
+    if not f then error("--files-from: cannot read " .. err, 0) end
+    for line in f:lines() do if line ~= "" then args.paths[#args.paths + 1] = line end end
+    f:close()
+    if #args.paths == 0 then error("--files-from: " .. args.files_from .. " names no path", 0) end
   end
   local files = inputs(args.paths, args.out)
   local t0, last = core.now(), core.now()
