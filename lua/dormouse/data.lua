@@ -170,6 +170,15 @@ function Corpus:batch(k, opts)
   return core.corpus_batch(self, math.tointeger(k), batch_spec(o, where))
 end
 
+--- corpus:starts(k, opts) → {offset, ...}: where batch k's rows start in the stream (opts as for corpus:batch)
+function Corpus:starts(k, opts)
+  local where = "corpus:starts"
+  if type(k) ~= "number" or math.tointeger(k) == nil or k < 0 then
+    fail("%s: k (the batch number, from 0) must be an integer >= 0, got %s", where, tostring(k))
+  end
+  return core.corpus_starts(self, math.tointeger(k), batch_spec(options(opts, where, BATCH), where))
+end
+
 --- corpus:loader{batch, seq, seed, ctx, dtype, device, first_row, start = k, depth = 4} → a loader
 function Corpus:loader(opts)
   local where = "corpus:loader"

@@ -1057,7 +1057,7 @@ function run_body(self, cfg, opts)
     self.baselines[#self.baselines + 1] = {order = order, bpb = bpb}
   end
   self.loader = corpus:loader {batch = cfg.batch, seq = cfg.seq, seed = cfg.seed, ctx = ctx,
-                               start = self.data_position, first_row = dist.rank * cfg.batch}
+                               start = self.data_position, first_row = dist.active() and dist.rank * cfg.batch or nil}
   if cfg.rl.k > 0 then self.rl = require("dormouse.rl").new(self, opts.root)
   else train.lookahead(self) end                  -- (an RL step's rows are sampled, not the loader's)
   local graph, why = train.graph_mode(self)

@@ -51,6 +51,8 @@ static void write_file(const char *path, const void *bytes, size_t n) {
 
 static bool exists(const char *path) { return access(path, F_OK) == 0; }
 
+static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+
 /* writes b[0, n) in frames of `frame` bytes, fed in pieces of `step` */
 static void write_frames(const char *path, const uint8_t *b, int64_t n, int64_t frame, int64_t step) {
   char err[DM_DATA_ERRMAX];
@@ -81,11 +83,20 @@ static void writes_frames_and_a_seek_table(void) {
   idx = dm_zframes_index(z, (int64_t)(m - table), &oom);
   CHECK(idx && dm_zframes_count(idx) == 25 && dm_zframes_size(idx) == n);
   dm_zframes_free(idx);
-  /* a table that does not match its frames is not trusted: walking still finds them */
-  z[m - table + 8] ^= 1;
+  /* a table whose frames pass the file's end is not trusted: walking still finds them */
+  put32(z + m - table + 8, 1u << 30);
   idx = dm_zframes_index(z, (int64_t)m, &oom);
   CHECK(idx && dm_zframes_count(idx) == 25);
   dm_zframes_free(idx);
+  /* a table whose decoded sizes lie: the first read of that frame says so, naming it */
+  free(z);
+  z = slurp(tmp("w.zst"), &m);
+  put32(z + m - table + 8 + 4, 4000);                          /* frame 1 decodes to 4096, not 4000 */
+  write_file(tmp("lies.zst"), z, m);
+  dm_corpus *c = dm_corpus_open(1, (const char *const[]){tmp("lies.zst")}, 0);
+  uint8_t got[8];
+  EXPECT_ERROR(dm_corpus_read(c, 10, 8, got), "lies.zst' is a corrupted zstd stream: frame 1");
+  dm_corpus_release(c);
   char err[DM_DATA_ERRMAX];
   CHECK(dm_zwriter_open(tmp("x.zst"), 0, 3, err) == NULL && strstr(err, "frame size must be in 1 .. 16777216 bytes, got 0"));
   CHECK(dm_zwriter_open(tmp("x.zst"), 100, 99, err) == NULL && strstr(err, "the level must be in 1 .."));

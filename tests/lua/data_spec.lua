@@ -166,6 +166,11 @@ describe("a mixture of sources", function()
     local c <close> = data.open({dir .. "/a.txt", dir .. "/b.txt"}, {eval_bytes = 1000, weights = {0.8, 0.2}})
     local from_a, crossing = count_rows(c, 4000)
     assert.are.equal(0, crossing)
+    -- corpus:starts says where each row of a batch begins: source a's train bytes, then b's
+    local spec = {batch = 6, seq = 31, seed = 5}
+    local x = c:batch(2, spec):totable()
+    for r, at in ipairs(c:starts(2, spec)) do assert.are.equal(c:bytes(at, 32), string.char(table.unpack(x[r]))) end
+    assert.are.same({c:starts(2, spec)[4]}, c:starts(2, {batch = 1, seq = 31, seed = 5, first_row = 3}))
     -- 4,000 draws of a 0.8 coin: the standard deviation of the share is 0.0063
     assert.is_true(math.abs(from_a / 4000 - 0.8) < 0.025, "rows from source a: " .. from_a .. " of 4000")
     local other <close> = data.open({dir .. "/a.txt", dir .. "/b.txt"}, {eval_bytes = 1000, weights = {1, 3}})
@@ -265,7 +270,7 @@ describe("corpus:batch and corpus:loader", function()
 
   it("checks the batch options", function()
     located(expect_error(function() c:batch(0, {batch = 4, seq = 8, sed = 1}) end,
-                         "corpus:batch: unknown option 'sed' (options: batch, ctx, device, dtype, seed, seq)"))
+                         "corpus:batch: unknown option 'sed' (options: batch, ctx, device, dtype, first_row, seed, seq)"))
     expect_error(function() c:batch(0, {seq = 8}) end, "corpus:batch: option 'batch' is required")
     expect_error(function() c:batch(0, {batch = 0, seq = 8}) end, "option 'batch' must be an integer >= 1, got 0")
     expect_error(function() c:batch(-1, {batch = 1, seq = 8}) end, "k (the batch number, from 0) must be an integer >= 0, got -1")

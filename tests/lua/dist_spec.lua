@@ -5,7 +5,8 @@ local helpers = require "tests.lua.helpers"
 
 local bin = arg and arg[-1]
 assert(bin and io.open(bin, "rb"), "dist_spec: cannot find the dormouse binary (arg[-1] = " .. tostring(bin) .. ")")
-if bin:sub(1, 1) ~= "/" then bin = os.getenv("PWD") .. "/" .. bin end    -- the runs go in a folder of their own
+local cwd = io.popen("pwd"):read("l")                     -- the repository root (ctest's PWD may be another)
+if bin:sub(1, 1) ~= "/" then bin = cwd .. "/" .. bin end    -- the runs go in a folder of their own
 local has_mpirun = os.execute("command -v mpirun >/dev/null 2>&1")
 
 -- root may start MPI jobs (a container's CI runs as root); 2 ranks on however many cores there are
@@ -39,7 +40,7 @@ describe("a data-parallel job on CPU ranks", function()
     dir = helpers.tmpdir()
     -- the runs' folders under dir; the experiments and models from the repository
     os.execute(string.format("ln -s '%s/experiments' '%s/experiments' && ln -s '%s/models' '%s/models'",
-                             os.getenv("PWD"), dir, os.getenv("PWD"), dir))
+                             cwd, dir, cwd, dir))
   end)
   after_each(function() os.execute("rm -rf '" .. dir .. "'") end)
 

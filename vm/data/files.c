@@ -304,7 +304,12 @@ static bool load_zst(dm_file *f, char *err) {
   bool oom = false;
   f->frames = f->mapping ? dm_zframes_index(f->mapping, f->mapped_size, &oom) : NULL;
   if (oom) return dm_data_fail(err, "corpus: out of host memory indexing '%s'", f->path);
-  if (f->frames) { f->size = dm_zframes_size(f->frames); return true; }
+  if (f->frames) {
+    f->size = dm_zframes_size(f->frames);
+    /* rows read frames at random: no read-ahead past the frame a fault asks for */
+    madvise((void *)f->mapping, (size_t)f->mapped_size, MADV_RANDOM);
+    return true;
+  }
   unmap(f);
   f->decoded_whole = true;
   return inflate_file(f, err);

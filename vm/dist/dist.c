@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "core/core.h"
 #include "dist/dist.h"
 
@@ -18,21 +19,25 @@ typedef void *handle;                   /* MPI_Comm, MPI_Datatype, MPI_Op: point
 #define IN_PLACE ((void *)1)            /* Open MPI's MPI_IN_PLACE */
 #define CHUNK ((int64_t)1 << 30)        /* MPI counts are ints: larger buffers go in pieces */
 
+/* The collectives are started non-blocking and waited on with a deadline: a rank that stops
+** answering without dying (a dead one mpirun reports) ends the job instead of hanging it. */
 static struct {
   int (*init)(int *, char ***);
   int (*finalize)(void);
   int (*comm_rank)(handle, int *);
   int (*comm_size)(handle, int *);
-  int (*allreduce)(const void *, void *, int, handle, handle, handle);
-  int (*allgather)(const void *, int, handle, void *, int, handle, handle);
-  int (*allgatherv)(const void *, int, handle, void *, const int *, const int *, handle, handle);
-  int (*barrier)(handle);
+  int (*iallreduce)(const void *, void *, int, handle, handle, handle, handle *);
+  int (*iallgather)(const void *, int, handle, void *, int, handle, handle, handle *);
+  int (*iallgatherv)(const void *, int, handle, void *, const int *, const int *, handle, handle, handle *);
+  int (*ibarrier)(handle, handle *);
+  int (*test)(handle *, int *, void *);
   int (*abort)(handle, int);
   handle world, f64, f32, i64, i32, byte, sum;
 } mpi;
 
 static int rank, size = 1;
 static bool started, finalized;
+static double timeout_s = DM_DIST_TIMEOUT_S;
 
 static int env_int(const char *name, int fallback) {
   const char *v = getenv(name);
@@ -55,10 +60,11 @@ static void load(void) {
   *(void **)&mpi.finalize = need(lib, "MPI_Finalize");
   *(void **)&mpi.comm_rank = need(lib, "MPI_Comm_rank");
   *(void **)&mpi.comm_size = need(lib, "MPI_Comm_size");
-  *(void **)&mpi.allreduce = need(lib, "MPI_Allreduce");
-  *(void **)&mpi.allgather = need(lib, "MPI_Allgather");
-  *(void **)&mpi.allgatherv = need(lib, "MPI_Allgatherv");
-  *(void **)&mpi.barrier = need(lib, "MPI_Barrier");
+  *(void **)&mpi.iallreduce = need(lib, "MPI_Iallreduce");
+  *(void **)&mpi.iallgather = need(lib, "MPI_Iallgather");
+  *(void **)&mpi.iallgatherv = need(lib, "MPI_Iallgatherv");
+  *(void **)&mpi.ibarrier = need(lib, "MPI_Ibarrier");
+  *(void **)&mpi.test = need(lib, "MPI_Test");
   *(void **)&mpi.abort = need(lib, "MPI_Abort");
   mpi.world = need(lib, "ompi_mpi_comm_world");
   mpi.f64 = need(lib, "ompi_mpi_double");
@@ -73,10 +79,39 @@ static void check(int rc, const char *what) {
   if (rc != 0) dm_error("dist: %s failed on rank %d of %d (MPI error %d)", what, rank, size, rc);
 }
 
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* waits for the collective a call started (rc its return, *req its request, both set before this
+** runs: the call is made first, as its own statement); past the deadline the job ends, naming this rank and the collective */
+static void wait_for(int rc, handle *req, const char *what) {
+  check(rc, what);
+  double deadline = now_s() + timeout_s;
+  for (int done = 0;;) {
+    check(mpi.test(req, &done, NULL), what);
+    if (done) return;
+    if (now_s() > deadline) {
+      fprintf(stderr, "dormouse: dist: rank %d of %d waited %.0f s for %s: another rank stopped answering; "
+              "the job ends (DORMOUSE_DIST_TIMEOUT sets the wait in seconds)\n", rank, size, timeout_s, what);
+      fflush(stderr);
+      mpi.abort(mpi.world, 1);
+    }
+    nanosleep(&(struct timespec){0, 50000}, NULL);
+  }
+}
+
 void dm_dist_init(void) {
   if (started) return;
   size = env_int("OMPI_COMM_WORLD_SIZE", 1);
   rank = env_int("OMPI_COMM_WORLD_RANK", 0);
+  const char *t = getenv("DORMOUSE_DIST_TIMEOUT");
+  if (t && *t) {
+    timeout_s = atof(t);
+    if (!(timeout_s > 0)) dm_error("dist: DORMOUSE_DIST_TIMEOUT must be a number of seconds > 0, got '%s'", t);
+  }
   if (size < 1 || rank < 0 || rank >= size)
     dm_error("dist: mpirun's environment says rank %d of %d", rank, size);
   started = true;
@@ -110,14 +145,18 @@ void dm_dist_sum(void *buf, int64_t n, dm_dtype dt) {
   size_t es = dm_dtype_size(dt);
   for (int64_t at = 0; at < n; at += CHUNK) {
     int64_t m = n - at < CHUNK ? n - at : CHUNK;
-    check(mpi.allreduce(IN_PLACE, (char *)buf + (size_t)at * es, (int)m, t, mpi.sum, mpi.world), "a sum");
+    handle req = NULL;
+    int rc = mpi.iallreduce(IN_PLACE, (char *)buf + (size_t)at * es, (int)m, t, mpi.sum, mpi.world, &req);
+    wait_for(rc, &req, "a sum over the ranks");
   }
 }
 
 void dm_dist_gather(const void *send, int64_t bytes, void *out) {
   if (bytes < 0 || bytes > INT32_MAX) dm_error("dist: a gather of %lld bytes a rank (at most 2^31 - 1)", (long long)bytes);
   if (size == 1) { memcpy(out, send, (size_t)bytes); return; }
-  check(mpi.allgather(send, (int)bytes, mpi.byte, out, (int)bytes, mpi.byte, mpi.world), "a gather");
+  handle req = NULL;
+  int rc = mpi.iallgather(send, (int)bytes, mpi.byte, out, (int)bytes, mpi.byte, mpi.world, &req);
+  wait_for(rc, &req, "a gather from the ranks");
 }
 
 void dm_dist_gatherv(const void *send, const int64_t *sizes, void *out) {
@@ -135,16 +174,20 @@ void dm_dist_gatherv(const void *send, const int64_t *sizes, void *out) {
   }
   if (size == 1) memcpy(out, send, (size_t)sizes[0]);
   else {
-    int rc = mpi.allgatherv(send, counts[rank], mpi.byte, out, counts, displs, mpi.byte, mpi.world);
+    handle req = NULL;
+    int rc = mpi.iallgatherv(send, counts[rank], mpi.byte, out, counts, displs, mpi.byte, mpi.world, &req);
+    wait_for(rc, &req, "a gather from the ranks");
     free(counts); free(displs);
-    check(rc, "a gather");
     return;
   }
   free(counts); free(displs);
 }
 
 void dm_dist_barrier(void) {
-  if (size > 1) check(mpi.barrier(mpi.world), "a barrier");
+  if (size == 1) return;
+  handle req = NULL;
+  int rc = mpi.ibarrier(mpi.world, &req);
+  wait_for(rc, &req, "the other ranks at a barrier");
 }
 
 void dm_dist_abort(int code) {

@@ -8,7 +8,10 @@
 **
 ** Every collective is called by every rank in the same order with the same
 ** sizes; a failed one raises (dm_error) naming it. A rank that dies ends
-** the job: mpirun stops the others and names it.
+** the job: mpirun stops the others and names it. A rank that stops
+** answering without dying ends it too: each collective waits at most
+** DM_DIST_TIMEOUT_S seconds (DORMOUSE_DIST_TIMEOUT in the environment sets
+** it), then the waiting rank says so and aborts the job.
 */
 #ifndef DM_DIST_H
 #define DM_DIST_H
@@ -16,6 +19,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include "core/dm.h"
+
+#define DM_DIST_TIMEOUT_S 600.0
 
 /* Reads the job's size and this rank from mpirun's environment (OMPI_COMM_WORLD_SIZE and
 ** _RANK); in a job of more than one process, loads Open MPI and initialises it. Raises, naming

@@ -275,6 +275,22 @@ static int c_corpus_batch(lua_State *L) {
   return push_pair(L, x, prefix);
 }
 
+/* core.corpus_starts(c, k, batch, seq, ctx, seed, dtype, device, first_row) → {offset, ...}: where
+** batch k's rows start in the stream */
+static int c_corpus_starts(lua_State *L) {
+  dm_corpus *c = check_corpus(L, 1);
+  int64_t k = luaL_checkinteger(L, 2);
+  dm_batch_spec s = read_spec(L, 3);
+  DM_ENTER(L);
+  dm_batch_check(c, &s);
+  lua_createtable(L, (int)s.batch, 0);
+  for (int64_t r = 0; r < s.batch; r++) {
+    lua_pushinteger(L, dm_batch_start(c, &s, k, r));
+    lua_rawseti(L, -2, r + 1);
+  }
+  return 1;
+}
+
 /* core.corpus_eval_windows(c, n, seq, ctx, dtype, device) → x, prefix; n < 0: all */
 static int c_corpus_eval_windows(lua_State *L) {
   dm_corpus *c = check_corpus(L, 1);
@@ -380,7 +396,9 @@ static const luaL_Reg funcs[] = {
   {"data_metatable", c_metatable}, {"loader_max_start", c_loader_max_start},
   {"corpus_open", c_corpus_open}, {"corpus_close", close_corpus}, {"corpus_sizes", c_corpus_sizes},
   {"corpus_files", c_corpus_files}, {"corpus_whole", c_corpus_whole}, {"corpus_list", c_corpus_list},
-  {"zwriter_open", c_zwriter_open}, {"zwriter_add_file", c_zwriter_add_file}, {"zwriter_close", c_zwriter_close}, {"corpus_sources", c_corpus_sources}, {"corpus_bytes", c_corpus_bytes}, {"corpus_batch", c_corpus_batch},
+  {"corpus_sources", c_corpus_sources}, {"corpus_bytes", c_corpus_bytes}, {"corpus_batch", c_corpus_batch},
+  {"corpus_starts", c_corpus_starts},
+  {"zwriter_open", c_zwriter_open}, {"zwriter_add_file", c_zwriter_add_file}, {"zwriter_close", c_zwriter_close},
   {"corpus_eval_windows", c_corpus_eval_windows}, {"corpus_eval_count", c_corpus_eval_count},
   {"loader_new", c_loader_new}, {"loader_next", c_loader_next}, {"loader_position", c_loader_position},
   {"loader_close", close_loader},
