@@ -92,6 +92,28 @@ describe("a data-parallel job on CPU ranks", function()
                               "with mpirun -np 2", 1, true), out)
   end)
 
+  it("ends the job when a rank stops answering, after the collective's deadline", function()
+    if not has_mpirun then pending("mpirun is not installed (Debian: openmpi-bin)") return end
+    local script = dir .. "/stall.lua"
+    local f = assert(io.open(script, "w"))
+    f:write([[
+local dm = require "dormouse"
+local dist = require("dormouse.dist").init()
+if dist.rank == 1 then os.execute("sleep 20") end
+local t = dist.sum_(dm.tensor({1, 2}, {dtype = "f64"}))
+print("summed", t:totable()[1])
+dist.finalize()
+]])
+    f:close()
+    local t0 = os.time()
+    local code, out = helpers.sh("DORMOUSE_DIST_TIMEOUT=1 " .. string.format(MPIRUN, 2) .. "'" .. bin .. "' run " .. script)
+    assert.are_not.equal(0, code)
+    assert.is_truthy(out:find("dist: rank 0 of 2 waited 1 s for a sum over the ranks: another rank stopped answering",
+                              1, true), out)
+    assert.is_nil(out:find("summed", 1, true), out)
+    assert.is_true(os.time() - t0 < 15, "the job ended at the deadline, not when the rank woke")
+  end)
+
   it("refuses what a job of several ranks cannot run yet, by name", function()
     if not has_mpirun then pending("mpirun is not installed (Debian: openmpi-bin)") return end
     local code, out = tiny_run(dir, 2, "--set steps=2 --set schedule.warmup=1 --set data.records=tasks/addition.lua")
