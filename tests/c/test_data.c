@@ -1,40 +1,14 @@
 /* byte corpora: files, directories, zstd, splits, batches, the loader thread, held-out windows */
-#define _GNU_SOURCE
-#include <ftw.h>
+#define _GNU_SOURCE            /* nftw (scratch.h) */
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zstd.h>
 #include "check.h"
+#include "scratch.h"
 #include "data/data.h"
 #include "core/alloc.h"
 #include "core/tensor.h"
-
-static char dir[64];
-
-static const char *tmp(const char *name) {
-  static char buf[8][256];
-  static int at;
-  char *p = buf[at++ % 8];
-  snprintf(p, 256, "%s/%s", dir, name);
-  return p;
-}
-
-static void write_file(const char *path, const void *bytes, size_t n) {
-  FILE *f = fopen(path, "wb");
-  if (n) fwrite(bytes, 1, n, f);
-  fclose(f);
-}
-
-/* text-like bytes that are not periodic, so every window is distinguishable */
-static uint8_t *make_bytes(size_t n, uint32_t seed) {
-  uint8_t *b = malloc(n);
-  for (size_t i = 0; i < n; i++) {
-    seed = seed * 1664525u + 1013904223u;
-    b[i] = (uint8_t)(" etaoinshrdlu\n"[(seed >> 24) % 14]);
-  }
-  return b;
-}
 
 static dm_corpus *open1(const char *path, int64_t eval_bytes) {
   return dm_corpus_open(1, (const char *const[]){path}, eval_bytes);
@@ -161,17 +135,6 @@ static size_t compress_to(const char *path, const uint8_t *src, size_t n) {
   free(dst);
   ZSTD_freeCCtx(z);
   return m;
-}
-
-static uint8_t *slurp(const char *path, size_t *n) {
-  FILE *f = fopen(path, "rb");
-  fseek(f, 0, SEEK_END);
-  *n = (size_t)ftell(f);
-  fseek(f, 0, SEEK_SET);
-  uint8_t *b = malloc(*n);
-  CHECK(fread(b, 1, *n, f) == *n);
-  fclose(f);
-  return b;
 }
 
 static void zstd_round_trip(void) {
@@ -466,12 +429,9 @@ static void eval_windows(void) {
   free(b);
 }
 
-static int rm(const char *path, const struct stat *st, int flag, struct FTW *ftw) { return remove(path); }
-
 int main(void) {
   check_begin();
-  snprintf(dir, sizeof dir, "/tmp/dm_test_data_XXXXXX");
-  if (!mkdtemp(dir)) { perror("mkdtemp"); return 1; }
+  if (!scratch_begin("data")) return 1;
   splits();
   missing_empty_and_odd_paths();
   directories();
@@ -483,6 +443,6 @@ int main(void) {
   loader_matches_direct();
   loader_errors();
   eval_windows();
-  nftw(dir, rm, 16, FTW_DEPTH | FTW_PHYS);
+  scratch_end();
   return check_end();
 }

@@ -202,6 +202,18 @@ static void chunks_do_not_matter(void) {
   dm_ngram_free(pieces);
 }
 
+/* the reference's bits of TEXT[from, to), each byte from the order - 1 before it (pad bytes 0
+** before the start), under its last fit */
+static double ref_bits(int order, int64_t from, int64_t to) {
+  double bits = 0;
+  for (int64_t p = from; p < to; p++) {
+    uint8_t hist[8];
+    for (int i = 0; i < order - 1; i++) hist[i] = (uint8_t)byte_at(p - (order - 1) + i);
+    bits -= log2(ref_prob(order, hist, (uint8_t)TEXT[p]));
+  }
+  return bits;
+}
+
 /* fit on a corpus's train split, score its held-out bytes with context from the stream */
 static void corpus_bits(void) {
   char path[] = "/tmp/dm_test_ngram_XXXXXX";
@@ -214,22 +226,9 @@ static void corpus_bits(void) {
   for (int order = 1; order <= 5; order++) {
     dm_ngram *m = dm_ngram_fit(c, order, 0);
     ref_fit((const uint8_t *)TEXT, train, order);
-    double want = 0;
-    for (int64_t p = train; p < n; p++) {
-      uint8_t hist[8];
-      for (int i = 0; i < order - 1; i++) hist[i] = (uint8_t)TEXT[p - (order - 1) + i];
-      want -= log2(ref_prob(order, hist, (uint8_t)TEXT[p]));
-    }
-    CHECK(close_rel(dm_ngram_bits(m, c, train, n), want, 1e-9));
+    CHECK(close_rel(dm_ngram_bits(m, c, train, n), ref_bits(order, train, n), 1e-9));
     /* a range at the very start reads its history as pad bytes */
-    ref_fit((const uint8_t *)TEXT, train, order);
-    double head = 0;
-    for (int64_t p = 0; p < 3; p++) {
-      uint8_t hist[8];
-      for (int i = 0; i < order - 1; i++) hist[i] = (uint8_t)byte_at(p - (order - 1) + i);
-      head -= log2(ref_prob(order, hist, (uint8_t)TEXT[p]));
-    }
-    CHECK(close_rel(dm_ngram_bits(m, c, 0, 3), head, 1e-9));
+    CHECK(close_rel(dm_ngram_bits(m, c, 0, 3), ref_bits(order, 0, 3), 1e-9));
     CHECK(dm_ngram_bits(m, c, 10, 10) == 0);
     EXPECT_ERROR(dm_ngram_bits(m, c, 10, n + 1), "cannot score bytes [10, 464) of a corpus of 463");
     dm_ngram_free(m);
@@ -244,13 +243,7 @@ static void corpus_bits(void) {
       dm_ngram *m = dm_ngram_fit(c, order, samples[k][0]);
       if (samples[k][1] == 1) ref_fit((const uint8_t *)TEXT, train, order);
       else ref_fit_pieces((const uint8_t *)TEXT, train, (int)samples[k][1], samples[k][2], order);
-      double want = 0;
-      for (int64_t p = train; p < n; p++) {
-        uint8_t hist[8];
-        for (int i = 0; i < order - 1; i++) hist[i] = (uint8_t)TEXT[p - (order - 1) + i];
-        want -= log2(ref_prob(order, hist, (uint8_t)TEXT[p]));
-      }
-      CHECK(close_rel(dm_ngram_bits(m, c, train, n), want, 1e-9));
+      CHECK(close_rel(dm_ngram_bits(m, c, train, n), ref_bits(order, train, n), 1e-9));
       dm_ngram_free(m);
     }
   dm_corpus_release(c);

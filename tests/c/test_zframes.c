@@ -1,53 +1,17 @@
 /* zstd files read in place, frame by frame: the writer's frames and seek table, the index (by the
 ** table or by walking), reads through the shared cache, the loader, and the files decoded whole */
-#define _GNU_SOURCE
-#include <ftw.h>
+#define _GNU_SOURCE            /* nftw (scratch.h) */
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zstd.h>
 #include "check.h"
+#include "scratch.h"
 #include "data/data.h"
 #include "data/files.h"
 #include "data/zframes.h"
 #include "core/alloc.h"
 #include "core/tensor.h"
-
-static char dir[64];
-
-static const char *tmp(const char *name) {
-  static char buf[8][256];
-  static int at;
-  char *p = buf[at++ % 8];
-  snprintf(p, 256, "%s/%s", dir, name);
-  return p;
-}
-
-static uint8_t *make_bytes(size_t n, uint32_t seed) {
-  uint8_t *b = malloc(n);
-  for (size_t i = 0; i < n; i++) {
-    seed = seed * 1664525u + 1013904223u;
-    b[i] = (uint8_t)(" etaoinshrdlu\n"[(seed >> 24) % 14]);
-  }
-  return b;
-}
-
-static uint8_t *slurp(const char *path, size_t *n) {
-  FILE *f = fopen(path, "rb");
-  fseek(f, 0, SEEK_END);
-  *n = (size_t)ftell(f);
-  fseek(f, 0, SEEK_SET);
-  uint8_t *b = malloc(*n ? *n : 1);
-  CHECK(fread(b, 1, *n, f) == *n);
-  fclose(f);
-  return b;
-}
-
-static void write_file(const char *path, const void *bytes, size_t n) {
-  FILE *f = fopen(path, "wb");
-  if (n) fwrite(bytes, 1, n, f);
-  fclose(f);
-}
 
 static bool exists(const char *path) { return access(path, F_OK) == 0; }
 
@@ -200,16 +164,13 @@ static void decoded_whole(void) {
   free(z); free(b);
 }
 
-static int rm(const char *path, const struct stat *st, int flag, struct FTW *ftw) { return remove(path); }
-
 int main(void) {
   check_begin();
-  snprintf(dir, sizeof dir, "/tmp/dm_test_zframes_XXXXXX");
-  if (!mkdtemp(dir)) { perror("mkdtemp"); return 1; }
+  if (!scratch_begin("zframes")) return 1;
   writes_frames_and_a_seek_table();
   reads_in_place();
   corrupted_frames();
   decoded_whole();
-  nftw(dir, rm, 16, FTW_DEPTH | FTW_PHYS);
+  scratch_end();
   return check_end();
 }

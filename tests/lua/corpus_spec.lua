@@ -18,17 +18,7 @@ local function text(n, seed)
   return table.concat(out)
 end
 
--- the command in this process: its exit code, what it printed and what it wrote on stderr
-local function corpus_cmd(...)
-  local printed, said, saved, saved_err = {}, {}, _G.print, io.stderr
-  _G.print = function(...) printed[#printed + 1] = table.concat({...}, "\t") end
-  io.stderr = {write = function(_, ...) for _, v in ipairs {...} do said[#said + 1] = v end end}
-  local ok, code = pcall(require("dormouse.commands.corpus").run, {[0] = "dormouse", "corpus", ...},
-                         require("dormouse.cli"))
-  _G.print, io.stderr = saved, saved_err
-  assert(ok, code)
-  return code, table.concat(printed, "\n"), table.concat(said)
-end
+local function corpus_cmd(...) return helpers.command("corpus", ...) end
 
 local has_zstd = os.execute("command -v zstd >/dev/null 2>&1")
 

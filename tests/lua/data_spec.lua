@@ -391,17 +391,7 @@ describe("corpus:eval_windows and the n-gram baseline", function()
 end)
 
 describe("dormouse baseline", function()
-  -- the command in this process: its exit code, what it printed and what it wrote on stderr
-  local function baseline(...)
-    local printed, said, saved, saved_err = {}, {}, _G.print, io.stderr
-    _G.print = function(...) printed[#printed + 1] = table.concat({...}, "\t") end
-    io.stderr = {write = function(_, ...) for _, v in ipairs {...} do said[#said + 1] = v end end}
-    local ok, code = pcall(require("dormouse.commands.baseline").run, {[0] = "dormouse", "baseline", ...},
-                           require("dormouse.cli"))
-    _G.print, io.stderr = saved, saved_err
-    assert(ok, code)
-    return code, table.concat(printed, "\n"), table.concat(said)
-  end
+  local function baseline(...) return require("tests.lua.helpers").command("baseline", ...) end
 
   it("prints each order's held-out bpb, as corpus:ngram_bpb scores it, and refuses what it cannot do", function()
     local dir = tmpdir()

@@ -92,6 +92,19 @@ function helpers.read(path)
   return s
 end
 
+-- a command of lua/dormouse/commands (dormouse NAME ...) in this process: its exit code, what it
+-- printed and what it wrote on stderr
+function helpers.command(name, ...)
+  local printed, said, saved, saved_err = {}, {}, _G.print, io.stderr
+  _G.print = function(...) printed[#printed + 1] = table.concat({...}, "\t") end
+  io.stderr = {write = function(_, ...) for _, v in ipairs {...} do said[#said + 1] = v end end}
+  local ok, code = pcall(require("dormouse.commands." .. name).run, {[0] = "dormouse", name, ...},
+                         require("dormouse.cli"))
+  _G.print, io.stderr = saved, saved_err
+  assert(ok, code)
+  return code, table.concat(printed, "\n"), table.concat(said)
+end
+
 -- a shell command line the test wrote itself: its exit code and its stdout and stderr together
 function helpers.sh(cmd)
   local p = assert(io.popen(cmd .. " 2>&1"))
