@@ -1,4 +1,4 @@
--- b1: the 1B preset of spec/model.md — about 1.07 billion parameters
+-- b1: the 1B preset of docs/model.md — about 1.07 billion parameters
 -- (403M of them in the Engram tables), about 39M active per token and
 -- iteration. 8 x 1024 = 8,192 bytes a step: about 16 assignments per expert.
 -- On a card under ~24 GB: --set model.engram.ram=true puts the tables in host memory.

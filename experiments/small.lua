@@ -1,4 +1,4 @@
--- small: the demo-sized model of spec/model.md (d 768, 64 experts of rank 16).
+-- small: the demo-sized model of docs/model.md (d 768, 64 experts of rank 16).
 -- Its shape is also the schema's default shape.
 return {
   name = "small",

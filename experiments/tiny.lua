@@ -1,4 +1,4 @@
--- tiny: the test model of spec/model.md (seconds on a CPU). The runtime's
+-- tiny: the test model of docs/model.md (seconds on a CPU). The runtime's
 -- own tests train it; `dormouse config experiments/tiny.lua` shows the rest.
 return {
   name = "tiny",

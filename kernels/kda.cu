@@ -18,7 +18,7 @@
 ** The backward follows vm/cpu/kda.c: one pass keeps the state at every
 ** chunk start (device scratch), then each chunk, last first, recomputes
 ** its states and delta errors (scratch) and runs the reverse-time steps of
-** research-kda.md §1.4, with dS in shared memory.
+** docs/kda.md §1 (the backward step), with dS in shared memory.
 **
 ** Inputs of any float dtype are read element by element through their
 ** dtype (a step reads 3 dk + dv + 1 values; the state work dominates).
@@ -185,7 +185,7 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_fwd_k(kda_io A, R *scratch) {
 
 /* ---- backward ----------------------------------------------------------------------------------- */
 
-/* Step t backwards (research-kda.md §1.4, as vm/cpu/kda.c's back_step): Sh the
+/* Step t backwards (docs/kda.md §1, as vm/cpu/kda.c's back_step): Sh the
 ** state before the step, Sn after it, the step's error in L.e, do in L.s.v. */
 template <typename R>
 __device__ void kda_back_step(const kda_io &A, const kda_shared<R> &L, int64_t b, int64_t t, int64_t h,

@@ -1,7 +1,7 @@
 /*
 ** kda_chunk.cu — the chunked WY/UT form of KDA on CUDA (kda.h has the
 ** contract, vm/cpu/kda_chunk.c the same algorithm as plain loops and its
-** equations; research-kda.md §2, §3.2). Chunks of KC = 64 rows, sub-chunks
+** equations; docs/kda.md §2 and its backward). Chunks of KC = 64 rows, sub-chunks
 ** of KS = 16, dk, dv <= 64, everything in float32: the inputs are widened
 ** on load, the gates' cumsum G, the state and every intermediate are
 ** float32.
@@ -16,13 +16,13 @@
 **            recompute keeps S (h) and vn per chunk instead of o.
 **   bstate   per (b, h, 32 value columns), last chunk first: dh = dS,
 **            dvn = P^T do + kg dS, dS = e^G_last dS + qg^T do - w^T dvn.
-**   bwy      per chunk: the inter-chunk and WY terms (§3.2 B3), dv and
+**   bwy      per chunk: the inter-chunk and WY terms (docs/kda.md §2, B3), dv and
 **            dbeta final, dq, dk, dG partial, dM = beta dL and dP saved
 **            (M and A read from prep's scratch, not computed again).
 **   bintra   per chunk: the intra-chunk terms through M and P (B4), then
 **            dq, dk and dg = the reverse cumsum of dG (B5).
 **
-** No exponent is positive (§2.3): across sub-chunks e^(G_i - G_j) is
+** No exponent is positive (docs/kda.md, "No positive exponent"): across sub-chunks e^(G_i - G_j) is
 ** e^(G_i - G_r) e^(G_r - G_j), r the first row of i's sub-chunk, which
 ** turns those blocks into products of KE = k e^(G - G_r) (QE with q) with
 ** KB_a = k e^(G_r(a) - G) (EB_a without k); inside a sub-chunk the

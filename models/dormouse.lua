@@ -1,5 +1,5 @@
 --[[
-The dormouse model family (spec/model.md), built from a resolved config's
+The dormouse model family (docs/model.md), built from a resolved config's
 `model` table:
 
   h_0      = Emb[x]

@@ -1,5 +1,5 @@
 --[[
-The instrument layer (spec/model.md): the NaN firewall, the CE ceiling, the
+The instrument layer (docs/model.md): the NaN firewall, the CE ceiling, the
 MoE and Engram counters, and the log and eval lines.
 ]]
 local core = require "dormouse.core"

@@ -191,7 +191,7 @@ local positive = int{min = 1}
 local fraction = num{min = 0, max = 1}
 
 -- Defaults are the spec's reference values, with the shape of the `small`
--- preset (spec/model.md) so that a file naming only a few keys is a real model.
+-- preset (docs/model.md) so that a file naming only a few keys is a real model.
 local rows = {
   {"name", optional(str), nil, "run name: logs and checkpoints go to runs/NAME (nil = the experiment file's base name)"},
   {"seed", int{min = 0}, 1, "seed of the parameter init and the data order"},
@@ -208,7 +208,7 @@ local rows = {
    "cuda, grad_accum 1, Engram tables on the device)", progress = true},
   {"ce_ceiling", num{above = 0}, 100, "a training loss above this ends the run at once"},
 
-  {"model", "the model family of spec/model.md", {
+  {"model", "the model family of docs/model.md", {
     {"arch", str, "dormouse", "the model file: models/ARCH.lua, a function from this table to a module (or {keys, build})"},
     {"d", positive, 768, "model width d"},
     {"heads", positive, 12, "KDA heads H"},

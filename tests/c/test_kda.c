@@ -1,12 +1,12 @@
 /*
-** test_kda.c — the KDA op against research-kda.md §7: an independent
-** float64 reference (the §1.4 recurrence and its exact backward, every
+** test_kda.c — the KDA op against docs/kda.md §3: an independent
+** float64 reference (the recurrence of docs/kda.md §1 and its exact backward, every
 ** state kept), shapes T = 1 .. 1000, the gate regimes, split against
 ** whole with the state carried, causality, determinism, the checkpoint
 ** interval, the initial state's gradient, the gate's extremes, the error
 ** messages; then the CPU timing of one forward and backward.
 **
-** The metric is research-kda.md's: rel(a, ref) = |a - ref|_2 / |ref|_2 per
+** The metric is docs/kda.md's: rel(a, ref) = |a - ref|_2 / |ref|_2 per
 ** tensor, with NaN and Inf failing. Every run's loss is
 ** sum(o * W) + sum(S_T * WS) with fixed random W and WS, so both outputs'
 ** gradients enter the backward.
@@ -140,7 +140,7 @@ static result new_result(const problem *p) {
   return r;
 }
 
-/* ---- the reference: research-kda.md §1.4 in float64, every state kept ------------------------ */
+/* ---- the reference: docs/kda.md §1 in float64, every state kept --------------------------- */
 
 /* the step's decayed state Sp = diag(exp(g)) prev and delta error e = v - Sp^T k */
 static void decay_and_error(int64_t dk, int64_t dv, const double *g, const double *k, const double *v,

@@ -1,6 +1,6 @@
 --[[
 check_kda.lua — the chunked KDA kernels (kernels/kda_chunk.cu) against the
-float64 recurrent oracle on the CPU (research-kda.md §7): o, the final
+float64 recurrent oracle on the CPU (docs/kda.md §3): o, the final
 state and the six gradients, in f32 and bf16, on T = 1, 15, 17, 63, 65,
 1000 (ends inside a sub-chunk and a chunk) with dk = dv = 64 and one
 awkward dk, dv, under every gate regime (logsigmoid, weak with half zeros,

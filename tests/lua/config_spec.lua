@@ -28,7 +28,7 @@ describe("config presets", function()
     end
   end)
 
-  it("carry the shapes of the table in spec/model.md", function()
+  it("carry the shapes of the table in docs/model.md", function()
     local shapes = {
       --        d     H   dh iter E     k  r   r_s  F     orders     R        de
       b1    = {2048, 32, 64, 4, 1024, 2, 64, 192, 5461, {3, 4, 5}, 4194304, 32},

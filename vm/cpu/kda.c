@@ -9,7 +9,7 @@
 ** its results scattered back in the outputs' dtypes. The state S is dk x dv
 ** in row-major order: row i belongs to key channel i.
 **
-** The backward follows research-kda.md §1.4 with the state recomputed from
+** The backward follows docs/kda.md §1 ("The backward step") with the state recomputed from
 ** checkpoints (see kda.h): one forward pass keeps S at every chunk start,
 ** then each chunk, last first, recomputes its states and delta errors and
 ** runs the reverse steps. Forward and recompute share one step function,
@@ -204,7 +204,7 @@ static void FN(forward)(dm_tensor *o, dm_tensor *s_final, const dm_tensor *q, co
   dm_free(DM_CPU, mem, sizeof(R) * (size_t)(n > 0 ? n : 1));
 }
 
-/* Step t backwards (research-kda.md §1.4 with s = 1). Sh is the state
+/* Step t backwards (docs/kda.md §1). Sh is the state
 ** before the step, Sn after it, e the step's delta error, dout the output's
 ** gradient. dS holds dL/dS_t on entry and dL/dS_{t-1} on return; the
 ** step's gradients go to the rows t of the g* arrays; w is dv scratch. */

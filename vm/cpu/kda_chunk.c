@@ -1,6 +1,6 @@
 /*
 ** cpu/kda_chunk.c — the chunked WY/UT form of the KDA recurrence on the
-** CPU (research-kda.md §2 forward, §3.2 backward), in double for f64 q and
+** CPU (docs/kda.md §2, forward and backward), in double for f64 q and
 ** float otherwise: the CUDA chunked kernels' algorithm written as plain
 ** loops, so its maths is checked against the step-by-step oracle
 ** (vm/cpu/kda.c) without a GPU.
@@ -16,7 +16,7 @@
 **   o    = (q . e^G) S + P vn
 **   S'   = Diag(e^G_last) S + (k . e^(G_last - G))^T vn
 **
-** No exponent is ever positive (§2.3): e^(G_i - G_j) for rows of one
+** No exponent is ever positive (docs/kda.md, "No positive exponent"): e^(G_i - G_j) for rows of one
 ** sub-chunk of DM_KDA_SUBCHUNK rows is taken as it is, and across
 ** sub-chunks as e^(G_i - G_r) e^(G_r - G_j) with r the first row of i's
 ** sub-chunk (j < r <= i), the factorisation that lets the GPU turn those
@@ -25,7 +25,7 @@
 **
 ** The backward keeps the state entering every chunk (one forward pass),
 ** then walks the chunks last first, recomputing each chunk's M, P, A, w,
-** u and vn from its state and carrying dS (§3.2: B2 for dS and dvn, B3
+** u and vn from its state and carrying dS (docs/kda.md §2, "Its backward": B2 for dS and dvn, B3
 ** for the inter-chunk and WY terms, B4 for the intra-chunk terms, B5 the
 ** reverse cumsum of dG into dg).
 */
@@ -189,7 +189,7 @@ static void FN(advance)(FN(chunk_t) *C, R *S, R *o) {
     }
 }
 
-/* The chunk's backward (§3.2). h is the state entering it; dS holds the
+/* The chunk's backward (docs/kda.md §2). h is the state entering it; dS holds the
 ** gradient of the state leaving it and receives that of h; d_o is the
 ** chunk's rows of do; gq, gk, gg, gv, gb its rows of the gradients (gg
 ** gets dg); T1..T3 are CH x CH scratch, D1 CH x dv, D2 and D3 CH x dk. */

@@ -1,6 +1,6 @@
 /*
 ** engram.h — the Engram family: byte n-gram rows, unique rows, sparse
-** gradients, sparse Adam, and the gate alpha (spec/model.md, "Engram").
+** gradients, sparse Adam, and the gate alpha (docs/model.md, "Engram").
 **
 ** The table layout. For each order n of a list and each of K hash heads
 ** there is one sub-table; all of them live in ONE physical table

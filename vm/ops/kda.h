@@ -25,7 +25,7 @@
 ** every chunk of `chunk` steps (ceil(T / chunk) states of dk x dv per
 ** (b, h)), then walks the chunks from last to first: it recomputes the
 ** chunk's states from its checkpoint (chunk + 1 states) and runs the exact
-** reverse-time recurrence of research-kda.md §1.4 through it. Recomputed
+** reverse-time recurrence of docs/kda.md §1 through it. Recomputed
 ** states are bit-identical to the forward's, so the chunk size changes
 ** nothing in the results. Peak scratch per (b, h): (ceil(T/chunk) + chunk
 ** + 1) dk dv values plus O(T (dk + dv)) for the pair's inputs and gradients.
@@ -57,7 +57,7 @@ typedef void (*dm_kda_bwd_k)(dm_tensor *dq, dm_tensor *dk, dm_tensor *dv, dm_ten
                              const dm_tensor *g, const dm_tensor *beta, const dm_tensor *s0,
                              const dm_tensor *dout, const dm_tensor *ds_final, int64_t chunk);
 
-/* The chunked WY/UT algorithm (research-kda.md §2, §3.2; vm/cpu/kda_chunk.c
+/* The chunked WY/UT algorithm (docs/kda.md §2; vm/cpu/kda_chunk.c
 ** has the equations), the same results up to rounding:
 **   "kda_chunk_fwd": dm_kda_fwd_k, chunks of DM_KDA_CHUNK rows;
 **   "kda_chunk_bwd": dm_kda_bwd_k with chunk = DM_KDA_CHUNK (the chunk size,

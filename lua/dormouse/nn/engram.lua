@@ -1,5 +1,5 @@
 --[[
-Engram — hashed byte n-gram memory (spec/model.md):
+Engram — hashed byte n-gram memory (docs/model.md):
 
   e_t   = the rows of the n-grams ending at t, one per order and hash head
   kx    = W_k e_t ,  vx = W_v e_t

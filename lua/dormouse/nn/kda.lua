@@ -1,5 +1,5 @@
 --[[
-KDA — Kimi Delta Attention (spec/model.md), per head, state dk × dv in float32:
+KDA — Kimi Delta Attention (docs/model.md), per head, state dk × dv in float32:
 
   q, k, v = silu(conv4(W u)),  q, k l2-normalised,  q scaled by dk^-1/2
   beta    = sigmoid(W_b u)
@@ -88,7 +88,7 @@ local function short_conv(x, w, state, carry, name)
 end
 
 --[[ u [B, T, d] in the compute dtype. q, k, v, o and the output gate stay in
-u's dtype; the gates g and beta are float32 (spec/model.md).
+u's dtype; the gates g and beta are float32 (docs/model.md).
 state (optional): what a previous segment left, {S = [B, H, dk, dv] f32, q, k, v =
 the short convolutions' last inputs}, any of them nil (zeros); given, the call
 returns the output and this segment's state of the same form. ]]

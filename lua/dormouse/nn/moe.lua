@@ -1,5 +1,5 @@
 --[[
-MoE — routed low-rank experts with a shared expert (spec/model.md):
+MoE — routed low-rank experts with a shared expert (docs/model.md):
 
   l      = W_r u                               router logits, float32 scores
   idx    = topk_k(l + lfb_bias)                the bias steers selection only

@@ -1,5 +1,5 @@
 --[[
-Engram: hashed byte n-gram memory (spec/model.md; vm/ops/engram.h has the
+Engram: hashed byte n-gram memory (docs/model.md; vm/ops/engram.h has the
 arithmetic).
 
   dm.engram_layout{orders = {3, 4, 5}, heads = 1, rows = 4194304}

@@ -15,7 +15,7 @@ are float32 (float64 when q is f64); o has q's dtype; q, k and v share one
 dtype. Passing a call's final state as the next call's initial state runs a
 long sequence in segments, gradients flowing through the carried state.
 Option algo picks the algorithm: "recurrent" (step by step), "chunked" (the
-WY/UT form over chunks of 64 tokens, research-kda.md §2-3) or "auto" (the
+WY/UT form over chunks of 64 tokens, docs/kda.md §2) or "auto" (the
 default: chunked on CUDA from T = 32 up in f32/bf16/f16 with dk, dv <= 64,
 recurrent otherwise, e.g. on the CPU and for decoding). They agree up to
 rounding. Option chunk (default 64) is the recurrent backward's checkpoint

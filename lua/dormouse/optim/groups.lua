@@ -1,5 +1,5 @@
 --[[
-Parameter groups, chosen by name and shape (spec/model.md, Optimisers):
+Parameter groups, chosen by name and shape (docs/model.md, Optimisers):
 
   muon     every 2-D weight and every 3-D bank [E, m, n] of the hidden layers
            (each expert's matrix orthogonalised on its own)

@@ -1,5 +1,5 @@
 --[[
-optim — the optimisers of spec/model.md: Muon for the hidden matrices and
+optim — the optimisers of docs/model.md: Muon for the hidden matrices and
 expert banks, AdamW for embeddings, head, gains, biases, router, scales and
 gates, Adam for the Engram tables; global-norm clipping, whose finiteness
 check is the NaN firewall's; and the learning-rate schedule.

@@ -1,6 +1,6 @@
 --[[
 Learning-rate schedules: each is a function step -> multiplier of the peak
-learning rate, for the updates step = 1 .. steps (spec/model.md; WSD as in
+learning rate, for the updates step = 1 .. steps (docs/model.md; WSD as in
 research-engram-muon-moe.md D.1). Pure Lua, no tensors.
 
   warm-up   m = step / warmup                              while step <= warmup

@@ -1,5 +1,5 @@
 --[[
-Sparse Adam for the Engram tables (spec/model.md): each step only the rows
+Sparse Adam for the Engram tables (docs/model.md): each step only the rows
 the batch touched are updated, and the moments of the other rows are neither
 read nor written (vm/ops/engram.h, kernel "engram_adam").
 
