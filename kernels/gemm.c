@@ -37,7 +37,6 @@
 #include "core/alloc.h"
 #include "ops/matmul.h"
 
-#define WORKSPACE ((size_t)32 << 20)
 #define MAX_PLANS 1024
 #define CANDIDATES 8
 #define TUNE_FLOP 1e9
@@ -55,7 +54,7 @@ static void start(void) {
   if (lt) return;
   dm_cuda_init();
   LT(cublasLtCreate(&lt));
-  DM_CU(cudaMalloc(&workspace, WORKSPACE));
+  DM_CU(cudaMalloc(&workspace, DM_GEMM_WORKSPACE));
 }
 
 /* ---- operands ------------------------------------------------------------------------ */
@@ -184,7 +183,7 @@ static cublasStatus_t matmul_with(const plan *p, const cublasLtMatmulAlgo_t *alg
   bool d64 = dt == DM_F64;
   return cublasLtMatmul(lt, p->op, d64 ? (const void *)&oned : (const void *)&one, x, p->la, y, p->lb,
                         d64 ? (const void *)&zerod : (const void *)&zero, c, p->lc, c, p->lc, algo, workspace,
-                        WORKSPACE, dm_cuda_stream());
+                        DM_GEMM_WORKSPACE, dm_cuda_stream());
 }
 
 static bool capturing(void) {
@@ -225,7 +224,7 @@ static void plan_build(plan *p, const plan_key *k, const operands *o) {
   layout(&p->lc, dt, k->m, k->n, k->ldc, k->batch, k->sc);
   cublasLtMatmulPreference_t pref;
   LT(cublasLtMatmulPreferenceCreate(&pref));
-  uint64_t ws = WORKSPACE;
+  uint64_t ws = DM_GEMM_WORKSPACE;
   uint32_t al[3] = {(uint32_t)k->align_a, (uint32_t)k->align_b, (uint32_t)k->align_c};
   LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
   LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], sizeof al[0]));
@@ -386,7 +385,7 @@ double dm_cuda_bench_gemm(dm_dtype dt, int64_t m, int64_t n, int64_t k, int reps
     if (!h) {
       if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) dm_error("cuda: cublasCreate failed");
       cublasSetStream(h, dm_cuda_stream());
-      cublasSetWorkspace(h, workspace, WORKSPACE);
+      cublasSetWorkspace(h, workspace, DM_GEMM_WORKSPACE);
     }
     classic_run g = {h, cuda_type(dt), (int)m, (int)n, (int)k, dm_data(b), dm_data(a), dm_data(c)};
     ms = median_ms(classic_once, &g, reps);

@@ -65,14 +65,17 @@ function graphstep.why_not(r, opts)
   end
 end
 
---[[ opts.warmup: eager steps before the capture (>= 1; default 2).
+-- Eager steps before the capture, by default: the first step's allocations settle in the second
+graphstep.WARMUP = 2
+
+--[[ opts.warmup: eager steps before the capture (>= 1; default graphstep.WARMUP).
 opts.eager: never capture (the same work, eagerly: what the CPU tests check). ]]
 function graphstep.new(r, opts)
   opts = opts or {}
   local cfg = r.cfg
   local why = graphstep.why_not(r, opts)
   if why then fail("%s (set graph = false)", why) end
-  local warmup = opts.eager and math.huge or opts.warmup or 2
+  local warmup = opts.eager and math.huge or opts.warmup or graphstep.WARMUP
   if warmup < 1 then fail("graph: at least one eager step must come before the capture, got warmup = %s", warmup) end
   local self = setmetatable({r = r, warmup = warmup, done = 0}, GraphStep)
   r.opt:scalars()

@@ -105,7 +105,7 @@ end
 
 -- Taken from the driver apart from the caching allocator: not in dm.memory, but on the card.
 plan.OUTSIDE = {
-  {name = "cuBLASLt workspace", where = "kernels/gemm.c WORKSPACE", bytes = 32 << 20},
+  {name = "cuBLASLt workspace", where = "kernels/gemm.c, DM_GEMM_WORKSPACE", bytes = core.gemm_workspace()},
 }
 
 -- The planned card (an H200's, as sm_90 H100s): its SMs, and the most dynamic shared memory a block
@@ -137,7 +137,7 @@ function plan.session(cfg, opts)
   local ram = m.engram.ram
   m.engram.ram = false                    -- planned on the device; the tables' bytes are moved out below
   local ocfg = config.plain(cfg.optim)
-  ocfg.ns_dtype = ocfg.ns_dtype or "bf16"  -- the GPU's default (optim.new picks by the parameters' device)
+  ocfg.ns_dtype = ocfg.ns_dtype or require("dormouse.optim").ns_dtype_for("cuda")   -- planned for the card
   local self = setmetatable({cfg = cfg, m = m, ram = ram, compute = cfg.dtype, grad_accum = cfg.grad_accum,
                              ctx = train.engram_ctx(cfg), ns_dtype = ocfg.ns_dtype, segment = m.segment}, Session)
   collectgarbage()          -- meta tensors no one holds go now, not in the middle of a step

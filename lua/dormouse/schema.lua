@@ -590,6 +590,14 @@ schema.leaves, schema.nodes = {}, {}
 schema.root = {key = "", doc = "the run"}
 build(rows, "", schema.root)
 
+-- A key's default ("model.moe.lfb_gamma"): what a layer built without the option takes, so the
+-- schema stays its one owner
+function schema.default(key)
+  local node = schema.nodes[key]
+  if not node or node.section then error("schema.default: no key '" .. tostring(key) .. "'", 2) end
+  return node.default
+end
+
 --[[ schema.with_model_keys(rows, where) -> {root, nodes, keys}: the schema with a
 model file's own keys under model (rows as the schema's: {name, type,
 default, doc}, or a section {name, doc, {rows}}), for one resolve; the

@@ -1063,7 +1063,7 @@ function run_body(self, cfg, opts)
   local graph, why = train.graph_mode(self)
   if graph then
     self.graph = require("dormouse.graphstep").new(self)
-    self:say("graph: the step is captured as one CUDA graph after 2 eager steps and replayed" ..
+    self:say("graph: the step is captured as one CUDA graph after " .. self.graph.warmup .. " eager steps and replayed" ..
              (cfg.graph == nil and " (graph = nil: the default where it can; --set graph=false for eager)" or ""))
   elseif why then
     self:say("graph: eager steps (" .. why .. ")")

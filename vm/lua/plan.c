@@ -9,6 +9,7 @@
 **   core.meta_watch_result()       → {at, current, last, where, parts = {{name, kind, bytes}, ...}},
 **                                  or nil when the watch has not fired
 **   core.cuda_block_size(n)        → the bytes a request of n takes in the CUDA allocator
+**   core.gemm_workspace()          → the bytes of cuBLASLt's workspace (ops/matmul.h)
 **   core.plan_card(card)           meta tensors stand for tensors on this card, and the ops
 **                                  charge the CUDA kernels' scratch to the trace (below);
 **                                  nil ends it. card: {sm_count = n, smem_optin = bytes}
@@ -38,6 +39,7 @@
 #include "lua/bind.h"
 #include "core/alloc.h"
 #include "core/autograd.h"
+#include "ops/matmul.h"
 #include "core/profile.h"
 
 #define MAX_GROUPS 16
@@ -274,7 +276,13 @@ static int p_card(lua_State *L) {
   return 0;
 }
 
+static int c_gemm_workspace(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)DM_GEMM_WORKSPACE);
+  return 1;
+}
+
 static const luaL_Reg funcs[] = {
+  {"gemm_workspace", c_gemm_workspace},
   {"meta_trace_reset", p_reset}, {"meta_trace_mark", p_mark}, {"meta_trace", p_trace},
   {"meta_watch", p_watch}, {"meta_watch_result", p_result},
   {"cuda_block_size", p_block_size}, {"plan_card", p_card}, {NULL, NULL}

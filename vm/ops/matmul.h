@@ -8,6 +8,10 @@
 #include <limits.h>
 #include "core/tensor.h"
 
+/* cuBLASLt's workspace: taken from the driver once, beside the caching allocator (kernels/gemm.c);
+** dormouse plan counts it on the card (core.gemm_workspace) */
+#define DM_GEMM_WORKSPACE ((size_t)32 << 20)
+
 typedef void (*dm_matmul_k)(dm_tensor *out, dm_tensor *a, dm_tensor *b, bool ta, bool tb);
 
 /* A rows x cols matrix with element strides (sr, sc): either row-major with

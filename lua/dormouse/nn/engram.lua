@@ -16,6 +16,8 @@ learned gain w [d] (ones) in alpha's dot, sigmoid(sum_i w_i rmsnorm(u)_i rmsnorm
 (one gain on each norm would multiply to the same w). docs/model.md, docs/training.md.
 ]]
 return function(nn, dm)
+
+local schema = require "dormouse.schema"      -- the options' defaults (schema.default)
 local core_error = require("dormouse.core").error
 
 local Engram = nn.class("Engram")
@@ -38,12 +40,12 @@ function Engram:init(d, opts)
   -- batch's while this step runs, when a lookahead is set), copies them to
   -- the device and applies their gradient with a multi-threaded host Adam.
   self.ram = opts.ram and (self.device ~= "cpu" or Engram.ram_on_cpu) or false
-  local shape, std = {self.layout.total_rows, opts.width}, opts.std or 0.02
+  local shape, std = {self.layout.total_rows, opts.width}, opts.std or schema.default("model.init.engram_std")
   self:param("table", self.ram and nn.build({device = "cpu"}, nn.init.normal, shape, std) or nn.init.normal(shape, std))
   self.table:requires_grad(false)
   self.entries = {}
   self.prefetches = {used = 0, missed = 0}       -- training lookups that found their prefetch, or not
-  self.output = opts.output or "spec"
+  self.output = opts.output or schema.default("model.engram.output")
   local projected = self.output == "projection"   -- W_e after a plain convolution (an option: not the spec's)
   self:child("wk", nn.Linear(subtables * opts.width, d))
   self:child("wv", nn.Linear(subtables * opts.width, d,                   -- the branch's output, or W_e is

@@ -9,6 +9,8 @@ KDA — Kimi Delta Attention (docs/model.md), per head, state dk × dv in float3
 ]]
 return function(nn, dm)
 
+local schema = require "dormouse.schema"      -- the options' defaults (schema.default)
+
 local KDA = nn.class("KDA")
 
 -- The decay rates A = exp(A_log) per head lie in A_RANGE; dt, the gate's step at initialisation
@@ -38,8 +40,8 @@ function KDA:init(d, heads, head_dim, opts)
   opts = opts or {}
   local hd = heads * head_dim
   self.heads, self.head_dim = heads, head_dim
-  self.gate = opts.gate or "bounded"
-  self.gate_lb = opts.gate_lb or -5
+  self.gate = opts.gate or schema.default("model.kda.gate")
+  self.gate_lb = opts.gate_lb or schema.default("model.kda.gate_lb")
   self:child("wq", nn.Linear(d, hd))
   self:child("wk", nn.Linear(d, hd))
   self:child("wv", nn.Linear(d, hd))

@@ -17,18 +17,20 @@ After each step update_balance() moves lfb_bias towards equal load.
 ]]
 return function(nn, dm)
 
+local schema = require "dormouse.schema"      -- the options' defaults (schema.default)
+
 local MoE = nn.class("MoE")
 local FACTORS = {"Ug", "Uu", "D"}      -- the experts' factors (QAT and LittleBit act on them)
 MoE.banks = FACTORS                    -- the parameters a checkpoint may keep in a low-bit format (banks.lua)
 
 function MoE:init(d, opts)
   local E, r, F = opts.experts, opts.rank, opts.ffn
-  self.experts, self.top_k, self.gamma = E, opts.top_k, opts.lfb_gamma or 1e-3
+  self.experts, self.top_k, self.gamma = E, opts.top_k, opts.lfb_gamma or schema.default("model.moe.lfb_gamma")
   self.capacity_factor = opts.capacity_factor     -- nil: dropless
-  self.balance = opts.balance or "sign"
+  self.balance = opts.balance or schema.default("model.moe.balance")
   self.router_f32 = opts.router_dtype == "f32"
-  self.router_form = opts.router or "softmax"
-  self.aux_weight = opts.aux_balance or 0
+  self.router_form = opts.router or schema.default("model.moe.router")
+  self.aux_weight = opts.aux_balance or schema.default("model.moe.aux_balance")
   self:child("router", nn.Linear(d, E, {std = opts.router_std}))
   self:param("Ug", nn.init.normal({E, d, r}, d ^ -0.5))
   self:param("Uu", nn.init.normal({E, d, r}, d ^ -0.5))

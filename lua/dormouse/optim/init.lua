@@ -85,6 +85,9 @@ local function entries_of(model)
   fail("optim.new: expected a module or a list of {name, tensor} entries, got a %s", type(model))
 end
 
+-- Newton-Schulz's dtype when optim.ns_dtype is nil: bf16 on the GPU, f32 on the CPU
+function optim.ns_dtype_for(device) return device == "cpu" and "f32" or "bf16" end
+
 local Optimizer = {}
 Optimizer.__index = Optimizer
 
@@ -104,7 +107,7 @@ function optim.new(model, ocfg, scfg, steps, opts)
   self.lr_mult = schedule.new(scfg, steps)
   self.base_lr = o.adamw_lr
   for i, e in ipairs(entries) do self.params[i] = e.tensor end
-  local ns_dtype = o.ns_dtype or (entries[1].tensor.device == "cuda" and "bf16" or "f32")
+  local ns_dtype = o.ns_dtype or optim.ns_dtype_for(entries[1].tensor.device)
   local by = groups.assign(entries, {gates = o.gates})
   if #by.muon > 0 then
     self.groups[#self.groups + 1] = Muon.new("muon", by.muon, {
