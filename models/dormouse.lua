@@ -163,14 +163,18 @@ end
 readout's input hbar. A small predictor (d -> d/4 -> d, silu between) maps hbar_t to a prediction
 of hbar_{t+k}, k = model.aux.jepa_offset, whose value is held fixed (no gradient through the
 target); the loss is 1 - cosine(prediction, target), the mean over the T - k positions that have
-one. Cosine, not a squared distance: the representation's scale is the readout's to keep. ]]
-local function jepa_loss(self, hbar)
+one; under a loss mask (records) over those whose own and target positions are both scored (0
+when none is). Cosine, not a squared distance: the representation's scale is the readout's to
+keep. ]]
+local function jepa_loss(self, hbar, mask)
   local T, k = hbar:size(2), self.jepa_offset
   return dm.scope(function()
     local pred = self.jepa_out:forward(self.jepa_in:forward(hbar:narrow(2, 1, T - k)):silu())
     local target = hbar:narrow(2, k + 1, T - k):detach()
-    local cos = (pred:l2norm(1e-6) * target:l2norm(1e-6):to(pred.dtype)):sum(-1)
-    return 1 - cos:to(hbar.dtype):mean()
+    local cos = (pred:l2norm(1e-6) * target:l2norm(1e-6):to(pred.dtype)):sum(-1):to(hbar.dtype)
+    if not mask then return 1 - cos:mean() end
+    local w = (mask:narrow(2, 1, T - k):to("f32") * mask:narrow(2, k + 1, T - k):to("f32")):to(hbar.dtype)
+    return (w - w * cos):sum() / w:sum():clamp(1, math.huge)
   end)
 end
 
@@ -355,7 +359,7 @@ function Dormouse:pass(x, prefix, opts)
       error("model.aux.jepa: a pass by segments would lose each segment's last targets (they lie in the " ..
             "next); set model.segment = nil or model.aux.jepa = 0", 0)
     end
-    local aux = jepa_loss(self, sum_h * (1 / self.max_iter))
+    local aux = jepa_loss(self, sum_h * (1 / self.max_iter), opts.mask)
     out.extras = out.extras or {}
     out.extras.aux_jepa = aux
     out.loss = out.loss + aux * self.jepa_weight

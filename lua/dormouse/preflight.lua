@@ -14,7 +14,7 @@ local dm = require "dormouse"
 
 local preflight = {}
 
-local GB = 1e9
+local size = require("dormouse.nn").human_bytes
 
 local function bytes_of(tensors, keep)
   local n = 0
@@ -51,15 +51,15 @@ end
 -- nil when the run fits, else the refusal (both numbers named)
 function preflight.refusal(need, runs_dir, free_disk, free_host)
   if free_disk and need.disk > free_disk then
-    return string.format("pre-flight: the run's checkpoints need about %.2f GB more in %s (%d of %.2f GB each on " ..
-                         "disk at once; checkpoint.keep sets how many), and its filesystem has %.2f GB free: free " ..
+    return string.format("pre-flight: the run's checkpoints need about %s more in %s (%d of %s each on " ..
+                         "disk at once; checkpoint.keep sets how many), and its filesystem has %s free: free " ..
                          "some space, lower checkpoint.keep or checkpoint.every, or run elsewhere",
-                         need.disk / GB, runs_dir, need.at_once, need.ckpt / GB, free_disk / GB)
+                         size(need.disk), runs_dir, need.at_once, size(need.ckpt), size(free_disk))
   end
   if free_host and need.host > free_host then
-    return string.format("pre-flight: the run keeps %.2f GB of tensors in host memory and %.2f GB is available " ..
+    return string.format("pre-flight: the run keeps %s of tensors in host memory and %s is available " ..
                          "(MemAvailable): a smaller model, the tables on the device (model.engram.ram = false) or " ..
-                         "a machine with more memory", need.host / GB, free_host / GB)
+                         "a machine with more memory", size(need.host), size(free_host))
   end
 end
 

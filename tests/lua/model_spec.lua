@@ -560,6 +560,17 @@ describe("the structural options", function()
       out.loss:backward()
       assert.is_true(m.jepa_in.weight.grad:abs():max():item() > 0)
     end)
+    -- under a loss mask (records) the positions whose own and target positions are scored: all
+    -- scored is the plain mean, none scored adds nothing, a part another mean
+    dm.scope(function()
+      local T = x:size(2) - 1
+      local function jepa_of(mask) return m:forward(x, prefix, {mask = mask}).extras.aux_jepa:item() end
+      local plain_aux = m:forward(x, prefix).extras.aux_jepa:item()
+      assert.is_true(math.abs(jepa_of(dm.ones({x:size(1), T}, {dtype = "u8"})) - plain_aux) < 1e-6)
+      assert.equal(0, jepa_of(dm.zeros({x:size(1), T}, {dtype = "u8"})))
+      local half = dm.cat({dm.zeros({x:size(1), T // 2}, {dtype = "u8"}), dm.ones({x:size(1), T - T // 2}, {dtype = "u8"})}, 2)
+      assert.is_true(math.abs(jepa_of(half) - plain_aux) > 1e-6)
+    end)
     local segments = require "dormouse.segments"
     local helpers = require "tests.lua.helpers"
     helpers.has(helpers.err_of(segments.backward, m, x, prefix, 8, 1), "model.aux.jepa", "model.segment")

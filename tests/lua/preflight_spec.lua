@@ -43,9 +43,20 @@ describe("pre-flight", function()
     local ok, err = pcall(helpers.run_quiet, helpers.tiny({"name=full", "steps=4", "schedule.warmup=1"}), {runs = runs})
     core.disk_free = free
     assert.is_false(ok)
-    has(tostring(err), "pre-flight: the run's checkpoints need about", "has 0.00 GB free")
+    has(tostring(err), "pre-flight: the run's checkpoints need about", " MB each on disk at once", "has 1.0 kB free")
     assert.is_nil(core.ckpt_listdir(runs .. "/full"))
     assert.truthy(core.disk_free(runs) > 0)
     assert.truthy(core.memory_available() > 0)
+  end)
+
+  it("refuses a run host memory cannot hold before its folder is made, in readable sizes", function()
+    local runs = tmpdir()
+    local available = core.memory_available
+    core.memory_available = function() return 1000 end
+    local ok, err = pcall(helpers.run_quiet, helpers.tiny({"name=small", "steps=4", "schedule.warmup=1"}), {runs = runs})
+    core.memory_available = available
+    assert.is_false(ok)
+    has(tostring(err), "pre-flight: the run keeps ", " MB of tensors in host memory and 1.0 kB is available")
+    assert.is_nil(core.ckpt_listdir(runs .. "/small"))
   end)
 end)

@@ -25,12 +25,7 @@ local data = require "dormouse.data"
 local usage = "usage: dormouse corpus pack OUT.zst PATH... [--files-from LIST] [--frame-bytes N] [--level L] [--force] | " ..
               "corpus info PATH... [--read B,T]"
 
-local function human(n)
-  if n >= 1e9 then return string.format("%.2f GB", n / 1e9) end
-  if n >= 1e6 then return string.format("%.1f MB", n / 1e6) end
-  if n >= 1e3 then return string.format("%.1f kB", n / 1e3) end
-  return string.format("%d bytes", n)
-end
+local human = require("dormouse.nn").human_bytes
 
 local function count(text, flag, min)
   local n = math.tointeger(tonumber(text))

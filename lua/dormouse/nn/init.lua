@@ -179,6 +179,14 @@ local function human(n)
 end
 nn.human = human
 
+-- A number of bytes for people, in decimal units: 3.20 GB, 45.1 MB, 812.0 kB, 100 bytes
+function nn.human_bytes(n)
+  if n >= 1e9 then return string.format("%.2f GB", n / 1e9) end
+  if n >= 1e6 then return string.format("%.1f MB", n / 1e6) end
+  if n >= 1e3 then return string.format("%.1f kB", n / 1e3) end
+  return string.format("%d bytes", math.floor(n))
+end
+
 -- One line a module: its name, class, the parameters below it, and its own parameters' shapes.
 function Module:summary(name, depth, lines)
   lines = lines or {}
