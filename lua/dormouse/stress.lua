@@ -4,7 +4,8 @@ stability smoke before a long run. N guarded steps (50) of the experiment at K t
 learning rates, flat after a short warm-up, with no run folder and nothing written; each step is
 checked, and the first that fails ends it:
 
-  nan        the loss or the gradient norm is not finite (the first tensor that is not, named)
+  nan        the loss or the gradient norm is not finite (the first tensor that is not, named: a
+             parameter, a gradient, or else the first module whose output is not)
   ceiling    the loss is above ce_ceiling
   explosion  the gradient norm is over 50 times the median of the steps before (from step 6 on)
 
@@ -51,6 +52,34 @@ local function first_bad(model)
   if bad then return bad .. " (its gradient)" end
 end
 
+--[[ The first module, in the order the forward runs them, whose output on the step's batch holds a
+NaN or an infinity: "name (an activation)", or nil. A step whose loss is not finite is skipped
+before its backward, so its parameters and gradients are finite: the forward, run again on the
+same rows with each module's output checked, says where the values first break. ]]
+local function first_bad_activation(r, step)
+  local train, dm = require "dormouse.train", require "dormouse"
+  local cfg = r.cfg
+  local x, prefix = r.corpus:batch((step - 1) * cfg.grad_accum, {batch = cfg.batch, seq = cfg.seq, seed = cfg.seed,
+                                                                  ctx = train.engram_ctx(cfg)})
+  if r.device ~= "cpu" then x, prefix = x:to(r.device), prefix:to(r.device) end
+  local first
+  local wrapped = {}
+  for _, m in ipairs(r.model:named_modules()) do
+    local mod, name = m.module, m.name ~= "" and m.name or "the model's output"
+    local own = rawget(mod, "forward")
+    wrapped[#wrapped + 1] = {mod, own}
+    local forward = mod.forward
+    mod.forward = function(self, ...)
+      local out = forward(self, ...)
+      if not first and dm.is_tensor(out) and train.first_nonfinite({[name] = out}) then first = name end
+      return out
+    end
+  end
+  pcall(dm.scope, function() dm.no_grad(function() r.model:forward(x, prefix) end) end)
+  for _, w in ipairs(wrapped) do w[1].forward = w[2] end
+  return first and first .. " (an activation)"
+end
+
 --[[ Run the steps of cfg (stress.config's). opts.root, opts.on_step(step, loss, norm). Returns
 {passed, steps, line, failure = {step, counter, tensor}}. ]]
 function stress.run(cfg, k, opts)
@@ -67,7 +96,8 @@ function stress.run(cfg, k, opts)
     if not instrument.finite(loss) or not instrument.finite(norm) then
       local what = not instrument.finite(loss) and "the loss is " .. tostring(loss) or
                    "the gradient norm is " .. tostring(norm)
-      failure = {step = step, counter = "nan", text = what, tensor = first_bad(r.model)}
+      failure = {step = step, counter = "nan", text = what,
+                 tensor = first_bad(r.model) or first_bad_activation(r, step)}
     elseif loss > cfg.ce_ceiling then
       failure = {step = step, counter = "ceiling", text = string.format("the loss %.4g is above ce_ceiling %g",
                                                                          loss, cfg.ce_ceiling)}

@@ -59,6 +59,12 @@ describe("the stress protocol", function()
         "the first non-finite tensor: head.weight (a parameter)")
   end)
 
+  it("names the first module whose output breaks when a real divergence leaves the weights finite", function()
+    local res = run_with(tiny_cfg(1e6, 50), 1e6)
+    assert.is_false(res.passed)
+    has(res.line, "[nan]", "the first non-finite tensor: ", "(an activation)")
+  end)
+
   it("catches a gradient norm that explodes against the median of the steps before", function()
     local res = run_with(tiny_cfg(1, 20), 1, function(step, loss, result)
       if step == 9 then result.grad_norm = result.grad_norm * 1000 end
