@@ -81,32 +81,32 @@ function experiment.run(file, raw, argv, cli)
     end
     lines[#lines + 1] = table.concat(parts, ", ")
   end
-  print(table.concat(lines, "\n"))
-  local log = io.open(summary.dir .. "/log.txt", "a")        -- the closing summary belongs to the record too
-  if log then
-    log:write(table.concat(lines, "\n"), "\nreport: ", summary.dir, "/report.html\n")
-    log:close()
-  end
+  -- the closing lines go to stdout and, as every line the run printed, to its log.txt
+  local said = {}
+  local function say(s) io.write(s); said[#said + 1] = s end
+  say(table.concat(lines, "\n") .. "\n")
   if n > 0 then
     -- what is not printable UTF-8 as \xNN, as dormouse sample and the REPL show it (no BEL, no escapes)
-    local put, finish = require("dormouse.probe").byte_printer(function(s) io.write(s) end)
+    local put, finish = require("dormouse.probe").byte_printer(say)
     if summary.sample_prompt ~= "In the beginning" then        -- a record's prompt (records) is shown first
-      io.write("sample after the prompt \"")
+      say("sample after the prompt \"")
       for i = 1, #summary.sample_prompt do put(summary.sample_prompt:sub(i, i)) end
       finish()
-      io.write("\": ")
+      say("\": ")
     else
-      io.write("sample: ")
+      say("sample: ")
     end
     local ok, err = pcall(require("dormouse.eval").sample, summary.model, summary.sample_prompt, n, {
       temperature = 0.8, device = summary.device, seed = cfg.seed,
       on_byte = function(b) put(b); io.stdout:flush() end})
     finish()
-    io.write("\n")
+    say("\n")
     -- the run is done and saved: a sample that fails is said, and the run still succeeds
     if not ok then io.stderr:write("sample: failed: ", tostring(err), "\n") end
   end
-  print("report: " .. summary.dir .. "/report.html")
+  say("report: " .. summary.dir .. "/report.html\n")
+  local log = io.open(summary.dir .. "/log.txt", "a")
+  if log then log:write(table.concat(said)); log:close() end
   dist.finalize()
   return summary
 end

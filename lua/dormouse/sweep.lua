@@ -411,7 +411,7 @@ function sweep.run(spec)
   say(text)
   core.ckpt_write_file(dir .. "/verdict.txt", text .. "\n")
   core.ckpt_write_file(dir .. "/verdict.json", json.encode({arms = results, seeds = spec.seeds}) .. "\n")
-  return results
+  return results, dir
 end
 
 return sweep

@@ -372,17 +372,26 @@ describe("every command's help", function()
 end)
 
 describe("a finished run's log.txt", function()
-  it("ends with the closing summary it printed", function()
+  it("ends with the closing lines it printed, the sample's bytes escaped in both", function()
     local cwd = dir .. "/summary"
     assert(os.execute("mkdir -p '" .. cwd .. "'"))
     local exe = bin:sub(1, 1) == "/" and bin or root .. "/" .. bin
     local p = assert(io.popen(string.format("cd '%s' && DORMOUSE_HOME='%s' '%s' run '%s/experiments/tiny.lua' --quiet " ..
-                                            "--sample 0 --set steps=2 --set schedule.warmup=1 --set eval.windows=2 2>&1",
+                                            "--sample 200 --set steps=2 --set schedule.warmup=1 --set eval.windows=2 2>&1",
                                             cwd, root, exe, root)))
     local out = p:read("a")
     local _, _, code = p:close()
     assert.equal(0, code, out)
     local log = read(cwd .. "/runs/tiny/log.txt")
-    assert.truthy(log:find("done: runs/tiny, step 2\nheld%-out bpb_fin [%d.]+[^\n]*\nreport: runs/tiny/report.html\n$"), log)
+    local closing = out:match("(done: runs/tiny, step 2\n.*)$")
+    assert.truthy(closing, out)
+    assert.truthy(closing:find("^done: runs/tiny, step 2\nheld%-out bpb_fin [%d.]+[^\n]*\nsample: .-\n" ..
+                               "report: runs/tiny/report.html\n$"), closing)
+    assert.equal(closing, log:sub(-#closing))          -- log.txt holds every closing line, the sample too
+    -- an untrained model samples any byte: no control byte but tab and newline reaches the terminal raw
+    -- (a BEL, an escape, a carriage return), nor a byte of broken UTF-8: each shows as \xNN
+    assert.is_nil(closing:find("[%z\1-\8\11-\31\127]"), "a raw control byte in " .. closing)
+    assert.truthy(utf8.len(closing), "broken UTF-8 in " .. closing)
+    assert.truthy(closing:find("\\x%x%x"), "no escaped byte in 200 bytes of an untrained model: " .. closing)
   end)
 end)

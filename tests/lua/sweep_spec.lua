@@ -235,3 +235,21 @@ describe("a one-seed sweep", function()
     assert.truthy(text:find("2.0            -  ", 1, true), text)
   end)
 end)
+
+describe("dormouse sweep --quiet", function()
+  it("prints the verdict table alone", function()
+    local bin = arg and arg[-1]
+    assert(bin, "the dormouse binary (arg[-1])")
+    local cwd = assert(io.popen("pwd")):read("l")
+    if bin:sub(1, 1) ~= "/" then bin = cwd .. "/" .. bin end
+    local dir = require("tests.lua.helpers").tmpdir()
+    os.execute(string.format("ln -s '%s/experiments' '%s/' && ln -s '%s/models' '%s/'", cwd, dir, cwd, dir))
+    local code, out = require("tests.lua.helpers").sh(string.format(
+      "cd '%s' && '%s' sweep experiments/sweep_demo.lua --seeds 1 --steps 2 --quiet", dir, bin))
+    os.execute("rm -rf '" .. dir .. "'")
+    assert.are.equal(0, code, out)
+    has(out, "arm ", "control ", "no_lfb ", "held-out bpb_fin, bits a byte, lower is better")
+    assert.is_nil(out:find("== sweep", 1, true), out)         -- no run's lines
+    assert.is_nil(out:find("step ", 1, true), out)
+  end)
+end)
