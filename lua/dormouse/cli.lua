@@ -162,13 +162,24 @@ experiments/*.lua) is trained: runs/NAME/ gets its log, metrics, report and chec
   --stress-steps N   default 50
 example: dormouse run experiments/small.lua --set steps=2000 --set seed=3]==],
   repl = [==[
-usage: dormouse repl [RUN [--trust]]
+usage: dormouse repl [FILE.lua | RUN [--trust]]
 
 An interactive Lua session with the library loaded (readline; history in ~/.dormouse_history).
-On a run (runs/NAME or runs/NAME/ckpt-STEP) its model and config are loaded with the probes:
-sample, loss, experts, ... (docs/repl.md). A run whose config names its model file by a path
-opens only with --trust: that file is code.
+FILE.lua is run in it first. On a run (runs/NAME or runs/NAME/ckpt-STEP) its model and config are
+loaded with the probes: sample, loss, experts, ... (docs/repl.md). A run whose config names its
+model file by a path opens only with --trust: that file is code.
 example: dormouse repl runs/demo]==],
+  version = [==[
+usage: dormouse version
+
+Prints the version of dormouse and of the Lua it embeds.
+example: dormouse version]==],
+  help = [==[
+usage: dormouse help [COMMAND]
+
+Without COMMAND, every command with one line on each; with it, that command's help (the same as
+dormouse COMMAND --help).
+example: dormouse help sweep]==],
   test = [==[
 usage: dormouse test [--shard K/N] [SPEC.lua ...] [busted's flags]
 
@@ -269,7 +280,8 @@ function commands.test(argv)
   return 0
 end
 
-function commands.version()
+function commands.version(argv)
+  if argv and wants_help(argv) then print(HELP.version) return 0 end
   print("dormouse " .. core.version .. " (" .. _VERSION .. ")")
   return 0
 end
@@ -281,6 +293,7 @@ local function full_usage() return (usage:gsub("(\n  help[^\n]*)", "%1" .. extra
 function commands.help(argv)
   local name = argv and argv[2]
   if not name then print(full_usage()) return 0 end
+  if name == "--help" or name == "-h" then print(HELP.help) return 0 end
   if HELP[name] then print(HELP[name]) return 0 end
   local run = cli.command(name)
   if not run then

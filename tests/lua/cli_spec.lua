@@ -346,7 +346,7 @@ describe("every command's help", function()
   end
 
   it("is shown by COMMAND --help and by dormouse help COMMAND, with its flags, exit 0", function()
-    local names = {"run", "repl", "test"}
+    local names = {"run", "repl", "test", "version", "help"}
     for _, file in ipairs(require("dormouse.core").ckpt_listdir("lua/dormouse/commands")) do
       local name = file:match("^([%w_]+)%.lua$")
       names[#names + 1] = name and (name:gsub("_", "-"))          -- post-train is commands/post_train.lua
@@ -356,6 +356,7 @@ describe("every command's help", function()
         local code, out = help(form)
         assert.equal(0, code, form .. ": " .. out)
         assert.truthy(out:find("usage: dormouse " .. name, 1, true), form .. ": " .. out)
+        assert.truthy(out:find("\nexample: dormouse ", 1, true), form .. " gives no example: " .. out)
       end
     end
     local code, out = help("run --help")

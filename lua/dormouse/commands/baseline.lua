@@ -11,6 +11,7 @@ the held-out windows of T+1 bytes the model is evaluated on (--windows N of
 them; all by default) instead of the whole held-out split. --fit-bytes N: fit on
 N bytes of the train split, in pieces spread evenly over it (default: the
 config's eval.baseline_bytes, 8 MiB; 0: all of it).
+example: dormouse baseline experiments/small.lua --order 1-6
 ]==]
 local data = require "dormouse.data"
 

@@ -13,6 +13,7 @@ captured as one CUDA graph and replayed (lua/dormouse/graphstep.lua), or
 why it cannot be. On the CPU the step is what `dormouse run` would run there
 (f32 products, whatever cfg.dtype says; the header names them). Nothing is
 written but --json's file. --set batch=... --set seq=... as usual.
+example: dormouse bench experiments/b1.lua --steps 20
 ]]
 local config = require "dormouse.config"
 local core = require "dormouse.core"

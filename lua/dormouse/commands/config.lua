@@ -5,6 +5,7 @@ Prints an experiment's resolved config, one key per line, grouped by
 section, with its doc line; `*` marks a value that differs from the
 default. Without a file, prints the defaults. With --diff, prints only the
 keys where OTHER.lua differs (progress keys included).
+example: dormouse config experiments/b1.lua --set model.engram.ram=true
 ]]
 local config = require "dormouse.config"
 

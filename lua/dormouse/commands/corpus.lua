@@ -18,6 +18,7 @@ place (one frame above 16 MiB, or frames without their sizes: `zstd` writes
 such files; pack rewrites them). --read B,T: then times the loader thread
 drawing 200 batches of B rows of T+1 bytes from it, as a run draws them, and
 prints its rows/s and bytes/s.
+example: dormouse corpus pack corpora/mine.zst texts/ && dormouse corpus info corpora/mine.zst --read 8,1024
 ]==]
 local core = require "dormouse.core"
 local data = require "dormouse.data"

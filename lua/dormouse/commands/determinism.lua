@@ -9,6 +9,7 @@ parameter and optimiser state of the final checkpoint, bit for bit. Prints
 the first difference each has (the step and both values, or the tensor and
 its largest difference) and exits 1 when there is one. The runs are kept in
 runs/determinism-NAME/ (replaced by the next check of NAME).
+example: dormouse determinism experiments/tiny.lua --steps 20
 ]==]
 local config = require "dormouse.config"
 

@@ -12,6 +12,7 @@ byte: the experiment's model (as initialised: the rate does not depend on
 training) streams --bytes bytes (default 2000) after a prompt of
 --prompt-bytes bytes (default 4096) from the corpus, and its rate is given
 over bytes 2-100, 101-1000, ... Nothing is written. The table comes last.
+example: dormouse long experiments/b1.lua --lengths 8192,65536
 ]]
 local config = require "dormouse.config"
 local core = require "dormouse.core"

@@ -6,6 +6,7 @@ them (lua/dormouse/ops/generated.lua) to FILE, its folder made as needed,
 through a temporary name (FILE "-": standard output; a device or FIFO is
 written through, a symlink's target replaced, never the link). `make` writes build/meta/ops.lua, which
 .luarc.json reads beside lua/meta.
+example: dormouse meta build/meta/ops.lua
 ]]
 local core = require "dormouse.core"
 local generated = require "dormouse.ops.generated"

@@ -8,6 +8,7 @@ category, and with --memory (16GiB, 16000MiB, 12.5GB; default none) the largest
 batch x seq that fits. --json FILE writes the same as one JSON object, in bytes (as bench's
 --json: - for standard output alone; a link's target, a FIFO or device written
 through).
+example: dormouse plan experiments/b1.lua --memory 16GiB
 ]]
 local config = require "dormouse.config"
 local plan = require "dormouse.plan"

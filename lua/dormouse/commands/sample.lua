@@ -19,12 +19,13 @@ with --trust: that file is code, perhaps shipped with the checkpoint.
 
 Many streams at once: --prompts FILE (one prompt a line; a .jsonl file holds
 one {"prompt": ...} a line) and --streams N (how many run in one batched
-step; with one prompt, that prompt sampled N times). Stream j samples with
+step; default: one a prompt; with one prompt, that prompt sampled N times). Stream j samples with
 seed S + j - 1, so its text is what a single-stream sample with that seed
-gives; a stream ends after N bytes or once its text ends with --stop, and
-its slot takes the next prompt. Each stream is written as it ends, one JSON
+gives; a stream ends after N bytes or once its text ends with --stop (default:
+none), and its slot takes the next prompt. Each stream is written as it ends, one JSON
 line {"stream": j, "prompt": ..., "text": ...} (bytes that are not UTF-8 as
 U+FFFD); on stderr the total rate.
+example: dormouse sample runs/demo --prompt "In the beginning" -n 200
 ]==]
 local dm = require "dormouse"
 local probe = require "dormouse.probe"

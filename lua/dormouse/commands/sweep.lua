@@ -9,7 +9,7 @@ verdict table and writes it to runs/sweep-NAME/. --jobs N (default 1) trains N r
 once, each a process of its own (several small runs share a GPU well; their
 output goes to runs/sweep-NAME/ARM-sSEED.log). --run ARM:SEED trains that
 one run of the sweep alone (what each of those processes does). --arms A,B
-runs those arms only, besides the control. --seeds 1,2 replaces the file's
+runs those arms only, besides the control (default: every arm). --seeds 1,2 replaces the file's
 seeds; --steps N gives every run N steps (a short sweep: the warm-up follows).
 Run again, a sweep reads the runs
 that finished and resumes the ones that stopped; --overwrite trains every run
