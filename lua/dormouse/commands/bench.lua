@@ -132,16 +132,20 @@ local function report(r, res)
     line("%-7s %s", "graph", res.graph_note)
   end
   line("")
-  line("split of an eager step (device synchronised between phases):")
+  line("split of an eager step (device synchronised between phases; a pass of %d steps of its own, as each", res.steps)
+  line("table below is: on a busy machine their times differ from ms a step's, and from each other's):")
   local total = 0
   for _, k in ipairs(res.order) do total = total + res.split[k] end
   for _, k in ipairs(res.order) do
     line("  %-12s %9.2f ms %6.1f%%", k, res.split[k], 100 * res.split[k] / total)
   end
-  for _, row in ipairs(res.optim_rows) do
-    line("    %-10s %9.2f ms", row.name, row.ms / res.steps)
-  end
   line("  %-12s %9.2f ms", "sum", total)
+  if #res.optim_rows > 0 then
+    line("the optimiser's groups (timed in the op profile's pass):")
+    for _, row in ipairs(res.optim_rows) do
+      line("    %-10s %9.2f ms", row.name, row.ms / res.steps)
+    end
+  end
   line("")
   line("op families of an eager step (each op timed %s; shares of the %.2f ms step):",
        r.device == "cuda" and "with CUDA events" or "by the wall clock", res.ms)
