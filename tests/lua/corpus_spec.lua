@@ -8,15 +8,7 @@ local function write(path, s)
   f:close()
 end
 
--- text without repeats, so a misplaced byte shows
-local function text(n, seed)
-  local out, x = {}, seed
-  for i = 1, n do
-    x = (x * 1103515245 + 12345) % 2147483648
-    out[i] = string.char(97 + (x >> 16) % 26)
-  end
-  return table.concat(out)
-end
+local text = require("tests.lua.helpers").text     -- a window's place in it is unique
 
 local function corpus_cmd(...) return helpers.command("corpus", ...) end
 

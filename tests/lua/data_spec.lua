@@ -31,15 +31,7 @@ end
 
 local function located(err) assert.is_truthy(err:find("data_spec.lua:%d+: "), "not located: " .. err) end
 
--- text without zero bytes and without repeats of 12 bytes, so a window's place is unique
-local function text(n, seed)
-  local out, x = {}, seed or 1
-  for i = 1, n do
-    x = (x * 1103515245 + 12345) % 2147483648
-    out[i] = string.char(97 + (x >> 16) % 26)
-  end
-  return table.concat(out)
-end
+local text = require("tests.lua.helpers").text     -- a window's place in it is unique
 
 local function row_string(t, r)
   local rows = t:totable()

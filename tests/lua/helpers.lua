@@ -105,6 +105,17 @@ function helpers.command(name, ...)
   return code, table.concat(printed, "\n"), table.concat(said)
 end
 
+-- n lower-case letters without zero bytes and without repeats of 12 bytes (a window's place in
+-- them is unique), from seed (default 1)
+function helpers.text(n, seed)
+  local out, x = {}, seed or 1
+  for i = 1, n do
+    x = (x * 1103515245 + 12345) % 2147483648
+    out[i] = string.char(97 + (x >> 16) % 26)
+  end
+  return table.concat(out)
+end
+
 -- a shell command line the test wrote itself: its exit code and its stdout and stderr together
 function helpers.sh(cmd)
   local p = assert(io.popen(cmd .. " 2>&1"))
