@@ -188,6 +188,9 @@ or the K-th of N parts of it (--shard K/N). Busted's own flags follow (busted --
 example: dormouse test tests/lua/model_spec.lua]==],
 }
 
+-- a built-in command's help on stdout (dormouse run FILE --help: the experiment asks for run's)
+function cli.show_help(name) print(HELP[name]) return 0 end
+
 local function wants_help(argv)
   for i = 2, #argv do if argv[i] == "--help" or argv[i] == "-h" then return true end end
   return false

@@ -52,6 +52,9 @@ local function resumed_name(path)
 end
 
 function experiment.run(file, raw, argv, cli)
+  for i = 3, #argv do
+    if argv[i] == "--help" or argv[i] == "-h" then cli.show_help("run") return end
+  end
   local args = config.parse_args(argv, 2, FLAGS)
   if args.flags.stress then return stress_run(file, raw, args, cli) end
   if args.flags["stress-lr"] or args.flags["stress-steps"] then error("--stress-lr and --stress-steps go with --stress", 0) end

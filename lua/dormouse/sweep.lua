@@ -258,6 +258,7 @@ local function train_jobs(spec, jobs, dir, names, say, cfgs)
     for _, s in ipairs(spec.cli_set or {}) do argv[#argv + 1] = "--set"; argv[#argv + 1] = s end
     if spec.select then argv[#argv + 1] = "--arms"; argv[#argv + 1] = spec.select end
     if spec.seeds_flag then argv[#argv + 1] = "--seeds"; argv[#argv + 1] = spec.seeds_flag end
+    if spec.base_flag then argv[#argv + 1] = "--base"; argv[#argv + 1] = spec.base_flag end
     if spec.overwrite then argv[#argv + 1] = "--overwrite" end
     argv[#argv + 1] = "--run"
     argv[#argv + 1] = job.arm .. ":" .. job.seed

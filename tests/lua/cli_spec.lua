@@ -361,6 +361,9 @@ describe("every command's help", function()
     end
     local code, out = help("run --help")
     assert.truthy(out:find("--sample N         bytes sampled after the run (default 200", 1, true), out)
+    code, out = help("run experiments/tiny.lua --help")          -- an experiment asks for run's help
+    assert.equal(0, code, out)
+    assert.truthy(out:find("usage: dormouse run FILE.lua", 1, true), out)
     -- a command's help is its file's header comment: what it does, the flags' defaults
     code, out = help("sample --help")
     assert.truthy(out:find("streams N bytes (default 200) after the prompt", 1, true), out)

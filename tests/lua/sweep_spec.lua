@@ -236,8 +236,8 @@ describe("a one-seed sweep", function()
   end)
 end)
 
-describe("dormouse sweep --quiet", function()
-  it("prints the verdict table alone", function()
+describe("dormouse sweep --quiet --base", function()
+  it("prints the verdict table alone, the arms run on the base given", function()
     local bin = arg and arg[-1]
     assert(bin, "the dormouse binary (arg[-1])")
     local cwd = assert(io.popen("pwd")):read("l")
@@ -245,10 +245,14 @@ describe("dormouse sweep --quiet", function()
     local dir = require("tests.lua.helpers").tmpdir()
     os.execute(string.format("ln -s '%s/experiments' '%s/' && ln -s '%s/models' '%s/'", cwd, dir, cwd, dir))
     local code, out = require("tests.lua.helpers").sh(string.format(
-      "cd '%s' && '%s' sweep experiments/sweep_demo.lua --seeds 1 --steps 2 --quiet", dir, bin))
+      "cd '%s' && '%s' sweep experiments/sweep_demo.lua --seeds 1 --steps 2 --base experiments/tiny.lua --quiet",
+      dir, bin))
+    local config = dir .. "/runs/sweep_demo-control-s1/config.lua"
+    local saved = io.open(config) and require("tests.lua.helpers").read(config) or ""
     os.execute("rm -rf '" .. dir .. "'")
     assert.are.equal(0, code, out)
     has(out, "arm ", "control ", "no_lfb ", "held-out bpb_fin, bits a byte, lower is better")
+    assert.truthy(saved:find("d = 64", 1, true), "the runs are tiny's (d 64): " .. saved)
     assert.is_nil(out:find("== sweep", 1, true), out)         -- no run's lines
     assert.is_nil(out:find("step ", 1, true), out)
   end)

@@ -1,5 +1,5 @@
 --[[
-dormouse sweep FILE.lua [--set KEY=VALUE ...] [--arms A,B] [--seeds S,S] [--steps N] [--jobs N] [--quiet]
+dormouse sweep FILE.lua [--set KEY=VALUE ...] [--arms A,B] [--seeds S,S] [--steps N] [--base FILE] [--jobs N] [--quiet]
 
 Runs a seed sweep: FILE returns the table dm.sweep takes ({base =, arms =,
 seeds =, set =, ...}; experiments/sweep_seeds.lua). Every --set applies to
@@ -10,7 +10,9 @@ once, each a process of its own (several small runs share a GPU well; their
 output goes to runs/sweep-NAME/ARM-sSEED.log). --run ARM:SEED trains that
 one run of the sweep alone (what each of those processes does). --arms A,B
 runs those arms only, besides the control (default: every arm). --seeds 1,2 replaces the file's
-seeds; --steps N gives every run N steps (a short sweep: the warm-up follows).
+seeds; --steps N gives every run N steps (a short sweep: the warm-up follows);
+--base FILE replaces the experiment every arm starts from (experiments/tiny.lua:
+the sweep's smoke run, its arms' keys checked against another model).
 Run again, a sweep reads the runs
 that finished and resumes the ones that stopped; --overwrite trains every run
 afresh (a run folder holding another config's run is refused without it).
@@ -22,7 +24,7 @@ local config = require "dormouse.config"
 local sweep_cmd = {args = "FILE.lua [--set KEY=VALUE ...]", summary = "a seed sweep: arms x seeds, a verdict table"}
 
 local usage = "usage: dormouse sweep FILE.lua [--set KEY=VALUE ...] [--arms A,B] [--seeds S,S] [--steps N] " ..
-              "[--jobs N] [--run ARM:SEED] [--overwrite] [--quiet]"
+              "[--base FILE] [--jobs N] [--run ARM:SEED] [--overwrite] [--quiet]"
 
 local function fail(msg, code)
   io.stderr:write(msg, "\n")
@@ -31,7 +33,7 @@ end
 
 function sweep_cmd.run(argv, cli)
   local ok, args = pcall(config.parse_args, argv, 2, {quiet = true, help = true, jobs = "N", run = "ARM:SEED", arms = "A,B",
-                                                               overwrite = true, seeds = "S,S", steps = "N"})
+                                                               overwrite = true, seeds = "S,S", steps = "N", base = "FILE"})
   if not ok then return fail("dormouse sweep: " .. args .. "\n" .. usage, 2) end
   if args.flags.help then io.write(require("dormouse.cli").help_text("sweep", usage), "\n"); return 0 end
   if not args.file then return fail("dormouse sweep: which file?\n" .. usage, 2) end
@@ -44,6 +46,7 @@ function sweep_cmd.run(argv, cli)
                               "seeds = {...}}, got %s", args.file, type(spec)), 1)
   end
   spec.cli_set = args.overrides
+  if args.flags.base then spec.base, spec.base_flag = args.flags.base, args.flags.base end   -- a smoke run on tiny
   if args.flags.steps then                         -- a short sweep: every run's steps (the warm-up follows)
     for _, s in ipairs(spec.cli_set) do
       if config.split_set(s) == "steps" then
