@@ -42,10 +42,10 @@
 #include "core/alloc.h"
 #include "core/graph.h"
 
-#define GRAIN ((size_t)512)
-#define SMALL_MAX ((size_t)1 << 20)
+#define GRAIN DM_CUDA_GRAIN                 /* core/alloc.h: the sizes dm_cuda_block_size rounds to */
+#define SMALL_MAX DM_CUDA_SMALL_MAX
 #define SMALL_SEGMENT ((size_t)2 << 20)
-#define LARGE_GRAIN ((size_t)2 << 20)
+#define LARGE_GRAIN DM_CUDA_LARGE_GRAIN
 #define NBINS 64
 
 typedef struct block {
@@ -69,7 +69,6 @@ struct dm_cuda_pool {
 };
 static dm_cuda_pool *capturing;     /* the pool requests come from, while a capture runs */
 
-static size_t round_up(size_t n, size_t unit) { return (n + unit - 1) / unit * unit; }
 static int bin_of(size_t size) { return 63 - __builtin_clzll((unsigned long long)size); }
 static pool *pool_of(const block *b) {
   if (b->owner) return b->small ? &b->owner->small : &b->owner->large;
@@ -214,7 +213,7 @@ static block *new_segment(size_t size, bool small, dm_mem_stats *st) {
 static void *cuda_alloc(size_t nbytes, dm_mem_stats *st) {
   dm_cuda_init();
   bool small = nbytes <= SMALL_MAX;
-  size_t size = small ? round_up(nbytes ? nbytes : 1, GRAIN) : round_up(nbytes, LARGE_GRAIN);
+  size_t size = dm_cuda_block_size(nbytes);
   pool *from = capturing ? (small ? &capturing->small : &capturing->large) : small ? &small_pool : &large_pool;
   block *b = best_fit(from, size);
   if (b) unlink_free(b);

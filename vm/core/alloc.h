@@ -38,11 +38,16 @@ void dm_memory_empty_cache(dm_device dev);
 /* DM_POISON=1: new memory is filled with NaN bytes, so an unwritten output shows */
 bool dm_poison_enabled(void);
 
-/* The bytes a request of n bytes takes in the CUDA caching allocator
-** (kernels/alloc.c): up to 1 MiB rounded up to 512 bytes (0 counts as 1),
-** larger ones rounded up to 2 MiB. */
+/* The CUDA caching allocator's sizes (kernels/alloc.c): a request up to DM_CUDA_SMALL_MAX is
+** small, rounded up to DM_CUDA_GRAIN bytes; a larger one is rounded up to DM_CUDA_LARGE_GRAIN. */
+#define DM_CUDA_GRAIN ((size_t)512)
+#define DM_CUDA_SMALL_MAX ((size_t)1 << 20)
+#define DM_CUDA_LARGE_GRAIN ((size_t)2 << 20)
+
+/* The bytes a request of n bytes takes in the CUDA caching allocator (0 counts as 1): what the
+** allocator hands out and what dormouse plan charges, one rule for both. */
 static inline size_t dm_cuda_block_size(size_t n) {
-  size_t unit = n <= ((size_t)1 << 20) ? 512 : (size_t)2 << 20;
+  size_t unit = n <= DM_CUDA_SMALL_MAX ? DM_CUDA_GRAIN : DM_CUDA_LARGE_GRAIN;
   return ((n ? n : 1) + unit - 1) / unit * unit;
 }
 
