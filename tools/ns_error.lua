@@ -4,8 +4,8 @@ run's own momentum (the matrices Muon orthogonalises), for each coefficient set:
   dormouse run tools/ns_error.lua runs/NAME/ckpt-STEP [f32|bf16]
 
 For each momentum matrix M (each expert's apart) of m x n, s = min(m, n): O = NS_k(M), and its
-error is |G - I|_F / sqrt(s) with G the s x s Gram of O (O O^T when m <= n). 0 is orthogonal; a
-random Gaussian matrix, unorthogonalised and scaled to unit spectral norm, reads about 1. Prints
+error is |G - I|_F / sqrt(s) with G the s x s Gram of O (O O^T when m <= n): the root mean square
+of 1 - sigma^2 over O's singular values sigma, 0 when O is orthogonal. Prints
 the mean and the largest error over the checkpoint's matrices, a row for each (coefficients,
 steps). The question it answers first: does Muon need 5 steps (docs/arms.md, Newton-Schulz). ]]
 local dm = require "dormouse"
