@@ -224,62 +224,58 @@ static bool grow(uint8_t **buf, size_t *cap, size_t need) {
   return true;
 }
 
-typedef struct inflater {
-  ZSTD_DCtx *z;
-  uint8_t *in, *out;
-  size_t in_cap, len, cap;
-  size_t last;             /* the decoder's last return: 0 when a frame has just ended */
-} inflater;
-
-/* decode one chunk of compressed input that starts at compressed offset base */
-static bool inflate_chunk(inflater *f, const dm_file *p, size_t n, int64_t base, char *err) {
-  ZSTD_inBuffer in = {f->in, n, 0};
-  bool full = false;
-  while (in.pos < in.size || full) {
-    size_t step = ZSTD_DStreamOutSize();
-    if (f->cap - f->len < step && !grow(&f->out, &f->cap, f->len + step))
-      return dm_data_fail(err, "corpus: out of host memory decompressing '%s' (%zu bytes so far)", p->path, f->len);
-    ZSTD_outBuffer out = {f->out + f->len, f->cap - f->len, 0};
-    f->last = ZSTD_decompressStream(f->z, &out, &in);
-    if (ZSTD_isError(f->last))
-      return dm_data_fail(err, "corpus: '%s' is a corrupted zstd stream: %s (at compressed byte offset %lld)",
-                  p->path, ZSTD_getErrorName(f->last), (long long)(base + (int64_t)in.pos));
-    f->len += out.pos;
-    full = out.pos == out.size;     /* the decoder may hold more output */
+bool dm_zst_decode(const char *path, dm_zst_sink sink, void *ctx, char *err) {
+  FILE *fp = fopen(path, "rb");
+  if (!fp) return dm_data_fail(err, "corpus: cannot read '%s': %s", path, strerror(errno));
+  ZSTD_DCtx *z = ZSTD_createDCtx();
+  size_t in_cap = ZSTD_DStreamInSize(), out_cap = ZSTD_DStreamOutSize(), last = 1;   /* 0: a frame just ended */
+  uint8_t *in = malloc(in_cap), *out = malloc(out_cap);
+  bool ok = z && in && out ? true : dm_data_fail(err, "corpus: out of host memory opening '%s'", path);
+  int64_t base = 0;                                /* the compressed offset of the chunk being decoded */
+  for (size_t n; ok && (n = fread(in, 1, in_cap, fp)) > 0; base += (int64_t)n) {
+    ZSTD_inBuffer ib = {in, n, 0};
+    bool full = false;
+    while (ok && (ib.pos < ib.size || full)) {
+      ZSTD_outBuffer ob = {out, out_cap, 0};
+      last = ZSTD_decompressStream(z, &ob, &ib);
+      if (ZSTD_isError(last))
+        ok = dm_data_fail(err, "corpus: '%s' is a corrupted zstd stream: %s (at compressed byte offset %lld)",
+                          path, ZSTD_getErrorName(last), (long long)(base + (int64_t)ib.pos));
+      else ok = ob.pos == 0 || sink(ctx, out, ob.pos, err);
+      full = ob.pos == ob.size;                    /* the decoder may hold more output */
+    }
   }
-  return true;
+  if (ok && ferror(fp))
+    ok = dm_data_fail(err, "corpus: cannot read '%s' at compressed byte offset %lld", path, (long long)base);
+  if (ok && (base == 0 || last != 0))
+    ok = dm_data_fail(err, "corpus: '%s' is a truncated zstd stream: the file ends inside a frame "
+                      "(at compressed byte offset %lld)", path, (long long)base);
+  fclose(fp);
+  ZSTD_freeDCtx(z);
+  free(in);
+  free(out);
+  return ok;
 }
 
-static bool inflate_all(inflater *f, FILE *fp, const dm_file *p, char *err) {
-  int64_t base = 0;
-  for (;;) {
-    size_t n = fread(f->in, 1, f->in_cap, fp);
-    if (n == 0) break;
-    if (!inflate_chunk(f, p, n, base, err)) return false;
-    base += (int64_t)n;
-  }
-  if (ferror(fp))
-    return dm_data_fail(err, "corpus: cannot read '%s' at compressed byte offset %lld", p->path, (long long)base);
-  if (base == 0 || f->last != 0)
-    return dm_data_fail(err, "corpus: '%s' is a truncated zstd stream: the file ends inside a frame "
-                "(at compressed byte offset %lld)", p->path, (long long)base);
+/* the decoded bytes gathered in memory */
+typedef struct gathered { const char *path; uint8_t *bytes; size_t len, cap; } gathered;
+
+static bool gather(void *ctx, const uint8_t *bytes, size_t n, char *err) {
+  gathered *g = ctx;
+  if (g->cap - g->len < n && !grow(&g->bytes, &g->cap, g->len + n))
+    return dm_data_fail(err, "corpus: out of host memory decompressing '%s' (%zu bytes so far)", g->path, g->len);
+  memcpy(g->bytes + g->len, bytes, n);
+  g->len += n;
   return true;
 }
 
 static bool inflate_file(dm_file *p, char *err) {
-  FILE *fp = fopen(p->path, "rb");
-  if (!fp) return dm_data_fail(err, "corpus: cannot read '%s': %s", p->path, strerror(errno));
-  inflater f = {ZSTD_createDCtx(), NULL, NULL, ZSTD_DStreamInSize(), 0, 0, 1};
-  f.in = malloc(f.in_cap);
-  bool ok = f.z && f.in ? inflate_all(&f, fp, p, err)
-                        : dm_data_fail(err, "corpus: out of host memory opening '%s'", p->path);
-  fclose(fp);
-  ZSTD_freeDCtx(f.z);
-  free(f.in);
-  if (!ok || f.len == 0) { free(f.out); return ok; }
-  uint8_t *fit = realloc(f.out, f.len);      /* give back the slack of the last doubling */
-  p->data = fit ? fit : f.out;
-  p->size = (int64_t)f.len;
+  gathered g = {p->path, NULL, 0, 0};
+  bool ok = dm_zst_decode(p->path, gather, &g, err);
+  if (!ok || g.len == 0) { free(g.bytes); return ok; }
+  uint8_t *fit = realloc(g.bytes, g.len);      /* give back the slack of the last doubling */
+  p->data = fit ? fit : g.bytes;
+  p->size = (int64_t)g.len;
   return true;
 }
 

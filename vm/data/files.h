@@ -42,6 +42,12 @@ typedef struct dm_file {
 
 bool dm_is_zst(const char *path);          /* named *.zst */
 
+/* Decodes the zstd file at path as it is read, handing its decoded bytes to sink a piece at a
+** time (a sink's false stops it, its message in err). Names a corrupted stream, a truncated one
+** and an unreadable file, each with the compressed byte offset. */
+typedef bool (*dm_zst_sink)(void *ctx, const uint8_t *bytes, size_t n, char *err);
+bool dm_zst_decode(const char *path, dm_zst_sink sink, void *ctx, char *err);
+
 /* Loads f->path: a raw file is mapped; a zstd file is mapped and read in place when its frames
 ** allow (zframes.h), else decoded whole into the heap. An empty file: size 0, nothing held. */
 bool dm_file_load(dm_file *f, char *err);

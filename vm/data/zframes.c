@@ -351,42 +351,18 @@ bool dm_zwriter_close(dm_zwriter *w, int64_t *written, char *err) {
   return ok;
 }
 
-/* a .zst input, decoded as it is read */
-static bool add_zst(dm_zwriter *w, FILE *f, const char *path, uint8_t *in, size_t in_cap, char *err) {
-  ZSTD_DCtx *d = ZSTD_createDCtx();
-  size_t out_cap = ZSTD_DStreamOutSize(), last = 1;
-  uint8_t *out = malloc(out_cap);
-  bool ok = d && out ? true : dm_data_fail(err, "zstd frames: out of host memory reading '%s'", path);
-  int64_t base = 0;
-  for (size_t n; ok && (n = fread(in, 1, in_cap, f)) > 0; base += (int64_t)n) {
-    ZSTD_inBuffer ib = {in, n, 0};
-    bool full = false;
-    while (ok && (ib.pos < ib.size || full)) {
-      ZSTD_outBuffer ob = {out, out_cap, 0};
-      last = ZSTD_decompressStream(d, &ob, &ib);
-      if (ZSTD_isError(last))
-        ok = dm_data_fail(err, "zstd frames: '%s' is a corrupted zstd stream: %s (at compressed byte offset %lld)",
-                          path, ZSTD_getErrorName(last), (long long)(base + (int64_t)ib.pos));
-      else ok = dm_zwriter_add(w, out, (int64_t)ob.pos, err);
-      full = ob.pos == ob.size;
-    }
-  }
-  if (ok && last != 0)
-    ok = dm_data_fail(err, "zstd frames: '%s' is a truncated zstd stream: the file ends inside a frame", path);
-  ZSTD_freeDCtx(d);
-  free(out);
-  return ok;
+static bool to_writer(void *w, const uint8_t *bytes, size_t n, char *err) {
+  return dm_zwriter_add(w, bytes, (int64_t)n, err);
 }
 
 bool dm_zwriter_add_file(dm_zwriter *w, const char *path, char *err) {
+  if (dm_is_zst(path)) return dm_zst_decode(path, to_writer, w, err);     /* decoded as it is read */
   FILE *f = fopen(path, "rb");
   if (!f) return dm_data_fail(err, "zstd frames: cannot read '%s': %s", path, strerror(errno));
   size_t cap = (size_t)1 << 20;
   uint8_t *in = malloc(cap);
   bool ok = in ? true : dm_data_fail(err, "zstd frames: out of host memory reading '%s'", path);
-  if (ok && dm_is_zst(path)) ok = add_zst(w, f, path, in, cap, err);
-  else
-    for (size_t got; ok && (got = fread(in, 1, cap, f)) > 0;) ok = dm_zwriter_add(w, in, (int64_t)got, err);
+  for (size_t got; ok && (got = fread(in, 1, cap, f)) > 0;) ok = dm_zwriter_add(w, in, (int64_t)got, err);
   if (ok && ferror(f)) ok = dm_data_fail(err, "zstd frames: cannot read '%s'", path);
   fclose(f);
   free(in);
