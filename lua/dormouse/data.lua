@@ -161,22 +161,23 @@ end
 
 --- corpus:batch(k, {batch = B, seq = T, seed = s, ctx = c, dtype = "u8", device = "cpu", first_row = 0}) → x, prefix
 --- (first_row: the rows first_row .. first_row + B - 1 of batch k, a data-parallel rank's share)
-function Corpus:batch(k, opts)
-  local where = "corpus:batch"
+-- k as the batch number it must be (an integer >= 0)
+local function batch_number(k, where)
   if type(k) ~= "number" or math.tointeger(k) == nil or k < 0 then
     fail("%s: k (the batch number, from 0) must be an integer >= 0, got %s", where, tostring(k))
   end
-  local o = options(opts, where, BATCH)
-  return core.corpus_batch(self, math.tointeger(k), batch_spec(o, where))
+  return math.tointeger(k)
+end
+
+function Corpus:batch(k, opts)
+  local where = "corpus:batch"
+  return core.corpus_batch(self, batch_number(k, where), batch_spec(options(opts, where, BATCH), where))
 end
 
 --- corpus:starts(k, opts) → {offset, ...}: where batch k's rows start in the stream (opts as for corpus:batch)
 function Corpus:starts(k, opts)
   local where = "corpus:starts"
-  if type(k) ~= "number" or math.tointeger(k) == nil or k < 0 then
-    fail("%s: k (the batch number, from 0) must be an integer >= 0, got %s", where, tostring(k))
-  end
-  return core.corpus_starts(self, math.tointeger(k), batch_spec(options(opts, where, BATCH), where))
+  return core.corpus_starts(self, batch_number(k, where), batch_spec(options(opts, where, BATCH), where))
 end
 
 --- corpus:loader{batch, seq, seed, ctx, dtype, device, first_row, start = k, depth = 4} → a loader

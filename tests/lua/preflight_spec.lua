@@ -36,27 +36,27 @@ describe("pre-flight", function()
     assert.is_nil(preflight.refusal(need, "runs", nil, nil))        -- nothing known: nothing refused
   end)
 
-  it("refuses a run the disk cannot hold before its folder is made", function()
+  -- tiny run NAME with core[probe] answering 1,000 bytes: its refusal; its folder must not exist
+  local function refused_with(probe, name)
     local runs = tmpdir()
-    local free = core.disk_free
-    core.disk_free = function() return 1000 end
-    local ok, err = pcall(helpers.run_quiet, helpers.tiny({"name=full", "steps=4", "schedule.warmup=1"}), {runs = runs})
-    core.disk_free = free
+    local real = core[probe]
+    core[probe] = function() return 1000 end
+    local ok, err = pcall(helpers.run_quiet, helpers.tiny({"name=" .. name, "steps=4", "schedule.warmup=1"}), {runs = runs})
+    core[probe] = real
     assert.is_false(ok)
-    has(tostring(err), "pre-flight: the run's checkpoints need about", " MB each on disk at once", "has 1.0 kB free")
-    assert.is_nil(core.ckpt_listdir(runs .. "/full"))
-    assert.truthy(core.disk_free(runs) > 0)
+    assert.is_nil(core.ckpt_listdir(runs .. "/" .. name))
+    return tostring(err)
+  end
+
+  it("refuses a run the disk cannot hold before its folder is made", function()
+    has(refused_with("disk_free", "full"), "pre-flight: the run's checkpoints need about", " MB each on disk at once",
+        "has 1.0 kB free")
+    assert.truthy(core.disk_free(tmpdir()) > 0)
     assert.truthy(core.memory_available() > 0)
   end)
 
   it("refuses a run host memory cannot hold before its folder is made, in readable sizes", function()
-    local runs = tmpdir()
-    local available = core.memory_available
-    core.memory_available = function() return 1000 end
-    local ok, err = pcall(helpers.run_quiet, helpers.tiny({"name=small", "steps=4", "schedule.warmup=1"}), {runs = runs})
-    core.memory_available = available
-    assert.is_false(ok)
-    has(tostring(err), "pre-flight: the run keeps ", " MB of tensors in host memory and 1.0 kB is available")
-    assert.is_nil(core.ckpt_listdir(runs .. "/small"))
+    has(refused_with("memory_available", "small"), "pre-flight: the run keeps ",
+        " MB of tensors in host memory and 1.0 kB is available")
   end)
 end)
