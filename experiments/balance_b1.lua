@@ -15,6 +15,7 @@ return {
     aux_f32 = {["model.moe.balance"] = "sign", ["model.moe.router_dtype"] = "f32", ["model.moe.aux_balance"] = 1e-2},
     aux_1e3 = {["model.moe.balance"] = "sign", ["model.moe.router_dtype"] = "f32", ["model.moe.aux_balance"] = 1e-3},
     aux_1e3_proportional = {["model.moe.router_dtype"] = "f32", ["model.moe.aux_balance"] = 1e-3},
+    aux_3e3_proportional = {["model.moe.router_dtype"] = "f32", ["model.moe.aux_balance"] = 3e-3},
     gamma_1e2 = {["model.moe.lfb_gamma"] = 1e-2},
     log = {["model.moe.balance"] = "log"},                           -- a starved expert back as fast
     log_1e2 = {["model.moe.balance"] = "log", ["model.moe.lfb_gamma"] = 1e-2},

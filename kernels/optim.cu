@@ -16,6 +16,7 @@
 ** arithmetic is f32, as on the CPU; bf16 is read and rounded on store.
 */
 #include "model.cuh"
+#include "core/sround.h"
 extern "C" {
 #include "ops/optim.h"
 }
@@ -214,28 +215,52 @@ __device__ __forceinline__ float clipped(int t, float g, double s) {
   return (float)dm_load_any(t, r);
 }
 
+/* stochastic rounding of the momentum (sround.h): on when `on`, member = first + the entry */
+struct sround_arg {
+  bool on;
+  uint32_t salt;
+  int first;
+  int64_t step;
+  const int64_t *step_at;
+};
+
 /* roles: buf, g, out. buf = mu buf + g; out = nesterov ? g + mu buf : buf; g clipped first
 ** when clip_at says so (as clip_k would have in a pass of its own) */
 __global__ void momentum_k(mt_list L, float mu, bool nesterov, const double *sumsq_at, const double *clip_at,
-                           double clip, pitch_map at) {
+                           double clip, pitch_map at, sround_arg sr) {
   if (skipped(sumsq_at)) return;
   double norm = clip_at ? sqrt(*clip_at) : 0, s = clip_at && isfinite(norm) && norm > clip ? clip / norm : 0;
   int64_t lo, hi;
   int t = mt_entry(L, &lo, &hi);
+  const bool stochastic = sr.on && L.dt[t][0] == DM_BF16;
+  const int64_t step = sr.step_at ? *sr.step_at : sr.step;
   for (int64_t e = lo + threadIdx.x; e < hi; e += blockDim.x) {
     float g = ldf(L.dt[t][1], L.p[t][1], e);
     if (s != 0) g = clipped(L.dt[t][1], g, s);
     float bj = mu * ldf(L.dt[t][0], L.p[t][0], e) + g;
-    stf(L.dt[t][0], L.p[t][0], e, bj);           /* f32, or bf16 (momentum_dtype) */
+    if (stochastic)
+      ((uint16_t *)L.p[t][0])[e] = dm_bf16_stochastic(bj, dm_sround_bits(sr.salt, (uint32_t)(sr.first + t), step, e));
+    else
+      stf(L.dt[t][0], L.p[t][0], e, bj);         /* f32, or bf16 (momentum_dtype) */
     stf(L.dt[t][2], L.p[t][2], at(e), nesterov ? g + mu * bj : bj);
   }
 }
 
 static void cuda_muon_momentum(int n, dm_tensor *const *buf, dm_tensor *const *g, dm_tensor *const *out, double mu,
                                bool nesterov, const double *sumsq_at, const double *clip_at, double clip,
-                               int64_t cols, int64_t pitch) {
+                               int64_t cols, int64_t pitch, const dm_sround_key *sround) {
   dm_tensor *const *lists[3] = {buf, g, out};
-  mt_run(n, 3, lists, momentum_k, (float)mu, nesterov, sumsq_at, clip_at, clip, pitch_map{cols, pitch});
+  sround_arg sr = {sround != NULL, sround ? sround->salt : 0u, 0, sround ? sround->step : 0,
+                   sround ? sround->step_at : NULL};
+  for (int i0 = 0; i0 < n;) {               /* mt_run's loop, each launch told its first member */
+    mt_list L;
+    sr.first = i0;
+    i0 = mt_fill(&L, i0, n, 3, lists);
+    if (L.n == 0 || L.start[L.n] == 0) continue;
+    momentum_k<<<(unsigned)L.start[L.n], DM_THREADS, 0, dm_cuda_stream()>>>(L, (float)mu, nesterov, sumsq_at,
+                                                                            clip_at, clip, pitch_map{cols, pitch}, sr);
+    DM_CU_LAUNCHED();
+  }
 }
 
 /* part[b, s] = the sum of squares of slice s of matrix b */

@@ -337,7 +337,9 @@ local rows = {
      "dense: every row's moments decay and every row moves each step (not the spec's; tables on the device)"},
     {"momentum", num{min = 0, below = 1}, 0.95, "Muon momentum"},
     {"nesterov", bool, true, "Nesterov form of the Muon momentum"},
-    {"momentum_dtype", enum {"f32", "bf16"}, "f32", "Muon momentum buffers: f32, or bf16 (half their memory; for small cards)"},
+    {"momentum_dtype", enum {"f32", "bf16", "bf16_stochastic"}, "f32", "Muon momentum buffers: f32, or bf16 (half " ..
+     "their memory; for small cards) rounded to nearest, or bf16 rounded stochastically (unbiased: small " ..
+     "gradients are not lost under half a bf16 step)"},
     {"ns_steps", positive, 5, "Newton-Schulz steps per Muon update"},
     {"ns_coeffs", enum {"quintic", "polar_express"}, "quintic", "Newton-Schulz coefficients: quintic (3.4445, -4.7750, 2.0315) or Polar Express"},
     {"muon_plus", enum {"none", "col", "row", "colrow"}, "none", "Muon+: the orthogonalised update l2-normalised " ..

@@ -1,10 +1,12 @@
 /* AdamW, Muon (Newton–Schulz) and gradient clipping against float64 references */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 #include "check.h"
 #include "core/core.h"
 #include "core/alloc.h"
 #include "ops/optim.h"
+#include "core/sround.h"
 #include "core/cuda.h"
 
 /* ---- helpers ------------------------------------------------------------------------------- */
@@ -433,7 +435,7 @@ static void muon_kernels_pitched(void) {
   double *b0 = to_doubles(buf), *gd = to_doubles(g), *p0 = to_doubles(p);
   dm_fill(out, -7.0);
   dm_muon_momentum_k momentum = DM_KERNEL(dm_muon_momentum_k, "muon_momentum", DM_CPU);
-  momentum(1, &buf, &g, &out, 0.5, true, NULL, NULL, 0, 5, 8);
+  momentum(1, &buf, &g, &out, 0.5, true, NULL, NULL, 0, 5, 8, NULL);
   bool ok = true;
   for (int64_t e = 0; e < 30; e++) {
     double bj = (float)(0.5f * (float)b0[e] + (float)gd[e]);
@@ -543,6 +545,41 @@ static void clip_errors(void) {
   dm_release(g); dm_release(t); dm_release(i);
 }
 
+/* Stochastic rounding to bf16: a bf16 value stays itself whatever the bits; one between two
+** neighbours goes up exactly when its dropped 16 bits and the random ones carry; the sign is kept;
+** NaN stays NaN and the infinities stay; the same key gives the same bits, another key others. */
+static float bf16_value(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+static void sround_bits_and_values(void) {
+  uint32_t rs[] = {0, 1, 0x7fff, 0x8000, 0xffff, 0x12345678};
+  for (int i = 0; i < 6; i++) {
+    CHECK(bf16_value(dm_bf16_stochastic(1.0f, rs[i])) == 1.0f);
+    CHECK(bf16_value(dm_bf16_stochastic(-3.5f, rs[i])) == -3.5f);
+  }
+  float v = 1.0f + 0x3000 * 0x1p-23f;      /* 1 + 3/16 of bf16's gap at 1: its low 16 bits 0x3000 */
+  CHECK(bf16_value(dm_bf16_stochastic(v, 0x0000)) == 1.0f);
+  CHECK(bf16_value(dm_bf16_stochastic(v, 0xcfff)) == 1.0f);
+  CHECK(bf16_value(dm_bf16_stochastic(v, 0xd000)) == 1.0078125f);
+  CHECK(bf16_value(dm_bf16_stochastic(v, 0x1ffff)) == 1.0078125f);   /* only the low 16 bits count */
+  CHECK(bf16_value(dm_bf16_stochastic(-v, 0xd000)) == -1.0078125f);
+  CHECK(isnan(bf16_value(dm_bf16_stochastic(NAN, 0xffff))));
+  CHECK(bf16_value(dm_bf16_stochastic(INFINITY, 0xffff)) == INFINITY);
+  CHECK(bf16_value(dm_bf16_stochastic(-INFINITY, 0xffff)) == -INFINITY);
+  /* over many draws the share rounded up is 3/16 */
+  int up = 0, n = 1 << 16;
+  for (int e = 0; e < n; e++) up += bf16_value(dm_bf16_stochastic(v, dm_sround_bits(9, 2, 5, e))) > 1.0f;
+  CHECK(fabs((double)up / n - 3.0 / 16) < 0.01);
+  CHECK(dm_sround_bits(9, 2, 5, 77) == dm_sround_bits(9, 2, 5, 77));
+  CHECK(dm_sround_bits(9, 2, 5, 77) != dm_sround_bits(9, 2, 6, 77));
+  CHECK(dm_sround_bits(9, 2, 5, 77) != dm_sround_bits(9, 3, 5, 77));
+  CHECK(dm_sround_bits(9, 2, 5, 77) != dm_sround_bits(8, 2, 5, 77));
+}
+
 int main(void) {
   check_begin();
   int64_t before = dm_memory_stats(DM_CPU).allocated;
@@ -556,6 +593,7 @@ int main(void) {
   muon_matches_reference();
   muon_kernels_pitched();
   muon_errors();
+  sround_bits_and_values();
   clip_norm_and_scale();
   clip_reports_non_finite();
   clip_errors();

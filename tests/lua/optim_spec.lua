@@ -184,6 +184,46 @@ describe("optim training", function()
     assert.is_true(last < first * 1e-3, ("loss %g -> %g"):format(first, last))
   end)
 
+  it("with bf16 momentum rounded stochastically: unbiased where rounding to nearest drops the gradient", function()
+    -- buf 1 + g 0.501 at momentum 0.5: 1.001, between bf16's 1 and 1.0078125
+    local function momentum_after(sround, step, salt)
+      local p = dm.zeros({128, 128})
+      local b = dm.full({128, 128}, 1, {dtype = "bf16"})
+      p.grad = dm.full({128, 128}, 0.501)
+      core.muon_step({p}, {b}, {lr = 0, momentum = 0.5, nesterov = false, weight_decay = 0, ns_steps = 1,
+                                coeffs = "quintic", ns_dtype = "f32", momentum_sround = sround,
+                                sround_salt = salt or 3, step = step})
+      return b:to("f32"):reshape({128 * 128}):totable()
+    end
+    local exact = dm.tensor({0.5 * 1 + 0.501}):totable()[1]       -- in f32
+    for _, v in ipairs(momentum_after(false, 1)) do assert.are.equal(1, v) end
+    local a, up, sum = momentum_after(true, 1), 0, 0
+    for _, v in ipairs(a) do
+      assert.is_true(v == 1 or v == 1.0078125, tostring(v))
+      if v > 1 then up = up + 1 end
+      sum = sum + v
+    end
+    local share = (exact - 1) / 0.0078125                            -- 0.128: the chance of rounding up
+    assert.is_true(math.abs(up / #a - share) < 0.015, ("rounded up %d of %d"):format(up, #a))
+    assert.is_true(math.abs(sum / #a - exact) < 1e-4, ("mean %.7f against %.7f"):format(sum / #a, exact))
+    local function differing(x, y)
+      local d = 0
+      for i = 1, #x do if x[i] ~= y[i] then d = d + 1 end end
+      return d
+    end
+    assert.are.equal(0, differing(a, momentum_after(true, 1)))         -- the same step: the same bits
+    assert.is_true(differing(a, momentum_after(true, 2)) > 1000)       -- another step, another draw
+    assert.is_true(differing(a, momentum_after(true, 1, 4)) > 1000)    -- another group's salt
+    expect_error(function() momentum_after(true, 0) end, "muon: stochastic rounding needs the update's count")
+  end)
+
+  it("trains with optim.momentum_dtype = bf16_stochastic, its buffers bf16", function()
+    local first, last, opt = regression("proj", {muon_lr = 0.1, adamw_lr = 0.1, weight_decay = 0, clip = 0,
+                                                 momentum_dtype = "bf16_stochastic"}, 300)
+    assert.are.equal("bf16", opt.groups[1].state.momentum[1].dtype)
+    assert.is_true(last < first * 1e-3, ("loss %g -> %g"):format(first, last))
+  end)
+
   it("keeps its state past the scope it was made in", function()
     dm.manual_seed(4)
     local model = Reg("proj")
@@ -349,7 +389,7 @@ describe("optim settings and the core functions", function()
     expect_error(function() optim.new(m, {ns_coeffs = "cubic"}, {}, 10, {quiet = true}) end,
                  'optim: ns_coeffs: "cubic" is not allowed; allowed: "quintic", "polar_express"')
     expect_error(function() optim.new(m, {momentum_dtype = "f16"}, {}, 10, {quiet = true}) end,
-                 'optim: momentum_dtype: "f16" is not allowed; allowed: "f32", "bf16"')
+                 'optim: momentum_dtype: "f16" is not allowed; allowed: "f32", "bf16", "bf16_stochastic"')
     expect_error(function() optim.new(m, {ns_dtype = "f64"}, {}, 10, {quiet = true}) end,
                  'optim: ns_dtype: "f64" is not allowed')
     expect_error(function() optim.new(m, {momentum = 1}, {}, 10, {quiet = true}) end, "optim: momentum: ")

@@ -11,6 +11,7 @@
 #include <string.h>
 #include "ops/optim.h"
 #include "core/ops.h"
+#include "core/sround.h"
 
 #define CHUNK 2048
 
@@ -148,7 +149,7 @@ static bool clip_factor(const double *clip_at, double clip, double *s) {
 
 static void cpu_muon_momentum(int n, dm_tensor *const *buf, dm_tensor *const *g, dm_tensor *const *out,
                               double mu, bool nesterov, const double *sumsq_at, const double *clip_at, double clip,
-                              int64_t cols, int64_t pitch) {
+                              int64_t cols, int64_t pitch, const dm_sround_key *sround) {
   (void)sumsq_at;
   double s = 1;
   bool clipped = clip_factor(clip_at, clip, &s);
@@ -156,7 +157,7 @@ static void cpu_muon_momentum(int n, dm_tensor *const *buf, dm_tensor *const *g,
   float gt[CHUNK], bt[CHUNK];
   for (int i = 0; i < n; i++) {
     int64_t total = dm_numel(buf[i]);
-    bool f32 = out[i]->dtype == DM_F32;
+    bool f32 = out[i]->dtype == DM_F32, stochastic = sround && buf[i]->dtype == DM_BF16;
     for (int64_t i0 = 0; i0 < total; i0 += CHUNK) {
       int64_t len = span_len(total, i0);
       const float *gg = span(g[i], i0, len, gt);
@@ -169,7 +170,13 @@ static void cpu_muon_momentum(int n, dm_tensor *const *buf, dm_tensor *const *g,
         if (f32) ((float *)dm_data(out[i]))[at] = o;
         else ((uint16_t *)dm_data(out[i]))[at] = dm_f32_to_bf16(o);
       }
-      commit(buf[i], i0, len, b);
+      if (stochastic) {
+        uint16_t *h = (uint16_t *)dm_data(buf[i]) + i0;
+        for (int64_t j = 0; j < len; j++)
+          h[j] = dm_bf16_stochastic(b[j], dm_sround_bits(sround->salt, (uint32_t)i, sround->step, i0 + j));
+      } else {
+        commit(buf[i], i0, len, b);
+      }
     }
   }
 }

@@ -5,6 +5,7 @@
 **   core.adamw_step(params, ms, vs, hp)          hp: lr beta1 beta2 eps weight_decay step
 **   core.muon_step(params, bufs, hp)             hp: lr momentum nesterov weight_decay
 **                                                    ns_steps coeffs ns_dtype [clip] [normalize]
+**                                                    [momentum_sround sround_salt step step_at]
 **   core.newton_schulz(x, steps, coeffs, dtype)  → the orthogonalised x
 **   core.clip_grads_async(grads, max_norm, sumsq) the norm kept on the device
 **   core.clip_scale(grads, max_norm, sumsq)      scale by a sum of squares made before
@@ -14,7 +15,7 @@
 **
 ** hp may also name one-element tensors on the parameters' device that the
 ** kernels read when they run (so a captured graph replays with new
-** values): lr_at (f64), step_at (i64, AdamW) and sumsq_at (f64: a
+** values): lr_at (f64), step_at (i64: AdamW, Muon's stochastic rounding) and sumsq_at (f64: a
 ** non-finite sum skips the update).
 **
 ** Gradients are read from each parameter's .grad (nil skips it). Lists are
@@ -216,7 +217,9 @@ static int c_muon_step(lua_State *L) {
   dm_dtype dt = lua_isnil(L, -1) ? DM_F32 : ns_dtype_arg(L, -1, fn);
   lua_getfield(L, 3, "normalize");
   int normalize = lua_isnil(L, -1) ? DM_MUON_NORM_NONE : normalize_arg(L, -1, fn);
-  lua_pop(L, 4);
+  lua_getfield(L, 3, "momentum_sround");
+  bool sround = lua_toboolean(L, -1);
+  lua_pop(L, 5);
   dm_muon_hp hp = {
     .normalize = normalize,
     .lr = number_field(L, 3, fn, "lr"), .momentum = number_field(L, 3, fn, "momentum"),
@@ -225,6 +228,10 @@ static int c_muon_step(lua_State *L) {
     .lr_at = scalar_field(L, 3, fn, "lr_at", DM_F64, p, n),
     .sumsq_at = scalar_field(L, 3, fn, "sumsq_at", DM_F64, p, n),
     .clip = number_field_or(L, 3, fn, "clip", 0),
+    .momentum_sround = sround,
+    .sround_salt = (uint32_t)(int64_t)number_field_or(L, 3, fn, "sround_salt", 0),
+    .step = (int64_t)number_field_or(L, 3, fn, "step", 0),
+    .step_at = scalar_field(L, 3, fn, "step_at", DM_I64, p, n),
   };
   dm_muon_step(n, p, grad_list(L, p, n), b, &hp);
   return 0;

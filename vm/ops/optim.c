@@ -87,7 +87,8 @@ static bool resolve_muon(dm_muon_hp *hp, dm_device dev) {
   if (dev != DM_CPU) return true;
   if (hp->sumsq_at && !isfinite(*hp->sumsq_at)) return false;
   if (hp->lr_at) hp->lr = *hp->lr_at;
-  hp->lr_at = NULL; hp->sumsq_at = NULL;
+  if (hp->step_at) hp->step = *hp->step_at;
+  hp->lr_at = NULL; hp->sumsq_at = NULL; hp->step_at = NULL;
   return true;
 }
 
@@ -360,7 +361,11 @@ static void muon_group(int k, const int *idx, dm_tensor *const *params, dm_tenso
   dm_tensor *p[k], *g[k], *b[k], *o[k];
   for (int j = 0; j < k; j++) { p[j] = params[idx[j]]; g[j] = grads[idx[j]]; b[j] = bufs[idx[j]]; }
   stack_views(stack, k, p, rows, pitch, o);
-  momentum(k, b, g, o, hp->momentum, hp->nesterov, hp->sumsq_at, clip_at, hp->clip, cols, pitch);
+  /* the salt tells shape groups apart: members are counted within the group */
+  dm_sround_key key = {.salt = hp->sround_salt ^ (uint32_t)(rows * 40503 + cols * 65599),
+                       .step = hp->step, .step_at = hp->step_at};
+  momentum(k, b, g, o, hp->momentum, hp->nesterov, hp->sumsq_at, clip_at, hp->clip, cols, pitch,
+           hp->momentum_sround ? &key : NULL);
   for (int j = 0; j < k; j++) dm_release(o[j]);
   dm_tensor *ortho = muon_plus(ns_run(stack, hp->ns_steps, hp->coeffs, &nsk, hp->ns_dtype), hp->normalize);
   stack_views(ortho, k, p, rows, pitch, o);
@@ -386,6 +391,9 @@ static void check_muon(int n, dm_tensor *const *params, dm_tensor *const *grads,
   check_ns(op, hp->ns_steps, hp->ns_dtype);
   if (hp->coeffs != DM_NS_QUINTIC && hp->coeffs != DM_NS_POLAR_EXPRESS)
     dm_error("muon: unknown Newton-Schulz coefficients %d", (int)hp->coeffs);
+  if (hp->momentum_sround && hp->step < 1 && !hp->step_at)
+    dm_error("muon: stochastic rounding needs the update's count (step >= 1 or step_at), got step %lld",
+             (long long)hp->step);
   if (n > DM_MUON_MAXLIST) dm_error("muon: at most %d tensors per call, got %d", DM_MUON_MAXLIST, n);
   for (int i = 0; i < n; i++) {
     check_param(op, i, n, params[i], params[0]);

@@ -78,7 +78,21 @@ typedef struct dm_muon_hp {
   ** global norm, from sumsq_at (needed then), as dm_clip_scale would have: one
   ** pass over the largest gradients instead of two */
   double clip;
+  /* the momentum buffers, when bf16, round stochastically (vm/core/sround.h) instead of to
+  ** nearest, from random bits keyed by sround_salt, a member's index in its shape group, the
+  ** update's 1-based count (step, or step_at's i64 when set) and the element */
+  bool momentum_sround;
+  uint32_t sround_salt;
+  int64_t step;
+  const int64_t *step_at;
 } dm_muon_hp;
+
+/* what the momentum kernel needs to round stochastically; NULL to the kernel: to nearest */
+typedef struct dm_sround_key {
+  uint32_t salt;
+  int64_t step;               /* when step_at is NULL */
+  const int64_t *step_at;     /* the parameters' device memory */
+} dm_sround_key;
 
 #define DM_MUON_MAXLIST 1024  /* tensors per dm_muon_step call */
 
@@ -144,10 +158,12 @@ typedef void (*dm_clip_scale_k)(int n, dm_tensor *const *x, const dm_tensor *sum
 /* out[i] holds the rows of buf[i]'s matrices `pitch` elements apart (cols of them used):
 ** element e of buf[i] is out[i]'s (e / cols) * pitch + e % cols; the same for o in apply */
 /* clip_at, clip: each gradient taken as dm_clip_scale(clip, *clip_at) would leave it (clip_at NULL: as it is) */
+/* sround (or NULL): a bf16 buf rounds stochastically, buf[i] as member i */
 typedef void (*dm_muon_momentum_k)(int n, dm_tensor *const *buf, dm_tensor *const *g,
                                    dm_tensor *const *out, double mu, bool nesterov,
                                    const double *sumsq_at, const double *clip_at, double clip,
-                                   int64_t cols, int64_t pitch);                     /* "muon_momentum" */
+                                   int64_t cols, int64_t pitch,
+                                   const dm_sround_key *sround);                     /* "muon_momentum" */
 /* step (i64 [1]) += 1 when sumsq (f64 [1]) is finite */
 typedef void (*dm_optim_tick_k)(dm_tensor *step, const dm_tensor *sumsq);           /* "optim_tick" */
 /* each matrix of x [B, m, n]: x_b /= (‖x_b‖_F·mult + eps) */
