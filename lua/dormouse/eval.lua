@@ -5,6 +5,7 @@ local dm = require "dormouse"
 local core = require "dormouse.core"
 
 local segments = require "dormouse.segments"
+local decode = require "dormouse.decode"
 
 local eval = {}
 
@@ -60,7 +61,9 @@ end
 -- Pick a byte from logits (256 numbers, a list) with temperature and top-p;
 -- temperature 0 takes the most likely byte (the first of equals). The softmax of logits / T is
 -- taken in double as exp((l - max) / T), every term in [0, 1]: a tiny T (1e-40, whose 1/T f32 cannot
--- hold) is as greedy as it should be, never a NaN.
+-- hold) is as greedy as it should be, never a NaN. The nucleus takes bytes by probability, larger
+-- first and equals by byte value, until their mass reaches top_p. core.sample_bytes (vm/ops/sample.h)
+-- draws the same way on the logits' device.
 local function pick(v, temperature, top_p, u)
   local best = 1
   for b = 2, #v do if v[b] > v[best] then best = b end end
@@ -73,7 +76,7 @@ local function pick(v, temperature, top_p, u)
   for b = 1, #v do probs[b] = probs[b] / z end
   local order = {}
   for b = 1, #probs do order[b] = b end
-  table.sort(order, function(a, b) return probs[a] > probs[b] end)
+  table.sort(order, function(a, b) return probs[a] > probs[b] or (probs[a] == probs[b] and a < b) end)
   local mass, keep = 0, {}
   for _, b in ipairs(order) do
     keep[#keep + 1] = b
@@ -213,7 +216,6 @@ local function prompt_bytes(prompt)
   return bytes
 end
 
--- fn(gen) with the model in eval mode, no autograd, and the generator closed after, whatever happens
 -- fn() with the model in eval mode and no autograd, its mode put back whatever happens
 local function evaluating(model, fn)
   local was_training = model.training
@@ -221,16 +223,6 @@ local function evaluating(model, fn)
   local ok, err = pcall(dm.no_grad, fn)
   model:train(was_training)
   if not ok then error(err, 0) end
-end
-
--- fn(gen) for a generator of the prompt, closed after whatever happens
-local function generating(model, prompt, opts, fn)
-  evaluating(model, function()
-    local gen = generator(model, prompt_bytes(prompt), opts)
-    local done, e = pcall(fn, gen)
-    gen.close()
-    if not done then error(e, 0) end
-  end)
 end
 
 local function sampling(opts)
@@ -244,51 +236,58 @@ local function sampling(opts)
   return temperature, top_p
 end
 
+--[[ each(b) for the bytes that continue a prompt, at most n, until each returns true: the
+prompt's pass and its first byte as the generator gives them, every later byte from the decoder's
+blocks (dormouse.decode: the step on the device, a CUDA graph on a GPU). A model that carries no
+state, or opts.stream = false, runs the generator a byte at a time instead. ]]
+local function continuing(model, prompt, n, opts, temperature, top_p, each)
+  if n < 1 then return end
+  local seed = opts.seed or 0
+  evaluating(model, function()
+    local bytes = prompt_bytes(prompt)
+    local gen = generator(model, bytes, opts)
+    local d
+    local ok, err = pcall(function()
+      local b = pick(gen.next():totable(), temperature, top_p, dm.rand({1}, {seed = seed}):totable()[1])
+      if each(b) or n == 1 then return end
+      local state = gen.take_state()
+      if not state then                        -- no state to carry: the generator's full forwards
+        local uniforms = dm.rand({n}, {seed = seed}):totable()
+        for i = 2, n do
+          gen.push(b)
+          b = pick(gen.next():totable(), temperature, top_p, uniforms[i])
+          if each(b) then return end
+        end
+        return
+      end
+      bytes[#bytes + 1] = b
+      d = decode.new(model, 1, {device = opts.device, temperature = temperature, top_p = top_p, block = opts.block,
+                                graph = opts.graph})
+      d:put(1, state, bytes, seed, 1)
+      free_state(state)
+      local done = 1
+      while done < n do
+        for _, nb in ipairs(d:step()[1]) do
+          done = done + 1
+          if each(nb) or done == n then return end
+        end
+      end
+    end)
+    if d then d:free() end
+    gen.close()
+    if not ok then error(err, 0) end
+  end)
+end
+
 function eval.sample(model, prompt, n, opts)
   opts = opts or {}
   local temperature, top_p = sampling(opts)
-  local uniforms = dm.rand({math.max(n, 1)}, {seed = opts.seed or 0}):totable()
   local out = {}
-  generating(model, prompt, opts, function(gen)
-    for i = 1, n do
-      local b = pick(gen.next():totable(), temperature, top_p, uniforms[i])
-      gen.push(b)
-      out[#out + 1] = string.char(b)
-      if opts.on_byte then opts.on_byte(out[#out]) end
-    end
+  continuing(model, prompt, n, opts, temperature, top_p, function(b)
+    out[#out + 1] = string.char(b)
+    if opts.on_byte then opts.on_byte(out[#out]) end
   end)
   return table.concat(out)
-end
-
--- tensors joined along dim 1, by groups of 64 (dm.cat takes at most 64 at once)
-local function cat_many(rows)
-  while #rows > 64 do
-    local groups = {}
-    for a = 1, #rows, 64 do groups[#groups + 1] = dm.cat(table.move(rows, a, math.min(a + 63, #rows), 1, {}), 1) end
-    rows = groups
-  end
-  return dm.cat(rows, 1)
-end
-
--- the streams' states, one per stream (batch 1), as one of batch #states
-local function cat_states(states)
-  local out = {}
-  for i, part in pairs(states[1]) do
-    out[i] = {}
-    for k in pairs(part) do
-      local rows = {}
-      for j, s in ipairs(states) do rows[j] = s[i][k] end
-      out[i][k] = cat_many(rows)
-    end
-  end
-  return out
-end
-
--- rows of bytes (each a list of one length) as a [#rows, len] u8 tensor on device
-local function byte_rows(rows, len, device)
-  local t = len > 0 and dm.tensor(rows, {dtype = "u8"}) or dm.zeros({#rows, 0}, {dtype = "u8"})
-  if device and device ~= "cpu" then t = t:to(device) end
-  return t
 end
 
 --[[ Many streams at once: every prompt of `prompts` is continued by n bytes (or until its text
@@ -304,74 +303,65 @@ function eval.sample_streams(model, prompts, n, opts)
   local temperature, top_p = sampling(opts)
   local width = math.min(opts.streams or #prompts, #prompts)
   local device, stop, seed = opts.device, opts.stop, opts.seed or 0
-  local ctx = model.context and model:context() or 0
-  local texts, slots, taken, state = {}, {}, 0, nil
-  -- the next prompt's pass alone: a slot's stream, its first logits, and its state (batch 1)
+  local texts, slots, taken = {}, {}, 0
+  -- the next prompt's pass alone: its stream with the first byte drawn, and its state (batch 1)
   local function start()
     taken = taken + 1
     local j = taken
-    local gen = generator(model, prompt_bytes(prompts[j]), {device = device, prompt_chunk = opts.prompt_chunk})
+    local bytes = prompt_bytes(prompts[j])
+    local gen = generator(model, bytes, {device = device, prompt_chunk = opts.prompt_chunk})
     local logits = gen.next():totable()
     local s = gen.take_state()
     gen.close()
     if not s then error("sample: many streams need a model whose forward carries its state (out.state)", 0) end
-    return {j = j, bytes = prompt_bytes(prompts[j]), out = {}, logits = logits,
-            uniforms = dm.rand({math.max(n, 1)}, {seed = seed + j - 1}):totable()}, s
+    local first = pick(logits, temperature, top_p, dm.rand({1}, {seed = seed + j - 1}):totable()[1])
+    return {j = j, bytes = bytes, out = {}, first = first}, s
+  end
+  -- stream s takes byte b; true when that ends it (n bytes, or its text ends with stop)
+  local function take(s, b)
+    s.bytes[#s.bytes + 1] = b
+    s.out[#s.out + 1] = string.char(b)
+    if opts.on_byte then opts.on_byte(s.j, s.out[#s.out]) end
+    if #s.out >= n or (stop and #s.out >= #stop and table.concat(s.out, "", #s.out - #stop + 1) == stop) then
+      s.done, texts[s.j] = true, table.concat(s.out)
+      if opts.on_done then opts.on_done(s.j, texts[s.j]) end
+      return true
+    end
+    return false
   end
   evaluating(model, function()
-    local firsts = {}
-    for slot = 1, width do slots[slot], firsts[slot] = start() end
-    state = dm.scope(function() return cat_states(firsts) end)
-    for _, s in ipairs(firsts) do free_state(s) end
-    while true do
-      for slot, s in ipairs(slots) do           -- a finished stream's slot takes the next prompt
-        if s.done and taken < #prompts then
-          local fresh, rows = start()
-          for i, part in pairs(state) do
-            for k, t in pairs(part) do t:narrow(1, slot, 1):copy_(rows[i][k]) end
-          end
-          free_state(rows)
-          slots[slot] = fresh
+    local d = decode.new(model, width, {device = device, temperature = temperature, top_p = top_p,
+                                        block = opts.block, graph = opts.graph})
+    -- a free slot takes the next prompts until one of them outlives its first byte
+    local function fill(slot)
+      while taken < #prompts do
+        local s, state = start()
+        slots[slot] = s
+        if not take(s, s.first) then
+          d:put(slot, state, s.bytes, seed + s.j - 1, 1)
+          free_state(state)
+          return
         end
+        free_state(state)
       end
-      local active = 0
-      for _, s in ipairs(slots) do
-        if not s.done then
-          local b = pick(s.logits, temperature, top_p, s.uniforms[#s.out + 1])
-          s.bytes[#s.bytes + 1] = b
-          s.out[#s.out + 1] = string.char(b)
-          if opts.on_byte then opts.on_byte(s.j, s.out[#s.out]) end
-          local text = #s.out >= n and table.concat(s.out) or nil
-          if #s.out >= n or (stop and #s.out >= #stop and table.concat(s.out, "", #s.out - #stop + 1) == stop) then
-            s.done, texts[s.j] = true, text or table.concat(s.out)
-            if opts.on_done then opts.on_done(s.j, texts[s.j]) end
-          else
-            active = active + 1
-          end
-        end
-      end
-      if active == 0 and taken == #prompts then break end
-      local x, prefix = {}, {}                 -- each slot's newest byte (a finished one's is stepped idle)
-      for slot, s in ipairs(slots) do
-        local m = #s.bytes
-        x[slot] = {s.bytes[m], 0}
-        local row = {}
-        for a = m - ctx, m - 1 do row[#row + 1] = a >= 1 and s.bytes[a] or 0 end
-        prefix[slot] = row
-      end
-      local logits, next_state = dm.scope(function()
-        local out = model:forward(byte_rows(x, 2, device), byte_rows(prefix, ctx, device), {state = state})
-        local l = out.fin_logits
-        return l:narrow(2, l:size(2), 1):reshape({width, 256}):to("cpu"):to("f32"), out.state
-      end)
-      free_state(state)
-      state = next_state
-      local rows = logits:totable()
-      logits:free()
-      for slot, s in ipairs(slots) do if not s.done then s.logits = rows[slot] end end
     end
-    free_state(state)
-    state = nil
+    local ok, err = pcall(function()
+      for slot = 1, width do fill(slot) end
+      while true do
+        local active = 0
+        for _, s in ipairs(slots) do if not s.done then active = active + 1 end end
+        if active == 0 then break end
+        local rows = d:step()                 -- a finished stream's slot steps idle
+        for slot, s in ipairs(slots) do
+          if not s.done then
+            for _, b in ipairs(rows[slot]) do if take(s, b) then break end end
+            if s.done then fill(slot) end
+          end
+        end
+      end
+    end)
+    d:free()
+    if not ok then error(err, 0) end
   end)
   return texts
 end
@@ -383,16 +373,14 @@ opts.stream). ]]
 function eval.greedy_until(model, prompt, n, judge, opts)
   opts = opts or {}
   local out, verdict = {}, nil
-  generating(model, prompt, opts, function(gen)
-    for _ = 1, n do
-      local b = pick(gen.next():totable(), 0, 1, 0)
-      gen.push(b)
-      out[#out + 1] = string.char(b)
-      verdict = judge(table.concat(out))
-      if verdict ~= nil then return end
-    end
+  continuing(model, prompt, n, opts, 0, 1, function(b)
+    out[#out + 1] = string.char(b)
+    verdict = judge(table.concat(out))
+    return verdict ~= nil
   end)
   return table.concat(out), verdict
 end
+
+eval.pick = pick          -- the host's draw (core.sample_bytes draws alike on the device)
 
 return eval

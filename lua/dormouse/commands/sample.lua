@@ -131,6 +131,14 @@ local function rates(stamps)
   return table.concat(parts, ", ")
 end
 
+-- "; blocks: 31 replayed from a CUDA graph, 1 run eagerly" (the decoder's counters)
+local function blocks()
+  local c = require("dormouse.decode").counters
+  if c.replayed + c.eager == 0 then return "" end
+  return string.format("; blocks: %d replayed from a CUDA graph, %d run eagerly%s", c.replayed, c.eager,
+                       c.failed_captures > 0 and " (the step could not be captured)" or "")
+end
+
 -- many streams: one JSON line a stream as it ends, the total rate on stderr
 local function many(args, model, prompts)
   local json, now = require "dormouse.json", require("dormouse.core").now
@@ -149,8 +157,8 @@ local function many(args, model, prompts)
     end})
   settle()
   local dt = now() - t0
-  io.stderr:write(string.format("sample: %d bytes in %.3f s (prompts included): %.1f bytes/s in all\n", total, dt,
-                                dt > 0 and total / dt or 0 / 0))
+  io.stderr:write(string.format("sample: %d bytes in %.3f s (prompts included): %.1f bytes/s in all%s\n", total, dt,
+                                dt > 0 and total / dt or 0 / 0, blocks()))
 end
 
 local function run(argv, cli)
@@ -183,8 +191,8 @@ local function run(argv, cli)
       end})
     finish()
     io.stdout:write("\n")
-    io.stderr:write(string.format("sample: the prompt and the first byte %.3f s; bytes/s over bytes %s\n",
-                                  stamps[1] - t_start, #stamps > 1 and rates(stamps) or "(one byte)"))
+    io.stderr:write(string.format("sample: the prompt and the first byte %.3f s; bytes/s over bytes %s%s\n",
+                                  stamps[1] - t_start, #stamps > 1 and rates(stamps) or "(one byte)", blocks()))
   end)(argv)
 end
 

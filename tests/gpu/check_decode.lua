@@ -1,0 +1,148 @@
+--[[
+Generation on the GPU (dormouse.decode): the one-byte step's blocks captured
+as a CUDA graph give a full forward's greedy bytes (tiny, f32, 256 bytes; the
+first 64 in bf16 on 10 prompts), seeded sampling repeats itself and equals
+the eager blocks', and many streams run; then b1's rate (random weights,
+bf16): bytes/s at batch 1 after a 4,096-byte prompt over 10,000 bytes
+(graph, and eager blocks over 1,000 for comparison), and 256 streams.
+  dormouse run tests/gpu/check_decode.lua [bench-only]
+DRY=1 runs the tiny checks on the CPU (no graph there: blocks run eagerly), without b1.
+]]
+local dm = require "dormouse"
+local nn = require "dormouse.nn"
+local config = require "dormouse.config"
+local train = require "dormouse.train"
+local eval = require "dormouse.eval"
+local decode = require "dormouse.decode"
+local common = require "tests.gpu.common"
+local core = require "dormouse.core"
+
+local DRY = os.getenv("DRY") ~= nil
+if not DRY and not common.gpu_or_skip(dm.cuda, "check_decode") then return end
+local GPU = DRY and "cpu" or "cuda"
+local checks = common.checks("check_decode")
+local bench_only = arg and arg[1] == "bench-only"
+
+local function build(experiment, dtype, sets)
+  local cfg = config.load(experiment, sets or {})
+  dm.manual_seed(cfg.seed)
+  return nn.build({device = GPU, compute_dtype = dtype}, train.build_model, cfg, ".")
+end
+
+local corpus = dm.data.open(dm.data.default_corpus(), {eval_bytes = 4096})
+local function text(at, n) return corpus:bytes(at, n) end
+
+local function counted(fn)
+  local before = {}
+  for k, v in pairs(decode.counters) do before[k] = v end
+  local r = fn()
+  local d = {}
+  for k, v in pairs(decode.counters) do d[k] = v - before[k] end
+  return r, d
+end
+
+if not bench_only then
+  local tiny = build("experiments/tiny.lua", "f32")
+  checks.check("tiny f32: the graph's greedy 256 bytes = a full forward's", function()
+    local prompt = text(1000, 300)
+    local full = eval.sample(tiny, prompt, 256, {temperature = 0, stream = false, context = 4096, device = GPU})
+    local got, c = counted(function() return eval.sample(tiny, prompt, 256, {temperature = 0, device = GPU}) end)
+    assert(DRY or (c.captures == 1 and c.replayed >= 6), string.format("captures %d, replayed %d, eager %d, failed %d",
+                                                              c.captures, c.replayed, c.eager, c.failed_captures))
+    assert(got == full, string.format("differ from byte %d", (function()
+      for i = 1, #full do if got:byte(i) ~= full:byte(i) then return i end end
+      return #full + 1 end)()))
+    return string.format("%d blocks replayed", c.replayed)
+  end)
+
+  checks.check("tiny f32: seeded sampling repeats, and the graph's bytes = eager blocks'", function()
+    local prompt = text(5000, 100)
+    local a = eval.sample(tiny, prompt, 200, {temperature = 0.9, seed = 3, device = GPU})
+    local b = eval.sample(tiny, prompt, 200, {temperature = 0.9, seed = 3, device = GPU})
+    local e = eval.sample(tiny, prompt, 200, {temperature = 0.9, seed = 3, device = GPU, graph = false})
+    assert(a == b, "two runs of one seed differ")
+    assert(a == e, "the graph's bytes differ from the eager blocks'")
+  end)
+
+  checks.check("tiny f32: 6 streams, 3 at once, greedy = each alone for 32 bytes", function()
+    local prompts = {}
+    for j = 1, 6 do prompts[j] = text(700 * j, 40 + j) end
+    local texts = eval.sample_streams(tiny, prompts, 48, {temperature = 0, streams = 3, device = GPU})
+    for j, p in ipairs(prompts) do
+      local alone = eval.sample(tiny, p, 48, {temperature = 0, device = GPU})
+      assert(texts[j]:sub(1, 32) == alone:sub(1, 32), "stream " .. j)
+    end
+  end)
+
+  local tiny16 = not DRY and build("experiments/tiny.lua", "bf16")     -- (the CPU's experts take no bf16)
+  if tiny16 then checks.check("tiny bf16: the graph's greedy bytes = a full forward's for 64 bytes on 10 prompts", function()
+    local worst = math.huge
+    for j = 1, 10 do
+      local prompt = text(3000 * j, 200)
+      local full = eval.sample(tiny16, prompt, 64, {temperature = 0, stream = false, context = 4096, device = GPU})
+      local got = eval.sample(tiny16, prompt, 64, {temperature = 0, device = GPU})
+      local same = 0
+      while same < 64 and got:byte(same + 1) == full:byte(same + 1) do same = same + 1 end
+      worst = math.min(worst, same)
+    end
+    assert(worst == 64, string.format("a prompt agrees for %d bytes only", worst))
+  end) end
+end
+
+if DRY then corpus:close(); checks.finish(); return end
+
+-- b1's rates
+local b1 = build("experiments/b1.lua", "bf16")
+local rows = {}
+local function rate_line(label, stamps, t0)
+  local parts = {}
+  for _, r in ipairs(eval.rates(stamps)) do parts[#parts + 1] = string.format("%d-%d: %.1f", r.from, r.to, r.rate) end
+  print(string.format("%s: prompt and first byte %.3f s; bytes/s %s", label, stamps[1] - t0, table.concat(parts, ", ")))
+  return eval.rates(stamps)
+end
+
+local function batch1(n, graph)
+  local stamps, t0 = {}, core.now()
+  local _, c = counted(function()
+    return eval.sample(b1, text(10000, 4096), n, {temperature = 0.8, seed = 1, device = GPU, graph = graph,
+                                                   on_byte = function() stamps[#stamps + 1] = core.now() end})
+  end)
+  dm.cuda.synchronize()
+  local r = rate_line(string.format("b1 batch 1, %s", graph == false and "eager blocks" or "graph"), stamps, t0)
+  return r, c
+end
+
+checks.check("b1 bf16, batch 1, graph: 10,000 bytes after 4,096", function()
+  local r, c = batch1(10000)
+  rows[#rows + 1] = {"b1 batch 1 graph, bytes 2-100", r[1].rate}
+  rows[#rows + 1] = {"b1 batch 1 graph, bytes 1001-10000", r[#r].rate}
+  return string.format("captures %d, replayed %d, eager %d", c.captures, c.replayed, c.eager)
+end)
+
+checks.check("b1 bf16, batch 1, eager blocks: 1,000 bytes after 4,096", function()
+  local r = batch1(1000, false)
+  rows[#rows + 1] = {"b1 batch 1 eager, bytes 101-1000", r[#r].rate}
+end)
+
+checks.check("b1 bf16, 256 streams of 512 bytes", function()
+  local prompts = {}
+  for j = 1, 256 do prompts[j] = text(97 * j, 64) end
+  local t0, total, seen = core.now(), 0, {}
+  local t_first                               -- a stream's second byte: every prompt has run
+  eval.sample_streams(b1, prompts, 512, {temperature = 0.8, seed = 1, streams = 256, device = GPU,
+                                         on_byte = function(j)
+                                           seen[j] = (seen[j] or 0) + 1
+                                           if seen[j] == 2 then t_first = t_first or core.now() end
+                                         end,
+                                         on_done = function(_, s) total = total + #s end})
+  dm.cuda.synchronize()
+  local dt, steady = core.now() - t0, core.now() - t_first
+  rows[#rows + 1] = {"b1 256 streams, bytes/s in all (prompts included)", total / dt}
+  rows[#rows + 1] = {"b1 256 streams, bytes/s after the prompts", total / steady}
+  return string.format("%d bytes in %.2f s (%.2f after the prompts)", total, dt, steady)
+end)
+
+print("\n| measure | bytes/s |\n|---|---|")
+for _, r in ipairs(rows) do print(string.format("| %s | %.1f |", r[1], r[2])) end
+corpus:close()
+checks.finish()

@@ -1,0 +1,146 @@
+-- Generation's draw on the device (core.sample_bytes against the host's pick) and the decoder
+-- (dormouse.decode): blocks of bytes over fixed buffers give the bytes a byte at a time gives.
+local dm = require "dormouse"
+local core = require "dormouse.core"
+local config = require "dormouse.config"
+local train = require "dormouse.train"
+local eval = require "dormouse.eval"
+local decode = require "dormouse.decode"
+local helpers = require "tests.lua.helpers"
+
+-- rows of logits (a list of lists of 256) drawn by core.sample_bytes: the bytes, as a list
+local function device_draw(rows, temperature, top_p, seeds, counts, offset)
+  local B = #rows
+  local out = dm.zeros({B}, {dtype = "u8"})
+  core.sample_bytes(out, dm.tensor(rows), dm.tensor(seeds, {dtype = "i64"}), dm.tensor(counts, {dtype = "i64"}),
+                    temperature, top_p, offset)
+  return out:totable()
+end
+
+describe("the byte draw on the logits' device (core.sample_bytes)", function()
+  it("draws the host's byte (eval.pick) from the same uniform, over temperatures, nuclei and ties", function()
+    local rows, kinds = {}, {}
+    for r = 1, 48 do
+      local l = dm.randn({256}, {seed = r}):totable()
+      if r % 4 == 0 then                        -- ties: a few values repeated, the maximum too
+        for i = 1, 256 do l[i] = math.floor(l[i] * 2) / 2 end
+      elseif r % 4 == 1 then                    -- peaked: a handful of likely bytes
+        for i = 1, 256 do l[i] = l[i] * 6 end
+      end
+      rows[r], kinds[r] = l, r % 4
+    end
+    local seeds, counts = {}, {}
+    for r = 1, #rows do seeds[r], counts[r] = 100 + r, r % 7 end
+    local compared = 0
+    for _, setting in ipairs {{0, 1}, {1, 0.95}, {0.7, 0.5}, {1.5, 1}, {1, 1e-9}, {1e-40, 0.9}, {1, 0.999}} do
+      local T, p = setting[1], setting[2]
+      for _, offset in ipairs {0, 3} do
+        local got = device_draw(rows, T, p, seeds, counts, offset)
+        for r, l in ipairs(rows) do
+          local u = dm.rand({counts[r] + offset + 1}, {seed = seeds[r]}):totable()[counts[r] + offset + 1]
+          -- rows are rounded to f32 by dm.tensor: the host picks from those values
+          local f32 = dm.tensor(l):totable()
+          assert.are.equal(eval.pick(f32, T, p, u), got[r],
+                           string.format("row %d (kind %d), temperature %g, top_p %g, offset %d", r, kinds[r], T, p, offset))
+          compared = compared + 1
+        end
+      end
+    end
+    assert.are.equal(48 * 7 * 2, compared)
+  end)
+
+  it("spreads its draws as the nucleus says (8,000 draws of one row)", function()
+    local l = {}
+    for i = 1, 256 do l[i] = -30 end
+    l[66], l[67], l[68] = 2, 1, 0                -- bytes 65, 66, 67 ('A', 'B', 'C'): 0.665, 0.245, 0.090
+    local B = 8000
+    local rows, seeds, counts = {}, {}, {}
+    for b = 1, B do rows[b], seeds[b], counts[b] = l, 9, b end
+    local got = device_draw(rows, 1, 0.9, seeds, counts, 0)
+    local n = {}
+    for _, b in ipairs(got) do n[b] = (n[b] or 0) + 1 end
+    -- the nucleus of 0.9 holds A and B (0.665 + 0.245 >= 0.9): C never comes
+    local pa = math.exp(2) / (math.exp(2) + math.exp(1))
+    assert.is_nil(n[67])
+    assert.is_true(math.abs(n[65] / B - pa) < 0.02, tostring(n[65]))
+    assert.are.equal(B, n[65] + n[66])
+  end)
+
+  it("refuses bad shapes, dtypes and settings by name", function()
+    local l, s, c = dm.zeros({2, 256}), dm.zeros({2}, {dtype = "i64"}), dm.zeros({2}, {dtype = "i64"})
+    local out = dm.zeros({2}, {dtype = "u8"})
+    local function err(...) return helpers.err_of(core.sample_bytes, ...) end
+    helpers.has(err(out, dm.zeros({2, 300}), s, c, 1, 1), "logits must have shape [B, V] with 1 <= V <= 256")
+    helpers.has(err(out, l:to("f64"), s, c, 1, 1), "logits must be contiguous f32, got f64")
+    helpers.has(err(dm.zeros({3}, {dtype = "u8"}), l, s, c, 1, 1), "out must have shape [2]")
+    helpers.has(err(dm.zeros({2}), l, s, c, 1, 1), "out must be u8 or i64, got f32")
+    helpers.has(err(out, l, dm.zeros({2}), c, 1, 1), "seeds and counts must be i64")
+    helpers.has(err(out, l, s, c, -1, 1), "temperature must be a finite number >= 0")
+    helpers.has(err(out, l, s, c, 1, 0), "top_p must lie in (0, 1]")
+    helpers.has(err(out, l, s, c, 1, 1, -2), "offset must be >= 0")
+  end)
+end)
+
+describe("the decoder (blocks of bytes over fixed buffers)", function()
+  local m
+  setup(function()
+    local cfg = config.load("experiments/tiny.lua", {"model.engram.orders={2,3}"})
+    dm.manual_seed(3)
+    m = train.build_model(cfg, ".")
+  end)
+
+  it("gives the bytes a byte at a time gives, whatever the block, greedy and sampled", function()
+    local prompt = "In the beginning God created"
+    for _, T in ipairs {0, 0.9} do
+      local one = eval.sample(m, prompt, 45, {temperature = T, seed = 4, block = 1})
+      assert.are.equal(45, #one)
+      for _, K in ipairs {2, 7, 45, 64} do
+        assert.are.equal(one, eval.sample(m, prompt, 45, {temperature = T, seed = 4, block = K}),
+                         string.format("temperature %g, block %d", T, K))
+      end
+      -- by full forwards (no state): the same bytes
+      assert.are.equal(one, eval.sample(m, prompt, 45, {temperature = T, seed = 4, stream = false, context = 4096}))
+    end
+    assert.are.equal(1, #eval.sample(m, prompt, 1, {block = 8}))
+    assert.are.equal("", eval.sample(m, prompt, 0, {block = 8}))
+  end)
+
+  it("runs many streams in blocks as a byte at a time, a finished slot taking the next prompt", function()
+    local prompts = {"In the beginning", "And God said", "Amen", "x", "Let there be light"}
+    local function texts(K, stop)
+      return eval.sample_streams(m, prompts, 30, {temperature = 0.8, seed = 2, streams = 2, block = K, stop = stop})
+    end
+    local one = texts(1)
+    for j, p in ipairs(prompts) do
+      assert.are.equal(eval.sample(m, p, 30, {temperature = 0.8, seed = 2 + j - 1}), one[j], "stream " .. j)
+    end
+    assert.same(one, texts(4))
+    assert.same(one, texts(30))
+    assert.same(texts(1, "e"), texts(5, "e"))             -- a stop inside a block ends the stream there
+    for j, t in ipairs(texts(5, "e")) do
+      assert.is_true(#t == 30 or t:sub(-1) == "e", string.format("stream %d: %q", j, t))
+    end
+  end)
+
+  it("a greedy judge stops inside a block, as it would a byte at a time", function()
+    local n = 0
+    local function judge(text)
+      n = n + 1
+      if #text == 11 then return true end
+    end
+    local one = eval.greedy_until(m, "In the", 40, judge, {block = 1})
+    local calls = n
+    n = 0
+    local text, verdict = eval.greedy_until(m, "In the", 40, judge, {block = 8})
+    assert.are.equal(one, text)
+    assert.are.equal(11, #text)
+    assert.is_true(verdict)
+    assert.are.equal(calls, n)
+  end)
+
+  it("refuses a step before any stream is put", function()
+    local d = decode.new(m, 2, {block = 2})
+    helpers.has(helpers.err_of(d.step, d), "decode: step before any slot was put")
+    d:free()
+  end)
+end)
