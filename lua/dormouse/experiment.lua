@@ -90,7 +90,7 @@ function experiment.run(file, raw, argv, cli)
   say(table.concat(lines, "\n") .. "\n")
   if n > 0 then
     -- what is not printable UTF-8 as \xNN, as dormouse sample and the REPL show it (no BEL, no escapes)
-    local put, finish = require("dormouse.probe").byte_printer(say)
+    local put, finish = require("dormouse.human").byte_printer(say)
     if summary.sample_prompt ~= "In the beginning" then        -- a record's prompt (records) is shown first
       say("sample after the prompt \"")
       for i = 1, #summary.sample_prompt do put(summary.sample_prompt:sub(i, i)) end

@@ -23,6 +23,7 @@ the inputs, the learning rates, the update count.
 local dm = require "dormouse"
 local core = require "dormouse.core"
 local schema = require "dormouse.schema"
+local pieces = require "dormouse.step"
 
 local graphstep = {}
 local GraphStep = {}
@@ -90,9 +91,8 @@ end
 -- The step's work on the device; run eagerly or captured.
 function GraphStep:body()
   local r, sum = self.r, self.sum
-  local train = require "dormouse.train"
-  local out = train.micro_batch(r.model, self.x, self.prefix, 1, nil, nil, self.mask)
-  local counts, drops = train.balance(r.model)
+  local out = pieces.micro_batch(r.model, self.x, self.prefix, 1, nil, nil, self.mask)
+  local counts, drops = pieces.balance(r.model)
   local lookup = r.model.block and r.model.block.engram and r.model.block.engram.current
   if lookup and lookup.n then                      -- the padded lookups' count, for the log line
     self.engram = {n = dm.keep(lookup.n), lookups = lookup.inverse:numel()}

@@ -38,6 +38,7 @@ local optim = require "dormouse.optim"
 local config = require "dormouse.config"
 local train = require "dormouse.train"
 local segments = require "dormouse.segments"
+local pieces = require "dormouse.step"
 
 local plan = {}
 
@@ -89,13 +90,13 @@ function plan.step(model, opt, next_batch, grad_accum, mark, segment)
       if segment and x:size(2) - 1 > segment then
         segments.backward(model, x, prefix, segment, 1 / grad_accum, ended)
       else
-        train.micro_batch(model, x, prefix, 1 / grad_accum, false, function(phase)
+        pieces.micro_batch(model, x, prefix, 1 / grad_accum, false, function(phase)
           if phase == "forward" then mark("backward") end
         end)
       end
     end
     mark("optimiser")
-    train.balance(model)
+    pieces.balance(model)
     opt:step(1, {blind = true})      -- the trainer's step, the norm not read: on meta it has no value
     opt:zero_grad()
   end)

@@ -14,7 +14,7 @@ local dm = require "dormouse"
 
 local preflight = {}
 
-local size = require("dormouse.nn").human_bytes
+local size = require("dormouse.human").bytes
 
 local function bytes_of(tensors, keep)
   local n = 0

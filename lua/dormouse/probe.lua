@@ -19,6 +19,7 @@ local eval = require "dormouse.eval"
 local probe = {}
 
 local core = require "dormouse.core"
+local human = require "dormouse.human"
 
 local LN2 = math.log(2)
 
@@ -77,40 +78,6 @@ function probe.load(path, root, opts)
   return model, cfg, dir, c.meta.step
 end
 
---[[ probe.byte_printer(write) -> put(byte), finish(): a model's bytes for a
-terminal, one at a time. Printable ASCII, newlines and tabs go as they are,
-and so do whole valid UTF-8 sequences (held until complete); any other byte
-(a control byte, a stray or cut continuation, an overlong or surrogate form)
-is written as \xNN, so that what a model samples can neither break the
-text nor drive the terminal. finish() writes a cut sequence's bytes so. ]]
-function probe.byte_printer(write)
-  local held = {}          -- the bytes of a sequence not yet complete
-  local want = 0           -- its length
-  local function escape(b) write(string.format("\\x%02X", b)) end
-  local function flush_held()
-    for _, b in ipairs(held) do escape(b) end
-    held, want = {}, 0
-  end
-  local function put(c)
-    local b = c:byte()
-    if want > 0 then
-      if b >= 0x80 and b <= 0xBF then
-        held[#held + 1] = b
-        if #held == want then
-          local seq = string.char(table.unpack(held))
-          if utf8.len(seq) == 1 then write(seq); held, want = {}, 0 else flush_held() end
-        end
-        return
-      end
-      flush_held()
-    end
-    if b == 0x0A or b == 0x09 or (b >= 0x20 and b <= 0x7E) then write(c)
-    elseif b >= 0xC2 and b <= 0xF4 then held, want = {b}, b >= 0xF0 and 4 or b >= 0xE0 and 3 or 2
-    else escape(b) end
-  end
-  return put, flush_held
-end
-
 function probe.env(model, cfg)
   local env = {model = model, cfg = cfg}
 
@@ -135,7 +102,7 @@ function probe.env(model, cfg)
     if p ~= nil and not (type(p) == "number" and p > 0 and p <= 1) then
       error("sample: top_p must be a number in (0, 1], got " .. tostring(p), 2)
     end
-    local put, finish = probe.byte_printer(function(s) io.write(s) end)
+    local put, finish = human.byte_printer(function(s) io.write(s) end)
     local text = eval.sample(model, prompt or "", n or 200, {
       temperature = opts.temperature, top_p = opts.top_p, seed = opts.seed,
       on_byte = function(b) put(b); io.stdout:flush() end})

@@ -130,7 +130,7 @@ local function checkpoint_env(env, path, cli, trust)
   for k, v in pairs(helpers) do if k ~= "help_text" then env[k] = v end end
   env.help = function() print(help_text .. "\n\nThis checkpoint:\n" .. helpers.help_text) end
   print(string.format("loaded %s (step %d): %s parameters; help() lists the probes", dir, step,
-                      require("dormouse.nn").human(model:n_params())))
+                      require("dormouse.human").count(model:n_params())))
 end
 
 -- file: a script, or a run's folder; flag "--trust": run a model file the checkpoint names by its path

@@ -380,7 +380,7 @@ pre{background:#f6f6f6;padding:8px;overflow:auto;white-space:pre-wrap}.status{co
 -- an HTML-safe rendering of a sample's bytes (UTF-8 whole, anything else as \xNN)
 local function sample_html(text)
   local out = {}
-  local put, finish = require("dormouse.probe").byte_printer(function(s) out[#out + 1] = s end)
+  local put, finish = require("dormouse.human").byte_printer(function(s) out[#out + 1] = s end)
   for i = 1, #text do put(text:sub(i, i)) end
   finish()
   return esc(table.concat(out))

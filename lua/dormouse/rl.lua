@@ -64,7 +64,7 @@ function rl.new(r, root)
     if not r.init_from then
       error("rl.kl > 0 measures the policy against the model it started from: set init (--init RUN)", 0)
     end
-    self.init = require("dormouse.train").initial_model(cfg, r.device, root, r.init_from)
+    self.init = r:initial_model(root)
   end
   if r.dir then                                  -- every decision beside the run (a resume keeps those before it)
     self.log = r.dir .. "/rollouts.jsonl"
@@ -246,7 +246,7 @@ function Learner:step(r)
     local loss, kl = self:loss(model, x, w, m)
     local value = loss:item()
     loss:backward()
-    local counts, drops = require("dormouse.train").balance(model)
+    local counts, drops = require("dormouse.step").balance(model)
     local result = r.opt:step(r.step)
     r.opt:zero_grad()
     local events = (not result.skipped and model.after_step) and model:after_step(r.step) or nil

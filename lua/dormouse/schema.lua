@@ -423,6 +423,14 @@ local rows = {
 -- Checks across keys, run once every key is valid: each returns a message or nil.
 -- A run name names the folder runs/NAME, so it is one plain path component.
 schema.RUN_NAME_MAX = 100
+
+-- KDA's initialisation ranges (nn/kda.lua draws from them; a check below bounds the gate by them):
+-- the decay rates A = exp(A_log) per head lie in a_range; dt, the gate's step at initialisation
+-- (init.dt_bias = "log_uniform" or "decay"), is log-uniform in dt_range (as in Mamba and FLA)
+schema.kda_init = {a_range = {1, 16}, dt_range = {1e-3, 1e-1}}
+
+-- the deepest log-decay a channel starts at under init.dt_bias = "decay": -kda_deepest_start()
+function schema.kda_deepest_start() return schema.kda_init.a_range[2] * schema.kda_init.dt_range[2] end
 function schema.run_name_error(name)
   if type(name) == "string" and #name <= schema.RUN_NAME_MAX and name:match("^[%w_][%w._%-]*$") then return nil end
   return ("name: %s is not a run name: letters, digits, '.', '_' and '-', not starting with '.' or '-', at most %d " ..
@@ -510,7 +518,7 @@ schema.checks = {
   function(c)                                    -- the bounded gate must reach the starting decays asked of it
     local m = c.model
     if not (m.init.dt_bias == "decay" and m.kda.gate == "bounded") then return nil end
-    local deepest = require("dormouse.nn").KDA.deepest_start()
+    local deepest = schema.kda_deepest_start()
     if m.kda.gate_lb > -deepest then
       return ("model.init.dt_bias = decay starts the gate at g = -exp(A_log) dt, down to %g, below the bounded " ..
               "gate's lower bound model.kda.gate_lb = %s; set gate_lb under %g or dt_bias to another " ..

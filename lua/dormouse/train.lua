@@ -23,11 +23,13 @@ local schema = require "dormouse.schema"
 local banks = require "dormouse.banks"
 local instrument = require "dormouse.instrument"
 local json = require "dormouse.json"
+local human = require "dormouse.human"
 local report = require "dormouse.report"
 local evaluate = require "dormouse.eval"
 local tasks = require "dormouse.tasks"
 local preflight = require "dormouse.preflight"
 local segments = require "dormouse.segments"
+local pieces = require "dormouse.step"     -- a step's micro-batch, balance and weights
 
 local train = {}
 
@@ -458,7 +460,8 @@ end
 --[[ A second model of the run's config, out of training, with the weights this run started from
 (its init: the run, step and checksum its meta keeps); the global random state is left as it was.
 The reference of rl.kl (dormouse.rl). ]]
-function train.initial_model(cfg, device, root, init)
+function Run:initial_model(root)
+  local cfg, device, init = self.cfg, self.device, self.init_from
   local point = init.run .. "/ckpt-" .. init.step
   local seed, offset = dm.rng_state()
   local model = nn.build({device = device, compute_dtype = train.compute_dtype(cfg, device)}, train.build_model, cfg,
@@ -509,44 +512,6 @@ step's routing counts, when r.log_now the Engram counters, with a
 capacity factor the assignments dropped per expert, the mean of each
 of the forward's extras (out.extras: an arm's own terms, device scalars) by name, and the
 events of model:after_step (an arm acting on the weights: {retract = 1}). ]]
---[[ One micro-batch of a step, as every form of the step takes it (the eager step
-below, the captured one of graphstep.lua and the planned one of plan.step): the
-forward of x, prefix, and the backward of its loss weighted by `scale` (1 /
-grad_accum). With `read` the loss is read back first and a non-finite one takes no
-backward (the eager step's NaN firewall; the captured and the planned steps read
-nothing). mark, when given, is called with "forward" and "backward" as each ends. mask: the
-batch's loss mask (records), or nil.
-Returns the forward's out and the loss read (nil without read). ]]
-function train.micro_batch(model, x, prefix, scale, read, mark, mask)
-  local out = model:forward(x, prefix, mask and {mask = mask} or nil)
-  local l = read and out.loss:item() or nil
-  if mark then mark("forward") end
-  if not read or instrument.finite(l) then (scale == 1 and out.loss or out.loss * scale):backward() end
-  if mark then mark("backward") end
-  return out, l
-end
-
--- The experts' balance after a step's backward: the routing counts and the drops (nil without MoE);
--- in a data-parallel job on every rank's counts, summed
-function train.balance(model)
-  if model.update_balance then return model:update_balance(dist.active() and dist.sum_ or nil) end
-end
-
---[[ The weights of a step's micro-batches: 1 / grad_accum each, or under loss masks (records) each
-one's share of the step's scored targets, so that the step's loss is the mean over all of them as one
-batch's would be (a micro-batch of short responses counts for less). masks: the micro-batches'
-masks (u8 tensors on the CPU) or nil. ]]
-function train.micro_weights(masks, n)
-  local w = {}
-  local total, counts = 0, {}
-  for i = 1, n do
-    counts[i] = masks and masks[i] and masks[i]:to("f64"):sum():item() or 1
-    total = total + counts[i]
-  end
-  for i = 1, n do w[i] = total > 0 and counts[i] / total or 1 / n end
-  return w
-end
-
 function train.step(r, mark)
   local cfg = r.cfg
   mark = mark or function() end
@@ -562,7 +527,7 @@ function train.step(r, mark)
         batches[i], masks[i] = {x, prefix, mask}, mask
       end
     end
-    local weight = train.micro_weights(#masks > 0 and masks or nil, cfg.grad_accum)
+    local weight = pieces.micro_weights(#masks > 0 and masks or nil, cfg.grad_accum)
     for i = 1, cfg.grad_accum do
       local x, prefix, mask, _
       if batches[i] then x, prefix, mask = batches[i][1], batches[i][2], batches[i][3]
@@ -576,7 +541,7 @@ function train.step(r, mark)
         l = l:item()
       else
         local out
-        out, l = train.micro_batch(r.model, x, prefix, weight[i], true, mark, mask)
+        out, l = pieces.micro_batch(r.model, x, prefix, weight[i], true, mark, mask)
         terms = out.extras
       end
       loss = loss + l * weight[i]
@@ -601,7 +566,7 @@ function train.step(r, mark)
         engram = {rows = n, unique_frac = n / (dist.mean(engram.rows / engram.unique_frac) * dist.size)}
       end
     end
-    local counts, drops = train.balance(r.model)
+    local counts, drops = pieces.balance(r.model)
     local result, events
     if instrument.finite(loss) then result = r.opt:step(r.step)
     else result = {skipped = true, grad_norm = 0 / 0, lr = 0} end
@@ -992,9 +957,9 @@ function run_body(self, cfg, opts)
   self.corpus = corpus
   local counts = self.model.counts and self.model:counts()
   self.summary = string.format("%s on %s: %s parameters%s; %s; device %s",
-    cfg.name, cfg.model.arch, nn.human(self.model:n_params()),
+    cfg.name, cfg.model.arch, human.count(self.model:n_params()),
     counts and string.format(" (%s without the Engram tables, %s active per token per iteration)",
-                             nn.human(counts.without_tables), nn.human(counts.active)) or "",
+                             human.count(counts.without_tables), human.count(counts.active)) or "",
     corpus.describe and corpus:describe() or
       string.format("corpus %s (%d bytes, %d held out%s)", path, corpus:size(), corpus:eval_size(),
                     cfg.data.eval and " from " .. cfg.data.eval or ""), self.device)

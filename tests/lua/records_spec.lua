@@ -278,9 +278,9 @@ describe("the loss under a mask", function()
       n = n + 1
     end
     assert.truthy(n > 20)
-    assert.same({0.25, 0.75}, train.micro_weights({dm.tensor({1, 0}, {dtype = "u8"}), dm.tensor({1, 2}, {dtype = "u8"})}, 2))
-    assert.same({0.5, 0.5}, train.micro_weights(nil, 2))
-    assert.same({0.5, 0.5}, train.micro_weights({dm.zeros({2}, {dtype = "u8"}), dm.zeros({2}, {dtype = "u8"})}, 2))
+    assert.same({0.25, 0.75}, require("dormouse.step").micro_weights({dm.tensor({1, 0}, {dtype = "u8"}), dm.tensor({1, 2}, {dtype = "u8"})}, 2))
+    assert.same({0.5, 0.5}, require("dormouse.step").micro_weights(nil, 2))
+    assert.same({0.5, 0.5}, require("dormouse.step").micro_weights({dm.zeros({2}, {dtype = "u8"}), dm.zeros({2}, {dtype = "u8"})}, 2))
   end)
 
   it("of a batch with no response byte is 0, with no NaN in any gradient", function()

@@ -295,7 +295,7 @@ describe("the REPL's helpers", function()
   it("print a model's bytes: UTF-8 whole, anything else as \\xNN", function()
     local function shown(bytes)
       local out = {}
-      local put, finish = probe.byte_printer(function(s) out[#out + 1] = s end)
+      local put, finish = require("dormouse.human").byte_printer(function(s) out[#out + 1] = s end)
       for i = 1, #bytes do put(bytes:sub(i, i)) end
       finish()
       return table.concat(out)

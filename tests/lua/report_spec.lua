@@ -130,7 +130,7 @@ describe("a resumed run's report", function()
     helpers.run_quiet(helpers.tiny(o), {runs = runs, resume = runs .. "/res"})
     local html = read(runs .. "/res/report.html")
     local shown = {}
-    local put, finish = require("dormouse.probe").byte_printer(function(b) shown[#shown + 1] = b end)
+    local put, finish = require("dormouse.human").byte_printer(function(b) shown[#shown + 1] = b end)
     for i = 1, #text do put(text:sub(i, i)) end
     finish()
     local esc = table.concat(shown):gsub("&", "&amp;"):gsub("<", "&lt;"):gsub(">", "&gt;")

@@ -324,7 +324,7 @@ end]], dir .. "/st", prompt))
     assert.equal(0, code, err)
     local want = eval.sample(m, "In the", 150, {temperature = 0})
     local shown = {}
-    local put, finish = require("dormouse.probe").byte_printer(function(b) shown[#shown + 1] = b end)
+    local put, finish = require("dormouse.human").byte_printer(function(b) shown[#shown + 1] = b end)
     for i = 1, #want do put(want:sub(i, i)) end
     finish()
     assert.equal(table.concat(shown) .. "\n", out)

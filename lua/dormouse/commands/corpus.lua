@@ -26,7 +26,7 @@ local data = require "dormouse.data"
 local usage = "usage: dormouse corpus pack OUT.zst PATH... [--files-from LIST] [--frame-bytes N] [--level L] [--force] | " ..
               "corpus info PATH... [--read B,T]"
 
-local human = require("dormouse.nn").human_bytes
+local human = require("dormouse.human").bytes
 
 local function count(text, flag, min)
   local n = math.tointeger(tonumber(text))

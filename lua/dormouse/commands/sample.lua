@@ -176,7 +176,7 @@ local function run(argv, cli)
     local model, _, dir, step = probe.load(args.run, cli.root, {device = args.device, trust = args.trust})
     io.stderr:write(string.format("sample: %s (step %d), %d prompt bytes, %s\n", dir, step, #prompt,
                                   args.full and "a full forward a byte" or "streaming"))
-    local put, finish = probe.byte_printer(function(s) io.stdout:write(s) end)
+    local put, finish = require("dormouse.human").byte_printer(function(s) io.stdout:write(s) end)
     local settle = args.device == "cuda" and dm.cuda.synchronize or function() end
     local now = require("dormouse.core").now                  -- wall time
     local stamps, t_start = {}, now()

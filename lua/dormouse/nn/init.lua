@@ -16,6 +16,7 @@ else sets them: nn holds no device or dtype that a forward reads.
 ]]
 local dm = require "dormouse"
 local core_metatable = require("dormouse.core").metatable
+local human = require("dormouse.human").count      -- parameter counts as 1.23M
 
 local nn = {}
 
@@ -169,22 +170,6 @@ end
 
 function Module:zero_grad()
   for _, p in ipairs(self:parameters()) do p.grad = nil end
-end
-
-local function human(n)
-  if n >= 1e9 then return string.format("%.2fB", n / 1e9) end
-  if n >= 1e6 then return string.format("%.2fM", n / 1e6) end
-  if n >= 1e3 then return string.format("%.1fK", n / 1e3) end
-  return tostring(n)
-end
-nn.human = human
-
--- A number of bytes for people, in decimal units: 3.20 GB, 45.1 MB, 812.0 kB, 100 bytes
-function nn.human_bytes(n)
-  if n >= 1e9 then return string.format("%.2f GB", n / 1e9) end
-  if n >= 1e6 then return string.format("%.1f MB", n / 1e6) end
-  if n >= 1e3 then return string.format("%.1f kB", n / 1e3) end
-  return string.format("%d bytes", math.floor(n))
 end
 
 -- One line a module: its name, class, the parameters below it, and its own parameters' shapes.

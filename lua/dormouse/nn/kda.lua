@@ -14,11 +14,11 @@ local schema = require "dormouse.schema"      -- the options' defaults (schema.d
 local KDA = nn.class("KDA")
 
 -- The decay rates A = exp(A_log) per head lie in A_RANGE; dt, the gate's step at initialisation
--- (init.dt_bias = "log_uniform" or "decay"), is log-uniform in DT_RANGE (as in Mamba and FLA).
-KDA.A_RANGE, KDA.DT_RANGE = {1, 16}, {1e-3, 1e-1}
+-- (init.dt_bias = "log_uniform" or "decay"), is log-uniform in DT_RANGE (schema.kda_init owns both).
+KDA.A_RANGE, KDA.DT_RANGE = schema.kda_init.a_range, schema.kda_init.dt_range
 
 -- The deepest log-decay a channel starts at under init.dt_bias = "decay": -deepest_start()
-function KDA.deepest_start() return KDA.A_RANGE[2] * KDA.DT_RANGE[2] end
+KDA.deepest_start = schema.kda_deepest_start
 
 --[[ dt_bias for the gate to start at g = -A dt per channel (f = 0), dt [H*dk] > 0, A [H, 1]:
 the inverse softplus of dt for the softplus form, -A softplus(dt_bias) = -A dt; for the bounded

@@ -74,7 +74,7 @@ function groups.assign(entries, opts)
   return out
 end
 
-local human = require("dormouse.nn").human      -- parameter counts as 1.23M, the module tree's form
+local human = require("dormouse.human").count    -- parameter counts as 1.23M, the module tree's form
 
 -- names joined up to `width` characters, then "(+N more)"
 local function abbreviate(names, width)
