@@ -401,13 +401,15 @@ function Dormouse:update_balance(reduce)
   return self.block.moe:update_balance(reduce)
 end
 
---[[ fn() → the loader's next x [B, T+1], prefix, k without taking it (train.lookahead):
-Engram tables in host memory gather that batch's rows while this step runs. fn = nil
-stops it. ]]
 -- Shapes that never wait for the device, for a step captured as a CUDA graph (Engram:set_static).
 function Dormouse:set_static(on)
   if self.block.engram then self.block.engram:set_static(on) end
 end
+function Dormouse:is_static() return self.block.engram ~= nil and self.block.engram.static == true end
+
+--[[ fn() → the loader's next x [B, T+1], prefix, k without taking it (train.lookahead):
+Engram tables in host memory gather that batch's rows while this step runs. fn = nil
+stops it. ]]
 
 function Dormouse:set_lookahead(fn)
   local engram = self.block.engram

@@ -138,6 +138,16 @@ describe("the decoder (blocks of bytes over fixed buffers)", function()
     assert.are.equal(calls, n)
   end)
 
+  it("runs in the model's static form (Engram's padded lookups) and puts its form back", function()
+    local one = eval.sample(m, "In the", 20, {temperature = 0.7, seed = 9})
+    for _, was in ipairs {false, true} do
+      m:set_static(was)
+      assert.are.equal(one, eval.sample(m, "In the", 20, {temperature = 0.7, seed = 9, block = 4}))
+      assert.are.equal(was, m:is_static())
+    end
+    m:set_static(false)
+  end)
+
   it("refuses a step before any stream is put", function()
     local d = decode.new(m, 2, {block = 2})
     helpers.has(helpers.err_of(d.step, d), "decode: step before any slot was put")
