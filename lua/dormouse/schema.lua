@@ -335,6 +335,8 @@ local rows = {
      "AdamW group, or Muon's with its weight decay"},
     {"engram_adam", enum {"sparse", "dense"}, "sparse", "the tables' Adam: the touched rows only (the spec), or " ..
      "dense: every row's moments decay and every row moves each step (not the spec's; tables on the device)"},
+    {"adamw_moments", enum {"f32", "q8"}, "f32", "the AdamW group's moments: f32, or q8: 8 bits a value with " ..
+     "an f32 scale a block of 256, rounded stochastically (about 26% of the memory)"},
     {"momentum", num{min = 0, below = 1}, 0.95, "Muon momentum"},
     {"nesterov", bool, true, "Nesterov form of the Muon momentum"},
     {"momentum_dtype", enum {"f32", "bf16", "bf16_stochastic"}, "f32", "Muon momentum buffers: f32, or bf16 (half " ..

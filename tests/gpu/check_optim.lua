@@ -8,7 +8,8 @@ Newton-Schulz in f32 on both sides; the parameters and buffers after two
 steps agree within 2e-4 of their largest entry (cuBLAS and the CPU add in
 other orders); stochastic rounding draws the same bits on both sides, so at
 most 1 in 1,000 of its buffers' elements differ (a sum that differs in its
-last f32 bit may round the other way).
+last f32 bit may round the other way). Then AdamW with 8-bit moments
+(core.adamw_q8_step) on both sides, three steps.
   dormouse run tests/gpu/check_optim.lua
 DRY=1 runs the script with the CPU on both sides.
 ]]
@@ -48,7 +49,7 @@ local function step_both(list, mom)
   return sides
 end
 
--- the share of a's elements that differ from b's (both bf16)
+-- the share of a's elements that differ from b's (bf16 or u8)
 local function share_differing(a, b)
   local n = a:numel()
   local x, y = a:to("cpu"):reshape({n}):totable(), b:to("cpu"):reshape({n}):totable()
@@ -79,5 +80,46 @@ for _, mom in ipairs {"f32", "bf16", "bf16_stochastic"} do
     end)
   end
 end
+
+-- AdamW with 8-bit moments: parameters to 1e-5 of their largest entry, scales to 1e-5, and at most 1 in
+-- 1,000 codes different (an f32 sum that differs in its last bit may round the other way)
+checks.check("adamw_q8_step [3, 100] + [5461] (bf16 gradient) + [7]: GPU = CPU", function()
+  local shapes = {{3, 100}, {5461}, {7}}
+  local sides = {}
+  for side, device in pairs {cpu = "cpu", gpu = GPU} do
+    local p, mc, ms, rc, rs = {}, {}, {}, {}, {}
+    for i, shape in ipairs(shapes) do
+      p[i] = dm.randn(shape, {seed = 40 + i}):to(device)
+      local n = p[i]:numel()
+      mc[i] = dm.zeros(shape, {dtype = "u8"}):to(device)
+      rc[i] = dm.zeros(shape, {dtype = "u8"}):to(device)
+      ms[i] = dm.zeros({(n + 255) // 256}):to(device)
+      rs[i] = dm.zeros({(n + 255) // 256}):to(device)
+    end
+    for step = 1, 3 do
+      for i, shape in ipairs(shapes) do
+        p[i].grad = dm.randn(shape, {seed = 300 * step + i}):to(i == 2 and "bf16" or "f32"):to(device)
+      end
+      core.adamw_q8_step(p, mc, ms, rc, rs, {lr = 1e-2, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1,
+                                             step = step, salt = 21})
+    end
+    sides[side] = {p = p, mc = mc, ms = ms, rc = rc, rs = rs}
+  end
+  local worst = 0
+  for i in ipairs(shapes) do
+    local e = common.rel(sides.gpu.p[i], sides.cpu.p[i])
+    assert(e <= 1e-5, string.format("parameter %d: relative error %.3g", i, e))
+    for _, k in ipairs {"ms", "rs"} do
+      local es = common.rel(sides.gpu[k][i], sides.cpu[k][i])
+      assert(es <= 1e-5, string.format("%s %d: relative error %.3g", k, i, es))
+    end
+    for _, k in ipairs {"mc", "rc"} do
+      local d = share_differing(sides.gpu[k][i], sides.cpu[k][i])
+      assert(d <= 1e-3, string.format("%s %d: %.3g of the codes differ", k, i, d))
+    end
+    worst = math.max(worst, e)
+  end
+  return string.format("worst parameter error %.2g", worst)
+end)
 
 checks.finish()

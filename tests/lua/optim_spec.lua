@@ -217,6 +217,14 @@ describe("optim training", function()
     expect_error(function() momentum_after(true, 0) end, "muon: stochastic rounding needs the update's count")
   end)
 
+  it("fits a regression with AdamW's moments in 8 bits, as with f32 ones", function()
+    local f_first, f_last = regression("head", {adamw_lr = 0.1, clip = 0}, 300)
+    local first, last, opt = regression("head", {adamw_lr = 0.1, clip = 0, adamw_moments = "q8"}, 300)
+    assert.are.equal("u8", opt.groups[1].state.m_q8[1].dtype)
+    assert.are.equal(f_first, first)
+    assert.is_true(last < first * 1e-3, ("loss %g -> %g (f32 moments: %g)"):format(first, last, f_last))
+  end)
+
   it("trains with optim.momentum_dtype = bf16_stochastic, its buffers bf16", function()
     local first, last, opt = regression("proj", {muon_lr = 0.1, adamw_lr = 0.1, weight_decay = 0, clip = 0,
                                                  momentum_dtype = "bf16_stochastic"}, 300)
@@ -360,6 +368,57 @@ describe("optim state", function()
     assert.are.equal("bf16", sb["l1.weight.momentum"].dtype)
     assert.is_true(dm.allclose(sb["l1.weight.momentum"], sa["l1.weight.momentum"]:to("bf16"), {rtol = 0, atol = 0}))
     assert.are.equal("f32", sb["l1.bias.m"].dtype)
+  end)
+
+  it("keeps the AdamW group's moments in 8 bits (adamw_moments = q8): codes, scales, and a resume from or to f32",
+     function()
+    dm.manual_seed(8)
+    local a = Toy()
+    local twin = copy_of(a)
+    local opt = optim.new(a, {adamw_moments = "q8"}, {warmup = 2}, 20, {quiet = true})
+    local ref = optim.new(twin, {}, {warmup = 2}, 20, {quiet = true})
+    for step = 1, 3 do
+      grads_for(a, step); opt:step(step)
+      grads_for(twin, step); ref:step(step)
+    end
+    local sq, sf = opt:state(), ref:state()
+    assert.are.equal("u8", sq["emb.weight.m_q8"].dtype)
+    assert.same({16}, sq["emb.weight.m_scale"]:shape())           -- 256 x 16 = 4,096 values: 16 blocks
+    assert.same({1}, sq["l1.bias.v_scale"]:shape())
+    assert.is_nil(sq["emb.weight.m"])
+    -- the decoded moments follow the f32 run's (the same gradients) within their codes' precision
+    local function decoded(state, key, signed)
+      local values = dm.zeros(state[key .. "_q8"]:shape())
+      core.q8_unpack(values, state[key .. "_q8"], state[key .. "_scale"], signed)
+      return values
+    end
+    local m = decoded(sq, "head.weight.m", true)
+    local r = decoded(sq, "head.weight.v", false)
+    local mf, rf = sf["head.weight.m"], sf["head.weight.v"]:sqrt()
+    assert.is_true(((m - mf):abs():max():item()) <= 0.2 * mf:abs():max():item())
+    assert.is_true(((r - rf):abs():max():item()) <= 0.1 * rf:max():item())
+    -- f32 state into a q8 run, and q8 state into an f32 one: each converted on load
+    local to_q8 = optim.new(copy_of(a), {adamw_moments = "q8"}, {warmup = 2}, 20, {quiet = true})
+    to_q8:load_state(sf)
+    local back = decoded(to_q8:state(), "head.weight.m", true)
+    assert.is_true(((back - mf):abs():max():item()) <= 0.07 * mf:abs():max():item())
+    local to_f32 = optim.new(copy_of(a), {}, {warmup = 2}, 20, {quiet = true})
+    to_f32:load_state(sq)
+    assert.is_true(dm.allclose(to_f32:state()["head.weight.m"], m, {rtol = 0, atol = 0}))
+    assert.is_true(dm.allclose(to_f32:state()["head.weight.v"], r * r, {rtol = 1e-6, atol = 0}))
+    assert.are.equal(3, to_f32.t)
+  end)
+
+  it("rounds its 8-bit moments the same way every run (the codes' random bits are keyed, not drawn)", function()
+    local function codes()
+      dm.manual_seed(8)
+      local a = Toy()
+      local opt = optim.new(a, {adamw_moments = "q8"}, {warmup = 2}, 20, {quiet = true})
+      for step = 1, 3 do grads_for(a, step); opt:step(step) end
+      return opt:state()
+    end
+    local x, y = codes(), codes()
+    for key, t in pairs(x) do assert.is_true(dm.allclose(t, y[key], {rtol = 0, atol = 0}), key) end
   end)
 
   it("refuses a state with a missing, misshapen or unknown key, or no step", function()

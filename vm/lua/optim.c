@@ -3,6 +3,8 @@
 **
 **   core.clip_grad_norm(params, max_norm)        → norm, finite
 **   core.adamw_step(params, ms, vs, hp)          hp: lr beta1 beta2 eps weight_decay step
+**   core.adamw_q8_step(params, m, m_scale, r, r_scale, hp)   the same with 8-bit moments (hp.salt)
+**   core.q8_pack(codes, scales, values, signed[, salt]) / core.q8_unpack(values, codes, scales, signed)
 **   core.muon_step(params, bufs, hp)             hp: lr momentum nesterov weight_decay
 **                                                    ns_steps coeffs ns_dtype [clip] [normalize]
 **                                                    [momentum_sround sround_salt step step_at]
@@ -151,6 +153,20 @@ static int c_clip_grad_norm(lua_State *L) {
   return 2;
 }
 
+/* AdamW's settings from the table at hp */
+static dm_adamw_hp adamw_hp(lua_State *L, int hp, const char *fn, dm_tensor **p, int n) {
+  check_hp(L, hp, fn);
+  return (dm_adamw_hp){
+    .lr = number_field(L, hp, fn, "lr"), .beta1 = number_field(L, hp, fn, "beta1"),
+    .beta2 = number_field(L, hp, fn, "beta2"), .eps = number_field(L, hp, fn, "eps"),
+    .weight_decay = number_field(L, hp, fn, "weight_decay"),
+    .step = (int64_t)number_field(L, hp, fn, "step"),
+    .lr_at = scalar_field(L, hp, fn, "lr_at", DM_F64, p, n),
+    .step_at = scalar_field(L, hp, fn, "step_at", DM_I64, p, n),
+    .sumsq_at = scalar_field(L, hp, fn, "sumsq_at", DM_F64, p, n),
+  };
+}
+
 static int c_adamw_step(lua_State *L) {
   DM_ENTER(L);
   const char *fn = "adamw_step";
@@ -160,17 +176,45 @@ static int c_adamw_step(lua_State *L) {
   dm_tensor **v = tensor_list(L, 3, fn, "second moments", &nv);
   same_length(fn, "first moments", n, nm);
   same_length(fn, "second moments", n, nv);
-  check_hp(L, 4, fn);
-  dm_adamw_hp hp = {
-    .lr = number_field(L, 4, fn, "lr"), .beta1 = number_field(L, 4, fn, "beta1"),
-    .beta2 = number_field(L, 4, fn, "beta2"), .eps = number_field(L, 4, fn, "eps"),
-    .weight_decay = number_field(L, 4, fn, "weight_decay"),
-    .step = (int64_t)number_field(L, 4, fn, "step"),
-    .lr_at = scalar_field(L, 4, fn, "lr_at", DM_F64, p, n),
-    .step_at = scalar_field(L, 4, fn, "step_at", DM_I64, p, n),
-    .sumsq_at = scalar_field(L, 4, fn, "sumsq_at", DM_F64, p, n),
-  };
+  dm_adamw_hp hp = adamw_hp(L, 4, fn, p, n);
   dm_adamw_step(n, p, grad_list(L, p, n), m, v, &hp);
+  return 0;
+}
+
+/* core.adamw_q8_step(params, m, m_scale, r, r_scale, hp): hp as adamw_step's, and salt */
+static int c_adamw_q8_step(lua_State *L) {
+  DM_ENTER(L);
+  const char *fn = "adamw_q8_step";
+  int n, k;
+  dm_tensor **p = tensor_list(L, 1, fn, "params", &n);
+  const char *roles[4] = {"first moment codes", "first moment scales", "second moment codes",
+                          "second moment scales"};
+  dm_tensor **s[4];
+  for (int j = 0; j < 4; j++) {
+    s[j] = tensor_list(L, 2 + j, fn, roles[j], &k);
+    same_length(fn, roles[j], n, k);
+  }
+  dm_adamw_hp hp = adamw_hp(L, 6, fn, p, n);
+  uint32_t salt = (uint32_t)(int64_t)number_field_or(L, 6, fn, "salt", 0);
+  dm_adamw_q8_step(n, p, grad_list(L, p, n), s[0], s[1], s[2], s[3], &hp, salt);
+  return 0;
+}
+
+/* core.q8_pack(codes, scales, values, signed[, salt]) and core.q8_unpack(values, codes, scales, signed) */
+static int c_q8_pack(lua_State *L) {
+  dm_tensor *codes = dm_lua_check(L, 1), *scales = dm_lua_check(L, 2), *values = dm_lua_check(L, 3);
+  bool is_signed = lua_toboolean(L, 4);
+  uint32_t salt = (uint32_t)luaL_optinteger(L, 5, 0);
+  DM_ENTER(L);
+  dm_q8_pack(codes, scales, values, is_signed, salt);
+  return 0;
+}
+
+static int c_q8_unpack(lua_State *L) {
+  dm_tensor *values = dm_lua_check(L, 1), *codes = dm_lua_check(L, 2), *scales = dm_lua_check(L, 3);
+  bool is_signed = lua_toboolean(L, 4);
+  DM_ENTER(L);
+  dm_q8_unpack(values, codes, scales, is_signed);
   return 0;
 }
 
@@ -250,6 +294,7 @@ static int c_newton_schulz(lua_State *L) {
 
 static const luaL_Reg funcs[] = {
   {"clip_grad_norm", c_clip_grad_norm}, {"clip_grads", c_clip_grads}, {"adamw_step", c_adamw_step},
+  {"adamw_q8_step", c_adamw_q8_step}, {"q8_pack", c_q8_pack}, {"q8_unpack", c_q8_unpack},
   {"muon_step", c_muon_step}, {"newton_schulz", c_newton_schulz}, {"clip_grads_async", c_clip_grads_async},
   {"clip_scale", c_clip_scale},
   {"optim_tick", c_optim_tick}, {"engram_adam_at", c_engram_adam_at}, {NULL, NULL}

@@ -10,6 +10,8 @@
 #include "core/core.h"
 #include "core/alloc.h"
 #include "core/cuda.h"
+#include "core/q8.h"
+#include "core/sround.h"
 
 /* ---- checks (all made before anything is allocated) -------------------------------------- */
 
@@ -94,17 +96,22 @@ static bool resolve_muon(dm_muon_hp *hp, dm_device dev) {
 
 /* ---- AdamW ------------------------------------------------------------------------------------ */
 
-void dm_adamw_step(int n, dm_tensor *const *params, dm_tensor *const *grads,
-                   dm_tensor *const *m, dm_tensor *const *v, const dm_adamw_hp *given) {
-  const char *op = "adamw";
-  dm_adamw_hp hpv = *given, *hp = &hpv;
-  if (n > 0 && !resolve_adamw(hp, params[0]->device)) return;
+static void check_adamw_hp(const char *op, const dm_adamw_hp *hp) {
   check_range(op, "lr", hp->lr, 0, INFINITY, true);
   check_range(op, "beta1", hp->beta1, 0, 1, true);
   check_range(op, "beta2", hp->beta2, 0, 1, true);
   check_range(op, "eps", hp->eps, 0, INFINITY, true);
   check_range(op, "weight_decay", hp->weight_decay, 0, INFINITY, true);
-  if (hp->step < 1 && !hp->step_at) dm_error("adamw: step must be >= 1 (it counts updates from 1), got %lld", (long long)hp->step);
+  if (hp->step < 1 && !hp->step_at)
+    dm_error("%s: step must be >= 1 (it counts updates from 1), got %lld", op, (long long)hp->step);
+}
+
+void dm_adamw_step(int n, dm_tensor *const *params, dm_tensor *const *grads,
+                   dm_tensor *const *m, dm_tensor *const *v, const dm_adamw_hp *given) {
+  const char *op = "adamw";
+  dm_adamw_hp hpv = *given, *hp = &hpv;
+  if (n > 0 && !resolve_adamw(hp, params[0]->device)) return;
+  check_adamw_hp(op, hp);
   if (n <= 0) return;
   for (int i = 0; i < n; i++) {
     check_param(op, i, n, params[i], params[0]);
@@ -116,6 +123,96 @@ void dm_adamw_step(int n, dm_tensor *const *params, dm_tensor *const *grads,
   DM_KERNEL(dm_adamw_k, "adamw", params[0]->device)(n, params, grads, m, v, hp);
   for (int i = 0; i < n; i++)
     if (grads[i]) { dm_mark_written(params[i]); dm_mark_written(m[i]); dm_mark_written(v[i]); }
+}
+
+/* ---- AdamW with 8-bit moments ------------------------------------------------------------------ */
+
+static void check_q8(const char *op, const char *role, int i, const dm_tensor *p, const dm_tensor *codes,
+                     const dm_tensor *scales) {
+  char a[128];
+  if (!codes || !scales) dm_error("%s: parameter %d has no %s codes or scales", op, i + 1, role);
+  check_companion(op, role, i, p, codes);
+  if (codes->dtype != DM_U8)
+    dm_error("%s: the %s codes of parameter %d must be u8, got %s", op, role, i + 1, dm_dtype_name(codes->dtype));
+  dm_check_live(scales);
+  int64_t blocks = dm_q8_blocks(dm_numel(p));
+  if (scales->dtype != DM_F32 || scales->ndim != 1 || scales->shape[0] != blocks || !dm_is_contiguous(scales) ||
+      scales->device != p->device)
+    dm_error("%s: the %s scales of parameter %d must be contiguous f32 [%lld] on %s (a block of %d elements "
+             "each), got %s %s on %s", op, role, i + 1, (long long)blocks, dm_device_name(p->device), DM_Q8_BLOCK,
+             dm_dtype_name(scales->dtype), dm_tensor_shape_str(scales, a, sizeof a), dm_device_name(scales->device));
+}
+
+void dm_adamw_q8_step(int n, dm_tensor *const *params, dm_tensor *const *grads, dm_tensor *const *m,
+                      dm_tensor *const *m_scale, dm_tensor *const *r, dm_tensor *const *r_scale,
+                      const dm_adamw_hp *given, uint32_t salt) {
+  const char *op = "adamw_q8";
+  dm_adamw_hp hpv = *given, *hp = &hpv;
+  if (n > 0 && !resolve_adamw(hp, params[0]->device)) return;
+  check_adamw_hp(op, hp);
+  if (n <= 0) return;
+  for (int i = 0; i < n; i++) {
+    check_param(op, i, n, params[i], params[0]);
+    check_grad(op, i, params[i], grads[i]);
+    check_q8(op, "first moment", i, params[i], m[i], m_scale[i]);
+    check_q8(op, "second moment's root", i, params[i], r[i], r_scale[i]);
+  }
+  if (dm_plan_card_of(params[0]->device)) dm_plan_scratch(DM_ADAMW_SCRATCH, "adamw's constants (kernels/optim.cu cuda_adamw_q8)");
+  DM_KERNEL(dm_adamw_q8_k, "adamw_q8", params[0]->device)(n, params, grads, m, m_scale, r, r_scale, hp, salt);
+  for (int i = 0; i < n; i++)
+    if (grads[i]) {
+      dm_mark_written(params[i]);
+      dm_mark_written(m[i]); dm_mark_written(m_scale[i]); dm_mark_written(r[i]); dm_mark_written(r_scale[i]);
+    }
+}
+
+static void check_q8_host(const char *op, const dm_tensor *codes, const dm_tensor *scales, const dm_tensor *values) {
+  char a[128], b[128];
+  const dm_tensor *all[3] = {codes, scales, values};
+  for (int k = 0; k < 3; k++) {
+    dm_check_live(all[k]);
+    if (all[k]->device != DM_CPU || !dm_is_contiguous(all[k]))
+      dm_error("%s: takes contiguous tensors on the CPU", op);
+  }
+  if (codes->dtype != DM_U8 || values->dtype != DM_F32 || scales->dtype != DM_F32)
+    dm_error("%s: codes u8, values and scales f32, got %s, %s and %s", op, dm_dtype_name(codes->dtype),
+             dm_dtype_name(values->dtype), dm_dtype_name(scales->dtype));
+  if (dm_numel(codes) != dm_numel(values) || scales->ndim != 1 || scales->shape[0] != dm_q8_blocks(dm_numel(values)))
+    dm_error("%s: %s codes and %s scales for %lld values (%lld blocks)", op, dm_tensor_shape_str(codes, a, sizeof a),
+             dm_tensor_shape_str(scales, b, sizeof b), (long long)dm_numel(values),
+             (long long)dm_q8_blocks(dm_numel(values)));
+}
+
+void dm_q8_pack(dm_tensor *codes, dm_tensor *scales, const dm_tensor *values, bool is_signed, uint32_t salt) {
+  check_q8_host("q8_pack", codes, scales, values);
+  const float *v = dm_data(values);
+  uint8_t *c = dm_data(codes);
+  float *sc = dm_data(scales);
+  int64_t n = dm_numel(values);
+  for (int64_t b = 0; b * DM_Q8_BLOCK < n; b++) {
+    int64_t lo = b * DM_Q8_BLOCK, hi = lo + DM_Q8_BLOCK < n ? lo + DM_Q8_BLOCK : n;
+    float amax = 0;
+    for (int64_t e = lo; e < hi; e++) amax = fmaxf(amax, fabsf(v[e]));
+    sc[b] = amax;
+    float inv = dm_q8_inverse(amax);
+    for (int64_t e = lo; e < hi; e++) {
+      uint32_t bits = dm_sround_bits(salt, 0, 0, e);
+      c[e] = is_signed ? dm_q8_encode_signed(v[e] * inv, bits) : dm_q8_encode_unsigned(v[e] * inv, bits);
+    }
+  }
+  dm_mark_written(codes);
+  dm_mark_written(scales);
+}
+
+void dm_q8_unpack(dm_tensor *values, const dm_tensor *codes, const dm_tensor *scales, bool is_signed) {
+  check_q8_host("q8_unpack", codes, scales, values);
+  const uint8_t *c = dm_data(codes);
+  const float *sc = dm_data(scales);
+  float *v = dm_data(values);
+  int64_t n = dm_numel(values);
+  for (int64_t e = 0; e < n; e++)
+    v[e] = (is_signed ? dm_q8_signed(c[e]) : dm_q8_unsigned(c[e])) * sc[e / DM_Q8_BLOCK];
+  dm_mark_written(values);
 }
 
 /* ---- Newton–Schulz ------------------------------------------------------------------------ */

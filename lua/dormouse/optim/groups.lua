@@ -107,16 +107,18 @@ function groups.describe(rows, width)
 end
 
 --[[ The state every optimiser group keeps: for each slot ("m", "v",
-"momentum") one f32 zero tensor per parameter, on the parameter's device,
-kept past any dm.scope (the first step often runs inside one). ]]
-function groups.new_group(name, entries, slots, dtypes)
+"momentum") one zero tensor per parameter, on the parameter's device,
+kept past any dm.scope (the first step often runs inside one): of the
+parameter's dtype and shape, or dtypes[slot] and shapes[slot](parameter). ]]
+function groups.new_group(name, entries, slots, dtypes, shapes)
   local g = {name = name, entries = entries, params = {}, slots = slots, state = {}}
   for _, slot in ipairs(slots) do g.state[slot] = {} end
   for i, e in ipairs(entries) do
     g.params[i] = e.tensor
     for _, slot in ipairs(slots) do
       local dtype = dtypes and dtypes[slot] or e.tensor.dtype
-      g.state[slot][i] = dm.keep(dm.zeros(e.tensor:shape(), {dtype = dtype, device = e.tensor.device}))
+      local shape = shapes and shapes[slot] and shapes[slot](e.tensor) or e.tensor:shape()
+      g.state[slot][i] = dm.keep(dm.zeros(shape, {dtype = dtype, device = e.tensor.device}))
     end
   end
   return g

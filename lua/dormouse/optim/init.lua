@@ -117,7 +117,8 @@ function optim.new(model, ocfg, scfg, steps, opts)
   end
   if #by.adamw > 0 then
     self.groups[#self.groups + 1] = AdamW.new("adamw", by.adamw, {
-      lr = o.adamw_lr, betas = o.betas, eps = o.eps, weight_decay = o.adamw_weight_decay})
+      lr = o.adamw_lr, betas = o.betas, eps = o.eps, weight_decay = o.adamw_weight_decay,
+      moments = o.adamw_moments})
   end
   if #by.engram > 0 then
     -- tables whose module hands over sparse gradients get the touched-rows Adam
@@ -301,6 +302,9 @@ function Optimizer:load_state(tbl)
   if not dm.is_tensor(step) or step:numel() ~= 1 then fail("optim state: missing 'step' (a one-element tensor)") end
   local t = math.tointeger(step:item())
   if not t or t < 0 then fail("optim state: 'step' must hold an integer >= 0, got %s", tostring(step:item())) end
+  for _, g in ipairs(self.groups) do            -- another form of a group's state (optim.adamw_moments)
+    if g.adapt_state then tbl = g:adapt_state(tbl) end
+  end
   local want = {}
   for _, g in ipairs(self.groups) do groups.state_into(g, want) end
   for key, dst in pairs(want) do
