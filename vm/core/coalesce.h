@@ -14,13 +14,9 @@
 #include <stdint.h>
 #include "core/dm.h"
 
-#ifdef __CUDACC__
-#define DM_COALESCE_FN static inline __host__ __device__
-#else
-#define DM_COALESCE_FN static inline
-#endif
+#include "core/hd.h"
 
-DM_COALESCE_FN int dm_coalesce(int ndim, int64_t *shape, int nops, int64_t (*str)[DM_MAXDIM]) {
+DM_HD int dm_coalesce(int ndim, int64_t *shape, int nops, int64_t (*str)[DM_MAXDIM]) {
   int m = 0;
   for (int d = 0; d < ndim; d++) {
     if (shape[d] == 1) continue;
@@ -40,7 +36,7 @@ DM_COALESCE_FN int dm_coalesce(int ndim, int64_t *shape, int nops, int64_t (*str
 
 /* The same for a layout that keeps at least one dim: the dims past the merged ones zeroed, and
 ** all dims of size 1 (a scalar) as one dim of size 1, every stride 0. Returns the dims, >= 1. */
-DM_COALESCE_FN int dm_coalesce_layout(int ndim, int64_t *shape, int nops, int64_t (*str)[DM_MAXDIM]) {
+DM_HD int dm_coalesce_layout(int ndim, int64_t *shape, int nops, int64_t (*str)[DM_MAXDIM]) {
   int m = dm_coalesce(ndim, shape, nops, str);
   for (int d = m; d < ndim; d++) {
     shape[d] = 0;

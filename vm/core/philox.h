@@ -10,11 +10,7 @@
 #include <stdint.h>
 #include <math.h>
 
-#if defined(__CUDACC__)
-#define DM_HD __host__ __device__ __forceinline__
-#else
-#define DM_HD static inline
-#endif
+#include "core/hd.h"
 
 DM_HD void dm_philox(uint32_t key0, uint32_t key1, uint32_t c0, uint32_t c1, uint32_t c2,
                      uint32_t c3, uint32_t out[4]) {

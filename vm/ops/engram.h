@@ -54,12 +54,10 @@
 #include "core/ops.h"
 #include "ops/blocks.h"     /* the column sums' scratch */
 #include "ops/moe.h"        /* the bucket sort's scratch */
+#include "core/q8.h"
+#include "core/sround.h"
 
-#if defined(__CUDACC__)
-#define DM_HD __host__ __device__
-#else
-#define DM_HD
-#endif
+#include "core/hd.h"
 
 #define DM_ENGRAM_MAXORDER 8     /* longest n-gram: bytes the hash reads */
 #define DM_ENGRAM_MAXSUB 64      /* sub-tables (orders x heads) */
@@ -102,7 +100,7 @@ int64_t dm_engram_prev_prime(int64_t n);
 
 /* The row of sub-table s for the n-gram ending at *at: at[-j] is the byte
 ** j positions back (b_j above), readable for j < the sub-table's order. */
-static inline DM_HD int64_t dm_engram_row(const dm_engram_layout *L, int s, const uint8_t *at) {
+DM_HD int64_t dm_engram_row(const dm_engram_layout *L, int s, const uint8_t *at) {
   const dm_engram_sub *u = &L->sub[s];
   uint64_t key = 0;
   if (u->direct) {
@@ -131,8 +129,8 @@ static inline int64_t dm_engram_adam_scratch(int64_t n) {
 dm_engram_adam_hp dm_engram_adam_prepare(double lr, double beta1, double beta2, double eps, int64_t step);
 
 #define DM_ENGRAM_ADAM_ROW(T, sfx, SQRT)                                                            \
-  static inline DM_HD void dm_engram_adam_row_##sfx(T *w, T *m, T *v, const T *g, int64_t de,       \
-                                                    const dm_engram_adam_hp *hp) {                  \
+  DM_HD void dm_engram_adam_row_##sfx(T *w, T *m, T *v, const T *g, int64_t de,                    \
+                                      const dm_engram_adam_hp *hp) {                                \
     const T b1 = (T)hp->beta1, b2 = (T)hp->beta2, c1 = (T)(1 - hp->beta1), c2 = (T)(1 - hp->beta2); \
     const T step = (T)hp->step_size, rbc2 = (T)hp->rbc2, eps = (T)hp->eps;                          \
     for (int64_t i = 0; i < de; i++) {                                                              \
@@ -144,6 +142,43 @@ dm_engram_adam_hp dm_engram_adam_prepare(double lr, double beta1, double beta2, 
   }
 DM_ENGRAM_ADAM_ROW(float, f32, sqrtf)
 DM_ENGRAM_ADAM_ROW(double, f64, sqrt)
+
+/* With 8-bit moments (optim.engram_moments = "q8", vm/core/q8.h): m and sqrt(v) as u8 codes, each
+** row one block with its scale in m_scale[r], v_scale[r]. Element i of a row: the row formula
+** above from the decoded moments, the parameter stepped, the new m and sqrt(v) returned. */
+DM_HD void dm_engram_adam_q8_elem(float *w, uint8_t mc, float ms, uint8_t vc, float vs, float g,
+                                  const dm_engram_adam_hp *hp, float *m_new, float *r_new) {
+  const float b1 = (float)hp->beta1, b2 = (float)hp->beta2, c1 = (float)(1 - hp->beta1), c2 = (float)(1 - hp->beta2);
+  const float step = (float)hp->step_size, rbc2 = (float)hp->rbc2, eps = (float)hp->eps;
+  float mo = dm_q8_signed(mc) * ms, ro = dm_q8_unsigned(vc) * vs;
+  float mi = b1 * mo + c1 * g, vi = b2 * (ro * ro) + c2 * g * g, ri = sqrtf(vi);
+  *w -= step * mi / (ri * rbc2 + eps);
+  *m_new = mi;
+  *r_new = ri;
+}
+
+/* A whole row of de values on one thread (the CPU): the new moments' largest magnitudes first,
+** then every element again (the same arithmetic) encoded under them; row index r keys the bits
+** (element r * de + i, at step `step`, under salt) */
+DM_HD void dm_engram_adam_row_q8(float *w, uint8_t *mc, float *ms, uint8_t *vc, float *vs, const float *g,
+                                 int64_t de, int64_t r, const dm_engram_adam_hp *hp, int64_t step, uint32_t salt) {
+  const float ms0 = *ms, vs0 = *vs;
+  float mmax = 0, rmax = 0, mi, ri;
+  for (int64_t i = 0; i < de; i++) {
+    dm_engram_adam_q8_elem(&w[i], mc[i], ms0, vc[i], vs0, g[i], hp, &mi, &ri);
+    mmax = fmaxf(mmax, fabsf(mi));
+    rmax = fmaxf(rmax, ri);
+  }
+  const float minv = dm_q8_inverse(mmax), rinv = dm_q8_inverse(rmax);
+  for (int64_t i = 0; i < de; i++) {
+    float scratch = 0;                              /* the parameter was stepped above */
+    dm_engram_adam_q8_elem(&scratch, mc[i], ms0, vc[i], vs0, g[i], hp, &mi, &ri);
+    mc[i] = dm_q8_encode_signed(mi * minv, dm_sround_bits(salt, 0, step, r * de + i));
+    vc[i] = dm_q8_encode_unsigned(ri * rinv, dm_sround_bits(salt, 1, step, r * de + i));
+  }
+  *ms = mmax;
+  *vs = rmax;
+}
 
 /* ---- host helpers (vm/cpu/engram.c): plain arrays, thread-safe, never raise ----------------- */
 

@@ -23,17 +23,13 @@
 #include <stdint.h>
 #include "core/ops.h"
 
-#ifdef __CUDACC__
-#define DM_PATCH_FN static inline __host__ __device__
-#else
-#define DM_PATCH_FN static inline
-#endif
+#include "core/hd.h"
 
 /* the most patches T bytes can make with patches of at least min_len bytes */
-DM_PATCH_FN int64_t dm_patch_slots(int64_t T, int64_t min_len) { return (T + min_len - 1) / min_len; }
+DM_HD int64_t dm_patch_slots(int64_t T, int64_t min_len) { return (T + min_len - 1) / min_len; }
 
 /* row `row` of T bytes x: pool[slots] and ctx[T] as above; returns the row's patches */
-DM_PATCH_FN int64_t dm_patch_row(const uint8_t *x, int64_t T, const uint8_t *breaks, int64_t min_len,
+DM_HD int64_t dm_patch_row(const uint8_t *x, int64_t T, const uint8_t *breaks, int64_t min_len,
                                  int64_t max_len, int64_t row, int64_t slots, int64_t *pool, int64_t *ctx) {
   int64_t start = 0, q = 0;                 /* the open patch's first byte, the patches closed */
   for (int64_t t = 0; t < T; t++) {

@@ -25,25 +25,21 @@
 #include <math.h>
 #include "core/ops.h"
 
-#ifdef __CUDACC__
-#define DM_QUANT_FN static inline __host__ __device__
-#else
-#define DM_QUANT_FN static inline
-#endif
+#include "core/hd.h"
 
 /* the formats, in the order of the op's attribute spellings (DM_QUANT_SPELLINGS) */
 enum { DM_QUANT_FP8_E4M3, DM_QUANT_NVFP4, DM_QUANT_TERNARY, DM_QUANT_BINARY, DM_QUANT_NFORMATS };
 #define DM_QUANT_SPELLINGS "fp8_e4m3|nvfp4|ternary|binary"
 
 /* elements per scale block when the call gives 0: MX-style 32 for fp8, NVFP4's 16, 32 for the others */
-DM_QUANT_FN int dm_quant_default_block(int format) { return format == DM_QUANT_NVFP4 ? 16 : 32; }
+DM_HD int dm_quant_default_block(int format) { return format == DM_QUANT_NVFP4 ? 16 : 32; }
 
 /* the largest magnitude each element format holds */
 #define DM_E4M3_MAX 448.0
 #define DM_E2M1_MAX 6.0
 
 /* v rounded to the nearest E4M3 value (3 mantissa bits; subnormals step 2^-9; |v| > 448 saturates) */
-DM_QUANT_FN double dm_round_e4m3(double v) {
+DM_HD double dm_round_e4m3(double v) {
   double a = fabs(v);
   if (!(a > 0)) return v;                          /* zero, or NaN passed on */
   if (a > DM_E4M3_MAX) a = DM_E4M3_MAX;
@@ -55,7 +51,7 @@ DM_QUANT_FN double dm_round_e4m3(double v) {
 }
 
 /* v rounded to the nearest E2M1 value (0, 0.5, 1, 1.5, 2, 3, 4, 6; beyond 6 saturates) */
-DM_QUANT_FN double dm_round_e2m1(double v) {
+DM_HD double dm_round_e2m1(double v) {
   double a = fabs(v);
   if (!(a > 0)) return v;
   if (a > DM_E2M1_MAX) a = DM_E2M1_MAX;
@@ -65,7 +61,7 @@ DM_QUANT_FN double dm_round_e2m1(double v) {
 
 /* A block's scale from its amax and mean |x| (0: the block is zeros): a float32 for fp8_e4m3 and
 ** ternary, an E4M3 value for nvfp4, so that a file's scales give back exactly these values */
-DM_QUANT_FN double dm_quant_scale(int format, double amax, double absmean) {
+DM_HD double dm_quant_scale(int format, double amax, double absmean) {
   switch (format) {
   case DM_QUANT_FP8_E4M3: return (float)(amax / DM_E4M3_MAX);
   case DM_QUANT_NVFP4: return dm_round_e4m3(amax / DM_E2M1_MAX);
@@ -74,7 +70,7 @@ DM_QUANT_FN double dm_quant_scale(int format, double amax, double absmean) {
 }
 
 /* One element of a block, given the block's scale (s > 0) */
-DM_QUANT_FN double dm_quant_value(int format, double x, double s) {
+DM_HD double dm_quant_value(int format, double x, double s) {
   double u = x / s;
   switch (format) {
   case DM_QUANT_FP8_E4M3: return dm_round_e4m3(u) * s;
@@ -87,7 +83,7 @@ DM_QUANT_FN double dm_quant_value(int format, double x, double s) {
 /* ---- codes: the formats as bits (the files' form) ---------------------------------------------- */
 
 /* the E4M3FN code of a value dm_round_e4m3 gave (sign, 4 exponent bits biased by 7, 3 mantissa bits) */
-DM_QUANT_FN unsigned dm_e4m3_code(double r) {
+DM_HD unsigned dm_e4m3_code(double r) {
   unsigned sign = r < 0 ? 0x80u : 0u;
   double a = fabs(r);
   if (!(a > 0)) return sign;
@@ -97,7 +93,7 @@ DM_QUANT_FN unsigned dm_e4m3_code(double r) {
   return sign | (unsigned)(e - 1 + 7) << 3 | ((unsigned)rint(ldexp(a, -(e - 1)) * 8) - 8);
 }
 
-DM_QUANT_FN double dm_e4m3_value(unsigned code) {
+DM_HD double dm_e4m3_value(unsigned code) {
   unsigned e = (code >> 3) & 15, m = code & 7;
   double v = e == 0 ? ldexp((double)m, -9) : ldexp(8.0 + m, (int)e - 10);
   if (e == 15 && m == 7) v = NAN;
@@ -105,35 +101,35 @@ DM_QUANT_FN double dm_e4m3_value(unsigned code) {
 }
 
 /* the E2M1 code (sign, 2 exponent bits biased by 1, 1 mantissa bit) of a value dm_round_e2m1 gave */
-DM_QUANT_FN unsigned dm_e2m1_code(double r) {
+DM_HD unsigned dm_e2m1_code(double r) {
   double a = fabs(r);
   unsigned mag = a < 0.25 ? 0 : a < 0.75 ? 1 : a < 1.25 ? 2 : a < 1.75 ? 3 : a < 2.5 ? 4 : a < 3.5 ? 5 : a < 5 ? 6 : 7;
   return (r < 0 ? 8u : 0u) | mag;
 }
 
-DM_QUANT_FN double dm_e2m1_value(unsigned code) {
+DM_HD double dm_e2m1_value(unsigned code) {
   const double mags[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
   return code & 8u ? -mags[code & 7] : mags[code & 7];
 }
 
 /* binary's 1-bit codes: 0 is +1, 1 is -1 (a sign bit) */
-DM_QUANT_FN unsigned dm_binary_code(double u) { return u < 0 ? 1u : 0u; }
-DM_QUANT_FN double dm_binary_value(unsigned code) { return code ? -1.0 : 1.0; }
+DM_HD unsigned dm_binary_code(double u) { return u < 0 ? 1u : 0u; }
+DM_HD double dm_binary_value(unsigned code) { return code ? -1.0 : 1.0; }
 
 /* ternary's 2-bit codes: 0 is 0, 1 is +1, 2 is -1 */
-DM_QUANT_FN unsigned dm_ternary_code(double q) { return q > 0 ? 1u : q < 0 ? 2u : 0u; }
-DM_QUANT_FN double dm_ternary_value(unsigned code) { return code == 1 ? 1.0 : code == 2 ? -1.0 : 0.0; }
+DM_HD unsigned dm_ternary_code(double q) { return q > 0 ? 1u : q < 0 ? 2u : 0u; }
+DM_HD double dm_ternary_value(unsigned code) { return code == 1 ? 1.0 : code == 2 ? -1.0 : 0.0; }
 
 /* elements per byte of a format's codes: 1 (E4M3), 2 (E2M1, the lower nibble first), 4 (ternary,
 ** the lowest two bits first), 8 (binary, the lowest bit first); a row of n elements takes
 ** ceil(n / per) bytes */
-DM_QUANT_FN int dm_quant_per_byte(int format) {
+DM_HD int dm_quant_per_byte(int format) {
   return format == DM_QUANT_FP8_E4M3 ? 1 : format == DM_QUANT_NVFP4 ? 2 : format == DM_QUANT_TERNARY ? 4 : 8;
 }
-DM_QUANT_FN int dm_quant_code_bits(int format) { return 8 / dm_quant_per_byte(format); }
+DM_HD int dm_quant_code_bits(int format) { return 8 / dm_quant_per_byte(format); }
 
 /* the code of one element of a block (scale s > 0; 0 gives the zero code), and its value back */
-DM_QUANT_FN unsigned dm_quant_code(int format, double x, double s) {
+DM_HD unsigned dm_quant_code(int format, double x, double s) {
   if (!(s > 0)) return 0;
   double u = x / s;
   switch (format) {
@@ -144,7 +140,7 @@ DM_QUANT_FN unsigned dm_quant_code(int format, double x, double s) {
   }
 }
 
-DM_QUANT_FN double dm_quant_code_value(int format, unsigned code, double s) {
+DM_HD double dm_quant_code_value(int format, unsigned code, double s) {
   double v = format == DM_QUANT_FP8_E4M3 ? dm_e4m3_value(code) : format == DM_QUANT_NVFP4 ? dm_e2m1_value(code)
            : format == DM_QUANT_BINARY ? dm_binary_value(code) : dm_ternary_value(code);
   return v * s;
@@ -172,7 +168,7 @@ typedef void (*dm_littlebit_bwd_k)(dm_tensor *gx, dm_tensor *grow, dm_tensor *gc
                                    const dm_tensor *x, const dm_tensor *row, const dm_tensor *col);
 
 /* the sign LittleBit's factors use: -1, 0 or 1, NaN passed on */
-DM_QUANT_FN double dm_sign(double x) { return x > 0 ? 1.0 : x < 0 ? -1.0 : x; }
+DM_HD double dm_sign(double x) { return x > 0 ? 1.0 : x < 0 ? -1.0 : x; }
 
 dm_tensor *dm_quantize(dm_tensor *x, int format, int64_t block);
 dm_tensor *dm_quant_encode(dm_tensor *x, int format, int64_t block, dm_tensor **scales);
