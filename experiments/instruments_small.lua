@@ -1,6 +1,6 @@
 -- The record's remaining questions on small (docs/arms.md): the JEPA arm at two weights, Muon's
 -- Newton-Schulz at 3 and 4 steps against 5, Muon's momentum in bf16 (rounded to nearest or
--- stochastically) and AdamW's moments in 8 bits; small over its 2,000 steps on the embedded corpus,
+-- stochastically), AdamW's and the Engram tables' moments in 8 bits; small over its 2,000 steps on the embedded corpus,
 -- three seeds an arm, judged on held-out bpb_fin.
 --   dormouse sweep experiments/instruments_small.lua --jobs 12
 return {
@@ -15,6 +15,7 @@ return {
     momentum_bf16 = {["optim.momentum_dtype"] = "bf16"},
     momentum_bf16_stochastic = {["optim.momentum_dtype"] = "bf16_stochastic"},
     adamw_q8 = {["optim.adamw_moments"] = "q8"},
+    engram_q8 = {["optim.engram_moments"] = "q8"},
   },
   seeds = {1, 2, 3},
   set = {["checkpoint.every"] = 0},

@@ -357,6 +357,42 @@ __global__ void adam_k(T *w, T *m, T *v, const int64_t *rows, const T *g, int64_
   }
 }
 
+/* rows with 8-bit moments (engram.h's dm_engram_adam_row_q8): a warp a row, each lane its elements
+** c = lane, lane + 32, ...; the row's largest new moments by shuffles (a max: the same in any order);
+** then each lane encodes its elements again from the old codes, which no lane has written yet */
+__global__ void adam_q8_k(float *w, uint8_t *mc, float *ms, uint8_t *vc, float *vs, const int64_t *rows,
+                          const float *g, int64_t n, int64_t de, const unsigned long long *bad, dm_engram_adam_hp hp,
+                          const dm_engram_adam_hp *hp_at, const int64_t *n_at, int64_t step, const int64_t *step_at,
+                          uint32_t salt) {
+  if (*bad != ~0ull) return;
+  const dm_engram_adam_hp h = hp_at ? *hp_at : hp;
+  const int64_t real = n_at && *n_at < n ? *n_at : n, k = step_at ? *step_at : step;
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = ((int64_t)gridDim.x * blockDim.x) >> 5;
+  for (int64_t q = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; q < real; q += warps) {
+    const int64_t r = rows[q], base = r * de;
+    const float ms0 = ms[r], vs0 = vs[r];
+    float mmax = 0, rmax = 0, mi, ri;
+    for (int64_t c = lane; c < de; c += 32) {
+      dm_engram_adam_q8_elem(&w[base + c], mc[base + c], ms0, vc[base + c], vs0, g[q * de + c], &h, &mi, &ri);
+      mmax = fmaxf(mmax, fabsf(mi));
+      rmax = fmaxf(rmax, ri);
+    }
+    for (int o = 16; o > 0; o /= 2) {
+      mmax = fmaxf(mmax, __shfl_xor_sync(DM_FULL_MASK, mmax, o));
+      rmax = fmaxf(rmax, __shfl_xor_sync(DM_FULL_MASK, rmax, o));
+    }
+    const float minv = dm_q8_inverse(mmax), rinv = dm_q8_inverse(rmax);
+    for (int64_t c = lane; c < de; c += 32) {
+      float stepped = 0;                             /* the parameter moved in the first pass */
+      dm_engram_adam_q8_elem(&stepped, mc[base + c], ms0, vc[base + c], vs0, g[q * de + c], &h, &mi, &ri);
+      mc[base + c] = dm_q8_encode_signed(mi * minv, dm_sround_bits(salt, 0, k, base + c));
+      vc[base + c] = dm_q8_encode_unsigned(ri * rinv, dm_sround_bits(salt, 1, k, base + c));
+    }
+    if (lane == 0) { ms[r] = mmax; vs[r] = rmax; }   /* every lane read the old scales before the shuffles */
+  }
+}
+
 /* the step's constants from the device scalars (engram.h's dm_engram_adam_prepare, on the
 ** device); a non-finite gradient norm marks the list bad, which skips the update */
 __global__ void adam_at_consts_k(dm_engram_adam_hp *hp, dm_engram_adam_hp base, dm_engram_adam_scalars at,
@@ -369,10 +405,11 @@ __global__ void adam_at_consts_k(dm_engram_adam_hp *hp, dm_engram_adam_hp base, 
   if (at.sumsq && !isfinite(*at.sumsq)) *bad = 0;
 }
 
-/* the update of rows[0..n-1] (or of the first *at->n of them); at NULL: hp's constants */
-static void engram_adam_run(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_tensor *rows,
-                            const dm_tensor *grads, int64_t n, const dm_engram_adam_hp *hp,
-                            const dm_engram_adam_scalars *at) {
+/* the update of rows[0..n-1] (or of the first *at->n of them); at NULL: hp's constants and step;
+** q8 (or NULL): the 8-bit moments, m and v unused */
+static void engram_adam_run(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_engram_q8 *q8,
+                            const dm_tensor *rows, const dm_tensor *grads, int64_t n, const dm_engram_adam_hp *hp,
+                            int64_t step, const dm_engram_adam_scalars *at) {
   int64_t R = table->shape[0], de = table->shape[1];
   if (n <= 0) return;
   const int64_t *pr = (const int64_t *)dm_data(rows), *n_at = at ? at->n : NULL;
@@ -404,7 +441,11 @@ static void engram_adam_run(dm_tensor *table, dm_tensor *m, dm_tensor *v, const 
     DM_CU_LAUNCHED();
   }
   const dm_engram_adam_hp *hp_at = at ? hpd : NULL;
-  if (table->dtype == DM_F32)
+  if (q8)
+    DM_LAUNCH(adam_q8_k, n * 32, (float *)dm_data(table), (uint8_t *)dm_data(q8->m), (float *)dm_data(q8->m_scale),
+              (uint8_t *)dm_data(q8->v), (float *)dm_data(q8->v_scale), pr, (const float *)dm_data(grads), n,
+              de, bad, *hp, hp_at, n_at, step, at ? at->step : NULL, q8->salt);
+  else if (table->dtype == DM_F32)
     DM_LAUNCH(adam_k<float>, n * de, (float *)dm_data(table), (float *)dm_data(m), (float *)dm_data(v), pr,
               (const float *)dm_data(grads), n, de, bad, *hp, hp_at, n_at);
   else
@@ -415,13 +456,19 @@ static void engram_adam_run(dm_tensor *table, dm_tensor *m, dm_tensor *v, const 
 
 static void cuda_engram_adam(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_tensor *rows,
                              const dm_tensor *grads, int64_t n, const dm_engram_adam_hp *hp) {
-  engram_adam_run(table, m, v, rows, grads, n, hp, NULL);
+  engram_adam_run(table, m, v, NULL, rows, grads, n, hp, 0, NULL);
 }
 
 static void cuda_engram_adam_at(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_tensor *rows,
                                 const dm_tensor *grads, int64_t n, const dm_engram_adam_hp *hp,
                                 const dm_engram_adam_scalars *at) {
-  engram_adam_run(table, m, v, rows, grads, n, hp, at);
+  engram_adam_run(table, m, v, NULL, rows, grads, n, hp, 0, at);
+}
+
+static void cuda_engram_adam_q8(dm_tensor *table, const dm_engram_q8 *q8, const dm_tensor *rows,
+                                const dm_tensor *grads, int64_t n, const dm_engram_adam_hp *hp, int64_t step,
+                                const dm_engram_adam_scalars *at) {
+  engram_adam_run(table, NULL, NULL, q8, rows, grads, n, hp, step, at);
 }
 
 static const dm_kernel_entry kernels[] = {
@@ -432,5 +479,6 @@ static const dm_kernel_entry kernels[] = {
   {"engram_alpha_bwd", (dm_kernel_fn)cuda_engram_alpha_bwd},
   {"engram_adam", (dm_kernel_fn)cuda_engram_adam},
   {"engram_adam_at", (dm_kernel_fn)cuda_engram_adam_at},
+  {"engram_adam_q8", (dm_kernel_fn)cuda_engram_adam_q8},
 };
 DM_CUDA_KERNELS(kernels)

@@ -533,6 +533,12 @@ end
 -- Keys a resume may change: how far a run goes and how it is observed.
 config.progress_keys = progress
 
+-- Keys a resume may change too: how the optimiser's state is stored (its state converted on load).
+config.form_keys = {}
+for _, leaf in ipairs(schema.leaves) do
+  if leaf.form then config.form_keys[#config.form_keys + 1] = leaf.key end
+end
+
 -- The model keys a run started from a checkpoint's weights (init) may change.
 config.tune_keys = {}
 for _, leaf in ipairs(schema.leaves) do

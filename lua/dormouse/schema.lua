@@ -6,6 +6,8 @@ files against it; `dormouse config` prints it.
 A row is {name, type, default, doc} or, for a nested section,
 {name, doc, {rows...}}. A row marked `progress = true` says how far a run
 goes or how it is observed, not what it computes: a resume may change it.
+A row marked `form = true` says how the optimiser's state is stored (its
+dtype or its 8-bit code): a resume may change it, the state converted on load.
 A model row marked `tune = true` leaves the model's weights meaning what they
 meant (how a pass is run, balanced or initialised): a run started from a
 checkpoint's weights (`init`) may change it, and no other model key.
@@ -336,12 +338,14 @@ local rows = {
     {"engram_adam", enum {"sparse", "dense"}, "sparse", "the tables' Adam: the touched rows only (the spec), or " ..
      "dense: every row's moments decay and every row moves each step (not the spec's; tables on the device)"},
     {"adamw_moments", enum {"f32", "q8"}, "f32", "the AdamW group's moments: f32, or q8: 8 bits a value with " ..
-     "an f32 scale a block of 256, rounded stochastically (about 26% of the memory)"},
+     "an f32 scale a block of 256, rounded stochastically (about 26% of the memory)", form = true},
+    {"engram_moments", enum {"f32", "q8"}, "f32", "the Engram tables' Adam moments: f32, or q8: 8 bits a value " ..
+     "with an f32 scale a row, rounded stochastically (the sparse Adam of tables on the device)", form = true},
     {"momentum", num{min = 0, below = 1}, 0.95, "Muon momentum"},
     {"nesterov", bool, true, "Nesterov form of the Muon momentum"},
     {"momentum_dtype", enum {"f32", "bf16", "bf16_stochastic"}, "f32", "Muon momentum buffers: f32, or bf16 (half " ..
      "their memory; for small cards) rounded to nearest, or bf16 rounded stochastically (unbiased: small " ..
-     "gradients are not lost under half a bf16 step)"},
+     "gradients are not lost under half a bf16 step)", form = true},
     {"ns_steps", positive, 5, "Newton-Schulz steps per Muon update"},
     {"ns_coeffs", enum {"quintic", "polar_express"}, "quintic", "Newton-Schulz coefficients: quintic (3.4445, -4.7750, 2.0315) or Polar Express"},
     {"muon_plus", enum {"none", "col", "row", "colrow"}, "none", "Muon+: the orthogonalised update l2-normalised " ..
@@ -517,6 +521,16 @@ schema.checks = {
       end
     end
   end,
+  function(c)                                    -- 8-bit table moments: the sparse Adam, tables on the device
+    if c.optim.engram_moments ~= "q8" then return nil end
+    if c.model.engram and c.model.engram.ram then
+      return "optim.engram_moments = q8 keeps the moments on the device beside the tables; model.engram.ram = true " ..
+             "keeps the tables in host memory, whose Adam keeps f32 moments: set one of them back"
+    end
+    if c.optim.engram_adam == "dense" then
+      return "optim.engram_moments = q8 takes the tables' sparse Adam, not optim.engram_adam = dense"
+    end
+  end,
   function(c)                                    -- the bounded gate must reach the starting decays asked of it
     local m = c.model
     if not (m.init.dt_bias == "decay" and m.kda.gate == "bounded") then return nil end
@@ -582,7 +596,8 @@ local function build(rows_, prefix, section, nodes, leaves)
     local node
     if schema.is_type(row[2]) then
       node = {name = name, key = key, type = row[2], default = row[3], doc = row[4],
-              progress = row.progress or false, tune = row.tune or false, parent = section}
+              progress = row.progress or false, tune = row.tune or false, form = row.form or false,
+              parent = section}
       local ok, err = row[2]:check(row[3])
       assert(err == nil and (ok ~= nil or row[3] == nil), "schema: bad default for " .. key .. ": " .. tostring(err))
       leaves[#leaves + 1] = node

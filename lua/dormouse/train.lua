@@ -300,13 +300,23 @@ function Run:undo_dir()
   end
 end
 
--- Refuse a resume whose resolved config differs other than in progress keys.
+-- Refuse a resume whose resolved config differs other than in progress and form keys; returns the
+-- form keys that differ ({key, a, b}: the optimiser's state is converted to them on load)
 local function check_same_config(saved, cfg, dir)
-  local d = config.diff(saved, config.plain(cfg))
+  local ignore = {}
+  for _, list in ipairs {config.progress_keys, config.form_keys} do
+    for _, k in ipairs(list) do ignore[#ignore + 1] = k end
+  end
+  local d = config.diff(saved, config.plain(cfg), ignore)
   if #d > 0 then
     error(string.format("cannot resume %s: the config differs from the checkpoint's in %d key%s:\n%s",
                         dir, #d, #d == 1 and "" or "s", config.format_diff(d, "checkpoint", "now")), 0)
   end
+  local form = {}
+  for _, x in ipairs(config.diff(saved, config.plain(cfg), {})) do
+    for _, k in ipairs(config.form_keys) do if x.key == k then form[#form + 1] = x end end
+  end
+  return form
 end
 
 
@@ -420,7 +430,10 @@ function Run:restore(run_dir, path)
   end
   local saved = config.upgrade(c.meta.config)
   if run_dir ~= self.dir and type(saved) == "table" then saved.name = self.cfg.name end   -- continued under a new name
-  check_same_config(saved, self.cfg, run_dir)
+  for _, x in ipairs(check_same_config(saved, self.cfg, run_dir)) do
+    self:say(string.format("resume: %s was %s, now %s: the optimiser's state is converted on load", x.key,
+                           tostring(x.a), tostring(x.b)))
+  end
   local state = train.named_state(self.model)
   c.model = banks.unpack(c.model, c.meta.banks, path .. "/model.safetensors")
   train.check_tensors(c.model, state, path .. "/model.safetensors")

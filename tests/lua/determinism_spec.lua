@@ -14,6 +14,12 @@ describe("dormouse determinism", function()
     assert.equal(3, r.half)
   end)
 
+  it("finds the 8-bit and stochastically rounded optimiser states deterministic across a resume too", function()
+    local r = determinism.check("experiments/tiny.lua", {steps = 6, root = ".", runs = tmpdir(),
+      overrides = {"optim.adamw_moments=q8", "optim.engram_moments=q8", "optim.momentum_dtype=bf16_stochastic"}})
+    for _, c in ipairs(r.checks) do assert.is_nil(c.difference, c.what .. ": " .. tostring(c.difference)) end
+  end)
+
   it("catches a run that is not the same each time, naming where", function()
     local setup, calls = train.setup, 0
     train.setup = function(...)               -- each run's head a little different: nondeterministic

@@ -409,6 +409,38 @@ describe("optim state", function()
     assert.are.equal(3, to_f32.t)
   end)
 
+  it("resumes a run with the state stored in another form (the form keys), converted and said", function()
+    local helpers = require "tests.lua.helpers"
+    local train = require "dormouse.train"
+    local runs = helpers.tmpdir()
+    local common = {"steps=4", "schedule.warmup=1", "checkpoint.every=2", "eval.every=0", "name=forms"}
+    helpers.run_quiet(helpers.tiny(common), {runs = runs})
+    local forms = {"optim.adamw_moments=q8", "optim.engram_moments=q8", "optim.momentum_dtype=bf16_stochastic"}
+    local cfg = helpers.tiny(common, forms)
+    cfg.steps = 6
+    helpers.run_quiet(cfg, {runs = runs, resume = runs .. "/forms"})
+    local log = helpers.read(runs .. "/forms/log.txt")
+    for _, key in ipairs {"adamw_moments was f32, now q8", "engram_moments was f32, now q8",
+                          "momentum_dtype was f32, now bf16_stochastic"} do
+      assert.is_truthy(log:find("resume: optim." .. key .. ": the optimiser's state is converted on load", 1, true), key)
+    end
+    local c = dm.ckpt.load(runs .. "/forms/ckpt-6")
+    assert.are.equal("u8", c.optim["block.engram.table.m_q8"].dtype)
+    assert.are.equal("bf16", c.optim["block.kda.wq.weight.momentum"].dtype)
+    -- and back: the 8-bit state into f32 moments; a key that is not a form key still refuses
+    cfg = helpers.tiny(common)
+    cfg.steps = 8
+    helpers.run_quiet(cfg, {runs = runs, resume = runs .. "/forms"})
+    assert.are.equal("f32", dm.ckpt.load(runs .. "/forms/ckpt-8").optim["block.engram.table.m"].dtype)
+    cfg = helpers.tiny(common, {"optim.muon_lr=0.01"})
+    cfg.steps = 10
+    local ok, err = pcall(train.run, cfg, {runs = runs, resume = runs .. "/forms", quiet = true, silent = true,
+                                          root = "."})
+    assert.is_false(ok)
+    assert.is_truthy(tostring(err):find("optim.muon_lr", 1, true), tostring(err))
+    os.execute("rm -rf '" .. runs .. "'")
+  end)
+
   it("rounds its 8-bit moments the same way every run (the codes' random bits are keyed, not drawn)", function()
     local function codes()
       dm.manual_seed(8)

@@ -233,11 +233,8 @@ static void cpu_engram_alpha_bwd(dm_tensor *gu, dm_tensor *gk, dm_tensor *gw, co
 ADAM_ROWS(float, f32)
 ADAM_ROWS(double, f64)
 
-/* every row checked before any is written, so a bad list changes nothing */
-static void cpu_engram_adam(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_tensor *rows,
-                            const dm_tensor *grads, int64_t n, const dm_engram_adam_hp *hp) {
-  const int64_t *r = dm_data(rows);
-  int64_t R = table->shape[0], de = table->shape[1];
+/* the row list of an update: every row checked before any is written, so a bad list changes nothing */
+static void check_rows(const int64_t *r, int64_t n, int64_t R) {
   for (int64_t i = 0; i < n; i++) {
     if (r[i] < 0 || r[i] >= R)
       dm_error("engram_adam: row %lld is out of range for a table of %lld rows", (long long)r[i], (long long)R);
@@ -245,13 +242,38 @@ static void cpu_engram_adam(dm_tensor *table, dm_tensor *m, dm_tensor *v, const 
       dm_error("engram_adam: rows must be distinct and increasing (engram_unique's list); "
                "row %lld follows row %lld", (long long)r[i], (long long)r[i - 1]);
   }
+}
+
+static void cpu_engram_adam(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_tensor *rows,
+                            const dm_tensor *grads, int64_t n, const dm_engram_adam_hp *hp) {
+  const int64_t *r = dm_data(rows);
+  int64_t R = table->shape[0], de = table->shape[1];
+  check_rows(r, n, R);
   if (table->dtype == DM_F32)
     dm_engram_adam_rows_f32(dm_data(table), dm_data(m), dm_data(v), de, r, dm_data(grads), 0, n, hp);
   else
     dm_engram_adam_rows_f64(dm_data(table), dm_data(m), dm_data(v), de, r, dm_data(grads), 0, n, hp);
 }
 
+static void cpu_engram_adam_q8(dm_tensor *table, const dm_engram_q8 *q8, const dm_tensor *rows,
+                               const dm_tensor *grads, int64_t n, const dm_engram_adam_hp *hp, int64_t step,
+                               const dm_engram_adam_scalars *at) {
+  (void)at;                                       /* the core reads the scalars on the CPU */
+  const int64_t *r = dm_data(rows);
+  int64_t R = table->shape[0], de = table->shape[1];
+  check_rows(r, n, R);
+  float *w = dm_data(table), *ms = dm_data(q8->m_scale), *vs = dm_data(q8->v_scale);
+  uint8_t *mc = dm_data(q8->m), *vc = dm_data(q8->v);
+  const float *g = dm_data(grads);
+  for (int64_t i = 0; i < n; i++) {
+    int64_t at_row = r[i] * de;
+    dm_engram_adam_row_q8(w + at_row, mc + at_row, ms + r[i], vc + at_row, vs + r[i], g + i * de, de, r[i], hp,
+                          step, q8->salt);
+  }
+}
+
 static const dm_kernel_entry kernels[] = {
+  {"engram_adam_q8", (dm_kernel_fn)cpu_engram_adam_q8},
   {"engram_index", (dm_kernel_fn)cpu_engram_index},
   {"engram_unique", (dm_kernel_fn)cpu_engram_unique},
   {"engram_sparse_grad", (dm_kernel_fn)cpu_engram_sparse_grad},

@@ -4,7 +4,7 @@
 **   core.clip_grad_norm(params, max_norm)        → norm, finite
 **   core.adamw_step(params, ms, vs, hp)          hp: lr beta1 beta2 eps weight_decay step
 **   core.adamw_q8_step(params, m, m_scale, r, r_scale, hp)   the same with 8-bit moments (hp.salt)
-**   core.q8_pack(codes, scales, values, signed[, salt]) / core.q8_unpack(values, codes, scales, signed)
+**   core.q8_pack(codes, scales, values, signed[, salt[, block]]) / core.q8_unpack(values, codes, scales, signed[, block])
 **   core.muon_step(params, bufs, hp)             hp: lr momentum nesterov weight_decay
 **                                                    ns_steps coeffs ns_dtype [clip] [normalize]
 **                                                    [momentum_sround sround_salt step step_at]
@@ -28,6 +28,7 @@
 #include "lua/bind.h"
 #include "ops/optim.h"
 #include "ops/engram.h"
+#include "core/q8.h"
 
 /* the tensors of the Lua array at idx */
 static dm_tensor **tensor_list(lua_State *L, int idx, const char *fn, const char *what, int *n) {
@@ -200,21 +201,24 @@ static int c_adamw_q8_step(lua_State *L) {
   return 0;
 }
 
-/* core.q8_pack(codes, scales, values, signed[, salt]) and core.q8_unpack(values, codes, scales, signed) */
+/* core.q8_pack(codes, scales, values, signed[, salt[, block]]) and core.q8_unpack(values, codes, scales,
+** signed[, block]): blocks of DM_Q8_BLOCK values unless block says otherwise */
 static int c_q8_pack(lua_State *L) {
   dm_tensor *codes = dm_lua_check(L, 1), *scales = dm_lua_check(L, 2), *values = dm_lua_check(L, 3);
   bool is_signed = lua_toboolean(L, 4);
   uint32_t salt = (uint32_t)luaL_optinteger(L, 5, 0);
+  int64_t block = luaL_optinteger(L, 6, DM_Q8_BLOCK);
   DM_ENTER(L);
-  dm_q8_pack(codes, scales, values, is_signed, salt);
+  dm_q8_pack(codes, scales, values, is_signed, salt, block);
   return 0;
 }
 
 static int c_q8_unpack(lua_State *L) {
   dm_tensor *values = dm_lua_check(L, 1), *codes = dm_lua_check(L, 2), *scales = dm_lua_check(L, 3);
   bool is_signed = lua_toboolean(L, 4);
+  int64_t block = luaL_optinteger(L, 5, DM_Q8_BLOCK);
   DM_ENTER(L);
-  dm_q8_unpack(values, codes, scales, is_signed);
+  dm_q8_unpack(values, codes, scales, is_signed, block);
   return 0;
 }
 

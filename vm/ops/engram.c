@@ -354,12 +354,13 @@ dm_engram_adam_hp dm_engram_adam_prepare(double lr, double beta1, double beta2, 
   return hp;
 }
 
-/* the table, moments, row list and gradients of an update of n rows */
-static void check_adam(const char *what, dm_tensor *const *state, const dm_tensor *rows, const dm_tensor *grads,
-                       int64_t n) {
+/* the table and its f32 or f64 moments (nstate tensors in all), the row list and the gradients of an
+** update of n rows */
+static void check_adam(const char *what, dm_tensor *const *state, int nstate, const dm_tensor *rows,
+                       const dm_tensor *grads, int64_t n) {
   char s1[128], s2[128];
   const dm_tensor *table = state[0];
-  for (int i = 0; i < 3; i++) {
+  for (int i = 0; i < nstate; i++) {
     dm_check_live(state[i]);
     if (state[i]->requires_grad && dm_grad_enabled())
       dm_error("%s: in-place update of a tensor that requires grad; wrap it in dm.no_grad", what);
@@ -394,7 +395,7 @@ void dm_engram_adam(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_tenso
                     const dm_tensor *grads, int64_t n, double lr, double beta1, double beta2, double eps,
                     int64_t step) {
   dm_tensor *state[3] = {table, m, v};
-  check_adam("engram_adam", state, rows, grads, n);
+  check_adam("engram_adam", state, 3, rows, grads, n);
   dm_engram_adam_hp hp = dm_engram_adam_prepare(lr, beta1, beta2, eps, step);
   if (dm_plan_card_of(table->device))
     dm_plan_scratch(dm_engram_adam_scratch(n), "engram_adam's flag and constants (kernels/engram.cu engram_adam_run)");
@@ -413,7 +414,7 @@ void dm_engram_adam_at(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_te
   dm_check_scalar(what, "step_at", step_at, DM_I64, table->device);
   if (sumsq_at) dm_check_scalar(what, "sumsq_at", sumsq_at, DM_F64, table->device);
   int64_t cap = rows->shape[0] < grads->shape[0] ? rows->shape[0] : grads->shape[0];
-  check_adam(what, state, rows, grads, cap);
+  check_adam(what, state, 3, rows, grads, cap);
   if (table->device == DM_CPU) {       /* read at once, then the ordinary update */
     if (sumsq_at && !isfinite(*(const double *)dm_data(sumsq_at))) return;
     int64_t n = *(const int64_t *)dm_data(n_at);
@@ -428,6 +429,76 @@ void dm_engram_adam_at(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_te
     dm_plan_scratch(dm_engram_adam_scratch(cap), "engram_adam's flag and constants (kernels/engram.cu engram_adam_run)");
   DM_KERNEL(dm_engram_adam_at_k, "engram_adam_at", table->device)(table, m, v, rows, grads, cap, &hp, &at);
   for (int i = 0; i < 3; i++) dm_mark_written(state[i]);
+}
+
+/* an 8-bit state beside its f32 table: codes [R, de] u8, scales [R] f32, all on the table's device */
+static void check_q8(const char *what, const dm_tensor *table, const dm_engram_q8 *q8) {
+  char s1[128], s2[128];
+  if (table->dtype != DM_F32) dm_error("%s: 8-bit moments take an f32 table, got %s", what, dm_dtype_name(table->dtype));
+  const dm_tensor *codes[2] = {q8->m, q8->v}, *scales[2] = {q8->m_scale, q8->v_scale};
+  const char *names[2] = {"m", "v"};
+  for (int k = 0; k < 2; k++) {
+    dm_check_live(codes[k]);
+    dm_check_live(scales[k]);
+    if (codes[k]->dtype != DM_U8 || !dm_same_shape(codes[k], table) || !dm_is_contiguous(codes[k]))
+      dm_error("%s: the %s codes must be contiguous u8 of the table's shape %s, got %s %s", what, names[k],
+               dm_tensor_shape_str(table, s1, sizeof s1), dm_dtype_name(codes[k]->dtype),
+               dm_tensor_shape_str(codes[k], s2, sizeof s2));
+    if (scales[k]->dtype != DM_F32 || scales[k]->ndim != 1 || scales[k]->shape[0] != table->shape[0] ||
+        !dm_is_contiguous(scales[k]))
+      dm_error("%s: the %s scales must be contiguous f32 [%lld] (one a row), got %s %s", what, names[k],
+               (long long)table->shape[0], dm_dtype_name(scales[k]->dtype),
+               dm_tensor_shape_str(scales[k], s2, sizeof s2));
+    dm_check_device_equal(what, table, codes[k]);
+    dm_check_device_equal(what, table, scales[k]);
+  }
+}
+
+static void q8_written(dm_tensor *table, const dm_engram_q8 *q8) {
+  dm_mark_written(table);
+  dm_mark_written(q8->m); dm_mark_written(q8->m_scale); dm_mark_written(q8->v); dm_mark_written(q8->v_scale);
+}
+
+void dm_engram_adam_q8(dm_tensor *table, const dm_engram_q8 *q8, const dm_tensor *rows, const dm_tensor *grads,
+                       int64_t n, double lr, double beta1, double beta2, double eps, int64_t step) {
+  const char *what = "engram_adam_q8";
+  dm_tensor *state[1] = {table};
+  check_adam(what, state, 1, rows, grads, n);
+  check_q8(what, table, q8);
+  dm_engram_adam_hp hp = dm_engram_adam_prepare(lr, beta1, beta2, eps, step);
+  if (dm_plan_card_of(table->device))
+    dm_plan_scratch(dm_engram_adam_scratch(n), "engram_adam's flag and constants (kernels/engram.cu engram_adam_q8)");
+  DM_KERNEL(dm_engram_adam_q8_k, "engram_adam_q8", table->device)(table, q8, rows, grads, n, &hp, step, NULL);
+  q8_written(table, q8);
+}
+
+void dm_engram_adam_q8_at(dm_tensor *table, const dm_engram_q8 *q8, const dm_tensor *rows, const dm_tensor *grads,
+                          const dm_tensor *n_at, double beta1, double beta2, double eps, const dm_tensor *lr_at,
+                          const dm_tensor *step_at, const dm_tensor *sumsq_at) {
+  const char *what = "engram_adam_q8_at";
+  dm_tensor *state[1] = {table};
+  dm_check_live(table);
+  dm_check_scalar(what, "n_at", n_at, DM_I64, table->device);
+  dm_check_scalar(what, "lr_at", lr_at, DM_F64, table->device);
+  dm_check_scalar(what, "step_at", step_at, DM_I64, table->device);
+  if (sumsq_at) dm_check_scalar(what, "sumsq_at", sumsq_at, DM_F64, table->device);
+  int64_t cap = rows->shape[0] < grads->shape[0] ? rows->shape[0] : grads->shape[0];
+  check_adam(what, state, 1, rows, grads, cap);
+  check_q8(what, table, q8);
+  if (table->device == DM_CPU) {       /* read at once, then the ordinary update */
+    if (sumsq_at && !isfinite(*(const double *)dm_data(sumsq_at))) return;
+    int64_t n = *(const int64_t *)dm_data(n_at);
+    if (n < 0 || n > cap) dm_error("%s: n_at holds %lld, outside 0..%lld", what, (long long)n, (long long)cap);
+    dm_engram_adam_q8(table, q8, rows, grads, n, *(const double *)dm_data(lr_at), beta1, beta2, eps,
+                      *(const int64_t *)dm_data(step_at));
+    return;
+  }
+  dm_engram_adam_hp hp = dm_engram_adam_prepare(0, beta1, beta2, eps, 1);   /* betas and eps checked here */
+  dm_engram_adam_scalars at = {dm_data(n_at), dm_data(step_at), dm_data(lr_at), sumsq_at ? dm_data(sumsq_at) : NULL};
+  if (dm_plan_card_of(table->device))
+    dm_plan_scratch(dm_engram_adam_scratch(cap), "engram_adam's flag and constants (kernels/engram.cu engram_adam_q8)");
+  DM_KERNEL(dm_engram_adam_q8_k, "engram_adam_q8", table->device)(table, q8, rows, grads, cap, &hp, 0, &at);
+  q8_written(table, q8);
 }
 
 static dm_op ops[] = {

@@ -235,6 +235,19 @@ typedef void (*dm_engram_adam_at_k)(dm_tensor *table, dm_tensor *m, dm_tensor *v
                                     const dm_tensor *grads, int64_t n, const dm_engram_adam_hp *hp,
                                     const dm_engram_adam_scalars *at);
 
+/* The tables' Adam with 8-bit moments (optim.engram_moments = "q8"): m and v are the u8 codes
+** [R, de] of m and sqrt(v), m_scale and v_scale their f32 scales [R] (a row a block; q8.h), salt
+** the key of their rounding with the step and the element (row r's i: r * de + i). */
+typedef struct dm_engram_q8 {
+  dm_tensor *m, *m_scale, *v, *v_scale;
+  uint32_t salt;
+} dm_engram_q8;
+/* "engram_adam_q8": rows[0..n-1] of an f32 table, hp's constants and step (at NULL), or at's
+** scalars (device memory, read when it runs: then n is the bound and *at->n the count) */
+typedef void (*dm_engram_adam_q8_k)(dm_tensor *table, const dm_engram_q8 *q8, const dm_tensor *rows,
+                                    const dm_tensor *grads, int64_t n, const dm_engram_adam_hp *hp, int64_t step,
+                                    const dm_engram_adam_scalars *at);
+
 /* ---- the C API (vm/ops/engram.c): owned references, recorded when grad mode is on ---------- */
 
 /* [B, T, nsub] i64 rows of the physical table; prefix may be NULL */
@@ -263,6 +276,12 @@ void dm_engram_adam(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_tenso
 void dm_engram_adam_at(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_tensor *rows,
                        const dm_tensor *grads, const dm_tensor *n_at, double beta1, double beta2, double eps,
                        const dm_tensor *lr_at, const dm_tensor *step_at, const dm_tensor *sumsq_at);
+/* both with 8-bit moments (dm_engram_q8; an f32 table) */
+void dm_engram_adam_q8(dm_tensor *table, const dm_engram_q8 *q8, const dm_tensor *rows, const dm_tensor *grads,
+                       int64_t n, double lr, double beta1, double beta2, double eps, int64_t step);
+void dm_engram_adam_q8_at(dm_tensor *table, const dm_engram_q8 *q8, const dm_tensor *rows, const dm_tensor *grads,
+                          const dm_tensor *n_at, double beta1, double beta2, double eps, const dm_tensor *lr_at,
+                          const dm_tensor *step_at, const dm_tensor *sumsq_at);
 
 /* ---- the CUDA kernels' device scratch, in bytes (core/alloc.h): the kernels size
 ** theirs with these, and the ops hand the same to a plan ---- */

@@ -166,7 +166,8 @@ void dm_adamw_q8_step(int n, dm_tensor *const *params, dm_tensor *const *grads, 
     }
 }
 
-static void check_q8_host(const char *op, const dm_tensor *codes, const dm_tensor *scales, const dm_tensor *values) {
+static void check_q8_host(const char *op, const dm_tensor *codes, const dm_tensor *scales, const dm_tensor *values,
+                          int64_t block) {
   char a[128], b[128];
   const dm_tensor *all[3] = {codes, scales, values};
   for (int k = 0; k < 3; k++) {
@@ -177,20 +178,23 @@ static void check_q8_host(const char *op, const dm_tensor *codes, const dm_tenso
   if (codes->dtype != DM_U8 || values->dtype != DM_F32 || scales->dtype != DM_F32)
     dm_error("%s: codes u8, values and scales f32, got %s, %s and %s", op, dm_dtype_name(codes->dtype),
              dm_dtype_name(values->dtype), dm_dtype_name(scales->dtype));
-  if (dm_numel(codes) != dm_numel(values) || scales->ndim != 1 || scales->shape[0] != dm_q8_blocks(dm_numel(values)))
-    dm_error("%s: %s codes and %s scales for %lld values (%lld blocks)", op, dm_tensor_shape_str(codes, a, sizeof a),
-             dm_tensor_shape_str(scales, b, sizeof b), (long long)dm_numel(values),
-             (long long)dm_q8_blocks(dm_numel(values)));
+  if (block < 1) dm_error("%s: a block holds at least one value, got %lld", op, (long long)block);
+  int64_t blocks = (dm_numel(values) + block - 1) / block;
+  if (dm_numel(codes) != dm_numel(values) || scales->ndim != 1 || scales->shape[0] != blocks)
+    dm_error("%s: %s codes and %s scales for %lld values (%lld blocks of %lld)", op,
+             dm_tensor_shape_str(codes, a, sizeof a), dm_tensor_shape_str(scales, b, sizeof b),
+             (long long)dm_numel(values), (long long)blocks, (long long)block);
 }
 
-void dm_q8_pack(dm_tensor *codes, dm_tensor *scales, const dm_tensor *values, bool is_signed, uint32_t salt) {
-  check_q8_host("q8_pack", codes, scales, values);
+void dm_q8_pack(dm_tensor *codes, dm_tensor *scales, const dm_tensor *values, bool is_signed, uint32_t salt,
+                int64_t block) {
+  check_q8_host("q8_pack", codes, scales, values, block);
   const float *v = dm_data(values);
   uint8_t *c = dm_data(codes);
   float *sc = dm_data(scales);
   int64_t n = dm_numel(values);
-  for (int64_t b = 0; b * DM_Q8_BLOCK < n; b++) {
-    int64_t lo = b * DM_Q8_BLOCK, hi = lo + DM_Q8_BLOCK < n ? lo + DM_Q8_BLOCK : n;
+  for (int64_t b = 0; b * block < n; b++) {
+    int64_t lo = b * block, hi = lo + block < n ? lo + block : n;
     float amax = 0;
     for (int64_t e = lo; e < hi; e++) amax = fmaxf(amax, fabsf(v[e]));
     sc[b] = amax;
@@ -204,14 +208,14 @@ void dm_q8_pack(dm_tensor *codes, dm_tensor *scales, const dm_tensor *values, bo
   dm_mark_written(scales);
 }
 
-void dm_q8_unpack(dm_tensor *values, const dm_tensor *codes, const dm_tensor *scales, bool is_signed) {
-  check_q8_host("q8_unpack", codes, scales, values);
+void dm_q8_unpack(dm_tensor *values, const dm_tensor *codes, const dm_tensor *scales, bool is_signed, int64_t block) {
+  check_q8_host("q8_unpack", codes, scales, values, block);
   const uint8_t *c = dm_data(codes);
   const float *sc = dm_data(scales);
   float *v = dm_data(values);
   int64_t n = dm_numel(values);
   for (int64_t e = 0; e < n; e++)
-    v[e] = (is_signed ? dm_q8_signed(c[e]) : dm_q8_unsigned(c[e])) * sc[e / DM_Q8_BLOCK];
+    v[e] = (is_signed ? dm_q8_signed(c[e]) : dm_q8_unsigned(c[e])) * sc[e / block];
   dm_mark_written(values);
 }
 

@@ -109,10 +109,12 @@ void dm_adamw_q8_step(int n, dm_tensor *const *params, dm_tensor *const *grads, 
                       dm_tensor *const *m_scale, dm_tensor *const *r, dm_tensor *const *r_scale,
                       const dm_adamw_hp *hp, uint32_t salt);
 
-/* A moment's values (f32, on the CPU) as codes and block scales, and back (a checkpoint's f32
-** moments loaded into q8 buffers, or q8 ones into f32): signed for m, unsigned for r. */
-void dm_q8_pack(dm_tensor *codes, dm_tensor *scales, const dm_tensor *values, bool is_signed, uint32_t salt);
-void dm_q8_unpack(dm_tensor *values, const dm_tensor *codes, const dm_tensor *scales, bool is_signed);
+/* A moment's values (f32, on the CPU) as codes and scales of blocks of `block` values (DM_Q8_BLOCK
+** for AdamW, a row for the Engram tables), and back (a checkpoint's f32 moments loaded into 8-bit
+** buffers, or 8-bit ones into f32): signed for m, unsigned for r = sqrt(v). */
+void dm_q8_pack(dm_tensor *codes, dm_tensor *scales, const dm_tensor *values, bool is_signed, uint32_t salt,
+                int64_t block);
+void dm_q8_unpack(dm_tensor *values, const dm_tensor *codes, const dm_tensor *scales, bool is_signed, int64_t block);
 
 /* params [m, n] or banks [E, m, n]; bufs their f32 momentum, same shapes */
 void dm_muon_step(int n, dm_tensor *const *params, dm_tensor *const *grads,

@@ -129,7 +129,10 @@ function optim.new(model, ocfg, scfg, steps, opts)
     end
     local hp = {lr = o.adamw_lr * o.engram_lr_mult, betas = o.betas, eps = o.eps, weight_decay = 0,
                 dense = o.engram_adam == "dense"}
-    if #sparse > 0 then self.groups[#self.groups + 1] = SparseAdam.new("engram", sparse, hp) end
+    if #sparse > 0 then
+      self.groups[#self.groups + 1] = SparseAdam.new("engram", sparse, {lr = hp.lr, betas = hp.betas, eps = hp.eps,
+                                                                        dense = hp.dense, moments = o.engram_moments})
+    end
     if #dense > 0 then
       self.groups[#self.groups + 1] = AdamW.new(#sparse > 0 and "engram_dense" or "engram", dense, hp)
     end

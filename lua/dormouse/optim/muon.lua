@@ -25,13 +25,6 @@ local Muon = {kind = "muon", device_scalars = true, clips_inside = true}
 Muon.__index = Muon
 
 -- hp: {lr, momentum, nesterov, weight_decay, ns_steps, coeffs, ns_dtype, momentum_dtype, normalize}
--- a 32-bit FNV-1a hash of s: the group's key for its rounding bits
-local function fnv1a(s)
-  local h = 2166136261
-  for i = 1, #s do h = ((h ~ s:byte(i)) * 16777619) & 0xffffffff end
-  return h
-end
-
 function Muon.new(name, entries, hp)
   local mdtype = hp.momentum_dtype or "f32"
   local dtypes = {momentum = mdtype == "bf16_stochastic" and "bf16" or mdtype}
@@ -40,7 +33,7 @@ function Muon.new(name, entries, hp)
     self[k] = hp[k]
   end
   self.sround = mdtype == "bf16_stochastic"
-  self.sround_salt = fnv1a(name)
+  self.sround_salt = groups.salt(name)
   return self
 end
 
