@@ -1,8 +1,8 @@
 -- The record's remaining questions on small (docs/arms.md): the JEPA arm at two weights, Muon's
 -- Newton-Schulz at 3 and 4 steps against 5, Muon's momentum in bf16 (rounded to nearest or
--- stochastically), AdamW's and the Engram tables' moments in 8 bits; small over its 2,000 steps on the embedded corpus,
--- three seeds an arm, judged on held-out bpb_fin.
---   dormouse sweep experiments/instruments_small.lua --jobs 12
+-- stochastically), AdamW's and the Engram tables' moments in 8 bits; small over its 2,000 steps
+-- on the embedded corpus, three seeds an arm, judged on held-out bpb_fin.
+--   dormouse sweep experiments/instruments_small.lua --jobs 14
 return {
   name = "instruments_small",
   base = "experiments/small.lua",
