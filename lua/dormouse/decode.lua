@@ -7,7 +7,9 @@ the bytes before it (Engram's n-grams reach into them) live in tensors on the
 model's device that a step reads and rewrites in place, and the next byte is
 drawn there too (core.sample_bytes: eval.sample's draw), so a block of K
 bytes runs with no host read inside it. On a GPU the block is captured once
-as a CUDA graph and replayed: K bytes for about one launch's host cost.
+as a CUDA graph and replayed: K bytes for about one launch's host cost. The
+weights do not change while it runs: each parameter is cast to the compute
+dtype once (nn.holding), not once a byte.
 
   local d = decode.new(model, B, {device =, temperature =, top_p =, block = K})
   d:put(slot, state, bytes, seed, count)   -- a stream whose prompt has run (batch-1 state)
@@ -25,6 +27,7 @@ block size or on the graph.
 local dm = require "dormouse"
 local core = require "dormouse.core"
 local segments = require "dormouse.segments"
+local nn = require "dormouse.nn"
 
 local decode = {}
 local Decoder = {}
@@ -71,6 +74,7 @@ function decode.new(model, B, opts)
   self.counts = keep_zeros({B}, "i64", device)
   self.out = keep_zeros({self.K, B}, "u8", device)          -- row k: the block's k-th bytes
   self.blocks = 0
+  self.copies = {}            -- the parameters' compute-dtype casts, made by the first block, kept (nn.holding)
   return self
 end
 
@@ -154,7 +158,7 @@ end
 -- eagerly (its allocations settle), the second is captured and every later one replays it.
 function Decoder:step()
   if not self.state then error("decode: step before any slot was put", 0) end
-  return static(self.model, function() return self:block_bytes() end)
+  return static(self.model, function() return nn.holding(self.copies, self.block_bytes, self) end)
 end
 
 function Decoder:block_bytes()
@@ -192,6 +196,7 @@ function Decoder:captured() return self.graph ~= nil end
 
 function Decoder:free()
   if self.graph then self.graph:free(); self.graph = nil end
+  nn.release_copies(self.copies)
   segments.free(self.state)
   self.state = nil
   for _, t in ipairs {self.x, self.prefix, self.seeds, self.counts, self.out} do t:free() end

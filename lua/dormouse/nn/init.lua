@@ -256,18 +256,35 @@ casts afresh (its copies must be on its own tape). The pass's copies are let
 go when fn returns; the tape holds what the backward needs. ]]
 function nn.pass(fn, ...)
   if current_pass or dm.recomputing() then return fn(...) end
-  current_pass = {copies = {}}
+  local copies = {}
+  local res = table.pack(pcall(nn.holding, copies, fn, ...))
+  nn.release_copies(copies)
+  if not res[1] then error(res[2], 0) end
+  return table.unpack(res, 2, res.n)
+end
+
+--[[ nn.holding(copies, fn, ...): fn(...) as one pass whose parameters' copies (their casts to the
+compute dtype, nn.pass_once's) go into `copies`, a table the caller keeps: passes run under the same
+table share them, so generation, whose weights do not change from byte to byte, casts each parameter
+once and not once a byte. nn.release_copies(copies) lets them go; a weight changed in between is not
+seen by the copies (the caller's to know). ]]
+function nn.holding(copies, fn, ...)
+  if current_pass then return fn(...) end
+  current_pass = {copies = copies}
   local res = table.pack(pcall(fn, ...))
-  local copies = current_pass.copies
   current_pass = nil
+  if not res[1] then error(res[2], 0) end
+  return table.unpack(res, 2, res.n)
+end
+
+function nn.release_copies(copies)
   local release = core_metatable.__close
-  for _, key in pairs(copies) do
+  for tag, key in pairs(copies) do
     for _, made in pairs(key) do
       if dm.is_tensor(made) then release(made) else for _, t in ipairs(made) do release(t) end end
     end
+    copies[tag] = nil
   end
-  if not res[1] then error(res[2], 0) end
-  return table.unpack(res, 2, res.n)
 end
 
 --[[ h + fn(norm(h)): a pre-norm residual branch. The branch runs in the
