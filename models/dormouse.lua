@@ -216,7 +216,9 @@ opts.depths: the D of fin_D to report besides fin (e.g. {1, 2}).
 opts.state: the state a previous segment of the same rows left (out.state),
 or {} at a sequence's start: the pass then carries every iteration's KDA
 state and convolution inputs from it, and returns its own as out.state
-(docs/models.md, "Segments and streaming"). opts.counts = "add": the pass's
+(docs/models.md, "Segments and streaming"). opts.readout = "fin": only the fin
+readout's logits (out.fin_logits) and the state, no other readout and no loss
+(generation's one-byte step). opts.counts = "add": the pass's
 routing counts add to the step's so far instead of starting them again (a
 step of several segments balances on all of them). opts.mask [B, T]: 1 where
 a target is scored, 0 where not (a record's prompt, data.records): every loss is
@@ -304,15 +306,21 @@ function Dormouse:pass(x, prefix, opts)
       h = self.block:forward(h, inputs, prefix)
     end
     if self.loom_gate then h = loom(self, h_in, h, i) end
+    sum_h = sum_h and sum_h + h or h
+    if opts.readout == "fin" then            -- generation: the fin readout's logits and the state, no losses
+      if i == self.max_iter then out.fin_logits = readout(self, sum_h * (1 / i)) end
+      goto next_iteration
+    end
     out.logits[i], out.periter[i] = scored(self, h, targets, kept)
     total = total and total + out.periter[i] or out.periter[i]
-    sum_h = sum_h and sum_h + h or h
     if wanted[i] or i == self.max_iter then
       local logits
       logits, out.fin_D[i] = scored(self, sum_h * (1 / i), targets, kept)
       if i == self.max_iter then out.fin_logits = logits end
     end
+    ::next_iteration::
   end
+  if opts.readout == "fin" then return out end
   out.fin = out.fin_D[self.max_iter]
   out.loss = (total + out.fin) * (1 / (self.max_iter + 1))
   local msa = self.block.msa

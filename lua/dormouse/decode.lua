@@ -112,7 +112,7 @@ end
 function Decoder:one(k)
   local B, ctx = self.B, self.ctx
   dm.scope(function()
-    local out = self.model:forward(self.x, self.prefix, {state = self.state})
+    local out = self.model:forward(self.x, self.prefix, {state = self.state, readout = "fin"})
     segments.each(out.state, function(i, key, t)
       local into = self.state[i] and self.state[i][key]
       if not into or not same_shape(into, t) or into.dtype ~= t.dtype then
