@@ -138,7 +138,9 @@ end
 -- rows as a compact leaf [U, width]. The iterations of one forward share them
 -- (the same x), so their gradients meet in one compact.grad. Lookups without
 -- grad (eval, sampling) read a table in host memory directly, leaving the
--- host table's prefetch in flight for the next training step.
+-- host table's prefetch in flight for the next training step. A pass of one
+-- byte a row without grad (generation's step) gathers each lookup's row as
+-- it is: too few lookups for the sort that finds the distinct ones to pay.
 function Engram:lookup(x, prefix)
   self.summed = nil                                 -- a backward may follow: sparse_grad sums again
   local c = self.current
@@ -146,6 +148,12 @@ function Engram:lookup(x, prefix)
   local training = dm.grad_enabled()
   if self.host and training then
     c = self:host_lookup(x, prefix)
+  elseif not training and x:size(2) == 1 and not self.ram then   -- a byte a row (generation): no sort
+    local idx = self:rows(x, prefix)                -- [B, 1, nsub]: each lookup its own row of the compact
+    local M = idx:numel()
+    local rows = idx:reshape({M})
+    c = {x = x, rows = rows, inverse = dm.arange(M, {dtype = "i64", device = x.device}):reshape(idx:shape()),
+         compact = dm.no_grad(dm.embedding, rows, self.table)}
   elseif self.static and not self.ram then          -- shapes that never wait: a captured step
     local rows, inverse, _, n = dm.engram_unique(self:rows(x, prefix), {padded = true})
     c = {x = x, rows = rows, inverse = inverse, n = n, compact = dm.no_grad(dm.embedding, rows, self.table)}

@@ -264,11 +264,18 @@ local function padded(t, n, dim)
   return dm.cat({t, dm.zeros(shape, {dtype = t.dtype, device = t.device})}, dim)
 end
 
+-- weight w in h's dtype with pad zero slices more along dim: made once a pass (nn.pass_once), so the
+-- iterations share it (and its gradient meets there) and the decoder's bytes reuse it
+local function padded_weight(w, h, pad, dim)
+  return nn.pass_once(w, string.format("padded %s %d %d", h.dtype, pad, dim or 0),
+                      function(p) return padded(nn.like(p, h), pad, dim) end)
+end
+
 -- W_write(routed + y_s), y_s = sd(h): through F + pad columns when pad > 0
 local function write_out(self, routed, h, pad)
   if pad == 0 then return self.write:forward(routed + self.sd:forward(h)) end
-  local shared = self:project(h, padded(nn.like(self.sd.weight, h), pad, 1))          -- [N, F + pad]
-  return self:project(padded(routed, pad) + shared, padded(nn.like(self.write.weight, h), pad))
+  local shared = self:project(h, padded_weight(self.sd.weight, h, pad, 1))          -- [N, F + pad]
+  return self:project(padded(routed, pad) + shared, padded_weight(self.write.weight, h, pad))
 end
 
 -- The step's intermediates (routing, expert rows, the shared expert) are
