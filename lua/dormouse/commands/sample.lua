@@ -131,10 +131,11 @@ local function rates(stamps)
   return table.concat(parts, ", ")
 end
 
--- "; blocks: 31 replayed from a CUDA graph, 1 run eagerly" (the decoder's counters)
-local function blocks()
+-- "; blocks: 31 replayed from a CUDA graph, 1 run eagerly" (the decoder's counters; on a GPU, where
+-- the graph is meant to run)
+local function blocks(device)
   local c = require("dormouse.decode").counters
-  if c.replayed + c.eager == 0 then return "" end
+  if device ~= "cuda" or c.replayed + c.eager == 0 then return "" end
   return string.format("; blocks: %d replayed from a CUDA graph, %d run eagerly%s", c.replayed, c.eager,
                        c.failed_captures > 0 and " (the step could not be captured)" or "")
 end
@@ -158,7 +159,7 @@ local function many(args, model, prompts)
   settle()
   local dt = now() - t0
   io.stderr:write(string.format("sample: %d bytes in %.3f s (prompts included): %.1f bytes/s in all%s\n", total, dt,
-                                dt > 0 and total / dt or 0 / 0, blocks()))
+                                dt > 0 and total / dt or 0 / 0, blocks(args.device)))
 end
 
 local function run(argv, cli)
@@ -191,8 +192,10 @@ local function run(argv, cli)
       end})
     finish()
     io.stdout:write("\n")
+    io.stdout:flush()                                          -- the text's end before stderr's line
     io.stderr:write(string.format("sample: the prompt and the first byte %.3f s; bytes/s over bytes %s%s\n",
-                                  stamps[1] - t_start, #stamps > 1 and rates(stamps) or "(one byte)", blocks()))
+                                  stamps[1] - t_start, #stamps > 1 and rates(stamps) or "(one byte)",
+                                  blocks(args.device)))
   end)(argv)
 end
 
