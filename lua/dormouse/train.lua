@@ -170,7 +170,7 @@ function train.named_state(model)
   return t
 end
 
-local FLOATS = {f32 = true, f64 = true, bf16 = true, f16 = true}
+local FLOATS = core.float_dtypes()        -- the floating-point dtypes (vm/core/dtype.c)
 
 --[[ The firewall before a checkpoint: the name of the first tensor (by name) of `tensors` that
 holds a NaN or an infinity, or nil. A tensor's sum is the cheap test, one reduction on the

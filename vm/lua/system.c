@@ -1,9 +1,10 @@
 /*
-** vm/lua/system.c — what the machine has, for a run's pre-flight, and the size of a dtype:
+** vm/lua/system.c — what the machine has, for a run's pre-flight, and the dtypes' sizes and kinds:
 **
 **   core.disk_free(path)      -> bytes free to this user on path's filesystem, or nil, why
 **   core.memory_available()   -> bytes of host memory available (MemAvailable), or nil
 **   core.dtype_size(name)     -> bytes an element of that dtype takes (vm/core/dm.h's fact)
+**   core.float_dtypes()       -> {name = true, ...}: the floating-point dtypes (the same table's)
 **   core.pid()                -> this process's id
 **   core.same_file(a, b)      -> whether two paths name one file
 */
@@ -48,6 +49,17 @@ static int c_dtype_size(lua_State *L) {
   return 1;
 }
 
+/* core.float_dtypes() -> {name = true, ...}: the dtypes that hold floating-point values (dtype.c's fact) */
+static int c_float_dtypes(lua_State *L) {
+  lua_createtable(L, 0, DM_NDTYPE);
+  for (int i = 0; i < DM_NDTYPE; i++) {
+    if (!dm_dtype_is_float((dm_dtype)i)) continue;
+    lua_pushboolean(L, 1);
+    lua_setfield(L, -2, dm_dtype_name((dm_dtype)i));
+  }
+  return 1;
+}
+
 static int c_pid(lua_State *L) {
   lua_pushinteger(L, (lua_Integer)getpid());
   return 1;
@@ -63,6 +75,7 @@ static int c_same_file(lua_State *L) {
 }
 
 static const luaL_Reg funcs[] = {{"disk_free", c_disk_free}, {"memory_available", c_memory_available},
-                                 {"dtype_size", c_dtype_size}, {"pid", c_pid}, {"same_file", c_same_file},
+                                 {"dtype_size", c_dtype_size}, {"float_dtypes", c_float_dtypes}, {"pid", c_pid},
+                                 {"same_file", c_same_file},
                                  {NULL, NULL}};
 DM_LUA_FUNCS(funcs)

@@ -22,7 +22,7 @@ local nn = {}
 
 -- where modules are built now: the innermost nn.build's, else the CPU in f32
 local building = {device = "cpu", compute_dtype = "f32"}
-local COMPUTE_DTYPES = {f32 = true, bf16 = true, f16 = true, f64 = true}
+local COMPUTE_DTYPES = require("dormouse.core").float_dtypes()   -- any floating-point dtype
 
 --[[ nn.build(where, fn, ...) → fn(...)'s results, the modules fn makes built at
 `where` = {device = ..., compute_dtype = ...} (a key left out: the enclosing

@@ -19,7 +19,7 @@ Lua's ==, < and <= compare tensors as objects: use x:eq(y), x:lt(y), x:le(y).
 ]]
 return function(dm, T, core)
 
-local FLOAT = {f32 = true, f64 = true, bf16 = true, f16 = true}
+local FLOAT = core.float_dtypes()         -- the floating-point dtypes (vm/core/dtype.c)
 
 local function is_tensor(x) return getmetatable(x) == core.metatable end
 
