@@ -403,22 +403,35 @@ void dm_engram_adam(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_tenso
   for (int i = 0; i < 3; i++) dm_mark_written(state[i]);
 }
 
-void dm_engram_adam_at(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_tensor *rows,
-                       const dm_tensor *grads, const dm_tensor *n_at, double beta1, double beta2, double eps,
-                       const dm_tensor *lr_at, const dm_tensor *step_at, const dm_tensor *sumsq_at) {
-  const char *what = "engram_adam_at";
-  dm_tensor *state[3] = {table, m, v};
+/* the at forms' scalars, one element each on the table's device; returns the row list's bound */
+static int64_t check_at(const char *what, const dm_tensor *table, const dm_tensor *rows, const dm_tensor *grads,
+                        const dm_tensor *n_at, const dm_tensor *lr_at, const dm_tensor *step_at,
+                        const dm_tensor *sumsq_at) {
   dm_check_live(table);
   dm_check_scalar(what, "n_at", n_at, DM_I64, table->device);
   dm_check_scalar(what, "lr_at", lr_at, DM_F64, table->device);
   dm_check_scalar(what, "step_at", step_at, DM_I64, table->device);
   if (sumsq_at) dm_check_scalar(what, "sumsq_at", sumsq_at, DM_F64, table->device);
-  int64_t cap = rows->shape[0] < grads->shape[0] ? rows->shape[0] : grads->shape[0];
+  return rows->shape[0] < grads->shape[0] ? rows->shape[0] : grads->shape[0];
+}
+
+/* on the CPU the scalars are read at once: false for a step the firewall skips, else *n the rows */
+static bool cpu_at(const char *what, const dm_tensor *n_at, const dm_tensor *sumsq_at, int64_t cap, int64_t *n) {
+  if (sumsq_at && !isfinite(*(const double *)dm_data(sumsq_at))) return false;
+  *n = *(const int64_t *)dm_data(n_at);
+  if (*n < 0 || *n > cap) dm_error("%s: n_at holds %lld, outside 0..%lld", what, (long long)*n, (long long)cap);
+  return true;
+}
+
+void dm_engram_adam_at(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_tensor *rows,
+                       const dm_tensor *grads, const dm_tensor *n_at, double beta1, double beta2, double eps,
+                       const dm_tensor *lr_at, const dm_tensor *step_at, const dm_tensor *sumsq_at) {
+  const char *what = "engram_adam_at";
+  dm_tensor *state[3] = {table, m, v};
+  int64_t cap = check_at(what, table, rows, grads, n_at, lr_at, step_at, sumsq_at), n;
   check_adam(what, state, 3, rows, grads, cap);
   if (table->device == DM_CPU) {       /* read at once, then the ordinary update */
-    if (sumsq_at && !isfinite(*(const double *)dm_data(sumsq_at))) return;
-    int64_t n = *(const int64_t *)dm_data(n_at);
-    if (n < 0 || n > cap) dm_error("%s: n_at holds %lld, outside 0..%lld", what, (long long)n, (long long)cap);
+    if (!cpu_at(what, n_at, sumsq_at, cap, &n)) return;
     dm_engram_adam(table, m, v, rows, grads, n, *(const double *)dm_data(lr_at), beta1, beta2, eps,
                    *(const int64_t *)dm_data(step_at));
     return;
@@ -477,18 +490,11 @@ void dm_engram_adam_q8_at(dm_tensor *table, const dm_engram_q8 *q8, const dm_ten
                           const dm_tensor *step_at, const dm_tensor *sumsq_at) {
   const char *what = "engram_adam_q8_at";
   dm_tensor *state[1] = {table};
-  dm_check_live(table);
-  dm_check_scalar(what, "n_at", n_at, DM_I64, table->device);
-  dm_check_scalar(what, "lr_at", lr_at, DM_F64, table->device);
-  dm_check_scalar(what, "step_at", step_at, DM_I64, table->device);
-  if (sumsq_at) dm_check_scalar(what, "sumsq_at", sumsq_at, DM_F64, table->device);
-  int64_t cap = rows->shape[0] < grads->shape[0] ? rows->shape[0] : grads->shape[0];
+  int64_t cap = check_at(what, table, rows, grads, n_at, lr_at, step_at, sumsq_at), n;
   check_adam(what, state, 1, rows, grads, cap);
   check_q8(what, table, q8);
   if (table->device == DM_CPU) {       /* read at once, then the ordinary update */
-    if (sumsq_at && !isfinite(*(const double *)dm_data(sumsq_at))) return;
-    int64_t n = *(const int64_t *)dm_data(n_at);
-    if (n < 0 || n > cap) dm_error("%s: n_at holds %lld, outside 0..%lld", what, (long long)n, (long long)cap);
+    if (!cpu_at(what, n_at, sumsq_at, cap, &n)) return;
     dm_engram_adam_q8(table, q8, rows, grads, n, *(const double *)dm_data(lr_at), beta1, beta2, eps,
                       *(const int64_t *)dm_data(step_at));
     return;

@@ -106,16 +106,24 @@ static void check_adamw_hp(const char *op, const dm_adamw_hp *hp) {
     dm_error("%s: step must be >= 1 (it counts updates from 1), got %lld", op, (long long)hp->step);
 }
 
+/* an AdamW step's settings (the device scalars read on the CPU) and its parameters and gradients
+** checked; false when there is nothing to do (no parameters, or a step the firewall skips) */
+static bool adamw_begin(const char *op, int n, dm_tensor *const *params, dm_tensor *const *grads, dm_adamw_hp *hp) {
+  if (n > 0 && !resolve_adamw(hp, params[0]->device)) return false;
+  check_adamw_hp(op, hp);
+  for (int i = 0; i < n; i++) {
+    check_param(op, i, n, params[i], params[0]);
+    check_grad(op, i, params[i], grads[i]);
+  }
+  return n > 0;
+}
+
 void dm_adamw_step(int n, dm_tensor *const *params, dm_tensor *const *grads,
                    dm_tensor *const *m, dm_tensor *const *v, const dm_adamw_hp *given) {
   const char *op = "adamw";
   dm_adamw_hp hpv = *given, *hp = &hpv;
-  if (n > 0 && !resolve_adamw(hp, params[0]->device)) return;
-  check_adamw_hp(op, hp);
-  if (n <= 0) return;
+  if (!adamw_begin(op, n, params, grads, hp)) return;
   for (int i = 0; i < n; i++) {
-    check_param(op, i, n, params[i], params[0]);
-    check_grad(op, i, params[i], grads[i]);
     check_state(op, "first moment m", i, params[i], m[i]);
     check_state(op, "second moment v", i, params[i], v[i]);
   }
@@ -148,12 +156,8 @@ void dm_adamw_q8_step(int n, dm_tensor *const *params, dm_tensor *const *grads, 
                       const dm_adamw_hp *given, uint32_t salt) {
   const char *op = "adamw_q8";
   dm_adamw_hp hpv = *given, *hp = &hpv;
-  if (n > 0 && !resolve_adamw(hp, params[0]->device)) return;
-  check_adamw_hp(op, hp);
-  if (n <= 0) return;
+  if (!adamw_begin(op, n, params, grads, hp)) return;
   for (int i = 0; i < n; i++) {
-    check_param(op, i, n, params[i], params[0]);
-    check_grad(op, i, params[i], grads[i]);
     check_q8(op, "first moment", i, params[i], m[i], m_scale[i]);
     check_q8(op, "second moment's root", i, params[i], r[i], r_scale[i]);
   }
