@@ -413,7 +413,6 @@ end
 function Dormouse:set_static(on)
   if self.block.engram then self.block.engram:set_static(on) end
 end
-function Dormouse:is_static() return self.block.engram ~= nil and self.block.engram.static == true end
 
 --[[ fn() → the loader's next x [B, T+1], prefix, k without taking it (train.lookahead):
 Engram tables in host memory gather that batch's rows while this step runs. fn = nil

@@ -141,24 +141,11 @@ function Decoder:body()
   self.counts:add_(self.K)
 end
 
--- fn() with the model in its static form (a model's set_static: Engram's lookups padded to shapes
--- that never wait for the device, which a capture needs; the eager blocks take the same form, so
--- every block computes alike), the form it had put back after
-local function static(model, fn)
-  if not model.set_static then return fn() end
-  local was = model.is_static and model:is_static() or false
-  model:set_static(true)
-  local ok, r = pcall(fn)
-  model:set_static(was)
-  if not ok then error(r, 0) end
-  return r
-end
-
 -- A block: K more bytes for every slot; rows[slot] lists them. The first block on a GPU runs
 -- eagerly (its allocations settle), the second is captured and every later one replays it.
 function Decoder:step()
   if not self.state then error("decode: step before any slot was put", 0) end
-  return static(self.model, function() return nn.holding(self.copies, self.block_bytes, self) end)
+  return nn.holding(self.copies, self.block_bytes, self)
 end
 
 function Decoder:block_bytes()

@@ -110,12 +110,13 @@ local free_state = segments.free
 
 local warned_full = false
 
---[[ The generator of eval.sample: next() gives the logits of the byte after
+--[[ The prompt's side of generation: next() gives the logits of the byte after
 `bytes` (a list the caller appends each chosen byte to), then push(b) adds b.
-Streaming: the prompt is one pass that keeps the model's state, each new
-byte one pass of T = 1 that carries it, so every byte costs the same.
-A model whose forward returns no state (out.state) runs a full forward over
-the last `context` bytes for every byte instead, said once on stderr. ]]
+Streaming: the prompt is one pass (in chunks) that keeps the model's state,
+which take_state() hands over: the decoder (dormouse.decode) steps every
+byte after it. A model whose forward returns no state (out.state), or
+opts.stream = false, runs a full forward over the last `context` bytes for
+every byte here instead, said once on stderr. ]]
 local function generator(model, bytes, opts)
   local device, context = opts.device, opts.context or 256
   local ctx = model.context and model:context() or 0
@@ -160,16 +161,7 @@ local function generator(model, bytes, opts)
     if logits then return logits end
     if not streaming then logits = full()
     elseif not state then logits, state = first()
-    else
-      local n = #bytes
-      local l, s = dm.scope(function()
-        local x = byte_row(bytes, n, n + 1, device)               -- the newest byte and a target slot
-        local out = model:forward(x, byte_row(bytes, n - ctx, n - 1, device), {state = state})
-        return last_logits(out), out.state
-      end)
-      free_state(state)
-      logits, state = l, s
-    end
+    else error("eval: the bytes after a streamed prompt are the decoder's (take_state, dormouse.decode)", 0) end
     return logits
   end
   function gen.push(b)                       -- the state covers the bytes before b: next() steps b in
@@ -261,10 +253,13 @@ local function continuing(model, prompt, n, opts, temperature, top_p, each)
         return
       end
       bytes[#bytes + 1] = b
-      d = decode.new(model, 1, {device = opts.device, temperature = temperature, top_p = top_p, block = opts.block,
-                                graph = opts.graph})
-      d:put(1, state, bytes, seed, 1)
-      free_state(state)
+      local made, err = pcall(function()
+        d = decode.new(model, 1, {device = opts.device, temperature = temperature, top_p = top_p,
+                                  block = opts.block, graph = opts.graph})
+        d:put(1, state, bytes, seed, 1)
+      end)
+      free_state(state)                        -- the caller's since take_state, whatever happened
+      if not made then error(err, 0) end
       local done = 1
       while done < n do
         for _, nb in ipairs(d:step()[1]) do
@@ -337,12 +332,14 @@ function eval.sample_streams(model, prompts, n, opts)
       while taken < #prompts do
         local s, state = start()
         slots[slot] = s
-        if not take(s, s.first) then
+        local ok, ended = pcall(function()    -- ended: the stream ended at its first byte
+          if take(s, s.first) then return true end
           d:put(slot, state, s.bytes, seed + s.j - 1, 1)
-          free_state(state)
-          return
-        end
-        free_state(state)
+          return false
+        end)
+        free_state(state)                      -- the caller's since take_state, whatever happened
+        if not ok then error(ended, 0) end
+        if not ended then return end
       end
     end
     local ok, err = pcall(function()

@@ -338,9 +338,10 @@ local rows = {
     {"engram_adam", enum {"sparse", "dense"}, "sparse", "the tables' Adam: the touched rows only (the spec), or " ..
      "dense: every row's moments decay and every row moves each step (not the spec's; tables on the device)"},
     {"adamw_moments", enum {"f32", "q8"}, "f32", "the AdamW group's moments: f32, or q8: 8 bits a value with " ..
-     "an f32 scale a block of 256, rounded stochastically (about 26% of the memory)", form = true},
+     "an f32 scale a block of 256, rounded stochastically (25.4% of the memory)", form = true},
     {"engram_moments", enum {"f32", "q8"}, "f32", "the Engram tables' Adam moments: f32, or q8: 8 bits a value " ..
-     "with an f32 scale a row, rounded stochastically (the sparse Adam of tables on the device)", form = true},
+     "with an f32 scale a row, rounded stochastically (28% of the memory at rows of 32; the sparse Adam of " ..
+     "tables on the device)", form = true},
     {"momentum", num{min = 0, below = 1}, 0.95, "Muon momentum"},
     {"nesterov", bool, true, "Nesterov form of the Muon momentum"},
     {"momentum_dtype", enum {"f32", "bf16", "bf16_stochastic"}, "f32", "Muon momentum buffers: f32, or bf16 (half " ..
@@ -460,6 +461,8 @@ schema.introduced = {
   ["model.moe.router"] = "sigmoid",
   ["model.moe.aux_balance"] = 0,
   ["optim.gates"] = "adamw",
+  ["optim.adamw_moments"] = "f32",
+  ["optim.engram_moments"] = "f32",
 }
 
 -- Keys that configs once had and no code reads any more: a config (an older

@@ -583,7 +583,8 @@ static void sround_bits_and_values(void) {
 
 /* The 8-bit codes: exact values decode to themselves whatever the random bits; a value between
 ** two codes lands on one of them, above with the probability of its place (its mean is the value);
-** signs, 0, 1, NaN and the subnormal codes; decode(encode) keeps 3% (unsigned) or 6% (signed). */
+** signs, 0, 1, NaN and the subnormal codes; decode(encode) is within one code step: 6.25% (unsigned) or
+** 12.5% (signed) of the value. */
 static void q8_codes(void) {
   float exact[] = {0.0f, 1.0f, 0.5f, 0.75f, 0x1p-14f, 0x1p-16f * 3, 0.6875f};
   uint32_t rs[] = {0, 0xffffffffu, 0x12345678u};

@@ -1,5 +1,6 @@
 /*
-** q8.h — 8-bit codes for the Adam moments (optim.adam_moments = "q8"), the
+** q8.h — 8-bit codes for the Adam moments (optim.adamw_moments and
+** optim.engram_moments = "q8"), the
 ** same bits on the CPU and on a GPU (a header CUDA code includes as is).
 **
 ** A tensor's moment is kept in blocks of DM_Q8_BLOCK elements: one f32
@@ -10,8 +11,8 @@
 **     e = 0; 1.0 is the largest code used (e = 15, f = 0);
 **   signed (the first moment): a sign bit, 4 exponent bits and 3 mantissa
 **     bits, the same form with f/8.
-** So a code keeps about 3% (unsigned) or 6% (signed) of relative precision
-** down to 2^-14 of its block's largest value. Encoding rounds
+** So the codes' steps are 1/16 (unsigned) or 1/8 (signed) of a value's
+** power of two, down to 2^-14 of its block's largest value. Encoding rounds
 ** stochastically between the two neighbouring codes, up with the
 ** probability of the value's place between them, from 32 random bits: the
 ** mean of a code is the value itself, so the moments' small steps are kept

@@ -12,7 +12,7 @@ left alone.
 With moments = "q8" (optim.adamw_moments) m and sqrt(v) are kept in 8 bits a
 value with an f32 scale a block of 256 (vm/core/q8.h, kernel "adamw_q8"):
 slots m_q8 and v_q8 (u8 codes, the parameter's shape: v_q8 codes sqrt(v)) and
-m_scale and v_scale (f32, one a block), about 26% of the f32 moments' memory.
+m_scale and v_scale (f32, one a block), 25.4% of the f32 moments' memory.
 Each step decodes them, steps in f32 and encodes them again, rounding
 stochastically (random bits keyed by the group's name, the parameter, the
 update's count and the element: a resume rounds as the run would have).
