@@ -340,6 +340,9 @@ static void cuda_muon_momentum(int n, dm_tensor *const *buf, dm_tensor *const *g
     mt_list L;
     sr.first = i0;
     i0 = mt_fill(&L, i0, n, 3, lists);
+    /* entry t is member first + t only while none is skipped: a group's members all have a buffer and a
+    ** gradient (dm_muon_step's groups), which the CPU's count assumes too */
+    if (L.n != i0 - sr.first) dm_error("muon: a member without a buffer or a gradient in a momentum pass");
     if (L.n == 0 || L.start[L.n] == 0) continue;
     momentum_k<<<(unsigned)L.start[L.n], DM_THREADS, 0, dm_cuda_stream()>>>(L, (float)mu, nesterov, sumsq_at,
                                                                             clip_at, clip, pitch_map{cols, pitch}, sr);

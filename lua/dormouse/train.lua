@@ -303,18 +303,15 @@ end
 -- Refuse a resume whose resolved config differs other than in progress and form keys; returns the
 -- form keys that differ ({key, a, b}: the optimiser's state is converted to them on load)
 local function check_same_config(saved, cfg, dir)
-  local ignore = {}
-  for _, list in ipairs {config.progress_keys, config.form_keys} do
-    for _, k in ipairs(list) do ignore[#ignore + 1] = k end
+  local is_form = {}
+  for _, k in ipairs(config.form_keys) do is_form[k] = true end
+  local d, form = {}, {}
+  for _, x in ipairs(config.diff(saved, config.plain(cfg))) do   -- (progress keys left out)
+    if is_form[x.key] then form[#form + 1] = x else d[#d + 1] = x end
   end
-  local d = config.diff(saved, config.plain(cfg), ignore)
   if #d > 0 then
     error(string.format("cannot resume %s: the config differs from the checkpoint's in %d key%s:\n%s",
                         dir, #d, #d == 1 and "" or "s", config.format_diff(d, "checkpoint", "now")), 0)
-  end
-  local form = {}
-  for _, x in ipairs(config.diff(saved, config.plain(cfg), {})) do
-    for _, k in ipairs(config.form_keys) do if x.key == k then form[#form + 1] = x end end
   end
   return form
 end

@@ -445,6 +445,16 @@ static dm_tensor *muon_plus(dm_tensor *ortho, int normalize) {
   return ortho;
 }
 
+/* the key of a shape group's rounding bits: the group's salt mixed with its matrices' shape
+** (splitmix64's finaliser), so that member j of two groups draws other bits */
+static uint32_t shape_salt(uint32_t salt, int64_t rows, int64_t cols) {
+  uint64_t z = (((uint64_t)rows << 32) ^ (uint64_t)cols) + 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return salt ^ (uint32_t)z ^ (uint32_t)(z >> 32);
+}
+
 /* One shape group (members idx[0..k)): momentum into a stack [B, m, n],
 ** Newton–Schulz on the stack, the scaled update from its slices. */
 static void muon_group(int k, const int *idx, dm_tensor *const *params, dm_tensor *const *grads,
@@ -467,8 +477,7 @@ static void muon_group(int k, const int *idx, dm_tensor *const *params, dm_tenso
   for (int j = 0; j < k; j++) { p[j] = params[idx[j]]; g[j] = grads[idx[j]]; b[j] = bufs[idx[j]]; }
   stack_views(stack, k, p, rows, pitch, o);
   /* the salt tells shape groups apart: members are counted within the group */
-  dm_sround_key key = {.salt = hp->sround_salt ^ (uint32_t)(rows * 40503 + cols * 65599),
-                       .step = hp->step, .step_at = hp->step_at};
+  dm_sround_key key = {.salt = shape_salt(hp->sround_salt, rows, cols), .step = hp->step, .step_at = hp->step_at};
   momentum(k, b, g, o, hp->momentum, hp->nesterov, hp->sumsq_at, clip_at, hp->clip, cols, pitch,
            hp->momentum_sround ? &key : NULL);
   for (int j = 0; j < k; j++) dm_release(o[j]);

@@ -34,8 +34,6 @@ void dm_sample_bytes(dm_tensor *out, const dm_tensor *logits, const dm_tensor *s
   check_rows("counts", counts, B, logits);
   if (out->dtype != DM_U8 && out->dtype != DM_I64)
     dm_error("sample_bytes: out must be u8 or i64, got %s", dm_dtype_name(out->dtype));
-  if (out->dtype == DM_U8 && logits->shape[1] > 256)
-    dm_error("sample_bytes: a u8 out holds 256 values, the logits have %lld", (long long)logits->shape[1]);
   if (seeds->dtype != DM_I64 || counts->dtype != DM_I64)
     dm_error("sample_bytes: seeds and counts must be i64, got %s and %s", dm_dtype_name(seeds->dtype),
              dm_dtype_name(counts->dtype));

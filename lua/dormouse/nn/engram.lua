@@ -150,10 +150,8 @@ function Engram:lookup(x, prefix)
     c = self:host_lookup(x, prefix)
   elseif not training and x:size(2) == 1 and not self.ram then   -- a byte a row (generation): no sort
     local idx = self:rows(x, prefix)                -- [B, 1, nsub]: each lookup its own row of the compact
-    local M = idx:numel()
-    local rows = idx:reshape({M})
-    c = {x = x, rows = rows, inverse = dm.arange(M, {dtype = "i64", device = x.device}):reshape(idx:shape()),
-         compact = dm.no_grad(dm.embedding, rows, self.table)}
+    local rows = idx:reshape({idx:numel()})
+    c = {x = x, rows = rows, in_order = true, compact = dm.no_grad(dm.embedding, rows, self.table)}
   elseif self.static and not self.ram then          -- shapes that never wait: a captured step
     local rows, inverse, _, n = dm.engram_unique(self:rows(x, prefix), {padded = true})
     c = {x = x, rows = rows, inverse = inverse, n = n, compact = dm.no_grad(dm.embedding, rows, self.table)}
@@ -280,7 +278,8 @@ function Engram:forward(u, x, prefix, state)
   local c = self:lookup(x, prefix)
   return dm.scope(function()
     -- the rows in u's dtype (the table and its gradients stay f32)
-    local e = nn.like(dm.embedding(c.inverse, c.compact), u):reshape({B, T, self.n_sub * self.width})
+    local rows = c.in_order and c.compact or dm.embedding(c.inverse, c.compact)   -- in_order: already the lookups'
+    local e = nn.like(rows, u):reshape({B, T, self.n_sub * self.width})
     local kx, vx = self.wk:forward(e), self.wv:forward(e)
     local alpha = dm.engram_alpha(u, kx, {gain = self.alpha_gain and nn.like(self.alpha_gain, u)})
     local vt = vx * alpha:unsqueeze(-1)

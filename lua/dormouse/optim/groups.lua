@@ -153,6 +153,13 @@ function groups.q8_adapt(g, tbl, block)
   for i, e in ipairs(g.entries) do
     local k, p = e.name .. ".", g.params[i]
     if g.q8 and not tbl[k .. "m_q8"] and dm.is_tensor(tbl[k .. "m"]) and dm.is_tensor(tbl[k .. "v"]) then
+      for _, slot in ipairs {"m", "v"} do      -- load_state's check, before the conversion reads them
+        local t = tbl[k .. slot]
+        if table.concat(t:shape(), ",") ~= table.concat(p:shape(), ",") then
+          core.error(string.format("optim state '%s%s': shape [%s] but the parameter's is [%s]", k, slot,
+                                   table.concat(t:shape(), ", "), table.concat(p:shape(), ", ")))
+        end
+      end
       local function pack(values, signed)
         local codes = dm.zeros(p:shape(), {dtype = "u8"})
         local scales = dm.zeros({(p:numel() + block(p) - 1) // block(p)})
