@@ -357,10 +357,10 @@ __global__ void adam_k(T *w, T *m, T *v, const int64_t *rows, const T *g, int64_
   }
 }
 
-/* rows with 8-bit moments (engram.h's dm_engram_adam_row_q8): a warp a row, each lane its elements
+/* rows with 8-bit moments (engram.h's dm_engram_adam_row_8bit): a warp a row, each lane its elements
 ** c = lane, lane + 32, ...; the row's largest new moments by shuffles (a max: the same in any order);
 ** then each lane encodes its elements again from the old codes, which no lane has written yet */
-__global__ void adam_q8_k(float *w, uint8_t *mc, float *ms, uint8_t *vc, float *vs, const int64_t *rows,
+__global__ void adam_8bit_k(float *w, uint8_t *mc, float *ms, uint8_t *vc, float *vs, const int64_t *rows,
                           const float *g, int64_t n, int64_t de, const unsigned long long *bad, dm_engram_adam_hp hp,
                           const dm_engram_adam_hp *hp_at, const int64_t *n_at, int64_t step, const int64_t *step_at,
                           uint32_t salt) {
@@ -374,7 +374,7 @@ __global__ void adam_q8_k(float *w, uint8_t *mc, float *ms, uint8_t *vc, float *
     const float ms0 = ms[r], vs0 = vs[r];
     float mmax = 0, rmax = 0, mi, ri;
     for (int64_t c = lane; c < de; c += 32) {
-      dm_engram_adam_q8_elem(&w[base + c], mc[base + c], ms0, vc[base + c], vs0, g[q * de + c], &h, &mi, &ri);
+      dm_engram_adam_8bit_elem(&w[base + c], mc[base + c], ms0, vc[base + c], vs0, g[q * de + c], &h, &mi, &ri);
       mmax = fmaxf(mmax, fabsf(mi));
       rmax = fmaxf(rmax, ri);
     }
@@ -382,12 +382,12 @@ __global__ void adam_q8_k(float *w, uint8_t *mc, float *ms, uint8_t *vc, float *
       mmax = fmaxf(mmax, __shfl_xor_sync(DM_FULL_MASK, mmax, o));
       rmax = fmaxf(rmax, __shfl_xor_sync(DM_FULL_MASK, rmax, o));
     }
-    const float minv = dm_q8_inverse(mmax), rinv = dm_q8_inverse(rmax);
+    const float minv = dm_code8_inverse(mmax), rinv = dm_code8_inverse(rmax);
     for (int64_t c = lane; c < de; c += 32) {
       float stepped = 0;                             /* the parameter moved in the first pass */
-      dm_engram_adam_q8_elem(&stepped, mc[base + c], ms0, vc[base + c], vs0, g[q * de + c], &h, &mi, &ri);
-      mc[base + c] = dm_q8_encode_signed(mi * minv, dm_sround_bits(salt, 0, k, base + c));
-      vc[base + c] = dm_q8_encode_unsigned(ri * rinv, dm_sround_bits(salt, 1, k, base + c));
+      dm_engram_adam_8bit_elem(&stepped, mc[base + c], ms0, vc[base + c], vs0, g[q * de + c], &h, &mi, &ri);
+      mc[base + c] = dm_code8_encode_signed(mi * minv, dm_sround_bits(salt, 0, k, base + c));
+      vc[base + c] = dm_code8_encode_unsigned(ri * rinv, dm_sround_bits(salt, 1, k, base + c));
     }
     if (lane == 0) { ms[r] = mmax; vs[r] = rmax; }   /* every lane read the old scales before the shuffles */
   }
@@ -406,8 +406,8 @@ __global__ void adam_at_consts_k(dm_engram_adam_hp *hp, dm_engram_adam_hp base, 
 }
 
 /* the update of rows[0..n-1] (or of the first *at->n of them); at NULL: hp's constants and step;
-** q8 (or NULL): the 8-bit moments, m and v unused */
-static void engram_adam_run(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_engram_q8 *q8,
+** m8 (or NULL): the 8-bit moments, m and v unused */
+static void engram_adam_run(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_engram_8bit *m8,
                             const dm_tensor *rows, const dm_tensor *grads, int64_t n, const dm_engram_adam_hp *hp,
                             int64_t step, const dm_engram_adam_scalars *at) {
   int64_t R = table->shape[0], de = table->shape[1];
@@ -441,10 +441,10 @@ static void engram_adam_run(dm_tensor *table, dm_tensor *m, dm_tensor *v, const 
     DM_CU_LAUNCHED();
   }
   const dm_engram_adam_hp *hp_at = at ? hpd : NULL;
-  if (q8)
-    DM_LAUNCH(adam_q8_k, n * 32, (float *)dm_data(table), (uint8_t *)dm_data(q8->m), (float *)dm_data(q8->m_scale),
-              (uint8_t *)dm_data(q8->v), (float *)dm_data(q8->v_scale), pr, (const float *)dm_data(grads), n,
-              de, bad, *hp, hp_at, n_at, step, at ? at->step : NULL, q8->salt);
+  if (m8)
+    DM_LAUNCH(adam_8bit_k, n * 32, (float *)dm_data(table), (uint8_t *)dm_data(m8->m), (float *)dm_data(m8->m_scale),
+              (uint8_t *)dm_data(m8->v), (float *)dm_data(m8->v_scale), pr, (const float *)dm_data(grads), n,
+              de, bad, *hp, hp_at, n_at, step, at ? at->step : NULL, m8->salt);
   else if (table->dtype == DM_F32)
     DM_LAUNCH(adam_k<float>, n * de, (float *)dm_data(table), (float *)dm_data(m), (float *)dm_data(v), pr,
               (const float *)dm_data(grads), n, de, bad, *hp, hp_at, n_at);
@@ -465,10 +465,10 @@ static void cuda_engram_adam_at(dm_tensor *table, dm_tensor *m, dm_tensor *v, co
   engram_adam_run(table, m, v, NULL, rows, grads, n, hp, 0, at);
 }
 
-static void cuda_engram_adam_q8(dm_tensor *table, const dm_engram_q8 *q8, const dm_tensor *rows,
+static void cuda_engram_adam_8bit(dm_tensor *table, const dm_engram_8bit *m8, const dm_tensor *rows,
                                 const dm_tensor *grads, int64_t n, const dm_engram_adam_hp *hp, int64_t step,
                                 const dm_engram_adam_scalars *at) {
-  engram_adam_run(table, NULL, NULL, q8, rows, grads, n, hp, step, at);
+  engram_adam_run(table, NULL, NULL, m8, rows, grads, n, hp, step, at);
 }
 
 static const dm_kernel_entry kernels[] = {
@@ -479,6 +479,6 @@ static const dm_kernel_entry kernels[] = {
   {"engram_alpha_bwd", (dm_kernel_fn)cuda_engram_alpha_bwd},
   {"engram_adam", (dm_kernel_fn)cuda_engram_adam},
   {"engram_adam_at", (dm_kernel_fn)cuda_engram_adam_at},
-  {"engram_adam_q8", (dm_kernel_fn)cuda_engram_adam_q8},
+  {"engram_adam_8bit", (dm_kernel_fn)cuda_engram_adam_8bit},
 };
 DM_CUDA_KERNELS(kernels)

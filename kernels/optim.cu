@@ -17,7 +17,7 @@
 */
 #include "model.cuh"
 #include "core/sround.h"
-#include "core/q8.h"
+#include "core/code8.h"
 extern "C" {
 #include "ops/optim.h"
 }
@@ -128,36 +128,36 @@ static void cuda_adamw(int n, dm_tensor *const *p, dm_tensor *const *g, dm_tenso
   dm_scratch_free(c, DM_ADAMW_SCRATCH);
 }
 
-/* ---- AdamW with 8-bit moments (q8.h) ------------------------------------------------------------------ */
+/* ---- AdamW with 8-bit moments (code8.h) ------------------------------------------------------------------ */
 
-/* Up to Q8_MAX members a launch, a block of DM_Q8_BLOCK threads a quantisation block: each thread
+/* Up to CODE8_MAX members a launch, a block of DM_CODE8_BLOCK threads a quantisation block: each thread
 ** one element, the block's largest moments found in shared memory (a max: the same in any order) */
-#define Q8_MAX 16
-struct q8_list {
+#define CODE8_MAX 16
+struct code8_list {
   int n;
-  float *p[Q8_MAX];
-  const void *g[Q8_MAX];
-  int gdt[Q8_MAX];
-  uint8_t *mc[Q8_MAX], *rc[Q8_MAX];
-  float *ms[Q8_MAX], *rs[Q8_MAX];
-  int member[Q8_MAX];                /* the entry's place in the caller's list: its random bits' key */
-  int64_t numel[Q8_MAX];
-  int64_t start[Q8_MAX + 1];
+  float *p[CODE8_MAX];
+  const void *g[CODE8_MAX];
+  int gdt[CODE8_MAX];
+  uint8_t *mc[CODE8_MAX], *rc[CODE8_MAX];
+  float *ms[CODE8_MAX], *rs[CODE8_MAX];
+  int member[CODE8_MAX];                /* the entry's place in the caller's list: its random bits' key */
+  int64_t numel[CODE8_MAX];
+  int64_t start[CODE8_MAX + 1];
 };
 
-__global__ void adamw_q8_k(q8_list L, const float *c, float b1, float b2, float eps, const int64_t *step_at,
+__global__ void adamw_8bit_k(code8_list L, const float *c, float b1, float b2, float eps, const int64_t *step_at,
                            int64_t step, uint32_t salt) {
-  __shared__ float mmax[DM_Q8_BLOCK], rmax[DM_Q8_BLOCK];
+  __shared__ float mmax[DM_CODE8_BLOCK], rmax[DM_CODE8_BLOCK];
   if (c[3] != 0) return;
   int t = 0;
   while (t + 1 < L.n && L.start[t + 1] <= (int64_t)blockIdx.x) t++;
-  const int64_t b = (int64_t)blockIdx.x - L.start[t], e = b * DM_Q8_BLOCK + threadIdx.x;
+  const int64_t b = (int64_t)blockIdx.x - L.start[t], e = b * DM_CODE8_BLOCK + threadIdx.x;
   const bool live = e < L.numel[t];
   const float step_size = c[0], rbc2 = c[1], decay = c[2];
   float mj = 0, rj = 0;
   if (live) {
     float g = ldf(L.gdt[t], L.g[t], e);
-    float mo = dm_q8_signed(L.mc[t][e]) * L.ms[t][b], ro = dm_q8_unsigned(L.rc[t][e]) * L.rs[t][b];
+    float mo = dm_code8_signed(L.mc[t][e]) * L.ms[t][b], ro = dm_code8_unsigned(L.rc[t][e]) * L.rs[t][b];
     mj = b1 * mo + (1 - b1) * g;
     float vj = b2 * (ro * ro) + (1 - b2) * g * g;
     rj = sqrtf(vj);
@@ -166,7 +166,7 @@ __global__ void adamw_q8_k(q8_list L, const float *c, float b1, float b2, float 
   mmax[threadIdx.x] = fabsf(mj);
   rmax[threadIdx.x] = rj;
   __syncthreads();
-  for (int w = DM_Q8_BLOCK / 2; w > 0; w /= 2) {
+  for (int w = DM_CODE8_BLOCK / 2; w > 0; w /= 2) {
     if (threadIdx.x < w) {
       mmax[threadIdx.x] = fmaxf(mmax[threadIdx.x], mmax[threadIdx.x + w]);
       rmax[threadIdx.x] = fmaxf(rmax[threadIdx.x], rmax[threadIdx.x + w]);
@@ -178,20 +178,20 @@ __global__ void adamw_q8_k(q8_list L, const float *c, float b1, float b2, float 
   if (threadIdx.x == 0) { L.ms[t][b] = ms; L.rs[t][b] = rs; }
   const int64_t k = step_at ? *step_at : step;
   const uint32_t i = (uint32_t)L.member[t];
-  L.mc[t][e] = dm_q8_encode_signed(mj * dm_q8_inverse(ms), dm_sround_bits(salt, 2u * i, k, e));
-  L.rc[t][e] = dm_q8_encode_unsigned(rj * dm_q8_inverse(rs), dm_sround_bits(salt, 2u * i + 1u, k, e));
+  L.mc[t][e] = dm_code8_encode_signed(mj * dm_code8_inverse(ms), dm_sround_bits(salt, 2u * i, k, e));
+  L.rc[t][e] = dm_code8_encode_unsigned(rj * dm_code8_inverse(rs), dm_sround_bits(salt, 2u * i + 1u, k, e));
 }
 
-static void cuda_adamw_q8(int n, dm_tensor *const *p, dm_tensor *const *g, dm_tensor *const *m,
+static void cuda_adamw_8bit(int n, dm_tensor *const *p, dm_tensor *const *g, dm_tensor *const *m,
                           dm_tensor *const *m_scale, dm_tensor *const *r, dm_tensor *const *r_scale,
                           const dm_adamw_hp *hp, uint32_t salt) {
   float *c = (float *)dm_scratch(DM_ADAMW_SCRATCH);
   adamw_consts_k<<<1, 1, 0, dm_cuda_stream()>>>(c, *hp);
   DM_CU_LAUNCHED();
   for (int i = 0; i < n;) {
-    q8_list L;
+    code8_list L;
     memset(&L, 0, sizeof L);
-    for (; i < n && L.n < Q8_MAX; i++) {
+    for (; i < n && L.n < CODE8_MAX; i++) {
       if (!g[i]) continue;                            /* no gradient: left alone */
       int k = L.n++;
       L.p[k] = (float *)dm_data(p[i]);
@@ -201,10 +201,10 @@ static void cuda_adamw_q8(int n, dm_tensor *const *p, dm_tensor *const *g, dm_te
       L.rc[k] = (uint8_t *)dm_data(r[i]); L.rs[k] = (float *)dm_data(r_scale[i]);
       L.member[k] = i;
       L.numel[k] = dm_numel(p[i]);
-      L.start[k + 1] = L.start[k] + dm_q8_blocks(L.numel[k]);
+      L.start[k + 1] = L.start[k] + dm_code8_blocks(L.numel[k]);
     }
     if (L.n == 0 || L.start[L.n] == 0) continue;
-    adamw_q8_k<<<(unsigned)L.start[L.n], DM_Q8_BLOCK, 0, dm_cuda_stream()>>>(
+    adamw_8bit_k<<<(unsigned)L.start[L.n], DM_CODE8_BLOCK, 0, dm_cuda_stream()>>>(
         L, c, (float)hp->beta1, (float)hp->beta2, (float)hp->eps, hp->step_at, hp->step, salt);
     DM_CU_LAUNCHED();
   }
@@ -468,7 +468,7 @@ static void cuda_optim_tick(dm_tensor *step, const dm_tensor *sumsq) {
 
 static const dm_kernel_entry kernels[] = {
   {"adamw", (dm_kernel_fn)cuda_adamw},
-  {"adamw_q8", (dm_kernel_fn)cuda_adamw_q8},
+  {"adamw_8bit", (dm_kernel_fn)cuda_adamw_8bit},
   {"optim_tick", (dm_kernel_fn)cuda_optim_tick},
   {"sumsq", (dm_kernel_fn)cuda_sumsq},
   {"clip_scale", (dm_kernel_fn)cuda_clip_scale},

@@ -337,9 +337,9 @@ local rows = {
      "AdamW group, or Muon's with its weight decay"},
     {"engram_adam", enum {"sparse", "dense"}, "sparse", "the tables' Adam: the touched rows only (the spec), or " ..
      "dense: every row's moments decay and every row moves each step (not the spec's; tables on the device)"},
-    {"adamw_moments", enum {"f32", "q8"}, "f32", "the AdamW group's moments: f32, or q8: 8 bits a value with " ..
+    {"adamw_moments", enum {"f32", "8bit"}, "f32", "the AdamW group's moments: f32, or 8bit: 8 bits a value with " ..
      "an f32 scale a block of 256, rounded stochastically (25.4% of the memory)", form = true},
-    {"engram_moments", enum {"f32", "q8"}, "f32", "the Engram tables' Adam moments: f32, or q8: 8 bits a value " ..
+    {"engram_moments", enum {"f32", "8bit"}, "f32", "the Engram tables' Adam moments: f32, or 8bit: 8 bits a value " ..
      "with an f32 scale a row, rounded stochastically (28% of the memory at rows of 32; the sparse Adam of " ..
      "tables on the device)", form = true},
     {"momentum", num{min = 0, below = 1}, 0.95, "Muon momentum"},
@@ -525,13 +525,13 @@ schema.checks = {
     end
   end,
   function(c)                                    -- 8-bit table moments: the sparse Adam, tables on the device
-    if c.optim.engram_moments ~= "q8" then return nil end
+    if c.optim.engram_moments ~= "8bit" then return nil end
     if c.model.engram and c.model.engram.ram then
-      return "optim.engram_moments = q8 keeps the moments on the device beside the tables; model.engram.ram = true " ..
+      return "optim.engram_moments = 8bit keeps the moments on the device beside the tables; model.engram.ram = true " ..
              "keeps the tables in host memory, whose Adam keeps f32 moments: set one of them back"
     end
     if c.optim.engram_adam == "dense" then
-      return "optim.engram_moments = q8 takes the tables' sparse Adam, not optim.engram_adam = dense"
+      return "optim.engram_moments = 8bit takes the tables' sparse Adam, not optim.engram_adam = dense"
     end
   end,
   function(c)                                    -- the bounded gate must reach the starting decays asked of it

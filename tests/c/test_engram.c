@@ -16,7 +16,7 @@
 #include "core/core.h"
 #include "core/autograd.h"
 #include "ops/engram.h"
-#include "core/q8.h"
+#include "core/code8.h"
 #include "data/hostable.h"
 
 /* ---- helpers -------------------------------------------------------------------------------- */
@@ -619,15 +619,15 @@ static void sparse_adam_at(void) {
 ** the named rows follow it to 1e-5 and encode within a code's step; every other row, its codes and
 ** its scales stay as they were; the at form with the same scalars does the same; a NaN norm skips;
 ** an f64 table and a scale of the wrong length are refused. */
-static void sparse_adam_q8(void) {
+static void sparse_adam_8bit(void) {
   int64_t R = 19, de = 40, shape[2] = {R, de}, rs = R;
   dm_set_grad_enabled(false);
   dm_manual_seed(5);
   dm_tensor *w = dm_randn(DM_CPU, DM_F32, 2, shape);
-  dm_engram_q8 q8 = {dm_zeros(DM_CPU, DM_U8, 2, shape), dm_zeros(DM_CPU, DM_F32, 1, &rs),
+  dm_engram_8bit m8 = {dm_zeros(DM_CPU, DM_U8, 2, shape), dm_zeros(DM_CPU, DM_F32, 1, &rs),
                      dm_zeros(DM_CPU, DM_U8, 2, shape), dm_zeros(DM_CPU, DM_F32, 1, &rs), 13};
-  float *pw = dm_data(w), *ms = dm_data(q8.m_scale), *vs = dm_data(q8.v_scale);
-  uint8_t *mc = dm_data(q8.m), *vc = dm_data(q8.v);
+  float *pw = dm_data(w), *ms = dm_data(m8.m_scale), *vs = dm_data(m8.v_scale);
+  uint8_t *mc = dm_data(m8.m), *vc = dm_data(m8.v);
   bool ok_w = true, ok_codes = true, untouched = true;
   for (int64_t step = 1; step <= 4; step++) {
     int64_t rows_buf[19], k = 0;
@@ -643,7 +643,7 @@ static void sparse_adam_q8(void) {
     float s0[2 * 19];
     memcpy(w0, pw, nb * sizeof(float)); memcpy(c0, mc, nb); memcpy(c0 + nb, vc, nb);
     memcpy(s0, ms, sizeof(float) * 19); memcpy(s0 + 19, vs, sizeof(float) * 19);
-    dm_engram_adam_q8(w, &q8, rows, g, k, 1e-2, 0.9, 0.95, 1e-8, step);
+    dm_engram_adam_8bit(w, &m8, rows, g, k, 1e-2, 0.9, 0.95, 1e-8, step);
     for (int64_t r = 0, i = 0; r < R; r++) {
       bool touched = i < k && rows_buf[i] == r;
       if (!touched) {
@@ -654,11 +654,11 @@ static void sparse_adam_q8(void) {
       }
       for (int64_t c = 0; c < de; c++) {
         int64_t e = r * de + c;
-        double mo = (double)dm_q8_signed(c0[e]) * s0[r], ro = (double)dm_q8_unsigned(c0[nb + e]) * s0[19 + r];
+        double mo = (double)dm_code8_signed(c0[e]) * s0[r], ro = (double)dm_code8_unsigned(c0[nb + e]) * s0[19 + r];
         double gv = pg[i * de + c], m1 = 0.9 * mo + 0.1 * gv, v1 = 0.95 * ro * ro + 0.05 * gv * gv;
         double w1 = w0[e] - 1e-2 / bc1 * m1 / (sqrt(v1 / bc2) + 1e-8);
         ok_w &= fabs(pw[e] - w1) <= 1e-5 * (1 + fabs(w1));
-        double dmv = dm_q8_signed(mc[e]) * ms[r], drv = dm_q8_unsigned(vc[e]) * vs[r];
+        double dmv = dm_code8_signed(mc[e]) * ms[r], drv = dm_code8_unsigned(vc[e]) * vs[r];
         ok_codes &= fabs(dmv - m1) <= 0.126 * fabs(m1) + 0x1p-17 * ms[r] + 1e-6 * ms[r] &&
                     fabs(drv - sqrt(v1)) <= 0.063 * sqrt(v1) + 0x1p-18 * vs[r] + 1e-6 * vs[r];
       }
@@ -676,26 +676,26 @@ static void sparse_adam_q8(void) {
   memcpy(dm_data(rows), three, sizeof three);
   dm_tensor *g = dm_randn(DM_CPU, DM_F32, 2, (int64_t[]){M, de});
   dm_tensor *w2 = dm_clone(w);
-  dm_engram_q8 q2 = {dm_clone(q8.m), dm_clone(q8.m_scale), dm_clone(q8.v), dm_clone(q8.v_scale), 13};
+  dm_engram_8bit m8b = {dm_clone(m8.m), dm_clone(m8.m_scale), dm_clone(m8.v), dm_clone(m8.v_scale), 13};
   dm_tensor *n_at = scalar(DM_I64, 3), *lr_at = scalar(DM_F64, 1e-2), *step_at = scalar(DM_I64, 5);
   dm_tensor *ok = scalar(DM_F64, 2.0), *nan = scalar(DM_F64, NAN);
-  dm_engram_adam_q8(w, &q8, rows, g, 3, 1e-2, 0.9, 0.95, 1e-8, 5);
-  dm_engram_adam_q8_at(w2, &q2, rows, g, n_at, 0.9, 0.95, 1e-8, lr_at, step_at, ok);
+  dm_engram_adam_8bit(w, &m8, rows, g, 3, 1e-2, 0.9, 0.95, 1e-8, 5);
+  dm_engram_adam_8bit_at(w2, &m8b, rows, g, n_at, 0.9, 0.95, 1e-8, lr_at, step_at, ok);
   size_t bytes = sizeof(float) * (size_t)(R * de);
-  CHECK(!memcmp(dm_data(w), dm_data(w2), bytes) && !memcmp(dm_data(q8.v), dm_data(q2.v), (size_t)(R * de)));
+  CHECK(!memcmp(dm_data(w), dm_data(w2), bytes) && !memcmp(dm_data(m8.v), dm_data(m8b.v), (size_t)(R * de)));
   float *before = malloc(bytes);
   memcpy(before, dm_data(w2), bytes);
-  dm_engram_adam_q8_at(w2, &q2, rows, g, n_at, 0.9, 0.95, 1e-8, lr_at, step_at, nan);
+  dm_engram_adam_8bit_at(w2, &m8b, rows, g, n_at, 0.9, 0.95, 1e-8, lr_at, step_at, nan);
   CHECK(!memcmp(before, dm_data(w2), bytes));
   free(before);
   dm_tensor *w64 = dm_randn(DM_CPU, DM_F64, 2, shape), *g64 = dm_randn(DM_CPU, DM_F64, 2, (int64_t[]){M, de});
-  EXPECT_ERROR(dm_engram_adam_q8(w64, &q8, rows, g64, 3, 1e-2, 0.9, 0.95, 1e-8, 1), "8-bit moments take an f32 table");
+  EXPECT_ERROR(dm_engram_adam_8bit(w64, &m8, rows, g64, 3, 1e-2, 0.9, 0.95, 1e-8, 1), "8-bit moments take an f32 table");
   dm_tensor *short_scale = dm_zeros(DM_CPU, DM_F32, 1, &M);
-  dm_engram_q8 bad = q8;
+  dm_engram_8bit bad = m8;
   bad.v_scale = short_scale;
-  EXPECT_ERROR(dm_engram_adam_q8(w, &bad, rows, g, 3, 1e-2, 0.9, 0.95, 1e-8, 1),
+  EXPECT_ERROR(dm_engram_adam_8bit(w, &bad, rows, g, 3, 1e-2, 0.9, 0.95, 1e-8, 1),
                "the v scales must be contiguous f32 [19] (one a row)");
-  dm_tensor *all[] = {w, w2, q8.m, q8.m_scale, q8.v, q8.v_scale, q2.m, q2.m_scale, q2.v, q2.v_scale, rows, g, n_at,
+  dm_tensor *all[] = {w, w2, m8.m, m8.m_scale, m8.v, m8.v_scale, m8b.m, m8b.m_scale, m8b.v, m8b.v_scale, rows, g, n_at,
                       lr_at, step_at, ok, nan, w64, g64, short_scale};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dm_release(all[i]);
 }
@@ -713,7 +713,7 @@ int main(int argc, char **argv) {
   sparse_adam(DM_F32);
   sparse_adam(DM_F64);
   sparse_adam_at();
-  sparse_adam_q8();
+  sparse_adam_8bit();
   host_tables();
   host_threads();
   return check_end();

@@ -7,7 +7,7 @@
 #include "core/alloc.h"
 #include "ops/optim.h"
 #include "core/sround.h"
-#include "core/q8.h"
+#include "core/code8.h"
 #include "core/cuda.h"
 
 /* ---- helpers ------------------------------------------------------------------------------- */
@@ -585,19 +585,19 @@ static void sround_bits_and_values(void) {
 ** two codes lands on one of them, above with the probability of its place (its mean is the value);
 ** signs, 0, 1, NaN and the subnormal codes; decode(encode) is within one code step: 6.25% (unsigned) or
 ** 12.5% (signed) of the value. */
-static void q8_codes(void) {
+static void code8_codes(void) {
   float exact[] = {0.0f, 1.0f, 0.5f, 0.75f, 0x1p-14f, 0x1p-16f * 3, 0.6875f};
   uint32_t rs[] = {0, 0xffffffffu, 0x12345678u};
   for (int i = 0; i < 7; i++)
     for (int k = 0; k < 3; k++) {
-      CHECK(dm_q8_unsigned(dm_q8_encode_unsigned(exact[i], rs[k])) == exact[i]);
-      CHECK(dm_q8_signed(dm_q8_encode_signed(-exact[i], rs[k])) == -exact[i]);
+      CHECK(dm_code8_unsigned(dm_code8_encode_unsigned(exact[i], rs[k])) == exact[i]);
+      CHECK(dm_code8_signed(dm_code8_encode_signed(-exact[i], rs[k])) == -exact[i]);
     }
-  CHECK(dm_q8_encode_unsigned(1.5f, 0) == dm_q8_encode_unsigned(1.0f, 0));
-  CHECK(dm_q8_encode_unsigned(NAN, 0) == 0 && dm_q8_encode_signed(-0.0f, 7) == 0);
+  CHECK(dm_code8_encode_unsigned(1.5f, 0) == dm_code8_encode_unsigned(1.0f, 0));
+  CHECK(dm_code8_encode_unsigned(NAN, 0) == 0 && dm_code8_encode_signed(-0.0f, 7) == 0);
   /* every code decodes in [0, 1], in increasing order up to 1.0 */
-  for (int c = 1; c <= 240; c++) CHECK(dm_q8_unsigned((uint8_t)c) > dm_q8_unsigned((uint8_t)(c - 1)));
-  CHECK(dm_q8_unsigned(240) == 1.0f && dm_q8_signed(120) == 1.0f);
+  for (int c = 1; c <= 240; c++) CHECK(dm_code8_unsigned((uint8_t)c) > dm_code8_unsigned((uint8_t)(c - 1)));
+  CHECK(dm_code8_unsigned(240) == 1.0f && dm_code8_signed(120) == 1.0f);
   /* the mean of many encodings is the value, normal and subnormal */
   float xs[] = {0.3f, 0.0001f, 0x1p-17f * 3.3f, 0.97f};
   for (int i = 0; i < 4; i++)
@@ -606,7 +606,7 @@ static void q8_codes(void) {
       int n = 1 << 15;
       for (int e = 0; e < n; e++) {
         uint32_t r = dm_sround_bits(5, (uint32_t)i, sgn, e);
-        float d = sgn ? dm_q8_signed(dm_q8_encode_signed(xs[i], r)) : dm_q8_unsigned(dm_q8_encode_unsigned(xs[i], r));
+        float d = sgn ? dm_code8_signed(dm_code8_encode_signed(xs[i], r)) : dm_code8_unsigned(dm_code8_encode_unsigned(xs[i], r));
         sum += d;
         worst = fmax(worst, fabs(d - xs[i]) / xs[i]);
       }
@@ -619,7 +619,7 @@ static void q8_codes(void) {
 ** partial block), 600 and 7 elements, a bf16 gradient, one without a gradient; five steps. The
 ** parameters follow the reference to 1e-5; each block's scales are its largest moments; each code
 ** decodes within a code's step of the moment it stores. */
-static void adamw_q8_against_reference(void) {
+static void adamw_8bit_against_reference(void) {
   int64_t s0[2] = {3, 100}, s1[1] = {600}, s2[1] = {7};
   const int64_t *shapes[3] = {s0, s1, s2};
   int ndims[3] = {2, 1, 1};
@@ -631,7 +631,7 @@ static void adamw_q8_against_reference(void) {
     p[i] = randn(nd, sh, 30 + i, DM_F32);
     mc[i] = dm_zeros(DM_CPU, DM_U8, nd, sh);
     rc[i] = dm_zeros(DM_CPU, DM_U8, nd, sh);
-    int64_t nb = dm_q8_blocks(dm_numel(p[i]));
+    int64_t nb = dm_code8_blocks(dm_numel(p[i]));
     ms[i] = dm_zeros(DM_CPU, DM_F32, 1, &nb);
     rsc[i] = dm_zeros(DM_CPU, DM_F32, 1, &nb);
   }
@@ -650,31 +650,31 @@ static void adamw_q8_against_reference(void) {
       const uint8_t *mcd = dm_data(mc[i]), *rcd = dm_data(rc[i]);
       const float *msd = dm_data(ms[i]), *rsd = dm_data(rsc[i]);
       for (int64_t e = 0; e < n; e++) {
-        double mo = (double)dm_q8_signed(mcd[e]) * msd[e / DM_Q8_BLOCK];
-        double ro = (double)dm_q8_unsigned(rcd[e]) * rsd[e / DM_Q8_BLOCK];
+        double mo = (double)dm_code8_signed(mcd[e]) * msd[e / DM_CODE8_BLOCK];
+        double ro = (double)dm_code8_unsigned(rcd[e]) * rsd[e / DM_CODE8_BLOCK];
         double m1 = hp.beta1 * mo + (1 - hp.beta1) * gd[e], v1 = hp.beta2 * ro * ro + (1 - hp.beta2) * gd[e] * gd[e];
         rm[i][e] = m1; rr[i][e] = sqrt(v1);
         rp[i][e] = rp[i][e] * (1 - hp.lr * hp.weight_decay) - hp.lr / bc1 * m1 / (sqrt(v1 / bc2) + hp.eps);
       }
       free(gd);
     }
-    dm_adamw_q8_step(4, p, g, mc, ms, rc, rsc, &hp, 77);
+    dm_adamw_8bit_step(4, p, g, mc, ms, rc, rsc, &hp, 77);
     for (int i = 0; i < 3; i++) {
       int64_t n = dm_numel(p[i]);
       ok_p = ok_p && all_close(p[i], rp[i], 1e-5, 1e-6);
       const uint8_t *mcd = dm_data(mc[i]), *rcd = dm_data(rc[i]);
       const float *msd = dm_data(ms[i]), *rsd = dm_data(rsc[i]);
-      for (int64_t b = 0; b < dm_q8_blocks(n); b++) {
+      for (int64_t b = 0; b < dm_code8_blocks(n); b++) {
         double mmax = 0, rmax = 0;
-        for (int64_t e = b * DM_Q8_BLOCK; e < n && e < (b + 1) * DM_Q8_BLOCK; e++) {
+        for (int64_t e = b * DM_CODE8_BLOCK; e < n && e < (b + 1) * DM_CODE8_BLOCK; e++) {
           mmax = fmax(mmax, fabs(rm[i][e]));
           rmax = fmax(rmax, rr[i][e]);
         }
         ok_scale = ok_scale && fabs(msd[b] - mmax) <= 1e-5 * mmax && fabs(rsd[b] - rmax) <= 1e-5 * rmax;
       }
       for (int64_t e = 0; e < n; e++) {
-        double sm = msd[e / DM_Q8_BLOCK], sr = rsd[e / DM_Q8_BLOCK];
-        double dm_ = dm_q8_signed(mcd[e]) * sm, dr = dm_q8_unsigned(rcd[e]) * sr;
+        double sm = msd[e / DM_CODE8_BLOCK], sr = rsd[e / DM_CODE8_BLOCK];
+        double dm_ = dm_code8_signed(mcd[e]) * sm, dr = dm_code8_unsigned(rcd[e]) * sr;
         ok_codes = ok_codes && fabs(dm_ - rm[i][e]) <= 0.126 * fabs(rm[i][e]) + 0x1p-17 * sm + 1e-6 * sm &&
                    fabs(dr - rr[i][e]) <= 0.063 * rr[i][e] + 0x1p-18 * sr + 1e-6 * sr;
       }
@@ -694,7 +694,7 @@ static void adamw_q8_against_reference(void) {
   dm_adamw_hp hp = {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .step = 1};
   dm_tensor *bads[1] = {bad};
   g[0] = randn(ndims[0], shapes[0], 1, DM_F32);
-  EXPECT_ERROR(dm_adamw_q8_step(1, p, g, mc, bads, rc, rsc, &hp, 1),
+  EXPECT_ERROR(dm_adamw_8bit_step(1, p, g, mc, bads, rc, rsc, &hp, 1),
                "the first moment scales of parameter 1 must be contiguous f32 [2]");
   dm_release(g[0]);
   dm_release(bad);
@@ -717,8 +717,8 @@ int main(void) {
   muon_kernels_pitched();
   muon_errors();
   sround_bits_and_values();
-  q8_codes();
-  adamw_q8_against_reference();
+  code8_codes();
+  adamw_8bit_against_reference();
   clip_norm_and_scale();
   clip_reports_non_finite();
   clip_errors();

@@ -9,8 +9,8 @@ steps agree within 2e-4 of their largest entry (cuBLAS and the CPU add in
 other orders); stochastic rounding draws the same bits on both sides, so at
 most 1 in 1,000 of its buffers' elements differ (a sum that differs in its
 last f32 bit may round the other way). Then AdamW with 8-bit moments
-(core.adamw_q8_step) and the Engram tables' sparse Adam with them
-(core.engram_adam_q8, and its at form) on both sides.
+(core.adamw_8bit_step) and the Engram tables' sparse Adam with them
+(core.engram_adam_8bit, and its at form) on both sides.
   dormouse run tests/gpu/check_optim.lua
 DRY=1 runs the script with the CPU on both sides.
 ]]
@@ -84,7 +84,7 @@ end
 
 -- AdamW with 8-bit moments: parameters to 1e-5 of their largest entry, scales to 1e-5, and at most 1 in
 -- 1,000 codes different (an f32 sum that differs in its last bit may round the other way)
-checks.check("adamw_q8_step [3, 100] + [5461] (bf16 gradient) + [7]: GPU = CPU", function()
+checks.check("adamw_8bit_step [3, 100] + [5461] (bf16 gradient) + [7]: GPU = CPU", function()
   local shapes = {{3, 100}, {5461}, {7}}
   local sides = {}
   for side, device in pairs {cpu = "cpu", gpu = GPU} do
@@ -101,7 +101,7 @@ checks.check("adamw_q8_step [3, 100] + [5461] (bf16 gradient) + [7]: GPU = CPU",
       for i, shape in ipairs(shapes) do
         p[i].grad = dm.randn(shape, {seed = 300 * step + i}):to(i == 2 and "bf16" or "f32"):to(device)
       end
-      core.adamw_q8_step(p, mc, ms, rc, rs, {lr = 1e-2, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1,
+      core.adamw_8bit_step(p, mc, ms, rc, rs, {lr = 1e-2, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1,
                                              step = step, salt = 21})
     end
     sides[side] = {p = p, mc = mc, ms = ms, rc = rc, rs = rs}
@@ -126,12 +126,12 @@ end)
 -- the Engram tables' sparse Adam with 8-bit moments (a row a block, a warp a row on the GPU): rows of 32 and of
 -- 40 values (a warp's lanes over a row longer than it), eagerly and from device scalars
 for _, de in ipairs {32, 40} do
-  checks.check(string.format("engram_adam_q8 [300, %d], 3 steps of 120 rows, then the at form: GPU = CPU", de), function()
+  checks.check(string.format("engram_adam_8bit [300, %d], 3 steps of 120 rows, then the at form: GPU = CPU", de), function()
     local R, k = 300, 120
     local sides = {}
     for side, device in pairs {cpu = "cpu", gpu = GPU} do
       local w = dm.randn({R, de}, {seed = 70}):to(device)
-      local q8 = {m = dm.zeros({R, de}, {dtype = "u8"}):to(device), m_scale = dm.zeros({R}):to(device),
+      local m8 = {m = dm.zeros({R, de}, {dtype = "u8"}):to(device), m_scale = dm.zeros({R}):to(device),
                   v = dm.zeros({R, de}, {dtype = "u8"}):to(device), v_scale = dm.zeros({R}):to(device), salt = 5}
       for step = 1, 4 do
         local picked = {}
@@ -143,24 +143,24 @@ for _, de in ipairs {32, 40} do
         local g = dm.randn({#uniq, de}, {seed = 80 + step}):to(device)
         dm.no_grad(function()
           if step < 4 then
-            core.engram_adam_q8(w, q8, rows, g, #uniq, 1e-2, 0.9, 0.95, 1e-8, step)
+            core.engram_adam_8bit(w, m8, rows, g, #uniq, 1e-2, 0.9, 0.95, 1e-8, step)
           else
             local function one(v, dt) return dm.tensor({v}, {dtype = dt}):to(device) end
-            core.engram_adam_q8_at(w, q8, rows, g, one(#uniq, "i64"), 0.9, 0.95, 1e-8, one(1e-2, "f64"),
+            core.engram_adam_8bit_at(w, m8, rows, g, one(#uniq, "i64"), 0.9, 0.95, 1e-8, one(1e-2, "f64"),
                                    one(step, "i64"), one(3.0, "f64"))
           end
         end)
       end
-      sides[side] = {w = w, q8 = q8}
+      sides[side] = {w = w, m8 = m8}
     end
     local e = common.rel(sides.gpu.w, sides.cpu.w)
     assert(e <= 1e-5, string.format("table: relative error %.3g", e))
     for _, key in ipairs {"m_scale", "v_scale"} do
-      local es = common.rel(sides.gpu.q8[key], sides.cpu.q8[key])
+      local es = common.rel(sides.gpu.m8[key], sides.cpu.m8[key])
       assert(es <= 1e-5, string.format("%s: relative error %.3g", key, es))
     end
     for _, key in ipairs {"m", "v"} do
-      local d = share_differing(sides.gpu.q8[key], sides.cpu.q8[key])
+      local d = share_differing(sides.gpu.m8[key], sides.cpu.m8[key])
       assert(d <= 1e-3, string.format("%s codes: %.3g differ", key, d))
     end
     return string.format("table error %.2g", e)

@@ -16,7 +16,7 @@ describe("dormouse determinism", function()
 
   it("finds the 8-bit and stochastically rounded optimiser states deterministic across a resume too", function()
     local r = determinism.check("experiments/tiny.lua", {steps = 6, root = ".", runs = tmpdir(),
-      overrides = {"optim.adamw_moments=q8", "optim.engram_moments=q8", "optim.momentum_dtype=bf16_stochastic"}})
+      overrides = {"optim.adamw_moments=8bit", "optim.engram_moments=8bit", "optim.momentum_dtype=bf16_stochastic"}})
     for _, c in ipairs(r.checks) do assert.is_nil(c.difference, c.what .. ": " .. tostring(c.difference)) end
   end)
 

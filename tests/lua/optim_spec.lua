@@ -219,8 +219,8 @@ describe("optim training", function()
 
   it("fits a regression with AdamW's moments in 8 bits, as with f32 ones", function()
     local f_first, f_last = regression("head", {adamw_lr = 0.1, clip = 0}, 300)
-    local first, last, opt = regression("head", {adamw_lr = 0.1, clip = 0, adamw_moments = "q8"}, 300)
-    assert.are.equal("u8", opt.groups[1].state.m_q8[1].dtype)
+    local first, last, opt = regression("head", {adamw_lr = 0.1, clip = 0, adamw_moments = "8bit"}, 300)
+    assert.are.equal("u8", opt.groups[1].state.m8[1].dtype)
     assert.are.equal(f_first, first)
     assert.is_true(last < first * 1e-3, ("loss %g -> %g (f32 moments: %g)"):format(first, last, f_last))
   end)
@@ -370,26 +370,26 @@ describe("optim state", function()
     assert.are.equal("f32", sb["l1.bias.m"].dtype)
   end)
 
-  it("keeps the AdamW group's moments in 8 bits (adamw_moments = q8): codes, scales, and a resume from or to f32",
+  it("keeps the AdamW group's moments in 8 bits (adamw_moments = 8bit): codes, scales, and a resume from or to f32",
      function()
     dm.manual_seed(8)
     local a = Toy()
     local twin = copy_of(a)
-    local opt = optim.new(a, {adamw_moments = "q8"}, {warmup = 2}, 20, {quiet = true})
+    local opt = optim.new(a, {adamw_moments = "8bit"}, {warmup = 2}, 20, {quiet = true})
     local ref = optim.new(twin, {}, {warmup = 2}, 20, {quiet = true})
     for step = 1, 3 do
       grads_for(a, step); opt:step(step)
       grads_for(twin, step); ref:step(step)
     end
     local sq, sf = opt:state(), ref:state()
-    assert.are.equal("u8", sq["emb.weight.m_q8"].dtype)
+    assert.are.equal("u8", sq["emb.weight.m8"].dtype)
     assert.same({16}, sq["emb.weight.m_scale"]:shape())           -- 256 x 16 = 4,096 values: 16 blocks
     assert.same({1}, sq["l1.bias.v_scale"]:shape())
     assert.is_nil(sq["emb.weight.m"])
     -- the decoded moments follow the f32 run's (the same gradients) within their codes' precision
     local function decoded(state, key, signed)
-      local values = dm.zeros(state[key .. "_q8"]:shape())
-      core.q8_unpack(values, state[key .. "_q8"], state[key .. "_scale"], signed)
+      local values = dm.zeros(state[key .. "8"]:shape())
+      core.code8_unpack(values, state[key .. "8"], state[key .. "_scale"], signed)
       return values
     end
     local m = decoded(sq, "head.weight.m", true)
@@ -397,10 +397,10 @@ describe("optim state", function()
     local mf, rf = sf["head.weight.m"], sf["head.weight.v"]:sqrt()
     assert.is_true(((m - mf):abs():max():item()) <= 0.2 * mf:abs():max():item())
     assert.is_true(((r - rf):abs():max():item()) <= 0.1 * rf:max():item())
-    -- f32 state into a q8 run, and q8 state into an f32 one: each converted on load
-    local to_q8 = optim.new(copy_of(a), {adamw_moments = "q8"}, {warmup = 2}, 20, {quiet = true})
-    to_q8:load_state(sf)
-    local back = decoded(to_q8:state(), "head.weight.m", true)
+    -- f32 state into an 8-bit run, and 8-bit state into an f32 one: each converted on load
+    local to_8bit = optim.new(copy_of(a), {adamw_moments = "8bit"}, {warmup = 2}, 20, {quiet = true})
+    to_8bit:load_state(sf)
+    local back = decoded(to_8bit:state(), "head.weight.m", true)
     assert.is_true(((back - mf):abs():max():item()) <= 0.07 * mf:abs():max():item())
     local to_f32 = optim.new(copy_of(a), {}, {warmup = 2}, 20, {quiet = true})
     to_f32:load_state(sq)
@@ -410,7 +410,7 @@ describe("optim state", function()
     local bad = {}
     for key, t in pairs(sf) do bad[key] = t end
     bad["head.weight.m"] = dm.zeros({3})
-    expect_error(function() to_q8:load_state(bad) end, "optim state 'head.weight.m': shape [3] but the parameter's is")
+    expect_error(function() to_8bit:load_state(bad) end, "optim state 'head.weight.m': shape [3] but the parameter's is")
   end)
 
   it("resumes a run with the state stored in another form (the form keys), converted and said", function()
@@ -419,17 +419,17 @@ describe("optim state", function()
     local runs = helpers.tmpdir()
     local common = {"steps=4", "schedule.warmup=1", "checkpoint.every=2", "eval.every=0", "name=forms"}
     helpers.run_quiet(helpers.tiny(common), {runs = runs})
-    local forms = {"optim.adamw_moments=q8", "optim.engram_moments=q8", "optim.momentum_dtype=bf16_stochastic"}
+    local forms = {"optim.adamw_moments=8bit", "optim.engram_moments=8bit", "optim.momentum_dtype=bf16_stochastic"}
     local cfg = helpers.tiny(common, forms)
     cfg.steps = 6
     helpers.run_quiet(cfg, {runs = runs, resume = runs .. "/forms"})
     local log = helpers.read(runs .. "/forms/log.txt")
-    for _, key in ipairs {"adamw_moments was f32, now q8", "engram_moments was f32, now q8",
+    for _, key in ipairs {"adamw_moments was f32, now 8bit", "engram_moments was f32, now 8bit",
                           "momentum_dtype was f32, now bf16_stochastic"} do
       assert.is_truthy(log:find("resume: optim." .. key .. ": the optimiser's state is converted on load", 1, true), key)
     end
     local c = dm.ckpt.load(runs .. "/forms/ckpt-6")
-    assert.are.equal("u8", c.optim["block.engram.table.m_q8"].dtype)
+    assert.are.equal("u8", c.optim["block.engram.table.m8"].dtype)
     assert.are.equal("bf16", c.optim["block.kda.wq.weight.momentum"].dtype)
     -- and back: the 8-bit state into f32 moments; a key that is not a form key still refuses
     cfg = helpers.tiny(common)
@@ -449,7 +449,7 @@ describe("optim state", function()
     local function codes(seed)
       dm.manual_seed(8)
       local a = Toy()
-      local opt = optim.new(a, {adamw_moments = "q8"}, {warmup = 2}, 20, {quiet = true})
+      local opt = optim.new(a, {adamw_moments = "8bit"}, {warmup = 2}, 20, {quiet = true})
       dm.manual_seed(seed)                      -- the global generator elsewhere: the codes must not follow it
       for step = 1, 3 do grads_for(a, step); opt:step(step) end
       return opt:state()

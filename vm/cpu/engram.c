@@ -255,25 +255,25 @@ static void cpu_engram_adam(dm_tensor *table, dm_tensor *m, dm_tensor *v, const 
     dm_engram_adam_rows_f64(dm_data(table), dm_data(m), dm_data(v), de, r, dm_data(grads), 0, n, hp);
 }
 
-static void cpu_engram_adam_q8(dm_tensor *table, const dm_engram_q8 *q8, const dm_tensor *rows,
+static void cpu_engram_adam_8bit(dm_tensor *table, const dm_engram_8bit *m8, const dm_tensor *rows,
                                const dm_tensor *grads, int64_t n, const dm_engram_adam_hp *hp, int64_t step,
                                const dm_engram_adam_scalars *at) {
   (void)at;                                       /* the core reads the scalars on the CPU */
   const int64_t *r = dm_data(rows);
   int64_t R = table->shape[0], de = table->shape[1];
   check_rows(r, n, R);
-  float *w = dm_data(table), *ms = dm_data(q8->m_scale), *vs = dm_data(q8->v_scale);
-  uint8_t *mc = dm_data(q8->m), *vc = dm_data(q8->v);
+  float *w = dm_data(table), *ms = dm_data(m8->m_scale), *vs = dm_data(m8->v_scale);
+  uint8_t *mc = dm_data(m8->m), *vc = dm_data(m8->v);
   const float *g = dm_data(grads);
   for (int64_t i = 0; i < n; i++) {
     int64_t at_row = r[i] * de;
-    dm_engram_adam_row_q8(w + at_row, mc + at_row, ms + r[i], vc + at_row, vs + r[i], g + i * de, de, r[i], hp,
-                          step, q8->salt);
+    dm_engram_adam_row_8bit(w + at_row, mc + at_row, ms + r[i], vc + at_row, vs + r[i], g + i * de, de, r[i], hp,
+                          step, m8->salt);
   }
 }
 
 static const dm_kernel_entry kernels[] = {
-  {"engram_adam_q8", (dm_kernel_fn)cpu_engram_adam_q8},
+  {"engram_adam_8bit", (dm_kernel_fn)cpu_engram_adam_8bit},
   {"engram_index", (dm_kernel_fn)cpu_engram_index},
   {"engram_unique", (dm_kernel_fn)cpu_engram_unique},
   {"engram_sparse_grad", (dm_kernel_fn)cpu_engram_sparse_grad},

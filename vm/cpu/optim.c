@@ -12,7 +12,7 @@
 #include "ops/optim.h"
 #include "core/ops.h"
 #include "core/sround.h"
-#include "core/q8.h"
+#include "core/code8.h"
 
 #define CHUNK 2048
 
@@ -70,17 +70,17 @@ static void cpu_adamw(int n, dm_tensor *const *p, dm_tensor *const *g, dm_tensor
   }
 }
 
-/* ---- AdamW with 8-bit moments (q8.h) ---------------------------------------------------------- */
+/* ---- AdamW with 8-bit moments (code8.h) ---------------------------------------------------------- */
 
 /* block [lo, hi) of member i: decode, AdamW's step in f32, encode */
-static void adamw_q8_block(float *p, const float *g, uint8_t *mc, float *ms, uint8_t *rc, float *rs, int64_t lo,
+static void adamw_8bit_block(float *p, const float *g, uint8_t *mc, float *ms, uint8_t *rc, float *rs, int64_t lo,
                            int64_t hi, int i, const dm_adamw_hp *hp, float step_size, float rbc2, float decay,
                            uint32_t salt) {
   const float b1 = (float)hp->beta1, b2 = (float)hp->beta2, eps = (float)hp->eps;
-  const int64_t b = lo / DM_Q8_BLOCK;
-  float m[DM_Q8_BLOCK], r[DM_Q8_BLOCK], mmax = 0, rmax = 0;
+  const int64_t b = lo / DM_CODE8_BLOCK;
+  float m[DM_CODE8_BLOCK], r[DM_CODE8_BLOCK], mmax = 0, rmax = 0;
   for (int64_t e = lo; e < hi; e++) {
-    float gj = g[e - lo], mo = dm_q8_signed(mc[e]) * ms[b], ro = dm_q8_unsigned(rc[e]) * rs[b];
+    float gj = g[e - lo], mo = dm_code8_signed(mc[e]) * ms[b], ro = dm_code8_unsigned(rc[e]) * rs[b];
     float mj = b1 * mo + (1 - b1) * gj;
     float vj = b2 * (ro * ro) + (1 - b2) * gj * gj;
     float rj = sqrtf(vj);
@@ -92,27 +92,27 @@ static void adamw_q8_block(float *p, const float *g, uint8_t *mc, float *ms, uin
   }
   ms[b] = mmax;
   rs[b] = rmax;
-  float mi = dm_q8_inverse(mmax), ri = dm_q8_inverse(rmax);
+  float mi = dm_code8_inverse(mmax), ri = dm_code8_inverse(rmax);
   for (int64_t e = lo; e < hi; e++) {
-    mc[e] = dm_q8_encode_signed(m[e - lo] * mi, dm_sround_bits(salt, 2u * (uint32_t)i, hp->step, e));
-    rc[e] = dm_q8_encode_unsigned(r[e - lo] * ri, dm_sround_bits(salt, 2u * (uint32_t)i + 1u, hp->step, e));
+    mc[e] = dm_code8_encode_signed(m[e - lo] * mi, dm_sround_bits(salt, 2u * (uint32_t)i, hp->step, e));
+    rc[e] = dm_code8_encode_unsigned(r[e - lo] * ri, dm_sround_bits(salt, 2u * (uint32_t)i + 1u, hp->step, e));
   }
 }
 
-static void cpu_adamw_q8(int n, dm_tensor *const *p, dm_tensor *const *g, dm_tensor *const *m,
+static void cpu_adamw_8bit(int n, dm_tensor *const *p, dm_tensor *const *g, dm_tensor *const *m,
                          dm_tensor *const *m_scale, dm_tensor *const *r, dm_tensor *const *r_scale,
                          const dm_adamw_hp *hp, uint32_t salt) {
   double bc1 = 1 - pow(hp->beta1, (double)hp->step), bc2 = 1 - pow(hp->beta2, (double)hp->step);
   const float step_size = (float)(hp->lr / bc1), rbc2 = (float)(1 / sqrt(bc2));
   const float decay = (float)(1 - hp->lr * hp->weight_decay);
-  float tmp[DM_Q8_BLOCK];
+  float tmp[DM_CODE8_BLOCK];
   for (int i = 0; i < n; i++) {
     if (!g[i]) continue;
     int64_t total = dm_numel(p[i]);
-    for (int64_t lo = 0; lo < total; lo += DM_Q8_BLOCK) {
-      int64_t len = total - lo < DM_Q8_BLOCK ? total - lo : DM_Q8_BLOCK;
+    for (int64_t lo = 0; lo < total; lo += DM_CODE8_BLOCK) {
+      int64_t len = total - lo < DM_CODE8_BLOCK ? total - lo : DM_CODE8_BLOCK;
       const float *gg = span(g[i], lo, len, tmp);
-      adamw_q8_block(dm_data(p[i]), gg, dm_data(m[i]), dm_data(m_scale[i]), dm_data(r[i]), dm_data(r_scale[i]),
+      adamw_8bit_block(dm_data(p[i]), gg, dm_data(m[i]), dm_data(m_scale[i]), dm_data(r[i]), dm_data(r_scale[i]),
                      lo, lo + len, i, hp, step_size, rbc2, decay, salt);
     }
   }
@@ -295,7 +295,7 @@ static void cpu_optim_tick(dm_tensor *step, const dm_tensor *sumsq) {
 
 static const dm_kernel_entry kernels[] = {
   {"adamw", (dm_kernel_fn)cpu_adamw},
-  {"adamw_q8", (dm_kernel_fn)cpu_adamw_q8},
+  {"adamw_8bit", (dm_kernel_fn)cpu_adamw_8bit},
   {"optim_tick", (dm_kernel_fn)cpu_optim_tick},
   {"sumsq", (dm_kernel_fn)cpu_sumsq},
   {"clip_scale", (dm_kernel_fn)cpu_clip_scale},

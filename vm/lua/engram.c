@@ -80,10 +80,10 @@ static int c_engram_adam(lua_State *L) {
 }
 
 /* the 8-bit moments of a table from the Lua table at idx: {m =, m_scale =, v =, v_scale =, salt =} */
-static dm_engram_q8 q8_arg(lua_State *L, int idx) {
+static dm_engram_8bit arg_8bit(lua_State *L, int idx) {
   luaL_checktype(L, idx, LUA_TTABLE);
-  dm_engram_q8 q8;
-  dm_tensor **slots[4] = {&q8.m, &q8.m_scale, &q8.v, &q8.v_scale};
+  dm_engram_8bit m8;
+  dm_tensor **slots[4] = {&m8.m, &m8.m_scale, &m8.v, &m8.v_scale};
   const char *names[4] = {"m", "m_scale", "v", "v_scale"};
   for (int k = 0; k < 4; k++) {
     lua_getfield(L, idx, names[k]);
@@ -91,32 +91,32 @@ static dm_engram_q8 q8_arg(lua_State *L, int idx) {
     lua_pop(L, 1);
   }
   lua_getfield(L, idx, "salt");
-  q8.salt = (uint32_t)luaL_optinteger(L, -1, 0);
+  m8.salt = (uint32_t)luaL_optinteger(L, -1, 0);
   lua_pop(L, 1);
-  return q8;
+  return m8;
 }
 
-/* core.engram_adam_q8(table, q8, rows, grads, n, lr, beta1, beta2, eps, step) */
-static int c_engram_adam_q8(lua_State *L) {
+/* core.engram_adam_8bit(table, m8, rows, grads, n, lr, beta1, beta2, eps, step) */
+static int c_engram_adam_8bit(lua_State *L) {
   dm_tensor *t = dm_lua_check(L, 1), *rows = dm_lua_check(L, 3), *grads = dm_lua_check(L, 4);
-  dm_engram_q8 q8 = q8_arg(L, 2);
+  dm_engram_8bit m8 = arg_8bit(L, 2);
   int64_t n = luaL_checkinteger(L, 5), step = luaL_checkinteger(L, 10);
   double lr = luaL_checknumber(L, 6), b1 = luaL_checknumber(L, 7), b2 = luaL_checknumber(L, 8);
   double eps = luaL_checknumber(L, 9);
   DM_ENTER(L);
-  dm_engram_adam_q8(t, &q8, rows, grads, n, lr, b1, b2, eps, step);
+  dm_engram_adam_8bit(t, &m8, rows, grads, n, lr, b1, b2, eps, step);
   return 0;
 }
 
-/* core.engram_adam_q8_at(table, q8, rows, grads, n_at, beta1, beta2, eps, lr_at, step_at[, sumsq_at]) */
-static int c_engram_adam_q8_at(lua_State *L) {
+/* core.engram_adam_8bit_at(table, m8, rows, grads, n_at, beta1, beta2, eps, lr_at, step_at[, sumsq_at]) */
+static int c_engram_adam_8bit_at(lua_State *L) {
   dm_tensor *t = dm_lua_check(L, 1), *rows = dm_lua_check(L, 3), *grads = dm_lua_check(L, 4);
-  dm_engram_q8 q8 = q8_arg(L, 2);
+  dm_engram_8bit m8 = arg_8bit(L, 2);
   dm_tensor *n_at = dm_lua_check(L, 5), *lr_at = dm_lua_check(L, 9), *step_at = dm_lua_check(L, 10);
   dm_tensor *sumsq_at = lua_isnoneornil(L, 11) ? NULL : dm_lua_check(L, 11);
   double b1 = luaL_checknumber(L, 6), b2 = luaL_checknumber(L, 7), eps = luaL_checknumber(L, 8);
   DM_ENTER(L);
-  dm_engram_adam_q8_at(t, &q8, rows, grads, n_at, b1, b2, eps, lr_at, step_at, sumsq_at);
+  dm_engram_adam_8bit_at(t, &m8, rows, grads, n_at, b1, b2, eps, lr_at, step_at, sumsq_at);
   return 0;
 }
 
@@ -248,7 +248,7 @@ static int c_hostable_threads(lua_State *L) {
 
 static const luaL_Reg funcs[] = {
   {"engram_layout", c_engram_layout}, {"engram_adam", c_engram_adam},
-  {"engram_adam_q8", c_engram_adam_q8}, {"engram_adam_q8_at", c_engram_adam_q8_at},
+  {"engram_adam_8bit", c_engram_adam_8bit}, {"engram_adam_8bit_at", c_engram_adam_8bit_at},
   {"hostable_metatable", c_hostable_metatable}, {"hostable_new", c_hostable_new},
   {"hostable_prefetch", c_hostable_prefetch}, {"hostable_take", c_hostable_take},
   {"hostable_gather", c_hostable_gather}, {"hostable_apply", c_hostable_apply},

@@ -3,8 +3,8 @@
 **
 **   core.clip_grad_norm(params, max_norm)        → norm, finite
 **   core.adamw_step(params, ms, vs, hp)          hp: lr beta1 beta2 eps weight_decay step
-**   core.adamw_q8_step(params, m, m_scale, r, r_scale, hp)   the same with 8-bit moments (hp.salt)
-**   core.q8_pack(codes, scales, values, signed[, salt[, block]]) / core.q8_unpack(values, codes, scales, signed[, block])
+**   core.adamw_8bit_step(params, m, m_scale, r, r_scale, hp)   the same with 8-bit moments (hp.salt)
+**   core.code8_pack(codes, scales, values, signed[, salt[, block]]) / core.code8_unpack(values, codes, scales, signed[, block])
 **   core.muon_step(params, bufs, hp)             hp: lr momentum nesterov weight_decay
 **                                                    ns_steps coeffs ns_dtype [clip] [normalize]
 **                                                    [momentum_sround sround_salt step step_at]
@@ -28,7 +28,7 @@
 #include "lua/bind.h"
 #include "ops/optim.h"
 #include "ops/engram.h"
-#include "core/q8.h"
+#include "core/code8.h"
 
 /* the tensors of the Lua array at idx */
 static dm_tensor **tensor_list(lua_State *L, int idx, const char *fn, const char *what, int *n) {
@@ -182,10 +182,10 @@ static int c_adamw_step(lua_State *L) {
   return 0;
 }
 
-/* core.adamw_q8_step(params, m, m_scale, r, r_scale, hp): hp as adamw_step's, and salt */
-static int c_adamw_q8_step(lua_State *L) {
+/* core.adamw_8bit_step(params, m, m_scale, r, r_scale, hp): hp as adamw_step's, and salt */
+static int c_adamw_8bit_step(lua_State *L) {
   DM_ENTER(L);
-  const char *fn = "adamw_q8_step";
+  const char *fn = "adamw_8bit_step";
   int n, k;
   dm_tensor **p = tensor_list(L, 1, fn, "params", &n);
   const char *roles[4] = {"first moment codes", "first moment scales", "second moment codes",
@@ -197,28 +197,28 @@ static int c_adamw_q8_step(lua_State *L) {
   }
   dm_adamw_hp hp = adamw_hp(L, 6, fn, p, n);
   uint32_t salt = (uint32_t)(int64_t)number_field_or(L, 6, fn, "salt", 0);
-  dm_adamw_q8_step(n, p, grad_list(L, p, n), s[0], s[1], s[2], s[3], &hp, salt);
+  dm_adamw_8bit_step(n, p, grad_list(L, p, n), s[0], s[1], s[2], s[3], &hp, salt);
   return 0;
 }
 
-/* core.q8_pack(codes, scales, values, signed[, salt[, block]]) and core.q8_unpack(values, codes, scales,
-** signed[, block]): blocks of DM_Q8_BLOCK values unless block says otherwise */
-static int c_q8_pack(lua_State *L) {
+/* core.code8_pack(codes, scales, values, signed[, salt[, block]]) and core.code8_unpack(values, codes, scales,
+** signed[, block]): blocks of DM_CODE8_BLOCK values unless block says otherwise */
+static int c_code8_pack(lua_State *L) {
   dm_tensor *codes = dm_lua_check(L, 1), *scales = dm_lua_check(L, 2), *values = dm_lua_check(L, 3);
   bool is_signed = lua_toboolean(L, 4);
   uint32_t salt = (uint32_t)luaL_optinteger(L, 5, 0);
-  int64_t block = luaL_optinteger(L, 6, DM_Q8_BLOCK);
+  int64_t block = luaL_optinteger(L, 6, DM_CODE8_BLOCK);
   DM_ENTER(L);
-  dm_q8_pack(codes, scales, values, is_signed, salt, block);
+  dm_code8_pack(codes, scales, values, is_signed, salt, block);
   return 0;
 }
 
-static int c_q8_unpack(lua_State *L) {
+static int c_code8_unpack(lua_State *L) {
   dm_tensor *values = dm_lua_check(L, 1), *codes = dm_lua_check(L, 2), *scales = dm_lua_check(L, 3);
   bool is_signed = lua_toboolean(L, 4);
-  int64_t block = luaL_optinteger(L, 5, DM_Q8_BLOCK);
+  int64_t block = luaL_optinteger(L, 5, DM_CODE8_BLOCK);
   DM_ENTER(L);
-  dm_q8_unpack(values, codes, scales, is_signed, block);
+  dm_code8_unpack(values, codes, scales, is_signed, block);
   return 0;
 }
 
@@ -298,7 +298,7 @@ static int c_newton_schulz(lua_State *L) {
 
 static const luaL_Reg funcs[] = {
   {"clip_grad_norm", c_clip_grad_norm}, {"clip_grads", c_clip_grads}, {"adamw_step", c_adamw_step},
-  {"adamw_q8_step", c_adamw_q8_step}, {"q8_pack", c_q8_pack}, {"q8_unpack", c_q8_unpack},
+  {"adamw_8bit_step", c_adamw_8bit_step}, {"code8_pack", c_code8_pack}, {"code8_unpack", c_code8_unpack},
   {"muon_step", c_muon_step}, {"newton_schulz", c_newton_schulz}, {"clip_grads_async", c_clip_grads_async},
   {"clip_scale", c_clip_scale},
   {"optim_tick", c_optim_tick}, {"engram_adam_at", c_engram_adam_at}, {NULL, NULL}

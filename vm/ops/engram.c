@@ -445,10 +445,10 @@ void dm_engram_adam_at(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_te
 }
 
 /* an 8-bit state beside its f32 table: codes [R, de] u8, scales [R] f32, all on the table's device */
-static void check_q8(const char *what, const dm_tensor *table, const dm_engram_q8 *q8) {
+static void check_8bit(const char *what, const dm_tensor *table, const dm_engram_8bit *m8) {
   char s1[128], s2[128];
   if (table->dtype != DM_F32) dm_error("%s: 8-bit moments take an f32 table, got %s", what, dm_dtype_name(table->dtype));
-  const dm_tensor *codes[2] = {q8->m, q8->v}, *scales[2] = {q8->m_scale, q8->v_scale};
+  const dm_tensor *codes[2] = {m8->m, m8->v}, *scales[2] = {m8->m_scale, m8->v_scale};
   const char *names[2] = {"m", "v"};
   for (int k = 0; k < 2; k++) {
     dm_check_live(codes[k]);
@@ -467,44 +467,44 @@ static void check_q8(const char *what, const dm_tensor *table, const dm_engram_q
   }
 }
 
-static void q8_written(dm_tensor *table, const dm_engram_q8 *q8) {
+static void written_8bit(dm_tensor *table, const dm_engram_8bit *m8) {
   dm_mark_written(table);
-  dm_mark_written(q8->m); dm_mark_written(q8->m_scale); dm_mark_written(q8->v); dm_mark_written(q8->v_scale);
+  dm_mark_written(m8->m); dm_mark_written(m8->m_scale); dm_mark_written(m8->v); dm_mark_written(m8->v_scale);
 }
 
-void dm_engram_adam_q8(dm_tensor *table, const dm_engram_q8 *q8, const dm_tensor *rows, const dm_tensor *grads,
+void dm_engram_adam_8bit(dm_tensor *table, const dm_engram_8bit *m8, const dm_tensor *rows, const dm_tensor *grads,
                        int64_t n, double lr, double beta1, double beta2, double eps, int64_t step) {
-  const char *what = "engram_adam_q8";
+  const char *what = "engram_adam_8bit";
   dm_tensor *state[1] = {table};
   check_adam(what, state, 1, rows, grads, n);
-  check_q8(what, table, q8);
+  check_8bit(what, table, m8);
   dm_engram_adam_hp hp = dm_engram_adam_prepare(lr, beta1, beta2, eps, step);
   if (dm_plan_card_of(table->device))
-    dm_plan_scratch(dm_engram_adam_scratch(n), "engram_adam's flag and constants (kernels/engram.cu engram_adam_q8)");
-  DM_KERNEL(dm_engram_adam_q8_k, "engram_adam_q8", table->device)(table, q8, rows, grads, n, &hp, step, NULL);
-  q8_written(table, q8);
+    dm_plan_scratch(dm_engram_adam_scratch(n), "engram_adam's flag and constants (kernels/engram.cu engram_adam_8bit)");
+  DM_KERNEL(dm_engram_adam_8bit_k, "engram_adam_8bit", table->device)(table, m8, rows, grads, n, &hp, step, NULL);
+  written_8bit(table, m8);
 }
 
-void dm_engram_adam_q8_at(dm_tensor *table, const dm_engram_q8 *q8, const dm_tensor *rows, const dm_tensor *grads,
+void dm_engram_adam_8bit_at(dm_tensor *table, const dm_engram_8bit *m8, const dm_tensor *rows, const dm_tensor *grads,
                           const dm_tensor *n_at, double beta1, double beta2, double eps, const dm_tensor *lr_at,
                           const dm_tensor *step_at, const dm_tensor *sumsq_at) {
-  const char *what = "engram_adam_q8_at";
+  const char *what = "engram_adam_8bit_at";
   dm_tensor *state[1] = {table};
   int64_t cap = check_at(what, table, rows, grads, n_at, lr_at, step_at, sumsq_at), n;
   check_adam(what, state, 1, rows, grads, cap);
-  check_q8(what, table, q8);
+  check_8bit(what, table, m8);
   if (table->device == DM_CPU) {       /* read at once, then the ordinary update */
     if (!cpu_at(what, n_at, sumsq_at, cap, &n)) return;
-    dm_engram_adam_q8(table, q8, rows, grads, n, *(const double *)dm_data(lr_at), beta1, beta2, eps,
+    dm_engram_adam_8bit(table, m8, rows, grads, n, *(const double *)dm_data(lr_at), beta1, beta2, eps,
                       *(const int64_t *)dm_data(step_at));
     return;
   }
   dm_engram_adam_hp hp = dm_engram_adam_prepare(0, beta1, beta2, eps, 1);   /* betas and eps checked here */
   dm_engram_adam_scalars at = {dm_data(n_at), dm_data(step_at), dm_data(lr_at), sumsq_at ? dm_data(sumsq_at) : NULL};
   if (dm_plan_card_of(table->device))
-    dm_plan_scratch(dm_engram_adam_scratch(cap), "engram_adam's flag and constants (kernels/engram.cu engram_adam_q8)");
-  DM_KERNEL(dm_engram_adam_q8_k, "engram_adam_q8", table->device)(table, q8, rows, grads, cap, &hp, 0, &at);
-  q8_written(table, q8);
+    dm_plan_scratch(dm_engram_adam_scratch(cap), "engram_adam's flag and constants (kernels/engram.cu engram_adam_8bit)");
+  DM_KERNEL(dm_engram_adam_8bit_k, "engram_adam_8bit", table->device)(table, m8, rows, grads, cap, &hp, 0, &at);
+  written_8bit(table, m8);
 }
 
 static dm_op ops[] = {

@@ -54,7 +54,7 @@
 #include "core/ops.h"
 #include "ops/blocks.h"     /* the column sums' scratch */
 #include "ops/moe.h"        /* the bucket sort's scratch */
-#include "core/q8.h"
+#include "core/code8.h"
 #include "core/sround.h"
 
 #include "core/hd.h"
@@ -143,14 +143,14 @@ dm_engram_adam_hp dm_engram_adam_prepare(double lr, double beta1, double beta2, 
 DM_ENGRAM_ADAM_ROW(float, f32, sqrtf)
 DM_ENGRAM_ADAM_ROW(double, f64, sqrt)
 
-/* With 8-bit moments (optim.engram_moments = "q8", vm/core/q8.h): m and sqrt(v) as u8 codes, each
+/* With 8-bit moments (optim.engram_moments = "8bit", vm/core/code8.h): m and sqrt(v) as u8 codes, each
 ** row one block with its scale in m_scale[r], v_scale[r]. Element i of a row: the row formula
 ** above from the decoded moments, the parameter stepped, the new m and sqrt(v) returned. */
-DM_HD void dm_engram_adam_q8_elem(float *w, uint8_t mc, float ms, uint8_t vc, float vs, float g,
+DM_HD void dm_engram_adam_8bit_elem(float *w, uint8_t mc, float ms, uint8_t vc, float vs, float g,
                                   const dm_engram_adam_hp *hp, float *m_new, float *r_new) {
   const float b1 = (float)hp->beta1, b2 = (float)hp->beta2, c1 = (float)(1 - hp->beta1), c2 = (float)(1 - hp->beta2);
   const float step = (float)hp->step_size, rbc2 = (float)hp->rbc2, eps = (float)hp->eps;
-  float mo = dm_q8_signed(mc) * ms, ro = dm_q8_unsigned(vc) * vs;
+  float mo = dm_code8_signed(mc) * ms, ro = dm_code8_unsigned(vc) * vs;
   float mi = b1 * mo + c1 * g, vi = b2 * (ro * ro) + c2 * g * g, ri = sqrtf(vi);
   *w -= step * mi / (ri * rbc2 + eps);
   *m_new = mi;
@@ -160,21 +160,21 @@ DM_HD void dm_engram_adam_q8_elem(float *w, uint8_t mc, float ms, uint8_t vc, fl
 /* A whole row of de values on one thread (the CPU): the new moments' largest magnitudes first,
 ** then every element again (the same arithmetic) encoded under them; row index r keys the bits
 ** (element r * de + i, at step `step`, under salt) */
-DM_HD void dm_engram_adam_row_q8(float *w, uint8_t *mc, float *ms, uint8_t *vc, float *vs, const float *g,
+DM_HD void dm_engram_adam_row_8bit(float *w, uint8_t *mc, float *ms, uint8_t *vc, float *vs, const float *g,
                                  int64_t de, int64_t r, const dm_engram_adam_hp *hp, int64_t step, uint32_t salt) {
   const float ms0 = *ms, vs0 = *vs;
   float mmax = 0, rmax = 0, mi, ri;
   for (int64_t i = 0; i < de; i++) {
-    dm_engram_adam_q8_elem(&w[i], mc[i], ms0, vc[i], vs0, g[i], hp, &mi, &ri);
+    dm_engram_adam_8bit_elem(&w[i], mc[i], ms0, vc[i], vs0, g[i], hp, &mi, &ri);
     mmax = fmaxf(mmax, fabsf(mi));
     rmax = fmaxf(rmax, ri);
   }
-  const float minv = dm_q8_inverse(mmax), rinv = dm_q8_inverse(rmax);
+  const float minv = dm_code8_inverse(mmax), rinv = dm_code8_inverse(rmax);
   for (int64_t i = 0; i < de; i++) {
     float scratch = 0;                              /* the parameter was stepped above */
-    dm_engram_adam_q8_elem(&scratch, mc[i], ms0, vc[i], vs0, g[i], hp, &mi, &ri);
-    mc[i] = dm_q8_encode_signed(mi * minv, dm_sround_bits(salt, 0, step, r * de + i));
-    vc[i] = dm_q8_encode_unsigned(ri * rinv, dm_sround_bits(salt, 1, step, r * de + i));
+    dm_engram_adam_8bit_elem(&scratch, mc[i], ms0, vc[i], vs0, g[i], hp, &mi, &ri);
+    mc[i] = dm_code8_encode_signed(mi * minv, dm_sround_bits(salt, 0, step, r * de + i));
+    vc[i] = dm_code8_encode_unsigned(ri * rinv, dm_sround_bits(salt, 1, step, r * de + i));
   }
   *ms = mmax;
   *vs = rmax;
@@ -235,16 +235,16 @@ typedef void (*dm_engram_adam_at_k)(dm_tensor *table, dm_tensor *m, dm_tensor *v
                                     const dm_tensor *grads, int64_t n, const dm_engram_adam_hp *hp,
                                     const dm_engram_adam_scalars *at);
 
-/* The tables' Adam with 8-bit moments (optim.engram_moments = "q8"): m and v are the u8 codes
-** [R, de] of m and sqrt(v), m_scale and v_scale their f32 scales [R] (a row a block; q8.h), salt
+/* The tables' Adam with 8-bit moments (optim.engram_moments = "8bit"): m and v are the u8 codes
+** [R, de] of m and sqrt(v), m_scale and v_scale their f32 scales [R] (a row a block; code8.h), salt
 ** the key of their rounding with the step and the element (row r's i: r * de + i). */
-typedef struct dm_engram_q8 {
+typedef struct dm_engram_8bit {
   dm_tensor *m, *m_scale, *v, *v_scale;
   uint32_t salt;
-} dm_engram_q8;
-/* "engram_adam_q8": rows[0..n-1] of an f32 table, hp's constants and step (at NULL), or at's
+} dm_engram_8bit;
+/* "engram_adam_8bit": rows[0..n-1] of an f32 table, hp's constants and step (at NULL), or at's
 ** scalars (device memory, read when it runs: then n is the bound and *at->n the count) */
-typedef void (*dm_engram_adam_q8_k)(dm_tensor *table, const dm_engram_q8 *q8, const dm_tensor *rows,
+typedef void (*dm_engram_adam_8bit_k)(dm_tensor *table, const dm_engram_8bit *m8, const dm_tensor *rows,
                                     const dm_tensor *grads, int64_t n, const dm_engram_adam_hp *hp, int64_t step,
                                     const dm_engram_adam_scalars *at);
 
@@ -276,10 +276,10 @@ void dm_engram_adam(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_tenso
 void dm_engram_adam_at(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_tensor *rows,
                        const dm_tensor *grads, const dm_tensor *n_at, double beta1, double beta2, double eps,
                        const dm_tensor *lr_at, const dm_tensor *step_at, const dm_tensor *sumsq_at);
-/* both with 8-bit moments (dm_engram_q8; an f32 table) */
-void dm_engram_adam_q8(dm_tensor *table, const dm_engram_q8 *q8, const dm_tensor *rows, const dm_tensor *grads,
+/* both with 8-bit moments (dm_engram_8bit; an f32 table) */
+void dm_engram_adam_8bit(dm_tensor *table, const dm_engram_8bit *m8, const dm_tensor *rows, const dm_tensor *grads,
                        int64_t n, double lr, double beta1, double beta2, double eps, int64_t step);
-void dm_engram_adam_q8_at(dm_tensor *table, const dm_engram_q8 *q8, const dm_tensor *rows, const dm_tensor *grads,
+void dm_engram_adam_8bit_at(dm_tensor *table, const dm_engram_8bit *m8, const dm_tensor *rows, const dm_tensor *grads,
                           const dm_tensor *n_at, double beta1, double beta2, double eps, const dm_tensor *lr_at,
                           const dm_tensor *step_at, const dm_tensor *sumsq_at);
 

@@ -10,7 +10,7 @@
 #include "core/core.h"
 #include "core/alloc.h"
 #include "core/cuda.h"
-#include "core/q8.h"
+#include "core/code8.h"
 #include "core/sround.h"
 
 /* ---- checks (all made before anything is allocated) -------------------------------------- */
@@ -135,7 +135,7 @@ void dm_adamw_step(int n, dm_tensor *const *params, dm_tensor *const *grads,
 
 /* ---- AdamW with 8-bit moments ------------------------------------------------------------------ */
 
-static void check_q8(const char *op, const char *role, int i, const dm_tensor *p, const dm_tensor *codes,
+static void check_8bit(const char *op, const char *role, int i, const dm_tensor *p, const dm_tensor *codes,
                      const dm_tensor *scales) {
   char a[128];
   if (!codes || !scales) dm_error("%s: parameter %d has no %s codes or scales", op, i + 1, role);
@@ -143,26 +143,26 @@ static void check_q8(const char *op, const char *role, int i, const dm_tensor *p
   if (codes->dtype != DM_U8)
     dm_error("%s: the %s codes of parameter %d must be u8, got %s", op, role, i + 1, dm_dtype_name(codes->dtype));
   dm_check_live(scales);
-  int64_t blocks = dm_q8_blocks(dm_numel(p));
+  int64_t blocks = dm_code8_blocks(dm_numel(p));
   if (scales->dtype != DM_F32 || scales->ndim != 1 || scales->shape[0] != blocks || !dm_is_contiguous(scales) ||
       scales->device != p->device)
     dm_error("%s: the %s scales of parameter %d must be contiguous f32 [%lld] on %s (a block of %d elements "
-             "each), got %s %s on %s", op, role, i + 1, (long long)blocks, dm_device_name(p->device), DM_Q8_BLOCK,
+             "each), got %s %s on %s", op, role, i + 1, (long long)blocks, dm_device_name(p->device), DM_CODE8_BLOCK,
              dm_dtype_name(scales->dtype), dm_tensor_shape_str(scales, a, sizeof a), dm_device_name(scales->device));
 }
 
-void dm_adamw_q8_step(int n, dm_tensor *const *params, dm_tensor *const *grads, dm_tensor *const *m,
+void dm_adamw_8bit_step(int n, dm_tensor *const *params, dm_tensor *const *grads, dm_tensor *const *m,
                       dm_tensor *const *m_scale, dm_tensor *const *r, dm_tensor *const *r_scale,
                       const dm_adamw_hp *given, uint32_t salt) {
-  const char *op = "adamw_q8";
+  const char *op = "adamw_8bit";
   dm_adamw_hp hpv = *given, *hp = &hpv;
   if (!adamw_begin(op, n, params, grads, hp)) return;
   for (int i = 0; i < n; i++) {
-    check_q8(op, "first moment", i, params[i], m[i], m_scale[i]);
-    check_q8(op, "second moment's root", i, params[i], r[i], r_scale[i]);
+    check_8bit(op, "first moment", i, params[i], m[i], m_scale[i]);
+    check_8bit(op, "second moment's root", i, params[i], r[i], r_scale[i]);
   }
-  if (dm_plan_card_of(params[0]->device)) dm_plan_scratch(DM_ADAMW_SCRATCH, "adamw's constants (kernels/optim.cu cuda_adamw_q8)");
-  DM_KERNEL(dm_adamw_q8_k, "adamw_q8", params[0]->device)(n, params, grads, m, m_scale, r, r_scale, hp, salt);
+  if (dm_plan_card_of(params[0]->device)) dm_plan_scratch(DM_ADAMW_SCRATCH, "adamw's constants (kernels/optim.cu cuda_adamw_8bit)");
+  DM_KERNEL(dm_adamw_8bit_k, "adamw_8bit", params[0]->device)(n, params, grads, m, m_scale, r, r_scale, hp, salt);
   for (int i = 0; i < n; i++)
     if (grads[i]) {
       dm_mark_written(params[i]);
@@ -170,7 +170,7 @@ void dm_adamw_q8_step(int n, dm_tensor *const *params, dm_tensor *const *grads, 
     }
 }
 
-static void check_q8_host(const char *op, const dm_tensor *codes, const dm_tensor *scales, const dm_tensor *values,
+static void check_code8_host(const char *op, const dm_tensor *codes, const dm_tensor *scales, const dm_tensor *values,
                           int64_t block) {
   char a[128], b[128];
   const dm_tensor *all[3] = {codes, scales, values};
@@ -190,9 +190,9 @@ static void check_q8_host(const char *op, const dm_tensor *codes, const dm_tenso
              (long long)dm_numel(values), (long long)blocks, (long long)block);
 }
 
-void dm_q8_pack(dm_tensor *codes, dm_tensor *scales, const dm_tensor *values, bool is_signed, uint32_t salt,
+void dm_code8_pack(dm_tensor *codes, dm_tensor *scales, const dm_tensor *values, bool is_signed, uint32_t salt,
                 int64_t block) {
-  check_q8_host("q8_pack", codes, scales, values, block);
+  check_code8_host("code8_pack", codes, scales, values, block);
   const float *v = dm_data(values);
   uint8_t *c = dm_data(codes);
   float *sc = dm_data(scales);
@@ -202,24 +202,24 @@ void dm_q8_pack(dm_tensor *codes, dm_tensor *scales, const dm_tensor *values, bo
     float amax = 0;
     for (int64_t e = lo; e < hi; e++) amax = fmaxf(amax, fabsf(v[e]));
     sc[b] = amax;
-    float inv = dm_q8_inverse(amax);
+    float inv = dm_code8_inverse(amax);
     for (int64_t e = lo; e < hi; e++) {
       uint32_t bits = dm_sround_bits(salt, 0, 0, e);
-      c[e] = is_signed ? dm_q8_encode_signed(v[e] * inv, bits) : dm_q8_encode_unsigned(v[e] * inv, bits);
+      c[e] = is_signed ? dm_code8_encode_signed(v[e] * inv, bits) : dm_code8_encode_unsigned(v[e] * inv, bits);
     }
   }
   dm_mark_written(codes);
   dm_mark_written(scales);
 }
 
-void dm_q8_unpack(dm_tensor *values, const dm_tensor *codes, const dm_tensor *scales, bool is_signed, int64_t block) {
-  check_q8_host("q8_unpack", codes, scales, values, block);
+void dm_code8_unpack(dm_tensor *values, const dm_tensor *codes, const dm_tensor *scales, bool is_signed, int64_t block) {
+  check_code8_host("code8_unpack", codes, scales, values, block);
   const uint8_t *c = dm_data(codes);
   const float *sc = dm_data(scales);
   float *v = dm_data(values);
   int64_t n = dm_numel(values);
   for (int64_t e = 0; e < n; e++)
-    v[e] = (is_signed ? dm_q8_signed(c[e]) : dm_q8_unsigned(c[e])) * sc[e / block];
+    v[e] = (is_signed ? dm_code8_signed(c[e]) : dm_code8_unsigned(c[e])) * sc[e / block];
   dm_mark_written(values);
 }
 

@@ -100,21 +100,21 @@ typedef struct dm_sround_key {
 void dm_adamw_step(int n, dm_tensor *const *params, dm_tensor *const *grads,
                    dm_tensor *const *m, dm_tensor *const *v, const dm_adamw_hp *hp);
 
-/* AdamW with 8-bit moments (vm/core/q8.h): m and r = sqrt(v) kept as codes (u8, the parameter's
-** shape) with a scale a block of DM_Q8_BLOCK elements (f32 [dm_q8_blocks(numel)]). Each step
+/* AdamW with 8-bit moments (vm/core/code8.h): m and r = sqrt(v) kept as codes (u8, the parameter's
+** shape) with a scale a block of DM_CODE8_BLOCK elements (f32 [dm_code8_blocks(numel)]). Each step
 ** decodes them, takes AdamW's step in f32 (the parameter reads the moments before they are
 ** encoded) and encodes them again, rounding stochastically from random bits keyed by salt, the
 ** member (2i for m, 2i + 1 for r, i its place in the list), the update's count and the element. */
-void dm_adamw_q8_step(int n, dm_tensor *const *params, dm_tensor *const *grads, dm_tensor *const *m,
+void dm_adamw_8bit_step(int n, dm_tensor *const *params, dm_tensor *const *grads, dm_tensor *const *m,
                       dm_tensor *const *m_scale, dm_tensor *const *r, dm_tensor *const *r_scale,
                       const dm_adamw_hp *hp, uint32_t salt);
 
-/* A moment's values (f32, on the CPU) as codes and scales of blocks of `block` values (DM_Q8_BLOCK
+/* A moment's values (f32, on the CPU) as codes and scales of blocks of `block` values (DM_CODE8_BLOCK
 ** for AdamW, a row for the Engram tables), and back (a checkpoint's f32 moments loaded into 8-bit
 ** buffers, or 8-bit ones into f32): signed for m, unsigned for r = sqrt(v). */
-void dm_q8_pack(dm_tensor *codes, dm_tensor *scales, const dm_tensor *values, bool is_signed, uint32_t salt,
+void dm_code8_pack(dm_tensor *codes, dm_tensor *scales, const dm_tensor *values, bool is_signed, uint32_t salt,
                 int64_t block);
-void dm_q8_unpack(dm_tensor *values, const dm_tensor *codes, const dm_tensor *scales, bool is_signed, int64_t block);
+void dm_code8_unpack(dm_tensor *values, const dm_tensor *codes, const dm_tensor *scales, bool is_signed, int64_t block);
 
 /* params [m, n] or banks [E, m, n]; bufs their f32 momentum, same shapes */
 void dm_muon_step(int n, dm_tensor *const *params, dm_tensor *const *grads,
@@ -164,10 +164,10 @@ void dm_optim_tick(dm_tensor *step, const dm_tensor *sumsq);
 ** Every tensor is contiguous and the lists are checked by the core. */
 typedef void (*dm_adamw_k)(int n, dm_tensor *const *p, dm_tensor *const *g, dm_tensor *const *m,
                            dm_tensor *const *v, const dm_adamw_hp *hp);              /* "adamw" */
-/* m, r: u8 codes; m_scale, r_scale: f32 block scales (dm_adamw_q8_step) */
-typedef void (*dm_adamw_q8_k)(int n, dm_tensor *const *p, dm_tensor *const *g, dm_tensor *const *m,
+/* m, r: u8 codes; m_scale, r_scale: f32 block scales (dm_adamw_8bit_step) */
+typedef void (*dm_adamw_8bit_k)(int n, dm_tensor *const *p, dm_tensor *const *g, dm_tensor *const *m,
                               dm_tensor *const *m_scale, dm_tensor *const *r, dm_tensor *const *r_scale,
-                              const dm_adamw_hp *hp, uint32_t salt);                 /* "adamw_q8" */
+                              const dm_adamw_hp *hp, uint32_t salt);                 /* "adamw_8bit" */
 /* out (one f64 element) = the sum of squares of every element (NULL entries skipped) */
 typedef void (*dm_sumsq_k)(int n, dm_tensor *const *x, dm_tensor *out);              /* "sumsq" */
 /* x *= max_norm / sqrt(*sumsq) when that norm is finite and above max_norm */

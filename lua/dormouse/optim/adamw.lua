@@ -9,9 +9,9 @@ t counts the updates applied (skipped steps do not count). Gradients are
 read from each parameter's .grad (f32 or bf16); a parameter without one is
 left alone.
 
-With moments = "q8" (optim.adamw_moments) m and sqrt(v) are kept in 8 bits a
-value with an f32 scale a block of 256 (vm/core/q8.h, kernel "adamw_q8"):
-slots m_q8 and v_q8 (u8 codes, the parameter's shape: v_q8 codes sqrt(v)) and
+With moments = "8bit" (optim.adamw_moments) m and sqrt(v) are kept in 8 bits a
+value with an f32 scale a block of 256 (vm/core/code8.h, kernel "adamw_8bit"):
+slots m8 and v8 (u8 codes, the parameter's shape: v8 codes sqrt(v)) and
 m_scale and v_scale (f32, one a block), 25.4% of the f32 moments' memory.
 Each step decodes them, steps in f32 and encodes them again, rounding
 stochastically (random bits keyed by the group's name, the parameter, the
@@ -23,14 +23,14 @@ local groups = require "dormouse.optim.groups"
 local AdamW = {kind = "adamw", device_scalars = true}
 AdamW.__index = AdamW
 
-local Q8_BLOCK = 256            -- DM_Q8_BLOCK (vm/core/q8.h): the values a scale covers
-local function block() return Q8_BLOCK end
+local CODE8_BLOCK = 256            -- DM_CODE8_BLOCK (vm/core/code8.h): the values a scale covers
+local function block() return CODE8_BLOCK end
 
--- hp: {lr, betas = {b1, b2}, eps, weight_decay, moments ("f32" or "q8")}
+-- hp: {lr, betas = {b1, b2}, eps, weight_decay, moments ("f32" or "8bit")}
 function AdamW.new(name, entries, hp)
   local self
-  if hp.moments == "q8" then
-    self = setmetatable(groups.q8_group(name, entries, block), AdamW)
+  if hp.moments == "8bit" then
+    self = setmetatable(groups.code8_group(name, entries, block), AdamW)
   else
     self = setmetatable(groups.new_group(name, entries, {"m", "v"}), AdamW)
   end
@@ -45,16 +45,16 @@ function AdamW:update(mult, t, at)
   local hp = {lr = self.lr * mult, beta1 = self.betas[1], beta2 = self.betas[2], eps = self.eps,
               weight_decay = self.weight_decay, step = t, lr_at = at.lr_at, step_at = at.step_at,
               sumsq_at = at.sumsq_at}
-  if self.q8 then
+  if self.code8 then
     hp.salt = self.salt
     local s = self.state
-    core.adamw_q8_step(self.params, s.m_q8, s.m_scale, s.v_q8, s.v_scale, hp)
+    core.adamw_8bit_step(self.params, s.m8, s.m_scale, s.v8, s.v_scale, hp)
   else
     core.adamw_step(self.params, self.state.m, self.state.v, hp)
   end
 end
 
--- a checkpoint's state in this group's form (groups.q8_adapt: f32 moments to 8 bits and back)
-function AdamW:adapt_state(tbl) return groups.q8_adapt(self, tbl, block) end
+-- a checkpoint's state in this group's form (groups.code8_adapt: f32 moments to 8 bits and back)
+function AdamW:adapt_state(tbl) return groups.code8_adapt(self, tbl, block) end
 
 return AdamW

@@ -132,27 +132,27 @@ function groups.salt(name)
   return h
 end
 
---[[ Adam moments in 8 bits (vm/core/q8.h): slots m_q8 and v_q8 (u8 codes of m and sqrt(v), the
+--[[ Adam moments in 8 bits (vm/core/code8.h): slots m8 and v8 (u8 codes of m and sqrt(v), the
 parameter's shape) and m_scale and v_scale (f32, one a block of block(parameter) values). ]]
-local Q8_SLOTS = {"m_q8", "m_scale", "v_q8", "v_scale"}
+local CODE8_SLOTS = {"m8", "m_scale", "v8", "v_scale"}
 
-function groups.q8_group(name, entries, block)
+function groups.code8_group(name, entries, block)
   local function scales(t) return {(t:numel() + block(t) - 1) // block(t)} end
-  local g = groups.new_group(name, entries, Q8_SLOTS, {m_q8 = "u8", m_scale = "f32", v_q8 = "u8", v_scale = "f32"},
+  local g = groups.new_group(name, entries, CODE8_SLOTS, {m8 = "u8", m_scale = "f32", v8 = "u8", v_scale = "f32"},
                              {m_scale = scales, v_scale = scales})
-  g.q8, g.salt = true, groups.salt(name)
+  g.code8, g.salt = true, groups.salt(name)
   return g
 end
 
 --[[ A checkpoint's state (a table of "<param>.<slot>" tensors) in group g's form: f32 moments m, v
-packed into 8-bit codes for a q8 group, codes unpacked into f32 moments for an f32 one (a run
+packed into 8-bit codes for an 8-bit group, codes unpacked into f32 moments for an f32 one (a run
 resumed with the other setting). Returns tbl itself when nothing needed it, else a new table. ]]
-function groups.q8_adapt(g, tbl, block)
+function groups.code8_adapt(g, tbl, block)
   local converted = {}        -- key -> its tensor in this form, or false: a key of the other form, dropped
   local function cpu(t) return t:to("cpu"):to("f32"):contiguous() end
   for i, e in ipairs(g.entries) do
     local k, p = e.name .. ".", g.params[i]
-    if g.q8 and not tbl[k .. "m_q8"] and dm.is_tensor(tbl[k .. "m"]) and dm.is_tensor(tbl[k .. "v"]) then
+    if g.code8 and not tbl[k .. "m8"] and dm.is_tensor(tbl[k .. "m"]) and dm.is_tensor(tbl[k .. "v"]) then
       for _, slot in ipairs {"m", "v"} do      -- load_state's check, before the conversion reads them
         local t = tbl[k .. slot]
         if table.concat(t:shape(), ",") ~= table.concat(p:shape(), ",") then
@@ -163,22 +163,22 @@ function groups.q8_adapt(g, tbl, block)
       local function pack(values, signed)
         local codes = dm.zeros(p:shape(), {dtype = "u8"})
         local scales = dm.zeros({(p:numel() + block(p) - 1) // block(p)})
-        core.q8_pack(codes, scales, values, signed, g.salt, block(p))
+        core.code8_pack(codes, scales, values, signed, g.salt, block(p))
         return codes, scales
       end
-      converted[k .. "m_q8"], converted[k .. "m_scale"] = pack(cpu(tbl[k .. "m"]), true)
-      converted[k .. "v_q8"], converted[k .. "v_scale"] = pack(cpu(tbl[k .. "v"]):sqrt(), false)
+      converted[k .. "m8"], converted[k .. "m_scale"] = pack(cpu(tbl[k .. "m"]), true)
+      converted[k .. "v8"], converted[k .. "v_scale"] = pack(cpu(tbl[k .. "v"]):sqrt(), false)
       converted[k .. "m"], converted[k .. "v"] = false, false
-    elseif not g.q8 and not tbl[k .. "m"] and dm.is_tensor(tbl[k .. "m_q8"]) then
+    elseif not g.code8 and not tbl[k .. "m"] and dm.is_tensor(tbl[k .. "m8"]) then
       local function unpack(codes, scales, signed)
         local values = dm.zeros(codes:shape())
-        core.q8_unpack(values, codes:to("cpu"):contiguous(), scales:to("cpu"):contiguous(), signed, block(p))
+        core.code8_unpack(values, codes:to("cpu"):contiguous(), scales:to("cpu"):contiguous(), signed, block(p))
         return values
       end
-      converted[k .. "m"] = unpack(tbl[k .. "m_q8"], tbl[k .. "m_scale"], true)
-      local r = unpack(tbl[k .. "v_q8"], tbl[k .. "v_scale"], false)
+      converted[k .. "m"] = unpack(tbl[k .. "m8"], tbl[k .. "m_scale"], true)
+      local r = unpack(tbl[k .. "v8"], tbl[k .. "v_scale"], false)
       converted[k .. "v"] = r * r
-      for _, slot in ipairs(Q8_SLOTS) do converted[k .. slot] = false end
+      for _, slot in ipairs(CODE8_SLOTS) do converted[k .. slot] = false end
     end
   end
   if next(converted) == nil then return tbl end

@@ -27,39 +27,39 @@ local function row(t) return t:size(2) end          -- 8-bit moments: a scale a 
 -- hp: {lr, betas = {b1, b2}, eps, dense, moments}. dense (optim.engram_adam = "dense", an option the
 -- spec does not have): every row's moments decay and every row moves each step, as a dense Adam over
 -- the table would, from the step's rows scattered into a dense gradient (the table's size, made
--- and dropped each step); the table must be on the device. moments = "q8" (optim.engram_moments):
--- m and sqrt(v) in 8 bits with an f32 scale a row (vm/core/q8.h; kernel "engram_adam_q8"), for
+-- and dropped each step); the table must be on the device. moments = "8bit" (optim.engram_moments):
+-- m and sqrt(v) in 8 bits with an f32 scale a row (vm/core/code8.h; kernel "engram_adam_8bit"), for
 -- the sparse Adam of tables on the device.
 function SparseAdam.new(name, entries, hp)
-  local q8 = hp.moments == "q8"
-  local self = setmetatable(q8 and groups.q8_group(name, entries, row) or groups.new_group(name, entries, {"m", "v"}),
+  local code8 = hp.moments == "8bit"
+  local self = setmetatable(code8 and groups.code8_group(name, entries, row) or groups.new_group(name, entries, {"m", "v"}),
                             SparseAdam)
   self.lr, self.betas, self.eps, self.weight_decay = hp.lr, hp.betas, hp.eps, 0
   self.dense = hp.dense or false
   self.hosts = {}
   for i, e in ipairs(entries) do
     if e.module.ram and e.module.host_table then
-      if q8 then
-        core.error("optim: engram_moments = \"q8\" keeps the moments beside tables on the device; the Engram " ..
+      if code8 then
+        core.error("optim: engram_moments = \"8bit\" keeps the moments beside tables on the device; the Engram " ..
                    "tables are in host memory (engram.ram = true), whose Adam keeps f32 moments")
       end
       self.hosts[i] = e.module:host_table(self.state.m[i], self.state.v[i])
     end
   end
-  if q8 and self.dense then
-    core.error("optim: engram_moments = \"q8\" takes the tables' sparse Adam, not engram_adam = \"dense\"")
+  if code8 and self.dense then
+    core.error("optim: engram_moments = \"8bit\" takes the tables' sparse Adam, not engram_adam = \"dense\"")
   end
   return self
 end
 
 -- this group's 8-bit moments of entry i, as the kernels take them
-function SparseAdam:q8_of(i)
+function SparseAdam:codes_of(i)
   local s = self.state
-  return {m = s.m_q8[i], m_scale = s.m_scale[i], v = s.v_q8[i], v_scale = s.v_scale[i], salt = self.salt}
+  return {m = s.m8[i], m_scale = s.m_scale[i], v = s.v8[i], v_scale = s.v_scale[i], salt = self.salt}
 end
 
--- a checkpoint's state in this group's form (groups.q8_adapt: f32 moments to 8 bits and back)
-function SparseAdam:adapt_state(tbl) return groups.q8_adapt(self, tbl, row) end
+-- a checkpoint's state in this group's form (groups.code8_adapt: f32 moments to 8 bits and back)
+function SparseAdam:adapt_state(tbl) return groups.code8_adapt(self, tbl, row) end
 
 -- The gradients clipping and the firewall must see: one per entry with a step's rows.
 function SparseAdam:grads()
@@ -81,9 +81,9 @@ function SparseAdam:apply(i, rows, g, mult, t)
   local p = self.params[i]
   if g.device ~= p.device then g = g:to(p.device) end        -- a table in host memory
   if rows.device ~= p.device then rows = rows:to(p.device) end
-  if self.q8 then
+  if self.code8 then
     dm.no_grad(function()
-      core.engram_adam_q8(p, self:q8_of(i), rows, g, rows:numel(), self.lr * mult, self.betas[1], self.betas[2],
+      core.engram_adam_8bit(p, self:codes_of(i), rows, g, rows:numel(), self.lr * mult, self.betas[1], self.betas[2],
                           self.eps, t)
     end)
     return
@@ -100,8 +100,8 @@ function SparseAdam:apply_at(i, rows, g, n, at)
                "from device scalars (graph mode) cannot update; keep them on the device")
   end
   if not n then core.error("optim: graph mode needs the Engram lookups' static form (Engram:set_static)") end
-  if self.q8 then
-    core.engram_adam_q8_at(self.params[i], self:q8_of(i), rows, g, n, self.betas[1], self.betas[2], self.eps,
+  if self.code8 then
+    core.engram_adam_8bit_at(self.params[i], self:codes_of(i), rows, g, n, self.betas[1], self.betas[2], self.eps,
                            at.lr_at, at.step_at, at.sumsq_at)
     return
   end
