@@ -184,13 +184,28 @@ the fin readout's input at t plus the embedding of byte t+1, without another pas
 draft_t = W_draft rmsf(hbar_t + Emb[x_{t+1}]). Trained on the byte after next, weight gamma; at
 evaluation its greedy draft is accepted where it equals the model's own greedy byte at t+1
 (draft_accept: the share of drafts a greedy speculative decoder would keep). ]]
+-- the draft's logits from the readout's input hbar [..., d] and the bytes picked next [...]
+local function draft_of(self, hbar, next_bytes)
+  local hs = hbar + self.emb:forward(next_bytes):to(hbar.dtype)
+  return self.draft_head:forward(self.rmsf:forward(self:activation(hs))):to(hbar.dtype)
+end
+
 local function draft(self, hbar, inputs, x, mask)
   local T = hbar:size(2)
   return dm.scope(function()
-    local hs = hbar:narrow(2, 1, T - 1) + self.emb:forward(inputs:narrow(2, 2, T - 1)):to(hbar.dtype)
-    local logits = self.draft_head:forward(self.rmsf:forward(self:activation(hs))):to(hbar.dtype)
+    local logits = draft_of(self, hbar:narrow(2, 1, T - 1), inputs:narrow(2, 2, T - 1))
     return logits, ce(logits, targets_after_next(x, mask))
   end)
+end
+
+--[[ The draft head's logits [B, 256] for the byte after next_bytes [B] (u8), from the readout's
+input hbar [B, d] at the position before them (out.hbar of a readout = "fin" pass); nil without
+the head (model.aux.draft = 0). Speculative decoding drafts with it (dormouse.decode). ]]
+function Dormouse:draft_logits(hbar, next_bytes)
+  if not self.draft_head then return nil end
+  local B = hbar:size(1)
+  return draft_of(self, hbar:reshape({B, 1, hbar:size(hbar:dim())}), next_bytes:reshape({B, 1}))
+    :reshape({B, 256})
 end
 
 -- the share of positions 1..T-1 where the draft's greedy byte is the model's greedy byte at t+1
@@ -294,12 +309,22 @@ function Dormouse:pass(x, prefix, opts)
   local carried = opts.state
   if carried and self.block.msa then carried = nil end   -- MSA keeps no past keys: a pass without state
   if carried then out.state = {} end
+  local at = carried and opts.state_at
+  if at then
+    if not (math.type(at) == "integer" and at >= 1 and at < T) then
+      error(string.format("forward: state_at must be a position inside the pass (1 .. %d), got %s", T - 1,
+                          tostring(at)), 0)
+    end
+    if self.cfg.recompute and dm.grad_enabled() then error("forward: state_at is for passes without grad", 0) end
+    out.state_at = {}
+  end
   for i = 1, self.max_iter do
-    local h_in = h
+    local h_in, at_state = h, nil
     if carried and self.cfg.recompute and dm.grad_enabled() then
       h, out.state[i] = recomputed_block(self, h, inputs, prefix, carried[i] or {})
     elseif carried then
-      h, out.state[i] = self.block:forward(h, inputs, prefix, carried[i] or {})
+      h, out.state[i], at_state = self.block:forward(h, inputs, prefix, carried[i] or {}, at or nil)
+      if at then out.state_at[i] = at_state end
     elseif self.cfg.recompute then           -- the block's activations recomputed in the backward (dm.recompute)
       h = dm.recompute(function(hi) return self.block:forward(hi, inputs, prefix) end, h)
     else
@@ -308,7 +333,10 @@ function Dormouse:pass(x, prefix, opts)
     if self.loom_gate then h = loom(self, h_in, h, i) end
     sum_h = sum_h and sum_h + h or h
     if opts.readout == "fin" then            -- generation: the fin readout's logits and the state, no losses
-      if i == self.max_iter then out.fin_logits = readout(self, sum_h * (1 / i)) end
+      if i == self.max_iter then
+        out.hbar = sum_h * (1 / i)               -- the readout's input (a draft head reads it)
+        out.fin_logits = readout(self, out.hbar)
+      end
       goto next_iteration
     end
     out.logits[i], out.periter[i] = scored(self, h, targets, kept)

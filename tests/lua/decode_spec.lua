@@ -81,6 +81,42 @@ describe("the byte draw on the logits' device (core.sample_bytes)", function()
   end)
 end)
 
+describe("a pass's state at a position inside it (opts.state_at: speculative decoding's verify pass)", function()
+  it("is the state a pass up to that position leaves, and the pass's output is unchanged (f64)", function()
+    local cfg = config.load("experiments/tiny.lua", {})
+    dm.manual_seed(cfg.seed)
+    local m64 = train.build_model(cfg, "."):cast("f64")
+    m64:eval()
+    local bytes = {72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100}
+    dm.no_grad(function()
+      local x = dm.tensor({bytes}, {dtype = "u8"})
+      local ctx = m64:context()
+      -- the prompt: bytes 1..5 (byte 6 its last target); then a pass of bytes 6 and 7 (byte 8 the target)
+      local s0 = m64:forward(x:narrow(2, 1, 6), dm.zeros({1, 0}, {dtype = "u8"}), {state = {}}).state
+      local win = x:narrow(2, 6, 3)
+      local prefix = x:narrow(2, 6 - ctx, ctx)
+      local split = m64:forward(win, prefix, {state = s0, state_at = 1})
+      local whole = m64:forward(win, prefix, {state = s0})
+      local first = m64:forward(x:narrow(2, 6, 2), prefix, {state = s0})
+      local worst = 0
+      for i, part in pairs(first.state) do
+        for key, t in pairs(part) do
+          local d = (split.state_at[i][key]:to("f64") - t:to("f64")):abs():max():item()
+          worst = math.max(worst, d / math.max(t:to("f64"):abs():max():item(), 1e-300))
+        end
+      end
+      assert.is_true(worst <= 1e-12, "the state at position 1: " .. worst)
+      local d = (split.fin_logits - whole.fin_logits):abs():max():item()
+      assert.is_true(d <= 1e-12 * whole.fin_logits:abs():max():item(), "logits " .. d)
+      for i, part in pairs(whole.state) do
+        for key, t in pairs(part) do
+          assert.is_true(dm.allclose(split.state[i][key], t, {rtol = 1e-12, atol = 1e-14}), key)
+        end
+      end
+    end)
+  end)
+end)
+
 describe("the decoder (blocks of bytes over fixed buffers)", function()
   local m
   setup(function()

@@ -43,10 +43,11 @@ end
 -- (dm.scope): what the backward needs, the tape holds.
 -- state (optional): this iteration's state from the previous segment, {S, q, k, v}
 -- of the KDA branch and {e} of Engram's convolution in one table (entries nil:
--- zeros); given, the call returns h' and this segment's state.
-function Block:forward(h, x, prefix, state)
+-- zeros); given, the call returns h' and this segment's state, and with `at` the
+-- state after position `at` of the pass too (a verify pass of generation).
+function Block:forward(h, x, prefix, state, at)
   if self.engram then self.engram:lookup(x, prefix) end     -- the pass's rows, made outside the branch's scope
-  local a, ks = nn.residual(h, self.rms1, function(u) return self.kda:forward(u, state) end)
+  local a, ks, ks_at = nn.residual(h, self.rms1, function(u) return self.kda:forward(u, state, at) end)
   if self.msa then
     if state then
       error("model.msa keeps no state across passes (no cache of past keys): it takes whole sequences, not " ..
@@ -54,16 +55,17 @@ function Block:forward(h, x, prefix, state)
     end
     a = nn.residual(a, self.rms_msa, function(u) return self.msa:forward(u) end)
   end
-  local b, es = a, nil
+  local b, es, es_at = a, nil, nil
   if self.engram then
-    b, es = nn.residual(a, self.rms2, function(u)
-      return self.engram:forward(u, x, prefix, state and {e = state.e})
+    b, es, es_at = nn.residual(a, self.rms2, function(u)
+      return self.engram:forward(u, x, prefix, state and {e = state.e}, at)
     end)
   end
   local out = nn.residual(b, self.rms3, function(u) return self.moe:forward(u) end)
   if not state then return out end
   ks.e = es and es.e
-  return out, ks
+  if ks_at then ks_at.e = es_at and es_at.e end
+  return out, ks, ks_at
 end
 
 nn.Block = Block

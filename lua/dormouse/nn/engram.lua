@@ -272,8 +272,9 @@ end
 -- The lookup's tensors outlive the forward (the optimiser reads compact's
 -- gradient); the rest is dropped as it returns (dm.scope). state (optional):
 -- {e = the convolution's last inputs from the previous segment (nil: zeros)};
--- given, the call returns the output and this segment's {e}.
-function Engram:forward(u, x, prefix, state)
+-- given, the call returns the output and this segment's {e}, and with `at` the
+-- {e} after position `at` as well.
+function Engram:forward(u, x, prefix, state, at)
   local B, T = u:size(1), u:size(2)
   local c = self:lookup(x, prefix)
   return dm.scope(function()
@@ -287,12 +288,11 @@ function Engram:forward(u, x, prefix, state)
     local projected = self.output == "projection"
     local opts = {dilation = self.dilation, silu = not projected}
     if state then opts.cache, opts.return_cache = state.e, true end
-    if projected then                             -- W_e conv(vt)
-      local y, cache = dm.causal_conv1d(vt, conv, opts)
-      return self.we:forward(y), state and {e = cache} or nil
-    end
-    local y, cache = dm.causal_conv1d(self.norm:forward(vt), conv, opts)   -- vt + silu(conv(rmsnorm(vt)))
-    return vt + y, state and {e = cache} or nil
+    local input = projected and vt or self.norm:forward(vt)       -- W_e conv(vt), or vt + silu(conv(rmsnorm(vt)))
+    local y, cache = dm.causal_conv1d(input, conv, opts)
+    local at_state = state and at and {e = nn.conv_cache_at(state.e, input, at, cache:size(2))} or nil
+    if projected then return self.we:forward(y), state and {e = cache} or nil, at_state end
+    return vt + y, state and {e = cache} or nil, at_state
   end)
 end
 

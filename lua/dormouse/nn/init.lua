@@ -289,15 +289,24 @@ end
 
 --[[ h + fn(norm(h)): a pre-norm residual branch. The branch runs in the
 compute dtype from its norm's input (norm:activation) to its output, which is
-added back in h's dtype; its intermediates are dropped as it returns. A
-second result of fn (a branch's carried state, a table of tensors) is
-returned as well, kept past the branch's scope. ]]
+added back in h's dtype; its intermediates are dropped as it returns. More
+results of fn (a branch's carried state, and the state at a position inside
+the pass: tables of tensors) are returned as well, kept past the branch's
+scope. ]]
 function nn.residual(h, norm, fn)
-  local y, carried = dm.scope(function()
-    local out, state = fn(norm:forward(norm:activation(h)))
-    return out:to(h.dtype), state
+  local y, carried, carried_at = dm.scope(function()
+    local out, state, state_at = fn(norm:forward(norm:activation(h)))
+    return out:to(h.dtype), state, state_at
   end)
-  return h + y, carried
+  return h + y, carried, carried_at
+end
+
+--[[ The cache a causal convolution would have returned after the first `at` positions of x
+[B, T, C]: the last `len` inputs of `cache` (the `len` inputs before x; nil: zeros) then x's first
+`at`. (A pass's state at a position inside it: dormouse.decode's verify passes.) ]]
+function nn.conv_cache_at(cache, x, at, len)
+  cache = cache or dm.zeros({x:size(1), len, x:size(3)}, {dtype = x.dtype, device = x.device})
+  return dm.cat({cache, x}, 2):narrow(2, at + 1, len):contiguous()
 end
 
 --[[ A matrix product x [..., d_in] @ w^T, w [d_out, d_in], in the module's

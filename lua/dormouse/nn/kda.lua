@@ -81,36 +81,60 @@ function KDA:init(d, heads, head_dim, opts)
 end
 
 -- silu(conv4(x)); with a state, the conv reads the inputs before x from state[name] (nil: zeros)
--- and leaves its own last inputs in carry[name] for the next segment
-local function short_conv(x, w, state, carry, name)
+-- and leaves its own last inputs in carry[name] for the next segment (and in carry_at[name] the
+-- ones after position `at`)
+local function short_conv(x, w, state, carry, name, carry_at, at)
   if not carry then return dm.causal_conv1d(x, nn.like(w, x), {silu = true}) end
   local y
   y, carry[name] = dm.causal_conv1d(x, nn.like(w, x), {silu = true, cache = state[name], return_cache = true})
+  if carry_at then carry_at[name] = nn.conv_cache_at(state[name], x, at, carry[name]:size(2)) end
   return y
+end
+
+-- dm.kda over the first `at` positions, then the rest from the state there: the output and the
+-- states after position `at` and after the last
+local function kda_split(q, k, v, g, beta, S, at)
+  local T = q:size(2)
+  local function part(t, from, len) return t:narrow(2, from, len) end
+  local o1, s_at = dm.kda(part(q, 1, at), part(k, 1, at), part(v, 1, at), part(g, 1, at), part(beta, 1, at),
+                          {initial_state = S, output_final_state = true})
+  local o2, s_end = dm.kda(part(q, at + 1, T - at), part(k, at + 1, T - at), part(v, at + 1, T - at),
+                           part(g, at + 1, T - at), part(beta, at + 1, T - at),
+                           {initial_state = s_at, output_final_state = true})
+  return dm.cat({o1, o2}, 2), s_end, s_at
 end
 
 --[[ u [B, T, d] in the compute dtype. q, k, v, o and the output gate stay in
 u's dtype; the gates g and beta are float32 (docs/model.md).
 state (optional): what a previous segment left, {S = [B, H, dk, dv] f32, q, k, v =
 the short convolutions' last inputs}, any of them nil (zeros); given, the call
-returns the output and this segment's state of the same form. ]]
-function KDA:forward(u, state)
+returns the output and this segment's state of the same form, and with `at`
+(1 <= at < T) the state after position `at` as well. ]]
+function KDA:forward(u, state, at)
   local B, T = u:size(1), u:size(2)
   local H, dh = self.heads, self.head_dim
   local heads = {B, T, H, dh}
   local carry = state and {} or nil
-  local function conv(x, name) return short_conv(x, self["conv_" .. name], state, carry, name) end
+  local carry_at = state and at and {} or nil
+  local function conv(x, name)
+    return short_conv(x, self["conv_" .. name], state, carry, name, carry_at, at)
+  end
   local q = conv(self.wq:forward(u), "q"):reshape(heads):l2norm(1e-6) * dh ^ -0.5
   local k = conv(self.wk:forward(u), "k"):reshape(heads):l2norm(1e-6)
   local v = conv(self.wv:forward(u), "v"):reshape(heads)
   local beta = self.wb:forward(u):to(self.A_log.dtype):sigmoid()
   local f = self.wg2:forward(self.wg1:forward(u)):reshape(heads)
   local g = dm.kda_gate(f, self.A_log, self.dt_bias, {kind = self.gate, lb = self.gate_lb})
-  local o, final = dm.kda(q, k, v, g, beta, {initial_state = state and state.S, output_final_state = true})
+  local o, final
+  if carry_at then
+    o, final, carry_at.S = kda_split(q, k, v, g, beta, state.S, at)
+  else
+    o, final = dm.kda(q, k, v, g, beta, {initial_state = state and state.S, output_final_state = true})
+  end
   local gate = self.wo2:forward(self.wo1:forward(u)):sigmoid()
   local out = self.wo:forward(self.o_norm:forward(o):reshape({B, T, H * dh}) * gate)
   if carry then carry.S = final end
-  return out, carry
+  return out, carry, carry_at
 end
 
 nn.KDA = KDA
