@@ -138,9 +138,10 @@ end
 -- rows as a compact leaf [U, width]. The iterations of one forward share them
 -- (the same x), so their gradients meet in one compact.grad. Lookups without
 -- grad (eval, sampling) read a table in host memory directly, leaving the
--- host table's prefetch in flight for the next training step. A pass of one
--- byte a row without grad (generation's step) gathers each lookup's row as
--- it is: too few lookups for the sort that finds the distinct ones to pay.
+-- host table's prefetch in flight for the next training step. A pass of at
+-- most 4 bytes a row without grad (generation's step and verify pass)
+-- gathers each lookup's row as it is: too few lookups for the sort that
+-- finds the distinct ones to pay.
 function Engram:lookup(x, prefix)
   self.summed = nil                                 -- a backward may follow: sparse_grad sums again
   local c = self.current
@@ -148,8 +149,8 @@ function Engram:lookup(x, prefix)
   local training = dm.grad_enabled()
   if self.host and training then
     c = self:host_lookup(x, prefix)
-  elseif not training and x:size(2) == 1 and not self.ram then   -- a byte a row (generation): no sort
-    local idx = self:rows(x, prefix)                -- [B, 1, nsub]: each lookup its own row of the compact
+  elseif not training and x:size(2) <= 4 and not self.ram then   -- a few bytes a row (generation): no sort
+    local idx = self:rows(x, prefix)                -- [B, T, nsub]: each lookup its own row of the compact
     local rows = idx:reshape({idx:numel()})
     c = {x = x, rows = rows, in_order = true, compact = dm.no_grad(dm.embedding, rows, self.table)}
   elseif self.static and not self.ram then          -- shapes that never wait: a captured step
