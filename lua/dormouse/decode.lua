@@ -37,8 +37,9 @@ Decoder.__index = Decoder
 decode.BLOCK = {cuda = 32, cpu = 1}
 
 -- blocks run in this process: replayed from a captured graph, or run eagerly (the CPU, graph =
--- false, or a step that could not be captured, which also says so once on stderr)
-decode.counters = {replayed = 0, eager = 0, captures = 0, failed_captures = 0}
+-- false, or a step that could not be captured, which also says so once on stderr); and the
+-- speculative passes' drafts, kept or not
+decode.counters = {replayed = 0, eager = 0, captures = 0, failed_captures = 0, drafts = 0, drafts_kept = 0}
 
 local warned = {}
 local function warn_once(key, msg)
@@ -168,6 +169,11 @@ function Decoder:block_bytes()
     self:body()
     c.eager = c.eager + 1
   end
+  return self:rows()
+end
+
+-- the block's bytes read back: rows[slot] = the slot's K bytes
+function Decoder:rows()
   local cols = self.out:to("cpu"):totable()  -- [K][B]
   local rows = {}
   for slot = 1, self.B do
@@ -186,7 +192,169 @@ function Decoder:free()
   nn.release_copies(self.copies)
   segments.free(self.state)
   self.state = nil
-  for _, t in ipairs {self.x, self.prefix, self.seeds, self.counts, self.out} do t:free() end
+  for _, t in ipairs {self.x, self.prefix, self.seeds, self.counts, self.out, self.qlog} do t:free() end
+end
+
+--[[ Speculative decoding (opts.speculative; a model with a draft head, model.aux.draft > 0): each
+pass verifies a drafted byte. A slot holds its pending byte y (drawn, not yet passed through the
+model), a drafted byte d after it with the draft's logits, and the state before y. One pass of [y, d]
+gives the model's distribution p after y and p2 after d, and the states after y and after d
+(opts.state_at = 1). d is kept with probability min(1, p(d) / q(d)) (q the draft's distribution):
+then the next pending byte is drawn from p2 and the state is the one after d; else it is drawn from
+the rest, max(0, p - q) normalised, and the state is the one after y. So every pass emits y, and d
+too when it is kept, and the bytes come from the model's own distribution (Leviathan et al.'s
+speculative sampling, a draft of one byte); the draft of the next pass comes from the readout's
+input at the kept position and the new pending byte. Temperature 0 keeps d when it is the model's
+most likely byte, and then gives the greedy bytes. The nucleus is not truncated (top_p must be 1).
+Each pass takes four uniform numbers a slot (counts + 4k ...): a speculative run's text is not the
+plain one's for the same seed, only its distribution. ]]
+local Speculator = setmetatable({}, {__index = Decoder})
+Speculator.__index = Speculator
+
+function decode.speculative(model, B, opts)
+  opts = opts or {}
+  if not (model.draft_logits and model.draft_head) then
+    error("decode: speculative decoding needs a model with a draft head (models/dormouse.lua with " ..
+          "model.aux.draft > 0)", 0)
+  end
+  if (opts.top_p or 1) ~= 1 then
+    error("decode: speculative decoding samples the whole distribution: top_p must be 1, got " ..
+          tostring(opts.top_p), 0)
+  end
+  local self = decode.new(model, B, opts)
+  setmetatable(self, Speculator)
+  self.top_p = 1
+  self.x:free()
+  self.out:free()
+  self.x = keep_zeros({B, 3}, "u8", self.device)            -- the pending byte, the drafted one, a target slot
+  self.qlog = keep_zeros({B, 256}, "f32", self.device)      -- the draft's logits for the drafted byte
+  self.out = keep_zeros({self.K, 3, B}, "u8", self.device)  -- pass k: the pending bytes, the drafts, kept or not
+  return self
+end
+
+-- probabilities from logits [B, V] at the temperature: the softmax, or at 0 the first maximum's one-hot
+local function probs(logits, temperature)
+  if temperature > 0 then return (logits * (1 / temperature)):softmax(2) end
+  local V = logits:size(2)
+  local first = logits:argmax(2):reshape({logits:size(1), 1})            -- 1-based
+  local at = dm.arange(1, V + 1, {dtype = "i64", device = logits.device}):reshape({1, V})
+  return at:eq(first):to("f32")
+end
+
+-- byte draws of rows of logits [B, V] at slot counts + 4k + lane
+function Speculator:draw(logits, temperature, k, lane)
+  local out = dm.zeros({self.B}, {dtype = "u8", device = self.device})
+  core.sample_bytes(out, logits:to("f32"):contiguous(), self.seeds, self.counts, temperature, 1, 4 * k + lane)
+  return out
+end
+
+-- slot's stream: as Decoder:put, the newest byte already drawn. One plain pass of it (batch 1, not
+-- captured) gives the pending byte after it and that byte's draft, the slot's first pass's inputs.
+function Speculator:put(slot, state, bytes, seed, count)
+  local ctx, T = self.ctx, self.temperature
+  local buffers = self:state_buffers(state)
+  local m = #bytes
+  local function row(from, to)
+    local r = {}
+    for a = from, to do r[#r + 1] = a >= 1 and bytes[a] or 0 end
+    return r
+  end
+  dm.scope(function()
+    local x = dm.tensor({{bytes[m], 0}}, {dtype = "u8"}):to(self.device)
+    local prefix = dm.tensor({row(m - ctx, m - 1)}, {dtype = "u8"}):to(self.device)
+    if ctx == 0 then prefix = dm.zeros({1, 0}, {dtype = "u8", device = self.device}) end
+    local out = self.model:forward(x, prefix, {state = state, readout = "fin"})
+    local seeds = dm.tensor({seed}, {dtype = "i64"}):to(self.device)
+    local counts = dm.tensor({count}, {dtype = "i64"}):to(self.device)
+    local function draw(logits, offset)
+      local o = dm.zeros({1}, {dtype = "u8", device = self.device})
+      core.sample_bytes(o, logits:to("f32"):reshape({1, 256}):contiguous(), seeds, counts, T, 1, offset)
+      return o
+    end
+    local y = draw(out.fin_logits:narrow(2, 1, 1), 0)
+    local qlog = self.model:draft_logits(out.hbar:narrow(2, 1, 1):reshape({1, out.hbar:size(3)}), y)
+    local d = draw(qlog, 1)
+    segments.each(out.state, function(i, key, t) buffers[i][key]:narrow(1, slot, 1):copy_(t) end)
+    self.x:narrow(1, slot, 1):copy_(dm.cat({y:reshape({1, 1}), d:reshape({1, 1}),
+                                            dm.zeros({1, 1}, {dtype = "u8", device = self.device})}, 2))
+    if ctx > 0 then
+      local r = row(m - ctx + 1, m)                            -- the bytes before y: the prompt's last ctx
+      self.prefix:narrow(1, slot, 1):copy_(dm.tensor({r}, {dtype = "u8"}))
+    end
+    self.qlog:narrow(1, slot, 1):copy_(qlog:to("f32"))
+    self.seeds:narrow(1, slot, 1):copy_(seeds)
+    self.counts:narrow(1, slot, 1):copy_(counts + 2)
+  end)
+end
+
+-- cond [B] (u8) shaped to broadcast over a tensor of `dims` dimensions
+local function per_row(cond, dims)
+  local shape = {cond:size(1)}
+  for _ = 2, dims do shape[#shape + 1] = 1 end
+  return cond:reshape(shape)
+end
+
+-- One verify pass for every slot, block position k (0-based): pass k's pending bytes, drafts and
+-- verdicts into out[k]; the slots' next pending bytes, drafts, states and prefixes in place.
+function Speculator:one(k)
+  local B, ctx, T = self.B, self.ctx, self.temperature
+  dm.scope(function()
+    local out = self.model:forward(self.x, self.prefix, {state = self.state, state_at = 1, readout = "fin"})
+    local L = out.fin_logits:to("f32")
+    local p1 = L:narrow(2, 1, 1):reshape({B, 256})
+    local p2 = L:narrow(2, 2, 1):reshape({B, 256})
+    local y, d = self.x:narrow(2, 1, 1), self.x:narrow(2, 2, 1)         -- [B, 1]
+    local p, q = probs(p1, T), probs(self.qlog, T)
+    local at = d:to("i64") + 1
+    local keep_p = (p:gather(2, at) / q:gather(2, at)):clamp(0, 1)       -- [B, 1]
+    local verdict = self:draw(dm.cat({keep_p, 1 - keep_p}, 2):log(), 1, k, 0)   -- 0: kept
+    local kept = verdict:eq(0)                                            -- [B] u8
+    local after_d = self:draw(p2, T, k, 1)
+    local rest = self:draw((p - q):clamp(0, math.huge):log(), 1, k, 2)
+    local pending = dm.where(kept, after_d, rest)
+    segments.each(out.state, function(i, key, t)
+      local into, at_y = self.state[i][key], out.state_at[i][key]
+      into:copy_(dm.where(per_row(kept, t:dim()), t, at_y))
+    end)
+    local hbar = out.hbar
+    local h = dm.where(per_row(kept, 2), hbar:narrow(2, 2, 1):reshape({B, hbar:size(3)}),
+                       hbar:narrow(2, 1, 1):reshape({B, hbar:size(3)}))
+    local qlog = self.model:draft_logits(h, pending):to("f32")
+    local draft = self:draw(qlog, T, k, 3)
+    if ctx > 0 then                  -- the bytes before the next pending one: y's, and d's when kept
+      local seq = dm.cat({self.prefix, y, d}, 2)                          -- [B, ctx + 2]
+      self.prefix:copy_(dm.where(per_row(kept, 2), seq:narrow(2, 3, ctx), seq:narrow(2, 2, ctx)))
+    end
+    local rec = self.out:narrow(1, k + 1, 1):reshape({3, B})
+    rec:narrow(1, 1, 1):copy_(y:reshape({1, B}))
+    rec:narrow(1, 2, 1):copy_(d:reshape({1, B}))
+    rec:narrow(1, 3, 1):copy_(kept:reshape({1, B}))
+    self.x:narrow(2, 1, 1):copy_(pending:reshape({B, 1}))
+    self.x:narrow(2, 2, 1):copy_(draft:reshape({B, 1}))
+    self.qlog:copy_(qlog)
+  end)
+end
+
+function Speculator:body()
+  for k = 0, self.K - 1 do self:one(k) end
+  self.counts:add_(4 * self.K)
+end
+
+-- the block's bytes read back: rows[slot] = each pass's pending byte, and its draft when kept
+function Speculator:rows()
+  local rec = self.out:to("cpu"):totable()   -- [K][3][B]
+  local rows = {}
+  for slot = 1, self.B do
+    local r = {}
+    for k = 1, self.K do
+      r[#r + 1] = rec[k][1][slot]
+      if rec[k][3][slot] == 1 then r[#r + 1] = rec[k][2][slot] end
+    end
+    rows[slot] = r
+    decode.counters.drafts = decode.counters.drafts + self.K           -- (a slot stepping idle counts too)
+    decode.counters.drafts_kept = decode.counters.drafts_kept + (#r - self.K)
+  end
+  return rows
 end
 
 return decode

@@ -197,7 +197,9 @@ likely byte), top_p (0.95), seed (0), device, on_byte (called with each
 byte as a one-character string, for streaming), stream (true: the model's
 state carried from byte to byte, the same cost for every byte, the prompt
 in chunks of prompt_chunk bytes, 8,192; false: a full forward over the
-last `context` bytes, 256, for each). ]]
+last `context` bytes, 256, for each), block (bytes a decoder block), graph
+(false: no CUDA graph), speculative (true: a draft head's byte verified a
+pass, dormouse.decode; top_p then defaults to 1, the only value it takes). ]]
 -- a prompt's bytes as a list (an empty prompt: one newline)
 local function prompt_bytes(prompt)
   local bytes = {}
@@ -254,8 +256,9 @@ local function continuing(model, prompt, n, opts, temperature, top_p, each)
       end
       bytes[#bytes + 1] = b
       local made, err = pcall(function()
-        d = decode.new(model, 1, {device = opts.device, temperature = temperature, top_p = top_p,
-                                  block = opts.block, graph = opts.graph})
+        local make = opts.speculative and decode.speculative or decode.new
+      d = make(model, 1, {device = opts.device, temperature = temperature, top_p = top_p, block = opts.block,
+                          graph = opts.graph})
         d:put(1, state, bytes, seed, 1)
       end)
       free_state(state)                        -- the caller's since take_state, whatever happened
@@ -277,6 +280,7 @@ end
 function eval.sample(model, prompt, n, opts)
   opts = opts or {}
   local temperature, top_p = sampling(opts)
+  if opts.speculative and opts.top_p == nil then top_p = 1 end       -- speculation samples the whole distribution
   local out = {}
   continuing(model, prompt, n, opts, temperature, top_p, function(b)
     out[#out + 1] = string.char(b)
@@ -296,6 +300,7 @@ texts, in the prompts' order. ]]
 function eval.sample_streams(model, prompts, n, opts)
   opts = opts or {}
   local temperature, top_p = sampling(opts)
+  if opts.speculative and opts.top_p == nil then top_p = 1 end
   local width = math.min(opts.streams or #prompts, #prompts)
   local device, stop, seed = opts.device, opts.stop, opts.seed or 0
   local texts, slots, taken = {}, {}, 0
@@ -325,8 +330,9 @@ function eval.sample_streams(model, prompts, n, opts)
     return false
   end
   evaluating(model, function()
-    local d = decode.new(model, width, {device = device, temperature = temperature, top_p = top_p,
-                                        block = opts.block, graph = opts.graph})
+    local make = opts.speculative and decode.speculative or decode.new
+    local d = make(model, width, {device = device, temperature = temperature, top_p = top_p, block = opts.block,
+                                  graph = opts.graph})
     -- a free slot takes the next prompts until one of them outlives its first byte
     local function fill(slot)
       while taken < #prompts do

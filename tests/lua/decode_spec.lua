@@ -194,3 +194,78 @@ describe("the decoder (blocks of bytes over fixed buffers)", function()
     d:free()
   end)
 end)
+
+-- the chi-square quantile for df degrees of freedom at a tail of 1e-3 (Wilson and Hilferty)
+local function chi2_limit(df)
+  local z = 3.09                                                          -- the normal's 0.999 quantile
+  return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ^ 3
+end
+
+describe("speculative decoding (a draft head's byte verified a pass)", function()
+  local m, trained
+  setup(function()
+    local cfg = config.load("experiments/tiny.lua", {"model.aux.draft=0.1"})
+    dm.manual_seed(3)
+    m = train.build_model(cfg, ".")
+    local dir = helpers.tmpdir()
+    helpers.run_quiet(helpers.tiny({"steps=150", "eval.every=0", "checkpoint.every=150", "name=sp",
+                                    "model.aux.draft=0.1"}), {runs = dir})      -- its drafts: about half kept
+    trained = require("dormouse.probe").load(dir .. "/sp", ".")
+    os.execute("rm -rf '" .. dir .. "'")
+  end)
+
+  it("gives the greedy bytes, whatever the block, one stream or many", function()
+    local prompt = "In the beginning God"
+    local plain = eval.sample(trained, prompt, 50, {temperature = 0})
+    local before = decode.counters.drafts_kept
+    for _, K in ipairs {1, 3, 7} do
+      assert.are.equal(plain, eval.sample(trained, prompt, 50, {temperature = 0, speculative = true, block = K}),
+                       "block " .. K)
+    end
+    assert.is_true(decode.counters.drafts_kept - before > 20)          -- the kept drafts' path is taken
+    local prompts = {"In the", "And God said", "Amen"}
+    local texts = eval.sample_streams(trained, prompts, 30, {temperature = 0, speculative = true, block = 4})
+    for j, p in ipairs(prompts) do assert.are.equal(eval.sample(trained, p, 30, {temperature = 0}), texts[j]) end
+    assert.are.equal(eval.sample(m, prompt, 40, {temperature = 0}),    -- an untrained draft: rarely kept
+                     eval.sample(m, prompt, 40, {temperature = 0, speculative = true, block = 5}))
+  end)
+
+  it("samples the model's own distribution (a chi-square test against plain sampling, 1,200 streams)", function()
+    local N, prompt = 1200, "And the LORD said unto"
+    local prompts = {}
+    for j = 1, N do prompts[j] = prompt end
+    local function counts(opts)
+      local texts = eval.sample_streams(trained, prompts, 4, opts)
+      local c = {}
+      for _, t in ipairs(texts) do
+        for pos = 2, 4 do                        -- the bytes a verify pass decides (the first is the prompt's)
+          local key = pos .. ":" .. t:byte(pos)
+          c[key] = (c[key] or 0) + 1
+        end
+      end
+      return c
+    end
+    local plain = counts({temperature = 1, top_p = 1, seed = 1, streams = N})
+    local spec = counts({temperature = 1, seed = 100000, streams = N, speculative = true, block = 2})
+    local stat, df, other_a, other_b = 0, -1, 0, 0
+    local keys = {}
+    for key in pairs(plain) do keys[key] = true end
+    for key in pairs(spec) do keys[key] = true end
+    for key in pairs(keys) do
+      local a, b = plain[key] or 0, spec[key] or 0
+      if a + b >= 10 then stat, df = stat + (a - b) ^ 2 / (a + b), df + 1
+      else other_a, other_b = other_a + a, other_b + b end
+    end
+    if other_a + other_b > 0 then stat, df = stat + (other_a - other_b) ^ 2 / (other_a + other_b), df + 1 end
+    assert.is_true(df >= 5, "too few categories: " .. df)
+    assert.is_true(stat < chi2_limit(df), string.format("chi-square %.1f on %d degrees of freedom (limit %.1f)", stat,
+                                                        df, chi2_limit(df)))
+  end)
+
+  it("refuses a nucleus and a model without a draft head, by name", function()
+    helpers.has(helpers.err_of(decode.speculative, m, 1, {top_p = 0.9}), "top_p must be 1, got 0.9")
+    local plain = train.build_model(config.load("experiments/tiny.lua", {}), ".")
+    helpers.has(helpers.err_of(eval.sample, plain, "x", 4, {speculative = true}), "draft head")
+  end)
+end)
+
