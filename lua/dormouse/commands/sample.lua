@@ -1,7 +1,7 @@
 --[==[
 dormouse sample RUN [--prompt TEXT | --prompt-file FILE | --prompts FILE] [-n N] [--streams N]
                     [--stop TEXT] [--temperature T] [--top-p P] [--seed S] [--device cpu|cuda]
-                    [--full] [--trust]
+                    [--full] [--speculative] [--trust]
 
 Loads a checkpoint (runs/NAME for its latest, or runs/NAME/ckpt-STEP) and
 streams N bytes (default 200) after the prompt to stdout as they come: the
@@ -10,12 +10,17 @@ recurrent step that carries it, so every byte costs the same whatever came
 before. --full runs a full forward over the last 256 bytes for every byte
 instead (the slow way, for comparison). Bytes that are not printable UTF-8
 are written as \xNN. --temperature T (default 1; 0 takes the most likely
-byte), --top-p P (default 0.95), --seed S (default 0), --device (default
+byte), --top-p P (default 0.95; 1 with --speculative), --seed S (default 0), --device (default
 cpu). Without --prompt or --prompt-file the prompt is empty. On stderr
 at the end: the prompt's time (with the first byte) and the rate of
 generation over bytes 2-100, 101-1000, 1001-10000, ... (bytes/s). A run
 whose config names its model file by a path (not models/NAME) is opened only
 with --trust: that file is code, perhaps shipped with the checkpoint.
+--speculative drafts each next byte with the model's draft head
+(model.aux.draft) and verifies it in the same pass, keeping it when the
+model would have drawn it: the model's own distribution, more bytes a pass
+when the draft is good (the share kept on stderr at the end); it samples
+the whole distribution (--top-p 1, its default there).
 
 Many streams at once: --prompts FILE (one prompt a line; a .jsonl file holds
 one {"prompt": ...} a line) and --streams N (how many run in one batched
@@ -33,7 +38,7 @@ local eval = require "dormouse.eval"
 
 local usage = "usage: dormouse sample RUN [--prompt TEXT | --prompt-file FILE | --prompts FILE] [-n N] " ..
               "[--streams N] [--stop TEXT] [--temperature T] [--top-p P] [--seed S] [--device cpu|cuda] " ..
-              "[--full] [--trust]"
+              "[--full] [--speculative] [--trust]"
 
 local function number(text, flag, ok, what)
   local v = tonumber(text)
@@ -42,7 +47,7 @@ local function number(text, flag, ok, what)
 end
 
 local function parse(argv)
-  local args = {n = 200, temperature = 1, top_p = 0.95, seed = 0, device = "cpu"}
+  local args = {n = 200, temperature = 1, seed = 0, device = "cpu"}       -- top_p: eval's default (0.95; 1 speculative)
   local i = 2
   while i <= #argv do
     local a, value = argv[i], argv[i + 1]
@@ -75,6 +80,7 @@ local function parse(argv)
       end
       i = i + 2
     elseif a == "--full" then args.full = true; i = i + 1
+    elseif a == "--speculative" then args.speculative = true; i = i + 1
     elseif a == "--trust" then args.trust = true; i = i + 1
     elseif a == "--help" or a == "-h" then args.help = true; i = i + 1
     elseif a:sub(1, 1) == "-" then error("unknown option '" .. a .. "'", 0)
@@ -90,6 +96,7 @@ local function parse(argv)
   if args.full and (args.prompts or args.streams) then
     error("--full runs one stream a full forward a byte: not with --prompts or --streams", 0)
   end
+  if args.speculative and args.full then error("--speculative drafts on the streamed step: not with --full", 0) end
   return args
 end
 
@@ -132,12 +139,14 @@ local function rates(stamps)
 end
 
 -- "; blocks: 31 replayed from a CUDA graph, 1 run eagerly" (the decoder's counters; on a GPU, where
--- the graph is meant to run)
+-- the graph is meant to run), and the speculative drafts kept
 local function blocks(device)
   local c = require("dormouse.decode").counters
-  if device ~= "cuda" or c.replayed + c.eager == 0 then return "" end
-  return string.format("; blocks: %d replayed from a CUDA graph, %d run eagerly%s", c.replayed, c.eager,
-                       c.failed_captures > 0 and " (the step could not be captured)" or "")
+  local kept = c.drafts > 0 and string.format("; drafts kept: %d of %d (%.1f%%)", c.drafts_kept, c.drafts,
+                                                100 * c.drafts_kept / c.drafts) or ""
+  if device ~= "cuda" or c.replayed + c.eager == 0 then return kept end
+  return string.format("; blocks: %d replayed from a CUDA graph, %d run eagerly%s%s", c.replayed, c.eager,
+                       c.failed_captures > 0 and " (the step could not be captured)" or "", kept)
 end
 
 -- many streams: one JSON line a stream as it ends, the total rate on stderr
@@ -150,7 +159,7 @@ local function many(args, model, prompts)
   local total, t0 = 0, now()
   eval.sample_streams(model, prompts, args.n, {
     temperature = args.temperature, top_p = args.top_p, seed = args.seed, device = args.device,
-    streams = width, stop = args.stop,
+    streams = width, stop = args.stop, speculative = args.speculative,
     on_done = function(j, text)
       total = total + #text
       io.stdout:write(json.encode({stream = j, prompt = prompts[j], text = text}), "\n")
@@ -183,7 +192,7 @@ local function run(argv, cli)
     local stamps, t_start = {}, now()
     eval.sample(model, prompt, args.n, {
       temperature = args.temperature, top_p = args.top_p, seed = args.seed, device = args.device,
-      stream = not args.full,
+      stream = not args.full, speculative = args.speculative,
       on_byte = function(b)
         put(b)
         io.stdout:flush()
