@@ -62,7 +62,7 @@ end
 
 -- A file's XXH64 (16 hex digits) and size in bytes.
 function ckpt.checksum(path)
-  return core.ckpt_checksum(path)
+  return core.file_checksum(path)
 end
 
 ---------------------------------------------------------------------------------------------
@@ -207,7 +207,7 @@ local function join(dir, name) return dir .. "/" .. name end
 -- whether the folder lists the name (opening it could block: a FIFO)
 local function exists(path)
   local dir, name = path:match("^(.*)/([^/]+)$")
-  for _, n in ipairs(core.ckpt_listdir(dir or ".") or {}) do
+  for _, n in ipairs(core.listdir(dir or ".") or {}) do
     if n == (name or path) then return true end
   end
   return false
@@ -215,14 +215,14 @@ end
 
 -- a checkpoint folder and its files (through the C core: no shell, links not followed)
 local function remove_dir(dir)
-  local ok, err = pcall(core.ckpt_remove_tree, dir)
+  local ok, err = pcall(core.remove_tree, dir)
   if not ok then fail("ckpt: %s", tostring(err)) end
 end
 
 -- The complete checkpoints in run_dir, oldest first: {{step = n, path = ...}, ...}
 function ckpt.list(run_dir)
   local out = {}
-  for _, name in ipairs(core.ckpt_listdir(run_dir) or {}) do
+  for _, name in ipairs(core.listdir(run_dir) or {}) do
     local step = name:match("^ckpt%-(%d+)$")
     local path = join(run_dir, name)
     if step and exists(join(path, META)) then out[#out + 1] = {step = math.tointeger(tonumber(step)), path = path} end
@@ -265,17 +265,17 @@ end
 -- folder under a final name without its meta.lua (two writers once raced
 -- there; a save renames complete folders only) is no checkpoint and goes, said.
 local function recover(run_dir)
-  for _, name in ipairs(core.ckpt_listdir(run_dir) or {}) do
+  for _, name in ipairs(core.listdir(run_dir) or {}) do
     local path = join(run_dir, name)
     if name:match("^ckpt%-%d+%.tmp$") then remove_dir(path) end
-    if name:match("^ckpt%-%d+$") and core.ckpt_listdir(path) and not exists(join(path, META)) then
+    if name:match("^ckpt%-%d+$") and core.listdir(path) and not exists(join(path, META)) then
       remove_dir(path)
       io.stderr:write(string.format("ckpt: removed %s: an incomplete checkpoint (no %s) under a final name\n",
                                     path, META))
     end
     local final = name:match("^(ckpt%-%d+)%.old$")
     if final then
-      if core.ckpt_listdir(join(run_dir, final)) then remove_dir(path)
+      if core.listdir(join(run_dir, final)) then remove_dir(path)
       else os.rename(path, join(run_dir, final)) end
     end
   end
@@ -283,19 +283,19 @@ end
 
 -- the three files, into a fresh directory
 local function write_files(dir, step, tensors, parts)
-  core.ckpt_mkdirs(dir)
+  core.mkdirs(dir)
   local files = {}
   for i, file in ipairs(FILES) do
     local path = join(dir, file)
     core.ckpt_save_tensors(path, tensors[i], {producer = "dormouse " .. core.version, step = tostring(step)},
                            i == 1 and parts.model_as or nil)
-    local sum, size = core.ckpt_checksum(path)
+    local sum, size = core.file_checksum(path)
     files[file] = {size = size, xxh64 = sum}
   end
   local meta = meta_with(parts, step, files)
-  core.ckpt_write_file(join(dir, META), "return " .. ckpt.serialize(meta, "meta") .. "\n")
-  core.ckpt_write_file(join(dir, META_SUM), (core.ckpt_checksum(join(dir, META))) .. "\n")
-  core.ckpt_fsync_dir(dir)
+  core.write_file(join(dir, META), "return " .. ckpt.serialize(meta, "meta") .. "\n")
+  core.write_file(join(dir, META_SUM), (core.file_checksum(join(dir, META))) .. "\n")
+  core.fsync_dir(dir)
 end
 
 local function rename(from, to)
@@ -317,7 +317,7 @@ function ckpt.save(run_dir, step, parts, opts)
   end
   local tensors = {check_tensors("model", parts.model), check_tensors("optim", parts.optim)}
 
-  core.ckpt_mkdirs(run_dir)
+  core.mkdirs(run_dir)
   recover(run_dir)
   local final = join(run_dir, "ckpt-" .. step)
   local tmp, old = final .. ".tmp", final .. ".old"
@@ -326,11 +326,11 @@ function ckpt.save(run_dir, step, parts, opts)
     pcall(remove_dir, tmp)
     error(err, 0)
   end
-  local replacing = core.ckpt_listdir(final) ~= nil              -- saving a step again
+  local replacing = core.listdir(final) ~= nil              -- saving a step again
   if replacing then rename(final, old) end
   rename(tmp, final)
   if replacing then remove_dir(old) end
-  core.ckpt_fsync_dir(run_dir)
+  core.fsync_dir(run_dir)
   if keep then
     -- renamed first, so that a kill in the middle never leaves a partial checkpoint that looks complete
     -- (recover drops the .tmp left behind)
@@ -349,7 +349,7 @@ end
 -- meta.lua against its recorded checksum (refusing what is not a regular file before reading it)
 local warned_unsummed = false
 local function check_meta_sum(dir, meta_path)
-  local sum = core.ckpt_checksum(meta_path)
+  local sum = core.file_checksum(meta_path)
   local sum_path = join(dir, META_SUM)
   if not exists(sum_path) then
     if not warned_unsummed then        -- checkpoints of earlier versions: said once, then read as before
@@ -359,7 +359,7 @@ local function check_meta_sum(dir, meta_path)
     end
     return
   end
-  core.ckpt_checksum(sum_path)         -- a regular file too
+  core.file_checksum(sum_path)         -- a regular file too
   local want = read_file(sum_path):match("^(%x+)\n?$")
   if want ~= sum then
     fail("%s: corrupted: checksum mismatch (%s records xxh64 %s, the file has %s)", meta_path, META_SUM,
@@ -395,7 +395,7 @@ function ckpt.load(dir)
       fail("%s: corrupted: files[%q].size must be an integer, got %s %s", meta_path, file, type(want.size),
            tostring(want.size))
     end
-    local sum, size = core.ckpt_checksum(path)
+    local sum, size = core.file_checksum(path)
     if size ~= want.size then
       fail("%s: %s: meta.lua records %s bytes, the file has %d", path,
            size < (tonumber(want.size) or 0) and "truncated" or "wrong size", tostring(want.size), size)

@@ -117,7 +117,7 @@ end
 local function extra_names()
   local names = {}
   local dir = (cli.root or ".") .. "/lua/dormouse/commands"
-  for _, file in ipairs(require("dormouse.core").ckpt_listdir(dir) or {}) do
+  for _, file in ipairs(require("dormouse.core").listdir(dir) or {}) do
     local name = file:match("^([%w_]+)%.lua$")
     if name then names[#names + 1] = name end
   end
@@ -248,7 +248,7 @@ local function shard(argv)
         return nil, string.format("test: --shard takes K/N with 1 <= K <= N, got '%s'", tostring(argv[i + 1]))
       end
       local files = {}
-      local names, why = core.ckpt_listdir("tests/lua")
+      local names, why = core.listdir("tests/lua")
       if not names then
         return nil, "test: --shard lists tests/lua from the repository root, which is not here (" .. tostring(why) .. ")"
       end

@@ -390,9 +390,9 @@ function data.default_corpus(opts)
     fail("data.default_corpus: `%s %s` printed %d bytes that are not the King James Bible " ..
          "(is the Debian package bible-kjv-text installed?)", program, BIBLE_RANGE, #text)
   end
-  local made, why = pcall(core.ckpt_mkdirs, dir)
+  local made, why = pcall(core.mkdirs, dir)
   if not made then fail("data.default_corpus: cannot create the cache folder '%s': %s", dir, tostring(why)) end
-  local written, werr = pcall(core.ckpt_write_file, path, text)   -- a temporary name, then renamed
+  local written, werr = pcall(core.write_file, path, text)   -- a temporary name, then renamed
   if not written then fail("data.default_corpus: cannot write '%s': %s", path, tostring(werr)) end
   return path
 end

@@ -35,7 +35,7 @@ end
 local function resolve_dir(path)
   local latest = dm.ckpt.latest(path)
   if latest then return latest end
-  for _, name in ipairs(core.ckpt_listdir(path) or {}) do       -- (opening meta.lua could block: a FIFO)
+  for _, name in ipairs(core.listdir(path) or {}) do       -- (opening meta.lua could block: a FIFO)
     if name == "meta.lua" then return path end
   end
   error(path .. " holds no checkpoint (expected runs/NAME or runs/NAME/ckpt-STEP)", 0)

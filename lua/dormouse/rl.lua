@@ -84,7 +84,7 @@ function rl.keep_log(path, upto)
     end
     f:close()
   end
-  require("dormouse.core").ckpt_write_file(path, table.concat(kept))
+  require("dormouse.core").write_file(path, table.concat(kept))
 end
 
 -- the step's tasks: rl.tasks of the training records, drawn from (seed, step)

@@ -147,7 +147,7 @@ function sandbox.available()
   local r = core.run_limited(bwrap_argv(bwrap, dir, DEFAULTS.disk, {"/usr/bin/env", "true"}),
                              {seconds = 10, output = 4096, uid = SANDBOX_UID, info_fd = 3, memory = DEFAULTS.memory,
                               processes = DEFAULTS.processes, file_size = DEFAULTS.disk})   -- run's limits
-  core.ckpt_remove_tree(dir)
+  core.remove_tree(dir)
   wait_first(r)
   if r.status ~= 0 then
     checked = {false, "bubblewrap cannot make its sandbox here: " .. (last_line(r.stderr, 300) or
@@ -177,7 +177,7 @@ function sandbox.run(opts)
       seconds = o.seconds, output = o.output, memory = o.memory, processes = o.processes,
       file_size = o.disk, uid = SANDBOX_UID, info_fd = 3})
   end)
-  core.ckpt_remove_tree(dir)
+  core.remove_tree(dir)
   if not done then error(r, 0) end
   wait_first(r)
   r.reason = reason_of(r, o)

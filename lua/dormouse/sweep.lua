@@ -228,7 +228,7 @@ local function train_one(spec, cfg, dir, arm, seed)
                             root = spec.root, runs = spec.runs})
   local r = result_of(s)
   local core = require "dormouse.core"
-  core.ckpt_write_file(result_path(dir, arm, seed) .. ".json", json.encode(r) .. "\n")
+  core.write_file(result_path(dir, arm, seed) .. ".json", json.encode(r) .. "\n")
   return r
 end
 
@@ -360,7 +360,7 @@ function sweep.run(spec)
     end
   end
   local core = require "dormouse.core"
-  core.ckpt_mkdirs(dir)
+  core.mkdirs(dir)
   if spec.only then                                      -- one run, a job of a sweep with jobs > 1
     local arm, seed = spec.only:match("^(.+):(%d+)$")
     local i
@@ -410,8 +410,8 @@ function sweep.run(spec)
     text = text .. string.format("\n(%d runs at once shared the device: tok/s is each run's share of it)", jobs)
   end
   say(text)
-  core.ckpt_write_file(dir .. "/verdict.txt", text .. "\n")
-  core.ckpt_write_file(dir .. "/verdict.json", json.encode({arms = results, seeds = spec.seeds}) .. "\n")
+  core.write_file(dir .. "/verdict.txt", text .. "\n")
+  core.write_file(dir .. "/verdict.json", json.encode({arms = results, seeds = spec.seeds}) .. "\n")
   return results, dir
 end
 

@@ -85,7 +85,7 @@ local Writer = {}
 Writer.__index = Writer
 
 function tensorboard.open(dir, wall_time)
-  core.ckpt_mkdirs(dir)
+  core.mkdirs(dir)
   wall_time = wall_time or os.time()
   local path = string.format("%s/events.out.tfevents.%d.dormouse", dir, math.floor(wall_time))
   local f, err = io.open(path, "wb")
@@ -136,7 +136,7 @@ end
 -- metrics hold and nothing after): the new file is written, then the old ones go.
 function tensorboard.rewrite(dir, records, wall_time)
   local old = {}
-  for _, name in ipairs(core.ckpt_listdir(dir) or {}) do
+  for _, name in ipairs(core.listdir(dir) or {}) do
     if name:find("tfevents", 1, true) then old[#old + 1] = dir .. "/" .. name end
   end
   local w = tensorboard.open(dir, wall_time)

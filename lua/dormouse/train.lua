@@ -47,11 +47,11 @@ function train.compute_dtype(cfg, device) return device == "cpu" and "f32" or cf
 local NOWHERE = {write = function(f) return f end, flush = function() end, close = function() end}
 
 local function mkdir(path)
-  core.ckpt_mkdirs(path)
+  core.mkdirs(path)
 end
 
 local function write_atomic(path, text)
-  core.ckpt_write_file(path, text)
+  core.write_file(path, text)
 end
 
 -- The model file: models/ARCH.lua returns a function from the model table to a module, or
@@ -62,7 +62,7 @@ function train.build_model(cfg, root)
   local chunk, err = config.loadfile(path)
   if not chunk then
     local models, near, best = {}, nil, nil
-    for _, f in ipairs(core.ckpt_listdir(root .. "/models") or {}) do
+    for _, f in ipairs(core.listdir(root .. "/models") or {}) do
       local name = f:match("^(.+)%.lua$")
       if name then
         models[#models + 1] = name
@@ -222,7 +222,7 @@ function Run:save_checkpoint()
   }, {keep = self.cfg.checkpoint.keep > 0 and self.cfg.checkpoint.keep or nil})
   self:say("checkpoint " .. path)
   if self.replaced then                   -- the run this one overwrote: gone once this one has a checkpoint
-    core.ckpt_remove_tree(self.replaced)
+    core.remove_tree(self.replaced)
     self:say("removed the overwritten run (" .. self.replaced .. ")")
     self.replaced = nil
   end
@@ -248,11 +248,11 @@ end
 function Run:open_dir(opts)
   if self.follower then self.log_file = NOWHERE; return end
   local aside = replaced_path(self.dir)
-  if core.ckpt_listdir(aside) then
+  if core.listdir(aside) then
     error(string.format("%s holds a run that an --overwrite set aside and did not finish replacing: " ..
                         "move it back to %s or remove it, then run again", aside, self.dir), 0)
   end
-  if opts.overwrite and not self.in_place and core.ckpt_listdir(self.dir) then
+  if opts.overwrite and not self.in_place and core.listdir(self.dir) then
     local ok, err = os.rename(self.dir, aside)
     if not ok then error(string.format("--overwrite: cannot move %s aside: %s", self.dir, err), 0) end
     self.replaced = aside
@@ -269,7 +269,7 @@ end
 -- deleted (ckpt-STEP.aside, or .aside-2, ...: no longer checkpoints to resume or prune), and said.
 function Run:set_later_aside()
   local moved, taken = {}, {}
-  for _, name in ipairs(core.ckpt_listdir(self.dir) or {}) do taken[name] = true end
+  for _, name in ipairs(core.listdir(self.dir) or {}) do taken[name] = true end
   for _, c in ipairs(dm.ckpt.list(self.dir)) do
     if c.step > self.step then
       local base = c.path:match("[^/]+$")
@@ -294,7 +294,7 @@ function Run:undo_dir()
   if self.metrics_file then pcall(self.metrics_file.close, self.metrics_file); self.metrics_file = nil end
   if self.tensorboard then self.tensorboard:close(); self.tensorboard = nil end
   if self.replaced then
-    core.ckpt_remove_tree(self.dir)
+    core.remove_tree(self.dir)
     os.rename(self.replaced, self.dir)
     self.replaced = nil
   end

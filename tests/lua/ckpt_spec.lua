@@ -8,7 +8,7 @@ local tmpdir = require("tests.lua.helpers").tmpdir
 local function rm_rf(path) os.execute("rm -rf '" .. path .. "'") end
 
 local function listdir(path)
-  local names = core.ckpt_listdir(path) or {}
+  local names = core.listdir(path) or {}
   table.sort(names)
   return names
 end
@@ -289,7 +289,7 @@ describe("checkpoint directories", function()
     assert.are.equal("integer", math.type(got.meta.data.position))
     local sum, size = ckpt.checksum(dir .. "/model.safetensors")
     assert.are.same({xxh64 = sum, size = size}, got.meta.files["model.safetensors"])
-    assert.are.equal(core.ckpt_xxh64(read(dir .. "/model.safetensors")), sum)
+    assert.are.equal(core.xxh64(read(dir .. "/model.safetensors")), sum)
     assert.is_truthy(read(dir .. "/meta.lua"):match("^return {"))
   end)
 
@@ -298,24 +298,24 @@ describe("checkpoint directories", function()
     ckpt.save(run, 5, parts(5))
     ckpt.save(run, 40, parts(40))
     ckpt.save(run, 9, parts(9))
-    core.ckpt_mkdirs(run .. "/ckpt-100.tmp")                    -- an interrupted save
-    core.ckpt_mkdirs(run .. "/ckpt-200")                        -- no meta.lua: not complete
-    core.ckpt_mkdirs(run .. "/other-300")
+    core.mkdirs(run .. "/ckpt-100.tmp")                    -- an interrupted save
+    core.mkdirs(run .. "/ckpt-200")                        -- no meta.lua: not complete
+    core.mkdirs(run .. "/other-300")
     local path, step = ckpt.latest(run)
     assert.are.equal(run .. "/ckpt-40", path)
     assert.are.equal(40, step)
     assert.are.equal(40, ckpt.load(path).meta.step)
     ckpt.save(run, 41, parts(41))                               -- clears the stale temporary
-    assert.is_nil(core.ckpt_listdir(run .. "/ckpt-100.tmp"))
+    assert.is_nil(core.listdir(run .. "/ckpt-100.tmp"))
   end)
 
   it("recovers from a save interrupted while replacing a step", function()
     ckpt.save(run, 5, parts(5))
     ckpt.save(run, 7, parts(7))
     os.rename(run .. "/ckpt-5", run .. "/ckpt-5.old")           -- moved aside, replacement unfinished
-    core.ckpt_mkdirs(run .. "/ckpt-5.tmp")
+    core.mkdirs(run .. "/ckpt-5.tmp")
     ckpt.save(run, 7, parts(7))                                  -- ckpt-7 exists: its .old would go
-    core.ckpt_mkdirs(run .. "/ckpt-7.old")
+    core.mkdirs(run .. "/ckpt-7.old")
     ckpt.save(run, 8, parts(8))
     assert.are.same({"ckpt-5", "ckpt-7", "ckpt-8"}, listdir(run))
     assert.are.equal(5, ckpt.load(run .. "/ckpt-5").meta.step)

@@ -347,7 +347,7 @@ describe("every command's help", function()
 
   it("is shown by COMMAND --help and by dormouse help COMMAND, with its flags, exit 0", function()
     local names = {"run", "repl", "test", "version", "help"}
-    for _, file in ipairs(require("dormouse.core").ckpt_listdir("lua/dormouse/commands")) do
+    for _, file in ipairs(require("dormouse.core").listdir("lua/dormouse/commands")) do
       local name = file:match("^([%w_]+)%.lua$")
       names[#names + 1] = name and (name:gsub("_", "-"))          -- post-train is commands/post_train.lua
     end

@@ -76,7 +76,7 @@ describe("config schema", function()
     local core = require "dormouse.core"
     local texts = {}
     local function walk(dir)
-      for _, name in ipairs(assert(core.ckpt_listdir(dir))) do
+      for _, name in ipairs(assert(core.listdir(dir))) do
         local path = dir .. "/" .. name
         if name:match("%.lua$") then
           if not path:match("schema%.lua$") then

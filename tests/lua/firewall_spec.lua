@@ -29,7 +29,7 @@ describe("the NaN firewall", function()
     local runs = tmpdir()
     has(err_of(run_poisoned, tiny {"name=one", "log.every=4", "checkpoint.every=0"}, {runs = runs}),
         "NaN firewall", "4 of the 4 steps of the final log window", "without a checkpoint")
-    assert.is_nil(core.ckpt_listdir(runs .. "/one/ckpt-4"))
+    assert.is_nil(core.listdir(runs .. "/one/ckpt-4"))
   end)
 
   it("logs an all-skipped window's loss as missing, never 0", function()
@@ -58,8 +58,8 @@ describe("the NaN firewall", function()
     assert.is_false(ok)
     has(tostring(err), "NaN firewall: the parameter 'head.weight' holds non-finite values", "after step 2",
         "no checkpoint of that state was written", "The newest checkpoint, " .. runs .. "/w/ckpt-1, passed")
-    assert.is_nil(core.ckpt_listdir(runs .. "/w/ckpt-2"))
-    assert.is_truthy(core.ckpt_listdir(runs .. "/w/ckpt-1"))
+    assert.is_nil(core.listdir(runs .. "/w/ckpt-2"))
+    assert.is_truthy(core.listdir(runs .. "/w/ckpt-1"))
   end)
 
   it("refuses to resume from a checkpoint whose weights or optimiser state are not finite, naming the tensor",
@@ -127,7 +127,7 @@ describe("the NaN firewall", function()
     train.setup = setup
     assert.is_true(ok, tostring(err))
     for step = 1, 7 do
-      local kept = core.ckpt_listdir(runs .. "/d/ckpt-" .. step) ~= nil
+      local kept = core.listdir(runs .. "/d/ckpt-" .. step) ~= nil
       assert.equal(step ~= 5, kept, "ckpt-" .. step)
     end
     has(read(runs .. "/d/log.txt"), "checkpoint of step 5 deferred: the NaN firewall skipped that step")

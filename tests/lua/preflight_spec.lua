@@ -44,7 +44,7 @@ describe("pre-flight", function()
     local ok, err = pcall(helpers.run_quiet, helpers.tiny({"name=" .. name, "steps=4", "schedule.warmup=1"}), {runs = runs})
     core[probe] = real
     assert.is_false(ok)
-    assert.is_nil(core.ckpt_listdir(runs .. "/" .. name))
+    assert.is_nil(core.listdir(runs .. "/" .. name))
     return tostring(err)
   end
 

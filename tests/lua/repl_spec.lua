@@ -178,7 +178,7 @@ describe("dormouse repl on a checkpoint", function()
     local meta = helpers.read(ckpt .. "/meta.lua"):gsub('arch = "dormouse"', 'arch = "' .. payload .. '"')
     f = assert(io.open(ckpt .. "/meta.lua", "w")); f:write(meta); f:close()
     local core = require "dormouse.core"
-    core.ckpt_write_file(ckpt .. "/meta.xxh64", (core.ckpt_checksum(ckpt .. "/meta.lua")) .. "\n")   -- re-summed
+    core.write_file(ckpt .. "/meta.xxh64", (core.file_checksum(ckpt .. "/meta.lua")) .. "\n")   -- re-summed
     local code, _, err = repl({"print(1)"}, "'" .. runs .. "/evil'")
     assert.equal(1, code)
     has(err, "model.arch names a model file by its path", payload, "--trust")

@@ -15,9 +15,9 @@ end
 -- every path below dir with its bytes (folders as "dir"), to compare a tree before and after
 local function snapshot(dir, out, prefix)
   out, prefix = out or {}, prefix or ""
-  for _, name in ipairs(core.ckpt_listdir(dir) or {}) do
+  for _, name in ipairs(core.listdir(dir) or {}) do
     local path = dir .. "/" .. name
-    if core.ckpt_listdir(path) then
+    if core.listdir(path) then
       out[prefix .. name] = "dir"
       snapshot(path, out, prefix .. name .. "/")
     else
@@ -41,10 +41,10 @@ describe("a run name", function()
   it("is refused by train.run before anything is written, and no command runs", function()
     local root = tmpdir()
     local runs = root .. "/runs"
-    core.ckpt_mkdirs(runs .. "/keep")
-    core.ckpt_write_file(runs .. "/keep/file", "data")
-    core.ckpt_mkdirs(root .. "/victim")
-    core.ckpt_write_file(root .. "/victim/file", "data")
+    core.mkdirs(runs .. "/keep")
+    core.write_file(runs .. "/keep/file", "data")
+    core.mkdirs(root .. "/victim")
+    core.write_file(root .. "/victim/file", "data")
     local before = snapshot(root)
     for _, name in ipairs(bad) do
       local cfg = tiny()
@@ -60,10 +60,10 @@ describe("--overwrite", function()
   it("moves the old run aside and removes it once the new run has written its first checkpoint", function()
     local runs = tmpdir()
     run_quiet(tiny {"name=o", "steps=2"}, {runs = runs})
-    core.ckpt_write_file(runs .. "/o/old-only", "x")
+    core.write_file(runs .. "/o/old-only", "x")
     run_quiet(tiny {"name=o"}, {runs = runs, overwrite = true})
     assert.is_nil(read(runs .. "/o/old-only"))
-    assert.is_nil(core.ckpt_listdir(runs .. "/.o.replaced"))
+    assert.is_nil(core.listdir(runs .. "/.o.replaced"))
     assert.is_truthy(read(runs .. "/o/ckpt-4/meta.lua"))
     has(read(runs .. "/o/log.txt"), "removed the overwritten run")
   end)
@@ -83,9 +83,9 @@ describe("--overwrite", function()
 
   it("refuses while an earlier overwrite's set-aside run is still there, saying what to do", function()
     local runs = tmpdir()
-    core.ckpt_mkdirs(runs .. "/.s.replaced")
+    core.mkdirs(runs .. "/.s.replaced")
     has(err_of(run_quiet, tiny {"name=s"}, {runs = runs, overwrite = true}), ".s.replaced", "move it back")
-    assert.is_nil(core.ckpt_listdir(runs .. "/s"))
+    assert.is_nil(core.listdir(runs .. "/s"))
   end)
 end)
 
@@ -99,20 +99,20 @@ describe("a refused resume", function()
   end)
 end)
 
-describe("core.ckpt_remove_tree", function()
+describe("core.remove_tree", function()
   it("removes a folder and what is below it, links as links, never what they point to", function()
     local root = tmpdir()
-    core.ckpt_mkdirs(root .. "/outside")
-    core.ckpt_write_file(root .. "/outside/precious", "keep me")
-    core.ckpt_mkdirs(root .. "/doomed/deep/er")
-    core.ckpt_write_file(root .. "/doomed/deep/er/f", "x")
+    core.mkdirs(root .. "/outside")
+    core.write_file(root .. "/outside/precious", "keep me")
+    core.mkdirs(root .. "/doomed/deep/er")
+    core.write_file(root .. "/doomed/deep/er/f", "x")
     assert.is_truthy(os.execute("ln -s ../outside '" .. root .. "/doomed/link'"))
-    core.ckpt_remove_tree(root .. "/doomed")
-    assert.is_nil(core.ckpt_listdir(root .. "/doomed"))
+    core.remove_tree(root .. "/doomed")
+    assert.is_nil(core.listdir(root .. "/doomed"))
     assert.equal("keep me", read(root .. "/outside/precious"))
-    core.ckpt_remove_tree(root .. "/doomed")                         -- nothing there: nothing to do
+    core.remove_tree(root .. "/doomed")                         -- nothing there: nothing to do
     for _, p in ipairs {"", ".", "..", root .. "/.."} do
-      has(err_of(core.ckpt_remove_tree, p), "refusing to remove")
+      has(err_of(core.remove_tree, p), "refusing to remove")
     end
   end)
 end)
@@ -125,13 +125,13 @@ describe("pruning old checkpoints", function()
     assert.equal(1, #list)
     assert.equal(4, list[1].step)
     -- what a kill in the middle of a prune leaves: a renamed checkpoint with some of its files
-    core.ckpt_mkdirs(runs .. "/p/ckpt-2.tmp")
-    core.ckpt_write_file(runs .. "/p/ckpt-2.tmp/meta.lua", "return {}")
+    core.mkdirs(runs .. "/p/ckpt-2.tmp")
+    core.write_file(runs .. "/p/ckpt-2.tmp/meta.lua", "return {}")
     assert.equal(1, #dm.ckpt.list(runs .. "/p"))
     local c = dm.ckpt.load(list[1].path)
     c.meta.step = 6
     dm.ckpt.save(runs .. "/p", 6, {model = c.model, optim = c.optim, meta = c.meta}, {keep = 1})
-    assert.is_nil(core.ckpt_listdir(runs .. "/p/ckpt-2.tmp"))
+    assert.is_nil(core.listdir(runs .. "/p/ckpt-2.tmp"))
   end)
 
   it("that cannot be written says which file and why, not a traceback (a read-only folder once showed one)",
@@ -145,13 +145,13 @@ describe("pruning old checkpoints", function()
     local runs = tmpdir()
     run_quiet(tiny {"name=i", "steps=2"}, {runs = runs})
     local c = dm.ckpt.load(runs .. "/i/ckpt-2")
-    core.ckpt_mkdirs(runs .. "/i/ckpt-212")
-    core.ckpt_write_file(runs .. "/i/ckpt-212/model.safetensors", "partial")
+    core.mkdirs(runs .. "/i/ckpt-212")
+    core.write_file(runs .. "/i/ckpt-212/model.safetensors", "partial")
     assert.same({2}, {dm.ckpt.list(runs .. "/i")[1].step})
     c.meta.step = 4
     dm.ckpt.save(runs .. "/i", 4, {model = c.model, optim = c.optim, meta = c.meta})
-    assert.is_nil(core.ckpt_listdir(runs .. "/i/ckpt-212"))
-    assert.is_truthy(core.ckpt_listdir(runs .. "/i/ckpt-2"))
+    assert.is_nil(core.listdir(runs .. "/i/ckpt-212"))
+    assert.is_truthy(core.listdir(runs .. "/i/ckpt-2"))
   end)
 
   it("stopped half-way through deleting an old checkpoint, leaves it uncounted", function()
@@ -159,7 +159,7 @@ describe("pruning old checkpoints", function()
     run_quiet(tiny {"name=h", "steps=2"}, {runs = runs})
     local c = dm.ckpt.load(runs .. "/h/ckpt-2")
     -- the deletion dies after its first file, wherever it starts (a kill, simulated)
-    local remove, remove_tree = os.remove, core.ckpt_remove_tree
+    local remove, remove_tree = os.remove, core.remove_tree
     local function dies(path)
       if tostring(path):find("ckpt%-2") then
         for _, f in ipairs {"optim.safetensors", "model.safetensors"} do remove(path .. "/" .. f) end
@@ -168,10 +168,10 @@ describe("pruning old checkpoints", function()
       end
       return remove(path)
     end
-    os.remove, core.ckpt_remove_tree = dies, dies
+    os.remove, core.remove_tree = dies, dies
     c.meta.step = 4
     local ok = pcall(dm.ckpt.save, runs .. "/h", 4, {model = c.model, optim = c.optim, meta = c.meta}, {keep = 1})
-    os.remove, core.ckpt_remove_tree = remove, remove_tree
+    os.remove, core.remove_tree = remove, remove_tree
     assert.is_false(ok)
     local steps = {}
     for _, e in ipairs(dm.ckpt.list(runs .. "/h")) do steps[#steps + 1] = e.step end
@@ -227,7 +227,7 @@ describe("a resume", function()
     local text, n = read(dir .. "/meta.lua"):gsub("step = 2,", "step = 999999999,")
     assert.equal(1, n)
     local f = assert(io.open(dir .. "/meta.lua", "wb")); f:write(text); f:close()
-    f = assert(io.open(dir .. "/meta.xxh64", "wb")); f:write(core.ckpt_checksum(dir .. "/meta.lua"), "\n"); f:close()
+    f = assert(io.open(dir .. "/meta.xxh64", "wb")); f:write(core.file_checksum(dir .. "/meta.lua"), "\n"); f:close()
     has(resume(runs, "st"), "ckpt-2/meta.lua: step 999999999, but the folder is ckpt-2")
   end)
 
@@ -251,7 +251,7 @@ describe("a resume", function()
     assert.same({"2", "4", "6"}, steps)              -- the log lines of steps 2, 4, 6, once each
     -- again from ckpt-2: the names taken are kept, the next is .aside-2
     run_quiet(tiny {"name=c", "steps=6"}, {runs = runs, resume = dir .. "/ckpt-2"})
-    assert.is_truthy(core.ckpt_listdir(dir .. "/ckpt-6.aside-2"))
+    assert.is_truthy(core.listdir(dir .. "/ckpt-6.aside-2"))
     has(err_of(run_quiet, tiny {"name=c", "steps=6"}, {runs = runs, resume = dir .. "/ckpt-3"}),
         "cannot resume " .. dir .. "/ckpt-3: it is not a complete checkpoint of " .. dir,
         "(its checkpoints: ckpt-2, ckpt-4, ckpt-6)")
@@ -270,7 +270,7 @@ describe("a resume", function()
     local runs = tmpdir()
     run_quiet(tiny {"name=sp", "steps=2"}, {runs = runs})
     run_quiet(tiny {"name=sp", "steps=4"}, {runs = runs, resume = runs .. "/./sp"})
-    assert.is_truthy(core.ckpt_listdir(runs .. "/sp/ckpt-4"))
+    assert.is_truthy(core.listdir(runs .. "/sp/ckpt-4"))
   end)
 
   it("under another name (--set name=) continues into a new folder, the old one untouched", function()
@@ -280,8 +280,8 @@ describe("a resume", function()
     run_quiet(tiny {"name=b", "steps=6"}, {runs = runs, resume = runs .. "/a/ckpt-2"})
     assert.same(before, snapshot(runs .. "/a"))
     has(read(runs .. "/b/log.txt"), "resumed from " .. runs .. "/a/ckpt-2 at step 2")
-    assert.is_truthy(core.ckpt_listdir(runs .. "/b/ckpt-6"))
-    assert.is_nil(core.ckpt_listdir(runs .. "/b/ckpt-2"))
+    assert.is_truthy(core.listdir(runs .. "/b/ckpt-6"))
+    assert.is_nil(core.listdir(runs .. "/b/ckpt-2"))
     has(read(runs .. "/b/metrics.jsonl"), '"step":2', '"step":6')
     -- a folder that holds checkpoints is not continued into without --overwrite
     has(err_of(run_quiet, tiny {"name=b", "steps=6"}, {runs = runs, resume = runs .. "/a"}),

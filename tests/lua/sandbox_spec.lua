@@ -46,7 +46,7 @@ end)
 -- the processes whose command line holds marker (read from /proc)
 local function processes_with(marker)
   local n = 0
-  for _, pid in ipairs(core.ckpt_listdir("/proc")) do
+  for _, pid in ipairs(core.listdir("/proc")) do
     if pid:match("^%d+$") then
       local f = io.open("/proc/" .. pid .. "/cmdline", "rb")
       local cmd = f and f:read("a") or ""

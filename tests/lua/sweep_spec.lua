@@ -177,7 +177,7 @@ describe("the sweep files in experiments/", function()
   it("resolve for every arm and seed", function()
     local core = require "dormouse.core"
     local checked = 0
-    for _, file in ipairs(core.ckpt_listdir("experiments")) do
+    for _, file in ipairs(core.listdir("experiments")) do
       local path = "experiments/" .. file
       local spec = file:match("%.lua$") and dofile(path)
       if type(spec) == "table" and rawget(spec, "arms") and rawget(spec, "base") then

@@ -75,7 +75,7 @@ end
 
 local function tb_files(dir)
   local out = {}
-  for _, name in ipairs(require("dormouse.core").ckpt_listdir(dir) or {}) do
+  for _, name in ipairs(require("dormouse.core").listdir(dir) or {}) do
     if name:find("tfevents", 1, true) then out[#out + 1] = dir .. "/" .. name end
   end
   return out

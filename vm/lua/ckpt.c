@@ -1,6 +1,8 @@
 /*
-** vm/lua/ckpt.c — checkpoint I/O for Lua: safetensors files, checksums, and the
-** few filesystem calls that lua/dormouse/ckpt.lua needs and Lua lacks.
+** vm/lua/ckpt.c — checkpoint I/O for Lua: safetensors files (core.ckpt_save_tensors,
+** ckpt_load_tensors), and the few file calls that the library needs and Lua lacks,
+** named for what they do (core.file_checksum, xxh64, write_file, mkdirs, fsync_dir,
+** listdir, remove_tree, file_kind, read_fifo, write_output).
 ** Errors go through dm_error, so they point at the user's line rather than
 ** at the library's wrapper.
 */
@@ -130,7 +132,7 @@ static void push_hex64(lua_State *L, uint64_t h) {
   lua_pushstring(L, buf);
 }
 
-/* core.ckpt_checksum(path) → the file's XXH64 as 16 hex digits, its size in bytes */
+/* core.file_checksum(path) → the file's XXH64 as 16 hex digits, its size in bytes */
 static int c_checksum(lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
   DM_ENTER(L);
@@ -140,7 +142,7 @@ static int c_checksum(lua_State *L) {
   return 2;
 }
 
-/* core.ckpt_xxh64(string [, seed]) → 16 hex digits */
+/* core.xxh64(string [, seed]) → 16 hex digits */
 static int c_xxh64(lua_State *L) {
   size_t n;
   const char *s = luaL_checklstring(L, 1, &n);
@@ -158,7 +160,7 @@ static int write_with(lua_State *L, void (*writer)(const char *, const void *, s
   return 0;
 }
 
-/* core.ckpt_write_file(path, text): written to path.tmp, fsynced, renamed */
+/* core.write_file(path, text): written to path.tmp, fsynced, renamed */
 static int c_write_file(lua_State *L) { return write_with(L, dm_write_file_atomic); }
 
 /* core.write_output(path, text): a file a user named for output (dm_write_output: "-" is stdout) */
@@ -229,7 +231,7 @@ static int c_fsync_dir(lua_State *L) {
   return 0;
 }
 
-/* core.ckpt_listdir(path) → the entry names (without . and .., unsorted), or nil, message */
+/* core.listdir(path) → the entry names (without . and .., unsorted), or nil, message */
 static int c_listdir(lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
   lua_newtable(L);                     /* made before opendir: nothing can raise while it is open */
@@ -251,10 +253,10 @@ static int c_listdir(lua_State *L) {
 
 static const luaL_Reg funcs[] = {
   {"ckpt_save_tensors", c_save_tensors}, {"ckpt_load_tensors", c_load_tensors},
-  {"ckpt_checksum", c_checksum}, {"ckpt_xxh64", c_xxh64}, {"ckpt_write_file", c_write_file},
+  {"file_checksum", c_checksum}, {"xxh64", c_xxh64}, {"write_file", c_write_file},
   {"write_output", c_write_output}, {"file_kind", c_file_kind}, {"read_fifo", c_read_fifo},
-  {"ckpt_mkdirs", c_mkdirs}, {"ckpt_fsync_dir", c_fsync_dir}, {"ckpt_listdir", c_listdir},
-  {"ckpt_remove_tree", c_remove_tree},
+  {"mkdirs", c_mkdirs}, {"fsync_dir", c_fsync_dir}, {"listdir", c_listdir},
+  {"remove_tree", c_remove_tree},
   {NULL, NULL}
 };
 DM_LUA_FUNCS(funcs)

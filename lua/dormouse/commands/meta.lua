@@ -28,7 +28,7 @@ end
 
 local function body(args)
   local dir = args.file:match("^(.*)/[^/]*$")
-  if dir and dir ~= "" then core.ckpt_mkdirs(dir) end
+  if dir and dir ~= "" then core.mkdirs(dir) end
   require "dormouse"                        -- the generated functions checked as they install
   io.stdout:flush()
   core.write_output(args.file, generated.luals(core))
