@@ -289,10 +289,52 @@ function eval.sample(model, prompt, n, opts)
   return table.concat(out)
 end
 
+-- rows of bytes (each a list) from position `from` to `to` as a [#rows, len] u8 tensor on device,
+-- with zeros before byte 1 where from < 1
+local function byte_rows(rows, from, to, device)
+  local out = {}
+  for r, bytes in ipairs(rows) do
+    local row = {}
+    for j = from, to do row[#row + 1] = j >= 1 and bytes[j] or 0 end
+    out[r] = row
+  end
+  local t = to >= from and dm.tensor(out, {dtype = "u8"}) or dm.zeros({#rows, 0}, {dtype = "u8"})
+  if device and device ~= "cpu" then t = t:to(device) end
+  return t
+end
+
+-- tokens a pass of prompts taken together holds at most (eval.sample_streams)
+eval.PROMPT_TOKENS = 32768
+
+--[[ The passes of prompts of one length together, as the generator's first() takes one: rows
+(lists of bytes, all of one length) in chunks of opts.prompt_chunk bytes carrying the state.
+Returns each row's logits of the byte after it (lists of 256) and the state (batch #rows), or nil
+when the model's forward carries no state. ]]
+local function prompts_together(model, rows, opts)
+  local device, ctx = opts.device, model.context and model:context() or 0
+  local n, chunk, logits, s = #rows[1], opts.prompt_chunk or 8192, nil, {}
+  for a = 1, n, chunk do
+    local b = math.min(n, a + chunk - 1)
+    local prev = s
+    logits, s = dm.scope(function()
+      local out = model:forward(byte_rows(rows, a, b + 1, device), byte_rows(rows, math.max(1, a - ctx), a - 1, device),
+                                {state = prev})
+      if b < n then return nil, out.state end
+      local l = out.fin_logits
+      return l:narrow(2, l:size(2), 1):reshape({#rows, l:size(3)}):to("cpu"):to("f32"):totable(), out.state
+    end)
+    if a > 1 then free_state(prev) end
+    core.empty_cache("cpu")
+    if not s then return nil end
+  end
+  return logits, s
+end
+
 --[[ Many streams at once: every prompt of `prompts` is continued by n bytes (or until its text
 ends with opts.stop), opts.streams of them (all, by default) in one step of that batch a byte.
-Each prompt runs alone first (in chunks, as eval.sample's), its state then copied into a free
-slot of the batch's: a stream that ends gives its slot to the next prompt (continuous batching).
+The first prompts run first, those of one length together (in chunks, as eval.sample's, up to
+eval.PROMPT_TOKENS tokens a pass), each state then copied into a slot of the batch's; a stream that
+ends gives its slot to the next prompt (continuous batching), whose pass runs alone.
 Stream j samples as eval.sample does with seed opts.seed + j - 1, so each stream's text is the
 one eval.sample gives alone, up to the rounding of a batched product. opts as eval.sample's, and
 on_byte(j, byte) as they come, on_done(j, text) as each stream ends, stop (a string). Returns the
@@ -348,8 +390,51 @@ function eval.sample_streams(model, prompts, n, opts)
         if not ended then return end
       end
     end
+    -- the first `width` prompts: those of one length pass together, each then put in its slot
+    local function first_fill()
+      local by_length, lengths = {}, {}
+      for j = 1, width do
+        local bytes = prompt_bytes(prompts[j])
+        local group = by_length[#bytes]
+        if not group then group = {}; by_length[#bytes] = group; lengths[#lengths + 1] = #bytes end
+        group[#group + 1] = {j = j, bytes = bytes}
+      end
+      taken = width
+      local pending = {}                       -- slots whose stream ended at its first byte
+      for _, len in ipairs(lengths) do
+        local group = by_length[len]
+        local per = math.max(1, eval.PROMPT_TOKENS // math.min(len, opts.prompt_chunk or 8192))
+        for a = 1, #group, per do
+          local part = table.move(group, a, math.min(a + per - 1, #group), 1, {})
+          local rows = {}
+          for r, e in ipairs(part) do rows[r] = e.bytes end
+          local logits, state = prompts_together(model, rows, {device = device, prompt_chunk = opts.prompt_chunk})
+          if not logits then error("sample: many streams need a model whose forward carries its state (out.state)", 0) end
+          local ok, err = pcall(function()
+            for r, e in ipairs(part) do
+              local first = pick(logits[r], temperature, top_p, dm.rand({1}, {seed = seed + e.j - 1}):totable()[1])
+              local st = {j = e.j, bytes = e.bytes, out = {}, first = first}
+              slots[e.j] = st
+              if take(st, first) then
+                pending[#pending + 1] = e.j
+              else
+                local row = {}
+                segments.each(state, function(i, k, t)
+                  row[i] = row[i] or {}
+                  row[i][k] = t:narrow(1, r, 1)
+                end)
+                d:put(e.j, row, st.bytes, seed + e.j - 1, 1)
+              end
+            end
+          end)
+          free_state(state)
+          if not ok then error(err, 0) end
+        end
+      end
+      for _, slot in ipairs(pending) do fill(slot) end
+    end
     local ok, err = pcall(function()
-      for slot = 1, width do fill(slot) end
+      first_fill()
       while true do
         local active = 0
         for _, s in ipairs(slots) do if not s.done then active = active + 1 end end

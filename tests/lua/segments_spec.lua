@@ -271,6 +271,19 @@ end]], dir .. "/st", prompt))
     end
     table.sort(done)
     assert.same({1, 2, 3, 4, 5}, done)
+    -- prompts of one length pass together (five of 10 bytes, by passes of two when a pass holds 20
+    -- tokens; one of 2 bytes alone): the same texts as alone
+    local even = {"In the beg", "And God sa", "Let there ", "Amen, amen", "And it was", "so"}
+    for _, tokens in ipairs {eval.PROMPT_TOKENS, 20} do
+      local saved = eval.PROMPT_TOKENS
+      eval.PROMPT_TOKENS = tokens
+      local ok, together = pcall(eval.sample_streams, m, even, 24, {temperature = 0.9, seed = 3, streams = 6})
+      eval.PROMPT_TOKENS = saved
+      assert.is_true(ok, tostring(together))
+      for j, p in ipairs(even) do
+        assert.equal(eval.sample(m, p, 24, {temperature = 0.9, seed = 3 + j - 1}), together[j], "prompt " .. j)
+      end
+    end
     -- a stop text ends a stream once its text ends with it; greedy streams equal greedy alone
     local greedy = eval.sample(m, "In the", 64, {temperature = 0})
     local at = greedy:find("e", 1, true)
