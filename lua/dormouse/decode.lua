@@ -16,6 +16,9 @@ dtype once (nn.holding), not once a byte.
   local rows = d:step()                    -- rows[slot]: the slot's next K bytes, a list
   d:free()
 
+decode.speculative(model, B, opts) makes one that verifies a draft head's
+byte a pass (below).
+
 put's bytes end with the stream's newest byte, whose step has not run yet:
 the state covers the bytes before it. count is how many of the stream's
 bytes were drawn already: its next byte takes uniform number count of
