@@ -1750,18 +1750,11 @@ static void tc_launch(const void *kernel, dim3 grid, size_t smem, void **args) {
   DM_CU_LAUNCHED();
 }
 
-/* DM_MOE_FMA set (and not "0") in the environment: the FMA kernels even where the tensor cores fit */
-static bool fma_forced(void) {
-  const char *s = getenv("DM_MOE_FMA");
-  return s && *s && strcmp(s, "0");
-}
-
-/* bf16 or f16, a rank the kernels are made for, d a multiple of 8, aligned tensors, grids in range,
-** and DM_MOE_FMA not set */
+/* the plan's path (dm_moe_tc_path: shapes, DM_MOE_FMA) and 16-byte aligned tensors */
 static bool tc_fits(dm_dtype t, const moe_dims &M, const void *const *ptrs, int n) {
-  if (!dm_moe_tc_shapes(t, M.e, M.rows, M.d, M.f, M.r)) return false;
+  if (!dm_moe_tc_path(t, M.e, M.rows, M.d, M.f, M.r)) return false;
   for (int i = 0; i < n; i++) if (ptrs[i] && !dm_aligned(ptrs[i], 16)) return false;
-  return !fma_forced();
+  return true;
 }
 
 static unsigned tc_tile_blocks(const moe_dims &M) { return (unsigned)((M.rows + TC_TM - 1) / TC_TM + M.e); }
@@ -1875,7 +1868,7 @@ template <typename Fn> static void tc_by_rank(int64_t r, Fn f) {
 static void q8_check(bool tc, dm_dtype t, const char *what) {
   if (tc && t == DM_BF16) return;
   dm_error("%s: fp8 banks need the tensor-core kernels, which %s", what,
-           t != DM_BF16 ? "read them in bf16 only" : fma_forced() ? "DM_MOE_FMA turns off"
+           t != DM_BF16 ? "read them in bf16 only" : dm_moe_fma_forced() ? "DM_MOE_FMA turns off"
                                                    : "take 16-byte aligned tensors");
 }
 

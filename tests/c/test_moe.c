@@ -404,6 +404,24 @@ static void bench(const char *name, shape s, int reps) {
   layer_free(&l);
 }
 
+/* One rule for which expert kernels run, read by the CUDA dispatch and the planner alike: the
+** tensor-core kernels where their shapes fit, unless DM_MOE_FMA (set and not "0") forces the FMA
+** ones; fp8 banks reach the kernels only on that path (elsewhere the op decodes them) */
+static void one_expert_path(void) {
+  unsetenv("DM_MOE_FMA");
+  CHECK(dm_moe_tc_path(DM_BF16, 64, 4096, 768, 2048, 16));          /* small's experts */
+  CHECK(!dm_moe_tc_path(DM_F32, 64, 4096, 768, 2048, 16));          /* f32: the FMA kernels */
+  CHECK(!dm_moe_tc_path(DM_BF16, 64, 4096, 770, 2048, 16));         /* d not a multiple of 8 */
+  CHECK(dm_moe_fp8_shapes(DM_BF16, 64, 4096, 768, 2048, 16));
+  setenv("DM_MOE_FMA", "1", 1);
+  CHECK(dm_moe_fma_forced());
+  CHECK(!dm_moe_tc_path(DM_BF16, 64, 4096, 768, 2048, 16));
+  CHECK(!dm_moe_fp8_shapes(DM_BF16, 64, 4096, 768, 2048, 16));
+  setenv("DM_MOE_FMA", "0", 1);
+  CHECK(!dm_moe_fma_forced() && dm_moe_tc_path(DM_BF16, 64, 4096, 768, 2048, 16));
+  unsetenv("DM_MOE_FMA");
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && !strcmp(argv[1], "--bench")) {
     int reps = argc > 2 ? atoi(argv[2]) : 7;
@@ -422,5 +440,6 @@ int main(int argc, char **argv) {
   capacity_drops_and_counts();
   errors_name_shapes_and_values();
   no_memory_left_behind();
+  one_expert_path();
   return check_end();
 }

@@ -26,11 +26,18 @@
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include "core/core.h"
 #include "core/alloc.h"
 #include "core/autograd.h"
 #include "ops/moe.h"
 #include "ops/quant.h"
+
+bool dm_moe_fma_forced(void) {
+  const char *s = getenv("DM_MOE_FMA");
+  return s && *s && strcmp(s, "0");
+}
 
 typedef void (*index_check_k)(const dm_tensor *idx, int64_t size, int64_t base, const char *what);
 
@@ -307,10 +314,10 @@ static void experts_fwd(dm_ctx *c) {
   dm_tensor *z = c->node ? dm_tensor_new(u->device, u->dtype == DM_F64 ? DM_F64 : DM_F32, 2, sz) : NULL;
   dm_tensor *dec[3];
   dm_moe_bank bank = bank_of(x, n * k, what, dec);
-  /* (the plan takes the tensor-core kernels wherever their shapes fit: it does not follow DM_MOE_FMA
-  ** or an unaligned view, which make the kernel take the FMA path's scratch) */
+  /* (the plan takes the kernels' path, dm_moe_tc_path; an unaligned view, which it cannot see, would
+  ** make the kernel take the FMA path's scratch) */
   if (dm_plan_card_of(u->device) && n * k > 0)
-    dm_plan_scratch(dm_moe_experts_scratch(dm_moe_tc_shapes(u->dtype, e, n * k, dm, f, r), e, n * k, dm, f, r),
+    dm_plan_scratch(dm_moe_experts_scratch(dm_moe_tc_path(u->dtype, e, n * k, dm, f, r), e, n * k, dm, f, r),
                     "moe experts hidden rows (kernels/moe.cu tc_forward, experts_forward)");
   DM_KERNEL(dm_moe_experts_k, "moe_experts", u->device)(y, z, x[X_U], x[X_PERM], x[X_OFFSETS], &bank, k);
   for (int i = 0; i < 3; i++) dm_release(dec[i]);
@@ -340,7 +347,7 @@ static void experts_bwd(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
   dm_moe_grads grads = {g[X_UG], g[X_UU], g[X_CG], g[X_CU], g[X_D]};
   if (dm_plan_card_of(dev)) {
     const int64_t e = x[X_UG]->shape[0], dm = x[X_UG]->shape[1], r = x[X_UG]->shape[2], f = x[X_D]->shape[2];
-    const bool tc = dm_moe_tc_shapes(x[X_U]->dtype, e, rows, dm, f, r);
+    const bool tc = dm_moe_tc_path(x[X_U]->dtype, e, rows, dm, f, r);
     dm_plan_scratch(dm_moe_experts_bwd_scratch(tc, x[X_U]->dtype == DM_F64 ? 8 : 4, e, rows, dm, f, r, g[X_D] != NULL,
                                                g[X_UG] || g[X_UU], g[X_CG] || g[X_CU]),
                     "moe experts backward rows (kernels/moe.cu tc_backward, experts_backward)");

@@ -97,6 +97,16 @@ static inline bool dm_moe_tc_shapes(dm_dtype t, int64_t e, int64_t rows, int64_t
   return dm_moe_tc_units(e, rows, fch > dch ? fch : dch) < INT32_MAX;                /* tc_plan's units, ints */
 }
 
+/* DM_MOE_FMA set (and not "0") in the environment: the FMA kernels even where the tensor cores fit */
+bool dm_moe_fma_forced(void);
+
+/* The path the expert kernels take, their pointers aside: the tensor-core kernels at these shapes
+** unless DM_MOE_FMA forces the FMA ones (the CUDA call also wants the tensors 16-byte aligned, which
+** the planner, charging the scratch, cannot see). One rule for the kernels and the plan. */
+static inline bool dm_moe_tc_path(dm_dtype t, int64_t e, int64_t rows, int64_t d, int64_t f, int64_t r) {
+  return dm_moe_tc_shapes(t, e, rows, d, f, r) && !dm_moe_fma_forced();
+}
+
 /* the tensor-core kernels' rows: the forward's hidden rows (16-bit, rows x r); the backward's
 ** three 16-bit and two f32 rows of r; the backward's sums of cg's and cu's gradients by tile */
 static inline int64_t dm_moe_tc_fwd_rows(int64_t rows, int64_t r) { return 2 * rows * r; }
@@ -165,7 +175,7 @@ typedef void (*dm_bank_fp8_k)(dm_tensor *codes, dm_tensor *scales, const dm_tens
 /* whether the CUDA expert kernels read fp8 banks at these shapes (else the op decodes them to
 ** copies in the compute dtype, and says so once): the tensor-core kernels' shapes, in bf16 */
 static inline bool dm_moe_fp8_shapes(dm_dtype t, int64_t e, int64_t rows, int64_t d, int64_t f, int64_t r) {
-  return t == DM_BF16 && dm_moe_tc_shapes(t, e, rows, d, f, r);
+  return t == DM_BF16 && dm_moe_tc_path(t, e, rows, d, f, r);
 }
 
 /* a factor's fp8 form: NULL members when the bank is in the compute dtype */
