@@ -110,6 +110,47 @@ local free_state = segments.free
 
 local warned_full = false
 
+-- rows of bytes (each a list) from position `from` to `to` as a [#rows, len] u8 tensor on device,
+-- with zeros before byte 1 where from < 1
+local function byte_rows(rows, from, to, device)
+  local out = {}
+  for r, bytes in ipairs(rows) do
+    local row = {}
+    for j = from, to do row[#row + 1] = j >= 1 and bytes[j] or 0 end
+    out[r] = row
+  end
+  local t = to >= from and dm.tensor(out, {dtype = "u8"}) or dm.zeros({#rows, 0}, {dtype = "u8"})
+  if device and device ~= "cpu" then t = t:to(device) end
+  return t
+end
+
+-- tokens a pass of prompts taken together holds at most (eval.sample_streams)
+eval.PROMPT_TOKENS = 32768
+
+--[[ The passes of prompts of one length together, as the generator's first() takes one: rows
+(lists of bytes, all of one length) in chunks of opts.prompt_chunk bytes carrying the state.
+Returns each row's logits of the byte after it (lists of 256; nil when a stateless model's prompt
+is longer than a chunk) and the state (batch #rows; nil when the model's forward carries none). ]]
+local function prompts_together(model, rows, opts)
+  local device, ctx = opts.device, model.context and model:context() or 0
+  local n, chunk, logits, s = #rows[1], opts.prompt_chunk or 8192, nil, {}
+  for a = 1, n, chunk do
+    local b = math.min(n, a + chunk - 1)
+    local prev = s
+    logits, s = dm.scope(function()
+      local out = model:forward(byte_rows(rows, a, b + 1, device), byte_rows(rows, math.max(1, a - ctx), a - 1, device),
+                                {state = prev})
+      if b < n then return nil, out.state end
+      local l = out.fin_logits
+      return l:narrow(2, l:size(2), 1):reshape({#rows, l:size(3)}):to("cpu"):to("f32"):totable(), out.state
+    end)
+    if a > 1 then free_state(prev) end
+    core.empty_cache("cpu")
+    if not s then break end                   -- no state: the model streams nothing
+  end
+  return logits, s
+end
+
 --[[ The prompt's side of generation: next() gives the logits of the byte after
 `bytes` (a list the caller appends each chosen byte to), then push(b) adds b.
 Streaming: the prompt is one pass (in chunks) that keeps the model's state,
@@ -119,7 +160,6 @@ opts.stream = false, runs a full forward over the last `context` bytes for
 every byte here instead, said once on stderr. ]]
 local function generator(model, bytes, opts)
   local device, context = opts.device, opts.context or 256
-  local ctx = model.context and model:context() or 0
   local state, logits
   local streaming = opts.stream ~= false
   local function full()
@@ -131,21 +171,7 @@ local function generator(model, bytes, opts)
   end
   -- the prompt in chunks of opts.prompt_chunk bytes (8,192), each carrying the state: memory stays flat
   local function first()
-    local n, chunk, l, s = #bytes, opts.prompt_chunk or 8192, nil, {}
-    for a = 1, n, chunk do
-      local b = math.min(n, a + chunk - 1)
-      local prev = s
-      l, s = dm.scope(function()
-        local out = model:forward(byte_row(bytes, a, b + 1, device), byte_row(bytes, math.max(1, a - ctx), a - 1, device),
-                                  {state = prev})
-        return b == n and last_logits(out) or nil, out.state
-      end)
-      if a > 1 then free_state(prev) end
-      -- the chunk's freed host blocks lie scattered through a heap that is never trimmed (vm/core/alloc.c):
-      -- their pages go back, so that host memory stays flat over a long prompt
-      core.empty_cache("cpu")
-      if not s then break end                 -- no state: the model streams nothing (below)
-    end
+    local rows, s = prompts_together(model, {bytes}, opts)
     if not s then
       streaming = false
       if not warned_full then
@@ -154,7 +180,7 @@ local function generator(model, bytes, opts)
                         "forward over the last " .. context .. " bytes\n")
       end
     end
-    return l, s
+    return rows and dm.tensor(rows[1], {dtype = "f32"}) or nil, s
   end
   local gen = {}
   function gen.next()
@@ -289,47 +315,6 @@ function eval.sample(model, prompt, n, opts)
   return table.concat(out)
 end
 
--- rows of bytes (each a list) from position `from` to `to` as a [#rows, len] u8 tensor on device,
--- with zeros before byte 1 where from < 1
-local function byte_rows(rows, from, to, device)
-  local out = {}
-  for r, bytes in ipairs(rows) do
-    local row = {}
-    for j = from, to do row[#row + 1] = j >= 1 and bytes[j] or 0 end
-    out[r] = row
-  end
-  local t = to >= from and dm.tensor(out, {dtype = "u8"}) or dm.zeros({#rows, 0}, {dtype = "u8"})
-  if device and device ~= "cpu" then t = t:to(device) end
-  return t
-end
-
--- tokens a pass of prompts taken together holds at most (eval.sample_streams)
-eval.PROMPT_TOKENS = 32768
-
---[[ The passes of prompts of one length together, as the generator's first() takes one: rows
-(lists of bytes, all of one length) in chunks of opts.prompt_chunk bytes carrying the state.
-Returns each row's logits of the byte after it (lists of 256) and the state (batch #rows), or nil
-when the model's forward carries no state. ]]
-local function prompts_together(model, rows, opts)
-  local device, ctx = opts.device, model.context and model:context() or 0
-  local n, chunk, logits, s = #rows[1], opts.prompt_chunk or 8192, nil, {}
-  for a = 1, n, chunk do
-    local b = math.min(n, a + chunk - 1)
-    local prev = s
-    logits, s = dm.scope(function()
-      local out = model:forward(byte_rows(rows, a, b + 1, device), byte_rows(rows, math.max(1, a - ctx), a - 1, device),
-                                {state = prev})
-      if b < n then return nil, out.state end
-      local l = out.fin_logits
-      return l:narrow(2, l:size(2), 1):reshape({#rows, l:size(3)}):to("cpu"):to("f32"):totable(), out.state
-    end)
-    if a > 1 then free_state(prev) end
-    core.empty_cache("cpu")
-    if not s then return nil end
-  end
-  return logits, s
-end
-
 --[[ Many streams at once: every prompt of `prompts` is continued by n bytes (or until its text
 ends with opts.stop), opts.streams of them (all, by default) in one step of that batch a byte.
 The first prompts run first, those of one length together (in chunks, as eval.sample's, up to
@@ -409,7 +394,7 @@ function eval.sample_streams(model, prompts, n, opts)
           local rows = {}
           for r, e in ipairs(part) do rows[r] = e.bytes end
           local logits, state = prompts_together(model, rows, {device = device, prompt_chunk = opts.prompt_chunk})
-          if not logits then error("sample: many streams need a model whose forward carries its state (out.state)", 0) end
+          if not state then error("sample: many streams need a model whose forward carries its state (out.state)", 0) end
           local ok, err = pcall(function()
             for r, e in ipairs(part) do
               local first = pick(logits[r], temperature, top_p, dm.rand({1}, {seed = seed + e.j - 1}):totable()[1])
