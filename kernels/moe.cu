@@ -137,6 +137,43 @@ static void bucket_counts(int64_t *counts, const int64_t *keys, int64_t n, int64
   dm_scratch_free(off, ob);
 }
 
+/* A few keys (dm_moe_few): one block ranks them all, each key against every other, instead of the
+** bucket sort's passes over the experts. A key's sorted position is the keys below it plus the equal ones
+** before it (stable); offsets[x] the keys below x; counts[x] the keys equal to x. A key out of range is
+** recorded and placed after every expert (as the bucket sort leaves it out of the offsets). Any output may be
+** NULL. */
+#define FEW_SORT_THREADS 1024
+__global__ void __launch_bounds__(FEW_SORT_THREADS) few_sort_k(int64_t *perm, int64_t *off, int64_t *inv,
+                                                              int64_t *counts, const int64_t *key, int64_t n,
+                                                              int64_t e, dm_device_error *err, int what) {
+  __shared__ int64_t ks[DM_MOE_FEW_ROWS];
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    int64_t k = key[i];
+    if (k < 0 || k >= e) { dm_report(err, what, k, e, 0); k = e; }
+    ks[i] = k;
+  }
+  __syncthreads();
+  for (int64_t a = threadIdx.x; perm && a < n; a += blockDim.x) {
+    int64_t pos = 0, ka = ks[a];
+    for (int64_t b = 0; b < n; b++) pos += ks[b] < ka || (ks[b] == ka && b < a);
+    perm[pos] = a;
+    if (inv) inv[a] = pos;
+  }
+  for (int64_t x = threadIdx.x; x <= e; x += blockDim.x) {
+    int64_t below = 0, at = 0;
+    for (int64_t b = 0; b < n; b++) { below += ks[b] < x; at += ks[b] == x; }
+    if (off) off[x] = below;
+    if (counts && x < e) counts[x] = at;
+  }
+}
+
+static void few_sort(int64_t *perm, int64_t *off, int64_t *inv, int64_t *counts, const int64_t *key, int64_t n,
+                     int64_t e, const char *what) {
+  few_sort_k<<<1, FEW_SORT_THREADS, 0, dm_cuda_stream()>>>(perm, off, inv, counts, key, n, e, dm_cuda_device_error(),
+                                                           name_id(what));
+  DM_CU_LAUNCHED();
+}
+
 static void cuda_route(dm_tensor *idx, dm_tensor *w, dm_tensor *counts, const dm_tensor *logits,
                        const dm_tensor *bias, int form) {
   int64_t n = logits->shape[0], e = logits->shape[1], k = idx->shape[1];
@@ -148,7 +185,10 @@ static void cuda_route(dm_tensor *idx, dm_tensor *w, dm_tensor *counts, const dm
           bias ? (const S_<DT> *)dm_data(bias) : NULL, n, e, k, form);
       DM_CU_LAUNCHED();
     });
-  bucket_counts((int64_t *)dm_data(counts), (const int64_t *)dm_data(idx), n * k, e, "moe_route");
+  if (dm_moe_few(e, n * k))
+    few_sort(NULL, NULL, NULL, (int64_t *)dm_data(counts), (const int64_t *)dm_data(idx), n * k, e, "moe_route");
+  else
+    bucket_counts((int64_t *)dm_data(counts), (const int64_t *)dm_data(idx), n * k, e, "moe_route");
 }
 
 /* sigmoid: w_j = s_j / S, dL/ds_i = (gw_i - sum_j gw_j w_j) / S, then ds/dlogit = s (1 - s);
@@ -192,6 +232,11 @@ static void cuda_route_bwd(dm_tensor *glogits, const dm_tensor *gw, const dm_ten
 /* ---- the sort by expert, offsets, inverse ----------------------------------------------------------- */
 
 static void cuda_sort(dm_tensor *perm, dm_tensor *offsets, dm_tensor *inv, const dm_tensor *idx) {
+  if (dm_moe_few(offsets->shape[0] - 1, dm_numel(idx))) {
+    few_sort((int64_t *)dm_data(perm), (int64_t *)dm_data(offsets), (int64_t *)dm_data(inv), NULL,
+             (const int64_t *)dm_data(idx), dm_numel(idx), offsets->shape[0] - 1, "moe_sort");
+    return;
+  }
   dm_bsort s;
   memset(&s, 0, sizeof s);
   s.n = dm_numel(idx);
@@ -1861,6 +1906,101 @@ template <typename Fn> static void tc_by_rank(int64_t r, Fn f) {
   }
 }
 
+/* ---- a few rows against many experts: decoding (moe.h dm_moe_few_experts) ---------------------------- */
+
+/* Two kernels, no tiles and no plan. few_project_k: a block per (row, slice of d) sums the row's slice of
+** x Ug[e] and x Uu[e] (2r columns; the block's threads split the slice into groups, joined in group order)
+** into part [rows, slices, 2r]. few_down_k: a block per (row, chunk of F) joins the slices in order, takes
+** the scales and the activation (h in the compute type), and writes its chunk of h D[e]. Each block finds
+** its row's expert by one look at every offset (off[x] <= p < off[x + 1]), not a chain of dependent loads. */
+#define FEW_THREADS DM_MOE_FEW_THREADS
+
+__device__ int64_t few_owner(const int64_t *off, int64_t e, int64_t p) {
+  __shared__ int64_t owner;
+  if (threadIdx.x == 0) owner = 0;
+  __syncthreads();
+  for (int64_t x = threadIdx.x; x < e; x += blockDim.x)
+    if (off[x] <= p && p < off[x + 1]) owner = x;
+  __syncthreads();
+  return owner;
+}
+
+template <int DT>
+__global__ void __launch_bounds__(FEW_THREADS) few_project_k(C_<DT> *part, const S_<DT> *u, const int64_t *perm,
+                                                             const int64_t *off, const S_<DT> *ug, const S_<DT> *uu,
+                                                             moe_dims M, int64_t slices) {
+  typedef C_<DT> C;
+  __shared__ C red[FEW_THREADS];
+  const int64_t p = blockIdx.x, s = blockIdx.y, r = M.r, d = M.d, ncol = 2 * r, groups = FEW_THREADS / ncol;
+  const int64_t x = few_owner(off, M.e, p), a = perm[p];
+  const bool ok = a >= 0 && a < M.rows;
+  if (!ok && threadIdx.x == 0 && s == 0) dm_report(M.err, M.what, a, M.rows, 0);
+  const int64_t len = (d + slices - 1) / slices, c0 = s * len, c1 = c0 + len < d ? c0 + len : d;
+  const int64_t col = threadIdx.x % ncol, g = threadIdx.x / ncol;
+  C acc = 0;
+  if (ok && g < groups) {
+    const S_<DT> *w = (col < r ? ug : uu) + x * d * r + col % r, *row = u + (a / M.k) * d;
+#pragma unroll 4
+    for (int64_t c = c0 + g; c < c1; c += groups) acc += dt<DT>::load(row[c]) * dt<DT>::load(w[c * r]);
+  }
+  red[threadIdx.x] = acc;
+  __syncthreads();
+  if (g == 0) {
+    C sum = 0;
+    for (int64_t q = 0; q < groups; q++) sum += red[q * ncol + col];
+    part[(p * slices + s) * ncol + col] = sum;
+  }
+}
+
+template <int DT>
+__global__ void __launch_bounds__(FEW_THREADS) few_down_k(S_<DT> *y, C_<DT> *zs, const C_<DT> *part,
+                                                          const int64_t *off, const S_<DT> *cg, const S_<DT> *cu,
+                                                          const S_<DT> *dw, moe_dims M, int64_t slices) {
+  typedef C_<DT> C;
+  __shared__ C h[DM_MOE_FEW_RANK];
+  const int64_t p = blockIdx.x, r = M.r, F = M.f, ncol = 2 * r;
+  const int64_t x = few_owner(off, M.e, p);
+  for (int64_t j = threadIdx.x; j < r; j += blockDim.x) {
+    C zg = 0, zu = 0;
+    for (int64_t s = 0; s < slices; s++) {
+      zg += part[(p * slices + s) * ncol + j];
+      zu += part[(p * slices + s) * ncol + r + j];
+    }
+    if (zs && blockIdx.y == 0) { zs[p * ncol + j] = zg; zs[p * ncol + r + j] = zu; }
+    zg *= dt<DT>::load(cg[x * r + j]);
+    zu *= dt<DT>::load(cu[x * r + j]);
+    h[j] = zg * sigm(zg) * zu;
+  }
+  __syncthreads();
+  const int64_t f = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
+  if (f >= F) return;
+  const S_<DT> *col = dw + x * r * F + f;
+  C acc = 0;
+#pragma unroll 8
+  for (int64_t j = 0; j < r; j++) acc += h[j] * dt<DT>::load(col[j * F]);
+  y[p * F + f] = dt<DT>::store(acc);
+}
+
+template <int DT>
+static void few_forward(dm_tensor *y_rows, dm_tensor *z_rows, const dm_tensor *u, const dm_tensor *perm,
+                        const dm_tensor *offsets, const dm_moe_bank *bank, const moe_dims &M) {
+  typedef C_<DT> C;
+  const int64_t slices = dm_moe_few_slices(M.rows, M.d);
+  const size_t pb = (size_t)dm_moe_few_scratch((int64_t)sizeof(C), M.rows, M.d, M.r);
+  C *part = (C *)dm_scratch(pb);
+  const int64_t *off = (const int64_t *)dm_data(offsets);
+  cudaStream_t st = dm_cuda_stream();
+  few_project_k<DT><<<dim3((unsigned)M.rows, (unsigned)slices), FEW_THREADS, 0, st>>>(
+      part, (const S_<DT> *)dm_data(u), (const int64_t *)dm_data(perm), off, (const S_<DT> *)dm_data(bank->ug),
+      (const S_<DT> *)dm_data(bank->uu), M, slices);
+  DM_CU_LAUNCHED();
+  few_down_k<DT><<<dim3((unsigned)M.rows, (unsigned)((M.f + FEW_THREADS - 1) / FEW_THREADS)), FEW_THREADS, 0, st>>>(
+      (S_<DT> *)dm_data(y_rows), z_rows ? (C *)dm_data(z_rows) : NULL, part, off, (const S_<DT> *)dm_data(bank->cg),
+      (const S_<DT> *)dm_data(bank->cu), (const S_<DT> *)dm_data(bank->d), M, slices);
+  DM_CU_LAUNCHED();
+  dm_scratch_free(part, pb);
+}
+
 /* ---- the experts' entry points ---------------------------------------------------------------------------- */
 
 /* fp8 banks reach the kernels only where the tensor-core kernels read them (the op decodes them
@@ -1878,6 +2018,11 @@ static void cuda_experts(dm_tensor *y_rows, dm_tensor *z_rows, const dm_tensor *
   int tm = tile_rows("moe_experts", &M);
   if (M.rows == 0 || M.f == 0) return;
   const bool q8 = bank->qg.codes != NULL;
+  if (dm_moe_few_experts(M.e, M.rows, M.f, M.r, q8)) {
+    dm_dispatch_float(u->dtype, "moe_experts",
+                      [&](auto d) { few_forward<decltype(d)::value>(y_rows, z_rows, u, perm, offsets, bank, M); });
+    return;
+  }
   const void *ptrs[] = {dm_data(y_rows), dm_data(u), q8 ? NULL : dm_data(bank->ug), q8 ? NULL : dm_data(bank->uu),
                         q8 ? NULL : dm_data(bank->d)};
   bool tc = tc_fits(u->dtype, M, ptrs, 5) && (!z_rows || dm_aligned(dm_data(z_rows), 16));

@@ -79,6 +79,9 @@ static dm_tensor *scaled_randn(h_rng *r, int nd, const int64_t *shape, double sc
 typedef struct { int64_t n, e, k; bool bias; } route_shape;
 static const route_shape route_shapes[TRIALS] = {
   {1, 1, 1, true}, {5, 8, 2, true}, {7, 3, 3, true}, {13, 17, 1, true}, {4, 5, 2, false}, {31, 64, 2, true}};
+/* a few rows among many experts (moe.h dm_moe_few: CUDA's own kernels, decoding's shapes) */
+static const route_shape few_route_shapes[TRIALS] = {
+  {1, 64, 2, true}, {4, 64, 2, true}, {8, 64, 1, false}, {2, 40, 2, true}, {1, 16, 2, true}, {3, 60, 2, true}};
 
 /* selection scores sorted: are the first k+1 (the ones that decide) at least gap apart? */
 static bool decisive(const double *sel, int64_t e, int64_t k, double gap) {
@@ -101,8 +104,7 @@ static double route_score(int form, double l, double b) { return (form == DM_MOE
 /* the gate's numerator before the sum over the chosen: sigmoid(l), or exp(l) in the softmax form */
 static double route_weight(int form, double l) { return form == DM_MOE_ROUTE_SOFTMAX ? exp(l) : sigmoid(l); }
 
-static void route_inputs(h_rng *r, int t, dm_tensor **in, dm_attrs *a, int form) {
-  route_shape s = route_shapes[t];
+static void route_inputs(h_rng *r, route_shape s, dm_tensor **in, dm_attrs *a, int form) {
   int64_t sl[2] = {s.n, s.e};
   in[0] = f64_of(2, sl);
   in[1] = s.bias ? h_uniform_t(r, 1, &s.e, -0.4, 0.4) : NULL;
@@ -120,9 +122,14 @@ static void route_inputs(h_rng *r, int t, dm_tensor **in, dm_attrs *a, int form)
   *a = dm_attrs_of(2, (double[]){(double)s.k, (double)form});
 }
 
-static void in_route(h_rng *r, int t, dm_tensor **in, dm_attrs *a) { route_inputs(r, t, in, a, DM_MOE_ROUTE_SIGMOID); }
+static void in_route(h_rng *r, int t, dm_tensor **in, dm_attrs *a) {
+  route_inputs(r, route_shapes[t], in, a, DM_MOE_ROUTE_SIGMOID);
+}
 static void in_route_softmax(h_rng *r, int t, dm_tensor **in, dm_attrs *a) {
-  route_inputs(r, t, in, a, DM_MOE_ROUTE_SOFTMAX);
+  route_inputs(r, route_shapes[t], in, a, DM_MOE_ROUTE_SOFTMAX);
+}
+static void in_route_few(h_rng *r, int t, dm_tensor **in, dm_attrs *a) {
+  route_inputs(r, few_route_shapes[t], in, a, t % 2 ? DM_MOE_ROUTE_SOFTMAX : DM_MOE_ROUTE_SIGMOID);
 }
 
 static void or_route(dm_tensor *const *in, const dm_attrs *a, dm_tensor **ex) {
@@ -173,12 +180,15 @@ static void in_route_ties_softmax(h_rng *r, int t, dm_tensor **in, dm_attrs *a) 
 typedef struct { int64_t n, k, e; bool skip0; } sort_shape;
 static const sort_shape sort_shapes[TRIALS] = {
   {1, 1, 1, false}, {5, 2, 8, true}, {7, 3, 3, false}, {13, 1, 17, false}, {1, 2, 2, false}, {31, 2, 5, true}};
+static const sort_shape few_sort_shapes[TRIALS] = {   /* dm_moe_few: at most 256 rows, one for 8 experts */
+  {1, 2, 64, false}, {3, 2, 100, true}, {1, 1, 8, false}, {7, 3, 200, true}, {16, 2, 256, false}, {128, 2, 2048, true}};
 
-static void in_sort(h_rng *r, int t, dm_tensor **in, dm_attrs *a) {
-  sort_shape s = sort_shapes[t];
+static void sort_inputs(h_rng *r, sort_shape s, dm_tensor **in, dm_attrs *a) {
   in[0] = random_ids(r, s.n, s.k, s.e, s.skip0);
   *a = dm_attrs_of(1, (double[]){(double)s.e});
 }
+static void in_sort(h_rng *r, int t, dm_tensor **in, dm_attrs *a) { sort_inputs(r, sort_shapes[t], in, a); }
+static void in_sort_few(h_rng *r, int t, dm_tensor **in, dm_attrs *a) { sort_inputs(r, few_sort_shapes[t], in, a); }
 
 static void or_sort(dm_tensor *const *in, const dm_attrs *a, dm_tensor **ex) {
   sorted_layout(in[0], (int64_t)a->v[0], &ex[0], &ex[1], &ex[2]);
@@ -193,6 +203,11 @@ static const expert_shape expert_shapes[TRIALS + 1] = {
   {1, 1, 1, 1, 1, 1, false}, {5, 7, 3, 2, 3, 5, true}, {7, 3, 4, 3, 2, 9, true},
   {13, 5, 8, 2, 1, 3, false}, {4, 6, 2, 1, 5, 7, false}, {17, 13, 5, 2, 3, 31, true},
   {2048, 768, 64, 2, 16, 2048, false}};                   /* perf: the small preset */
+/* dm_moe_few_experts: a few rows among many experts, F over a block's 256 columns, ranks 1 to 128 */
+static const expert_shape few_expert_shapes[TRIALS + 1] = {
+  {1, 40, 64, 2, 16, 37, false}, {3, 33, 64, 2, 5, 300, true}, {2, 70, 32, 2, 64, 9, false},
+  {1, 8, 8, 1, 128, 513, false}, {4, 100, 64, 2, 3, 1, true}, {16, 24, 256, 2, 7, 20, true},
+  {1, 2048, 16, 2, 64, 5461, false}};                    /* perf: b1's one-byte step (16 of its experts) */
 
 /* from idx [n, k] (taken over): the sorted layout, the tokens' rows u [n, d], the expert banks
 ** and gates at their usual scales, attribute k */
@@ -212,11 +227,12 @@ static void expert_inputs(h_rng *r, dm_tensor *idx, int64_t n, int64_t d, int64_
   *a = dm_attrs_of(1, (double[]){(double)k});
 }
 
-static void in_experts(h_rng *r, int t, dm_tensor **in, dm_attrs *a) {
-  expert_shape s = expert_shapes[t];
+static void experts_of(h_rng *r, expert_shape s, dm_tensor **in, dm_attrs *a) {
   dm_tensor *idx = random_ids(r, s.n, s.k, s.e, s.skip0);
   expert_inputs(r, idx, s.n, s.d, s.r, s.f, s.e, s.k, in, a);
 }
+static void in_experts(h_rng *r, int t, dm_tensor **in, dm_attrs *a) { experts_of(r, expert_shapes[t], in, a); }
+static void in_experts_few(h_rng *r, int t, dm_tensor **in, dm_attrs *a) { experts_of(r, few_expert_shapes[t], in, a); }
 
 /* Experts with given row counts (0, 1, 17, 33: a tile of 32 rows, a part tile, one past it) at the ranks
 ** the CUDA tensor-core kernels take (and d a multiple of 8), F odd (rows of F off 16-byte boundaries) and
@@ -429,11 +445,17 @@ static const dm_case cases[] = {
   {.op = "moe_route", .label = "softmax form, separated scores", .inputs = in_route_softmax, .oracle = or_route},
   {.op = "moe_route", .label = "softmax form, exact ties", .inputs = in_route_ties_softmax, .oracle = or_route,
    .no_grad = true},
+  {.op = "moe_route", .label = "a few rows among many experts, both forms", .inputs = in_route_few,
+   .oracle = or_route},
   {.op = "moe_sort", .label = "empty experts", .inputs = in_sort, .oracle = or_sort, .no_grad = true},
+  {.op = "moe_sort", .label = "a few rows among many experts", .inputs = in_sort_few, .oracle = or_sort,
+   .no_grad = true},
   {.op = "moe_experts", .label = "odd d r F, empty experts", .inputs = in_experts, .oracle = or_experts,
    .perf_trial = TRIALS + 1},
   {.op = "moe_experts", .label = "experts of 0, 1, 17, 33 rows at ranks 16 to 128", .inputs = in_experts_tc,
    .oracle = or_experts},
+  {.op = "moe_experts", .label = "a few rows among many experts", .inputs = in_experts_few, .oracle = or_experts,
+   .perf_trial = TRIALS + 1},
   {.op = "moe_combine", .label = "random permutation", .inputs = in_combine, .oracle = or_combine,
    .perf_trial = TRIALS + 1},
   {.op = "moe_capacity", .label = "capacity 0 to 3", .inputs = in_capacity, .oracle = or_capacity},

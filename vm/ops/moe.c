@@ -149,7 +149,7 @@ static void route_fwd(dm_ctx *c) {
   dm_tensor *idx = dm_tensor_new(lg->device, DM_I64, 2, snk);
   dm_tensor *w = dm_tensor_new(lg->device, lg->dtype, 2, snk);
   dm_tensor *counts = dm_tensor_new(lg->device, DM_I64, 1, &e);
-  if (dm_plan_card_of(lg->device))
+  if (dm_plan_card_of(lg->device) && !dm_moe_few(e, n * k))
     dm_plan_scratch(dm_bucket_counts_scratch(n * k, e), "moe_route counts (kernels/moe.cu bucket_counts)");
   DM_KERNEL(dm_moe_route_k, "moe_route", lg->device)(idx, w, counts, lg, b, form);
   dm_save(c, lg);
@@ -184,7 +184,7 @@ static void sort_fwd(dm_ctx *c) {
   dm_tensor *perm = dm_tensor_new(ix->device, DM_I64, 1, &rows);
   dm_tensor *offsets = dm_tensor_new(ix->device, DM_I64, 1, &e1);
   dm_tensor *inv = dm_tensor_new(ix->device, DM_I64, 1, &rows);
-  if (dm_plan_card_of(ix->device))
+  if (dm_plan_card_of(ix->device) && !dm_moe_few(e, rows))
     dm_plan_scratch(dm_bucket_sort_scratch(rows, e), "moe_sort counters (kernels/moe.cu cuda_sort)");
   DM_KERNEL(dm_moe_sort_k, "moe_sort", ix->device)(perm, offsets, inv, ix);
   dm_release(ix);
@@ -316,9 +316,14 @@ static void experts_fwd(dm_ctx *c) {
   dm_moe_bank bank = bank_of(x, n * k, what, dec);
   /* (the plan takes the kernels' path, dm_moe_tc_path; an unaligned view, which it cannot see, would
   ** make the kernel take the FMA path's scratch) */
-  if (dm_plan_card_of(u->device) && n * k > 0)
-    dm_plan_scratch(dm_moe_experts_scratch(dm_moe_tc_path(u->dtype, e, n * k, dm, f, r), e, n * k, dm, f, r),
-                    "moe experts hidden rows (kernels/moe.cu tc_forward, experts_forward)");
+  if (dm_plan_card_of(u->device) && n * k > 0) {
+    if (dm_moe_few_experts(e, n * k, f, r, q8))
+      dm_plan_scratch(dm_moe_few_scratch(u->dtype == DM_F64 ? 8 : 4, n * k, dm, r),
+                      "moe experts' partial projections (kernels/moe.cu few_forward)");
+    else
+      dm_plan_scratch(dm_moe_experts_scratch(dm_moe_tc_path(u->dtype, e, n * k, dm, f, r), e, n * k, dm, f, r),
+                      "moe experts hidden rows (kernels/moe.cu tc_forward, experts_forward)");
+  }
   DM_KERNEL(dm_moe_experts_k, "moe_experts", u->device)(y, z, x[X_U], x[X_PERM], x[X_OFFSETS], &bank, k);
   for (int i = 0; i < 3; i++) dm_release(dec[i]);
   const int kept = q8 ? X_ALL : X_N;

@@ -107,6 +107,35 @@ static inline bool dm_moe_tc_path(dm_dtype t, int64_t e, int64_t rows, int64_t d
   return dm_moe_tc_shapes(t, e, rows, d, f, r) && !dm_moe_fma_forced();
 }
 
+/* A few rows against many experts (decoding: a stream's byte is k rows among E experts): at most
+** DM_MOE_FEW_ROWS assignments and at most one for DM_MOE_FEW_RATIO experts. The tiled kernels' grid, tiles
+** and plan run over every expert, which there costs more than the rows' work, so moe_route counts, moe_sort
+** sorts and moe_experts computes a row a block instead (kernels/moe.cu "a few rows"); experts of rank over
+** DM_MOE_FEW_RANK, and fp8 banks, keep the tiled kernels. One rule for the kernels and the plan. */
+#define DM_MOE_FEW_ROWS 256
+#define DM_MOE_FEW_RATIO 8
+#define DM_MOE_FEW_RANK 128
+#define DM_MOE_FEW_THREADS 256                 /* a block's threads, and the columns of F a block writes */
+static inline bool dm_moe_few(int64_t e, int64_t rows) {
+  return rows > 0 && rows <= DM_MOE_FEW_ROWS && rows * DM_MOE_FEW_RATIO <= e;
+}
+static inline bool dm_moe_few_experts(int64_t e, int64_t rows, int64_t f, int64_t r, bool fp8) {
+  return dm_moe_few(e, rows) && r <= DM_MOE_FEW_RANK && !fp8 &&
+         (f + DM_MOE_FEW_THREADS - 1) / DM_MOE_FEW_THREADS <= 65535;
+}
+/* the few-rows forward's slices of d a row: blocks enough to fill a card (DM_MOE_FEW_BLOCKS over the rows),
+** slices of at least DM_MOE_FEW_SLICE elements */
+#define DM_MOE_FEW_BLOCKS 256
+#define DM_MOE_FEW_SLICE 32
+static inline int64_t dm_moe_few_slices(int64_t rows, int64_t d) {
+  int64_t want = (DM_MOE_FEW_BLOCKS + rows - 1) / rows, most = (d + DM_MOE_FEW_SLICE - 1) / DM_MOE_FEW_SLICE;
+  return want < most ? want : most;
+}
+/* its scratch: a row's partial projections [slices, 2r] in the compute type (cb bytes) */
+static inline int64_t dm_moe_few_scratch(int64_t cb, int64_t rows, int64_t d, int64_t r) {
+  return cb * rows * dm_moe_few_slices(rows, d) * 2 * r;
+}
+
 /* the tensor-core kernels' rows: the forward's hidden rows (16-bit, rows x r); the backward's
 ** three 16-bit and two f32 rows of r; the backward's sums of cg's and cu's gradients by tile */
 static inline int64_t dm_moe_tc_fwd_rows(int64_t rows, int64_t r) { return 2 * rows * r; }

@@ -1,0 +1,93 @@
+--[[
+bench_decode_parts.lua — where b1's one-byte step spends its time, part by part, the way the decoder
+runs it: each part at one row (B 1, T 1), bf16, its weights cast once, captured as a CUDA graph and
+replayed; µs a replay (the median of several timings of 100 replays), and the graph's nodes.
+
+  dormouse run tests/gpu/bench_decode_parts.lua [ROWS]
+
+ROWS (default 1) is the streams a pass: the MoE's assignments are ROWS x top_k. The parts: the
+routed experts' four ops (moe_route, moe_sort, moe_experts, moe_combine) alone and together, the
+whole MoE branch, one d x d product at one row, and one cast. DRY=1: the CPU, tiny, timed by the
+wall clock without graphs (the script itself).
+]]
+local dm = require "dormouse"
+local nn = require "dormouse.nn"
+local core = require "dormouse.core"
+local common = require "tests.gpu.common"
+
+local DRY = os.getenv("DRY") ~= nil
+if not DRY and not common.gpu_or_skip(dm.cuda, "bench_decode_parts") then return end
+local device = DRY and "cpu" or "cuda"
+local rows = tonumber(arg and arg[1]) or 1
+local REPLAYS, REPS = DRY and 5 or 100, DRY and 3 or 7
+
+local cfg = require("dormouse.config").load(DRY and "experiments/tiny.lua" or "experiments/b1.lua",
+                                              {"device=" .. device})
+dm.manual_seed(1)
+local model = nn.build({device = device, compute_dtype = DRY and "f32" or "bf16"},
+                       require("dormouse.train").build_model, cfg, ".")
+local moe = model.block.moe
+local d, dt = cfg.model.d, DRY and "f32" or "bf16"
+local copies = {}
+
+local function median(xs)
+  table.sort(xs)
+  return xs[(#xs + 1) // 2]
+end
+
+-- fn's work a replay, in µs, and the graph's nodes (0 on the CPU)
+local function time(fn)
+  return nn.holding(copies, function()
+    return dm.no_grad(function()
+      fn()                                   -- the casts once, the allocations settled
+      local g = not DRY and dm.cuda.graph(fn) or nil
+      local run = g and function() g:replay() end or fn
+      run()
+      local ts = {}
+      for _ = 1, REPS do
+        if not DRY then dm.cuda.synchronize() end
+        local t0 = core.now()
+        for _ = 1, REPLAYS do run() end
+        if not DRY then dm.cuda.synchronize() end
+        ts[#ts + 1] = (core.now() - t0) / REPLAYS * 1e6
+      end
+      local nodes = g and g:nodes() or 0
+      if g then g:free() end
+      return median(ts), nodes
+    end)
+  end)
+end
+
+local x = dm.keep(dm.randn({1, rows, d}, {device = device, dtype = dt}))
+local flat = dm.keep(x:reshape({rows, d}))
+local logits = dm.keep(dm.randn({rows, moe.experts}, {device = device, dtype = "f32"}))
+local idx, w, _ = dm.moe_route(logits, moe.lfb_bias, moe.top_k, moe.router_form)
+local perm, offsets, inv = dm.moe_sort(idx, moe.experts)
+dm.keep(idx); dm.keep(w); dm.keep(perm); dm.keep(offsets); dm.keep(inv)
+local W = nn.holding(copies, function() return moe:compute_weights() end)
+local y_rows = dm.keep(dm.moe_experts(flat, perm, offsets, W.Ug, W.Uu, W.cg, W.cu, W.D, moe.top_k, W.fp8))
+local wc = dm.keep(w:to(W.D.dtype))
+local lin = dm.keep(dm.randn({d, d}, {device = device, dtype = dt}))
+
+local parts = {
+  {"moe_route", function() dm.moe_route(logits, moe.lfb_bias, moe.top_k, moe.router_form) end},
+  {"moe_sort", function() dm.moe_sort(idx, moe.experts) end},
+  {"moe_experts", function() dm.moe_experts(flat, perm, offsets, W.Ug, W.Uu, W.cg, W.cu, W.D, moe.top_k, W.fp8) end},
+  {"moe_combine", function() dm.moe_combine(y_rows, inv, wc) end},
+  {"the four together", function()
+    local i, ww = dm.moe_route(logits, moe.lfb_bias, moe.top_k, moe.router_form)
+    local p, o, v = dm.moe_sort(i, moe.experts)
+    dm.moe_combine(dm.moe_experts(flat, p, o, W.Ug, W.Uu, W.cg, W.cu, W.D, moe.top_k, W.fp8), v, ww:to(W.D.dtype))
+  end},
+  {"the MoE branch (router to write)", function() moe:forward(x) end},
+  {"a d x d product", function() dm.linear(flat, lin) end},
+  {"a cast to f32", function() flat:to("f32") end},
+}
+print(string.format("b1's decode parts at %d row%s (%s, %s), µs a replay of a captured graph", rows,
+                    rows == 1 and "" or "s", DRY and "tiny, the CPU's wall clock" or "bf16", device))
+print(string.format("| %-34s | %9s | %5s |", "part", "µs", "nodes"))
+print("|---|---|---|")
+for _, p in ipairs(parts) do
+  local us, nodes = time(p[2])
+  print(string.format("| %-34s | %9.1f | %5d |", p[1], us, nodes))
+end
