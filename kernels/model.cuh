@@ -1,5 +1,5 @@
 /*
-** model.cuh — what the model's kernel files (blocks.cu, kda.cu, moe.cu,
+** model.cuh — what the model's kernel files (blocks.cu, kda.cu, moe_*.cu,
 ** engram.cu, optim.cu) share beyond common.cuh: rows of strided tensors,
 ** warp sums, device scratch, errors found on the device, deterministic
 ** column sums, a one-block scan and a stable bucket sort.

@@ -1,7 +1,7 @@
 --[[
 check_moe.lua — the routed experts' products (moe_experts and its backward) on
 the GPU at model-like shapes with skewed routing: bf16 and f16 (the tensor-core
-kernels of kernels/moe.cu) against the CPU in f64 from the same rounded inputs,
+kernels of kernels/moe_tc.cu) against the CPU in f64 from the same rounded inputs,
 every gradient; and two backward runs giving the same bits.
 
   BUILD/dormouse run tests/gpu/check_moe.lua

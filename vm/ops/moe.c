@@ -116,7 +116,7 @@ static void check_offsets(const char *what, const dm_tensor *offsets, int64_t ex
   else check_ndim(what, "offsets", "[E + 1]", offsets, 1);
   if (dm_plan_card_of(offsets->device))
     dm_plan_scratch(dm_moe_offsets_check_scratch(offsets->shape[0] - 1, dm_debug_level()),
-                    "moe's offsets check (kernels/moe.cu cuda_check_offsets)");
+                    "moe's offsets check (kernels/moe_route.cu cuda_check_offsets)");
   DM_KERNEL(dm_moe_check_offsets_k, "moe_check_offsets", offsets->device)(offsets, rows, what);
 }
 
@@ -150,7 +150,7 @@ static void route_fwd(dm_ctx *c) {
   dm_tensor *w = dm_tensor_new(lg->device, lg->dtype, 2, snk);
   dm_tensor *counts = dm_tensor_new(lg->device, DM_I64, 1, &e);
   if (dm_plan_card_of(lg->device) && !dm_moe_few(e, n * k))
-    dm_plan_scratch(dm_bucket_counts_scratch(n * k, e), "moe_route counts (kernels/moe.cu bucket_counts)");
+    dm_plan_scratch(dm_bucket_counts_scratch(n * k, e), "moe_route counts (kernels/moe_route.cu bucket_counts)");
   DM_KERNEL(dm_moe_route_k, "moe_route", lg->device)(idx, w, counts, lg, b, form);
   dm_save(c, lg);
   dm_save(c, idx);
@@ -185,7 +185,7 @@ static void sort_fwd(dm_ctx *c) {
   dm_tensor *offsets = dm_tensor_new(ix->device, DM_I64, 1, &e1);
   dm_tensor *inv = dm_tensor_new(ix->device, DM_I64, 1, &rows);
   if (dm_plan_card_of(ix->device) && !dm_moe_few(e, rows))
-    dm_plan_scratch(dm_bucket_sort_scratch(rows, e), "moe_sort counters (kernels/moe.cu cuda_sort)");
+    dm_plan_scratch(dm_bucket_sort_scratch(rows, e), "moe_sort counters (kernels/moe_route.cu cuda_sort)");
   DM_KERNEL(dm_moe_sort_k, "moe_sort", ix->device)(perm, offsets, inv, ix);
   dm_release(ix);
   c->out[0] = perm;
@@ -319,10 +319,10 @@ static void experts_fwd(dm_ctx *c) {
   if (dm_plan_card_of(u->device) && n * k > 0) {
     if (dm_moe_few_experts(e, n * k, f, r, q8))
       dm_plan_scratch(dm_moe_few_scratch(u->dtype == DM_F64 ? 8 : 4, n * k, dm, r),
-                      "moe experts' partial projections (kernels/moe.cu few_forward)");
+                      "moe experts' partial projections (kernels/moe_experts.cu few_forward)");
     else
       dm_plan_scratch(dm_moe_experts_scratch(dm_moe_tc_path(u->dtype, e, n * k, dm, f, r), e, n * k, dm, f, r),
-                      "moe experts hidden rows (kernels/moe.cu tc_forward, experts_forward)");
+                      "moe experts hidden rows (kernels/moe_tc.cu tc_forward, moe_experts.cu experts_forward)");
   }
   DM_KERNEL(dm_moe_experts_k, "moe_experts", u->device)(y, z, x[X_U], x[X_PERM], x[X_OFFSETS], &bank, k);
   for (int i = 0; i < 3; i++) dm_release(dec[i]);
@@ -355,7 +355,7 @@ static void experts_bwd(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
     const bool tc = dm_moe_tc_path(x[X_U]->dtype, e, rows, dm, f, r);
     dm_plan_scratch(dm_moe_experts_bwd_scratch(tc, x[X_U]->dtype == DM_F64 ? 8 : 4, e, rows, dm, f, r, g[X_D] != NULL,
                                                g[X_UG] || g[X_UU], g[X_CG] || g[X_CU]),
-                    "moe experts backward rows (kernels/moe.cu tc_backward, experts_backward)");
+                    "moe experts backward rows (kernels/moe_tc.cu tc_backward, moe_experts.cu experts_backward)");
   }
   DM_KERNEL(dm_moe_experts_bwd_k, "moe_experts_bwd", dev)(gx_rows, &grads, gy, z, x[X_U], x[X_PERM], x[X_OFFSETS],
                                                           &bank, k);
@@ -450,7 +450,7 @@ static void capacity_fwd(dm_ctx *c) {
   dm_tensor *wc = dm_contiguous(w), *ix = dm_contiguous(idx), *iv = dm_contiguous(inv), *of = dm_contiguous(offsets);
   dm_tensor *out = dm_tensor_like(wc), *drops = dm_tensor_new(wc->device, DM_I64, 1, &e);
   if (dm_plan_card_of(wc->device))
-    dm_plan_scratch(dm_moe_capacity_scratch(rows, e), "moe_capacity drops (kernels/moe.cu cuda_capacity)");
+    dm_plan_scratch(dm_moe_capacity_scratch(rows, e), "moe_capacity drops (kernels/moe_route.cu cuda_capacity)");
   DM_KERNEL(dm_moe_capacity_k, "moe_capacity", wc->device)(out, drops, wc, ix, iv, of, cap);
   dm_save(c, ix);
   dm_save(c, iv);
