@@ -14,8 +14,7 @@
 
 #include "common.cuh"
 extern "C" {
-#include "ops/moe.h"      /* DM_BS_CHUNK */
-#include "ops/blocks.h"   /* dm_colsum_chunks */
+#include "ops/prims.h"    /* DM_BS_CHUNK, dm_colsum_chunks */
 }
 
 /* ---- rows of strided tensors ------------------------------------------------------------ */

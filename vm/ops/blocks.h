@@ -15,26 +15,10 @@
 #define DM_BLOCKS_H
 
 #include "core/ops.h"
+#include "ops/prims.h"      /* the column sums' scratch */
 
 /* ---- the CUDA kernels' device scratch, in bytes (core/alloc.h): the kernels size
 ** theirs with these, and the ops hand the same to a plan ---- */
-
-/* the column sums' partials (kernels/model.cuh dm_colsum: rmsnorm's gain, the conv's weights,
-** Engram's): DM_COLSUM_PER_SM blocks an SM wanted, at least DM_COLSUM_MIN_ROWS rows a chunk */
-#define DM_COLSUM_PER_SM 8
-#define DM_COLSUM_MIN_ROWS 64
-
-static inline int64_t dm_colsum_chunks(int64_t rows, int64_t cols, int64_t sm_count) {
-  const int64_t want = sm_count * DM_COLSUM_PER_SM / ((cols + 31) / 32);
-  const int64_t most = (rows + DM_COLSUM_MIN_ROWS - 1) / DM_COLSUM_MIN_ROWS;
-  int64_t n = want < most ? want : most;
-  if (n > 65535) n = 65535;
-  return n < 1 ? 1 : n;
-}
-/* f64 partial sums, a row of cols a chunk */
-static inline int64_t dm_colsum_scratch(int64_t rows, int64_t cols, int64_t sm_count) {
-  return cols > 0 ? 8 * dm_colsum_chunks(rows, cols, sm_count) * cols : 0;
-}
 
 /* The causal conv's backward by runs of DM_CONV_RUN positions (a K x C partial of the weights'
 ** gradient each, f64), where the grid fits: span positions, kernels up to DM_CONV_MAXK */

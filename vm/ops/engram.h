@@ -52,8 +52,7 @@
 
 #include <math.h>
 #include "core/ops.h"
-#include "ops/blocks.h"     /* the column sums' scratch */
-#include "ops/moe.h"        /* the bucket sort's scratch */
+#include "ops/prims.h"      /* the column sums' and the bucket sort's scratch */
 #include "core/code8.h"
 #include "core/sround.h"
 

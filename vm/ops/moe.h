@@ -32,26 +32,21 @@
 #define DM_MOE_H
 
 #include "core/ops.h"
+#include "ops/prims.h"      /* the bucket sort's scratch */
 
 /* The CUDA expert kernels' sizes that their scratch follows (kernels/moe_tc.cu, moe_experts.cu; the planner reads them):
 ** rows a tile, row tiles a unit at most, the chunks of F and d the streaming kernels take, and the
-** ranks the tensor-core kernels take (DM_MOE_TC_RANK(r)). Keys a block of the bucket sort by
-** expert (kernels/model.cuh dm_bucket_sort: a row of counters each). */
+** ranks the tensor-core kernels take (DM_MOE_TC_RANK(r)). */
 #define DM_MOE_TC_TM 32
 #define DM_MOE_TC_GT 32
 #define DM_MOE_TC_FS 128
 #define DM_MOE_TC_DS 64
 #define DM_MOE_TC_RANK(r) ((r) == 16 || (r) == 32 || (r) == 64 || (r) == 128)
-#define DM_BS_CHUNK 256
 
 /* ---- the CUDA kernels' device scratch, in bytes (core/alloc.h): the kernels size
 ** theirs with these, and the ops hand the same to a plan. e experts, rows assignments
 ** (N x k), d, F and r the bank's sizes. ---- */
 
-/* dm_bucket_sort: a row of nb counters a block of DM_BS_CHUNK keys */
-static inline int64_t dm_bucket_sort_scratch(int64_t n, int64_t nb) {
-  return n > 0 ? 8 * ((n + DM_BS_CHUNK - 1) / DM_BS_CHUNK) * nb : 0;
-}
 /* bucket_counts (moe_route's counts, moe_capacity's drops): the offsets and the sort */
 static inline int64_t dm_bucket_offsets_scratch(int64_t nb) { return 8 * (nb + 1); }
 static inline int64_t dm_bucket_counts_scratch(int64_t n, int64_t nb) {
