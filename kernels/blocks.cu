@@ -1109,16 +1109,16 @@ static void cuda_silu_mul_bwd(dm_tensor *ga, dm_tensor *gb, const dm_tensor *g, 
 }
 
 static const dm_kernel_entry kernels[] = {
-  {"rownorm", (dm_kernel_fn)cuda_rownorm},
-  {"rownorm_bwd", (dm_kernel_fn)cuda_rownorm_bwd},
-  {"cross_entropy_check", (dm_kernel_fn)cuda_ce_check},
-  {"cross_entropy", (dm_kernel_fn)cuda_ce},
-  {"cross_entropy_bwd", (dm_kernel_fn)cuda_ce_bwd},
-  {"causal_conv1d", (dm_kernel_fn)cuda_conv},
-  {"causal_conv1d_bwd", (dm_kernel_fn)cuda_conv_bwd},
-  {"causal_conv1d_silu", (dm_kernel_fn)cuda_conv_silu},
-  {"causal_conv1d_silu_dz", (dm_kernel_fn)cuda_conv_silu_dz},
-  {"silu_mul", (dm_kernel_fn)cuda_silu_mul},
-  {"silu_mul_bwd", (dm_kernel_fn)cuda_silu_mul_bwd},
+  DM_KERNEL_ENTRY(rownorm, cuda_rownorm),
+  DM_KERNEL_ENTRY(rownorm_bwd, cuda_rownorm_bwd),
+  DM_KERNEL_ENTRY(cross_entropy_check, cuda_ce_check),
+  DM_KERNEL_ENTRY(cross_entropy, cuda_ce),
+  DM_KERNEL_ENTRY(cross_entropy_bwd, cuda_ce_bwd),
+  DM_KERNEL_ENTRY(causal_conv1d, cuda_conv),
+  DM_KERNEL_ENTRY(causal_conv1d_bwd, cuda_conv_bwd),
+  DM_KERNEL_ENTRY(causal_conv1d_silu, cuda_conv_silu),
+  DM_KERNEL_ENTRY(causal_conv1d_silu_dz, cuda_conv_silu_dz),
+  DM_KERNEL_ENTRY(silu_mul, cuda_silu_mul),
+  DM_KERNEL_ENTRY(silu_mul_bwd, cuda_silu_mul_bwd),
 };
 DM_CUDA_KERNELS(kernels)

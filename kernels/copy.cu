@@ -15,9 +15,9 @@
 #include "common.cuh"
 extern "C" {
 #include "core/philox.h"
+#include "core/creation.h"
 }
 
-typedef void (*copy_k)(dm_tensor *dst, const dm_tensor *src);
 
 /* ---- fill ------------------------------------------------------------------------------ */
 
@@ -205,7 +205,7 @@ static void cuda_copy_cross(dm_tensor *dst, const dm_tensor *src) {
     if (nbytes_of(ds))
       DM_CU(cudaMemcpyAsync(dm_data(hs), dm_data(ds), nbytes_of(ds), cudaMemcpyDeviceToHost, stream));
     DM_CU(cudaStreamSynchronize(stream));
-    DM_KERNEL(copy_k, "copy", DM_CPU)(dst, hs);
+    DM_KERNEL(copy, DM_CPU)(dst, hs);
     dm_release(hs);
   }
   dm_release(ds);
@@ -237,10 +237,10 @@ static void cuda_philox(dm_tensor *t, uint64_t seed, uint64_t offset, bool norma
 }
 
 static const dm_kernel_entry kernels[] = {
-  {"fill", (dm_kernel_fn)cuda_fill},
-  {"copy", (dm_kernel_fn)cuda_copy},
-  {"copy_cross", (dm_kernel_fn)cuda_copy_cross},
-  {"arange", (dm_kernel_fn)cuda_arange},
-  {"philox", (dm_kernel_fn)cuda_philox},
+  DM_KERNEL_ENTRY(fill, cuda_fill),
+  DM_KERNEL_ENTRY(copy, cuda_copy),
+  DM_KERNEL_ENTRY(copy_cross, cuda_copy_cross),
+  DM_KERNEL_ENTRY(arange, cuda_arange),
+  DM_KERNEL_ENTRY(philox, cuda_philox),
 };
 DM_CUDA_KERNELS(kernels)

@@ -366,11 +366,11 @@ static void cuda_where_bwd(dm_tensor *ga, dm_tensor *gb, const dm_tensor *cond, 
 }
 
 static const dm_kernel_entry kernels[] = {
-  {"unary", (dm_kernel_fn)cuda_unary},
-  {"unary_bwd", (dm_kernel_fn)cuda_unary_bwd},
-  {"binary", (dm_kernel_fn)cuda_binary},
-  {"binary_bwd", (dm_kernel_fn)cuda_binary_bwd},
-  {"where", (dm_kernel_fn)cuda_where},
-  {"where_bwd", (dm_kernel_fn)cuda_where_bwd},
+  DM_KERNEL_ENTRY(unary, cuda_unary),
+  DM_KERNEL_ENTRY(unary_bwd, cuda_unary_bwd),
+  DM_KERNEL_ENTRY(binary, cuda_binary),
+  DM_KERNEL_ENTRY(binary_bwd, cuda_binary_bwd),
+  DM_KERNEL_ENTRY(where, cuda_where),
+  DM_KERNEL_ENTRY(where_bwd, cuda_where_bwd),
 };
 DM_CUDA_KERNELS(kernels)

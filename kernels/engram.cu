@@ -472,13 +472,13 @@ static void cuda_engram_adam_8bit(dm_tensor *table, const dm_engram_8bit *m8, co
 }
 
 static const dm_kernel_entry kernels[] = {
-  {"engram_index", (dm_kernel_fn)cuda_engram_index},
-  {"engram_unique", (dm_kernel_fn)cuda_engram_unique},
-  {"engram_sparse_grad", (dm_kernel_fn)cuda_engram_sparse_grad},
-  {"engram_alpha", (dm_kernel_fn)cuda_engram_alpha},
-  {"engram_alpha_bwd", (dm_kernel_fn)cuda_engram_alpha_bwd},
-  {"engram_adam", (dm_kernel_fn)cuda_engram_adam},
-  {"engram_adam_at", (dm_kernel_fn)cuda_engram_adam_at},
-  {"engram_adam_8bit", (dm_kernel_fn)cuda_engram_adam_8bit},
+  DM_KERNEL_ENTRY(engram_index, cuda_engram_index),
+  DM_KERNEL_ENTRY(engram_unique, cuda_engram_unique),
+  DM_KERNEL_ENTRY(engram_sparse_grad, cuda_engram_sparse_grad),
+  DM_KERNEL_ENTRY(engram_alpha, cuda_engram_alpha),
+  DM_KERNEL_ENTRY(engram_alpha_bwd, cuda_engram_alpha_bwd),
+  DM_KERNEL_ENTRY(engram_adam, cuda_engram_adam),
+  DM_KERNEL_ENTRY(engram_adam_at, cuda_engram_adam_at),
+  DM_KERNEL_ENTRY(engram_adam_8bit, cuda_engram_adam_8bit),
 };
 DM_CUDA_KERNELS(kernels)

@@ -419,6 +419,6 @@ double dm_cuda_bench_copy(size_t nbytes, int reps) {
 }
 
 static const dm_kernel_entry kernels[] = {
-  {"matmul", (dm_kernel_fn)cuda_matmul},
+  DM_KERNEL_ENTRY(matmul, cuda_matmul),
 };
 DM_REGISTER_KERNELS(DM_CUDA, kernels)

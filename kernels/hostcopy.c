@@ -44,9 +44,9 @@ static void hostable_fence_free(void *fence) {
 }
 
 static const dm_kernel_entry kernels[] = {
-  {"hostable_buffers", (dm_kernel_fn)hostable_buffers},
-  {"hostable_fence", (dm_kernel_fn)hostable_fence},
-  {"hostable_fence_wait", (dm_kernel_fn)hostable_fence_wait},
-  {"hostable_fence_free", (dm_kernel_fn)hostable_fence_free},
+  DM_KERNEL_ENTRY(hostable_buffers, hostable_buffers),
+  DM_KERNEL_ENTRY(hostable_fence, hostable_fence),
+  DM_KERNEL_ENTRY(hostable_fence_wait, hostable_fence_wait),
+  DM_KERNEL_ENTRY(hostable_fence_free, hostable_fence_free),
 };
 DM_REGISTER_KERNELS(DM_CUDA, kernels)

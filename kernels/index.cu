@@ -23,6 +23,7 @@
 */
 #include "common.cuh"
 #include "ops/patch.h"
+#include "ops/index.h"
 
 static int current_op;              /* dm_cuda_name_id of the op that last checked its indices */
 
@@ -213,11 +214,11 @@ static void cuda_patch_index(dm_tensor *pool, dm_tensor *ctx, dm_tensor *count, 
 }
 
 static const dm_kernel_entry kernels[] = {
-  {"gather", (dm_kernel_fn)cuda_gather},
-  {"index_select", (dm_kernel_fn)cuda_index_select},
-  {"scatter_add", (dm_kernel_fn)cuda_scatter_add},
-  {"index_add", (dm_kernel_fn)cuda_index_add},
-  {"index_check", (dm_kernel_fn)cuda_index_check},
-  {"patch_index", (dm_kernel_fn)cuda_patch_index},
+  DM_KERNEL_ENTRY(gather, cuda_gather),
+  DM_KERNEL_ENTRY(index_select, cuda_index_select),
+  DM_KERNEL_ENTRY(scatter_add, cuda_scatter_add),
+  DM_KERNEL_ENTRY(index_add, cuda_index_add),
+  DM_KERNEL_ENTRY(index_check, cuda_index_check),
+  DM_KERNEL_ENTRY(patch_index, cuda_patch_index),
 };
 DM_CUDA_KERNELS(kernels)

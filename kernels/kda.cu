@@ -553,9 +553,9 @@ static void cuda_kda_gate_bwd(dm_tensor *df, dm_tensor *da_log, dm_tensor *ddt_b
 }
 
 static const dm_kernel_entry kernels[] = {
-  {"kda_fwd", (dm_kernel_fn)cuda_kda_fwd},
-  {"kda_bwd", (dm_kernel_fn)cuda_kda_bwd},
-  {"kda_gate", (dm_kernel_fn)cuda_kda_gate},
-  {"kda_gate_bwd", (dm_kernel_fn)cuda_kda_gate_bwd},
+  DM_KERNEL_ENTRY(kda_fwd, cuda_kda_fwd),
+  DM_KERNEL_ENTRY(kda_bwd, cuda_kda_bwd),
+  DM_KERNEL_ENTRY(kda_gate, cuda_kda_gate),
+  DM_KERNEL_ENTRY(kda_gate_bwd, cuda_kda_gate_bwd),
 };
 DM_CUDA_KERNELS(kernels)

@@ -1240,7 +1240,7 @@ static void cuda_kda_chunk_bwd(dm_tensor *dq, dm_tensor *dk, dm_tensor *dv, dm_t
 }
 
 static const dm_kernel_entry kernels[] = {
-  {"kda_chunk_fwd", (dm_kernel_fn)cuda_kda_chunk_fwd},
-  {"kda_chunk_bwd", (dm_kernel_fn)cuda_kda_chunk_bwd},
+  DM_KERNEL_ENTRY(kda_chunk_fwd, cuda_kda_chunk_fwd),
+  DM_KERNEL_ENTRY(kda_chunk_bwd, cuda_kda_chunk_bwd),
 };
 DM_CUDA_KERNELS(kernels)

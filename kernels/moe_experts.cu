@@ -483,7 +483,7 @@ static void cuda_experts_bwd(dm_tensor *gx_rows, const dm_moe_grads *g, const dm
 }
 
 static const dm_kernel_entry kernels[] = {
-  {"moe_experts", (dm_kernel_fn)cuda_experts},
-  {"moe_experts_bwd", (dm_kernel_fn)cuda_experts_bwd},
+  DM_KERNEL_ENTRY(moe_experts, cuda_experts),
+  DM_KERNEL_ENTRY(moe_experts_bwd, cuda_experts_bwd),
 };
 DM_CUDA_KERNELS(kernels)

@@ -484,15 +484,15 @@ static void cuda_balance(dm_tensor *bias, const dm_tensor *counts, double gamma)
 }
 
 static const dm_kernel_entry kernels[] = {
-  {"moe_route", (dm_kernel_fn)cuda_route},
-  {"moe_route_bwd", (dm_kernel_fn)cuda_route_bwd},
-  {"moe_sort", (dm_kernel_fn)cuda_sort},
-  {"moe_check_offsets", (dm_kernel_fn)cuda_check_offsets},
-  {"moe_invert", (dm_kernel_fn)cuda_invert},
-  {"moe_combine", (dm_kernel_fn)cuda_combine},
-  {"moe_combine_bwd", (dm_kernel_fn)cuda_combine_bwd},
-  {"moe_capacity", (dm_kernel_fn)cuda_capacity},
-  {"moe_counters", (dm_kernel_fn)cuda_counters},
-  {"moe_balance", (dm_kernel_fn)cuda_balance},
+  DM_KERNEL_ENTRY(moe_route, cuda_route),
+  DM_KERNEL_ENTRY(moe_route_bwd, cuda_route_bwd),
+  DM_KERNEL_ENTRY(moe_sort, cuda_sort),
+  DM_KERNEL_ENTRY(moe_check_offsets, cuda_check_offsets),
+  DM_KERNEL_ENTRY(moe_invert, cuda_invert),
+  DM_KERNEL_ENTRY(moe_combine, cuda_combine),
+  DM_KERNEL_ENTRY(moe_combine_bwd, cuda_combine_bwd),
+  DM_KERNEL_ENTRY(moe_capacity, cuda_capacity),
+  DM_KERNEL_ENTRY(moe_counters, cuda_counters),
+  DM_KERNEL_ENTRY(moe_balance, cuda_balance),
 };
 DM_CUDA_KERNELS(kernels)

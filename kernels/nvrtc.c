@@ -322,5 +322,5 @@ static void cuda_fuse(dm_fused *f, int dir, dm_tensor *const *out, int n_in, dm_
   DM_CU_LAUNCHED();
 }
 
-static const dm_kernel_entry kernels[] = {{"fuse", (dm_kernel_fn)cuda_fuse}};
+static const dm_kernel_entry kernels[] = {DM_KERNEL_ENTRY(fuse, cuda_fuse)};
 DM_REGISTER_KERNELS(DM_CUDA, kernels)

@@ -467,15 +467,15 @@ static void cuda_optim_tick(dm_tensor *step, const dm_tensor *sumsq) {
 }
 
 static const dm_kernel_entry kernels[] = {
-  {"adamw", (dm_kernel_fn)cuda_adamw},
-  {"adamw_8bit", (dm_kernel_fn)cuda_adamw_8bit},
-  {"optim_tick", (dm_kernel_fn)cuda_optim_tick},
-  {"sumsq", (dm_kernel_fn)cuda_sumsq},
-  {"clip_scale", (dm_kernel_fn)cuda_clip_scale},
-  {"muon_momentum", (dm_kernel_fn)cuda_muon_momentum},
-  {"ns_normalize", (dm_kernel_fn)cuda_ns_normalize},
-  {"ns_axpby", (dm_kernel_fn)cuda_ns_axpby},
-  {"ns_gram_start", (dm_kernel_fn)cuda_ns_gram_start},
-  {"muon_apply", (dm_kernel_fn)cuda_muon_apply},
+  DM_KERNEL_ENTRY(adamw, cuda_adamw),
+  DM_KERNEL_ENTRY(adamw_8bit, cuda_adamw_8bit),
+  DM_KERNEL_ENTRY(optim_tick, cuda_optim_tick),
+  DM_KERNEL_ENTRY(sumsq, cuda_sumsq),
+  DM_KERNEL_ENTRY(clip_scale, cuda_clip_scale),
+  DM_KERNEL_ENTRY(muon_momentum, cuda_muon_momentum),
+  DM_KERNEL_ENTRY(ns_normalize, cuda_ns_normalize),
+  DM_KERNEL_ENTRY(ns_axpby, cuda_ns_axpby),
+  DM_KERNEL_ENTRY(ns_gram_start, cuda_ns_gram_start),
+  DM_KERNEL_ENTRY(muon_apply, cuda_muon_apply),
 };
 DM_CUDA_KERNELS(kernels)

@@ -480,11 +480,11 @@ static void cuda_bank_fp8(dm_tensor *codes, dm_tensor *scales, const dm_tensor *
 }
 
 static const dm_kernel_entry kernels[] = {
-  {"bank_fp8", (dm_kernel_fn)cuda_bank_fp8},
-  {"littlebit", (dm_kernel_fn)cuda_littlebit},
-  {"littlebit_bwd", (dm_kernel_fn)cuda_littlebit_bwd},
-  {"quantize", (dm_kernel_fn)cuda_quantize},
-  {"quant_encode", (dm_kernel_fn)cuda_quant_encode},
-  {"quant_decode", (dm_kernel_fn)cuda_quant_decode},
+  DM_KERNEL_ENTRY(bank_fp8, cuda_bank_fp8),
+  DM_KERNEL_ENTRY(littlebit, cuda_littlebit),
+  DM_KERNEL_ENTRY(littlebit_bwd, cuda_littlebit_bwd),
+  DM_KERNEL_ENTRY(quantize, cuda_quantize),
+  DM_KERNEL_ENTRY(quant_encode, cuda_quant_encode),
+  DM_KERNEL_ENTRY(quant_decode, cuda_quant_decode),
 };
 DM_CUDA_KERNELS(kernels)

@@ -26,9 +26,9 @@
 ** chosen position only.
 */
 #include "common.cuh"
-
-/* must match the kinds of vm/ops/reduce.c */
-enum { R_SUM, R_MEAN, R_MAX, R_MIN, R_ARGMAX, R_ARGMIN, R_LOGSUMEXP, R_NORM };
+extern "C" {
+#include "ops/reduce.h"
+}
 
 #define RMAXOPS 3
 
@@ -971,9 +971,9 @@ static void cuda_softmax_bwd(dm_tensor *gx, const dm_tensor *g, const dm_tensor 
 }
 
 static const dm_kernel_entry kernels[] = {
-  {"reduce", (dm_kernel_fn)cuda_reduce},
-  {"reduce_bwd", (dm_kernel_fn)cuda_reduce_bwd},
-  {"softmax", (dm_kernel_fn)cuda_softmax},
-  {"softmax_bwd", (dm_kernel_fn)cuda_softmax_bwd},
+  DM_KERNEL_ENTRY(reduce, cuda_reduce),
+  DM_KERNEL_ENTRY(reduce_bwd, cuda_reduce_bwd),
+  DM_KERNEL_ENTRY(softmax, cuda_softmax),
+  DM_KERNEL_ENTRY(softmax_bwd, cuda_softmax_bwd),
 };
 DM_CUDA_KERNELS(kernels)

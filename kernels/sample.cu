@@ -64,6 +64,6 @@ static void cuda_sample_bytes(dm_tensor *out, const dm_tensor *logits, const dm_
 }
 
 static const dm_kernel_entry kernels[] = {
-  {"sample_bytes", (dm_kernel_fn)cuda_sample_bytes},
+  DM_KERNEL_ENTRY(sample_bytes, cuda_sample_bytes),
 };
 DM_CUDA_KERNELS(kernels)

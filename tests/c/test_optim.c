@@ -435,7 +435,7 @@ static void muon_kernels_pitched(void) {
   dm_tensor *out = dm_zeros(DM_CPU, DM_F32, 3, ss);
   double *b0 = to_doubles(buf), *gd = to_doubles(g), *p0 = to_doubles(p);
   dm_fill(out, -7.0);
-  dm_muon_momentum_k momentum = DM_KERNEL(dm_muon_momentum_k, "muon_momentum", DM_CPU);
+  dm_muon_momentum_k momentum = DM_KERNEL(muon_momentum, DM_CPU);
   momentum(1, &buf, &g, &out, 0.5, true, NULL, NULL, 0, 5, 8, NULL);
   bool ok = true;
   for (int64_t e = 0; e < 30; e++) {
@@ -445,7 +445,7 @@ static void muon_kernels_pitched(void) {
   for (int64_t r = 0; r < 6; r++)
     for (int64_t c = 5; c < 8; c++) ok = ok && at(out, r * 8 + c) == -7.0;
   CHECK(ok);
-  dm_muon_apply_k apply = DM_KERNEL(dm_muon_apply_k, "muon_apply", DM_CPU);
+  dm_muon_apply_k apply = DM_KERNEL(muon_apply, DM_CPU);
   dm_muon_hp hp = {.lr = 0.5, .weight_decay = 0};
   apply(1, &p, &out, &hp, 1.0, 5, 8);
   ok = true;

@@ -111,28 +111,45 @@ dm_attrs dm_attrs_list(int n, const int64_t *list);
 /* attribute i of the call as a dtype (its dm_dtype value), or "op: ... is not a dtype" */
 dm_dtype dm_attr_dtype(const dm_ctx *c, int i);
 
-/* the kernel table */
+/* the kernel table. A kernel is declared once, in its family's header, by its name and its type:
+** DM_KERNEL_TYPE(moe_route, dm_moe_route_k). Lookups (DM_KERNEL(moe_route, dev)) and registrations
+** (DM_KERNEL_ENTRY(moe_route, cuda_route)) name it and take the type from there: a backend's function
+** of another signature does not compile (tests/c/kernel_types.c), and a name nothing declares neither. */
 typedef void (*dm_kernel_fn)(void);
 void dm_kernel_register(const char *name, dm_device dev, dm_kernel_fn fn);
 dm_kernel_fn dm_kernel_find(const char *name, dm_device dev);    /* NULL when absent */
 dm_kernel_fn dm_kernel_get(const char *name, dm_device dev);     /* raises when absent */
+
+#define DM_KERNEL_TYPE(name, type) typedef type dm_ktype_##name;
+
+/* a table's entry: the declared name and a function of the declared type, checked by the compiler
+** in a constant expression (the tables are filled before the constructors that register them run) */
+#ifdef __cplusplus
+#define DM_KERNEL_ENTRY(name, fn) {#name, (dm_kernel_fn)(std::integral_constant<dm_ktype_##name, fn>::value)}
+#else
+#define DM_KERNEL_ENTRY(name, fn) {#name, _Generic((fn), dm_ktype_##name: (dm_kernel_fn)(fn))}
+#endif
+
 /* a kernel looked up once per call site and device */
-#define DM_KERNEL(type, name, dev) __extension__ ({                       \
+#define DM_KERNEL(name, dev) __extension__ ({                             \
     static dm_kernel_fn dm_kcache_[DM_NDEVICE];                           \
     dm_device dm_kdev_ = (dev);                                           \
-    if (!dm_kcache_[dm_kdev_]) dm_kcache_[dm_kdev_] = dm_kernel_get(name, dm_kdev_); \
-    (type)dm_kcache_[dm_kdev_]; })
+    if (!dm_kcache_[dm_kdev_]) dm_kcache_[dm_kdev_] = dm_kernel_get(#name, dm_kdev_); \
+    (dm_ktype_##name)dm_kcache_[dm_kdev_]; })
 
 /* an optional kernel, looked up once per call site and device: NULL when the backend has none */
-#define DM_KERNEL_OPT(type, name, dev) __extension__ ({                   \
+#define DM_KERNEL_OPT(name, dev) __extension__ ({                         \
     static dm_kernel_fn dm_kcache_[DM_NDEVICE];                           \
     static bool dm_klooked_[DM_NDEVICE];                                  \
     dm_device dm_kdev_ = (dev);                                           \
     if (!dm_klooked_[dm_kdev_]) {                                         \
-      dm_kcache_[dm_kdev_] = dm_kernel_find(name, dm_kdev_);              \
+      dm_kcache_[dm_kdev_] = dm_kernel_find(#name, dm_kdev_);             \
       dm_klooked_[dm_kdev_] = true;                                       \
     }                                                                     \
-    (type)dm_kcache_[dm_kdev_]; })
+    (dm_ktype_##name)dm_kcache_[dm_kdev_]; })
+
+/* an optional kernel looked up now (NULL when the backend has none) */
+#define DM_KERNEL_FIND(name, dev) ((dm_ktype_##name)dm_kernel_find(#name, (dev)))
 
 #define DM_REGISTER_OPS(table)                                            \
   __attribute__((constructor)) static void dm_register_ops_(void) {       \

@@ -533,14 +533,14 @@ static void cpu_silu_mul_bwd(dm_tensor *ga, dm_tensor *gb, const dm_tensor *g, c
 }
 
 static const dm_kernel_entry kernels[] = {
-  {"rownorm", (dm_kernel_fn)cpu_rownorm},
-  {"rownorm_bwd", (dm_kernel_fn)cpu_rownorm_bwd},
-  {"cross_entropy_check", (dm_kernel_fn)cpu_ce_check},
-  {"cross_entropy", (dm_kernel_fn)cpu_ce},
-  {"cross_entropy_bwd", (dm_kernel_fn)cpu_ce_bwd},
-  {"causal_conv1d", (dm_kernel_fn)cpu_conv},
-  {"causal_conv1d_bwd", (dm_kernel_fn)cpu_conv_bwd},
-  {"silu_mul", (dm_kernel_fn)cpu_silu_mul},
-  {"silu_mul_bwd", (dm_kernel_fn)cpu_silu_mul_bwd},
+  DM_KERNEL_ENTRY(rownorm, cpu_rownorm),
+  DM_KERNEL_ENTRY(rownorm_bwd, cpu_rownorm_bwd),
+  DM_KERNEL_ENTRY(cross_entropy_check, cpu_ce_check),
+  DM_KERNEL_ENTRY(cross_entropy, cpu_ce),
+  DM_KERNEL_ENTRY(cross_entropy_bwd, cpu_ce_bwd),
+  DM_KERNEL_ENTRY(causal_conv1d, cpu_conv),
+  DM_KERNEL_ENTRY(causal_conv1d_bwd, cpu_conv_bwd),
+  DM_KERNEL_ENTRY(silu_mul, cpu_silu_mul),
+  DM_KERNEL_ENTRY(silu_mul_bwd, cpu_silu_mul_bwd),
 };
 DM_REGISTER_KERNELS(DM_CPU, kernels)

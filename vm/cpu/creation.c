@@ -4,6 +4,7 @@
 #include "iter.h"
 #include "core/ops.h"
 #include "core/philox.h"
+#include "core/creation.h"
 
 static void fill_row(char **p, const int64_t *st, int64_t n, void *ud) {
   const struct { dm_dtype dt; double v; } *f = ud;
@@ -65,9 +66,9 @@ static void cpu_philox(dm_tensor *t, uint64_t seed, uint64_t offset, bool normal
 }
 
 static const dm_kernel_entry kernels[] = {
-  {"fill", (dm_kernel_fn)cpu_fill},
-  {"copy", (dm_kernel_fn)cpu_copy},
-  {"arange", (dm_kernel_fn)cpu_arange},
-  {"philox", (dm_kernel_fn)cpu_philox},
+  DM_KERNEL_ENTRY(fill, cpu_fill),
+  DM_KERNEL_ENTRY(copy, cpu_copy),
+  DM_KERNEL_ENTRY(arange, cpu_arange),
+  DM_KERNEL_ENTRY(philox, cpu_philox),
 };
 DM_REGISTER_KERNELS(DM_CPU, kernels)

@@ -295,11 +295,11 @@ static void cpu_where_bwd(dm_tensor *ga, dm_tensor *gb, const dm_tensor *cond, c
 }
 
 static const dm_kernel_entry kernels[] = {
-  {"unary", (dm_kernel_fn)cpu_unary},
-  {"unary_bwd", (dm_kernel_fn)cpu_unary_bwd},
-  {"binary", (dm_kernel_fn)cpu_binary},
-  {"binary_bwd", (dm_kernel_fn)cpu_binary_bwd},
-  {"where", (dm_kernel_fn)cpu_where},
-  {"where_bwd", (dm_kernel_fn)cpu_where_bwd},
+  DM_KERNEL_ENTRY(unary, cpu_unary),
+  DM_KERNEL_ENTRY(unary_bwd, cpu_unary_bwd),
+  DM_KERNEL_ENTRY(binary, cpu_binary),
+  DM_KERNEL_ENTRY(binary_bwd, cpu_binary_bwd),
+  DM_KERNEL_ENTRY(where, cpu_where),
+  DM_KERNEL_ENTRY(where_bwd, cpu_where_bwd),
 };
 DM_REGISTER_KERNELS(DM_CPU, kernels)

@@ -273,12 +273,12 @@ static void cpu_engram_adam_8bit(dm_tensor *table, const dm_engram_8bit *m8, con
 }
 
 static const dm_kernel_entry kernels[] = {
-  {"engram_adam_8bit", (dm_kernel_fn)cpu_engram_adam_8bit},
-  {"engram_index", (dm_kernel_fn)cpu_engram_index},
-  {"engram_unique", (dm_kernel_fn)cpu_engram_unique},
-  {"engram_sparse_grad", (dm_kernel_fn)cpu_engram_sparse_grad},
-  {"engram_alpha", (dm_kernel_fn)cpu_engram_alpha},
-  {"engram_alpha_bwd", (dm_kernel_fn)cpu_engram_alpha_bwd},
-  {"engram_adam", (dm_kernel_fn)cpu_engram_adam},
+  DM_KERNEL_ENTRY(engram_adam_8bit, cpu_engram_adam_8bit),
+  DM_KERNEL_ENTRY(engram_index, cpu_engram_index),
+  DM_KERNEL_ENTRY(engram_unique, cpu_engram_unique),
+  DM_KERNEL_ENTRY(engram_sparse_grad, cpu_engram_sparse_grad),
+  DM_KERNEL_ENTRY(engram_alpha, cpu_engram_alpha),
+  DM_KERNEL_ENTRY(engram_alpha_bwd, cpu_engram_alpha_bwd),
+  DM_KERNEL_ENTRY(engram_adam, cpu_engram_adam),
 };
 DM_REGISTER_KERNELS(DM_CPU, kernels)

@@ -14,6 +14,7 @@
 #include "iter.h"
 #include "core/ops.h"
 #include "ops/patch.h"
+#include "ops/index.h"
 
 /* the index at p as a 0-based position, or an error naming it as the user wrote it */
 static int64_t read_index(const char *what, const char *p, dm_dtype dt, int64_t base, int64_t size) {
@@ -124,11 +125,11 @@ static void cpu_patch_index(dm_tensor *pool, dm_tensor *ctx, dm_tensor *count, c
 }
 
 static const dm_kernel_entry kernels[] = {
-  {"gather", (dm_kernel_fn)cpu_gather},
-  {"index_select", (dm_kernel_fn)cpu_index_select},
-  {"scatter_add", (dm_kernel_fn)cpu_scatter_add},
-  {"index_add", (dm_kernel_fn)cpu_index_add},
-  {"index_check", (dm_kernel_fn)cpu_index_check},
-  {"patch_index", (dm_kernel_fn)cpu_patch_index},
+  DM_KERNEL_ENTRY(gather, cpu_gather),
+  DM_KERNEL_ENTRY(index_select, cpu_index_select),
+  DM_KERNEL_ENTRY(scatter_add, cpu_scatter_add),
+  DM_KERNEL_ENTRY(index_add, cpu_index_add),
+  DM_KERNEL_ENTRY(index_check, cpu_index_check),
+  DM_KERNEL_ENTRY(patch_index, cpu_patch_index),
 };
 DM_REGISTER_KERNELS(DM_CPU, kernels)

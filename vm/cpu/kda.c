@@ -70,10 +70,10 @@ static void cpu_kda_gate_bwd(dm_tensor *df, dm_tensor *da_log, dm_tensor *ddt_bi
 }
 
 static const dm_kernel_entry kernels[] = {
-  {"kda_fwd", (dm_kernel_fn)cpu_kda_fwd},
-  {"kda_bwd", (dm_kernel_fn)cpu_kda_bwd},
-  {"kda_gate", (dm_kernel_fn)cpu_kda_gate},
-  {"kda_gate_bwd", (dm_kernel_fn)cpu_kda_gate_bwd},
+  DM_KERNEL_ENTRY(kda_fwd, cpu_kda_fwd),
+  DM_KERNEL_ENTRY(kda_bwd, cpu_kda_bwd),
+  DM_KERNEL_ENTRY(kda_gate, cpu_kda_gate),
+  DM_KERNEL_ENTRY(kda_gate_bwd, cpu_kda_gate_bwd),
 };
 DM_REGISTER_KERNELS(DM_CPU, kernels)
 

@@ -72,8 +72,8 @@ static void cpu_kda_chunk_bwd(dm_tensor *dq, dm_tensor *dk, dm_tensor *dv, dm_te
 }
 
 static const dm_kernel_entry kernels[] = {
-  {"kda_chunk_fwd", (dm_kernel_fn)cpu_kda_chunk_fwd},
-  {"kda_chunk_bwd", (dm_kernel_fn)cpu_kda_chunk_bwd},
+  DM_KERNEL_ENTRY(kda_chunk_fwd, cpu_kda_chunk_fwd),
+  DM_KERNEL_ENTRY(kda_chunk_bwd, cpu_kda_chunk_bwd),
 };
 DM_REGISTER_KERNELS(DM_CPU, kernels)
 

@@ -127,6 +127,6 @@ static void cpu_matmul(dm_tensor *out, dm_tensor *a, dm_tensor *b, bool ta, bool
 }
 
 static const dm_kernel_entry kernels[] = {
-  {"matmul", (dm_kernel_fn)cpu_matmul},
+  DM_KERNEL_ENTRY(matmul, cpu_matmul),
 };
 DM_REGISTER_KERNELS(DM_CPU, kernels)

@@ -415,17 +415,17 @@ static void cpu_balance(dm_tensor *bias, const dm_tensor *counts, double gamma) 
 }
 
 static const dm_kernel_entry kernels[] = {
-  {"moe_route", (dm_kernel_fn)cpu_route},
-  {"moe_route_bwd", (dm_kernel_fn)cpu_route_bwd},
-  {"moe_sort", (dm_kernel_fn)cpu_sort},
-  {"moe_check_offsets", (dm_kernel_fn)cpu_check_offsets},
-  {"moe_invert", (dm_kernel_fn)cpu_invert},
-  {"moe_experts", (dm_kernel_fn)cpu_experts},
-  {"moe_experts_bwd", (dm_kernel_fn)cpu_experts_bwd},
-  {"moe_combine", (dm_kernel_fn)cpu_combine},
-  {"moe_combine_bwd", (dm_kernel_fn)cpu_combine_bwd},
-  {"moe_capacity", (dm_kernel_fn)cpu_capacity},
-  {"moe_counters", (dm_kernel_fn)cpu_counters},
-  {"moe_balance", (dm_kernel_fn)cpu_balance},
+  DM_KERNEL_ENTRY(moe_route, cpu_route),
+  DM_KERNEL_ENTRY(moe_route_bwd, cpu_route_bwd),
+  DM_KERNEL_ENTRY(moe_sort, cpu_sort),
+  DM_KERNEL_ENTRY(moe_check_offsets, cpu_check_offsets),
+  DM_KERNEL_ENTRY(moe_invert, cpu_invert),
+  DM_KERNEL_ENTRY(moe_experts, cpu_experts),
+  DM_KERNEL_ENTRY(moe_experts_bwd, cpu_experts_bwd),
+  DM_KERNEL_ENTRY(moe_combine, cpu_combine),
+  DM_KERNEL_ENTRY(moe_combine_bwd, cpu_combine_bwd),
+  DM_KERNEL_ENTRY(moe_capacity, cpu_capacity),
+  DM_KERNEL_ENTRY(moe_counters, cpu_counters),
+  DM_KERNEL_ENTRY(moe_balance, cpu_balance),
 };
 DM_REGISTER_KERNELS(DM_CPU, kernels)

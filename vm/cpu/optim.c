@@ -294,15 +294,15 @@ static void cpu_optim_tick(dm_tensor *step, const dm_tensor *sumsq) {
 }
 
 static const dm_kernel_entry kernels[] = {
-  {"adamw", (dm_kernel_fn)cpu_adamw},
-  {"adamw_8bit", (dm_kernel_fn)cpu_adamw_8bit},
-  {"optim_tick", (dm_kernel_fn)cpu_optim_tick},
-  {"sumsq", (dm_kernel_fn)cpu_sumsq},
-  {"clip_scale", (dm_kernel_fn)cpu_clip_scale},
-  {"muon_momentum", (dm_kernel_fn)cpu_muon_momentum},
-  {"ns_normalize", (dm_kernel_fn)cpu_ns_normalize},
-  {"ns_axpby", (dm_kernel_fn)cpu_ns_axpby},
-  {"ns_gram_start", (dm_kernel_fn)cpu_ns_gram_start},
-  {"muon_apply", (dm_kernel_fn)cpu_muon_apply},
+  DM_KERNEL_ENTRY(adamw, cpu_adamw),
+  DM_KERNEL_ENTRY(adamw_8bit, cpu_adamw_8bit),
+  DM_KERNEL_ENTRY(optim_tick, cpu_optim_tick),
+  DM_KERNEL_ENTRY(sumsq, cpu_sumsq),
+  DM_KERNEL_ENTRY(clip_scale, cpu_clip_scale),
+  DM_KERNEL_ENTRY(muon_momentum, cpu_muon_momentum),
+  DM_KERNEL_ENTRY(ns_normalize, cpu_ns_normalize),
+  DM_KERNEL_ENTRY(ns_axpby, cpu_ns_axpby),
+  DM_KERNEL_ENTRY(ns_gram_start, cpu_ns_gram_start),
+  DM_KERNEL_ENTRY(muon_apply, cpu_muon_apply),
 };
 DM_REGISTER_KERNELS(DM_CPU, kernels)

@@ -164,11 +164,11 @@ static void cpu_littlebit_bwd(dm_tensor *gx, dm_tensor *grow, dm_tensor *gcol, c
 }
 
 static const dm_kernel_entry kernels[] = {
-  {"bank_fp8", (dm_kernel_fn)cpu_bank_fp8},
-  {"littlebit", (dm_kernel_fn)cpu_littlebit},
-  {"littlebit_bwd", (dm_kernel_fn)cpu_littlebit_bwd},
-  {"quantize", (dm_kernel_fn)cpu_quantize},
-  {"quant_encode", (dm_kernel_fn)cpu_quant_encode},
-  {"quant_decode", (dm_kernel_fn)cpu_quant_decode},
+  DM_KERNEL_ENTRY(bank_fp8, cpu_bank_fp8),
+  DM_KERNEL_ENTRY(littlebit, cpu_littlebit),
+  DM_KERNEL_ENTRY(littlebit_bwd, cpu_littlebit_bwd),
+  DM_KERNEL_ENTRY(quantize, cpu_quantize),
+  DM_KERNEL_ENTRY(quant_encode, cpu_quant_encode),
+  DM_KERNEL_ENTRY(quant_decode, cpu_quant_decode),
 };
 DM_REGISTER_KERNELS(DM_CPU, kernels)

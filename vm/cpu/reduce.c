@@ -576,9 +576,9 @@ static void cpu_softmax_bwd(dm_tensor *gx, const dm_tensor *g, const dm_tensor *
 }
 
 static const dm_kernel_entry kernels[] = {
-  {"reduce", (dm_kernel_fn)cpu_reduce},
-  {"reduce_bwd", (dm_kernel_fn)cpu_reduce_bwd},
-  {"softmax", (dm_kernel_fn)cpu_softmax},
-  {"softmax_bwd", (dm_kernel_fn)cpu_softmax_bwd},
+  DM_KERNEL_ENTRY(reduce, cpu_reduce),
+  DM_KERNEL_ENTRY(reduce_bwd, cpu_reduce_bwd),
+  DM_KERNEL_ENTRY(softmax, cpu_softmax),
+  DM_KERNEL_ENTRY(softmax_bwd, cpu_softmax_bwd),
 };
 DM_REGISTER_KERNELS(DM_CPU, kernels)

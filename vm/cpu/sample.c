@@ -38,6 +38,6 @@ static void cpu_sample_bytes(dm_tensor *out, const dm_tensor *logits, const dm_t
 }
 
 static const dm_kernel_entry kernels[] = {
-  {"sample_bytes", (dm_kernel_fn)cpu_sample_bytes},
+  DM_KERNEL_ENTRY(sample_bytes, cpu_sample_bytes),
 };
 DM_REGISTER_KERNELS(DM_CPU, kernels)

@@ -27,8 +27,8 @@
 #include "core/core.h"
 #include "core/autograd.h"
 #include "ops/engram.h"
+#include "ops/index.h"
 
-typedef void (*index_check_k)(const dm_tensor *idx, int64_t size, int64_t base, const char *what);
 
 typedef struct slot {
   int64_t cap;                   /* lookups the buffers hold */
@@ -166,10 +166,10 @@ dm_hostable *dm_hostable_new(dm_tensor *table, dm_tensor *m, dm_tensor *v, const
   dm_hostable_fence_wait_k fence_wait = NULL;
   dm_hostable_fence_free_k fence_free = NULL;
   if (dev != DM_CPU) {                /* the device's pinned memory and fences, when it has them */
-    dm_hostable_buffers_k pinned = (dm_hostable_buffers_k)dm_kernel_find("hostable_buffers", dev);
-    fence = (dm_hostable_fence_k)dm_kernel_find("hostable_fence", dev);
-    fence_wait = (dm_hostable_fence_wait_k)dm_kernel_find("hostable_fence_wait", dev);
-    fence_free = (dm_hostable_fence_free_k)dm_kernel_find("hostable_fence_free", dev);
+    dm_hostable_buffers_k pinned = DM_KERNEL_FIND(hostable_buffers, dev);
+    fence = DM_KERNEL_FIND(hostable_fence, dev);
+    fence_wait = DM_KERNEL_FIND(hostable_fence_wait, dev);
+    fence_free = DM_KERNEL_FIND(hostable_fence_free, dev);
     if (!fence || !fence_wait || !fence_free) fence = NULL, fence_wait = NULL, fence_free = NULL;
     if (pinned && fence && !(o && o->buffers)) pinned(&hb);
   }
@@ -222,7 +222,7 @@ void dm_hostable_prefetch(dm_hostable *h, dm_tensor *idx) {
   dm_check_live(idx);
   if (idx->dtype != DM_I64 && idx->dtype != DM_I32)
     dm_error("%s: indices must be i64 or i32, got %s", what, dm_dtype_name(idx->dtype));
-  DM_KERNEL(index_check_k, "index_check", idx->device)(idx, h->R, 0, what);
+  DM_KERNEL(index_check, idx->device)(idx, h->R, 0, what);
   slot *s = &h->slots[1 - h->taken];
   int64_t n = dm_numel(idx);
   slot_idle(h, s);                    /* the worker rewrites what an earlier take copied from s */

@@ -50,6 +50,7 @@
 #define DM_HOSTABLE_H
 
 #include "core/tensor.h"
+#include "core/ops.h"
 #include "data/data.h"
 
 typedef struct dm_hostable dm_hostable;
@@ -99,5 +100,11 @@ typedef void (*dm_hostable_buffers_k)(dm_host_buffers *hb);     /* "hostable_buf
 typedef void (*dm_hostable_fence_k)(void **fence);              /* "hostable_fence" */
 typedef void (*dm_hostable_fence_wait_k)(void *fence);          /* "hostable_fence_wait" */
 typedef void (*dm_hostable_fence_free_k)(void *fence);          /* "hostable_fence_free" */
+
+/* the family's kernels by name (core/ops.h): the ops look them up, the backends register them */
+DM_KERNEL_TYPE(hostable_buffers, dm_hostable_buffers_k)
+DM_KERNEL_TYPE(hostable_fence, dm_hostable_fence_k)
+DM_KERNEL_TYPE(hostable_fence_free, dm_hostable_fence_free_k)
+DM_KERNEL_TYPE(hostable_fence_wait, dm_hostable_fence_wait_k)
 
 #endif

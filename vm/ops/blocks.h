@@ -113,4 +113,17 @@ dm_tensor *dm_causal_conv1d(dm_tensor *x, dm_tensor *w, dm_tensor *cache, int64_
                             dm_tensor **cache_out);
 dm_tensor *dm_silu_mul(dm_tensor *a, dm_tensor *b);
 
+/* the family's kernels by name (core/ops.h): the ops look them up, the backends register them */
+DM_KERNEL_TYPE(causal_conv1d, dm_conv_k)
+DM_KERNEL_TYPE(causal_conv1d_bwd, dm_conv_bwd_k)
+DM_KERNEL_TYPE(causal_conv1d_silu, dm_conv_k)
+DM_KERNEL_TYPE(causal_conv1d_silu_dz, dm_conv_silu_dz_k)
+DM_KERNEL_TYPE(cross_entropy, dm_ce_k)
+DM_KERNEL_TYPE(cross_entropy_bwd, dm_ce_bwd_k)
+DM_KERNEL_TYPE(cross_entropy_check, dm_ce_check_k)
+DM_KERNEL_TYPE(rownorm, dm_rownorm_k)
+DM_KERNEL_TYPE(rownorm_bwd, dm_rownorm_bwd_k)
+DM_KERNEL_TYPE(silu_mul, dm_silu_mul_k)
+DM_KERNEL_TYPE(silu_mul_bwd, dm_silu_mul_bwd_k)
+
 #endif

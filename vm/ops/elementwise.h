@@ -90,4 +90,12 @@ void dm_add_(dm_tensor *a, dm_tensor *b, double alpha);         /* a += alpha * 
 void dm_mul_(dm_tensor *a, dm_tensor *b);                       /* a *= b */
 void dm_affine_(dm_tensor *a, double scale, double shift);      /* a = scale * a + shift */
 
+/* the family's kernels by name (core/ops.h): the ops look them up, the backends register them */
+DM_KERNEL_TYPE(binary, dm_binary_k)
+DM_KERNEL_TYPE(binary_bwd, dm_binary_bwd_k)
+DM_KERNEL_TYPE(unary, dm_unary_k)
+DM_KERNEL_TYPE(unary_bwd, dm_unary_bwd_k)
+DM_KERNEL_TYPE(where, dm_where_k)
+DM_KERNEL_TYPE(where_bwd, dm_where_bwd_k)
+
 #endif

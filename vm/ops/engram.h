@@ -311,4 +311,14 @@ static inline int64_t dm_engram_alpha_bwd_scratch(int64_t N, int64_t d, int64_t 
   return dm_engram_alpha_tokens(N, vb) + dm_colsum_scratch(N, d, sm_count);
 }
 
+/* the family's kernels by name (core/ops.h): the ops look them up, the backends register them */
+DM_KERNEL_TYPE(engram_adam, dm_engram_adam_k)
+DM_KERNEL_TYPE(engram_adam_8bit, dm_engram_adam_8bit_k)
+DM_KERNEL_TYPE(engram_adam_at, dm_engram_adam_at_k)
+DM_KERNEL_TYPE(engram_alpha, dm_engram_alpha_k)
+DM_KERNEL_TYPE(engram_alpha_bwd, dm_engram_alpha_bwd_k)
+DM_KERNEL_TYPE(engram_index, dm_engram_index_k)
+DM_KERNEL_TYPE(engram_sparse_grad, dm_engram_sparse_grad_k)
+DM_KERNEL_TYPE(engram_unique, dm_engram_unique_k)
+
 #endif

@@ -93,4 +93,7 @@ void *dm_nvrtc_kernel(const char *source, const char *name, const char *what);
 void dm_nvrtc_check(const char *source, const char *arch, const char *what);
 #endif
 
+/* the family's kernels by name (core/ops.h): the ops look them up, the backends register them */
+DM_KERNEL_TYPE(fuse, dm_fuse_k)
+
 #endif

@@ -159,4 +159,12 @@ dm_tensor *dm_kda_gate(dm_tensor *f, dm_tensor *a_log, dm_tensor *dt_bias, int k
 typedef struct { int64_t chunked, recurrent; } dm_kda_pass_counts;
 dm_kda_pass_counts dm_kda_passes(void);
 
+/* the family's kernels by name (core/ops.h): the ops look them up, the backends register them */
+DM_KERNEL_TYPE(kda_bwd, dm_kda_bwd_k)
+DM_KERNEL_TYPE(kda_chunk_bwd, dm_kda_bwd_k)
+DM_KERNEL_TYPE(kda_chunk_fwd, dm_kda_fwd_k)
+DM_KERNEL_TYPE(kda_fwd, dm_kda_fwd_k)
+DM_KERNEL_TYPE(kda_gate, dm_kda_gate_k)
+DM_KERNEL_TYPE(kda_gate_bwd, dm_kda_gate_bwd_k)
+
 #endif

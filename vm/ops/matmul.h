@@ -7,6 +7,7 @@
 
 #include <limits.h>
 #include "core/tensor.h"
+#include "core/ops.h"
 
 /* cuBLASLt's workspace: taken from the driver once, beside the caching allocator (kernels/gemm.c);
 ** dormouse plan counts it on the card (core.gemm_workspace) */
@@ -35,5 +36,8 @@ static inline bool dm_blas_layout_of(const dm_tensor *t, bool *flip, int64_t *ld
   int nd = t->ndim;
   return dm_blas_layout(t->shape[nd - 2], t->shape[nd - 1], t->strides[nd - 2], t->strides[nd - 1], flip, ld);
 }
+
+/* the family's kernels by name (core/ops.h): the ops look them up, the backends register them */
+DM_KERNEL_TYPE(matmul, dm_matmul_k)
 
 #endif

@@ -301,4 +301,19 @@ dm_tensor *dm_moe_capacity(dm_tensor *w, dm_tensor *idx, dm_tensor *inv, dm_tens
                            dm_tensor **drops);
 void dm_moe_balance_(dm_tensor *bias, dm_tensor *counts, double gamma);
 
+/* the family's kernels by name (core/ops.h): the ops look them up, the backends register them */
+DM_KERNEL_TYPE(bank_fp8, dm_bank_fp8_k)
+DM_KERNEL_TYPE(moe_balance, dm_moe_balance_k)
+DM_KERNEL_TYPE(moe_capacity, dm_moe_capacity_k)
+DM_KERNEL_TYPE(moe_check_offsets, dm_moe_check_offsets_k)
+DM_KERNEL_TYPE(moe_combine, dm_moe_combine_k)
+DM_KERNEL_TYPE(moe_combine_bwd, dm_moe_combine_bwd_k)
+DM_KERNEL_TYPE(moe_counters, dm_moe_counters_k)
+DM_KERNEL_TYPE(moe_experts, dm_moe_experts_k)
+DM_KERNEL_TYPE(moe_experts_bwd, dm_moe_experts_bwd_k)
+DM_KERNEL_TYPE(moe_invert, dm_moe_invert_k)
+DM_KERNEL_TYPE(moe_route, dm_moe_route_k)
+DM_KERNEL_TYPE(moe_route_bwd, dm_moe_route_bwd_k)
+DM_KERNEL_TYPE(moe_sort, dm_moe_sort_k)
+
 #endif

@@ -7,6 +7,7 @@
 */
 #include <math.h>
 #include "ops/optim.h"
+#include "ops/matmul.h"       /* the kernel Newton-Schulz needs */
 #include "core/core.h"
 #include "core/alloc.h"
 #include "core/cuda.h"
@@ -128,7 +129,7 @@ void dm_adamw_step(int n, dm_tensor *const *params, dm_tensor *const *grads,
     check_state(op, "second moment v", i, params[i], v[i]);
   }
   if (dm_plan_card_of(params[0]->device)) dm_plan_scratch(DM_ADAMW_SCRATCH, "adamw's constants (kernels/optim.cu cuda_adamw)");
-  DM_KERNEL(dm_adamw_k, "adamw", params[0]->device)(n, params, grads, m, v, hp);
+  DM_KERNEL(adamw, params[0]->device)(n, params, grads, m, v, hp);
   for (int i = 0; i < n; i++)
     if (grads[i]) { dm_mark_written(params[i]); dm_mark_written(m[i]); dm_mark_written(v[i]); }
 }
@@ -162,7 +163,7 @@ void dm_adamw_8bit_step(int n, dm_tensor *const *params, dm_tensor *const *grads
     check_8bit(op, "second moment's root", i, params[i], r[i], r_scale[i]);
   }
   if (dm_plan_card_of(params[0]->device)) dm_plan_scratch(DM_ADAMW_SCRATCH, "adamw's constants (kernels/optim.cu cuda_adamw_8bit)");
-  DM_KERNEL(dm_adamw_8bit_k, "adamw_8bit", params[0]->device)(n, params, grads, m, m_scale, r, r_scale, hp, salt);
+  DM_KERNEL(adamw_8bit, params[0]->device)(n, params, grads, m, m_scale, r, r_scale, hp, salt);
   for (int i = 0; i < n; i++)
     if (grads[i]) {
       dm_mark_written(params[i]);
@@ -266,9 +267,9 @@ typedef struct ns_kernels {
 
 /* looked up before anything is allocated, so a device without them leaks nothing */
 static ns_kernels ns_kernels_for(dm_device dev) {
-  ns_kernels k = {DM_KERNEL(dm_ns_normalize_k, "ns_normalize", dev), DM_KERNEL(dm_ns_axpby_k, "ns_axpby", dev),
-                  DM_KERNEL(dm_ns_gram_start_k, "ns_gram_start", dev)};
-  dm_kernel_get("matmul", dev);
+  ns_kernels k = {DM_KERNEL(ns_normalize, dev), DM_KERNEL(ns_axpby, dev),
+                  DM_KERNEL(ns_gram_start, dev)};
+  (void)DM_KERNEL(matmul, dev);
   return k;
 }
 
@@ -461,8 +462,8 @@ static void muon_group(int k, const int *idx, dm_tensor *const *params, dm_tenso
                        dm_tensor *const *bufs, const dm_muon_hp *hp, const double *clip_at) {
   const dm_tensor *p0 = params[idx[0]];
   dm_device dev = p0->device;
-  dm_muon_momentum_k momentum = DM_KERNEL(dm_muon_momentum_k, "muon_momentum", dev);
-  dm_muon_apply_k apply = DM_KERNEL(dm_muon_apply_k, "muon_apply", dev);
+  dm_muon_momentum_k momentum = DM_KERNEL(muon_momentum, dev);
+  dm_muon_apply_k apply = DM_KERNEL(muon_apply, dev);
   ns_kernels nsk = ns_kernels_for(dev);
   int64_t rows = p0->shape[p0->ndim - 2], cols = p0->shape[p0->ndim - 1], batch = 0;
   for (int j = 0; j < k; j++) batch += params[idx[j]]->ndim == 3 ? params[idx[j]]->shape[0] : 1;
@@ -574,7 +575,7 @@ void dm_clip_scale(int n, dm_tensor *const *grads, double max_norm, const dm_ten
   const dm_tensor *first = check_clip("clip_scale", n, grads, max_norm);
   if (!first || max_norm == 0) return;
   dm_check_scalar("clip_scale", "the sum of squares", sumsq, DM_F64, first->device);
-  DM_KERNEL(dm_clip_scale_k, "clip_scale", first->device)(n, grads, sumsq, max_norm);
+  DM_KERNEL(clip_scale, first->device)(n, grads, sumsq, max_norm);
   for (int i = 0; i < n; i++) if (grads[i]) dm_mark_written(grads[i]);
 }
 
@@ -584,9 +585,9 @@ void dm_clip_grads_async(int n, dm_tensor *const *grads, double max_norm, dm_ten
   dm_check_scalar("clip_grads_async", "the sum of squares", sumsq, DM_F64, dev);
   if (!first) { dm_fill(sumsq, 0.0); return; }
   plan_sumsq(dev, n, grads);
-  DM_KERNEL(dm_sumsq_k, "sumsq", dev)(n, grads, sumsq);
+  DM_KERNEL(sumsq, dev)(n, grads, sumsq);
   if (max_norm > 0) {
-    DM_KERNEL(dm_clip_scale_k, "clip_scale", dev)(n, grads, sumsq, max_norm);
+    DM_KERNEL(clip_scale, dev)(n, grads, sumsq, max_norm);
     for (int i = 0; i < n; i++) if (grads[i]) dm_mark_written(grads[i]);
   }
   dm_mark_written(sumsq);
@@ -595,7 +596,7 @@ void dm_clip_grads_async(int n, dm_tensor *const *grads, double max_norm, dm_ten
 void dm_optim_tick(dm_tensor *step, const dm_tensor *sumsq) {
   dm_check_scalar("optim_tick", "the step count", step, DM_I64, step->device);
   dm_check_scalar("optim_tick", "the sum of squares", sumsq, DM_F64, step->device);
-  DM_KERNEL(dm_optim_tick_k, "optim_tick", step->device)(step, sumsq);
+  DM_KERNEL(optim_tick, step->device)(step, sumsq);
   dm_mark_written(step);
 }
 
@@ -604,8 +605,8 @@ double dm_clip_grad_norm(int n, dm_tensor *const *grads, double max_norm, bool *
   if (finite) *finite = true;
   if (!first) return 0.0;
   dm_device dev = first->device;
-  dm_sumsq_k sum = DM_KERNEL(dm_sumsq_k, "sumsq", dev);
-  dm_clip_scale_k scale = DM_KERNEL(dm_clip_scale_k, "clip_scale", dev);
+  dm_sumsq_k sum = DM_KERNEL(sumsq, dev);
+  dm_clip_scale_k scale = DM_KERNEL(clip_scale, dev);
   dm_tensor *sumsq = dm_tensor_new(dev, DM_F64, 1, (int64_t[]){1});
   plan_sumsq(dev, n, grads);
   sum(n, grads, sumsq);

@@ -28,6 +28,7 @@
 #define DM_OPTIM_H
 
 #include "core/tensor.h"
+#include "core/ops.h"
 
 /* ---- the CUDA kernels' device scratch, in bytes (core/alloc.h): the kernels size
 ** theirs with these, and the callers hand the same to a plan ---- */
@@ -195,5 +196,17 @@ typedef void (*dm_ns_axpby_k)(dm_tensor *y, double alpha, const dm_tensor *x, do
 /* p = p·(1 − lr·wd) − lr·scale·o */
 typedef void (*dm_muon_apply_k)(int n, dm_tensor *const *p, dm_tensor *const *o,
                                 const dm_muon_hp *hp, double scale, int64_t cols, int64_t pitch);  /* "muon_apply" */
+
+/* the family's kernels by name (core/ops.h): the ops look them up, the backends register them */
+DM_KERNEL_TYPE(adamw, dm_adamw_k)
+DM_KERNEL_TYPE(adamw_8bit, dm_adamw_8bit_k)
+DM_KERNEL_TYPE(clip_scale, dm_clip_scale_k)
+DM_KERNEL_TYPE(muon_apply, dm_muon_apply_k)
+DM_KERNEL_TYPE(muon_momentum, dm_muon_momentum_k)
+DM_KERNEL_TYPE(ns_axpby, dm_ns_axpby_k)
+DM_KERNEL_TYPE(ns_gram_start, dm_ns_gram_start_k)
+DM_KERNEL_TYPE(ns_normalize, dm_ns_normalize_k)
+DM_KERNEL_TYPE(optim_tick, dm_optim_tick_k)
+DM_KERNEL_TYPE(sumsq, dm_sumsq_k)
 
 #endif

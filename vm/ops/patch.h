@@ -50,4 +50,7 @@ DM_HD int64_t dm_patch_row(const uint8_t *x, int64_t T, const uint8_t *breaks, i
 typedef void (*dm_patch_k)(dm_tensor *pool, dm_tensor *ctx, dm_tensor *count, const dm_tensor *x,
                            const dm_tensor *breaks, int64_t min_len, int64_t max_len);
 
+/* the family's kernels by name (core/ops.h): the ops look them up, the backends register them */
+DM_KERNEL_TYPE(patch_index, dm_patch_k)
+
 #endif

@@ -174,4 +174,11 @@ dm_tensor *dm_quantize(dm_tensor *x, int format, int64_t block);
 dm_tensor *dm_quant_encode(dm_tensor *x, int format, int64_t block, dm_tensor **scales);
 dm_tensor *dm_quant_decode(dm_tensor *codes, dm_tensor *scales, int format, int64_t block, int64_t n);
 
+/* the family's kernels by name (core/ops.h): the ops look them up, the backends register them */
+DM_KERNEL_TYPE(littlebit, dm_littlebit_k)
+DM_KERNEL_TYPE(littlebit_bwd, dm_littlebit_bwd_k)
+DM_KERNEL_TYPE(quant_decode, dm_quant_decode_k)
+DM_KERNEL_TYPE(quant_encode, dm_quant_encode_k)
+DM_KERNEL_TYPE(quantize, dm_quantize_k)
+
 #endif

@@ -21,6 +21,7 @@
 #define DM_SAMPLE_H
 
 #include "core/tensor.h"
+#include "core/ops.h"
 #include "core/philox.h"
 
 #define DM_SAMPLE_MAXV 256          /* a byte model's logits; the CUDA kernel's threads */
@@ -79,5 +80,8 @@ void dm_sample_bytes(dm_tensor *out, const dm_tensor *logits, const dm_tensor *s
 
 typedef void (*dm_sample_bytes_k)(dm_tensor *out, const dm_tensor *logits, const dm_tensor *seeds,
                                   const dm_tensor *counts, const dm_sample_hp *hp);   /* "sample_bytes" */
+
+/* the family's kernels by name (core/ops.h): the ops look them up, the backends register them */
+DM_KERNEL_TYPE(sample_bytes, dm_sample_bytes_k)
 
 #endif
