@@ -20,6 +20,9 @@ return {
     log = {["model.moe.balance"] = "log"},                           -- a starved expert back as fast
     log_1e2 = {["model.moe.balance"] = "log", ["model.moe.lfb_gamma"] = 1e-2},
     router_small = {["model.moe.router_std"] = 1e-3},
+    -- the logits bounded (s cos(u, w_e)), so the balancing bias keeps its hold as the router trains
+    cosine_10 = {["model.moe.router_cosine"] = 10},
+    cosine_10_sign = {["model.moe.router_cosine"] = 10, ["model.moe.balance"] = "sign"},
     -- the sigmoid router (the default before): loss-free balancing by sign collapses, in proportion does not
     sigmoid = {["model.moe.router"] = "sigmoid", ["model.moe.balance"] = "sign"},
     sigmoid_proportional = {["model.moe.router"] = "sigmoid"},

@@ -281,6 +281,9 @@ local rows = {
       {"router_dtype", enum {"compute", "f32"}, "compute", "the router's product: in the compute dtype " ..
        "(its scores cast to f32), or in f32 from an f32 copy of its input", tune = true},
       {"router_std", optional(num{above = 0}), nil, "std of the router's weights at initialisation (nil = d^-1/2)", tune = true},
+      {"router_cosine", optional(num{above = 0}), nil, "an arm: the router's logits s cos(u, w_e), the token's " ..
+       "row and each expert's router row at unit length, so that the logits stay in [-s, s] and the balancing " ..
+       "bias keeps its hold as the router trains (nil = off: the logits W_r u)", tune = true},
       {"router", enum {"sigmoid", "softmax"}, "softmax", "the router's form: softmax = the top k of " ..
        "logits + bias (the bias in logit units), gates a softmax over the k chosen logits; sigmoid = the " ..
        "top k of sigmoid(logits) + bias, gates s / sum s (docs/training.md, \"Balance at b1\")"},

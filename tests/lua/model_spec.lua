@@ -427,6 +427,28 @@ describe("the structural options", function()
     end
   end)
 
+  it("router_cosine = s: logits s cos(u, w_e), in [-s, s], float32 against float64", function()
+    grads_agree {"model.moe.router_cosine=10"}
+    local m = build("experiments/tiny.lua", {"model.moe.router_cosine=10"})
+    local moe = m.block.moe
+    local x = dm.randn({5, m.cfg.d}, {seed = 3}) * 40
+    local got = dm.no_grad(function() return moe:router_scores(x) end)
+    local w = moe.router.weight
+    for t = 1, 5 do
+      local row = x:narrow(1, t, 1)
+      for e = 1, moe.experts do
+        local we = w:narrow(1, e, 1)
+        local cos = (row * we):sum():item() / math.sqrt((row * row):sum():item() * (we * we):sum():item())
+        assert.near(10 * cos, got:narrow(1, t, 1):narrow(2, e, 1):item(), 1e-4)
+      end
+    end
+    assert.is_true(got:abs():max():item() <= 10 + 1e-4)
+    local plain = build("experiments/tiny.lua")
+    assert.is_nil(plain.block.moe.router_cosine)
+    local want = dm.no_grad(function() return plain.block.moe.router:forward(x) end)
+    assert.is_true(dm.allclose(dm.no_grad(function() return plain.block.moe:router_scores(x) end), want))
+  end)
+
   it("router = softmax: the top k of logits + bias, softmax gates, float32 against float64", function()
     grads_agree {"model.moe.router=softmax"}
     grads_agree {"model.moe.router=softmax", "model.moe.router_dtype=f32"}

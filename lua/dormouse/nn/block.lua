@@ -34,7 +34,8 @@ function Block:init(m)
                                capacity_factor = m.moe.capacity_factor, out_factor = out_factor,
                                balance = m.moe.balance, router_dtype = m.moe.router_dtype,
                                aux_balance = m.moe.aux_balance,
-                               router_std = m.moe.router_std, router = m.moe.router, littlebit = m.moe.littlebit,
+                               router_std = m.moe.router_std, router_cosine = m.moe.router_cosine,
+                               router = m.moe.router, littlebit = m.moe.littlebit,
                                fp8 = m.moe.fp8}))
 end
 

@@ -29,6 +29,7 @@ function MoE:init(d, opts)
   self.capacity_factor = opts.capacity_factor     -- nil: dropless
   self.balance = opts.balance or schema.default("model.moe.balance")
   self.router_f32 = opts.router_dtype == "f32"
+  self.router_cosine = opts.router_cosine       -- nil: the logits W_r u; s: s cos(u, w_e)
   self.router_form = opts.router or schema.default("model.moe.router")
   self.aux_weight = opts.aux_balance or schema.default("model.moe.aux_balance")
   self:child("router", nn.Linear(d, E, {std = opts.router_std}))
@@ -278,6 +279,19 @@ local function write_out(self, routed, h, pad)
   return self:project(padded(routed, pad) + shared, padded_weight(self.write.weight, h, pad))
 end
 
+-- The router's logits, in float32 (the master's dtype: f64 in a float64 twin): W_r u, its product in
+-- the compute dtype or (router_dtype = f32) in f32; or, with router_cosine = s, s cos(u, w_e) from
+-- the row and the router's rows at unit length, in f32.
+local COSINE_EPS = 1e-6
+function MoE:router_scores(x)
+  local w = self.router.weight
+  if self.router_cosine then
+    return dm.linear(x:to(w.dtype):l2norm(COSINE_EPS), w:l2norm(COSINE_EPS)) * self.router_cosine
+  end
+  if self.router_f32 then return dm.linear(x:to(w.dtype), w) end
+  return self.router:forward(x):to(self.lfb_bias.dtype)
+end
+
 -- The step's intermediates (routing, expert rows, the shared expert) are
 -- dropped when it returns (dm.scope); what backward needs the tape holds.
 function MoE:forward(u)
@@ -285,9 +299,7 @@ function MoE:forward(u)
   local x = u:reshape({B * T, d})
   local W = self:compute_weights()
   local out, counts, drops, aux = dm.scope(function()
-    -- routing in float32 (the master's dtype: f64 in a float64 twin)
-    local scores = self.router_f32 and dm.linear(x:to(self.router.weight.dtype), self.router.weight)
-                   or self.router:forward(x):to(self.lfb_bias.dtype)
+    local scores = self:router_scores(x)
     local idx, w, counts = dm.moe_route(scores, self.lfb_bias, self.top_k, self.router_form)
     local perm, offsets, inv = dm.moe_sort(idx, self.experts)
     local drops
