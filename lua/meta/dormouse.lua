@@ -236,58 +236,6 @@ function Tensor:maximum(y) end
 ---@return dormouse.Tensor
 function Tensor:minimum(y) end
 
----The negation, -x.
----@return dormouse.Tensor
-function Tensor:neg() end
-
----e^x.
----@return dormouse.Tensor
-function Tensor:exp() end
-
----The natural logarithm.
----@return dormouse.Tensor
-function Tensor:log() end
-
----The square root.
----@return dormouse.Tensor
-function Tensor:sqrt() end
-
----1 / sqrt(x).
----@return dormouse.Tensor
-function Tensor:rsqrt() end
-
----The hyperbolic tangent.
----@return dormouse.Tensor
-function Tensor:tanh() end
-
----1 / (1 + e^-x).
----@return dormouse.Tensor
-function Tensor:sigmoid() end
-
----x * sigmoid(x).
----@return dormouse.Tensor
-function Tensor:silu() end
-
----log(1 + e^x), without overflow.
----@return dormouse.Tensor
-function Tensor:softplus() end
-
----|x|.
----@return dormouse.Tensor
-function Tensor:abs() end
-
----max(x, 0).
----@return dormouse.Tensor
-function Tensor:relu() end
-
----x * x.
----@return dormouse.Tensor
-function Tensor:square() end
-
----The sign: -1, 0 or 1 (no gradient).
----@return dormouse.Tensor
-function Tensor:sign() end
-
 ---x^p for a number p.
 ---@param p number
 ---@return dormouse.Tensor
@@ -452,17 +400,6 @@ function Tensor:index_select(dim, idx) end
 function Tensor:scatter_add(dim, idx, src) end
 
 -- ---- model blocks (fused ops with their own backward) ----------------------------------
-
----x / sqrt(mean(x^2) + eps) * gain over the last dim; gain [D] or nil, eps default 1e-6.
----@param gain? dormouse.Tensor
----@param eps? number|{eps?: number}
----@return dormouse.Tensor
-function Tensor:rmsnorm(gain, eps) end
-
----x / sqrt(sum(x^2) + eps) over the last dim (eps default 1e-6).
----@param eps? number|{eps?: number}
----@return dormouse.Tensor
-function Tensor:l2norm(eps) end
 
 ---x through a low-bit format block by block along its last dim, dequantised (no gradient).
 ---@param format "fp8_e4m3"|"nvfp4"|"ternary"|"binary"
@@ -891,19 +828,6 @@ function Loader:position() end
 ---Stops the loader's thread.
 function Loader:close() end
 
----x / sqrt(mean(x^2) + eps) * gain over the last dim.
----@param x dormouse.Tensor
----@param gain? dormouse.Tensor
----@param eps? number|{eps?: number}
----@return dormouse.Tensor
-function dm.rmsnorm(x, gain, eps) end
-
----x / sqrt(sum(x^2) + eps) over the last dim.
----@param x dormouse.Tensor
----@param eps? number|{eps?: number}
----@return dormouse.Tensor
-function dm.l2norm(x, eps) end
-
 ---x through a low-bit format block by block along its last dim, dequantised (no gradient).
 ---@param x dormouse.Tensor
 ---@param format "fp8_e4m3"|"nvfp4"|"ternary"|"binary"
@@ -1028,24 +952,6 @@ function dm.engram_adam(table, m, v, rows, grads, opts) end
 ---@return dormouse.HostTable
 function dm.HostTable(opts) end
 
----The k experts of each token (best first), their renormalised gates and the tokens per expert.
----@param logits dormouse.Tensor
----@param bias? dormouse.Tensor
----@param k integer
----@param form? "sigmoid"|"softmax" sigmoid(logits) + bias chosen, gates s / sum s (default); or logits + bias, softmax gates
----@return dormouse.Tensor idx
----@return dormouse.Tensor w
----@return dormouse.Tensor counts
-function dm.moe_route(logits, bias, k, form) end
-
----The N*k assignments sorted by expert: perm, offsets [E+1], inv.
----@param idx dormouse.Tensor
----@param experts integer
----@return dormouse.Tensor perm
----@return dormouse.Tensor offsets
----@return dormouse.Tensor inv
-function dm.moe_sort(idx, experts) end
-
 ---Each assignment's low-rank gated expert applied to its token, rows in sorted order [N*k, F].
 ---@param u dormouse.Tensor
 ---@param perm dormouse.Tensor
@@ -1081,13 +987,6 @@ function dm.moe_capacity(w, idx, inv, offsets, factor) end
 ---@param counts dormouse.Tensor
 ---@return {busiest_share: number, entropy: number, entropy_max: number, dead: integer}
 function dm.moe_counters(counts) end
-
----Loss-free balancing in place: bias += gamma * sign(mean(counts) - counts); returns bias.
----@param bias dormouse.Tensor
----@param counts dormouse.Tensor
----@param gamma number
----@return dormouse.Tensor
-function dm.moe_balance_(bias, counts, gamma) end
 
 -- ---- files ------------------------------------------------------------------------------------
 

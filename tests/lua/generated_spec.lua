@@ -4,10 +4,14 @@ local generated = require "dormouse.ops.generated"
 local helpers = require "tests.lua.helpers"
 local has, err_of = helpers.has, helpers.err_of
 
--- a core holding only `ops`, whose calls are recorded
+-- a core holding only `ops`, whose calls are recorded; its tensors are tables of metatable MT
+local MT = {}
+local function fake_tensor(name) return setmetatable({name = name}, MT) end
+local A, B = fake_tensor("a"), fake_tensor("b")
 local function fake_core(ops)
   local calls = {}
   return {
+    metatable = MT,
     ops = function() return ops end,
     call = function(...) calls[#calls + 1] = table.pack(...); return "out" end,
     error = function(msg) error(msg, 0) end,
@@ -41,22 +45,38 @@ describe("a generated function", function()
     local dm_, T = {}, {}
     generated.install(dm_, T, core)
     assert.is_nil(T.blend)                                       -- a function, not a method
-    assert.equal("out", dm_.blend(1, 2, "mul", 3))
-    dm_.blend(1, nil)
-    dm_.blend(1, 2, "add")
-    assert.same({n = 4, "blend", 1, 2, {"mul", 3}}, calls[1])
-    assert.same({n = 4, "blend", 1, nil, {}}, calls[2])
-    assert.same({n = 4, "blend", 1, 2, {"add"}}, calls[3])
+    assert.equal("out", dm_.blend(A, B, "mul", 3))
+    dm_.blend(A, nil)
+    dm_.blend(A, B, "add")
+    assert.same({n = 4, "blend", A, B, {"mul", 3}}, calls[1])
+    assert.same({n = 4, "blend", A, nil, {}}, calls[2])
+    assert.same({n = 4, "blend", A, B, {"add"}}, calls[3])
+  end)
+
+  it("takes the attributes by name in a table after the inputs", function()
+    local core, calls = fake_core({op()})
+    local dm_ = {}
+    generated.install(dm_, {}, core)
+    dm_.blend(A, B, {mode = "add"})
+    dm_.blend(A, nil, {mode = "mul", scale = 2})
+    dm_.blend(A, B, {})
+    assert.same({n = 4, "blend", A, B, {"add"}}, calls[1])
+    assert.same({n = 4, "blend", A, nil, {"mul", 2}}, calls[2])
+    assert.same({n = 4, "blend", A, B, {}}, calls[3])
+    has(err_of(dm_.blend, A, B, {sclae = 3}), "blend: unknown option 'sclae' (it takes mode, scale)")
+    has(err_of(dm_.blend, A, B, {scale = 3}), "blend: mode is left out but scale is given")   -- as in order
   end)
 
   it("names what is wrong: a missing input, too many arguments, an attribute left out before a given one", function()
     local core = fake_core({op()})
     local dm_ = {}
     generated.install(dm_, {}, core)
-    has(err_of(dm_.blend, nil, 2), "blend: a (input 1 of a [n], b [n]) is missing")
-    has(err_of(dm_.blend, 1, 2, "add", 1, 5), "blend: takes 2 tensors (a [n], b [n]) and 2 attributes (mode, scale), got 5 arguments")
-    dm_.blend(1, 2, "add", 1, nil, nil)                            -- trailing nils are arguments left out
-    has(err_of(dm_.blend, 1, 2, nil, 3), "blend: mode is left out but scale is given")
+    has(err_of(dm_.blend, nil, B), "blend: a (input 1 of a [n], b [n]) is missing")
+    has(err_of(dm_.blend, A, B, "add", 1, 5), "blend: takes 2 tensors (a [n], b [n]) and 2 attributes (mode, scale), got 5 arguments")
+    dm_.blend(A, B, "add", 1, nil, nil)                            -- trailing nils are arguments left out
+    has(err_of(dm_.blend, A, B, nil, 3), "blend: mode is left out but scale is given")
+    has(err_of(dm_.blend, 1, B), "blend: a (input 1 of a [n], b [n]) must be a tensor, got number")
+    has(err_of(dm_.blend, A, "add"), "blend: b (input 2 of a [n], b [n]) must be a tensor or nil, got string")
   end)
 
   it("is a method too when the descriptor says so, and never replaces one written by hand", function()
@@ -90,7 +110,8 @@ describe("the generated editor lines", function()
     assert.is_function(load(text))
     has(text, "---a blend.\n---@param a dormouse.Tensor [n]\n---@param b? dormouse.Tensor [n]\n" ..
               "---@param mode? \"add\"|\"mul\"\n---@param scale? number\n---@return dormouse.Tensor\n" ..
-              "function dm.blend(a, b, mode, scale) end")
+              "---@overload fun(a: dormouse.Tensor, b?: dormouse.Tensor, opts: {mode?: \"add\"|\"mul\", scale?: number}): " ..
+              "dormouse.Tensor\nfunction dm.blend(a, b, mode, scale) end")
     has(text, "function Tensor:blend(b, mode, scale) end")
   end)
 

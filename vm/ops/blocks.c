@@ -242,10 +242,11 @@ static void silu_mul_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin
 
 static dm_op ops[] = {
   {.name = "rmsnorm", .doc = "x / sqrt(mean(x^2 over the last dim) + eps) * gain (gain [D], optional)",
+   .args = "x [..., D], gain [D]", .lua = DM_LUA_METHOD,
    .n_in = 2, .n_out = 1, .attrs = "eps", .optional = 2, .kind = DM_NORM_RMS,
    .forward = rownorm_forward, .backward = rownorm_backward},
   {.name = "l2norm", .doc = "x / sqrt(sum(x^2 over the last dim) + eps)",
-   .n_in = 1, .n_out = 1, .attrs = "eps", .kind = DM_NORM_L2,
+   .args = "x [..., D]", .lua = DM_LUA_METHOD, .n_in = 1, .n_out = 1, .attrs = "eps", .kind = DM_NORM_L2,
    .forward = rownorm_forward, .backward = rownorm_backward},
   {.name = "cross_entropy",
    .doc = "log-softmax cross-entropy of logits [..., V] at class ids [...] (0-based; ignore_index -1: none; "

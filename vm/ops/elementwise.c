@@ -79,10 +79,30 @@ static void unary_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
 #define ATTRS_AFFINE "scale,shift"
 #define ATTRS_RDIV "s"
 
+/* the Lua surface: x:exp() and dm.exp(x) from the descriptor; pow, clamp, affine and rdiv are written
+** by hand (lua/dormouse/ops/elementwise.lua: a checked exponent, open sides, numbers beside tensors) */
+#define LUA_NEG DM_LUA_METHOD
+#define LUA_EXP DM_LUA_METHOD
+#define LUA_LOG DM_LUA_METHOD
+#define LUA_SQRT DM_LUA_METHOD
+#define LUA_RSQRT DM_LUA_METHOD
+#define LUA_TANH DM_LUA_METHOD
+#define LUA_SIGMOID DM_LUA_METHOD
+#define LUA_SILU DM_LUA_METHOD
+#define LUA_SOFTPLUS DM_LUA_METHOD
+#define LUA_ABS DM_LUA_METHOD
+#define LUA_RELU DM_LUA_METHOD
+#define LUA_SQUARE DM_LUA_METHOD
+#define LUA_SIGN DM_LUA_METHOD
+#define LUA_POW DM_LUA_OWN
+#define LUA_CLAMP DM_LUA_OWN
+#define LUA_AFFINE DM_LUA_OWN
+#define LUA_RDIV DM_LUA_OWN
+
 #define UNARY_OP_(ID, nm, f, df, saves, diff)                                            \
   {.name = nm, .doc = DOC_##ID, .n_in = 1, .n_out = 1, .attrs = ATTRS_##ID, \
                      .kind = DM_UNARY_##ID, .forward = unary_forward,                    \
-                     .backward = (diff) ? unary_backward : NULL},
+                     .backward = (diff) ? unary_backward : NULL, .args = "x", .lua = LUA_##ID},
 
 /* ---- binary ------------------------------------------------------------------------ */
 

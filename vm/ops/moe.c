@@ -509,10 +509,11 @@ static dm_op ops[] = {
   {.name = "moe_route",
    .doc = "top-k of sigmoid(logits [N, E]) + bias [E] (form softmax: of logits + bias, gates a softmax over the "
           "k): idx [N, k] i64 (0-based), gates w [N, k], counts [E] i64",
+   .args = "logits [N, E], bias [E]", .lua = DM_LUA_FN,
    .n_in = 2, .n_out = 3, .attrs = "k,form=" DM_MOE_ROUTE_SPELLINGS, .optional = 1u << 1, .nondiff = 1u << 1,
    .forward = route_fwd, .backward = route_bwd},
   {.name = "moe_sort", .doc = "assignments idx [N, k] sorted by expert: perm [N*k], offsets [E+1], inv [N*k] (i64)",
-   .n_in = 1, .n_out = 3, .attrs = "E", .nondiff = 1, .forward = sort_fwd},
+   .args = "idx [N, k]", .lua = DM_LUA_FN, .n_in = 1, .n_out = 3, .attrs = "E", .nondiff = 1, .forward = sort_fwd},
   {.name = "moe_experts",
    .doc = "low-rank gated experts on the sorted rows: (silu(u Ug[e] * cg[e]) * (u Uu[e] * cu[e])) D[e] -> [N*k, F]",
    .n_in = X_ALL, .n_out = 1, .attrs = "k", .optional = X_CODES_MASK,
@@ -529,7 +530,8 @@ static dm_op ops[] = {
   {.name = "moe_counters", .doc = "from counts [E]: [busiest expert's share, load entropy (nats), dead experts] f64",
    .n_in = 1, .n_out = 1, .attrs = "", .nondiff = 1, .forward = counters_fwd},
   {.name = "moe_balance_", .doc = "bias += gamma * sign(mean(counts) - counts) in place (loss-free balancing)",
-   .n_in = 2, .n_out = 1, .attrs = "gamma", .nondiff = 3, .forward = balance_fwd},
+   .args = "bias [E], counts [E]", .lua = DM_LUA_FN, .n_in = 2, .n_out = 1, .attrs = "gamma", .nondiff = 3,
+   .forward = balance_fwd},
 };
 DM_REGISTER_OPS(ops)
 

@@ -69,18 +69,7 @@ local function optional_tensor(v, where, what)
 end
 
 -- rmsnorm: the eps may be given as a number or as {eps = }
-function T.rmsnorm(self, gain, eps)
-  optional_tensor(gain, "rmsnorm", "gain")
-  if type(eps) == "table" then eps = options(eps, "rmsnorm", {eps = true}).eps end
-  return core.call("rmsnorm", self, gain, {number_or(eps, 1e-6, "rmsnorm", "eps")})
-end
-dm.rmsnorm = T.rmsnorm
 
-function T.l2norm(self, eps)
-  if type(eps) == "table" then eps = options(eps, "l2norm", {eps = true}).eps end
-  return core.call("l2norm", self, {number_or(eps, 1e-6, "l2norm", "eps")})
-end
-dm.l2norm = T.l2norm
 
 function dm.cross_entropy(logits, targets, opts)
   local o = options(opts, "cross_entropy", {ignore_index = true, reduction = true})

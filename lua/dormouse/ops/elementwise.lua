@@ -89,11 +89,8 @@ function mt.__pow(a, b)
   return core.call("pow", a, {b})
 end
 
--- unary methods
-for _, name in ipairs {"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "silu", "softplus",
-                       "abs", "relu", "square", "sign", "neg"} do
-  T[name] = function(self) return core.call(name, self) end
-end
+-- (the unary methods without attributes, x:exp() and dm.exp(x), come from their descriptors:
+-- lua/dormouse/ops/generated.lua)
 
 function T.pow(self, p)
   check_number(p, "pow", "the exponent")

@@ -3,13 +3,15 @@ The ops whose descriptors give them their Lua function (vm/core/ops.h: .lua,
 .args). Such an op has no Lua file of its own:
 
   dm.NAME(inputs..., attributes...)    DM_LUA_FN
+  dm.NAME(inputs..., {name = value})   the attributes by name instead
   x:NAME(...)                          DM_LUA_METHOD: that, and a method of its first input
 
 The inputs come in the order of the descriptor's args ("x [E, m, n], row [E,
-m, 1]": each name, then its shape for the docs), then the attributes in the
-order of its attrs, an enum attribute by its spelling ("format=a|b"). A
-trailing attribute left out is the op's default; one left out before a
-given one is an error. `dormouse meta FILE` writes the editor lines (LuaLS)
+m, 1]": each name, then its shape for the docs), each a tensor (or nil where
+the descriptor makes it optional), then the attributes in the order of its
+attrs, an enum attribute by its spelling ("format=a|b"), or one table of
+them by name. A trailing attribute left out is the op's default; one left
+out before a given one is an error. `dormouse meta FILE` writes the editor lines (LuaLS)
 of these functions from the same descriptors (generated.luals); `make`
 writes build/meta/ops.lua, which .luarc.json reads.
 ]]
@@ -40,13 +42,41 @@ local function check(op, inputs)
   if op.attrs:find("list=", 1, true) then bad("an op with a list attribute takes its own Lua function") end
 end
 
+-- the attributes given by name in opts, placed in args after the n_in inputs
+local function named(core, op, args, n_in, opts)
+  local at = {}
+  for i, name in ipairs(op.attr_names) do at[name] = i end
+  for key, v in pairs(opts) do
+    if not at[key] then
+      core.error(string.format("%s: unknown option '%s' (it takes %s)", op.name, tostring(key),
+                               #op.attr_names > 0 and table.concat(op.attr_names, ", ") or "none"))
+    end
+    args[n_in + 1 + at[key]] = v
+  end
+end
+
 local function wrapper(core, op, inputs)
   local n_in, names = op.n_in, op.attr_names
   local most = n_in + #names
+  local tensor_mt = core.metatable
   return function(...)
     local args = table.pack(op.name, ...)
     local n = args.n - 1
     while n > 0 and args[n + 1] == nil do n = n - 1 end      -- trailing nils are arguments left out
+    local opts = args[n_in + 2]
+    if n == n_in + 1 and type(opts) == "table" and getmetatable(opts) ~= tensor_mt then
+      args[n_in + 2] = nil
+      named(core, op, args, n_in, opts)
+      n = most
+      while n > 0 and args[n + 1] == nil do n = n - 1 end
+    end
+    for i, input in ipairs(inputs) do
+      local v = args[i + 1]
+      if v ~= nil and getmetatable(v) ~= tensor_mt then
+        core.error(string.format("%s: %s (input %d of %s) must be a tensor%s, got %s", op.name, input.name, i,
+                                 op.args, op.optional[i] and " or nil" or "", type(v)))
+      end
+    end
     if n > most then
       core.error(string.format("%s: takes %d tensors (%s) and %d attributes (%s), got %d arguments", op.name,
                                n_in, op.args, #names, table.concat(names, ", "), n))
@@ -124,6 +154,18 @@ local function lines_of(op, inputs, self)
     params[#params + 1] = name
   end
   for _ = 1, op.n_out do out[#out + 1] = "---@return dormouse.Tensor" end
+  if #op.attr_names > 0 then                       -- the attributes by name
+    local fields, args = {}, {}
+    for _, name in ipairs(op.attr_names) do fields[#fields + 1] = name .. "?: " .. attr_type(op, name) end
+    for i, input in ipairs(inputs) do
+      if not (self and i == 1) then args[#args + 1] = input.name .. (op.optional[i] and "?" or "") .. ": dormouse.Tensor" end
+    end
+    args[#args + 1] = "opts: {" .. table.concat(fields, ", ") .. "}"
+    local rets = {}
+    for _ = 1, op.n_out do rets[#rets + 1] = "dormouse.Tensor" end
+    out[#out + 1] = string.format("---@overload fun(%s%s): %s", self and "self: dormouse.Tensor, " or "",
+                                  table.concat(args, ", "), table.concat(rets, ", "))
+  end
   out[#out + 1] = string.format("function %s%s(%s) end", self and "Tensor:" or "dm.", op.name,
                                 table.concat(params, ", "))
   return table.concat(out, "\n")

@@ -50,17 +50,7 @@ local function count(v, where, what, lo)
   return v
 end
 
-function dm.moe_route(logits, bias, k, form)
-  form = form or "sigmoid"                           -- the op's descriptor knows its names (vm/ops/moe.h)
-  if type(form) ~= "string" then
-    error(string.format("moe_route: form must be a name (\"sigmoid\", \"softmax\"), got %s", type(form)), 2)
-  end
-  return core.call("moe_route", logits, bias, {count(k, "moe_route", "k", 1), form})
-end
 
-function dm.moe_sort(idx, experts)
-  return core.call("moe_sort", idx, {count(experts, "moe_sort", "E (the number of experts)", 1)})
-end
 
 function dm.moe_experts(u, perm, offsets, ug, uu, cg, cu, d, k, fp8)
   local attrs = {count(k, "moe_experts", "k", 1)}
@@ -100,12 +90,5 @@ function dm.moe_counters(counts)
           dead = math.tointeger(s[3])}
 end
 
-function dm.moe_balance_(bias, counts, gamma)
-  if type(gamma) ~= "number" then
-    error(string.format("moe_balance_: gamma must be a number, got %s", type(gamma)), 2)
-  end
-  core.call("moe_balance_", bias, counts, {gamma})
-  return bias
-end
 
 end
