@@ -40,6 +40,11 @@ bool dm_moe_fma_forced(void) {
   return s && *s && strcmp(s, "0");
 }
 
+bool dm_moe_few_off(void) {
+  const char *s = getenv("DM_MOE_FEW");
+  return s && strcmp(s, "0") == 0;
+}
+
 
 /* ---- checks ---------------------------------------------------------------------------------- */
 

@@ -111,8 +111,10 @@ static inline bool dm_moe_tc_path(dm_dtype t, int64_t e, int64_t rows, int64_t d
 #define DM_MOE_FEW_RATIO 8
 #define DM_MOE_FEW_RANK 128
 #define DM_MOE_FEW_THREADS 256                 /* a block's threads, and the columns of F a block writes */
+/* DM_MOE_FEW=0 in the environment: the tiled kernels and the bucket sort at every size (for comparison) */
+bool dm_moe_few_off(void);
 static inline bool dm_moe_few(int64_t e, int64_t rows) {
-  return rows > 0 && rows <= DM_MOE_FEW_ROWS && rows * DM_MOE_FEW_RATIO <= e;
+  return rows > 0 && rows <= DM_MOE_FEW_ROWS && rows * DM_MOE_FEW_RATIO <= e && !dm_moe_few_off();
 }
 static inline bool dm_moe_few_experts(int64_t e, int64_t rows, int64_t f, int64_t r, bool fp8) {
   return dm_moe_few(e, rows) && r <= DM_MOE_FEW_RANK && !fp8 &&
