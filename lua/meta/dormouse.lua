@@ -143,14 +143,6 @@ function Tensor:long() end
 ---@return dormouse.Tensor
 function Tensor:int() end
 
----A contiguous copy, recorded for autograd.
----@return dormouse.Tensor
-function Tensor:clone() end
-
----The tensor in row-major order: itself (a view) if it already is, else a copy.
----@return dormouse.Tensor
-function Tensor:contiguous() end
-
 -- ---- views ------------------------------------------------------------------------
 
 ---The same elements in a new shape (one size may be -1: inferred); a view when the layout allows.
@@ -400,12 +392,6 @@ function Tensor:index_select(dim, idx) end
 function Tensor:scatter_add(dim, idx, src) end
 
 -- ---- model blocks (fused ops with their own backward) ----------------------------------
-
----x through a low-bit format block by block along its last dim, dequantised (no gradient).
----@param format "fp8_e4m3"|"nvfp4"|"ternary"|"binary"
----@param block? integer elements per scale (nil: 16 for nvfp4, 32 for the others)
----@return dormouse.Tensor
-function Tensor:quantize(format, block) end
 
 ---quantize's values forward, the gradient passed straight through (quantisation-aware training).
 ---@param format "fp8_e4m3"|"nvfp4"|"ternary"|"binary"
@@ -828,13 +814,6 @@ function Loader:position() end
 ---Stops the loader's thread.
 function Loader:close() end
 
----x through a low-bit format block by block along its last dim, dequantised (no gradient).
----@param x dormouse.Tensor
----@param format "fp8_e4m3"|"nvfp4"|"ternary"|"binary"
----@param block? integer elements per scale (nil: 16 for nvfp4, 32 for the others)
----@return dormouse.Tensor
-function dm.quantize(x, format, block) end
-
 ---quantize's values forward, the gradient passed straight through to x.
 ---@param x dormouse.Tensor
 ---@param format "fp8_e4m3"|"nvfp4"|"ternary"|"binary"
@@ -847,14 +826,6 @@ function dm.fake_quantize(x, format, block) end
 ---@param dtype string
 ---@return dormouse.Tensor
 function dm.stand_in(x, dtype) end
-
----x as a low-bit format's codes (u8) and its blocks' scales (f32; E4M3 codes in u8 for nvfp4).
----@param x dormouse.Tensor
----@param format "fp8_e4m3"|"nvfp4"|"ternary"|"binary"
----@param block? integer
----@return dormouse.Tensor codes
----@return dormouse.Tensor scales
-function dm.quant_encode(x, format, block) end
 
 ---A low-bit format's codes and scales back to values: rows of n elements, f32.
 ---@param codes dormouse.Tensor

@@ -162,11 +162,13 @@ static dm_op ops[] = {
   {.name = "quantize",
    .doc = "x through a low-bit format block by block along the last dim, dequantised (no gradient; "
           "block 0: 16 for nvfp4, 32 for the others)",
+   .args = "x [..., n]", .lua = DM_LUA_METHOD,
    .n_in = 1, .n_out = 1, .attrs = "format=" DM_QUANT_SPELLINGS ",block", .nondiff = 1,
    .forward = quantize_forward},
   {.name = "quant_encode",
    .doc = "x as a low-bit format's codes [..., ceil(n / per byte)] u8 and its blocks' scales [..., ceil(n / block)] "
           "(f32; E4M3 codes in u8 for nvfp4)",
+   .args = "x [..., n]", .lua = DM_LUA_FN,
    .n_in = 1, .n_out = 2, .attrs = "format=" DM_QUANT_SPELLINGS ",block", .nondiff = 1,
    .forward = encode_forward},
   {.name = "quant_decode", .doc = "a low-bit format's codes and scales back to values, rows of n elements, f32",

@@ -29,17 +29,7 @@ quantize's (q + (x - x), the difference detached), its gradient 1.
 ]]
 return function(dm, T, core)
 
-function dm.quantize(x, format, block)
-  if type(format) ~= "string" then
-    core.error(string.format("quantize: format must be a format's name (a string), got %s", type(format)))
-  end
-  return core.call("quantize", x, {format, block or 0})       -- the op knows its formats' names
-end
-T.quantize = dm.quantize
 
-function dm.quant_encode(x, format, block)
-  return core.call("quant_encode", x, {format, block or 0})
-end
 
 function dm.quant_decode(codes, scales, format, block, n)
   return core.call("quant_decode", codes, scales, {format, block or 0, n})

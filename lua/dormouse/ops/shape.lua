@@ -84,8 +84,7 @@ function T.unsqueeze(self, dim)
   return core.call("unsqueeze", self, {new_dim0(self:dim(), dim, "unsqueeze")})
 end
 
-function T.contiguous(self) return core.call("contiguous", self) end
-function T.clone(self) return core.call("clone", self) end
+-- (x:contiguous() and x:clone() come from their descriptors: ops/generated.lua)
 
 -- dtype's code, or an error of `what` naming the choices (and `more` of them)
 local function dtype_code(dtype, what, more)
