@@ -205,7 +205,7 @@ static void cuda_copy_cross(dm_tensor *dst, const dm_tensor *src) {
     if (nbytes_of(ds))
       DM_CU(cudaMemcpyAsync(dm_data(hs), dm_data(ds), nbytes_of(ds), cudaMemcpyDeviceToHost, stream));
     DM_CU(cudaStreamSynchronize(stream));
-    DM_KERNEL(copy, DM_CPU)(dst, hs);
+    DM_RUN(copy, DM_CPU, dst, hs);
     dm_release(hs);
   }
   dm_release(ds);

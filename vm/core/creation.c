@@ -16,7 +16,7 @@ dm_tensor *dm_empty(dm_device dev, dm_dtype dt, int ndim, const int64_t *shape) 
 
 dm_tensor *dm_full(dm_device dev, dm_dtype dt, int ndim, const int64_t *shape, double v) {
   dm_tensor *t = dm_tensor_new(dev, dt, ndim, shape);
-  DM_KERNEL(fill, dev)(t, v);
+  DM_RUN(fill, dev, t, v);
   return t;
 }
 
@@ -30,7 +30,7 @@ dm_tensor *dm_arange(dm_device dev, dm_dtype dt, double start, double stop, doub
   if (!(span < 1e15)) dm_error("arange: %g to %g by %g gives too many elements", start, stop, step);
   int64_t n = span > 0 ? (int64_t)ceil(span - 1e-9) : 0;
   dm_tensor *t = dm_tensor_new(dev, dt, 1, &n);
-  DM_KERNEL(arange, dev)(t, start, step);
+  DM_RUN(arange, dev, t, start, step);
   return t;
 }
 
@@ -42,7 +42,7 @@ dm_tensor *dm_rand_at(dm_device dev, dm_dtype dt, int ndim, const int64_t *shape
                       uint64_t seed, uint64_t offset, bool normal) {
   check_float(normal ? "randn" : "rand", dt);
   dm_tensor *t = dm_tensor_new(dev, dt, ndim, shape);
-  DM_KERNEL(philox, dev)(t, seed, offset, normal);
+  DM_RUN(philox, dev, t, seed, offset, normal);
   return t;
 }
 
@@ -57,7 +57,7 @@ uint64_t dm_rng_advance(int64_t n) {
 static dm_tensor *draw(dm_device dev, dm_dtype dt, int ndim, const int64_t *shape, bool normal) {
   check_float(normal ? "randn" : "rand", dt);
   dm_tensor *t = dm_tensor_new(dev, dt, ndim, shape);
-  DM_KERNEL(philox, dev)(t, rng_seed, dm_rng_advance(dm_numel(t)), normal);
+  DM_RUN(philox, dev, t, rng_seed, dm_rng_advance(dm_numel(t)), normal);
   return t;
 }
 
@@ -75,7 +75,7 @@ void dm_rng_set_state(uint64_t seed, uint64_t offset) { rng_seed = seed; rng_off
 
 void dm_fill(dm_tensor *t, double v) {
   dm_check_live(t);
-  DM_KERNEL(fill, t->device)(t, v);
+  DM_RUN(fill, t->device, t, v);
   dm_mark_written(t);
 }
 
@@ -92,10 +92,10 @@ void dm_copy_(dm_tensor *dst, const dm_tensor *src) {
     dm_error("copy: a tensor of shape %s cannot be copied into one of shape %s",
              dm_tensor_shape_str(src, a, sizeof a), dm_tensor_shape_str(dst, b, sizeof b));
   }
-  if (dst->device == src->device) DM_KERNEL(copy, dst->device)(dst, src);
+  if (dst->device == src->device) DM_RUN(copy, dst->device, dst, src);
   else {
     dm_device other = dst->device == DM_CPU ? src->device : dst->device;
-    DM_KERNEL(copy_cross, other)(dst, src);
+    DM_RUN(copy_cross, other, dst, src);
   }
   dm_mark_written(dst);
 }

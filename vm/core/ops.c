@@ -151,13 +151,11 @@ dm_kernel_fn dm_kernel_find(const char *name, dm_device dev) {
   return NULL;
 }
 
-/* On the meta device every kernel is a no-op: outputs get their shapes from
-** the forward and no values, so a whole model runs to count its memory. All
-** kernels return void; the no-op ignores whatever arguments it is passed. */
-static void meta_noop(void) {}
-
+/* On the meta device no kernel runs: outputs get their shapes from the forward
+** and no values, so a whole model runs to count its memory. DM_RUN skips the
+** call there, and a kernel held in a variable is NULL. */
 dm_kernel_fn dm_kernel_get(const char *name, dm_device dev) {
-  if (dev == DM_META) return meta_noop;
+  if (dev == DM_META) return NULL;
   dm_kernel_fn fn = dm_kernel_find(name, dev);
   if (!fn) dm_error("no %s kernel for '%s' in this build", dm_device_name(dev), name);
   return fn;

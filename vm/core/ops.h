@@ -130,12 +130,19 @@ dm_kernel_fn dm_kernel_get(const char *name, dm_device dev);     /* raises when 
 #define DM_KERNEL_ENTRY(name, fn) {#name, _Generic((fn), dm_ktype_##name: (dm_kernel_fn)(fn))}
 #endif
 
-/* a kernel looked up once per call site and device */
+/* a kernel looked up once per call site and device; NULL on the meta device, where nothing runs (a
+** plan's ops shape their outputs and call no kernel) */
 #define DM_KERNEL(name, dev) __extension__ ({                             \
     static dm_kernel_fn dm_kcache_[DM_NDEVICE];                           \
     dm_device dm_kdev_ = (dev);                                           \
     if (!dm_kcache_[dm_kdev_]) dm_kcache_[dm_kdev_] = dm_kernel_get(#name, dm_kdev_); \
     (dm_ktype_##name)dm_kcache_[dm_kdev_]; })
+
+/* kernel `name` run on dev with the arguments that follow; on the meta device, nothing */
+#define DM_RUN(name, dev, ...) do {                                       \
+    dm_device dm_rdev_ = (dev);                                           \
+    if (dm_rdev_ != DM_META) DM_KERNEL(name, dm_rdev_)(__VA_ARGS__);      \
+  } while (0)
 
 /* an optional kernel, looked up once per call site and device: NULL when the backend has none */
 #define DM_KERNEL_OPT(name, dev) __extension__ ({                         \

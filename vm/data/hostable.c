@@ -222,7 +222,7 @@ void dm_hostable_prefetch(dm_hostable *h, dm_tensor *idx) {
   dm_check_live(idx);
   if (idx->dtype != DM_I64 && idx->dtype != DM_I32)
     dm_error("%s: indices must be i64 or i32, got %s", what, dm_dtype_name(idx->dtype));
-  DM_KERNEL(index_check, idx->device)(idx, h->R, 0, what);
+  DM_RUN(index_check, idx->device, idx, h->R, 0, what);
   slot *s = &h->slots[1 - h->taken];
   int64_t n = dm_numel(idx);
   slot_idle(h, s);                    /* the worker rewrites what an earlier take copied from s */

@@ -64,7 +64,7 @@ static void rownorm_forward(dm_ctx *c) {
   }
   dm_tensor *y = dm_tensor_new(x->device, x->dtype, x->ndim, x->shape);
   dm_tensor *rstd = row_stat(c, x);
-  DM_KERNEL(rownorm, x->device)(c->op->kind, y, rstd, x, gain, eps);
+  DM_RUN(rownorm, x->device, c->op->kind, y, rstd, x, gain, eps);
   dm_save(c, x);
   if (rstd) { dm_save(c, rstd); dm_release(rstd); }
   if (gain) dm_save(c, gain);
@@ -81,7 +81,7 @@ static void rownorm_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin)
     dm_plan_scratch(dm_colsum_scratch(D ? dm_numel(x) / D : 0, D, card->sm_count),
                     "rmsnorm gain partials (kernels/blocks.cu cuda_rownorm_bwd)");
   }
-  DM_KERNEL(rownorm_bwd, x->device)(c->op->kind, gx, gg, gout[0], x, gain, rstd);
+  DM_RUN(rownorm_bwd, x->device, c->op->kind, gx, gg, gout[0], x, gain, rstd);
   gin[0] = gx;
   if (gain) gin[1] = gg;
 }
@@ -109,7 +109,7 @@ static void ce_forward(dm_ctx *c) {
   if (dm_plan_card_of(logits->device))
     dm_plan_scratch(dm_ce_check_scratch(dm_numel(targets), dm_debug_level()),
                     "cross-entropy's target check (kernels/blocks.cu cuda_ce_check)");
-  DM_KERNEL(cross_entropy_check, logits->device)(targets, classes, ignore);
+  DM_RUN(cross_entropy_check, logits->device, targets, classes, ignore);
   dm_tensor *loss = red == DM_CE_NONE
                   ? dm_tensor_new(logits->device, stat_dtype(logits->dtype), targets->ndim, targets->shape)
                   : dm_tensor_new(logits->device, stat_dtype(logits->dtype), 0, NULL);
@@ -117,7 +117,7 @@ static void ce_forward(dm_ctx *c) {
   if (dm_plan_card_of(logits->device))
     dm_plan_scratch(dm_ce_scratch(dm_numel(targets), red != DM_CE_NONE),
                     "cross-entropy partial sums (kernels/blocks.cu cuda_ce)");
-  DM_KERNEL(cross_entropy, logits->device)(loss, lse, logits, targets, ignore, (int)red);
+  DM_RUN(cross_entropy, logits->device, loss, lse, logits, targets, ignore, (int)red);
   dm_save(c, logits);
   dm_save(c, targets);
   if (lse) { dm_save(c, lse); dm_release(lse); }
@@ -130,7 +130,7 @@ static void ce_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
   if (dm_plan_card_of(logits->device))
     dm_plan_scratch(dm_ce_bwd_scratch((int)attr_or(c, 1, DM_CE_MEAN) == DM_CE_MEAN),
                     "cross-entropy's kept count (kernels/blocks.cu cuda_ce_bwd)");
-  DM_KERNEL(cross_entropy_bwd, logits->device)(gx, gout[0], logits, dm_saved(c, 1),
+  DM_RUN(cross_entropy_bwd, logits->device, gx, gout[0], logits, dm_saved(c, 1),
                                                               dm_saved(c, 2), (int64_t)attr_or(c, 0, -1),
                                                               (int)attr_or(c, 1, DM_CE_MEAN));
   gin[0] = gx;
@@ -170,10 +170,10 @@ static void conv_forward(dm_ctx *c) {
   dm_tensor *cout = dm_tensor_new(x->device, x->dtype, 3, cshape);
   dm_conv_k fused = conv_silu(c) ? DM_KERNEL_OPT(causal_conv1d_silu, x->device) : NULL;
   if (fused) fused(y, cout, x, w, cache, dil);
-  else DM_KERNEL(causal_conv1d, x->device)(y, cout, x, w, cache, dil);
+  else DM_RUN(causal_conv1d, x->device, y, cout, x, w, cache, dil);
   if (conv_silu(c) && !fused) {      /* y = silu(conv): the conv's output is not kept, the backward recomputes it */
     dm_attrs none = dm_attrs_of(0, NULL);
-    DM_KERNEL(unary, x->device)(DM_UNARY_SILU, y, y, &none);
+    DM_RUN(unary, x->device, DM_UNARY_SILU, y, y, &none);
   }
   dm_save(c, x);
   dm_save(c, w);
@@ -196,10 +196,10 @@ static void conv_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
     else {
       int64_t past = (w->shape[1] - 1) * dil, cshape[3] = {x->shape[0], past, x->shape[2]};
       dm_tensor *scratch_cache = dm_tensor_new(x->device, x->dtype, 3, cshape);
-      DM_KERNEL(causal_conv1d, x->device)(gz, scratch_cache, x, w, cache, dil);
+      DM_RUN(causal_conv1d, x->device, gz, scratch_cache, x, w, cache, dil);
       dm_release(scratch_cache);
       dm_attrs none = dm_attrs_of(0, NULL);
-      DM_KERNEL(unary_bwd, x->device)(DM_UNARY_SILU, gz, gy, gz, NULL, &none);
+      DM_RUN(unary_bwd, x->device, DM_UNARY_SILU, gz, gy, gz, NULL, &none);
     }
     gy = gz;
   }
@@ -210,7 +210,7 @@ static void conv_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
     dm_plan_scratch(dm_conv_bwd_scratch(B, T, x->shape[2], K, span, card->sm_count),
                     "causal_conv1d weight partials (kernels/blocks.cu conv_bwd_runs)");
   }
-  DM_KERNEL(causal_conv1d_bwd, x->device)(gx, gw, gc, gy, gout[1], x, w, cache, dil);
+  DM_RUN(causal_conv1d_bwd, x->device, gx, gw, gc, gy, gout[1], x, w, cache, dil);
   dm_release(gz);
   gin[0] = gx;
   gin[1] = gw;
@@ -225,7 +225,7 @@ static void silu_mul_forward(dm_ctx *c) {
   dm_check_dtype_equal("silu_mul", a, b);
   dm_check_shape_equal("silu_mul", a, b);
   dm_tensor *y = dm_tensor_new(a->device, a->dtype, a->ndim, a->shape);
-  DM_KERNEL(silu_mul, a->device)(y, a, b);
+  DM_RUN(silu_mul, a->device, y, a, b);
   dm_save(c, a);
   dm_save(c, b);
   c->out[0] = y;
@@ -235,7 +235,7 @@ static void silu_mul_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin
   dm_tensor *a = dm_saved(c, 0), *b = dm_saved(c, 1);
   dm_tensor *ga = dm_needs_grad(c, 0) ? dm_new_grad(c, 0, a->device) : NULL;
   dm_tensor *gb = dm_needs_grad(c, 1) ? dm_new_grad(c, 1, a->device) : NULL;
-  DM_KERNEL(silu_mul_bwd, a->device)(ga, gb, gout[0], a, b);
+  DM_RUN(silu_mul_bwd, a->device, ga, gb, gout[0], a, b);
   gin[0] = ga;
   gin[1] = gb;
 }

@@ -28,7 +28,7 @@ static void unary_forward(dm_ctx *c) {
   int kind = c->op->kind;
   dm_check_float(c->op->name, "the input", x);
   dm_tensor *y = dm_tensor_like(x);
-  DM_KERNEL(unary, x->device)(kind, y, x, &c->a);
+  DM_RUN(unary, x->device, kind, y, x, &c->a);
   if (unary_saves[kind] & DM_SAVE_X) dm_save(c, x);
   if (unary_saves[kind] & DM_SAVE_Y) dm_save(c, y);
   c->out[0] = y;
@@ -39,7 +39,7 @@ static void unary_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
   const dm_tensor *x = unary_saves[kind] & DM_SAVE_X ? dm_saved(c, k++) : NULL;
   const dm_tensor *y = unary_saves[kind] & DM_SAVE_Y ? dm_saved(c, k++) : NULL;
   dm_tensor *g = dm_new_grad(c, 0, gout[0]->device);
-  DM_KERNEL(unary_bwd, g->device)(kind, g, gout[0], x, y, &c->a);
+  DM_RUN(unary_bwd, g->device, kind, g, gout[0], x, y, &c->a);
   gin[0] = g;
 }
 
@@ -121,7 +121,7 @@ static void binary_forward(dm_ctx *c) {
   int64_t shape[DM_MAXDIM];
   int n = dm_broadcast_shape(c->op->name, a->ndim, a->shape, b->ndim, b->shape, shape);
   dm_tensor *out = dm_tensor_new(a->device, binary_is_cmp[kind] ? DM_U8 : a->dtype, n, shape);
-  DM_KERNEL(binary, a->device)(kind, out, a, b, 1.0);
+  DM_RUN(binary, a->device, kind, out, a, b, 1.0);
   if (binary_saves(kind)) { dm_save(c, a); dm_save(c, b); }
   c->out[0] = out;
 }
@@ -137,7 +137,7 @@ static void binary_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) 
   } else {
     if (na) ga = dm_tensor_like(g);
     if (nb) gb = dm_tensor_like(g);
-    DM_KERNEL(binary_bwd, g->device)(kind, ga, gb, g, dm_saved(c, 0), dm_saved(c, 1));
+    DM_RUN(binary_bwd, g->device, kind, ga, gb, g, dm_saved(c, 0), dm_saved(c, 1));
   }
   if (na) gin[0] = sum_to_owned(ga, dm_in_ndim(c, 0), dm_in_shape(c, 0));
   if (nb) {
@@ -177,7 +177,7 @@ static void where_forward(dm_ctx *c) {
   int nab = dm_broadcast_shape("where", a->ndim, a->shape, b->ndim, b->shape, ab);
   int n = dm_broadcast_shape("where (condition against values)", cond->ndim, cond->shape, nab, ab, shape);
   dm_tensor *out = dm_tensor_new(a->device, a->dtype, n, shape);
-  DM_KERNEL(where, a->device)(out, cond, a, b);
+  DM_RUN(where, a->device, out, cond, a, b);
   dm_save(c, cond);
   c->out[0] = out;
 }
@@ -186,7 +186,7 @@ static void where_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
   dm_tensor *g = gout[0];
   bool na = dm_needs_grad(c, 1), nb = dm_needs_grad(c, 2);
   dm_tensor *ga = na ? dm_tensor_like(g) : NULL, *gb = nb ? dm_tensor_like(g) : NULL;
-  DM_KERNEL(where_bwd, g->device)(ga, gb, dm_saved(c, 0), g);
+  DM_RUN(where_bwd, g->device, ga, gb, dm_saved(c, 0), g);
   if (na) gin[1] = sum_to_owned(ga, dm_in_ndim(c, 1), dm_in_shape(c, 1));
   if (nb) gin[2] = sum_to_owned(gb, dm_in_ndim(c, 2), dm_in_shape(c, 2));
 }
@@ -223,7 +223,7 @@ static dm_tensor *inplace_operand(const char *what, dm_tensor *a, dm_tensor *b) 
 static void binary_inplace(const char *what, int kind, dm_tensor *a, dm_tensor *b, double p) {
   check_inplace(what, a);
   dm_tensor *bb = inplace_operand(what, a, b);
-  DM_KERNEL(binary, a->device)(kind, a, a, bb, p);
+  DM_RUN(binary, a->device, kind, a, a, bb, p);
   dm_release(bb);
   dm_mark_written(a);
 }
@@ -236,7 +236,7 @@ void dm_affine_(dm_tensor *a, double scale, double shift) {
   dm_check_float("affine_", "the input", a);
   double v[2] = {scale, shift};
   dm_attrs at = dm_attrs_of(2, v);
-  DM_KERNEL(unary, a->device)(DM_UNARY_AFFINE, a, a, &at);
+  DM_RUN(unary, a->device, DM_UNARY_AFFINE, a, a, &at);
   dm_mark_written(a);
 }
 

@@ -126,7 +126,7 @@ static void check_byte_tensor(const char *what, const char *name, const dm_tenso
   if (t->ndim != 2)
     dm_error("%s: %s must be 2-D [B, T], got shape %s", what, name, dm_tensor_shape_str(t, s, sizeof s));
   if (t->dtype != DM_U8)      /* byte values 0..255 */
-    DM_KERNEL(index_check, t->device)(t, 256, 0, what);
+    DM_RUN(index_check, t->device, t, 256, 0, what);
 }
 
 static void check_index_dtype(const char *what, const dm_tensor *t) {
@@ -157,7 +157,7 @@ static void index_fwd(dm_ctx *c) {
   int64_t shape[3] = {x->shape[0], x->shape[1], L.nsub};
   dm_tensor *idx = dm_tensor_new(x->device, DM_I64, 3, shape);
   dm_tensor *xc = dm_contiguous(x), *pc = prefix ? dm_contiguous(prefix) : NULL;
-  DM_KERNEL(engram_index, x->device)(idx, xc, pc, &L);
+  DM_RUN(engram_index, x->device, idx, xc, pc, &L);
   dm_release(xc);
   dm_release(pc);
   c->out[0] = idx;
@@ -186,7 +186,7 @@ static void unique_fwd(dm_ctx *c) {
   check_index_dtype("engram_unique", idx);
   int64_t bound = c->a.nv > 0 && c->a.v[0] > 0 ? (int64_t)c->a.v[0] : (int64_t)1 << 62;
   bool padded = c->a.nv > 1 && c->a.v[1] != 0;
-  DM_KERNEL(index_check, idx->device)(idx, bound, 0, "engram_unique");
+  DM_RUN(index_check, idx->device, idx, bound, 0, "engram_unique");
   int64_t M = dm_numel(idx), one = 1;
   dm_tensor *ic = as_i64(idx);
   dm_tensor *rows = dm_tensor_new(idx->device, DM_I64, 1, &M), *counts = dm_tensor_new(idx->device, DM_I64, 1, &M);
@@ -198,7 +198,7 @@ static void unique_fwd(dm_ctx *c) {
   }
   if (dm_plan_card_of(idx->device))
     dm_plan_scratch(dm_engram_unique_scratch(M), "engram_unique sort (kernels/engram.cu cuda_engram_unique)");
-  DM_KERNEL(engram_unique, idx->device)(rows, inverse, counts, nu, ic);
+  DM_RUN(engram_unique, idx->device, rows, inverse, counts, nu, ic);
   int64_t U = M;                        /* on the meta device, or padded: as if every row were distinct */
   if (!padded && nu->device != DM_META) {
     dm_tensor *nu_host = nu->device == DM_CPU ? (dm_retain(nu), nu) : dm_to_device(nu, DM_CPU);
@@ -252,7 +252,7 @@ static void sparse_grad_fwd(dm_ctx *c) {
   if (nd < 0 || nd != (double)(int64_t)nd)
     dm_error("engram_sparse_grad: the attribute n_unique must be an integer >= 0, got %g", nd);
   int64_t U = (int64_t)nd;
-  DM_KERNEL(index_check, inverse->device)(inverse, U, 0, "engram_sparse_grad");
+  DM_RUN(index_check, inverse->device, inverse, U, 0, "engram_sparse_grad");
   int64_t shape[2] = {U, g->shape[1]};
   dm_tensor *out = dm_tensor_new(g->device, g->dtype, 2, shape);
   dm_tensor *gc = dm_contiguous(g), *ic = as_i64(inverse);
@@ -261,7 +261,7 @@ static void sparse_grad_fwd(dm_ctx *c) {
   if (dm_plan_card_of(g->device))
     dm_plan_scratch(dm_engram_sparse_grad_scratch(M, U, g->shape[1]),
                     "engram_sparse_grad sort (kernels/engram.cu cuda_engram_sparse_grad)");
-  DM_KERNEL(engram_sparse_grad, g->device)(out, gc, flat);
+  DM_RUN(engram_sparse_grad, g->device, out, gc, flat);
   dm_save(c, flat);
   dm_release(flat);
   dm_release(ic);
@@ -305,7 +305,7 @@ static void alpha_fwd(dm_ctx *c) {
   if (!(eps >= 0)) dm_error("engram_alpha: eps must be >= 0, got %g", eps);
   dm_tensor *alpha = dm_tensor_new(u->device, u->dtype, u->ndim - 1, u->shape);
   dm_tensor *uc = dm_contiguous(u), *kc = dm_contiguous(kx), *wc = w ? dm_contiguous(w) : NULL;
-  DM_KERNEL(engram_alpha, u->device)(alpha, uc, kc, wc, eps);
+  DM_RUN(engram_alpha, u->device, alpha, uc, kc, wc, eps);
   dm_save(c, uc);
   dm_save(c, kc);
   if (wc) dm_save(c, wc);
@@ -328,7 +328,7 @@ static void alpha_bwd(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
     dm_plan_scratch(dm_engram_alpha_bwd_scratch(dm_numel(g), u->shape[u->ndim - 1], u->dtype == DM_F64 ? 8 : 4,
                                                 card->sm_count),
                     "engram_alpha w's partial sums (kernels/engram.cu cuda_engram_alpha_bwd)");
-  DM_KERNEL(engram_alpha_bwd, g->device)(gu, gk, gw, g, u, kx, w, attr_eps(c));
+  DM_RUN(engram_alpha_bwd, g->device, gu, gk, gw, g, u, kx, w, attr_eps(c));
   dm_release(g);
   gin[0] = gu;
   gin[1] = gk;
@@ -399,7 +399,7 @@ void dm_engram_adam(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_tenso
   dm_engram_adam_hp hp = dm_engram_adam_prepare(lr, beta1, beta2, eps, step);
   if (dm_plan_card_of(table->device))
     dm_plan_scratch(dm_engram_adam_scratch(n), "engram_adam's flag and constants (kernels/engram.cu engram_adam_run)");
-  DM_KERNEL(engram_adam, table->device)(table, m, v, rows, grads, n, &hp);
+  DM_RUN(engram_adam, table->device, table, m, v, rows, grads, n, &hp);
   for (int i = 0; i < 3; i++) dm_mark_written(state[i]);
 }
 
@@ -440,7 +440,7 @@ void dm_engram_adam_at(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_te
   dm_engram_adam_scalars at = {dm_data(n_at), dm_data(step_at), dm_data(lr_at), sumsq_at ? dm_data(sumsq_at) : NULL};
   if (dm_plan_card_of(table->device))
     dm_plan_scratch(dm_engram_adam_scratch(cap), "engram_adam's flag and constants (kernels/engram.cu engram_adam_run)");
-  DM_KERNEL(engram_adam_at, table->device)(table, m, v, rows, grads, cap, &hp, &at);
+  DM_RUN(engram_adam_at, table->device, table, m, v, rows, grads, cap, &hp, &at);
   for (int i = 0; i < 3; i++) dm_mark_written(state[i]);
 }
 
@@ -481,7 +481,7 @@ void dm_engram_adam_8bit(dm_tensor *table, const dm_engram_8bit *m8, const dm_te
   dm_engram_adam_hp hp = dm_engram_adam_prepare(lr, beta1, beta2, eps, step);
   if (dm_plan_card_of(table->device))
     dm_plan_scratch(dm_engram_adam_scratch(n), "engram_adam's flag and constants (kernels/engram.cu engram_adam_8bit)");
-  DM_KERNEL(engram_adam_8bit, table->device)(table, m8, rows, grads, n, &hp, step, NULL);
+  DM_RUN(engram_adam_8bit, table->device, table, m8, rows, grads, n, &hp, step, NULL);
   written_8bit(table, m8);
 }
 
@@ -503,7 +503,7 @@ void dm_engram_adam_8bit_at(dm_tensor *table, const dm_engram_8bit *m8, const dm
   dm_engram_adam_scalars at = {dm_data(n_at), dm_data(step_at), dm_data(lr_at), sumsq_at ? dm_data(sumsq_at) : NULL};
   if (dm_plan_card_of(table->device))
     dm_plan_scratch(dm_engram_adam_scratch(cap), "engram_adam's flag and constants (kernels/engram.cu engram_adam_8bit)");
-  DM_KERNEL(engram_adam_8bit, table->device)(table, m8, rows, grads, cap, &hp, 0, &at);
+  DM_RUN(engram_adam_8bit, table->device, table, m8, rows, grads, cap, &hp, 0, &at);
   written_8bit(table, m8);
 }
 

@@ -276,7 +276,7 @@ static void fuse_forward(dm_ctx *c) {
     nd = dm_broadcast_shape(name, nd, prev, c->in[i]->ndim, c->in[i]->shape, shape);
   }
   dm_tensor *out = dm_tensor_new(first->device, first->dtype, nd, shape);
-  DM_KERNEL(fuse, first->device)(f, DM_FUSE_FWD, &out, c->n_in, c->in);
+  DM_RUN(fuse, first->device, f, DM_FUSE_FWD, &out, c->n_in, c->in);
   for (int i = 0; i < c->n_in; i++) if ((f->bwd_reads >> i) & 1) dm_save(c, c->in[i]);
   c->out[0] = out;
 }
@@ -299,7 +299,7 @@ static void fuse_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
   bool any = false;
   for (int i = 0; i < n; i++)
     if (dm_needs_grad(c, i) && f->prog[DM_FUSE_BWD][i].n > 0) { outs[i] = dm_tensor_like(g); any = true; }
-  if (any) DM_KERNEL(fuse, g->device)(f, DM_FUSE_BWD, outs, n + 1, ins);
+  if (any) DM_RUN(fuse, g->device, f, DM_FUSE_BWD, outs, n + 1, ins);
   for (int i = 0; i < n; i++) {
     if (!dm_needs_grad(c, i)) continue;
     gin[i] = outs[i] ? sum_to_owned(outs[i], dm_in_ndim(c, i), dm_in_shape(c, i))

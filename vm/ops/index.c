@@ -32,7 +32,7 @@ static void check_index_dtype(const char *what, const dm_tensor *idx) {
 
 /* every index within base .. base+size-1 */
 static void check_indices(const char *what, const dm_tensor *idx, int64_t size, int64_t base) {
-  DM_KERNEL(index_check, idx->device)(idx, size, base, what);
+  DM_RUN(index_check, idx->device, idx, size, base, what);
 }
 
 static void check_not_scalar(const char *what, const dm_tensor *x) {
@@ -85,14 +85,14 @@ static void gather_fwd(dm_ctx *c) {
   check_elementwise_index("gather", x, idx, dim, NULL);
   check_indices("gather", idx, x->shape[dim], base);
   dm_tensor *out = dm_tensor_new(x->device, x->dtype, idx->ndim, idx->shape);
-  DM_KERNEL(gather, x->device)(out, x, idx, dim, base);
+  DM_RUN(gather, x->device, out, x, idx, dim, base);
   dm_save(c, idx);
   c->out[0] = out;
 }
 
 static void gather_bwd(dm_ctx *c, dm_tensor *const *g, dm_tensor **gin) {
   dm_tensor *gx = zeros_of_input(c, 0, g[0]->device);
-  DM_KERNEL(scatter_add, gx->device)(gx, dm_saved(c, 0), g[0], (int)c->a.v[0], attr_base(c, 1));
+  DM_RUN(scatter_add, gx->device, gx, dm_saved(c, 0), g[0], (int)c->a.v[0], attr_base(c, 1));
   gin[0] = gx;
 }
 
@@ -111,7 +111,7 @@ static void index_select_fwd(dm_ctx *c) {
   memcpy(shape, x->shape, sizeof shape);
   shape[dim] = idx->shape[0];
   dm_tensor *out = dm_tensor_new(x->device, x->dtype, x->ndim, shape);
-  DM_KERNEL(index_select, x->device)(out, x, idx, dim, base);
+  DM_RUN(index_select, x->device, out, x, idx, dim, base);
   dm_save(c, idx);
   c->out[0] = out;
 }
@@ -119,7 +119,7 @@ static void index_select_fwd(dm_ctx *c) {
 /* rows picked through a 1-D index flow back with index_add: repeated indices accumulate */
 static void index_select_bwd(dm_ctx *c, dm_tensor *const *g, dm_tensor **gin) {
   dm_tensor *gx = zeros_of_input(c, 0, g[0]->device);
-  DM_KERNEL(index_add, gx->device)(gx, dm_saved(c, 0), g[0], (int)c->a.v[0], attr_base(c, 1));
+  DM_RUN(index_add, gx->device, gx, dm_saved(c, 0), g[0], (int)c->a.v[0], attr_base(c, 1));
   gin[0] = gx;
 }
 
@@ -135,7 +135,7 @@ static void scatter_add_fwd(dm_ctx *c) {
   check_indices("scatter_add", idx, x->shape[dim], base);
   dm_tensor *out = dm_tensor_like(x);
   dm_copy_(out, x);
-  DM_KERNEL(scatter_add, x->device)(out, idx, src, dim, base);
+  DM_RUN(scatter_add, x->device, out, idx, src, dim, base);
   dm_save(c, idx);
   c->out[0] = out;
 }
@@ -146,7 +146,7 @@ static void scatter_add_bwd(dm_ctx *c, dm_tensor *const *g, dm_tensor **gin) {
     /* src's gradient is g gathered through idx where idx reaches, 0 beyond */
     dm_tensor *idx = dm_saved(c, 0), *gs = zeros_of_input(c, 2, g[0]->device);
     dm_tensor *part = dm_tensor_view(gs, idx->ndim, idx->shape, gs->strides, 0);
-    DM_KERNEL(gather, gs->device)(part, g[0], idx, (int)c->a.v[0], attr_base(c, 1));
+    DM_RUN(gather, gs->device, part, g[0], idx, (int)c->a.v[0], attr_base(c, 1));
     dm_release(part);
     gin[2] = gs;
   }
@@ -172,7 +172,7 @@ static void embedding_fwd(dm_ctx *c) {
   dm_tensor *out = dm_tensor_new(table->device, table->dtype, ids->ndim + 1, shape);
   int64_t rows_shape[2] = {n, table->shape[1]}, rows_strides[2] = {table->shape[1], 1};
   dm_tensor *rows = dm_tensor_view(out, 2, rows_shape, rows_strides, 0);
-  DM_KERNEL(index_select, table->device)(rows, table, flat, 0, base);
+  DM_RUN(index_select, table->device, rows, table, flat, 0, base);
   dm_release(rows);
   dm_save(c, flat);
   dm_release(flat);
@@ -183,7 +183,7 @@ static void embedding_bwd(dm_ctx *c, dm_tensor *const *g, dm_tensor **gin) {
   dm_tensor *flat = dm_saved(c, 0), *gt = zeros_of_input(c, 0, g[0]->device);
   int64_t rows_shape[2] = {flat->shape[0], dm_in_shape(c, 0)[1]};
   dm_tensor *rows = dm_reshape(g[0], 2, rows_shape);
-  DM_KERNEL(index_add, gt->device)(gt, flat, rows, 0, attr_base(c, 0));
+  DM_RUN(index_add, gt->device, gt, flat, rows, 0, attr_base(c, 0));
   dm_release(rows);
   gin[0] = gt;
 }
@@ -215,7 +215,7 @@ static void patch_index_fwd(dm_ctx *c) {
   const int64_t ps[2] = {B, slots};
   dm_tensor *pool = dm_tensor_new(x->device, DM_I64, 2, ps), *ctx = dm_tensor_new(x->device, DM_I64, 2, x->shape);
   dm_tensor *count = dm_tensor_new(x->device, DM_I64, 1, &B);
-  DM_KERNEL(patch_index, x->device)(pool, ctx, count, xc, bc, min_len, max_len);
+  DM_RUN(patch_index, x->device, pool, ctx, count, xc, bc, min_len, max_len);
   dm_release(xc);
   dm_release(bc);
   c->out[0] = pool;

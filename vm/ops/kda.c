@@ -135,7 +135,7 @@ static void kda_forward(dm_ctx *c) {
   dm_kda_fwd_k fwd = ch ? DM_KERNEL(kda_chunk_fwd, q->device)
                         : DM_KERNEL(kda_fwd, q->device);
   plan_kda(q, v, ch, false, 0, true, true);
-  fwd(o, sT, in[Q], in[K], in[V], in[G], in[BETA], in[S0]);
+  if (fwd) fwd(o, sT, in[Q], in[K], in[V], in[G], in[BETA], in[S0]);     /* NULL on the meta device */
   for (int i = 0; i < KDA_NIN; i++) if (in[i]) dm_save(c, in[i]);   /* S0 last, when given */
   release_all(KDA_NIN, in);
   c->out[0] = o;
@@ -154,7 +154,8 @@ static void kda_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
                         : DM_KERNEL(kda_bwd, d_o->device);
   const int64_t chunk = ch ? DM_KDA_CHUNK : chunk_attr(&c->a);
   plan_kda(in[Q], in[V], ch, true, chunk, gr[V] != NULL, gr[BETA] != NULL);
-  bwd(gr[Q], gr[K], gr[V], gr[G], gr[BETA], gr[S0], in[Q], in[K], in[V], in[G], in[BETA], in[S0], d_o, d_s, chunk);
+  if (bwd) bwd(gr[Q], gr[K], gr[V], gr[G], gr[BETA], gr[S0], in[Q], in[K], in[V], in[G], in[BETA], in[S0], d_o, d_s,
+               chunk);                                               /* NULL on the meta device */
   dm_release(d_o);
   dm_release(d_s);
   for (int i = 0; i < KDA_NIN; i++) gin[i] = gr[i];
@@ -207,7 +208,7 @@ static void gate_forward(dm_ctx *c) {
   dm_tensor *in[GATE_NIN];
   contiguous_all(GATE_NIN, c->in, in);
   dm_tensor *g = dm_tensor_new(f->device, f->dtype == DM_F64 ? DM_F64 : DM_F32, f->ndim, f->shape);
-  DM_KERNEL(kda_gate, f->device)(g, in[F], in[ALOG], in[DTB], heads, kind, lb);
+  DM_RUN(kda_gate, f->device, g, in[F], in[ALOG], in[DTB], heads, kind, lb);
   dm_save(c, in[F]);
   dm_save(c, in[DTB]);
   if (in[ALOG]) dm_save(c, in[ALOG]);
@@ -227,7 +228,7 @@ static void gate_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
   if (dm_plan_card_of(dg->device) && (gr[ALOG] || gr[DTB]))
     dm_plan_scratch(dm_kda_gate_bwd_scratch(dm_numel(f) / dm_numel(dt_bias), dm_numel(dt_bias)),
                     "kda_gate's channel sums (kernels/kda.cu gate_backward)");
-  DM_KERNEL(kda_gate_bwd, dg->device)(gr[F], gr[ALOG], gr[DTB], dg, f, a_log, dt_bias,
+  DM_RUN(kda_gate_bwd, dg->device, gr[F], gr[ALOG], gr[DTB], dg, f, a_log, dt_bias,
                                                            a_log ? dm_numel(a_log) : 1, kind, lb);
   dm_release(dg);
   for (int i = 0; i < GATE_NIN; i++) gin[i] = gr[i];

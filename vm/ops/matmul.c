@@ -74,7 +74,7 @@ static void matmul_forward(dm_ctx *c) {
   int64_t shape[DM_MAXDIM];
   int nd = out_shape(a, b, ta, tb, shape);
   c->out[0] = dm_tensor_new(a->device, a->dtype, nd, shape);
-  DM_KERNEL(matmul, a->device)(c->out[0], a, b, ta, tb);
+  DM_RUN(matmul, a->device, c->out[0], a, b, ta, tb);
   /* a's gradient needs b and b's needs a: keep only what will be used */
   if (c->node && dm_needs_grad(c, 1)) dm_save(c, a);
   if (c->node && dm_needs_grad(c, 0)) dm_save(c, b);

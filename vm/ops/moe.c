@@ -101,7 +101,7 @@ static void check_blas_dim(const char *what, const char *name, int64_t v) {
 }
 
 static void check_range(const char *what, const dm_tensor *idx, int64_t size) {
-  DM_KERNEL(index_check, idx->device)(idx, size, 0, what);
+  DM_RUN(index_check, idx->device, idx, size, 0, what);
 }
 
 /* perm or inv: i64 [N * k] (rows, read off ref), values in 0 .. rows-1 */
@@ -122,7 +122,7 @@ static void check_offsets(const char *what, const dm_tensor *offsets, int64_t ex
   if (dm_plan_card_of(offsets->device))
     dm_plan_scratch(dm_moe_offsets_check_scratch(offsets->shape[0] - 1, dm_debug_level()),
                     "moe's offsets check (kernels/moe_route.cu cuda_check_offsets)");
-  DM_KERNEL(moe_check_offsets, offsets->device)(offsets, rows, what);
+  DM_RUN(moe_check_offsets, offsets->device, offsets, rows, what);
 }
 
 /* ---- moe_route ------------------------------------------------------------------------------- */
@@ -156,7 +156,7 @@ static void route_fwd(dm_ctx *c) {
   dm_tensor *counts = dm_tensor_new(lg->device, DM_I64, 1, &e);
   if (dm_plan_card_of(lg->device) && !dm_moe_few(e, n * k))
     dm_plan_scratch(dm_bucket_counts_scratch(n * k, e), "moe_route counts (kernels/moe_route.cu bucket_counts)");
-  DM_KERNEL(moe_route, lg->device)(idx, w, counts, lg, b, form);
+  DM_RUN(moe_route, lg->device, idx, w, counts, lg, b, form);
   dm_save(c, lg);
   dm_save(c, idx);
   dm_release(lg);
@@ -169,7 +169,7 @@ static void route_fwd(dm_ctx *c) {
 static void route_bwd(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
   dm_tensor *gw = dm_contiguous(gout[1]);
   dm_tensor *gl = dm_new_grad(c, 0, gw->device);
-  DM_KERNEL(moe_route_bwd, gl->device)(gl, gw, dm_saved(c, 0), dm_saved(c, 1),
+  DM_RUN(moe_route_bwd, gl->device, gl, gw, dm_saved(c, 0), dm_saved(c, 1),
                                                                route_form(c));
   dm_release(gw);
   gin[0] = gl;
@@ -191,7 +191,7 @@ static void sort_fwd(dm_ctx *c) {
   dm_tensor *inv = dm_tensor_new(ix->device, DM_I64, 1, &rows);
   if (dm_plan_card_of(ix->device) && !dm_moe_few(e, rows))
     dm_plan_scratch(dm_bucket_sort_scratch(rows, e), "moe_sort counters (kernels/moe_route.cu cuda_sort)");
-  DM_KERNEL(moe_sort, ix->device)(perm, offsets, inv, ix);
+  DM_RUN(moe_sort, ix->device, perm, offsets, inv, ix);
   dm_release(ix);
   c->out[0] = perm;
   c->out[1] = offsets;
@@ -329,7 +329,7 @@ static void experts_fwd(dm_ctx *c) {
       dm_plan_scratch(dm_moe_experts_scratch(dm_moe_tc_path(u->dtype, e, n * k, dm, f, r), e, n * k, dm, f, r),
                       "moe experts hidden rows (kernels/moe_tc.cu tc_forward, moe_experts.cu experts_forward)");
   }
-  DM_KERNEL(moe_experts, u->device)(y, z, x[X_U], x[X_PERM], x[X_OFFSETS], &bank, k);
+  DM_RUN(moe_experts, u->device, y, z, x[X_U], x[X_PERM], x[X_OFFSETS], &bank, k);
   for (int i = 0; i < 3; i++) dm_release(dec[i]);
   const int kept = q8 ? X_ALL : X_N;
   for (int i = 0; i < kept; i++) { dm_save(c, x[i]); dm_release(x[i]); }
@@ -362,7 +362,7 @@ static void experts_bwd(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
                                                g[X_UG] || g[X_UU], g[X_CG] || g[X_CU]),
                     "moe experts backward rows (kernels/moe_tc.cu tc_backward, moe_experts.cu experts_backward)");
   }
-  DM_KERNEL(moe_experts_bwd, dev)(gx_rows, &grads, gy, z, x[X_U], x[X_PERM], x[X_OFFSETS],
+  DM_RUN(moe_experts_bwd, dev, gx_rows, &grads, gy, z, x[X_U], x[X_PERM], x[X_OFFSETS],
                                                           &bank, k);
   for (int i = 0; i < 3; i++) dm_release(dec[i]);
   dm_release(gy);
@@ -370,9 +370,9 @@ static void experts_bwd(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
   if (gx_rows) {
     /* each token sums the gradients of its k rows, gathered through the inverse permutation */
     dm_tensor *inv = dm_tensor_new(dev, DM_I64, 1, &rows);
-    DM_KERNEL(moe_invert, dev)(inv, x[X_PERM]);
+    DM_RUN(moe_invert, dev, inv, x[X_PERM]);
     dm_tensor *gu = dm_new_grad(c, X_U, dev);
-    DM_KERNEL(moe_combine, dev)(gu, gx_rows, inv, NULL);
+    DM_RUN(moe_combine, dev, gu, gx_rows, inv, NULL);
     dm_release(inv);
     dm_release(gx_rows);
     gin[X_U] = gu;
@@ -394,7 +394,7 @@ static void bank_fp8_fwd(dm_ctx *c) {
           ss[3] = {x->shape[0], x->shape[1], dm_bank_fp8_blocks(n)};
   dm_tensor *xc = dm_contiguous(x);
   dm_tensor *codes = dm_tensor_new(x->device, DM_U8, 3, sq), *scales = dm_tensor_new(x->device, DM_F32, 3, ss);
-  DM_KERNEL(bank_fp8, x->device)(codes, scales, xc, to);
+  DM_RUN(bank_fp8, x->device, codes, scales, xc, to);
   dm_release(xc);
   c->out[0] = codes;
   c->out[1] = scales;
@@ -415,7 +415,7 @@ static void combine_fwd(dm_ctx *c) {
   dm_tensor *r = dm_contiguous(rows), *iv = dm_contiguous(inv), *wc = dm_contiguous(w);
   int64_t sy[2] = {n, f};
   dm_tensor *y = dm_tensor_new(r->device, r->dtype, 2, sy);
-  DM_KERNEL(moe_combine, r->device)(y, r, iv, wc);
+  DM_RUN(moe_combine, r->device, y, r, iv, wc);
   dm_save(c, r);
   dm_save(c, iv);
   dm_save(c, wc);
@@ -429,7 +429,7 @@ static void combine_bwd(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
   dm_tensor *gy = dm_contiguous(gout[0]);
   dm_tensor *grows = dm_needs_grad(c, 0) ? dm_new_grad(c, 0, gy->device) : NULL;
   dm_tensor *gw = dm_needs_grad(c, 2) ? dm_new_grad(c, 2, gy->device) : NULL;
-  DM_KERNEL(moe_combine_bwd, gy->device)(grows, gw, gy, dm_saved(c, 0), dm_saved(c, 1),
+  DM_RUN(moe_combine_bwd, gy->device, grows, gw, gy, dm_saved(c, 0), dm_saved(c, 1),
                                                                 dm_saved(c, 2));
   dm_release(gy);
   gin[0] = grows;
@@ -456,7 +456,7 @@ static void capacity_fwd(dm_ctx *c) {
   dm_tensor *out = dm_tensor_like(wc), *drops = dm_tensor_new(wc->device, DM_I64, 1, &e);
   if (dm_plan_card_of(wc->device))
     dm_plan_scratch(dm_moe_capacity_scratch(rows, e), "moe_capacity drops (kernels/moe_route.cu cuda_capacity)");
-  DM_KERNEL(moe_capacity, wc->device)(out, drops, wc, ix, iv, of, cap);
+  DM_RUN(moe_capacity, wc->device, out, drops, wc, ix, iv, of, cap);
   dm_save(c, ix);
   dm_save(c, iv);
   dm_save(c, of);
@@ -471,7 +471,7 @@ static void capacity_fwd(dm_ctx *c) {
 /* the kept assignments pass their gradient, the dropped ones get 0: the same mask */
 static void capacity_bwd(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
   dm_tensor *g = dm_contiguous(gout[0]), *gw = dm_new_grad(c, 0, g->device);
-  DM_KERNEL(moe_capacity, g->device)(gw, NULL, g, dm_saved(c, 0), dm_saved(c, 1),
+  DM_RUN(moe_capacity, g->device, gw, NULL, g, dm_saved(c, 0), dm_saved(c, 1),
                                                           dm_saved(c, 2), (int64_t)c->a.v[0]);
   dm_release(g);
   gin[0] = gw;
@@ -485,7 +485,7 @@ static void counters_fwd(dm_ctx *c) {
   check_i64("moe_counters", "counts", counts);
   int64_t three = 3;
   dm_tensor *cc = dm_contiguous(counts), *stats = dm_tensor_new(cc->device, DM_F64, 1, &three);
-  DM_KERNEL(moe_counters, cc->device)(stats, cc);
+  DM_RUN(moe_counters, cc->device, stats, cc);
   dm_release(cc);
   c->out[0] = stats;
 }
@@ -501,7 +501,7 @@ static void balance_fwd(dm_ctx *c) {
   if (bias->requires_grad && dm_grad_enabled())
     dm_error("%s: in-place update of a bias that requires grad; the balancing bias takes no gradient", what);
   dm_tensor *b = dm_contiguous(bias), *cc = dm_contiguous(counts);
-  DM_KERNEL(moe_balance, b->device)(b, cc, c->a.v[0]);
+  DM_RUN(moe_balance, b->device, b, cc, c->a.v[0]);
   if (b != bias && b->storage != bias->storage) dm_copy_(bias, b);   /* a strided bias: write back */
   dm_release(b);
   dm_release(cc);

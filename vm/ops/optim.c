@@ -129,7 +129,7 @@ void dm_adamw_step(int n, dm_tensor *const *params, dm_tensor *const *grads,
     check_state(op, "second moment v", i, params[i], v[i]);
   }
   if (dm_plan_card_of(params[0]->device)) dm_plan_scratch(DM_ADAMW_SCRATCH, "adamw's constants (kernels/optim.cu cuda_adamw)");
-  DM_KERNEL(adamw, params[0]->device)(n, params, grads, m, v, hp);
+  DM_RUN(adamw, params[0]->device, n, params, grads, m, v, hp);
   for (int i = 0; i < n; i++)
     if (grads[i]) { dm_mark_written(params[i]); dm_mark_written(m[i]); dm_mark_written(v[i]); }
 }
@@ -163,7 +163,7 @@ void dm_adamw_8bit_step(int n, dm_tensor *const *params, dm_tensor *const *grads
     check_8bit(op, "second moment's root", i, params[i], r[i], r_scale[i]);
   }
   if (dm_plan_card_of(params[0]->device)) dm_plan_scratch(DM_ADAMW_SCRATCH, "adamw's constants (kernels/optim.cu cuda_adamw_8bit)");
-  DM_KERNEL(adamw_8bit, params[0]->device)(n, params, grads, m, m_scale, r, r_scale, hp, salt);
+  DM_RUN(adamw_8bit, params[0]->device, n, params, grads, m, m_scale, r, r_scale, hp, salt);
   for (int i = 0; i < n; i++)
     if (grads[i]) {
       dm_mark_written(params[i]);
@@ -279,15 +279,15 @@ static dm_tensor *ns_iterate(dm_tensor *x, int steps, dm_ns_coeffs coeffs, const
   if (dm_plan_card_of(x->device))
     dm_plan_scratch(dm_ns_normalize_scratch(x->shape[0], x->shape[1] * x->shape[2]),
                     "Newton-Schulz norm partials (kernels/optim.cu cuda_ns_normalize)");
-  k->normalize(x, dm_ns_norm_factor(coeffs), 1e-7);
+  if (k->normalize) k->normalize(x, dm_ns_norm_factor(coeffs), 1e-7);     /* the kernels: NULL on the meta device */
   for (int s = 0; s < steps; s++) {
     double abc[3];
     dm_ns_coefficients(coeffs, s, abc);
     dm_tensor *A = tall ? dm_matmul(x, x, true, false) : dm_matmul(x, x, false, true);
     dm_tensor *B = dm_matmul(A, A, false, false);
-    axpby(B, abc[1], A, abc[2]);                       /* B = bA + cA² */
+    if (axpby) axpby(B, abc[1], A, abc[2]);            /* B = bA + cA² */
     dm_tensor *next = tall ? dm_matmul(x, B, false, false) : dm_matmul(B, x, false, false);
-    axpby(next, abc[0], x, 1.0);                       /* X ← aX + BX */
+    if (axpby) axpby(next, abc[0], x, 1.0);            /* X ← aX + BX */
     dm_release(A);
     dm_release(B);
     dm_release(x);
@@ -332,16 +332,16 @@ static dm_tensor *ns_gram_iterate(dm_tensor *x, int steps, dm_ns_coeffs coeffs, 
   bool tall = x->shape[1] > x->shape[2];
   dm_tensor *a0 = tall ? dm_matmul(x, x, true, false) : dm_matmul(x, x, false, true);
   dm_tensor *q = dm_tensor_new(x->device, DM_F32, 3, a0->shape);
-  k->gram_start(q, a0, dm_ns_norm_factor(coeffs), 1e-7);
+  if (k->gram_start) k->gram_start(q, a0, dm_ns_norm_factor(coeffs), 1e-7);   /* NULL on the meta device */
   for (int s = 0; s < steps; s++) {
     double abc[3];
     dm_ns_coefficients(coeffs, s, abc);
     dm_tensor *t = dm_matmul(q, a0, tall, false);                 /* Q A_0, or Qᵀ A_0 when tall */
     dm_tensor *a = dm_matmul(t, q, false, !tall);                 /* A_k */
     dm_tensor *b = dm_matmul(a, a, false, false);
-    k->axpby(b, abc[1], a, abc[2]);                               /* B = bA + cA² */
+    if (k->axpby) k->axpby(b, abc[1], a, abc[2]);                 /* B = bA + cA² */
     dm_tensor *next = tall ? dm_matmul(q, b, false, false) : dm_matmul(b, q, false, false);
-    k->axpby(next, abc[0], q, 1.0);                               /* Q ← aQ + BQ (QB when tall) */
+    if (k->axpby) k->axpby(next, abc[0], q, 1.0);                 /* Q ← aQ + BQ (QB when tall) */
     dm_release(t);
     dm_release(a);
     dm_release(b);
@@ -479,14 +479,15 @@ static void muon_group(int k, const int *idx, dm_tensor *const *params, dm_tenso
   stack_views(stack, k, p, rows, pitch, o);
   /* the salt tells shape groups apart: members are counted within the group */
   dm_sround_key key = {.salt = shape_salt(hp->sround_salt, rows, cols), .step = hp->step, .step_at = hp->step_at};
-  momentum(k, b, g, o, hp->momentum, hp->nesterov, hp->sumsq_at, clip_at, hp->clip, cols, pitch,
-           hp->momentum_sround ? &key : NULL);
+  if (momentum)                                           /* the kernels: NULL on the meta device */
+    momentum(k, b, g, o, hp->momentum, hp->nesterov, hp->sumsq_at, clip_at, hp->clip, cols, pitch,
+             hp->momentum_sround ? &key : NULL);
   for (int j = 0; j < k; j++) dm_release(o[j]);
   dm_tensor *ortho = muon_plus(ns_run(stack, hp->ns_steps, hp->coeffs, &nsk, hp->ns_dtype), hp->normalize);
   stack_views(ortho, k, p, rows, pitch, o);
   /* 0.2·sqrt(max(m, n)) brings the update's RMS to AdamW's (Moonlight) */
   if (dm_plan_card_of(dev)) dm_plan_scratch(DM_MUON_APPLY_SCRATCH, "muon's constants (kernels/optim.cu cuda_muon_apply)");
-  apply(k, p, o, hp, 0.2 * sqrt((double)(rows > cols ? rows : cols)), cols, pitch);
+  if (apply) apply(k, p, o, hp, 0.2 * sqrt((double)(rows > cols ? rows : cols)), cols, pitch);
   for (int j = 0; j < k; j++) {
     dm_release(o[j]);
     dm_mark_written(p[j]);
@@ -575,7 +576,7 @@ void dm_clip_scale(int n, dm_tensor *const *grads, double max_norm, const dm_ten
   const dm_tensor *first = check_clip("clip_scale", n, grads, max_norm);
   if (!first || max_norm == 0) return;
   dm_check_scalar("clip_scale", "the sum of squares", sumsq, DM_F64, first->device);
-  DM_KERNEL(clip_scale, first->device)(n, grads, sumsq, max_norm);
+  DM_RUN(clip_scale, first->device, n, grads, sumsq, max_norm);
   for (int i = 0; i < n; i++) if (grads[i]) dm_mark_written(grads[i]);
 }
 
@@ -585,9 +586,9 @@ void dm_clip_grads_async(int n, dm_tensor *const *grads, double max_norm, dm_ten
   dm_check_scalar("clip_grads_async", "the sum of squares", sumsq, DM_F64, dev);
   if (!first) { dm_fill(sumsq, 0.0); return; }
   plan_sumsq(dev, n, grads);
-  DM_KERNEL(sumsq, dev)(n, grads, sumsq);
+  DM_RUN(sumsq, dev, n, grads, sumsq);
   if (max_norm > 0) {
-    DM_KERNEL(clip_scale, dev)(n, grads, sumsq, max_norm);
+    DM_RUN(clip_scale, dev, n, grads, sumsq, max_norm);
     for (int i = 0; i < n; i++) if (grads[i]) dm_mark_written(grads[i]);
   }
   dm_mark_written(sumsq);
@@ -596,7 +597,7 @@ void dm_clip_grads_async(int n, dm_tensor *const *grads, double max_norm, dm_ten
 void dm_optim_tick(dm_tensor *step, const dm_tensor *sumsq) {
   dm_check_scalar("optim_tick", "the step count", step, DM_I64, step->device);
   dm_check_scalar("optim_tick", "the sum of squares", sumsq, DM_F64, step->device);
-  DM_KERNEL(optim_tick, step->device)(step, sumsq);
+  DM_RUN(optim_tick, step->device, step, sumsq);
   dm_mark_written(step);
 }
 
@@ -609,14 +610,14 @@ double dm_clip_grad_norm(int n, dm_tensor *const *grads, double max_norm, bool *
   dm_clip_scale_k scale = DM_KERNEL(clip_scale, dev);
   dm_tensor *sumsq = dm_tensor_new(dev, DM_F64, 1, (int64_t[]){1});
   plan_sumsq(dev, n, grads);
-  sum(n, grads, sumsq);
+  if (sum) sum(n, grads, sumsq);                          /* the kernels: NULL on the meta device */
   dm_tensor *host = dev == DM_CPU ? (dm_retain(sumsq), sumsq) : dm_to_device(sumsq, DM_CPU);
   double norm = sqrt(*(double *)dm_data(host));
   dm_release(host);
   if (finite) *finite = isfinite(norm);
   /* the kernel decides from the device-side sum itself (no host read on the GPU) */
   if (max_norm > 0) {
-    scale(n, grads, sumsq, max_norm);
+    if (scale) scale(n, grads, sumsq, max_norm);
     if (isfinite(norm) && norm > max_norm)
       for (int i = 0; i < n; i++) if (grads[i]) dm_mark_written(grads[i]);
   }

@@ -54,7 +54,7 @@ static quant_input quant_input_of(dm_ctx *c) {
 static void quantize_forward(dm_ctx *c) {
   quant_input q = quant_input_of(c);
   dm_tensor *y = dm_tensor_new(q.x->device, q.x->dtype, q.x->ndim, q.x->shape);
-  DM_KERNEL(quantize, q.x->device)(y, q.x, q.format, q.block);
+  DM_RUN(quantize, q.x->device, y, q.x, q.format, q.block);
   dm_release(q.x);
   c->out[0] = y;
 }
@@ -74,7 +74,7 @@ static void encode_forward(dm_ctx *c) {
   int64_t n = q.x->shape[q.x->ndim - 1];
   dm_tensor *codes = shaped_like(q.x, ceil_div(n, dm_quant_per_byte(q.format)), DM_U8);
   dm_tensor *scales = shaped_like(q.x, ceil_div(n, q.block), q.format == DM_QUANT_NVFP4 ? DM_U8 : DM_F32);
-  DM_KERNEL(quant_encode, q.x->device)(codes, scales, q.x, q.format, q.block);
+  DM_RUN(quant_encode, q.x->device, codes, scales, q.x, q.format, q.block);
   dm_release(q.x);
   c->out[0] = codes;
   c->out[1] = scales;
@@ -105,7 +105,7 @@ static void decode_forward(dm_ctx *c) {
   dm_tensor *cc = dm_contiguous(codes);
   dm_tensor *scc = e4m3_scales || scales->dtype == DM_F32 ? dm_contiguous(scales) : dm_cast(scales, DM_F32);
   dm_tensor *y = shaped_like(codes, n, DM_F32);
-  DM_KERNEL(quant_decode, codes->device)(y, cc, scc, format, block);
+  DM_RUN(quant_decode, codes->device, y, cc, scc, format, block);
   dm_release(cc);
   dm_release(scc);
   c->out[0] = y;
@@ -136,7 +136,7 @@ static void littlebit_forward(dm_ctx *c) {
   check_littlebit(c->in[0], c->in[1], c->in[2]);
   dm_tensor *x = dm_contiguous(c->in[0]), *row = dm_contiguous(c->in[1]), *col = dm_contiguous(c->in[2]);
   dm_tensor *w = dm_tensor_new(x->device, x->dtype, x->ndim, x->shape);
-  DM_KERNEL(littlebit, x->device)(w, x, row, col);
+  DM_RUN(littlebit, x->device, w, x, row, col);
   dm_save(c, x);
   dm_save(c, row);
   dm_save(c, col);
@@ -153,7 +153,7 @@ static void littlebit_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gi
   if (dm_numel(x) == 0) {        /* no products: the scales' sums over an empty side are zeros */
     for (int i = 1; i < 3; i++) if (gin[i]) dm_fill(gin[i], 0);
   } else {
-    DM_KERNEL(littlebit_bwd, x->device)(gin[0], gin[1], gin[2], g, x, row, col);
+    DM_RUN(littlebit_bwd, x->device, gin[0], gin[1], gin[2], g, x, row, col);
   }
   dm_release(g);
 }

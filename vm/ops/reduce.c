@@ -126,7 +126,7 @@ static void reduce_forward(dm_ctx *c) {
   dm_tensor *outv = out ? full_view(out, x->ndim, g) : NULL;
   dm_tensor *idxv = idx ? full_view(idx, x->ndim, g) : NULL;
   int kk = kind == R_SUM_TO ? R_SUM : kind;
-  DM_KERNEL(reduce, x->device)(kk, outv, idxv, x, p, base);
+  DM_RUN(reduce, x->device, kk, outv, idxv, x, p, base);
   dm_release(outv);
   dm_release(idxv);
   if (kind == R_MAX || kind == R_MIN) dm_save(c, idx);
@@ -144,8 +144,8 @@ static void lse_grad_f32(dm_tensor *gx, dm_tensor *gv, dm_tensor *x, geom g) {
   dm_tensor *x32 = dm_cast(x, DM_F32), *g32 = dm_cast(gv, DM_F32);
   dm_tensor *y32 = dm_tensor_new(x->device, DM_F32, x->ndim, ys);
   dm_tensor *gx32 = dm_tensor_new(x->device, DM_F32, x->ndim, x->shape);
-  DM_KERNEL(reduce, x->device)(R_LOGSUMEXP, y32, NULL, x32, 0, 0);
-  DM_KERNEL(reduce_bwd, x->device)(R_LOGSUMEXP, gx32, g32, y32, NULL, x32, 0, 0);
+  DM_RUN(reduce, x->device, R_LOGSUMEXP, y32, NULL, x32, 0, 0);
+  DM_RUN(reduce_bwd, x->device, R_LOGSUMEXP, gx32, g32, y32, NULL, x32, 0, 0);
   dm_copy_(gx, gx32);
   dm_release(x32);
   dm_release(g32);
@@ -167,7 +167,7 @@ static void reduce_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) 
   int64_t base = has_index(kind) ? (int64_t)c->a.v[2] : 0;
   int kk = kind == R_SUM_TO ? R_SUM : kind;
   if (kind == R_LOGSUMEXP && dm_dtype_size(x->dtype) == 2) lse_grad_f32(gx, gv, x, g);
-  else DM_KERNEL(reduce_bwd, gx->device)(kk, gx, gv, yv, iv, x, c->a.v[2], base);
+  else DM_RUN(reduce_bwd, gx->device, kk, gx, gv, yv, iv, x, c->a.v[2], base);
   dm_release(gv);
   dm_release(yv);
   dm_release(iv);
@@ -185,7 +185,7 @@ static void softmax_forward(dm_ctx *c) {
     dm_error("%s: needs a float tensor, got %s", c->op->name, dm_dtype_name(x->dtype));
   int dim = softmax_dim(c, x);
   dm_tensor *y = dm_tensor_like(x);
-  DM_KERNEL(softmax, x->device)(y, x, dim, c->op->kind);
+  DM_RUN(softmax, x->device, y, x, dim, c->op->kind);
   dm_save(c, y);
   c->out[0] = y;
 }
@@ -193,7 +193,7 @@ static void softmax_forward(dm_ctx *c) {
 static void softmax_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
   dm_tensor *y = dm_saved(c, 0);
   dm_tensor *gx = dm_tensor_like(y);
-  DM_KERNEL(softmax_bwd, y->device)(gx, gout[0], y, (int)c->a.v[0], c->op->kind);
+  DM_RUN(softmax_bwd, y->device, gx, gout[0], y, (int)c->a.v[0], c->op->kind);
   gin[0] = gx;
 }
 

@@ -42,6 +42,6 @@ void dm_sample_bytes(dm_tensor *out, const dm_tensor *logits, const dm_tensor *s
   if (!(hp->top_p > 0 && hp->top_p <= 1)) dm_error("sample_bytes: top_p must lie in (0, 1], got %g", hp->top_p);
   if (hp->offset < 0) dm_error("sample_bytes: offset must be >= 0, got %lld", (long long)hp->offset);
   if (B == 0 || logits->device == DM_META) return;
-  DM_KERNEL(sample_bytes, logits->device)(out, logits, seeds, counts, hp);
+  DM_RUN(sample_bytes, logits->device, out, logits, seeds, counts, hp);
   dm_mark_written(out);
 }
