@@ -93,7 +93,7 @@ __device__ __forceinline__ void load_runs(u16 *t, unsigned char *sh, int ld, int
 /* The chunks a thread loads of a stream of shifted tiles (NR rows of W elements, as load_runs<true> takes
 ** them) whose rows keep their places from one tile to the next but for an offset common to all, a multiple
 ** of 8 (the next chunk of F, the next tile of rows): found once (a register a chunk), so that a tile's loads
-** cost little more than the copies. Places count elements from a base pointer and fit 32 bits (tc_fits
+** cost little more than the copies. Places count elements from a base pointer and fit 32 bits (dm_moe_tc_fits
 ** sees to it); sh[r] receives row r's offset in its first chunk, the same for every tile. */
 template <int NR, int W> struct run_stream {
   static constexpr int NCH = (W + 14) >> 3, N = NR * NCH, K = (N + TC_THREADS - 1) / TC_THREADS;
@@ -586,7 +586,7 @@ struct tc_units {
 ** tc_du_k keeps it in registers at 64 a thread. */
 struct tc_items {
   int64_t lo;
-  int x, nr, slot, nt, c0, n;   /* (E fits an int: tc_fits; slots are under 2 rows / 1024) */
+  int x, nr, slot, nt, c0, n;   /* (E fits an int: dm_moe_tc_fits; slots are under 2 rows / 1024) */
   __device__ tc_items(const tc_units &U, const int64_t *off, int64_t rows, int u) {
     x = (int)U.map[u];
     int64_t elo, ehi;
