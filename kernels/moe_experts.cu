@@ -339,7 +339,7 @@ static void experts_backward(dm_tensor *gx_rows, const dm_moe_grads *g, const dm
 
 /* ---- a few rows against many experts: decoding (moe.h dm_moe_few_experts) ---------------------------- */
 
-/* Two kernels, no tiles and no plan. few_project_k: a block per (row, slice of d) sums the row's slice of
+/* Two kernels, no tiles and no units to plan. few_project_k: a block per (row, slice of d) sums the row's slice of
 ** x Ug[e] and x Uu[e] (2r columns; the block's threads split the slice into groups, joined in group order)
 ** into part [rows, slices, 2r]. few_down_k: a block per (row, chunk of F) joins the slices in order, takes
 ** the scales and the activation (h in the compute type), and writes its chunk of h D[e]. Each block finds

@@ -8,8 +8,8 @@
 /* ---- the expert products on tensor cores (bf16, f16) ------------------------------------------------------
 **
 ** At ranks r of 16, 32, 64 or 128, d a multiple of 8 and 16-byte aligned tensors, bf16 and f16 run on
-** mma.sync m16n8k16 with f32 accumulators (DM_MOE_FMA=1 in the environment keeps the FMA kernels above,
-** for comparison). The weights dominate the traffic, so each kernel reads every expert's weights once:
+** mma.sync m16n8k16 with f32 accumulators (DM_MOE_FMA=1 in the environment keeps the FMA kernels of
+** moe_experts.cu, for comparison). The weights dominate the traffic, so each kernel reads every expert's weights once:
 **
 **   tc_rows_k  a tile of TC_TM rows of one expert: z = x [Ug | Uu] over chunks of d; the forward writes
 **              h (and z, for the backward); the backward takes the forward's z (or recomputes it), then

@@ -41,9 +41,9 @@ decode.BLOCK = {cuda = 32, cpu = 1}
 
 -- blocks run in this process: replayed from a captured graph, or run eagerly (the CPU, graph =
 -- false, or a step that could not be captured, which also says so once on stderr); the last
--- captured graph's nodes (kernel launches, copies, products) a byte; and the speculative passes'
--- drafts, kept or not
-decode.counters = {replayed = 0, eager = 0, captures = 0, failed_captures = 0, nodes_per_byte = nil, drafts = 0,
+-- captured graph's nodes (kernel launches, copies, products) a pass of the model (a byte a stream; a
+-- speculative pass may give two); and the speculative passes' drafts, kept or not
+decode.counters = {replayed = 0, eager = 0, captures = 0, failed_captures = 0, nodes_per_pass = nil, drafts = 0,
                    drafts_kept = 0}
 
 local warned = {}
@@ -161,7 +161,7 @@ function Decoder:block_bytes()
     local ok, g = pcall(dm.cuda.graph, function() self:body() end)
     if ok then
       self.graph, c.captures = g, c.captures + 1
-      c.nodes_per_byte = g:nodes() / self.K
+      c.nodes_per_pass = g:nodes() / self.K
     else
       self.use_graph, c.failed_captures = false, c.failed_captures + 1
       warn_once("capture", "decode: the one-byte step could not be captured as a CUDA graph, so it runs " ..

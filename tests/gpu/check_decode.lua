@@ -37,7 +37,7 @@ local function counted(fn)
   for k, v in pairs(decode.counters) do before[k] = v end
   local r = fn()
   local d = {}
-  for k, v in pairs(decode.counters) do d[k] = k ~= "nodes_per_byte" and v - before[k] or nil end
+  for k, v in pairs(decode.counters) do d[k] = k ~= "nodes_per_pass" and v - before[k] or nil end
   return r, d
 end
 
@@ -148,8 +148,8 @@ checks.check("b1 bf16, batch 1, graph: 10,000 bytes after 4,096", function()
   local r, c = batch1(10000)
   rows[#rows + 1] = {"b1 batch 1 graph, bytes 2-100", r[1].rate}
   rows[#rows + 1] = {"b1 batch 1 graph, bytes 1001-10000", r[#r].rate}
-  return string.format("captures %d, replayed %d, eager %d; %.0f graph nodes a byte", c.captures, c.replayed, c.eager,
-                       decode.counters.nodes_per_byte or 0)
+  return string.format("captures %d, replayed %d, eager %d; %.0f graph nodes a pass", c.captures, c.replayed, c.eager,
+                       decode.counters.nodes_per_pass or 0)
 end)
 
 checks.check("b1 bf16, batch 1, eager blocks: 1,000 bytes after 4,096", function()

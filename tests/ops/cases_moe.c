@@ -206,7 +206,7 @@ static const expert_shape expert_shapes[TRIALS + 1] = {
 /* dm_moe_few_experts: a few rows among many experts, F over a block's 256 columns, ranks 1 to 128 */
 static const expert_shape few_expert_shapes[TRIALS + 1] = {
   {1, 40, 64, 2, 16, 37, false}, {3, 33, 64, 2, 5, 300, true}, {2, 70, 32, 2, 64, 9, false},
-  {1, 8, 8, 1, 128, 513, false}, {4, 100, 64, 2, 3, 1, true}, {16, 24, 256, 2, 7, 20, true},
+  {1, 8, 8, 1, 128, 513, false}, {4, 100, 64, 2, 1, 1, true}, {16, 24, 256, 2, 7, 20, true},
   {1, 2048, 16, 2, 64, 5461, false}};                    /* perf: b1's one-byte step (16 of its experts) */
 
 /* from idx [n, k] (taken over): the sorted layout, the tokens' rows u [n, d], the expert banks

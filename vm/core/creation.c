@@ -7,7 +7,6 @@
 #include "core/alloc.h"
 #include "core/creation.h"
 
-
 static uint64_t rng_seed = 0x5eed, rng_offset;
 
 dm_tensor *dm_empty(dm_device dev, dm_dtype dt, int ndim, const int64_t *shape) {
@@ -57,7 +56,8 @@ uint64_t dm_rng_advance(int64_t n) {
 static dm_tensor *draw(dm_device dev, dm_dtype dt, int ndim, const int64_t *shape, bool normal) {
   check_float(normal ? "randn" : "rand", dt);
   dm_tensor *t = dm_tensor_new(dev, dt, ndim, shape);
-  DM_RUN(philox, dev, t, rng_seed, dm_rng_advance(dm_numel(t)), normal);
+  uint64_t offset = dm_rng_advance(dm_numel(t));      /* the generator moves on every device, meta too */
+  DM_RUN(philox, dev, t, rng_seed, offset, normal);
   return t;
 }
 

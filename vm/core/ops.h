@@ -123,7 +123,9 @@ dm_kernel_fn dm_kernel_get(const char *name, dm_device dev);     /* raises when 
 #define DM_KERNEL_TYPE(name, type) typedef type dm_ktype_##name;
 
 /* a table's entry: the declared name and a function of the declared type, checked by the compiler
-** in a constant expression (the tables are filled before the constructors that register them run) */
+** in a constant expression (the tables are filled before the constructors that register them run).
+** The C++ form needs <type_traits> before this header (kernels/common.cuh includes it for the .cu
+** files, which include this one inside extern "C"). */
 #ifdef __cplusplus
 #define DM_KERNEL_ENTRY(name, fn) {#name, (dm_kernel_fn)(std::integral_constant<dm_ktype_##name, fn>::value)}
 #else
@@ -138,7 +140,8 @@ dm_kernel_fn dm_kernel_get(const char *name, dm_device dev);     /* raises when 
     if (!dm_kcache_[dm_kdev_]) dm_kcache_[dm_kdev_] = dm_kernel_get(#name, dm_kdev_); \
     (dm_ktype_##name)dm_kcache_[dm_kdev_]; })
 
-/* kernel `name` run on dev with the arguments that follow; on the meta device, nothing */
+/* kernel `name` run on dev with the arguments that follow; on the meta device, nothing (its arguments
+** are not evaluated there: one with an effect is taken into a variable first) */
 #define DM_RUN(name, dev, ...) do {                                       \
     dm_device dm_rdev_ = (dev);                                           \
     if (dm_rdev_ != DM_META) DM_KERNEL(name, dm_rdev_)(__VA_ARGS__);      \

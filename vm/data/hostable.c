@@ -29,7 +29,6 @@
 #include "ops/engram.h"
 #include "ops/index.h"
 
-
 typedef struct slot {
   int64_t cap;                   /* lookups the buffers hold */
   int64_t n, nu;                 /* lookups, unique rows */

@@ -20,7 +20,6 @@
 #include "ops/engram.h"
 #include "ops/index.h"
 
-
 /* ---- the layout ---------------------------------------------------------------------------------- */
 
 static uint64_t mulmod(uint64_t a, uint64_t b, uint64_t m) { return (uint64_t)((unsigned __int128)a * b % m); }

@@ -20,9 +20,6 @@
 #include "patch.h"
 #include "ops/index.h"
 
-/* out = x picked through idx along dim (gather: idx per element; index_select: idx 1-D) */
-/* dst[idx along dim] += src, in place (scatter_add: idx per element; index_add: idx 1-D) */
-
 /* ---- checks ------------------------------------------------------------------------------- */
 
 static void check_index_dtype(const char *what, const dm_tensor *idx) {

@@ -45,7 +45,6 @@ bool dm_moe_few_off(void) {
   return s && strcmp(s, "0") == 0;
 }
 
-
 /* ---- checks ---------------------------------------------------------------------------------- */
 
 /* the CPU kernels compute in f32 and f64; another backend may take more */
@@ -322,7 +321,7 @@ static void experts_fwd(dm_ctx *c) {
   /* (the plan takes the kernels' path, dm_moe_tc_path; an unaligned view, which it cannot see, would
   ** make the kernel take the FMA path's scratch) */
   if (dm_plan_card_of(u->device) && n * k > 0) {
-    if (dm_moe_few_experts(e, n * k, f, r, q8))
+    if (dm_moe_few_experts(e, n * k, f, r, bank.qg.codes != NULL))     /* codes the kernels read, as they ask */
       dm_plan_scratch(dm_moe_few_scratch(u->dtype == DM_F64 ? 8 : 4, n * k, dm, r),
                       "moe experts' partial projections (kernels/moe_experts.cu few_forward)");
     else

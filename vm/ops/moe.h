@@ -34,9 +34,9 @@
 #include "core/ops.h"
 #include "ops/prims.h"      /* the bucket sort's scratch */
 
-/* The CUDA expert kernels' sizes that their scratch follows (kernels/moe_tc.cu, moe_experts.cu; the planner reads them):
-** rows a tile, row tiles a unit at most, the chunks of F and d the streaming kernels take, and the
-** ranks the tensor-core kernels take (DM_MOE_TC_RANK(r)). */
+/* The CUDA expert kernels' sizes that their scratch follows (kernels/moe_tc.cu, moe_experts.cu; the
+** planner reads them): rows a tile, row tiles a unit at most, the chunks of F and d the streaming kernels
+** take, and the ranks the tensor-core kernels take (DM_MOE_TC_RANK(r)). */
 #define DM_MOE_TC_TM 32
 #define DM_MOE_TC_GT 32
 #define DM_MOE_TC_FS 128
@@ -105,8 +105,9 @@ static inline bool dm_moe_tc_path(dm_dtype t, int64_t e, int64_t rows, int64_t d
 /* A few rows against many experts (decoding: a stream's byte is k rows among E experts): at most
 ** DM_MOE_FEW_ROWS assignments and at most one for DM_MOE_FEW_RATIO experts. The tiled kernels' grid, tiles
 ** and plan run over every expert, which there costs more than the rows' work, so moe_route counts, moe_sort
-** sorts and moe_experts computes a row a block instead (kernels/moe_experts.cu "a few rows", moe_route.cu few_sort); experts of rank over
-** DM_MOE_FEW_RANK, and fp8 banks, keep the tiled kernels. One rule for the kernels and the plan. */
+** sorts and moe_experts computes a row a block instead (kernels/moe_experts.cu "a few rows", moe_route.cu
+** few_sort); experts of rank over DM_MOE_FEW_RANK, and fp8 banks the kernels read, keep the tiled kernels.
+** One rule for the kernels and the plan. */
 #define DM_MOE_FEW_ROWS 256
 #define DM_MOE_FEW_RATIO 8
 #define DM_MOE_FEW_RANK 128

@@ -146,7 +146,7 @@ local function blocks(device)
                                                 100 * c.drafts_kept / c.drafts) or ""
   if device ~= "cuda" or c.replayed + c.eager == 0 then return kept end
   return string.format("; blocks: %d replayed from a CUDA graph%s, %d run eagerly%s%s", c.replayed,
-                       c.nodes_per_byte and string.format(" (%.0f nodes a byte)", c.nodes_per_byte) or "", c.eager,
+                       c.nodes_per_pass and string.format(" (%.0f nodes a pass)", c.nodes_per_pass) or "", c.eager,
                        c.failed_captures > 0 and " (the step could not be captured)" or "", kept)
 end
 

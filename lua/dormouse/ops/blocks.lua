@@ -68,9 +68,6 @@ local function optional_tensor(v, where, what)
   return v
 end
 
--- rmsnorm: the eps may be given as a number or as {eps = }
-
-
 function dm.cross_entropy(logits, targets, opts)
   local o = options(opts, "cross_entropy", {ignore_index = true, reduction = true})
   local red = o.reduction or "mean"               -- the op's descriptor knows its names (vm/ops/blocks.h)
@@ -95,6 +92,5 @@ function dm.causal_conv1d(x, w, opts)
   if o.return_cache then return y, new_cache end
   return y
 end
-
 
 end

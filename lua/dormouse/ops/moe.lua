@@ -50,8 +50,6 @@ local function count(v, where, what, lo)
   return v
 end
 
-
-
 function dm.moe_experts(u, perm, offsets, ug, uu, cg, cu, d, k, fp8)
   local attrs = {count(k, "moe_experts", "k", 1)}
   if fp8 == nil then
@@ -89,6 +87,5 @@ function dm.moe_counters(counts)
   return {busiest_share = s[1], entropy = s[2], entropy_max = math.log(counts:numel()),
           dead = math.tointeger(s[3])}
 end
-
 
 end

@@ -29,8 +29,6 @@ quantize's (q + (x - x), the difference detached), its gradient 1.
 ]]
 return function(dm, T, core)
 
-
-
 function dm.quant_decode(codes, scales, format, block, n)
   return core.call("quant_decode", codes, scales, {format, block or 0, n})
 end
