@@ -1,7 +1,7 @@
 --[[
 bench_decode_parts.lua — where b1's one-byte step spends its time, part by part, the way the decoder
 runs it: each part at one row (B 1, T 1), bf16, its weights cast once, captured as a CUDA graph and
-replayed; µs a replay (the median of several timings of 100 replays), and the graph's nodes.
+replayed; µs a replay (the median of seven timings of 100 replays), and the graph's nodes.
 
   dormouse run tests/gpu/bench_decode_parts.lua [ROWS]
 
@@ -30,30 +30,22 @@ local moe = model.block.moe
 local d, dt = cfg.model.d, DRY and "f32" or "bf16"
 local copies = {}
 
-local function median(xs)
-  table.sort(xs)
-  return xs[(#xs + 1) // 2]
-end
-
--- fn's work a replay, in µs, and the graph's nodes (0 on the CPU)
+-- fn's work a replay, in µs (dm.cuda.time: the median of REPS timings of REPLAYS replays, on the
+-- device's clock; the CPU's wall clock under DRY), and the graph's nodes (0 on the CPU)
 local function time(fn)
   return nn.holding(copies, function()
     return dm.no_grad(function()
       fn()                                   -- the casts once, the allocations settled
-      local g = not DRY and dm.cuda.graph(fn) or nil
-      local run = g and function() g:replay() end or fn
-      run()
-      local ts = {}
-      for _ = 1, REPS do
-        if not DRY then dm.cuda.synchronize() end
+      if DRY then
         local t0 = core.now()
-        for _ = 1, REPLAYS do run() end
-        if not DRY then dm.cuda.synchronize() end
-        ts[#ts + 1] = (core.now() - t0) / REPLAYS * 1e6
+        for _ = 1, REPLAYS do fn() end
+        return (core.now() - t0) / REPLAYS * 1e6, 0
       end
-      local nodes = g and g:nodes() or 0
-      if g then g:free() end
-      return median(ts), nodes
+      local g = dm.cuda.graph(fn)
+      local ms = dm.cuda.time(function() for _ = 1, REPLAYS do g:replay() end end, {reps = REPS, warmup = 1})
+      local nodes = g:nodes()
+      g:free()
+      return ms / REPLAYS * 1e3, nodes
     end)
   end)
 end
