@@ -50,4 +50,4 @@ for _, T in ipairs {0, 0.8} do
                         kept_before) / drafts) or ""))
   end
 end
-os.execute("rm -rf '" .. dir .. "'")
+core.remove_tree(dir)
