@@ -437,6 +437,13 @@ function Dormouse:update_balance(reduce)
   return self.block.moe:update_balance(reduce)
 end
 
+-- The step's own counters for the log line (dormouse.step): Engram's lookups and distinct rows.
+-- reduce: a data-parallel job's (dormouse.dist), or nil.
+function Dormouse:step_counters(reduce)
+  local engram = self.block.engram
+  return engram and {engram = engram:step_counters(reduce)} or nil
+end
+
 -- Shapes that never wait for the device, for a step captured as a CUDA graph (Engram:set_static).
 function Dormouse:set_static(on)
   if self.block.engram then self.block.engram:set_static(on) end

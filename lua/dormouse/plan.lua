@@ -69,37 +69,29 @@ end
 
 ---------------------------------------------------------------- the step
 
---[[ One optimiser step as the trainer takes it (train.step), with the same
-allocations and no value read back, so that it runs on the meta device as on
+--[[ One optimiser step as the trainer takes it (dormouse.step's Step:body), with the
+same allocations and no value read back, so that it runs on the meta device as on
 the GPU: next_batch() -> x, prefix on the model's device; grad_accum
 micro-batches of forward and backward, by segments of `segment` bytes when
-the rows are longer (segments.backward); the balancing; the global norm's
-clipping and every group's update (Optimizer:step, blind: the update applied
-whatever the norm, which on the meta device has no value); zero_grad.
+the rows are longer; the balancing; the global norm's clipping and every
+group's update (decided on the device, as the trainer's); zero_grad.
 mark(phase), when given, is called as "forward", "backward" and "optimiser"
 begin. Everything the step makes is released at its end (dm.scope). ]]
+local NEXT = {data = "forward", forward = "backward", backward = "forward"}
+
 function plan.step(model, opt, next_batch, grad_accum, mark, segment)
   mark = mark or function() end
-  local function ended(phase)                        -- the trainer's marks close a phase, the planner's open one
-    mark(phase == "forward" and "backward" or "forward")
-  end
-  dm.scope(function()
-    for _ = 1, grad_accum do
-      mark("forward")
-      local x, prefix = next_batch()
-      if segment and x:size(2) - 1 > segment then
-        segments.backward(model, x, prefix, segment, 1 / grad_accum, ended)
-      else
-        pieces.micro_batch(model, x, prefix, 1 / grad_accum, false, function(phase)
-          if phase == "forward" then mark("backward") end
-        end)
-      end
-    end
+  local r = {cfg = {grad_accum = grad_accum, model = {segment = segment}, steps = 1}, model = model, opt = opt,
+             device = opt.params[1].device, loader = {next = function() return next_batch() end}}
+  local s = pieces.new(r)
+  opt:prepare(1)
+  mark("forward")
+  dm.scope(function()                   -- Step:body's two halves, the optimiser's phase opened between
+    local loss, extras = s:forward_backward(function(ended) mark(NEXT[ended]) end)
     mark("optimiser")
-    pieces.balance(model)
-    opt:step(1, {blind = true})      -- the trainer's step, the norm not read: on meta it has no value
-    opt:zero_grad()
+    s:finish(loss, extras)
   end)
+  s:free()
 end
 
 ---------------------------------------------------------------- what the meta device cannot see

@@ -6,7 +6,7 @@ the sampler are one process with the same tensors: no weight is copied.
 
   local rl = require "dormouse.rl"
   local learner = rl.new(run)             -- run: cfg, model, opt, device, corpus (data.records)
-  local loss, result, counts, engram, drops, extras = learner:step(run)   -- train.step's results
+  local res = learner:step(run)           -- run.stepper's step (dormouse.step), its sums read at log time
 
 A step, t its tasks (drawn from the seed and the step among the training
 records: prompt, and the response the verifier checks), s a sample:
@@ -217,15 +217,17 @@ function Learner:loss(model, x, w, m)
   return loss, kl
 end
 
---[[ One RL step of run r: train.step's results (the loss: the policy-gradient objective; the
-extras: pass, out_bytes, adv_abs, adv_std[, kl]). ]]
+--[[ One RL step of run r, taken by r.stepper (dormouse.step) with the policy-gradient
+objective as its loss; returns Step:run's result. The window's extras: pass, out_bytes,
+adv_abs, adv_std[, kl]. ]]
 function Learner:step(r)
   local cfg, model = self.cfg, r.model
-  if model.before_step then model:before_step(r.step, r.cfg.steps) end
   local set = self:pick(r.step)
   local opts = {k = cfg.k, budget = cfg.budget, stop = cfg.stop, temperature = cfg.temperature,
                 seed = self:stream_seed(r.step, 1), fork_seed = self:stream_seed(r.step, 2), device = r.device,
                 step = r.step}
+  -- the samples come from the model in the step's format (model.moe.qat; Step:run's call then finds it so)
+  if model.before_step then model:before_step(r.step, r.cfg.steps) end
   local ro = rollouts.run(model, set, {k = opts.k, budget = opts.budget, stop = opts.stop,
                                        temperature = opts.temperature, seed = opts.seed, device = opts.device,
                                        verifier = self.verifier, log = self.log, step = r.step})
@@ -239,21 +241,17 @@ function Learner:step(r)
   else advantage, spread = self:group_advantages(ro) end
   local prompts = {}
   for j, s in ipairs(ro.samples) do prompts[j] = set.tasks[s.task].prompt end
-  return dm.scope(function()
+  return r.stepper:run(r.step, {backward = function(mark)
     local x, w, m = rl.rows(ro.samples, prompts, advantage)
     local adv_abs = w:abs():sum():item() / math.max(m:sum():item(), 1)
     if r.device ~= "cpu" then x, w, m = x:to(r.device), w:to(r.device), m:to(r.device) end
     local loss, kl = self:loss(model, x, w, m)
-    local value = loss:item()
+    mark("forward")
     loss:backward()
-    local counts, drops = require("dormouse.step").balance(model)
-    local result = r.opt:step(r.step)
-    r.opt:zero_grad()
-    local events = (not result.skipped and model.after_step) and model:after_step(r.step) or nil
-    local extras = {pass = ro.pass_rate, out_bytes = ro.mean_bytes, adv_abs = adv_abs, adv_std = spread,
-                    kl = kl and kl:item() or nil}
-    return value, result, counts, nil, drops, extras, events
-  end)
+    mark("backward")
+    return loss:detach():to("f64"), {pass = ro.pass_rate, out_bytes = ro.mean_bytes, adv_abs = adv_abs,
+                                     adv_std = spread, kl = kl}
+  end})
 end
 
 return rl

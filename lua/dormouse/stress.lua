@@ -90,8 +90,8 @@ function stress.run(cfg, k, opts)
   local failure
   for step = 1, cfg.steps do
     r.step = step
-    local loss, result = train.step(r)
-    local norm = result.grad_norm
+    local taken = train.step(r)
+    local loss, norm = taken.loss, taken.grad_norm
     if opts.on_step then opts.on_step(step, loss, norm) end
     if not instrument.finite(loss) or not instrument.finite(norm) then
       local what = not instrument.finite(loss) and "the loss is " .. tostring(loss) or

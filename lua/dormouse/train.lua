@@ -28,8 +28,7 @@ local report = require "dormouse.report"
 local evaluate = require "dormouse.eval"
 local tasks = require "dormouse.tasks"
 local preflight = require "dormouse.preflight"
-local segments = require "dormouse.segments"
-local pieces = require "dormouse.step"     -- a step's micro-batch, balance and weights
+local stepping = require "dormouse.step"   -- the training step
 
 local train = {}
 
@@ -99,13 +98,13 @@ function train.lookahead(r)
 end
 
 --[[ Whether run r's step runs as one CUDA graph: cfg.graph when set (true is
-checked by graphstep.new, which names what is missing), else whenever it can
-(graphstep.why_not, the one list of the preconditions); then the second
+checked by step.new, which names what is missing), else whenever it can
+(step.why_not_capture, the one list of the preconditions); then the second
 result says why not, for the log. ]]
 function train.graph_mode(r)
   if r.cfg.graph ~= nil then return r.cfg.graph end
   if r.device ~= "cuda" then return false end
-  local why = require("dormouse.graphstep").why_not(r)
+  local why = stepping.why_not_capture(r)
   return why == nil, why
 end
 
@@ -513,125 +512,41 @@ end
 
 ---------------------------------------------------------------- the step
 
---[[ One optimiser step of r.model over r.cfg.grad_accum micro-batches from
-r.loader on r.device, updated by r.opt (r: a run, or anything holding those
-fields). mark(phase), when given, is called as each phase ends: "data",
-"forward", "backward" (once per micro-batch), then "optimiser" (the balance,
-clipping and update). Returns the mean loss, the optimiser's result, the
-step's routing counts, when r.log_now the Engram counters, with a
-capacity factor the assignments dropped per expert, the mean of each
-of the forward's extras (out.extras: an arm's own terms, device scalars) by name, and the
-events of model:after_step (an arm acting on the weights: {retract = 1}). ]]
+--[[ One eager step of r (a run, or anything holding cfg, model, opt, loader, device and step),
+read back at once: {loss, grad_norm (the step's, applied or skipped), skipped, lr, lr_mult,
+counts, drops, engram, extras (summed over applied steps: nil or zero for a skipped one),
+events}. The step is r.stepper's (dormouse.step, made eager on the first call); mark(phase),
+when given, as Step:body takes it. For the tools that look at every step (dormouse stress and
+long, the tests); a run reads its steps at log time. ]]
 function train.step(r, mark)
-  local cfg = r.cfg
-  mark = mark or function() end
-  if r.model.before_step then r.model:before_step(r.step, cfg.steps) end
-  return dm.scope(function()
-    local loss, extras = 0, {}
-    -- records over several micro-batches: every one first, their masks deciding the weights; a corpus's
-    -- one at a time (host Engram tables prefetch the batch after the one being computed)
-    local batches, masks = {}, {}
-    if cfg.data.records and cfg.grad_accum > 1 then
-      for i = 1, cfg.grad_accum do
-        local x, prefix, _, mask = r.loader:next()
-        batches[i], masks[i] = {x, prefix, mask}, mask
-      end
-    end
-    local weight = pieces.micro_weights(#masks > 0 and masks or nil, cfg.grad_accum)
-    for i = 1, cfg.grad_accum do
-      local x, prefix, mask, _
-      if batches[i] then x, prefix, mask = batches[i][1], batches[i][2], batches[i][3]
-      else x, prefix, _, mask = r.loader:next() end   -- mask: records' batches only
-      if r.device ~= "cpu" then x, prefix, mask = x:to(r.device), prefix:to(r.device), mask and mask:to(r.device) end
-      mark("data")
-      local seg = cfg.model.segment
-      local l, terms
-      if seg and x:size(2) - 1 > seg then        -- by segments, the state carried: forward and backward in one
-        l, terms = segments.backward(r.model, x, prefix, seg, weight[i], mark, mask)
-        l = l:item()
-      else
-        local out
-        out, l = pieces.micro_batch(r.model, x, prefix, weight[i], true, mark, mask)
-        terms = out.extras
-      end
-      loss = loss + l * weight[i]
-      for name, v in pairs(terms or {}) do           -- kept on the device: read at the log line
-        local part = v:detach() * weight[i]
-        extras[name] = extras[name] and extras[name] + part or part
-      end
-    end
-    local engram
-    local module = r.model.block and r.model.block.engram
-    if r.log_now and module and #module.entries > 0 then   -- the step's lookups (micro-batches, segments)
-      local rows, lookups = 0, 0
-      for _, c in ipairs(module.entries) do rows, lookups = rows + c.rows:numel(), lookups + c.inverse:numel() end
-      engram = {rows = rows, unique_frac = rows / lookups}
-    end
-    if dist.active() then                          -- a data-parallel job: every rank's rows in the step
-      dist.average_grads(r.opt)
-      loss = dist.mean(loss)
-      if engram then                               -- the job's lookups and their distinct rows
-        local rows = module:sparse_grad()
-        local n = rows and rows:numel() or 0
-        engram = {rows = n, unique_frac = n / (dist.mean(engram.rows / engram.unique_frac) * dist.size)}
-      end
-    end
-    local counts, drops = pieces.balance(r.model)
-    local result, events
-    if instrument.finite(loss) then result = r.opt:step(r.step)
-    else result = {skipped = true, grad_norm = 0 / 0, lr = 0} end
-    r.opt:zero_grad()
-    if not result.skipped and r.model.after_step then events = r.model:after_step(r.step) end
-    mark("optimiser")
-    return loss, result, counts, engram, drops, extras, events
-  end)
-end
-
-function Run:train_step()
-  if self.rl then return self.rl:step(self) end         -- rl.k > 0: a policy-gradient step (dormouse.rl)
-  return train.step(self)
+  r.stepper = r.stepper or stepping.new(r)
+  local res = r.stepper:run(r.step, {mark = mark})
+  local w, last = r.stepper:window(1), r.stepper:last()
+  return {loss = last.loss, grad_norm = last.grad_norm, skipped = w.applied == 0, lr = res.lr,
+          lr_mult = res.lr_mult, counts = w.counts, drops = w.drops, engram = w.engram, extras = w.extras,
+          events = res.events}
 end
 
 local function ceiling(cfg, loss, step, window)
   if instrument.finite(loss) and loss > cfg.ce_ceiling then
     error(string.format("CE ceiling: the training loss %.4g at step %d is above %g (window of steps %d..%d)",
-                        loss, step, cfg.ce_ceiling, step - window.steps, step), 0)
+                        loss, step, cfg.ce_ceiling, step - window.steps + 1, step), 0)
   end
 end
 
--- One eager step into the window; returns its loss.
-function Run:eager_step(window, tokens)
-  local loss, r, step_counts, engram, drops, extras, events = self:train_step()
-  self.skipped = r.skipped or false
-  window.events = instrument.add_events(window.events, events)
-  ceiling(self.cfg, loss, self.step, window)
+-- One step into the window (a policy-gradient step with rl.k > 0: dormouse.rl); the window's sums
+-- are read from the device at log time only, so the loss (and the CE ceiling) is the window's
+-- mean. Returns the last window's loss.
+function Run:take_step(window, tokens)
+  local r
+  if self.rl then r = self.rl:step(self)
+  else r = self.stepper:run(self.step) end
+  window.events = instrument.add_events(window.events, r.events)
   window.steps = window.steps + 1
   window.tokens = window.tokens + (self.rl and self.rl.sampled or tokens)   -- RL: the bytes it sampled
   window.lr = r.lr
-  if r.skipped then window.skips = window.skips + 1
-  else
-    window.loss = window.loss + loss
-    window.grad_norm = window.grad_norm + r.grad_norm
-    window.extras = window.extras or {}
-    for name, v in pairs(extras or {}) do window.extras[name] = instrument.add_counts(window.extras[name], v) end
-  end
-  window.counts = instrument.add_counts(window.counts, step_counts)
-  window.drops = instrument.add_counts(window.drops, drops)
-  window.engram = engram or window.engram
-  return loss
-end
-
--- One step of the captured graph (graph = true); the window's sums are read
--- from the device at log time only, so the loss (and the CE ceiling) is the
--- window's mean. Returns the last window's loss.
-function Run:graph_step(window, tokens)
-  local r = self.graph:step(self.step)
-  window.events = instrument.add_events(window.events, r.events)
-  window.steps = window.steps + 1
-  window.tokens = window.tokens + tokens
-  window.lr = r.lr
   if self.log_now then
-    local w = self.graph:window(window.steps)
+    local w = self.stepper:window(window.steps)
     window.loss, window.grad_norm, window.skips, window.counts = w.loss, w.grad_norm, w.skips, w.counts
     window.drops, window.extras = w.drops, w.extras
     window.engram = w.engram
@@ -644,8 +559,8 @@ end
 -- KDA's forward passes by path so far, the captured step's replays included
 function Run:kda_totals()
   local chunked, recurrent = core.kda_passes()
-  if self.graph then
-    local c, r = self.graph:kda_passes()
+  if self.stepper then
+    local c, r = self.stepper:kda_passes()
     chunked, recurrent = chunked + c, recurrent + r
   end
   return {chunked = chunked, recurrent = recurrent}
@@ -1036,23 +951,19 @@ function run_body(self, cfg, opts)
   if cfg.rl.k > 0 then self.rl = require("dormouse.rl").new(self, opts.root)
   else train.lookahead(self) end                  -- (an RL step's rows are sampled, not the loader's)
   local graph, why = train.graph_mode(self)
+  self.stepper = stepping.new(self, {capture = graph})
   if graph then
-    self.graph = require("dormouse.graphstep").new(self)
-    self:say("graph: the step is captured as one CUDA graph after " .. self.graph.warmup .. " eager steps and replayed" ..
-             (cfg.graph == nil and " (graph = nil: the default where it can; --set graph=false for eager)" or ""))
+    self:say("graph: the step is captured as one CUDA graph after " .. self.stepper.warmup .. " eager steps and " ..
+             "replayed" .. (cfg.graph == nil and " (graph = nil: the default where it can; --set graph=false for " ..
+                            "eager)" or ""))
   elseif why then
     self:say("graph: eager steps (" .. why .. ")")
   end
 
   if self.init_from and self.step == 0 then self:eval() end   -- where the checkpoint's weights start
-  if self.graph then                    -- the graph's pool goes back also when the loop fails
-    local ok, err = pcall(self.loop, self, opts)
-    self.graph:free()
-    self.graph = nil
-    if not ok then error(err, 0) end
-  else
-    self:loop(opts)
-  end
+  local ok, err = pcall(self.loop, self, opts)     -- a graph's pool goes back also when the loop fails
+  self.stepper:free()
+  if not ok then error(err, 0) end
   self.loader:close()
   self.metrics_file:close()
   if self.tensorboard then self.tensorboard:close() end
@@ -1072,17 +983,10 @@ function Run:sample_prompt()
   return self.eval_mask and self.corpus:held_out()[1].prompt or "In the beginning"
 end
 
--- Whether the step just taken was skipped by the NaN firewall (the captured step's
--- clipping sum, read from the device: only when a checkpoint is due)
-function Run:step_skipped()
-  if self.graph then return not instrument.finite(self.opt.dev.sumsq:item()) end
-  return self.skipped
-end
-
 -- A due checkpoint is written after an applied step only: after a skipped one it waits for the
 -- next applied step (said once). Returns whether it was written.
 function Run:checkpoint_after_applied()
-  if self:step_skipped() then
+  if self.stepper:skipped() then          -- (read from the device only when a checkpoint is due)
     if not self.checkpoint_due then
       self:say(string.format("checkpoint of step %d deferred: the NaN firewall skipped that step; it is written " ..
                              "after the next applied one", self.step))
@@ -1108,9 +1012,7 @@ function Run:loop(opts)
   while self.step < last do
     self.step = self.step + 1
     self.log_now = self.step % cfg.log.every == 0 or self.step == cfg.steps
-    local loss
-    if self.graph then loss = self:graph_step(window, tokens_per_step)
-    else loss = self:eager_step(window, tokens_per_step) end
+    local loss = self:take_step(window, tokens_per_step)
     if self.log_now then self:log_window(window); window = instrument.window() end
     if (cfg.eval.every > 0 and self.step % cfg.eval.every == 0) or self.step == cfg.steps then self:eval() end
     local due = self.checkpoint_due or (cfg.checkpoint.every > 0 and self.step % cfg.checkpoint.every == 0) or

@@ -40,7 +40,7 @@ local function steps(r)
   for i = 1, WARM + STEPS do
     if i == WARM + 1 then sync(); t0 = core.now() end
     r.step = r.step + 1
-    losses[i] = train.step(r)
+    losses[i] = train.step(r).loss
   end
   sync()
   return losses, (core.now() - t0) * 1e3 / STEPS

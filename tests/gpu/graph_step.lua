@@ -17,7 +17,7 @@ local common = require "tests.gpu.common"
 local core = require "dormouse.core"
 local config = require "dormouse.config"
 local train = require "dormouse.train"
-local graphstep = require "dormouse.graphstep"
+local step = require "dormouse.step"
 
 if not common.gpu_or_skip(dm.cuda, "graph_step") then return end
 local checks = common.checks("graph_step")
@@ -31,20 +31,20 @@ for _, file in ipairs {"experiments/tiny.lua", "experiments/small.lua"} do
   local name = file:match("([%w_]+)%.lua$")
   checks.check(name .. ": the captured step trains as the eager one (within the eager runs' own noise)", function()
     local eager, again, graphed = setup(file), setup(file), setup(file)
-    local gs = graphstep.new(graphed)
+    local gs = step.new(graphed, {capture = true})
     local le, la, lg, t = {}, {}, {}, {}
     for i = 1, WARM + STEPS do
       if i == WARM + 1 then dm.cuda.synchronize(); t.e = core.now() end
       eager.step = eager.step + 1
-      le[i] = train.step(eager)
+      le[i] = train.step(eager).loss
     end
     dm.cuda.synchronize()
     t.e = (core.now() - t.e) * 1e3 / STEPS
-    for i = 1, WARM do again.step = again.step + 1; la[i] = train.step(again) end
+    for i = 1, WARM do again.step = again.step + 1; la[i] = train.step(again).loss end
     for i = 1, WARM + STEPS do
       if i == WARM + 1 then dm.cuda.synchronize(); t.g = core.now() end
       graphed.step = graphed.step + 1
-      gs:step(graphed.step)
+      gs:run(graphed.step)
       if i <= WARM then lg[i] = gs:window(1).loss end      -- (reading waits for the device)
     end
     dm.cuda.synchronize()

@@ -11,7 +11,7 @@ local LAYERS = {
              "dormouse.segments", "dormouse.instrument", "dormouse.dist", "dormouse.preflight", "dormouse.step",
              "dormouse.verify"}},
   {"using a model", {"dormouse.decode", "dormouse.eval", "dormouse.tasks", "dormouse.records", "dormouse.rollouts",
-                     "dormouse.report", "dormouse.tensorboard", "dormouse.graphstep"}},
+                     "dormouse.report", "dormouse.tensorboard"}},
   {"training", {"dormouse.rl", "dormouse.train"}},
   {"tools", {"dormouse.plan", "dormouse.probe", "dormouse.stress", "dormouse.sweep", "dormouse.experiment",
              "dormouse.repl", "dormouse.cli", "dormouse.commands.*"}},

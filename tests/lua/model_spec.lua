@@ -1111,7 +1111,7 @@ describe("the control, every arm off", function()
       local losses = {init}
       for step = 1, 2 do
         r.step = step
-        losses[step + 1] = (train.step(r))
+        losses[step + 1] = train.step(r).loss
         near(STEPS[step], losses[step + 1], "step " .. step)
       end
       seen[k] = losses

@@ -303,7 +303,6 @@ describe("optim clipping and the NaN firewall", function()
       assert.is_true(r.skipped)
       assert.is_false(r.grad_norm == r.grad_norm and r.grad_norm < math.huge)
       assert.are.equal(0, opt.t)
-      assert.are.equal(1, opt.skips)
       assert.is_true(dm.allclose(model.proj.weight, before, {rtol = 0, atol = 0}))
       assert.is_true(near(model.proj.weight.grad:totable()[1][1], 0.5))   -- not clipped
     end
@@ -596,7 +595,7 @@ describe("optim on the device scalars (step_async)", function()
     end
   end
 
-  it("updates bit for bit as step() does, a skipped step included, and counts applied updates", function()
+  it("updates alike read at once (step) or at log time (sync), a skipped step included, and counts applied updates", function()
     local a, b, oa, ob = twins()
     for step = 1, 5 do
       same_grads(a, b, 100 * step, step == 3)

@@ -256,17 +256,17 @@ describe("the loss under a mask", function()
     assert.are_not.equal(na, nb)                          -- else equal weights would pass too
     local function step(batches, accum)                     -- train.step's loss and the gradient it stepped on
       local m, i, grads = model_of(), 0, nil
-      local r = {cfg = config.load("experiments/tiny.lua", {"grad_accum=" .. accum, "data.records=\"x.jsonl\""}),
-                 model = m, device = "cpu",
-                 step = 1,
-                 loader = {next = function() i = i + 1; return batches[i][1], batches[i][2], i - 1, batches[i][3] end},
-                 opt = {step = function()
-                          grads = {}
-                          for name, g in pairs(grads_of(m)) do grads[name] = dm.keep(g) end   -- past the step's scope
-                          return {grad_norm = 0, lr = 0}
-                        end,
-                        zero_grad = function() end}}
-      return train.step(r), grads
+      local cfg = config.load("experiments/tiny.lua", {"grad_accum=" .. accum, "data.records=\"x.jsonl\""})
+      local opt = {dev = {sumsq = dm.zeros({1}, {dtype = "f64"})}, zero_grad = function() end,   -- (f64: no update)
+                   scalars = function(o) return o.dev end, sync = function() return {t = 0} end,
+                   prepare = function() return {lr = 0, lr_mult = 1} end,
+                   step_async = function()                      -- the gradients as the update would read them
+                     grads = {}
+                     for name, g in pairs(grads_of(m)) do grads[name] = dm.keep(g) end   -- past the step's scope
+                   end}
+      local r = {cfg = cfg, model = m, device = "cpu", step = 1, opt = opt,
+                 loader = {next = function() i = i + 1; return batches[i][1], batches[i][2], i - 1, batches[i][3] end}}
+      return train.step(r).loss, grads
     end
     local function cat(j) return dm.cat({a[j], b[j]}, 1) end
     local l2, g2 = step({a, b}, 2)

@@ -44,7 +44,7 @@ describe("reinforcement learning", function()
     local log = helpers.read(dir .. "/rl/log.txt")
     helpers.has(log, "pg_loss ", "sampled/s ", " pass ")
     -- on the GPU too the step stays eager: it samples before each update
-    helpers.has(require("dormouse.graphstep").why_not({cfg = helpers.tiny(with(BASE, RL)), device = "cuda"}),
+    helpers.has(require("dormouse.step").why_not_capture({cfg = helpers.tiny(with(BASE, RL)), device = "cuda"}),
                 "rl.k > 0: each step samples from the model")
     assert.equal(2, #records(dir, "rl", "eval"))            -- at step 0 (the base's weights) and 4
     local lines = {}

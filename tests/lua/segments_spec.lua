@@ -180,10 +180,10 @@ describe("training with model.segment", function()
   end)
 
   it("is refused by graph = true, naming both keys", function()
-    local graphstep = require "dormouse.graphstep"
+    local step = require "dormouse.step"
     local cfg = helpers.tiny({"model.segment=16", "seq=64"})
     local model = build({"model.segment=16", "seq=64"})
-    local err = helpers.err_of(graphstep.new, {cfg = cfg, device = "cpu", model = model}, {eager = true})
+    local err = helpers.err_of(step.new, {cfg = cfg, device = "cpu", model = model}, {capture = true, uncaptured = true})
     helpers.has(err, "model.segment = 16", "seq = 64")
   end)
 end)

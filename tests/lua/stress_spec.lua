@@ -10,13 +10,13 @@ local function tiny_cfg(k, steps, overrides)
   return stress.config(chunk(), "experiments/tiny.lua", overrides or {}, k, steps)
 end
 
--- stress.run with train.step wrapped: change(step, loss, result) may alter what a step reports
+-- stress.run with train.step wrapped: change(step, taken) may alter the loss a step reports
 local function run_with(cfg, k, change)
   local step_fn = train.step
   train.step = function(r)
-    local loss, result = step_fn(r)
-    if change then loss = change(r.step, loss, result) or loss end
-    return loss, result
+    local taken = step_fn(r)
+    if change then taken.loss = change(r.step, taken) or taken.loss end
+    return taken
   end
   local ok, res = pcall(stress.run, cfg, k, {root = "."})
   train.step = step_fn
@@ -66,8 +66,8 @@ describe("the stress protocol", function()
   end)
 
   it("catches a gradient norm that explodes against the median of the steps before", function()
-    local res = run_with(tiny_cfg(1, 20), 1, function(step, loss, result)
-      if step == 9 then result.grad_norm = result.grad_norm * 1000 end
+    local res = run_with(tiny_cfg(1, 20), 1, function(step, taken)
+      if step == 9 then taken.grad_norm = taken.grad_norm * 1000 end
     end)
     has(res.line, "stress: FAIL at step 9 of 20", "times the median of the steps before", "[explosion]")
   end)

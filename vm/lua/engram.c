@@ -112,7 +112,8 @@ static int c_engram_adam_8bit(lua_State *L) {
 static int c_engram_adam_8bit_at(lua_State *L) {
   dm_tensor *t = dm_lua_check(L, 1), *rows = dm_lua_check(L, 3), *grads = dm_lua_check(L, 4);
   dm_engram_8bit m8 = arg_8bit(L, 2);
-  dm_tensor *n_at = dm_lua_check(L, 5), *lr_at = dm_lua_check(L, 9), *step_at = dm_lua_check(L, 10);
+  dm_tensor *n_at = lua_isnil(L, 5) ? NULL : dm_lua_check(L, 5);       /* nil: every row */
+  dm_tensor *lr_at = dm_lua_check(L, 9), *step_at = dm_lua_check(L, 10);
   dm_tensor *sumsq_at = lua_isnoneornil(L, 11) ? NULL : dm_lua_check(L, 11);
   double b1 = luaL_checknumber(L, 6), b2 = luaL_checknumber(L, 7), eps = luaL_checknumber(L, 8);
   DM_ENTER(L);

@@ -14,6 +14,7 @@
 **   core.optim_tick(step, sumsq)                 step += 1 when sumsq is finite
 **   core.engram_adam_at(table, m, v, rows, grads, n_at, beta1, beta2, eps, lr_at, step_at, sumsq_at)
 **                                                the Engram tables' sparse Adam from device scalars
+**                                                (n_at nil: every row of rows)
 **
 ** hp may also name one-element tensors on the parameters' device that the
 ** kernels read when they run (so a captured graph replays with new
@@ -134,8 +135,9 @@ static int c_optim_tick(lua_State *L) {
 
 static int c_engram_adam_at(lua_State *L) {
   DM_ENTER(L);
+  dm_tensor *n_at = lua_isnil(L, 6) ? NULL : dm_lua_check(L, 6);      /* nil: every row */
   dm_engram_adam_at(dm_lua_check(L, 1), dm_lua_check(L, 2), dm_lua_check(L, 3), dm_lua_check(L, 4),
-                    dm_lua_check(L, 5), dm_lua_check(L, 6), luaL_checknumber(L, 7), luaL_checknumber(L, 8),
+                    dm_lua_check(L, 5), n_at, luaL_checknumber(L, 7), luaL_checknumber(L, 8),
                     luaL_checknumber(L, 9), dm_lua_check(L, 10), dm_lua_check(L, 11),
                     lua_isnoneornil(L, 12) ? NULL : dm_lua_check(L, 12));
   return 0;

@@ -407,7 +407,7 @@ static int64_t check_at(const char *what, const dm_tensor *table, const dm_tenso
                         const dm_tensor *n_at, const dm_tensor *lr_at, const dm_tensor *step_at,
                         const dm_tensor *sumsq_at) {
   dm_check_live(table);
-  dm_check_scalar(what, "n_at", n_at, DM_I64, table->device);
+  if (n_at) dm_check_scalar(what, "n_at", n_at, DM_I64, table->device);
   dm_check_scalar(what, "lr_at", lr_at, DM_F64, table->device);
   dm_check_scalar(what, "step_at", step_at, DM_I64, table->device);
   if (sumsq_at) dm_check_scalar(what, "sumsq_at", sumsq_at, DM_F64, table->device);
@@ -417,7 +417,7 @@ static int64_t check_at(const char *what, const dm_tensor *table, const dm_tenso
 /* on the CPU the scalars are read at once: false for a step the firewall skips, else *n the rows */
 static bool cpu_at(const char *what, const dm_tensor *n_at, const dm_tensor *sumsq_at, int64_t cap, int64_t *n) {
   if (sumsq_at && !isfinite(*(const double *)dm_data(sumsq_at))) return false;
-  *n = *(const int64_t *)dm_data(n_at);
+  *n = n_at ? *(const int64_t *)dm_data(n_at) : cap;
   if (*n < 0 || *n > cap) dm_error("%s: n_at holds %lld, outside 0..%lld", what, (long long)*n, (long long)cap);
   return true;
 }
@@ -436,7 +436,7 @@ void dm_engram_adam_at(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_te
     return;
   }
   dm_engram_adam_hp hp = dm_engram_adam_prepare(0, beta1, beta2, eps, 1);   /* betas and eps checked here */
-  dm_engram_adam_scalars at = {dm_data(n_at), dm_data(step_at), dm_data(lr_at), sumsq_at ? dm_data(sumsq_at) : NULL};
+  dm_engram_adam_scalars at = {n_at ? dm_data(n_at) : NULL, dm_data(step_at), dm_data(lr_at), sumsq_at ? dm_data(sumsq_at) : NULL};
   if (dm_plan_card_of(table->device))
     dm_plan_scratch(dm_engram_adam_scratch(cap), "engram_adam's flag and constants (kernels/engram.cu engram_adam_run)");
   DM_RUN(engram_adam_at, table->device, table, m, v, rows, grads, cap, &hp, &at);
@@ -499,7 +499,7 @@ void dm_engram_adam_8bit_at(dm_tensor *table, const dm_engram_8bit *m8, const dm
     return;
   }
   dm_engram_adam_hp hp = dm_engram_adam_prepare(0, beta1, beta2, eps, 1);   /* betas and eps checked here */
-  dm_engram_adam_scalars at = {dm_data(n_at), dm_data(step_at), dm_data(lr_at), sumsq_at ? dm_data(sumsq_at) : NULL};
+  dm_engram_adam_scalars at = {n_at ? dm_data(n_at) : NULL, dm_data(step_at), dm_data(lr_at), sumsq_at ? dm_data(sumsq_at) : NULL};
   if (dm_plan_card_of(table->device))
     dm_plan_scratch(dm_engram_adam_scratch(cap), "engram_adam's flag and constants (kernels/engram.cu engram_adam_8bit)");
   DM_RUN(engram_adam_8bit, table->device, table, m8, rows, grads, cap, &hp, 0, &at);

@@ -269,9 +269,9 @@ void dm_engram_adam(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_tenso
                     int64_t step);
 /* The same from one-element tensors on the table's device, read when the
 ** update runs: n_at (i64: rows[0..*n_at-1] are updated, rows has n_at's
-** bound of entries), lr_at (f64), step_at (i64) and sumsq_at (f64, may be
-** NULL: a non-finite value skips the update). On the CPU they are read at
-** once. */
+** bound of entries; NULL: every row of rows), lr_at (f64), step_at (i64)
+** and sumsq_at (f64, may be NULL: a non-finite value skips the update). On
+** the CPU they are read at once. */
 void dm_engram_adam_at(dm_tensor *table, dm_tensor *m, dm_tensor *v, const dm_tensor *rows,
                        const dm_tensor *grads, const dm_tensor *n_at, double beta1, double beta2, double eps,
                        const dm_tensor *lr_at, const dm_tensor *step_at, const dm_tensor *sumsq_at);

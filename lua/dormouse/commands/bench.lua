@@ -9,7 +9,7 @@ phases: data, forward, backward, optimiser, the optimiser's own split into
 clipping and each group's update); and each op family's share of the step
 (a third pass, every op timed: CUDA events on a GPU, the wall clock on the
 CPU); then, on a GPU, the step
-captured as one CUDA graph and replayed (lua/dormouse/graphstep.lua), or
+captured as one CUDA graph and replayed (lua/dormouse/step.lua), or
 why it cannot be. On the CPU the step is what `dormouse run` would run there
 (f32 products, whatever cfg.dtype says; the header names them). Nothing is
 written but --json's file. --set batch=... --set seq=... as usual.
@@ -31,18 +31,20 @@ local function count_flag(flags, name, default, least)
   return n
 end
 
--- The run-like table train.step works on: model, optimiser and loader of cfg.
+-- The run-like table the step works on: model, optimiser and loader of cfg, and its eager step.
 local function prepare(cfg, root)
   local train = require "dormouse.train"
   local r = train.prepare(cfg, {root = root})
   r.sync = r.device == "cuda" and core.cuda_synchronize or function() end
+  r.stepper = require("dormouse.step").new(r)
   return r, train
 end
 
-local function run_steps(r, train, n, mark)
+-- n eager steps as a run takes them (nothing read back)
+local function run_steps(r, _, n, mark)
   for _ = 1, n do
     r.step = r.step + 1
-    train.step(r, mark)
+    r.stepper:run(r.step, {mark = mark})
   end
 end
 
@@ -87,14 +89,13 @@ end
 -- Pass 4 (CUDA): the same steps captured as one graph and replayed; nil and why when it cannot.
 local function graph_steps(r, n)
   if r.device ~= "cuda" then return nil, "not measured: CUDA graphs need the cuda device" end
-  local graphstep = require "dormouse.graphstep"
   local ok, res = pcall(function()
-    local gs = graphstep.new(r)
-    for _ = 1, 3 do r.step = r.step + 1; gs:step(r.step) end      -- 2 eager, then the capture
+    local gs = require("dormouse.step").new(r, {capture = true})
+    for _ = 1, 3 do r.step = r.step + 1; gs:run(r.step) end      -- 2 eager, then the capture
     r.sync()
     core.reset_peak(r.device)
     local t0 = core.now()
-    for _ = 1, n do r.step = r.step + 1; gs:step(r.step) end
+    for _ = 1, n do r.step = r.step + 1; gs:run(r.step) end
     r.sync()
     local ms = (core.now() - t0) * 1e3 / n
     local w = gs:window(n + 3)

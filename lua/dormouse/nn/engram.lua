@@ -248,6 +248,25 @@ function Engram:fold()
   self.summed = nil
 end
 
+--[[ This step's training lookups and the distinct rows they read, for the log line:
+{rows = a number, or in the static form a one-element tensor on the device (read at log
+time), lookups = a number}, or nil before any. reduce (a data-parallel job: dormouse.dist,
+after the gradients were averaged): the job's, the distinct rows of the summed sparse
+gradient over every rank's lookups. ]]
+function Engram:step_counters(reduce)
+  local rows, lookups, n = 0, 0, nil
+  for _, c in ipairs(self.entries) do
+    rows, lookups, n = rows + c.rows:numel(), lookups + c.inverse:numel(), c.n or n
+  end
+  if lookups == 0 then return nil end
+  if reduce then
+    local summed = self:sparse_grad()
+    rows = summed and summed:numel() or 0
+    lookups = reduce.mean(lookups) * reduce.size
+  end
+  return {rows = n or rows, lookups = lookups}
+end
+
 -- The tensors this step's training lookups hold for the optimiser (Dormouse:held).
 function Engram:held(out)
   for _, c in ipairs(self.entries) do

@@ -103,7 +103,7 @@ function optim.new(model, ocfg, scfg, steps, opts)
       fail("optim.new: parameter '%s' is %s; the optimisers update f32 masters", e.name, e.tensor.dtype)
     end
   end
-  local self = setmetatable({clip = o.clip, t = 0, skips = 0, params = {}, groups = {}}, Optimizer)
+  local self = setmetatable({clip = o.clip, t = 0, params = {}, groups = {}}, Optimizer)
   self.lr_mult = schedule.new(scfg, steps)
   self.base_lr = o.adamw_lr
   for i, e in ipairs(entries) do self.params[i] = e.tensor end
@@ -147,38 +147,16 @@ function Optimizer:describe()
   return groups.describe(self.groups)
 end
 
--- One update; returns {grad_norm, lr (adamw_lr times the multiplier), lr_mult, skipped}.
--- opts.blind: the norm is not read back and the update applied whatever it is (grad_norm NaN):
--- the planner's step, on the meta device, where the norm has no value.
-function Optimizer:step(step, opts)
-  if self.async_steps then self:sync() end   -- the updates step_async applied count too
-  local blind = opts and opts.blind
-  local mult = self.lr_mult(step)
-  local device = self.params[1].device
-  local dev = self:scalars()
-  local norm, finite = profile.region("clip", "optim", device, function()
-    local all, apart = self:grads_split()
-    core.clip_grads_async(all, 0, dev.sumsq)                -- the norm, read once here
-    if blind then
-      core.clip_scale(apart, self.clip, dev.sumsq)
-      return 0 / 0, true
-    end
-    local n = math.sqrt(dev.sumsq:item())
-    local ok = n == n and n ~= math.huge
-    if ok then core.clip_scale(apart, self.clip, dev.sumsq) end
-    return n, ok
-  end)
-  local r = {grad_norm = norm, lr = self.base_lr * mult, lr_mult = mult, skipped = not finite}
-  if not finite then
-    self.skips = self.skips + 1
-    return r
-  end
-  self.t = self.t + 1
-  dev.step:copy_(dm.tensor({self.t}, {dtype = "i64"}))      -- what sync() reads
-  for _, g in ipairs(self.groups) do
-    local at = g.clips_inside and {sumsq_at = dev.sumsq, clip = self.clip} or nil
-    profile.region(g.name, "optim", device, g.update, g, mult, self.t, at)
-  end
+--[[ One update at `step`, read back: {grad_norm, lr (adamw_lr times the multiplier), lr_mult,
+skipped}. The optimiser's one step (prepare, then step_async: the clip and the NaN firewall
+decided on the device), with the norm and the verdict read at once: for the tests and the
+tools that look at every update. The training step (dormouse.step) reads them at log time. ]]
+function Optimizer:step(step)
+  local r = self:prepare(step)
+  local before = self:sync().t
+  self:step_async()
+  local after = self:sync()
+  r.grad_norm, r.skipped = after.grad_norm, after.t == before
   return r
 end
 
@@ -236,17 +214,22 @@ function Optimizer:step_async()
     end
   end
   local dev = self:scalars()
-  local all, apart = self:grads_split()
-  core.clip_grads_async(all, 0, dev.sumsq)
-  core.clip_scale(apart, self.clip, dev.sumsq)
-  core.optim_tick(dev.step, dev.sumsq)
+  local device = self.params[1].device
+  profile.region("clip", "optim", device, function()
+    local all, apart = self:grads_split()
+    core.clip_grads_async(all, 0, dev.sumsq)
+    core.clip_scale(apart, self.clip, dev.sumsq)
+    core.optim_tick(dev.step, dev.sumsq)
+  end)
   self.async_steps = true                  -- self.t is behind dev.step until sync()
-  for i, g in ipairs(self.groups) do g:update(self.mult or 1, math.max(self.t, 1), dev.at[i]) end
+  for i, g in ipairs(self.groups) do
+    profile.region(g.name, "optim", device, g.update, g, self.mult or 1, math.max(self.t, 1), dev.at[i])
+  end
 end
 
 -- Read back what step_async kept on the device: {steps applied so far, the last norm}.
 function Optimizer:sync()
-  if not self.dev then return {t = self.t} end
+  if not self.dev or self.params[1].device == "meta" then return {t = self.t} end   -- (meta: no values)
   self.t = math.tointeger(self.dev.step:item())
   self.async_steps = nil
   return {t = self.t, grad_norm = math.sqrt(self.dev.sumsq:item())}

@@ -92,14 +92,22 @@ function SparseAdam:apply(i, rows, g, mult, t)
              {lr = self.lr * mult, betas = self.betas, eps = self.eps, step = t})
 end
 
--- The same from device scalars {lr_at, step_at, sumsq_at} (a captured step):
--- the static lookups' count n of real rows is read there too.
-function SparseAdam:apply_at(i, rows, g, n, at)
+--[[ The same from device scalars {lr_at, step_at, sumsq_at} (the training step's, captured or
+not): the static lookups' count n of real rows is read there too (nil: every row). A table in
+host memory is updated by the host, which reads the firewall's verdict and the update count
+from the device first (its rows' gradient is copied back then anyway). ]]
+function SparseAdam:apply_at(i, rows, g, n, at, mult)
   if self.hosts[i] then
-    core.error("optim: the Engram tables are in host memory (engram.ram = true), which a step run " ..
-               "from device scalars (graph mode) cannot update; keep them on the device")
+    if core.cuda_graph_capturing() then
+      core.error("optim: the Engram tables are in host memory (engram.ram = true), which a captured step " ..
+                 "(graph mode) cannot update; keep them on the device")
+    end
+    local sumsq = at.sumsq_at:item()
+    if sumsq == sumsq and sumsq ~= math.huge then
+      self:apply(i, rows, g, mult, math.tointeger(at.step_at:item()))
+    end
+    return
   end
-  if not n then core.error("optim: graph mode needs the Engram lookups' static form (Engram:set_static)") end
   if self.code8 then
     core.engram_adam_8bit_at(self.params[i], self:codes_of(i), rows, g, n, self.betas[1], self.betas[2], self.eps,
                            at.lr_at, at.step_at, at.sumsq_at)
@@ -138,7 +146,7 @@ function SparseAdam:update(mult, t, at)
   for i, e in ipairs(self.entries) do
     local rows, g, n = e.module:sparse_grad()
     if self.dense then self:apply_dense(i, rows, g, mult, t, at)
-    elseif rows and at then self:apply_at(i, rows, g, n, at)
+    elseif rows and at then self:apply_at(i, rows, g, n, at, mult)
     elseif rows then self:apply(i, rows, g, mult, t) end
   end
 end
