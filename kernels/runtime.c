@@ -2,7 +2,9 @@
 ** runtime.c — the CUDA device, its stream, error checks and timing.
 **
 ** Started lazily by the first call that needs the device. Device 0 is used
-** (choose another with CUDA_VISIBLE_DEVICES). Everything goes to one
+** (choose another with CUDA_VISIBLE_DEVICES); a rank of an mpirun job takes
+** the device of its number on its host (OMPI_COMM_WORLD_LOCAL_RANK), modulo
+** the devices it sees. Everything goes to one
 ** non-blocking stream created here, so launches run in the order they were
 ** made and memory freed by the host is reusable by the next launch (the
 ** allocator relies on that).
@@ -31,10 +33,12 @@ static bool start(void) {
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
   if (e == cudaSuccess && n == 0) e = cudaErrorNoDevice;
-  if (e == cudaSuccess) e = cudaSetDevice(0);
+  const char *local = getenv("OMPI_COMM_WORLD_LOCAL_RANK");       /* a job's ranks on one host: one device each */
+  int device = e == cudaSuccess && local && atoi(local) > 0 ? atoi(local) % n : 0;
+  if (e == cudaSuccess) e = cudaSetDevice(device);
   if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
   struct cudaDeviceProp p;
-  if (e == cudaSuccess) e = cudaGetDeviceProperties(&p, 0);
+  if (e == cudaSuccess) e = cudaGetDeviceProperties(&p, device);
   if (e == cudaSuccess) e = cudaHostAlloc((void **)&err_host, sizeof *err_host, cudaHostAllocMapped);
   if (e == cudaSuccess) e = cudaHostGetDevicePointer((void **)&err_dev, err_host, 0);
   if (e == cudaSuccess) e = cudaEventCreate(&timer_ev[0]);

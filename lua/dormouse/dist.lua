@@ -13,7 +13,16 @@ the Engram tables' sparse ones gathered as (row, gradient) pairs and summed
 by row, so every rank applies the same update and the replicas stay equal.
 The balancing counts are summed before the bias update.
 
+Device tensors go over NCCL where the job runs on GPUs (dist.start_device):
+on the one stream, so a captured step (a CUDA graph) holds the collectives;
+without NCCL's library, or with DORMOUSE_NCCL=0, through the host over MPI
+(said on the log). DORMOUSE_NCCL=1 asks for NCCL in a job of one process as
+well: the step then runs its collectives with nothing to reduce, which
+measures what the machinery costs.
+
   dist.init()                  the rank and the size, from mpirun's environment
+  dist.start_device(device)    NCCL for the job's device tensors; a line for the log or nil
+  dist.reduces()               whether the step runs collectives (several ranks, or NCCL asked for)
   dist.sum_(t)                 t summed over the ranks, in place (any device)
   dist.gather(t)               every rank's t (the first dimension may differ), in rank order, on the CPU
   dist.mean(x)                 a number's mean over the ranks
@@ -24,7 +33,7 @@ The balancing counts are summed before the bias update.
 local core = require "dormouse.core"
 local dm = require "dormouse"
 
-local dist = {rank = 0, size = 1}
+local dist = {rank = 0, size = 1, nccl = false}
 
 function dist.init()
   dist.rank, dist.size = core.dist_init()
@@ -33,12 +42,54 @@ end
 
 function dist.active() return dist.size > 1 end
 
+function dist.reduces() return dist.size > 1 or dist.nccl end
+
+-- DORMOUSE_NCCL: nil (NCCL for a job of several ranks on GPUs), "0" (never) or "1" (also alone)
+local function nccl_wanted()
+  local want = os.getenv("DORMOUSE_NCCL")
+  if want == "" then want = nil end
+  if want and want ~= "0" and want ~= "1" then
+    error(string.format("DORMOUSE_NCCL must be 0 or 1, got '%s'", want), 0)
+  end
+  return want
+end
+
+function dist.start_device(device)
+  local want = nccl_wanted()
+  if device ~= "cuda" then
+    if want == "1" then error("DORMOUSE_NCCL=1: NCCL carries cuda tensors; this run is on " .. device, 0) end
+    return nil
+  end
+  if dist.nccl then return nil end
+  if want == "0" or (dist.size == 1 and want ~= "1") then
+    return dist.size > 1 and "dist: device tensors go through the host over MPI (DORMOUSE_NCCL=0)" or nil
+  end
+  local ok, info = core.nccl_start()
+  if not ok then
+    if want == "1" then error("DORMOUSE_NCCL=1: " .. info, 0) end
+    return "dist: device tensors go through the host over MPI, slowly: " .. info
+  end
+  dist.nccl = true
+  return string.format("dist: NCCL %d.%d.%d carries the device tensors of %d rank%s, on the step's stream",
+                       info // 10000, info // 100 % 100, info % 100, dist.size, dist.size == 1 and "" or "s")
+end
+
 function dist.barrier() if dist.size > 1 then core.dist_barrier() end end
 
--- The job's end: MPI's finalize (every rank calls it once its work is done)
-function dist.finalize() if dist.size > 1 then core.dist_finalize() end end
+-- The job's end: NCCL's communicator, then MPI's finalize (every rank calls it once its work is done)
+function dist.finalize()
+  if dist.nccl then core.nccl_finalize(); dist.nccl = false end
+  if dist.size > 1 then core.dist_finalize() end
+end
 
 function dist.sum_(t)
+  if not dist.reduces() then return t end
+  if t.device == "cuda" and dist.nccl then
+    local c = t:contiguous()
+    core.nccl_reduce({c}, false)
+    if c ~= t then t:copy_(c) end
+    return t
+  end
   if dist.size == 1 then return t end
   if t.device == "cpu" then
     local c = t:contiguous()
@@ -114,7 +165,7 @@ local function average_sparse(opt)
 end
 
 function dist.average_grads(opt)
-  if dist.size == 1 then return end
+  if not dist.reduces() then return end
   dm.no_grad(function()
     -- a parameter no rank's rows reached keeps no gradient, as in one process; one that some
     -- reached gets zeros on the others
@@ -125,13 +176,16 @@ function dist.average_grads(opt)
     end)(), {dtype = "i32"})
     core.dist_sum(has)
     local any = has:totable()
+    local on_device = {}                           -- NCCL's: averaged in place as one group
     for i, p in ipairs(opt.params) do
       if any[i] > 0 then
         if not p.grad then p.grad = dm.zeros(p:shape(), {dtype = p.dtype, device = p.device}) end
-        dist.sum_(p.grad):mul_(1 / dist.size)
+        if dist.nccl and p.grad.device == "cuda" and p.grad:is_contiguous() then on_device[#on_device + 1] = p.grad
+        else dist.sum_(p.grad):mul_(1 / dist.size) end
       end
     end
-    average_sparse(opt)
+    if #on_device > 0 then core.nccl_reduce(on_device, true) end
+    if dist.size > 1 then average_sparse(opt) end   -- (one rank's rows are the job's)
   end)
 end
 

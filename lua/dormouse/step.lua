@@ -70,7 +70,7 @@ end
 -- The experts' balance after a step's backward: the routing counts and the drops (nil without MoE);
 -- in a data-parallel job on every rank's counts, summed
 function step.balance(model)
-  if model.update_balance then return model:update_balance(dist.active() and dist.sum_ or nil) end
+  if model.update_balance then return model:update_balance(dist.reduces() and dist.sum_ or nil) end
 end
 
 --[[ The weights of a step's micro-batches: 1 / grad_accum each, or under loss masks (records) each
@@ -102,8 +102,12 @@ function step.why_not_capture(r, opts)
   if cfg.rl and cfg.rl.k > 0 then
     return "rl.k > 0: each step samples from the model before its update (dormouse.rl)"
   end
-  if dist.active() then
-    return "a data-parallel job: its collectives (MPI, on the host) are not in the captured step"
+  if dist.size > 1 and not dist.nccl then
+    return "a data-parallel job without NCCL: its collectives (MPI, on the host) are not in the captured step"
+  end
+  local engram = r.model and r.model.block and r.model.block.engram
+  if dist.size > 1 and engram then
+    return "a data-parallel job with Engram: the tables' sparse gradients are gathered through the host"
   end
   if cfg.grad_accum ~= 1 then
     return string.format("a captured step takes one micro-batch: grad_accum must be 1, got %d", cfg.grad_accum)
@@ -112,7 +116,6 @@ function step.why_not_capture(r, opts)
     return string.format("a captured step is one pass: model.segment = %d splits seq = %d into segments",
                          cfg.model.segment, cfg.seq)
   end
-  local engram = r.model and r.model.block and r.model.block.engram
   if engram and engram.ram then
     return "a captured step needs the Engram tables on the device (engram.ram = true keeps them in host memory)"
   end
@@ -241,7 +244,7 @@ extras (the arms' terms by name: one-element tensors or numbers) are the step's.
 function Step:finish(loss, extras)
   local r, sum = self.r, self.sum
   local model, device = r.model, r.device
-  if dist.active() then                              -- a data-parallel job: every rank's rows in the step
+  if dist.reduces() then                             -- a data-parallel job: every rank's rows in the step
     dist.average_grads(r.opt)
     loss = dist.sum_(loss:clone()) * (1 / dist.size)
   end

@@ -113,6 +113,7 @@ device, seeded model and optimiser, corpus and loader (lookahead set), at
 step 0 (dormouse bench and the check scripts). opts.root: the folder of models/. ]]
 function train.prepare(cfg, opts)
   local r = {cfg = cfg, step = 0, log_now = false, device = train.pick_device(cfg)}
+  r.devices = dist.start_device(r.device)         -- NCCL where asked for (DORMOUSE_NCCL): a line, or nil
   r.model, r.opt = train.setup(cfg, r.device, opts and opts.root or ".")
   r.corpus = train.open_corpus(cfg, opts)
   train.fit_to_corpus(r.model, r.corpus)
@@ -903,6 +904,8 @@ function run_body(self, cfg, opts)
     self:say(string.format("data parallel: %d ranks over MPI, each %d rows of a step's %d (this is rank %d)",
                            dist.size, cfg.batch, cfg.batch * dist.size, dist.rank))
   end
+  local devices = dist.start_device(self.device)
+  if devices then self:say(devices) end
   if opts.resume then
     self:restore(self.from_dir, self.from)
     dist.barrier()                           -- every rank has read it before rank 0 writes beside it

@@ -120,3 +120,32 @@ dist.finalize()
     assert.is_nil(io.open(dir .. "/runs/tiny/log.txt"), "a refused job writes nothing")
   end)
 end)
+
+describe("NCCL for device tensors", function()
+  it("is refused by name where it cannot carry anything, before the run writes a file", function()
+    local dir = helpers.tmpdir()
+    local function run(env)
+      return helpers.sh(string.format("cd '%s' && %s timeout 120 '%s' run '%s/experiments/tiny.lua' --quiet " ..
+                                      "--set steps=2 --set schedule.warmup=1 --set name=n", dir, env, bin, cwd))
+    end
+    local code, out = run("DORMOUSE_NCCL=1")
+    assert.are_not.equal(0, code)
+    helpers.has(out, "DORMOUSE_NCCL=1: NCCL carries cuda tensors; this run is on cpu")
+    code, out = run("DORMOUSE_NCCL=yes")
+    assert.are_not.equal(0, code)
+    helpers.has(out, "DORMOUSE_NCCL must be 0 or 1, got 'yes'")
+    assert.is_nil(require("dormouse.core").listdir(dir .. "/runs/n"))
+    os.execute("rm -rf '" .. dir .. "'")
+  end)
+
+  it("says why it cannot start, without raising, where its library or a device is missing", function()
+    local core = require "dormouse.core"
+    local ok, why = core.nccl_start()
+    if ok then                                         -- (a machine with NCCL and a GPU: nothing to show)
+      core.nccl_finalize()
+      return
+    end
+    assert.is_false(ok)
+    assert.truthy(why:find("NCCL", 1, true), why)
+  end)
+end)

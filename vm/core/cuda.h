@@ -19,7 +19,10 @@
 #ifndef DM_CUDA_H
 #define DM_CUDA_H
 
+#include <stdio.h>
 #include "core/dm.h"
+
+struct dm_tensor;
 
 typedef struct dm_cuda_info {
   char name[256];
@@ -61,6 +64,20 @@ void dm_cuda_marks_clear(void);
 double dm_cuda_bench_copy(size_t nbytes, int reps);
 double dm_cuda_bench_gemm(dm_dtype dt, int64_t m, int64_t n, int64_t k, int reps, bool classic);
 
+/* NCCL, loaded at run time (kernels/nccl.c): the collectives of a data-parallel job's device
+** tensors, on the stream. dm_cuda_nccl_load finds the library (false, and why, when it cannot);
+** rank 0 makes the unique id (dm_cuda_nccl_id), the caller hands it to every rank, and each
+** makes the communicator with it (dm_cuda_nccl_init). dm_cuda_nccl_reduce sums (or, with mean,
+** averages) each of n contiguous cuda tensors over the ranks in place, as one group. */
+#define DM_NCCL_ID_BYTES 128
+bool dm_cuda_nccl_load(char *why, size_t n);
+int dm_cuda_nccl_version(void);                  /* 21903 for 2.19.3; 0 before the load */
+void dm_cuda_nccl_id(unsigned char id[DM_NCCL_ID_BYTES]);
+void dm_cuda_nccl_init(int rank, int size, const unsigned char id[DM_NCCL_ID_BYTES]);
+bool dm_cuda_nccl_ready(void);
+void dm_cuda_nccl_reduce(struct dm_tensor **ts, int n, bool mean);
+void dm_cuda_nccl_finalize(void);
+
 #else
 
 static inline bool dm_cuda_available(void) { return false; }
@@ -90,6 +107,21 @@ static inline double dm_cuda_bench_copy(size_t nbytes, int reps) {
 static inline double dm_cuda_bench_gemm(dm_dtype dt, int64_t m, int64_t n, int64_t k, int reps, bool classic) {
   (void)dt; (void)m; (void)n; (void)k; (void)reps; (void)classic; dm_cuda_init(); return 0;
 }
+#define DM_NCCL_ID_BYTES 128
+static inline bool dm_cuda_nccl_load(char *why, size_t n) {
+  snprintf(why, n, "NCCL carries cuda tensors: %s", dm_cuda_unavailable_reason());
+  return false;
+}
+static inline int dm_cuda_nccl_version(void) { return 0; }
+static inline void dm_cuda_nccl_id(unsigned char id[DM_NCCL_ID_BYTES]) { (void)id; dm_cuda_init(); }
+static inline void dm_cuda_nccl_init(int rank, int size, const unsigned char id[DM_NCCL_ID_BYTES]) {
+  (void)rank; (void)size; (void)id; dm_cuda_init();
+}
+static inline bool dm_cuda_nccl_ready(void) { return false; }
+static inline void dm_cuda_nccl_reduce(struct dm_tensor **ts, int n, bool mean) {
+  (void)ts; (void)n; (void)mean; dm_cuda_init();
+}
+static inline void dm_cuda_nccl_finalize(void) {}
 
 #endif
 #endif

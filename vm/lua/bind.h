@@ -18,6 +18,9 @@ void dm_lua_enter(lua_State *L);
 
 void dm_lua_push(lua_State *L, dm_tensor *t);        /* takes over the reference */
 dm_tensor *dm_lua_check(lua_State *L, int idx);      /* a live tensor, or an argument error */
+/* the tensors of the Lua array at idx (*n of them), in a userdata left on the stack that holds the
+** array; a hole, another value or a freed tensor raises, naming fn and what */
+dm_tensor **dm_lua_tensor_list(lua_State *L, int idx, const char *fn, const char *what, int *n);
 dm_tensor *dm_lua_opt(lua_State *L, int idx);        /* nil gives NULL */
 bool dm_lua_is(lua_State *L, int idx);
 

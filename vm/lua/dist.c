@@ -8,10 +8,16 @@
 **   core.dist_gather(t)           -> {t_0, ..., t_{size-1}}: every rank's tensor (CPU, contiguous; the
 **                                    first dimension may differ, the rest and the dtype may not)
 **   core.dist_barrier(), core.dist_abort(code), core.dist_finalize()
+**   core.nccl_start()             -> true, NCCL's version; or false, why: the job's communicator for
+**                                    device tensors (rank 0's unique id handed to every rank by a gather)
+**   core.nccl_reduce(list, mean)  each cuda tensor of the list summed (mean: averaged) over the ranks in
+**                                    place, on the stream, as one group (a CUDA graph captures it)
+**   core.nccl_finalize()
 */
 #include <stdlib.h>
 #include <string.h>
 #include "lua/bind.h"
+#include "core/cuda.h"
 #include "dist/dist.h"
 
 static int c_dist_init(lua_State *L) {
@@ -98,7 +104,50 @@ static int c_dist_finalize(lua_State *L) {
   return 0;
 }
 
+static int c_nccl_start(lua_State *L) {
+  DM_ENTER(L);
+  char why[512];
+  int ok = dm_cuda_nccl_load(why, sizeof why);          /* every rank says whether it could, in the gather */
+  int *oks = malloc(sizeof *oks * (size_t)dm_dist_size());
+  if (!oks) dm_error("dist: out of host memory");
+  dm_dist_gather(&ok, sizeof ok, oks);
+  int missing = -1;
+  for (int r = 0; r < dm_dist_size() && missing < 0; r++) if (!oks[r]) missing = r;
+  free(oks);
+  if (missing >= 0) {
+    lua_pushboolean(L, 0);
+    if (missing == dm_dist_rank()) lua_pushstring(L, why);
+    else lua_pushfstring(L, "rank %d cannot load NCCL's library", missing);
+    return 2;
+  }
+  unsigned char id[DM_NCCL_ID_BYTES] = {0}, *ids = malloc((size_t)DM_NCCL_ID_BYTES * (size_t)dm_dist_size());
+  if (!ids) dm_error("dist: out of host memory");
+  if (dm_dist_rank() == 0) dm_cuda_nccl_id(id);
+  dm_dist_gather(id, DM_NCCL_ID_BYTES, ids);             /* rank 0's is the first */
+  memcpy(id, ids, DM_NCCL_ID_BYTES);
+  free(ids);
+  dm_cuda_nccl_init(dm_dist_rank(), dm_dist_size(), id);
+  lua_pushboolean(L, 1);
+  lua_pushinteger(L, dm_cuda_nccl_version());
+  return 2;
+}
+
+static int c_nccl_reduce(lua_State *L) {
+  DM_ENTER(L);
+  int n;
+  dm_tensor **ts = dm_lua_tensor_list(L, 1, "nccl_reduce", "tensors", &n);
+  dm_cuda_nccl_reduce(ts, n, lua_toboolean(L, 2));
+  return 0;
+}
+
+static int c_nccl_finalize(lua_State *L) {
+  DM_ENTER(L);
+  dm_cuda_nccl_finalize();
+  return 0;
+}
+
 static const luaL_Reg funcs[] = {
+  {"nccl_start", c_nccl_start}, {"nccl_reduce", c_nccl_reduce}, {"nccl_finalize", c_nccl_finalize},
   {"dist_init", c_dist_init}, {"dist_sum", c_dist_sum}, {"dist_gather", c_dist_gather},
   {"dist_barrier", c_dist_barrier}, {"dist_abort", c_dist_abort}, {"dist_finalize", c_dist_finalize},
   {NULL, NULL}};

@@ -31,23 +31,6 @@
 #include "ops/engram.h"
 #include "core/code8.h"
 
-/* the tensors of the Lua array at idx */
-static dm_tensor **tensor_list(lua_State *L, int idx, const char *fn, const char *what, int *n) {
-  if (!lua_istable(L, idx)) dm_error("%s: %s must be a list of tensors, got %s", fn, what, luaL_typename(L, idx));
-  int len = (int)luaL_len(L, idx);
-  dm_tensor **a = lua_newuserdatauv(L, sizeof *a * (size_t)(len > 0 ? len : 1), 0);
-  for (int i = 0; i < len; i++) {
-    lua_geti(L, idx, i + 1);
-    dm_tensor **box = luaL_testudata(L, -1, DM_TENSOR_MT);
-    if (!box) dm_error("%s: %s[%d] is a %s, not a tensor", fn, what, i + 1, luaL_typename(L, -1));
-    if (!*box || !(*box)->storage) dm_error("%s: %s[%d] was freed", fn, what, i + 1);
-    a[i] = *box;
-    lua_pop(L, 1);
-  }
-  *n = len;
-  return a;
-}
-
 /* each parameter's gradient (NULL where it has none) */
 static dm_tensor **grad_list(lua_State *L, dm_tensor *const *params, int n) {
   dm_tensor **g = lua_newuserdatauv(L, sizeof *g * (size_t)(n > 0 ? n : 1), 0);
@@ -103,7 +86,7 @@ static void check_hp(lua_State *L, int idx, const char *fn) {
 static int c_clip_grads(lua_State *L) {
   DM_ENTER(L);
   int n;
-  dm_tensor **g = tensor_list(L, 1, "clip_grads", "grads", &n);
+  dm_tensor **g = dm_lua_tensor_list(L, 1, "clip_grads", "grads", &n);
   bool finite;
   double norm = dm_clip_grad_norm(n, g, luaL_optnumber(L, 2, 0), &finite);
   lua_pushnumber(L, norm);
@@ -114,7 +97,7 @@ static int c_clip_grads(lua_State *L) {
 static int c_clip_grads_async(lua_State *L) {
   DM_ENTER(L);
   int n;
-  dm_tensor **g = tensor_list(L, 1, "clip_grads_async", "grads", &n);
+  dm_tensor **g = dm_lua_tensor_list(L, 1, "clip_grads_async", "grads", &n);
   dm_clip_grads_async(n, g, luaL_checknumber(L, 2), dm_lua_check(L, 3));
   return 0;
 }
@@ -122,7 +105,7 @@ static int c_clip_grads_async(lua_State *L) {
 static int c_clip_scale(lua_State *L) {
   DM_ENTER(L);
   int n;
-  dm_tensor **g = tensor_list(L, 1, "clip_scale", "grads", &n);
+  dm_tensor **g = dm_lua_tensor_list(L, 1, "clip_scale", "grads", &n);
   dm_clip_scale(n, g, luaL_checknumber(L, 2), dm_lua_check(L, 3));
   return 0;
 }
@@ -147,7 +130,7 @@ static int c_clip_grad_norm(lua_State *L) {
   DM_ENTER(L);
   const char *fn = "clip_grad_norm";
   int n;
-  dm_tensor **p = tensor_list(L, 1, fn, "params", &n);
+  dm_tensor **p = dm_lua_tensor_list(L, 1, fn, "params", &n);
   double max_norm = luaL_optnumber(L, 2, 0);
   bool finite;
   double norm = dm_clip_grad_norm(n, grad_list(L, p, n), max_norm, &finite);
@@ -174,9 +157,9 @@ static int c_adamw_step(lua_State *L) {
   DM_ENTER(L);
   const char *fn = "adamw_step";
   int n, nm, nv;
-  dm_tensor **p = tensor_list(L, 1, fn, "params", &n);
-  dm_tensor **m = tensor_list(L, 2, fn, "first moments", &nm);
-  dm_tensor **v = tensor_list(L, 3, fn, "second moments", &nv);
+  dm_tensor **p = dm_lua_tensor_list(L, 1, fn, "params", &n);
+  dm_tensor **m = dm_lua_tensor_list(L, 2, fn, "first moments", &nm);
+  dm_tensor **v = dm_lua_tensor_list(L, 3, fn, "second moments", &nv);
   same_length(fn, "first moments", n, nm);
   same_length(fn, "second moments", n, nv);
   dm_adamw_hp hp = adamw_hp(L, 4, fn, p, n);
@@ -189,12 +172,12 @@ static int c_adamw_8bit_step(lua_State *L) {
   DM_ENTER(L);
   const char *fn = "adamw_8bit_step";
   int n, k;
-  dm_tensor **p = tensor_list(L, 1, fn, "params", &n);
+  dm_tensor **p = dm_lua_tensor_list(L, 1, fn, "params", &n);
   const char *roles[4] = {"first moment codes", "first moment scales", "second moment codes",
                           "second moment scales"};
   dm_tensor **s[4];
   for (int j = 0; j < 4; j++) {
-    s[j] = tensor_list(L, 2 + j, fn, roles[j], &k);
+    s[j] = dm_lua_tensor_list(L, 2 + j, fn, roles[j], &k);
     same_length(fn, roles[j], n, k);
   }
   dm_adamw_hp hp = adamw_hp(L, 6, fn, p, n);
@@ -255,8 +238,8 @@ static int c_muon_step(lua_State *L) {
   DM_ENTER(L);
   const char *fn = "muon_step";
   int n, nb;
-  dm_tensor **p = tensor_list(L, 1, fn, "params", &n);
-  dm_tensor **b = tensor_list(L, 2, fn, "momentum buffers", &nb);
+  dm_tensor **p = dm_lua_tensor_list(L, 1, fn, "params", &n);
+  dm_tensor **b = dm_lua_tensor_list(L, 2, fn, "momentum buffers", &nb);
   same_length(fn, "momentum buffers", n, nb);
   check_hp(L, 3, fn);
   lua_getfield(L, 3, "nesterov");

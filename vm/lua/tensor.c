@@ -197,6 +197,22 @@ static dm_tensor **check_box(lua_State *L, int idx) {     /* freed ones too */
   return box;
 }
 
+dm_tensor **dm_lua_tensor_list(lua_State *L, int idx, const char *fn, const char *what, int *n) {
+  if (!lua_istable(L, idx)) dm_error("%s: %s must be a list of tensors, got %s", fn, what, luaL_typename(L, idx));
+  int len = (int)luaL_len(L, idx);
+  dm_tensor **a = lua_newuserdatauv(L, sizeof *a * (size_t)(len > 0 ? len : 1), 0);
+  for (int i = 0; i < len; i++) {
+    lua_geti(L, idx, i + 1);
+    dm_tensor **box = luaL_testudata(L, -1, DM_TENSOR_MT);
+    if (!box) dm_error("%s: %s[%d] is a %s, not a tensor", fn, what, i + 1, luaL_typename(L, -1));
+    if (!*box || !(*box)->storage) dm_error("%s: %s[%d] was freed", fn, what, i + 1);
+    a[i] = *box;
+    lua_pop(L, 1);
+  }
+  *n = len;
+  return a;
+}
+
 dm_tensor *dm_lua_check(lua_State *L, int idx) {
   dm_tensor **box = check_box(L, idx);
   if (!*box || !(*box)->storage) raisef(L, FREED_MSG);

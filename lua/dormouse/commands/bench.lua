@@ -121,6 +121,7 @@ local function report(r, res)
   -- the products' dtype the step really ran (train.setup: f32 on the CPU, whatever cfg.dtype says)
   line("bench %s on %s: batch %d x seq %d x accum %d = %d tokens a step, %s products, %d warm-up + %d timed steps",
        cfg.name, where, cfg.batch, cfg.seq, cfg.grad_accum, res.tokens, res.compute_dtype, res.warmup, res.steps)
+  if r.devices then line("%s", r.devices) end     -- NCCL asked for (DORMOUSE_NCCL=1): the step's collectives
   line("")
   line("%-7s %12s %10s %14s %14s", "mode", "tokens/s", "ms/step", "peak alloc", "reserved")
   line("%-7s %12.0f %10.2f %14s %14s", "eager", res.tokens / res.ms * 1e3, res.ms,
