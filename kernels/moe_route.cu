@@ -1,6 +1,6 @@
 /*
 ** moe_route.cu — the routed experts' bookkeeping on CUDA (moe.cuh): routing gives each token a warp
-** (k passes of an arg-max over the experts); the sort by expert is the stable bucket sort of model.cuh,
+** (k passes of an arg-max over the experts), or at a few rows a block; the sort by expert is the stable bucket sort of model.cuh,
 ** or at a few rows (dm_moe_few) one block that ranks them; then the offsets check, the inverse, the
 ** gated combine and its backward, capacity, the counters and the balancing step.
 */
@@ -91,6 +91,52 @@ __global__ void route_k(int64_t *idx, S_<DT> *w, const S_<DT> *lg, const S_<DT> 
   }
 }
 
+/* A few rows (dm_moe_few: decoding's one token a stream among many experts): a block a token, its
+** threads over the experts, the warps' picks joined through shared memory; the same picks and gates
+** as route_k (pick_join chooses alike in any order) */
+#define ROUTE_FEW_THREADS 256
+template <int DT>
+__global__ void __launch_bounds__(ROUTE_FEW_THREADS) route_few_k(int64_t *idx, S_<DT> *w, const S_<DT> *lg,
+                                                                 const S_<DT> *bias, int64_t e, int64_t k,
+                                                                 int form) {
+  __shared__ pick part[ROUTE_FEW_THREADS / 32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t t = blockIdx.x;
+  const S_<DT> *row = lg + t * e;
+  int64_t *id = idx + t * k;
+  for (int64_t j = 0; j < k; j++) {
+    pick p = {-1, false, 0, -1};
+    for (int64_t x = threadIdx.x; x < e; x += ROUTE_FEW_THREADS) {
+      bool taken = false;
+      for (int64_t q = 0; q < j; q++) taken = taken || id[q] == x;
+      if (taken) continue;
+      double l = (double)dt<DT>::load(row[x]);
+      double s = form == DM_MOE_ROUTE_SOFTMAX ? l : rnd<DT>(sigmoid_d(l));
+      double sel = bias ? rnd<DT>(s + (double)dt<DT>::load(bias[x])) : s;
+      pick c = {x, sel != sel, sel, sel != sel ? -1 : x};
+      p = pick_join(p, c);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) p = pick_join(p, pick_shfl(p, o));
+    if (lane == 0) part[warp] = p;
+    __syncthreads();
+    if (warp == 0) {
+      pick none = {-1, false, 0, -1};
+      p = lane < ROUTE_FEW_THREADS / 32 ? part[lane] : none;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) p = pick_join(p, pick_shfl(p, o));
+      if (lane == 0) id[j] = p.first_nan || p.best_id < 0 ? p.first : p.best_id;
+    }
+    __syncthreads();                                   /* id[j] seen by the block's next pass */
+  }
+  if (threadIdx.x < k) {
+    double top = chosen_max<DT>(row, id, k, e), sum = 0;
+    for (int64_t j = 0; j < k; j++) sum += route_gate(form, (double)dt<DT>::load(row[id[j]]), top);
+    int64_t j = threadIdx.x;
+    w[t * k + j] = dt<DT>::store(route_gate(form, (double)dt<DT>::load(row[id[j]]), top) / sum);
+  }
+}
+
 static unsigned warp_blocks(int64_t n) {
   int64_t b = (n + 7) / 8, cap = (int64_t)dm_cuda_sm_count() * 32;
   return (unsigned)(b < 1 ? 1 : b < cap ? b : cap);
@@ -147,15 +193,20 @@ static void few_sort(int64_t *perm, int64_t *off, int64_t *inv, int64_t *counts,
 static void cuda_route(dm_tensor *idx, dm_tensor *w, dm_tensor *counts, const dm_tensor *logits,
                        const dm_tensor *bias, int form) {
   int64_t n = logits->shape[0], e = logits->shape[1], k = idx->shape[1];
+  bool few = dm_moe_few(e, n * k);
   if (n > 0 && k > 0)
     dm_dispatch_float(logits->dtype, "moe_route", [&](auto d) {
       constexpr int DT = decltype(d)::value;
-      route_k<DT><<<warp_blocks(n), DM_THREADS, 0, dm_cuda_stream()>>>(
-          (int64_t *)dm_data(idx), (S_<DT> *)dm_data(w), (const S_<DT> *)dm_data(logits),
-          bias ? (const S_<DT> *)dm_data(bias) : NULL, n, e, k, form);
+      const S_<DT> *b = bias ? (const S_<DT> *)dm_data(bias) : NULL;
+      if (few && k <= ROUTE_FEW_THREADS)
+        route_few_k<DT><<<(unsigned)n, ROUTE_FEW_THREADS, 0, dm_cuda_stream()>>>(
+            (int64_t *)dm_data(idx), (S_<DT> *)dm_data(w), (const S_<DT> *)dm_data(logits), b, e, k, form);
+      else
+        route_k<DT><<<warp_blocks(n), DM_THREADS, 0, dm_cuda_stream()>>>(
+            (int64_t *)dm_data(idx), (S_<DT> *)dm_data(w), (const S_<DT> *)dm_data(logits), b, n, e, k, form);
       DM_CU_LAUNCHED();
     });
-  if (dm_moe_few(e, n * k))
+  if (few)
     few_sort(NULL, NULL, NULL, (int64_t *)dm_data(counts), (const int64_t *)dm_data(idx), n * k, e, "moe_route");
   else
     bucket_counts((int64_t *)dm_data(counts), (const int64_t *)dm_data(idx), n * k, e, "moe_route");
