@@ -81,13 +81,14 @@ static const route_shape route_shapes[TRIALS] = {
   {1, 1, 1, true}, {5, 8, 2, true}, {7, 3, 3, true}, {13, 17, 1, true}, {4, 5, 2, false}, {31, 64, 2, true}};
 /* a few rows among many experts (moe.h dm_moe_few: CUDA's own kernels, decoding's shapes) */
 static const route_shape few_route_shapes[TRIALS] = {
-  {1, 64, 2, true}, {4, 64, 2, true}, {8, 64, 1, false}, {2, 40, 2, true}, {1, 16, 2, true}, {3, 60, 2, true}};
+  {1, 64, 2, true}, {4, 64, 2, true}, {8, 64, 1, false}, {2, 40, 2, true}, {1, 1024, 2, true}, {2, 300, 3, true}};
+#define ROUTE_MOST_E 1024                          /* the largest e of the shapes above */
 
 /* selection scores sorted: are the first k+1 (the ones that decide) at least gap apart? */
 static bool decisive(const double *sel, int64_t e, int64_t k, double gap) {
   double top[65];
   int64_t m = k + 1 < e ? k + 1 : e;
-  bool used[64] = {0};
+  bool used[ROUTE_MOST_E] = {0};
   for (int64_t j = 0; j < m; j++) {
     int64_t best = -1;
     for (int64_t x = 0; x < e; x++) if (!used[x] && (best < 0 || sel[x] > sel[best])) best = x;
@@ -109,7 +110,7 @@ static void route_inputs(h_rng *r, route_shape s, dm_tensor **in, dm_attrs *a, i
   in[0] = f64_of(2, sl);
   in[1] = s.bias ? h_uniform_t(r, 1, &s.e, -0.4, 0.4) : NULL;
   if (s.bias && s.e > 1) h_set(in[1], 0, -9);          /* expert 0 is never chosen */
-  double sel[64];
+  double sel[ROUTE_MOST_E];
   for (int64_t i = 0; i < s.n; i++) {
     do {
       for (int64_t x = 0; x < s.e; x++) {
