@@ -30,7 +30,10 @@ void dm_cuda_graph_begin(void) {
     dm_error("dm.cuda.graph: DM_DEBUG=%d waits for every launch, which a capture cannot do (use 2 or less)",
              dm_debug_level());
   dm_cuda_pool *p = dm_cuda_pool_new();
-  cudaError_t e = cudaStreamBeginCapture(dm_cuda_stream(), cudaStreamCaptureModeGlobal);
+  /* Global: a CUDA call of another thread that a capture forbids fails loudly; NCCL's own threads
+  ** make such calls, so with its communicator the capture holds this thread to the rule alone */
+  enum cudaStreamCaptureMode mode = dm_cuda_nccl_ready() ? cudaStreamCaptureModeThreadLocal : cudaStreamCaptureModeGlobal;
+  cudaError_t e = cudaStreamBeginCapture(dm_cuda_stream(), mode);
   if (e != cudaSuccess) {
     dm_cuda_pool_release(p);
     DM_CU(e);

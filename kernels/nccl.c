@@ -52,6 +52,13 @@ bool dm_cuda_nccl_load(char *why, size_t n) {
     snprintf(why, n, "NCCL carries cuda tensors: no CUDA device is available (%s)", dm_cuda_unavailable_reason());
     return false;
   }
+  const char *on_host = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");   /* ranks on this host: a device each */
+  int devices = 0;
+  if (on_host && atoi(on_host) > 1 && cudaGetDeviceCount(&devices) == cudaSuccess && atoi(on_host) > devices) {
+    snprintf(why, n, "NCCL takes a device a rank, and this host runs %d ranks on %d devices", atoi(on_host),
+             devices);
+    return false;
+  }
   const char *path = getenv("DORMOUSE_NCCL_LIB");
   void *h = dlopen(path && *path ? path : "libnccl.so.2", RTLD_NOW | RTLD_GLOBAL);
   if (!h) {
@@ -69,9 +76,10 @@ bool dm_cuda_nccl_load(char *why, size_t n) {
             need((void **)&nccl.group_end, "ncclGroupEnd", why, n) &&
             need((void **)&nccl.error_string, "ncclGetErrorString", why, n);
   int version = 0;
-  if (ok && (nccl.get_version(&version) != 0 || version < 21000)) {
-    snprintf(why, n, "NCCL %d.%d is too old (2.10 or later: the mean over the ranks)", version / 10000,
-             version / 100 % 100);
+  if (ok && (nccl.get_version(&version) != 0 || version < 21000)) {   /* 2.9 and before: 1000 a major */
+    bool old = version < 10000;
+    snprintf(why, n, "NCCL %d.%d is too old (2.10 or later: the mean over the ranks)",
+             old ? version / 1000 : version / 10000, old ? version / 100 % 10 : version / 100 % 100);
     ok = false;
   }
   if (!ok) { dlclose(h); lib = NULL; }

@@ -41,7 +41,7 @@ function Dormouse:init(m)
   end
 end
 
--- After each optimiser step (train.step, the graph step outside its capture): the arms that act
+-- After each optimiser step (dormouse.step's Step:run, outside a capture): the arms that act
 -- on the weights. Returns the events of the step by name ({retract = 1}), or nil.
 function Dormouse:after_step(step)
   local every = self.cfg.moe.retract_every
@@ -75,7 +75,7 @@ local function qat_format(moe_cfg, step, steps)
   return LADDER[math.min(3, (step - from - 1) * 3 // math.max(steps - from, 1) + 1)]
 end
 
--- Before each training step (train.step, the graph step): the arms that depend on the step.
+-- Before each training step (dormouse.step's Step:run): the arms that depend on the step.
 -- Returns true when the step's computation differs from the step before (QAT's format changed),
 -- which a captured graph cannot follow.
 function Dormouse:before_step(step, steps)

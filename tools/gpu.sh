@@ -2,7 +2,7 @@
 # tools/gpu.sh — the CUDA backend on a GPU machine, in one command: the op
 # suite on the GPU (every op, f32 and bf16, forward and backward, against the
 # float64 oracles), the GPU checks (tests/gpu/check.lua, check_model.lua, check_decode.lua,
-# check_optim.lua, check_errors.lua, fuse_graph.lua)
+# check_optim.lua, check_nccl.lua, check_errors.lua, fuse_graph.lua)
 # and the benchmarks (tests/gpu/bench.lua), with a short table printed last.
 #
 #   tools/gpu.sh build [DIR]   configure and build DIR (default build-gpu) with CUDA for
@@ -76,6 +76,8 @@ run() {
     # generation's one-byte step as a CUDA graph, and b1's bytes/s; the optimisers' kernels against the CPU's
     timeout 300 "$bin/dormouse" run tests/gpu/check_decode.lua >"$logs/check_decode.log" 2>&1 || check_rc=1
     timeout 120 "$bin/dormouse" run tests/gpu/check_optim.lua >"$logs/check_optim.log" 2>&1 || check_rc=1
+    # NCCL with one rank: its collectives, captured, and a training step holding them (skips without libnccl)
+    timeout 150 "$bin/dormouse" run tests/gpu/check_nccl.lua >"$logs/check_nccl.log" 2>&1 || check_rc=1
     for d in 0 1; do
       DM_DEBUG=$d timeout 60 "$bin/dormouse" run tests/gpu/check_errors.lua >>"$logs/check_errors.log" 2>&1 || check_rc=1
     done
@@ -99,13 +101,14 @@ run() {
   echo "== GPU op suite ($t_ops s): $logs/ops.log"
   grep -E "^(FAIL|TODO)" "$logs/ops.log" | head -40
   grep -E "^cuda \(|^GPU tests skipped|crashed" "$logs/ops.log" | tail -3
-  echo "== GPU checks: $logs/check.log, check_model.log, check_decode.log, check_optim.log, check_errors.log"
-  grep -hE "^FAIL" "$logs/check.log" "$logs/check_model.log" "$logs/check_decode.log" "$logs/check_optim.log" \
+  echo "== GPU checks: $logs/check.log, check_model.log, check_decode.log, check_optim.log, check_nccl.log, check_errors.log"
+  grep -hE "^FAIL" "$logs/check.log" "$logs/check_model.log" "$logs/check_decode.log" "$logs/check_optim.log" "$logs/check_nccl.log" \
     "$logs/check_errors.log" 2>/dev/null | head -20
   tail -1 "$logs/check.log"
   grep -hE "^(check_model|model_agreement):|^ok   b1" "$logs/check_model.log" 2>/dev/null
   grep -hE "^check_decode:|^\| b1" "$logs/check_decode.log" 2>/dev/null
   grep -hE "^check_optim:" "$logs/check_optim.log" 2>/dev/null
+  grep -hE "^check_nccl" "$logs/check_nccl.log" 2>/dev/null
   grep -hE "passed, [0-9]+ failed" "$logs/check_errors.log" 2>/dev/null
   echo "== dm.fuse and CUDA graphs: $logs/fuse_graph.log"
   grep -E "^FAIL" "$logs/fuse_graph.log" | head -20

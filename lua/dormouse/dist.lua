@@ -180,8 +180,12 @@ function dist.average_grads(opt)
     for i, p in ipairs(opt.params) do
       if any[i] > 0 then
         if not p.grad then p.grad = dm.zeros(p:shape(), {dtype = p.dtype, device = p.device}) end
-        if dist.nccl and p.grad.device == "cuda" and p.grad:is_contiguous() then on_device[#on_device + 1] = p.grad
-        else dist.sum_(p.grad):mul_(1 / dist.size) end
+        if dist.nccl and p.device == "cuda" then   -- (decided alike on every rank: the group's order is theirs)
+          if not p.grad:is_contiguous() then p.grad = p.grad:contiguous() end
+          on_device[#on_device + 1] = p.grad
+        else
+          dist.sum_(p.grad):mul_(1 / dist.size)
+        end
       end
     end
     if #on_device > 0 then core.nccl_reduce(on_device, true) end

@@ -77,7 +77,7 @@ the rows are longer; the balancing; the global norm's clipping and every
 group's update (decided on the device, as the trainer's); zero_grad.
 mark(phase), when given, is called as "forward", "backward" and "optimiser"
 begin. Everything the step makes is released at its end (dm.scope). ]]
-local NEXT = {data = "forward", forward = "backward", backward = "forward"}
+local NEXT = {data = "forward", forward = "backward"}     -- (a backward's end leaves it open)
 
 function plan.step(model, opt, next_batch, grad_accum, mark, segment)
   mark = mark or function() end
@@ -85,13 +85,18 @@ function plan.step(model, opt, next_batch, grad_accum, mark, segment)
              device = opt.params[1].device, loader = {next = function() return next_batch() end}}
   local s = pieces.new(r)
   opt:prepare(1)
-  mark("forward")
-  dm.scope(function()                   -- Step:body's two halves, the optimiser's phase opened between
-    local loss, extras = s:forward_backward(function(ended) mark(NEXT[ended]) end)
+  local open = "forward"
+  mark(open)
+  local ok, err = pcall(dm.scope, function()   -- Step:body's two halves, the optimiser's phase opened between
+    local loss, extras = s:forward_backward(function(ended)
+      local phase = NEXT[ended]
+      if phase and phase ~= open then open = phase; mark(phase) end
+    end)
     mark("optimiser")
     s:finish(loss, extras)
   end)
   s:free()
+  if not ok then error(err, 0) end
 end
 
 ---------------------------------------------------------------- what the meta device cannot see

@@ -208,7 +208,7 @@ local rows = {
   {"dtype", enum {"bf16", "f32"}, "bf16", "dtype of matrix products, f32 accumulate (masters, KDA state, gates stay f32)"},
   {"graph", optional(bool), nil, "capture the training step as one CUDA graph and replay it (nil = when it can: " ..
    "cuda, grad_accum 1, Engram tables on the device)", progress = true},
-  {"ce_ceiling", num{above = 0}, 100, "a training loss above this ends the run at once"},
+  {"ce_ceiling", num{above = 0}, 100, "a log window's mean training loss above this ends the run there"},
 
   {"model", "the model family of docs/model.md", {
     {"arch", str, "dormouse", "the model file: models/ARCH.lua, a function from this table to a module (or {keys, build})"},

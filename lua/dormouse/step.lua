@@ -76,7 +76,7 @@ end
 --[[ The weights of a step's micro-batches: 1 / grad_accum each, or under loss masks (records) each
 one's share of the step's scored targets, so that the step's loss is the mean over all of them as one
 batch's would be (a micro-batch of short responses counts for less). masks: the micro-batches'
-masks (u8 tensors on the CPU) or nil. ]]
+masks (u8 tensors, read: one read a micro-batch of records) or nil. ]]
 function step.micro_weights(masks, n)
   local w = {}
   local total, counts = 0, {}
@@ -257,7 +257,7 @@ function Step:finish(loss, extras)
       self.counters[name] = {rows = kept(v.rows, old.rows), lookups = v.lookups}
     end
   end
-  r.opt:step_async()
+  r.opt:step_async(loss)                             -- a non-finite loss or norm skips the update
   r.opt:zero_grad()
   local ok = r.opt.dev.sumsq:lt(math.huge)           -- false for inf and NaN: a skipped step
   sum.loss:add_(dm.where(ok, loss, sum.zero))
@@ -278,17 +278,19 @@ end
 --[[ The step's work on the device, run eagerly or captured. backward(mark), when given,
 replaces the micro-batches' forward and backward (reinforcement learning) and returns the
 loss and the extras as Step:forward_backward does. mark(phase), when given, is called as
-each phase ends: "data", "forward", "backward" (by micro-batch and segment), "optimiser". ]]
+each phase ends: "data", "forward", "backward" (by micro-batch and segment); Step:run
+closes "optimiser" after the update and the model's after_step. ]]
 function Step:body(backward, mark)
   mark = mark or no_mark
   local loss, extras
   if backward then loss, extras = backward(mark) else loss, extras = self:forward_backward(mark) end
   self:finish(loss, extras)
-  mark("optimiser")
 end
 
 --[[ One training step n; returns {lr, lr_mult, events = model:after_step's or nil}.
-opts.backward: the step's own forward and backward (Step:body); opts.mark: the phases. ]]
+opts.backward: the step's own forward and backward (Step:body); opts.mark: the phases as
+Step:body names them ("data" holds the batch and the step's learning rates), and
+"optimiser" as the step ends. ]]
 function Step:run(n, opts)
   local r = self.r
   local backward, mark = opts and opts.backward, opts and opts.mark
@@ -316,6 +318,7 @@ function Step:run(n, opts)
   -- the arms that act on the weights, outside a capture (their step numbers decide): in place,
   -- so a graph reads the new values where it reads the parameters
   if r.model.after_step then res.events = r.model:after_step(n) end
+  if mark then mark("optimiser") end
   return res
 end
 

@@ -128,6 +128,16 @@ describe("the training step", function()
     r.step = 3
     assert.is_false(train.step(r).skipped)
     assert.are.equal(2, r.opt:sync().t)
+    -- an infinite loss whose gradients are finite (loss + inf): the loss alone decides
+    r.model.forward = function(m, ...)
+      local out = forward(m, ...)
+      out.loss = out.loss + math.huge
+      return out
+    end
+    r.step = 4
+    s = train.step(r)
+    assert.is_true(s.skipped and s.loss == math.huge)
+    assert.are.equal(2, r.opt:sync().t)
     r.loader:close()
   end)
 end)

@@ -81,7 +81,7 @@ static const route_shape route_shapes[TRIALS] = {
   {1, 1, 1, true}, {5, 8, 2, true}, {7, 3, 3, true}, {13, 17, 1, true}, {4, 5, 2, false}, {31, 64, 2, true}};
 /* a few rows among many experts (moe.h dm_moe_few: CUDA's own kernels, decoding's shapes) */
 static const route_shape few_route_shapes[TRIALS] = {
-  {1, 64, 2, true}, {4, 64, 2, true}, {8, 64, 1, false}, {2, 40, 2, true}, {1, 1024, 2, true}, {2, 300, 3, true}};
+  {1, 16, 2, true}, {4, 64, 2, true}, {8, 64, 1, false}, {2, 40, 2, true}, {1, 1024, 2, true}, {2, 300, 3, true}};
 #define ROUTE_MOST_E 1024                          /* the largest e of the shapes above */
 
 /* selection scores sorted: are the first k+1 (the ones that decide) at least gap apart? */

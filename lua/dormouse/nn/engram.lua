@@ -166,6 +166,11 @@ function Engram:lookup(x, prefix)
   if training then
     c.compact:requires_grad(true)
     self.entries[#self.entries + 1] = c
+    local k = self.counted or {rows = 0, lookups = 0}       -- the step's, for the log line (step_counters)
+    if c.n then k.rows = c.n                                -- the static form: one lookup a step, n on the device
+    else k.rows = k.rows + c.rows:numel() end
+    k.lookups = k.lookups + c.inverse:numel()
+    self.counted = k
   end
   self.current = c
   return c
@@ -248,23 +253,20 @@ function Engram:fold()
   self.summed = nil
 end
 
---[[ This step's training lookups and the distinct rows they read, for the log line:
-{rows = a number, or in the static form a one-element tensor on the device (read at log
-time), lookups = a number}, or nil before any. reduce (a data-parallel job: dormouse.dist,
-after the gradients were averaged): the job's, the distinct rows of the summed sparse
-gradient over every rank's lookups. ]]
+--[[ This step's training lookups (counted as they are made: every micro-batch and segment)
+and the distinct rows they read, for the log line: {rows = a number, or in the static form a
+one-element tensor on the device (read at log time), lookups = a number}, or nil before any.
+reduce (a data-parallel job: dormouse.dist, after the gradients were averaged): the job's, the
+distinct rows of the summed sparse gradient over every rank's lookups (each rank makes as many
+as this one). ]]
 function Engram:step_counters(reduce)
-  local rows, lookups, n = 0, 0, nil
-  for _, c in ipairs(self.entries) do
-    rows, lookups, n = rows + c.rows:numel(), lookups + c.inverse:numel(), c.n or n
-  end
-  if lookups == 0 then return nil end
+  local k = self.counted
+  if not k then return nil end
   if reduce then
     local summed = self:sparse_grad()
-    rows = summed and summed:numel() or 0
-    lookups = reduce.mean(lookups) * reduce.size
+    return {rows = summed and summed:numel() or 0, lookups = k.lookups * reduce.size}
   end
-  return {rows = n or rows, lookups = lookups}
+  return {rows = k.rows, lookups = k.lookups}
 end
 
 -- The tensors this step's training lookups hold for the optimiser (Dormouse:held).
@@ -279,14 +281,16 @@ function Engram:held(out)
 end
 
 function Engram:clear_sparse()
-  self.entries, self.current, self.summed, self.folded = {}, nil, nil, nil
+  self.entries, self.current, self.summed, self.folded, self.counted = {}, nil, nil, nil, nil
 end
 
 -- The step's sparse gradient replaced by rows [U] and grads [U, width] (a data-parallel job's:
 -- every rank's, summed by row; dormouse.dist)
 function Engram:replace_sparse_grad(rows, g)
+  local counted = self.counted                     -- the step's lookups stay counted
   self:clear_sparse()
   self.folded = {rows = dm.keep(rows), g = dm.keep(g)}
+  self.counted = counted
 end
 
 -- The lookup's tensors outlive the forward (the optimiser reads compact's

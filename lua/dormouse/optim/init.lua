@@ -14,16 +14,18 @@ check is the NaN firewall's; and the learning-rate schedule.
   opt:state()       -- {name = tensor} for optim.safetensors
   opt:load_state(t) -- and back
 
-On the device (a step captured as one CUDA graph), the same update without
-reading anything back: opt:prepare(step) writes the step's learning rates
-into device scalars (before a replay, never captured), opt:step_async()
+opt:step is the one update read back at once. The training step
+(dormouse.step, eager or captured as one CUDA graph) takes it without
+reading anything: opt:prepare(step) writes the step's learning rates into
+device scalars (before a replay, never captured), opt:step_async(loss)
 clips, decides the firewall and updates there (capturable), and opt:sync()
 reads back the count of applied updates and the last norm (at log time).
 
 A step: the schedule's multiplier for `step`; the global gradient norm (and
-clipping to cfg.clip); when the norm is not finite nothing is updated and
-the step is reported skipped; else every group updates at its lr times the
-multiplier. Parameters are f32 masters; their state lives on their device.
+clipping to cfg.clip); when the norm (or the step's loss, given) is not
+finite nothing is updated and the step is reported skipped; else every
+group updates at its lr times the multiplier. Parameters are f32 masters;
+their state lives on their device.
 ]]
 local dm = require "dormouse"
 local core = require "dormouse.core"
@@ -205,12 +207,14 @@ function Optimizer:prepare(step)
   return {lr = self.base_lr * mult, lr_mult = mult}
 end
 
--- Clip, check and update with no host read (the firewall decides on the device).
-function Optimizer:step_async()
+--[[ Clip, check and update with no host read (the firewall decides on the device). loss (a
+one-element tensor on the device, or nil): the step's; a non-finite one skips the step as a
+non-finite norm does (it is folded into the norm's sum of squares as loss * 0). ]]
+function Optimizer:step_async(loss)
   for _, g in ipairs(self.groups) do      -- refused before anything is updated
     if not g.device_scalars then
       fail("optim: group '%s' (%s) cannot take its scalars from the device yet, so its step cannot run " ..
-           "without host reads (graph mode)", g.name, g.kind)
+           "without host reads", g.name, g.kind)
     end
   end
   local dev = self:scalars()
@@ -218,6 +222,7 @@ function Optimizer:step_async()
   profile.region("clip", "optim", device, function()
     local all, apart = self:grads_split()
     core.clip_grads_async(all, 0, dev.sumsq)
+    if loss then dev.sumsq:add_(loss:to("f64") * 0) end     -- NaN or inf: not finite, the step skipped
     core.clip_scale(apart, self.clip, dev.sumsq)
     core.optim_tick(dev.step, dev.sumsq)
   end)

@@ -141,13 +141,13 @@ function SparseAdam:apply_dense(i, rows, g, mult, t, at)
   end)
 end
 
--- at: device scalars (optim/init.lua's step_async), or nil
+-- at: device scalars (optim/init.lua's step_async), or nil: the host's values of mult and t
 function SparseAdam:update(mult, t, at)
   for i, e in ipairs(self.entries) do
     local rows, g, n = e.module:sparse_grad()
     if self.dense then self:apply_dense(i, rows, g, mult, t, at)
     elseif rows and at then self:apply_at(i, rows, g, n, at, mult)
-    elseif rows then self:apply(i, rows, g, mult, t) end
+    elseif rows then self:apply(i, rows, g, mult, t) end     -- the host's lr and step (the tests' reference)
   end
 end
 
