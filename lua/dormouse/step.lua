@@ -20,7 +20,7 @@ scalars (Optimizer:prepare), the model's before_step, then Step:body:
   sums on the device
 
 then the model's after_step (the arms that act on the weights). The
-firewall decides on the device: a non-finite gradient norm skips the update
+firewall decides on the device: a non-finite loss or gradient norm skips the update
 in the kernels, so no step waits for the host; the window's sums, the
 applied steps and the skips are read at log time (Step:window), and
 Step:skipped reads the last step's verdict when a checkpoint needs it.
