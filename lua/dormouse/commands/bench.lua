@@ -48,14 +48,21 @@ local function run_steps(r, _, n, mark)
   end
 end
 
--- Pass 1: wall time of n steps back to back.
+-- the mean loss of the steps the stepper applied since its window was last read (nan: none)
+local function window_loss(stepper, n)
+  local w = stepper:window(n)
+  return w.applied > 0 and w.loss / w.applied or 0 / 0
+end
+
+-- Pass 1: wall time of n steps back to back; and their mean loss (read after the clock stops)
 local function time_steps(r, train, n)
+  window_loss(r.stepper, 0)                       -- the warm-up's sums let go
   r.sync()
   if r.device ~= "cpu" then core.reset_peak(r.device) end
   local t0 = core.now()
   run_steps(r, train, n)
   r.sync()
-  return (core.now() - t0) * 1e3 / n
+  return (core.now() - t0) * 1e3 / n, window_loss(r.stepper, n)
 end
 
 -- Pass 2: the phases, with the device synchronised at each boundary.
@@ -98,10 +105,9 @@ local function graph_steps(r, n)
     for _ = 1, n do r.step = r.step + 1; gs:run(r.step) end
     r.sync()
     local ms = (core.now() - t0) * 1e3 / n
-    local w = gs:window(n + 3)
     local mem = core.memory(r.device)
     local out = {ms = ms, peak = mem.peak, reserved = mem.reserved or mem.peak, nodes = gs:nodes(),
-                 loss = w.applied > 0 and w.loss / w.applied or 0 / 0}
+                 loss = window_loss(gs, n + 3)}
     gs:free()
     return out
   end)
@@ -123,13 +129,13 @@ local function report(r, res)
        cfg.name, where, cfg.batch, cfg.seq, cfg.grad_accum, res.tokens, res.compute_dtype, res.warmup, res.steps)
   if r.devices then line("%s", r.devices) end     -- NCCL asked for (DORMOUSE_NCCL=1): the step's collectives
   line("")
-  line("%-7s %12s %10s %14s %14s", "mode", "tokens/s", "ms/step", "peak alloc", "reserved")
-  line("%-7s %12.0f %10.2f %14s %14s", "eager", res.tokens / res.ms * 1e3, res.ms,
-       human_bytes(res.peak), human_bytes(res.reserved))
+  line("%-7s %12s %10s %14s %14s %9s", "mode", "tokens/s", "ms/step", "peak alloc", "reserved", "loss")
+  line("%-7s %12.0f %10.2f %14s %14s %9.4f", "eager", res.tokens / res.ms * 1e3, res.ms,
+       human_bytes(res.peak), human_bytes(res.reserved), res.loss)
   if res.graph then
     local g = res.graph
-    line("%-7s %12.0f %10.2f %14s %14s   (%d nodes; %.2fx eager)", "graph", res.tokens / g.ms * 1e3, g.ms,
-         human_bytes(g.peak), human_bytes(g.reserved), g.nodes, res.ms / g.ms)
+    line("%-7s %12.0f %10.2f %14s %14s %9.4f   (%d nodes; %.2fx eager)", "graph", res.tokens / g.ms * 1e3, g.ms,
+         human_bytes(g.peak), human_bytes(g.reserved), g.loss, g.nodes, res.ms / g.ms)
   else
     line("%-7s %s", "graph", res.graph_note)
   end
@@ -165,7 +171,7 @@ local function bench(args, cli)
   local res = {steps = steps, warmup = warmup, tokens = cfg.batch * cfg.seq * cfg.grad_accum,
                compute_dtype = r.model.compute_dtype}
   io.stderr:write(string.format("bench: %d timed steps, then the split and the op profile...\n", steps))
-  res.ms = time_steps(r, train, steps)
+  res.ms, res.loss = time_steps(r, train, steps)
   local mem = core.memory(r.device)
   res.peak, res.reserved = mem.peak, mem.reserved or mem.peak
   res.split, res.order = split_steps(r, train, steps)
@@ -182,9 +188,11 @@ local function bench(args, cli)
     local json = require "dormouse.json"
     local fam = require("dormouse.profile").group(res.rows, function(row) return row.family end)
     local doc = {name = cfg.name, device = r.device, batch = cfg.batch, seq = cfg.seq, tokens = res.tokens,
-                 eager = {ms = res.ms, tok_s = res.tokens / res.ms * 1e3, peak = res.peak, reserved = res.reserved},
+                 eager = {ms = res.ms, tok_s = res.tokens / res.ms * 1e3, peak = res.peak, reserved = res.reserved,
+                          loss = res.loss},
                  graph = res.graph and {ms = res.graph.ms, tok_s = res.tokens / res.graph.ms * 1e3,
-                                        peak = res.graph.peak, reserved = res.graph.reserved, nodes = res.graph.nodes},
+                                        peak = res.graph.peak, reserved = res.graph.reserved, nodes = res.graph.nodes,
+                                        loss = res.graph.loss},
                  split = res.split, families = {}}
     for _, g in ipairs(fam) do doc.families[g.key] = g.ms / steps end
     io.stdout:flush()
