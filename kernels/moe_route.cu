@@ -56,6 +56,27 @@ template <int DT> __device__ double chosen_max(const S_<DT> *row, const int64_t 
   return top;
 }
 
+/* pass j's pick among experts first, first + step, ... not taken by passes 0..j-1 (id), joined over
+** the warp: every lane holds the warp's pick */
+template <int DT>
+__device__ pick warp_pick(const S_<DT> *row, const S_<DT> *bias, const int64_t *id, int64_t j, int64_t e, int form,
+                          int64_t first, int64_t step) {
+  pick p = {-1, false, 0, -1};
+  for (int64_t x = first; x < e; x += step) {
+    bool taken = false;
+    for (int64_t q = 0; q < j; q++) taken = taken || id[q] == x;
+    if (taken) continue;
+    double l = (double)dt<DT>::load(row[x]);
+    double s = form == DM_MOE_ROUTE_SOFTMAX ? l : rnd<DT>(sigmoid_d(l));
+    double sel = bias ? rnd<DT>(s + (double)dt<DT>::load(bias[x])) : s;
+    pick c = {x, sel != sel, sel, sel != sel ? -1 : x};
+    p = pick_join(p, c);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) p = pick_join(p, pick_shfl(p, o));
+  return p;
+}
+
 /* a warp a token: k passes of a max over the untaken experts, then the gates */
 template <int DT>
 __global__ void route_k(int64_t *idx, S_<DT> *w, const S_<DT> *lg, const S_<DT> *bias, int64_t n, int64_t e,
@@ -66,19 +87,7 @@ __global__ void route_k(int64_t *idx, S_<DT> *w, const S_<DT> *lg, const S_<DT> 
     const S_<DT> *row = lg + t * e;
     int64_t *id = idx + t * k;
     for (int64_t j = 0; j < k; j++) {
-      pick p = {-1, false, 0, -1};
-      for (int64_t x = lane; x < e; x += 32) {
-        bool taken = false;
-        for (int64_t q = 0; q < j; q++) taken = taken || id[q] == x;
-        if (taken) continue;
-        double l = (double)dt<DT>::load(row[x]);
-        double s = form == DM_MOE_ROUTE_SOFTMAX ? l : rnd<DT>(sigmoid_d(l));
-        double sel = bias ? rnd<DT>(s + (double)dt<DT>::load(bias[x])) : s;
-        pick c = {x, sel != sel, sel, sel != sel ? -1 : x};
-        p = pick_join(p, c);
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) p = pick_join(p, pick_shfl(p, o));
+      pick p = warp_pick<DT>(row, bias, id, j, e, form, lane, 32);
       int64_t best = p.first_nan || p.best_id < 0 ? p.first : p.best_id;
       if (lane == 0) id[j] = best;
       __syncwarp();
@@ -105,19 +114,7 @@ __global__ void __launch_bounds__(ROUTE_FEW_THREADS) route_few_k(int64_t *idx, S
   const S_<DT> *row = lg + t * e;
   int64_t *id = idx + t * k;
   for (int64_t j = 0; j < k; j++) {
-    pick p = {-1, false, 0, -1};
-    for (int64_t x = threadIdx.x; x < e; x += ROUTE_FEW_THREADS) {
-      bool taken = false;
-      for (int64_t q = 0; q < j; q++) taken = taken || id[q] == x;
-      if (taken) continue;
-      double l = (double)dt<DT>::load(row[x]);
-      double s = form == DM_MOE_ROUTE_SOFTMAX ? l : rnd<DT>(sigmoid_d(l));
-      double sel = bias ? rnd<DT>(s + (double)dt<DT>::load(bias[x])) : s;
-      pick c = {x, sel != sel, sel, sel != sel ? -1 : x};
-      p = pick_join(p, c);
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) p = pick_join(p, pick_shfl(p, o));
+    pick p = warp_pick<DT>(row, bias, id, j, e, form, threadIdx.x, ROUTE_FEW_THREADS);
     if (lane == 0) part[warp] = p;
     __syncthreads();
     if (warp == 0) {
