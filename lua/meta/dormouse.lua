@@ -20,10 +20,6 @@
 ---@field seed? integer draw at (seed, offset), reproducible by itself; without it, the global generator
 ---@field offset? integer the Philox counter to start at (default 0)
 
----@class dormouse.MatmulOptions
----@field transpose_a? boolean read a as [..., k, m], transposed without a copy
----@field transpose_b? boolean read b as [..., n, k], transposed without a copy
-
 ---@class dormouse.AllcloseOptions
 ---@field rtol? number relative tolerance (default 1e-5)
 ---@field atol? number absolute tolerance (default 1e-8)
@@ -145,56 +141,15 @@ function Tensor:int() end
 
 -- ---- views ------------------------------------------------------------------------
 
----The same elements in a new shape (one size may be -1: inferred); a view when the layout allows.
----@param shape dormouse.Shape|integer
----@param ... integer
----@return dormouse.Tensor
-function Tensor:reshape(shape, ...) end
-
 ---The same as reshape.
 ---@param shape dormouse.Shape|integer
 ---@param ... integer
 ---@return dormouse.Tensor
 function Tensor:view(shape, ...) end
 
----A view with the dims reordered: x:permute{2, 1, 3}.
----@param dims integer[]|integer
----@param ... integer
----@return dormouse.Tensor
-function Tensor:permute(dims, ...) end
-
----A view with two dims swapped.
----@param dim1 integer
----@param dim2 integer
----@return dormouse.Tensor
-function Tensor:transpose(dim1, dim2) end
-
 ---The transpose of a 2-D tensor (a view).
 ---@return dormouse.Tensor
 function Tensor:t() end
-
----A view of len positions from start (1-based) along dim.
----@param dim integer
----@param start integer
----@param len integer
----@return dormouse.Tensor
-function Tensor:narrow(dim, start, len) end
-
----A view with size-1 dims repeated to a shape without copying (-1 keeps a dim).
----@param shape dormouse.Shape|integer
----@param ... integer
----@return dormouse.Tensor
-function Tensor:expand(shape, ...) end
-
----A view without the size-1 dims (or without dim, if its size is 1).
----@param dim? integer
----@return dormouse.Tensor
-function Tensor:squeeze(dim) end
-
----A view with a new size-1 dim at dim (-1 puts it last).
----@param dim integer
----@return dormouse.Tensor
-function Tensor:unsqueeze(dim) end
 
 -- ---- elementwise ------------------------------------------------------------------
 
@@ -217,57 +172,6 @@ function Tensor:mul(y) end
 ---@param y dormouse.Tensor|number
 ---@return dormouse.Tensor
 function Tensor:div(y) end
-
----The larger of x and y elementwise.
----@param y dormouse.Tensor|number
----@return dormouse.Tensor
-function Tensor:maximum(y) end
-
----The smaller of x and y elementwise.
----@param y dormouse.Tensor|number
----@return dormouse.Tensor
-function Tensor:minimum(y) end
-
----x^p for a number p.
----@param p number
----@return dormouse.Tensor
-function Tensor:pow(p) end
-
----x limited to [lo, hi]; a nil side is open.
----@param lo? number
----@param hi? number
----@return dormouse.Tensor
-function Tensor:clamp(lo, hi) end
-
----x == y as a u8 tensor of 0 and 1 (Lua's == compares tensors as objects).
----@param y dormouse.Tensor|number
----@return dormouse.Tensor
-function Tensor:eq(y) end
-
----x ~= y as a u8 tensor of 0 and 1.
----@param y dormouse.Tensor|number
----@return dormouse.Tensor
-function Tensor:ne(y) end
-
----x < y as a u8 tensor of 0 and 1.
----@param y dormouse.Tensor|number
----@return dormouse.Tensor
-function Tensor:lt(y) end
-
----x <= y as a u8 tensor of 0 and 1.
----@param y dormouse.Tensor|number
----@return dormouse.Tensor
-function Tensor:le(y) end
-
----x > y as a u8 tensor of 0 and 1.
----@param y dormouse.Tensor|number
----@return dormouse.Tensor
-function Tensor:gt(y) end
-
----x >= y as a u8 tensor of 0 and 1.
----@param y dormouse.Tensor|number
----@return dormouse.Tensor
-function Tensor:ge(y) end
 
 -- ---- in place (no autograd: optimisers, under dm.no_grad for tensors that require grad) --
 
@@ -298,18 +202,6 @@ function Tensor:zero_() end
 
 -- ---- reductions ---------------------------------------------------------------------
 
----The sum over every dim, or over dim (keepdim keeps it with size 1); integers sum to i64.
----@param dim? integer
----@param keepdim? boolean
----@return dormouse.Tensor
-function Tensor:sum(dim, keepdim) end
-
----The mean over every dim, or over dim.
----@param dim? integer
----@param keepdim? boolean
----@return dormouse.Tensor
-function Tensor:mean(dim, keepdim) end
-
 ---The largest value (no dim), or the values and 1-based i64 indices along dim.
 ---@param dim? integer
 ---@param keepdim? boolean
@@ -324,72 +216,7 @@ function Tensor:max(dim, keepdim) end
 ---@return dormouse.Tensor? indices
 function Tensor:min(dim, keepdim) end
 
----The 1-based position of the largest value along dim, or in the flattened tensor.
----@param dim? integer
----@param keepdim? boolean
----@return dormouse.Tensor
-function Tensor:argmax(dim, keepdim) end
-
----The 1-based position of the smallest value along dim, or in the flattened tensor.
----@param dim? integer
----@param keepdim? boolean
----@return dormouse.Tensor
-function Tensor:argmin(dim, keepdim) end
-
----log(sum(exp(x))) over every dim or over dim, shifted by the max so it does not overflow.
----@param dim? integer
----@param keepdim? boolean
----@return dormouse.Tensor
-function Tensor:logsumexp(dim, keepdim) end
-
----(sum |x|^p)^(1/p) over every dim or over dim; p > 0, default 2.
----@param p? number
----@param dim? integer
----@param keepdim? boolean
----@return dormouse.Tensor
-function Tensor:norm(p, dim, keepdim) end
-
----The softmax along dim (default: the last).
----@param dim? integer
----@return dormouse.Tensor
-function Tensor:softmax(dim) end
-
----The log of the softmax along dim (default: the last).
----@param dim? integer
----@return dormouse.Tensor
-function Tensor:log_softmax(dim) end
-
----Sums a broadcast result down to the shape it was broadcast from.
----@param shape dormouse.Shape
----@return dormouse.Tensor
-function Tensor:sum_to(shape) end
-
 -- ---- products and indexing ---------------------------------------------------------
-
----The matrix product [..., m, k] @ [..., k, n]; batch dims broadcast.
----@param y dormouse.Tensor
----@param opts? dormouse.MatmulOptions
----@return dormouse.Tensor
-function Tensor:matmul(y, opts) end
-
----out[i][j] = x[idx[i][j]][j] for dim 1: values picked by 1-based indices (i64, i32 or u8).
----@param dim integer
----@param idx dormouse.Tensor
----@return dormouse.Tensor
-function Tensor:gather(dim, idx) end
-
----The slices along dim named by the 1-based indices of a 1-D idx.
----@param dim integer
----@param idx dormouse.Tensor
----@return dormouse.Tensor
-function Tensor:index_select(dim, idx) end
-
----A copy of x with src added at the 1-based indices along dim; repeated indices add up.
----@param dim integer
----@param idx dormouse.Tensor
----@param src dormouse.Tensor
----@return dormouse.Tensor
-function Tensor:scatter_add(dim, idx, src) end
 
 -- ---- model blocks (fused ops with their own backward) ----------------------------------
 
@@ -545,13 +372,6 @@ function dm.is_tensor(v) end
 
 -- ---- ops as functions -------------------------------------------------------------------
 
----The matrix product; the flags read an input transposed without copying it.
----@param a dormouse.Tensor
----@param b dormouse.Tensor
----@param opts? dormouse.MatmulOptions
----@return dormouse.Tensor
-function dm.matmul(a, b, opts) end
-
 ---x @ w^T + b, with w of shape [out, in] and b (optional) of shape [out].
 ---@param x dormouse.Tensor
 ---@param w dormouse.Tensor
@@ -559,64 +379,11 @@ function dm.matmul(a, b, opts) end
 ---@return dormouse.Tensor
 function dm.linear(x, w, b) end
 
----a where cond is nonzero, else b; a or b may be a number.
----@param cond dormouse.Tensor
----@param a dormouse.Tensor|number
----@param b dormouse.Tensor|number
----@return dormouse.Tensor
-function dm.where(cond, a, b) end
-
----The larger of a and b elementwise.
----@param a dormouse.Tensor|number
----@param b dormouse.Tensor|number
----@return dormouse.Tensor
-function dm.maximum(a, b) end
-
----The smaller of a and b elementwise.
----@param a dormouse.Tensor|number
----@param b dormouse.Tensor|number
----@return dormouse.Tensor
-function dm.minimum(a, b) end
-
----x:gather(dim, idx): values picked by 1-based indices.
----@param x dormouse.Tensor
----@param dim integer
----@param idx dormouse.Tensor
----@return dormouse.Tensor
-function dm.gather(x, dim, idx) end
-
----x:index_select(dim, idx): the slices named by 1-based indices.
----@param x dormouse.Tensor
----@param dim integer
----@param idx dormouse.Tensor
----@return dormouse.Tensor
-function dm.index_select(x, dim, idx) end
-
----x:scatter_add(dim, idx, src): a copy of x with src added at 1-based indices.
----@param x dormouse.Tensor
----@param dim integer
----@param idx dormouse.Tensor
----@param src dormouse.Tensor
----@return dormouse.Tensor
-function dm.scatter_add(x, dim, idx, src) end
-
 ---The rows of table [V, D] for class ids (counted from 0) of any shape: [..., D].
 ---@param ids dormouse.Tensor
 ---@param table dormouse.Tensor
 ---@return dormouse.Tensor
 function dm.embedding(ids, table) end
-
----x:softmax(dim).
----@param x dormouse.Tensor
----@param dim? integer
----@return dormouse.Tensor
-function dm.softmax(x, dim) end
-
----x:log_softmax(dim).
----@param x dormouse.Tensor
----@param dim? integer
----@return dormouse.Tensor
-function dm.log_softmax(x, dim) end
 
 ---Joins tensors along an existing dim (default 1).
 ---@param list dormouse.Tensor[]
@@ -718,10 +485,6 @@ function dm.reset_peak(device) end
 
 -- ---- model ops (lua/dormouse/ops/blocks.lua, kda.lua, engram.lua, moe.lua) -----------------
 
----@class dormouse.CrossEntropyOptions
----@field ignore_index? integer rows whose target equals it take no loss and no gradient
----@field reduction? "mean"|"sum"|"none" how the rows' losses combine (default "mean")
-
 ---@class dormouse.Conv1dOptions
 ---@field dilation? integer the spacing of the taps (default 1)
 ---@field cache? dormouse.Tensor [B, (K-1) * dilation, C]: the inputs before x (default zeros)
@@ -821,28 +584,6 @@ function Loader:close() end
 ---@return dormouse.Tensor
 function dm.fake_quantize(x, format, block) end
 
----x's shape in dtype without values (one NaN through zero strides), its gradient x's as a cast's: the place of a copy that a kernel reads in another form.
----@param x dormouse.Tensor
----@param dtype string
----@return dormouse.Tensor
-function dm.stand_in(x, dtype) end
-
----A low-bit format's codes and scales back to values: rows of n elements, f32.
----@param codes dormouse.Tensor
----@param scales dormouse.Tensor
----@param format "fp8_e4m3"|"nvfp4"|"ternary"|"binary"
----@param block? integer
----@param n integer
----@return dormouse.Tensor
-function dm.quant_decode(codes, scales, format, block, n) end
-
-
----Cross-entropy of logits [..., V] against class ids [...] (0..V-1), fused with its log-softmax.
----@param logits dormouse.Tensor
----@param targets dormouse.Tensor
----@param opts? dormouse.CrossEntropyOptions
----@return dormouse.Tensor
-function dm.cross_entropy(logits, targets, opts) end
 
 ---Depthwise causal convolution of x [B, T, C] with w [C, K], no bias.
 ---@param x dormouse.Tensor
@@ -862,14 +603,6 @@ function dm.causal_conv1d(x, w, opts) end
 ---@return dormouse.Tensor o
 ---@return dormouse.Tensor? state
 function dm.kda(q, k, v, g, beta, opts) end
-
----The log-decay gate g <= 0 of KDA from f, A_log ([H] or nil) and dt_bias.
----@param f dormouse.Tensor
----@param A_log? dormouse.Tensor
----@param dt_bias dormouse.Tensor
----@param opts? {kind?: "bounded"|"softplus", lb?: number}
----@return dormouse.Tensor
-function dm.kda_gate(f, A_log, dt_bias, opts) end
 
 ---The layout of Engram's hashed n-gram table.
 ---@param opts {orders: integer[], heads?: integer, rows: integer}
@@ -936,13 +669,6 @@ function dm.HostTable(opts) end
 ---@param fp8? table {Ug = {codes, scales}, Uu = ..., D = ...} (dm.bank_fp8's): the kernels read these; ug, uu, d then give shapes only (dm.stand_in)
 ---@return dormouse.Tensor
 function dm.moe_experts(u, perm, offsets, ug, uu, cg, cu, d, k, fp8) end
-
----An fp8 bank: x [E, m, n]'s values rounded to dtype, as E4M3 codes u8 [E, m, nq] under f32 scales [E, m, nq / 32] (blocks of 32 along the rows, nq = n rounded up to 32).
----@param x dormouse.Tensor
----@param dtype? string the dtype the values are rounded to first (default x's)
----@return dormouse.Tensor codes
----@return dormouse.Tensor scales
-function dm.bank_fp8(x, dtype) end
 
 ---Gates with the tokens past each expert's capacity set to 0, and the drops per expert.
 ---@param w dormouse.Tensor

@@ -618,6 +618,17 @@ describe("the LuaLS annotations (lua/meta/dormouse.lua)", function()
     assert.is_function(loadfile(path))
   end)
 
+  it("annotates a function once: by hand, or from its op's descriptor", function()
+    local f = assert(io.open(path, "r"))
+    local by_hand = f:read("a")
+    f:close()
+    local generated = require("dormouse.ops.generated").luals(dm.core)
+    for name in generated:gmatch("\nfunction ([%w_.:]+)%(") do
+      assert.is_nil(by_hand:find("\nfunction " .. name:gsub("%.", "%%.") .. "%("),
+                    name .. " is annotated by hand and from its descriptor")
+    end
+  end)
+
   it("lists every public tensor method, and no other", function()
     local methods = annotated()
     for name, v in pairs(dm.core.methods) do

@@ -6,8 +6,8 @@
 #include "core/ops.h"
 #include "core/autograd.h"
 #include "core/profile.h"
+#include "core/attrs.h"
 
-#define DM_MAXOPS 512
 #define DM_MAXKERNELS 1024
 
 static dm_op *ops[DM_MAXOPS];
@@ -15,10 +15,11 @@ static int nops;
 
 void dm_op_register(dm_op *op, const char *file) {
   op->family = dm_profile_family_of(file);
-  if (nops == DM_MAXOPS) dm_error("too many ops (raise DM_MAXOPS in vm/core/ops.c)");
+  if (nops == DM_MAXOPS) dm_error("too many ops (raise DM_MAXOPS in vm/core/ops.h)");
   if (dm_op_find(op->name)) dm_error("op '%s' is registered twice", op->name);
   op->id = nops;
   ops[nops++] = op;
+  dm_attr_parse(op);
 }
 
 const dm_op *dm_op_find(const char *name) {
@@ -110,6 +111,7 @@ void dm_call(const dm_op *op, int n_in, dm_tensor *const *in, const dm_attrs *a,
   memcpy(c.in, in, sizeof(dm_tensor *) * (size_t)n_in);
   memset(c.out, 0, sizeof c.out);
   if (a) c.a = *a; else memset(&c.a, 0, sizeof c.a);
+  dm_attr_fill(op, &c.a);
   c.node = wants_node(op, n_in, in) ? dm_node_begin(&c) : NULL;
   dm_suspend_recording();
   dm_profile_push(op->name, op->family, DM_PHASE_FORWARD, call_device(n_in, in));

@@ -2,8 +2,8 @@
 ** ops.h — the op table, the call path and the kernel table.
 **
 ** An op is a registered dm_op: a name, its tensor inputs and outputs, up to
-** DM_MAXATTR numeric attributes and one list attribute, a forward and a
-** backward. Every op family lives in its own vm/ops/<family>.c file and registers
+** DM_MAXATTR numeric attributes and one list attribute (declared with their
+** kinds and defaults in its .attrs: dm_attr_decl), a forward and a backward. Every op family lives in its own vm/ops/<family>.c file and registers
 ** its ops at start-up with DM_REGISTER_OPS; nothing else needs editing to
 ** add one. dm_call() checks the inputs, runs the forward, and when grad
 ** mode is on and an input needs a gradient, records a node on the tape.
@@ -18,11 +18,13 @@
 #ifndef DM_OPS_H
 #define DM_OPS_H
 
+#include <stdbool.h>
 #include "core/tensor.h"
 
 #define DM_MAXIN 64      /* inputs of one call (cat takes many) */
 #define DM_MAXOUT 4
 #define DM_MAXATTR 8
+#define DM_MAXOPS 512    /* ops in the table */
 #define DM_MAXSAVED 16
 
 typedef struct dm_attrs {
@@ -31,6 +33,30 @@ typedef struct dm_attrs {
   int nlist;                     /* a list attribute: shapes, dims */
   int64_t list[DM_MAXDIM];
 } dm_attrs;
+
+/* An op's attributes as its descriptor declares them (.attrs), comma-separated, each
+**   name[:kind][=word|word...][~default][@lua]        or, last,   list=name[:kind]
+** kind says what Lua passes (C reads a double either way): none, a number; int; bool (0 or 1); dim
+** (Lua's 1-based dim of the first input, negative from the end, passed 0-based); newdim (the place of a
+** new dim among n: 1..n+1, or negative); pos (a 1-based position, passed 0-based); dtype (a dtype's
+** name, passed as its code). "=words": an enum, its value the word's place from 0. "~default": the
+** value dm_call gives it when the call leaves it out (a word for an enum, true/false, inf, -inf); an
+** attribute without one is required. "@v": Lua passes v and takes no such argument (base@1: Lua
+** counts positions from 1). "list=name": the list attribute (a shape, dims of kind dim), after the
+** numeric ones. The descriptor is the one place that states an attribute's kind and default:
+** dm_call fills the defaults in, core.ops() gives the declarations to Lua, whose functions
+** (lua/dormouse/ops/generated.lua) and editor lines come from them. */
+enum { DM_ATTR_NUMBER, DM_ATTR_INT, DM_ATTR_BOOL, DM_ATTR_DIM, DM_ATTR_NEWDIM, DM_ATTR_POS, DM_ATTR_DTYPE,
+       DM_ATTR_NKIND };
+typedef struct dm_attr_decl {
+  const char *name; int name_len;    /* in the descriptor's string */
+  int kind;                          /* DM_ATTR_* */
+  const char *words; int words_len;  /* an enum's spellings "a|b|c" (NULL: not an enum) */
+  bool list;                         /* the list attribute (no place in dm_attrs.v) */
+  bool has_default; double dflt;
+  bool fixed; double fixed_value;    /* "@v" */
+} dm_attr_decl;
+extern const char *const dm_attr_kind_names[DM_ATTR_NKIND];   /* "number", "int", ... */
 
 typedef struct dm_ctx dm_ctx;
 typedef void (*dm_forward_fn)(dm_ctx *c);
@@ -106,6 +132,13 @@ void dm_check_scalar(const char *op, const char *what, const dm_tensor *t, dm_dt
 dm_tensor *dm_new_grad(dm_ctx *c, int i, dm_device dev);   /* uninitialised, shaped and typed like input i */
 
 /* attribute helpers */
+/* op's declared attributes (parsed at registration); returns how many, the list attribute last */
+int dm_op_attr_decls(const dm_op *op, const dm_attr_decl **decls);
+/* attribute i of the call: given, or its declared default (dm_call fills those in); an error naming it
+** when the call left out an attribute that has no default */
+double dm_attr(const dm_ctx *c, int i);
+/* the place of word among decl's spellings, or -1 */
+int dm_attr_word(const dm_attr_decl *decl, const char *word, size_t len);
 dm_attrs dm_attrs_of(int n, const double *v);
 dm_attrs dm_attrs_list(int n, const int64_t *list);
 /* attribute i of the call as a dtype (its dm_dtype value), or "op: ... is not a dtype" */

@@ -23,27 +23,17 @@ static const dm_op *check_op(lua_State *L, int idx) {
   return op;
 }
 
-/* An enum attribute given by name: op->attrs declares attribute i as "name=a|b|c", and the
-** spelling's position in that list is its value. Anything else is an error naming the spellings. */
+/* An enum attribute given by name: its declaration (op->attrs) lists the words, and the word's place
+** in that list is its value. Anything else is an error naming the words. */
 static double spelled_attr(lua_State *L, const dm_op *op, int i, const char *word) {
-  const char *p = op->attrs ? op->attrs : "";
-  for (int k = 0; k < i && p; k++) {               /* attribute i's declaration */
-    p = strchr(p, ',');
-    if (p) p++;
-  }
-  const char *end = p ? strchr(p, ',') : NULL, *eq = p ? strchr(p, '=') : NULL;
-  if (!p || !eq || (end && eq > end))
+  const dm_attr_decl *d;
+  int n = dm_op_attr_decls(op, &d);
+  if (i >= n || !d[i].words)
     FAIL(L, "%s: attribute %d takes a number, not the name '%s'", op->name, i + 1, word);
-  size_t len = strlen(word);
-  int value = 0;
-  for (const char *s = eq + 1; s && (!end || s < end); value++) {
-    const char *bar = strchr(s, '|'), *stop = bar && (!end || bar < end) ? bar : end ? end : s + strlen(s);
-    if ((size_t)(stop - s) == len && strncmp(s, word, len) == 0) return value;
-    s = stop == end || *stop == '\0' ? NULL : stop + 1;
-  }
-  int name_len = (int)(eq - p), list_len = end ? (int)(end - eq - 1) : (int)strlen(eq + 1);
-  FAIL(L, "%s: %.*s must be one of %.*s, got '%s'", op->name, name_len, p, list_len, eq + 1, word);
-  return 0;
+  int value = dm_attr_word(&d[i], word, strlen(word));
+  if (value < 0)
+    FAIL(L, "%s: %.*s must be one of %.*s, got '%s'", op->name, d[i].name_len, d[i].name, d[i].words_len, d[i].words, word);
+  return value;
 }
 
 static void read_attrs(lua_State *L, int idx, const dm_op *op, dm_attrs *a) {
@@ -110,33 +100,42 @@ static int c_op(lua_State *L) {
   return 1;
 }
 
-/* An op's attributes from its declaration ("chunk,algo=auto|recurrent|chunked", "list=shape"):
-** names, the list of attribute names in order ("list=NAME" is the list attribute NAME), and
-** spellings, {name = {word, ...}} for each enum attribute, its words in the enum's order. */
-static void push_attrs(lua_State *L, const char *attrs) {
-  lua_newtable(L);                                   /* names */
+/* An op's attributes from their declarations (vm/core/ops.h, dm_attr_decl): attr_names, the names in
+** order (the list attribute last); spellings, {name = {word, ...}} for each enum attribute, its words in
+** the enum's order; attr_decls, {name =, kind =, default =, fixed =, list =, words =} for each: kind one
+** of "number", "int", "bool", "dim", "newdim", "pos", "dtype"; default (as the op receives it) and
+** fixed (what Lua always passes) numbers or nil. */
+static void push_attrs(lua_State *L, const dm_op *op) {
+  const dm_attr_decl *d;
+  int n = dm_op_attr_decls(op, &d);
+  lua_createtable(L, n, 0);                          /* attr_names */
   lua_newtable(L);                                   /* spellings */
-  int n = 0;
-  for (const char *p = attrs; p && *p;) {
-    const char *end = strchr(p, ','), *stop = end ? end : p + strlen(p);
-    const char *eq = memchr(p, '=', (size_t)(stop - p));
-    bool list = eq && eq - p == 4 && strncmp(p, "list", 4) == 0;
-    const char *name = list ? eq + 1 : p, *name_end = list || !eq ? stop : eq;
-    lua_pushlstring(L, name, (size_t)(name_end - name));
-    lua_rawseti(L, -3, ++n);
-    if (eq && !list) {
-      lua_pushlstring(L, name, (size_t)(name_end - name));
+  lua_createtable(L, n, 0);                          /* attr_decls */
+  for (int i = 0; i < n; i++) {
+    lua_pushlstring(L, d[i].name, (size_t)d[i].name_len);
+    lua_rawseti(L, -4, i + 1);
+    lua_createtable(L, 0, 6);
+    lua_pushlstring(L, d[i].name, (size_t)d[i].name_len); lua_setfield(L, -2, "name");
+    lua_pushstring(L, dm_attr_kind_names[d[i].kind]); lua_setfield(L, -2, "kind");
+    if (d[i].has_default) { lua_pushnumber(L, d[i].dflt); lua_setfield(L, -2, "default"); }
+    if (d[i].fixed) { lua_pushnumber(L, d[i].fixed_value); lua_setfield(L, -2, "fixed"); }
+    lua_pushboolean(L, d[i].list); lua_setfield(L, -2, "list");
+    if (d[i].words) {
       lua_newtable(L);
       int k = 0;
-      for (const char *w = eq + 1; w < stop;) {
-        const char *bar = memchr(w, '|', (size_t)(stop - w)), *w_end = bar ? bar : stop;
+      for (const char *w = d[i].words, *end = w + d[i].words_len; w <= end;) {
+        const char *bar = memchr(w, '|', (size_t)(end - w)), *w_end = bar ? bar : end;
         lua_pushlstring(L, w, (size_t)(w_end - w));
         lua_rawseti(L, -2, ++k);
         w = w_end + 1;
       }
-      lua_rawset(L, -3);
+      lua_pushvalue(L, -1);
+      lua_setfield(L, -3, "words");
+      lua_pushlstring(L, d[i].name, (size_t)d[i].name_len);
+      lua_insert(L, -2);
+      lua_rawset(L, -5);                             /* spellings[name] = words */
     }
-    p = end ? end + 1 : NULL;
+    lua_rawseti(L, -2, i + 1);
   }
 }
 
@@ -144,8 +143,9 @@ static int c_ops(lua_State *L) {
   lua_createtable(L, dm_op_count(), 0);
   for (int i = 0; i < dm_op_count(); i++) {
     const dm_op *op = dm_op_at(i);
-    lua_createtable(L, 0, 12);
-    push_attrs(L, op->attrs);
+    lua_createtable(L, 0, 14);
+    push_attrs(L, op);
+    lua_setfield(L, -4, "attr_decls");
     lua_setfield(L, -3, "spellings");
     lua_setfield(L, -2, "attr_names");
     lua_pushstring(L, op->name); lua_setfield(L, -2, "name");

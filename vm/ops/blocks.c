@@ -29,9 +29,6 @@ static int64_t int_attr(const char *op, const char *what, double v) {
   return (int64_t)v;
 }
 
-/* attribute i, or dflt when the call gave fewer */
-static double attr_or(const dm_ctx *c, int i, double dflt) { return c->a.nv > i ? c->a.v[i] : dflt; }
-
 /* the dtype of per-row statistics: f64 for f64 inputs, else f32 */
 static dm_dtype stat_dtype(dm_dtype dt) { return dt == DM_F64 ? DM_F64 : DM_F32; }
 
@@ -51,7 +48,7 @@ static dm_tensor *saved_opt(dm_ctx *c, int i) { return i < c->node->n_saved ? dm
 static void rownorm_forward(dm_ctx *c) {
   const char *name = c->op->name;
   dm_tensor *x = c->in[0], *gain = c->n_in > 1 ? c->in[1] : NULL;
-  double eps = attr_or(c, 0, 1e-6);
+  double eps = dm_attr(c, 0);
   dm_check_float(name, "x", x);
   if (x->ndim == 0) dm_error("%s: x must have at least 1 dim (the one normalised), got a 0-dim tensor", name);
   if (!(eps >= 0) || isinf(eps)) dm_error("%s: eps must be a finite number >= 0, got %g", name, eps);
@@ -90,8 +87,8 @@ static void rownorm_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin)
 
 static void ce_forward(dm_ctx *c) {
   dm_tensor *logits = c->in[0], *targets = c->in[1];
-  int64_t ignore = int_attr("cross_entropy", "ignore_index", attr_or(c, 0, -1));
-  int64_t red = int_attr("cross_entropy", "reduction", attr_or(c, 1, DM_CE_MEAN));
+  int64_t ignore = int_attr("cross_entropy", "ignore_index", dm_attr(c, 0));
+  int64_t red = int_attr("cross_entropy", "reduction", dm_attr(c, 1));
   dm_check_float("cross_entropy", "logits", logits);
   if (targets->dtype != DM_I64 && targets->dtype != DM_I32 && targets->dtype != DM_U8)
     dm_error("cross_entropy: targets must be i64, i32 or u8 class ids, got %s", dm_dtype_name(targets->dtype));
@@ -128,11 +125,11 @@ static void ce_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
   dm_tensor *logits = dm_saved(c, 0);
   dm_tensor *gx = dm_new_grad(c, 0, logits->device);
   if (dm_plan_card_of(logits->device))
-    dm_plan_scratch(dm_ce_bwd_scratch((int)attr_or(c, 1, DM_CE_MEAN) == DM_CE_MEAN),
+    dm_plan_scratch(dm_ce_bwd_scratch((int)dm_attr(c, 1) == DM_CE_MEAN),
                     "cross-entropy's kept count (kernels/blocks.cu cuda_ce_bwd)");
   DM_RUN(cross_entropy_bwd, logits->device, gx, gout[0], logits, dm_saved(c, 1),
-                                                              dm_saved(c, 2), (int64_t)attr_or(c, 0, -1),
-                                                              (int)attr_or(c, 1, DM_CE_MEAN));
+                                                              dm_saved(c, 2), (int64_t)dm_attr(c, 0),
+                                                              (int)dm_attr(c, 1));
   gin[0] = gx;
 }
 
@@ -140,14 +137,14 @@ static void ce_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
 
 /* attr 1 (silu): the output is silu of the convolution */
 static bool conv_silu(const dm_ctx *c) {
-  double v = attr_or(c, 1, 0);
+  double v = dm_attr(c, 1);
   if (v != 0 && v != 1) dm_error("causal_conv1d: silu must be 0 or 1, got %g", v);
   return v == 1;
 }
 
 static void conv_forward(dm_ctx *c) {
   dm_tensor *x = c->in[0], *w = c->in[1], *cache = c->in[2];
-  int64_t dil = int_attr("causal_conv1d", "dilation", attr_or(c, 0, 1));
+  int64_t dil = int_attr("causal_conv1d", "dilation", dm_attr(c, 0));
   char sx[128], sw[128], sc[128];
   dm_check_float("causal_conv1d", "x", x);
   dm_check_dtype_equal("causal_conv1d", x, w);
@@ -187,7 +184,7 @@ static void conv_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
   dm_tensor *gx = dm_needs_grad(c, 0) ? dm_new_grad(c, 0, x->device) : NULL;
   dm_tensor *gw = dm_needs_grad(c, 1) ? dm_new_grad(c, 1, x->device) : NULL;
   dm_tensor *gc = cache && dm_needs_grad(c, 2) ? dm_new_grad(c, 2, x->device) : NULL;
-  int64_t dil = (int64_t)attr_or(c, 0, 1);
+  int64_t dil = (int64_t)dm_attr(c, 0);
   dm_tensor *gy = gout[0], *gz = NULL;
   if (conv_silu(c)) {                /* the convolution again, then dy/dz = silu'(z) in its place */
     gz = dm_tensor_new(x->device, x->dtype, 3, x->shape);
@@ -243,21 +240,22 @@ static void silu_mul_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin
 static dm_op ops[] = {
   {.name = "rmsnorm", .doc = "x / sqrt(mean(x^2 over the last dim) + eps) * gain (gain [D], optional)",
    .args = "x [..., D], gain [D]", .lua = DM_LUA_METHOD,
-   .n_in = 2, .n_out = 1, .attrs = "eps", .optional = 2, .kind = DM_NORM_RMS,
+   .n_in = 2, .n_out = 1, .attrs = "eps~1e-6", .optional = 2, .kind = DM_NORM_RMS,
    .forward = rownorm_forward, .backward = rownorm_backward},
   {.name = "l2norm", .doc = "x / sqrt(sum(x^2 over the last dim) + eps)",
-   .args = "x [..., D]", .lua = DM_LUA_METHOD, .n_in = 1, .n_out = 1, .attrs = "eps", .kind = DM_NORM_L2,
+   .args = "x [..., D]", .lua = DM_LUA_METHOD, .n_in = 1, .n_out = 1, .attrs = "eps~1e-6", .kind = DM_NORM_L2,
    .forward = rownorm_forward, .backward = rownorm_backward},
   {.name = "cross_entropy",
    .doc = "log-softmax cross-entropy of logits [..., V] at class ids [...] (0-based; ignore_index -1: none; "
           "reduction 0 mean over kept rows, 1 sum, 2 none)",
-   .n_in = 2, .n_out = 1, .attrs = "ignore_index,reduction=" DM_CE_SPELLINGS, .nondiff = 2,
+   .args = "logits [..., V], targets [...]", .lua = DM_LUA_FN,
+   .n_in = 2, .n_out = 1, .attrs = "ignore_index:int~-1,reduction=" DM_CE_SPELLINGS "~mean", .nondiff = 2,
    .forward = ce_forward, .backward = ce_backward},
   {.name = "causal_conv1d",
    .doc = "depthwise causal conv of x [B, T, C] by w [C, K] with a cache [B, (K-1)*dilation, C] "
           "(optional, zeros) of the past -> y (silu = 1: silu of the conv, recomputed in the backward), "
           "the new cache",
-   .n_in = 3, .n_out = 2, .attrs = "dilation,silu", .optional = 4,
+   .n_in = 3, .n_out = 2, .attrs = "dilation:int~1,silu:bool~false", .optional = 4,
    .forward = conv_forward, .backward = conv_backward},
   {.name = "silu_mul", .doc = "silu(a) * b in one pass (a and b of one shape)",
    .args = "a, b", .lua = DM_LUA_METHOD, .n_in = 2, .n_out = 1, .attrs = "", .forward = silu_mul_forward, .backward = silu_mul_backward},

@@ -75,12 +75,13 @@ static void unary_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
 #define ATTRS_SQUARE ""
 #define ATTRS_SIGN ""
 #define ATTRS_POW "p"
-#define ATTRS_CLAMP "lo,hi"
+#define ATTRS_CLAMP "lo~-inf,hi~inf"
 #define ATTRS_AFFINE "scale,shift"
 #define ATTRS_RDIV "s"
 
-/* the Lua surface: x:exp() and dm.exp(x) from the descriptor; pow, clamp, affine and rdiv are written
-** by hand (lua/dormouse/ops/elementwise.lua: a checked exponent, open sides, numbers beside tensors) */
+/* the Lua surface from the descriptor: x:exp() and dm.exp(x), x:pow(p), x:clamp(lo, hi) (nil: that side
+** open), dm.affine(x, scale, shift), dm.rdiv(x, s); the metamethods (x * 2, 1 / x) are written by hand
+** (lua/dormouse/ops/elementwise.lua) */
 #define LUA_NEG DM_LUA_METHOD
 #define LUA_EXP DM_LUA_METHOD
 #define LUA_LOG DM_LUA_METHOD
@@ -94,10 +95,10 @@ static void unary_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
 #define LUA_RELU DM_LUA_METHOD
 #define LUA_SQUARE DM_LUA_METHOD
 #define LUA_SIGN DM_LUA_METHOD
-#define LUA_POW DM_LUA_OWN
-#define LUA_CLAMP DM_LUA_OWN
-#define LUA_AFFINE DM_LUA_OWN
-#define LUA_RDIV DM_LUA_OWN
+#define LUA_POW DM_LUA_METHOD
+#define LUA_CLAMP DM_LUA_METHOD
+#define LUA_AFFINE DM_LUA_FN
+#define LUA_RDIV DM_LUA_FN
 
 #define UNARY_OP_(ID, nm, f, df, saves, diff)                                            \
   {.name = nm, .doc = DOC_##ID, .n_in = 1, .n_out = 1, .attrs = ATTRS_##ID, \
@@ -163,8 +164,24 @@ static void binary_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) 
 #define BDOC_GT      "a > b as u8 0/1, broadcasting"
 #define BDOC_GE      "a >= b as u8 0/1, broadcasting"
 
+/* dm.add(a, b) ... dm.div(a, b) from the descriptor (the methods x:add(y) are the metamethods', which
+** keep a number beside a float tensor as an attribute); the others also methods, x:maximum(y), x:eq(y) */
+#define BLUA_ADD     DM_LUA_FN
+#define BLUA_SUB     DM_LUA_FN
+#define BLUA_MUL     DM_LUA_FN
+#define BLUA_DIV     DM_LUA_FN
+#define BLUA_MAXIMUM DM_LUA_METHOD
+#define BLUA_MINIMUM DM_LUA_METHOD
+#define BLUA_EQ      DM_LUA_METHOD
+#define BLUA_NE      DM_LUA_METHOD
+#define BLUA_LT      DM_LUA_METHOD
+#define BLUA_LE      DM_LUA_METHOD
+#define BLUA_GT      DM_LUA_METHOD
+#define BLUA_GE      DM_LUA_METHOD
+
 #define BINARY_OP_(ID, nm, f, da, db, cmp)                                               \
   {.name = nm, .doc = BDOC_##ID, .n_in = 2, .n_out = 1, .attrs = "",  \
+                      .args = "a:number, b:number", .lua = BLUA_##ID,                    \
                       .kind = DM_BINARY_##ID, .forward = binary_forward,                 \
                       .backward = (cmp) ? NULL : binary_backward},
 
@@ -241,9 +258,9 @@ void dm_affine_(dm_tensor *a, double scale, double shift) {
 }
 
 /* the helpers as ops, for the Lua layer: the output is the target itself */
-static void add__forward(dm_ctx *c) { dm_add_(c->in[0], c->in[1], c->a.nv >= 1 ? c->a.v[0] : 1.0); }
+static void add__forward(dm_ctx *c) { dm_add_(c->in[0], c->in[1], dm_attr(c, 0)); }
 static void mul__forward(dm_ctx *c) { dm_mul_(c->in[0], c->in[1]); }
-static void affine__forward(dm_ctx *c) { dm_affine_(c->in[0], c->a.v[0], c->a.v[1]); }
+static void affine__forward(dm_ctx *c) { dm_affine_(c->in[0], dm_attr(c, 0), dm_attr(c, 1)); }
 static void inplace_forward(dm_ctx *c) {
   dm_forward_fn fns[] = {add__forward, mul__forward, affine__forward};
   fns[c->op->kind](c);
@@ -256,13 +273,14 @@ static dm_op ops[] = {
   DM_UNARY_OPS(UNARY_OP_)
   DM_BINARY_OPS(BINARY_OP_)
   {.name = "where", .doc = "cond ? a : b elementwise, broadcasting (cond of any dtype, nonzero is true)",
+   .args = "cond, a:number, b:number", .lua = DM_LUA_FN,
    .n_in = 3, .n_out = 1, .attrs = "", .nondiff = 1, .forward = where_forward, .backward = where_backward},
   {.name = "add_", .doc = "a += alpha * b in place, b broadcasting (no autograd)", .n_in = 2, .n_out = 1,
-   .attrs = "alpha", .kind = 0, .forward = inplace_forward},
+   .attrs = "alpha~1", .kind = 0, .forward = inplace_forward},
   {.name = "mul_", .doc = "a *= b in place, b broadcasting (no autograd)", .n_in = 2, .n_out = 1,
    .attrs = "", .kind = 1, .forward = inplace_forward},
   {.name = "affine_", .doc = "a = scale * a + shift in place (no autograd)", .n_in = 1, .n_out = 1,
-   .attrs = "scale,shift", .kind = 2, .forward = inplace_forward},
+   .args = "a", .lua = DM_LUA_FN, .attrs = "scale,shift", .kind = 2, .forward = inplace_forward},
 };
 DM_REGISTER_OPS(ops)
 #define UNARY_OP(kind) (&ops[kind])

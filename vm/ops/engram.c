@@ -183,8 +183,8 @@ static dm_tensor *head_view(dm_tensor *t, int64_t n) {
 static void unique_fwd(dm_ctx *c) {
   dm_tensor *idx = c->in[0];
   check_index_dtype("engram_unique", idx);
-  int64_t bound = c->a.nv > 0 && c->a.v[0] > 0 ? (int64_t)c->a.v[0] : (int64_t)1 << 62;
-  bool padded = c->a.nv > 1 && c->a.v[1] != 0;
+  int64_t bound = dm_attr(c, 0) > 0 ? (int64_t)dm_attr(c, 0) : (int64_t)1 << 62;   /* 0: no bound */
+  bool padded = dm_attr(c, 1) != 0;
   DM_RUN(index_check, idx->device, idx, bound, 0, "engram_unique");
   int64_t M = dm_numel(idx), one = 1;
   dm_tensor *ic = as_i64(idx);
@@ -247,7 +247,7 @@ static void sparse_grad_fwd(dm_ctx *c) {
     dm_error("engram_sparse_grad: gradients of shape %s need %lld inverse entries, got shape %s",
              dm_tensor_shape_str(g, sg, sizeof sg), (long long)g->shape[0],
              dm_tensor_shape_str(inverse, si, sizeof si));
-  double nd = c->a.nv > 0 ? c->a.v[0] : -1;
+  double nd = dm_attr(c, 0);
   if (nd < 0 || nd != (double)(int64_t)nd)
     dm_error("engram_sparse_grad: the attribute n_unique must be an integer >= 0, got %g", nd);
   int64_t U = (int64_t)nd;
@@ -283,7 +283,7 @@ dm_tensor *dm_engram_sparse_grad(dm_tensor *g, dm_tensor *inverse, int64_t n_uni
 
 /* ---- engram_alpha ---------------------------------------------------------------------------------- */
 
-static double attr_eps(const dm_ctx *c) { return c->a.nv > 0 ? c->a.v[0] : 1e-6; }
+static double attr_eps(const dm_ctx *c) { return dm_attr(c, 0); }
 
 static void alpha_fwd(dm_ctx *c) {
   dm_tensor *u = c->in[0], *kx = c->in[1], *w = c->in[2];
@@ -508,15 +508,15 @@ void dm_engram_adam_8bit_at(dm_tensor *table, const dm_engram_8bit *m8, const dm
 
 static dm_op ops[] = {
   {.name = "engram_index", .doc = "Engram n-gram rows [B, T, nsub] i64 of bytes x [B, T] (prefix [B, P] before them)",
-   .n_in = 2, .n_out = 1, .attrs = "heads,rows (list: orders)", .optional = 1u << 1, .nondiff = 3u,
+   .n_in = 2, .n_out = 1, .attrs = "heads:int,rows:int,list=orders", .optional = 1u << 1, .nondiff = 3u,
    .forward = index_fwd},
   {.name = "engram_unique", .doc = "the distinct rows of idx (increasing), the inverse map, the counts and their number",
-   .n_in = 1, .n_out = 4, .attrs = "bound,padded", .nondiff = 1u, .forward = unique_fwd},
+   .n_in = 1, .n_out = 4, .attrs = "bound:int~0,padded:bool~false", .nondiff = 1u, .forward = unique_fwd},
   {.name = "engram_sparse_grad", .doc = "per-lookup gradients [M, de] summed per unique row (deterministic)",
-   .n_in = 2, .n_out = 1, .attrs = "n_unique", .nondiff = 1u << 1,
+   .n_in = 2, .n_out = 1, .attrs = "n_unique:int", .nondiff = 1u << 1,
    .forward = sparse_grad_fwd, .backward = sparse_grad_bwd},
   {.name = "engram_alpha", .doc = "sigmoid(dot(rmsnorm(u), w * rmsnorm(kx)) / sqrt(d)) over the last dim",
-   .n_in = 3, .n_out = 1, .attrs = "eps", .optional = 1u << 2,
+   .n_in = 3, .n_out = 1, .attrs = "eps~1e-6", .optional = 1u << 2,
    .forward = alpha_fwd, .backward = alpha_bwd},
 };
 DM_REGISTER_OPS(ops)

@@ -61,14 +61,14 @@ static dm_kda_pass_counts passes;
 dm_kda_pass_counts dm_kda_passes(void) { return passes; }
 
 static int64_t chunk_attr(const dm_attrs *a) {
-  double ch = a->nv >= 1 ? a->v[0] : 0;
+  double ch = a->v[0];                /* declared with its default: dm_call fills it in */
   if (!(ch >= 0) || ch != floor(ch) || ch > 1e9)
     dm_error("kda: chunk must be a whole number >= 1 (0 for the default %d), got %g", DM_KDA_CHUNK, ch);
   return ch == 0 ? DM_KDA_CHUNK : (int64_t)ch;
 }
 
 static int algo_attr(const dm_attrs *a) {
-  double al = a->nv >= 2 ? a->v[1] : DM_KDA_AUTO;
+  double al = a->v[1];
   if (al != DM_KDA_AUTO && al != DM_KDA_RECURRENT && al != DM_KDA_CHUNKED)
     dm_error("kda: algo must be one of " DM_KDA_ALGO_SPELLINGS " (0..2), got %g", al);
   return (int)al;
@@ -166,8 +166,8 @@ static void kda_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
 enum { F, ALOG, DTB, GATE_NIN };
 
 static void gate_attrs(const dm_attrs *a, int *kind, double *lb) {
-  double k = a->nv >= 1 ? a->v[0] : DM_KDA_GATE_BOUNDED;
-  *lb = a->nv >= 2 ? a->v[1] : -5;
+  double k = a->v[0];                 /* both declared with their defaults: dm_call fills them in */
+  *lb = a->v[1];
   if (k != DM_KDA_GATE_BOUNDED && k != DM_KDA_GATE_SOFTPLUS)
     dm_error("kda_gate: kind must be one of " DM_KDA_GATE_SPELLINGS " (0, 1), got %g", k);
   *kind = (int)k;
@@ -238,10 +238,11 @@ static void gate_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
 
 static dm_op ops[] = {
   {.name = "kda", .doc = "Kimi Delta Attention (q, k, v, g, beta, [S0]) -> o, final state; recurrent or chunked",
-   .n_in = KDA_NIN, .n_out = 2, .attrs = "chunk,algo=" DM_KDA_ALGO_SPELLINGS, .optional = 1u << S0,
+   .n_in = KDA_NIN, .n_out = 2, .attrs = "chunk:int~0,algo=" DM_KDA_ALGO_SPELLINGS "~auto", .optional = 1u << S0,
    .forward = kda_forward, .backward = kda_backward},
   {.name = "kda_gate", .doc = "KDA log-decay gate (f, [A_log], dt_bias) -> g <= 0, bounded or softplus",
-   .n_in = GATE_NIN, .n_out = 1, .attrs = "kind=" DM_KDA_GATE_SPELLINGS ",lb", .optional = 1u << ALOG,
+   .args = "f [..., H*dk], A_log [H], dt_bias [H*dk]", .lua = DM_LUA_FN,
+   .n_in = GATE_NIN, .n_out = 1, .attrs = "kind=" DM_KDA_GATE_SPELLINGS "~bounded,lb~-5", .optional = 1u << ALOG,
    .forward = gate_forward, .backward = gate_backward},
 };
 DM_REGISTER_OPS(ops)

@@ -145,7 +145,7 @@ dm_tensor *dm_matmul(dm_tensor *a, dm_tensor *b, bool transpose_a, bool transpos
 
 static dm_op ops[] = {
   {.name = "matmul", .doc = "op(a)[..., m, k] @ op(b)[..., k, n] -> [..., m, n]; batch dims broadcast",
-   .n_in = 2, .n_out = 1, .attrs = "transpose_a,transpose_b",
+   .args = "a, b", .lua = DM_LUA_METHOD, .n_in = 2, .n_out = 1, .attrs = "transpose_a:bool~false,transpose_b:bool~false",
    .forward = matmul_forward, .backward = matmul_backward},
 };
 DM_REGISTER_OPS(ops)

@@ -87,8 +87,7 @@ static void check_same_dtype(const char *what, const char *name, const dm_tensor
 
 /* attribute i: a whole number >= lo */
 static int64_t attr_int(const dm_ctx *c, int i, const char *name, int64_t lo) {
-  if (c->a.nv <= i) dm_error("%s: the attribute %s is missing", c->op->name, name);
-  double v = c->a.v[i];
+  double v = dm_attr(c, i);
   if (!(v >= (double)lo) || v != floor(v) || v > 9e15)
     dm_error("%s: %s must be a whole number of at least %lld, got %g", c->op->name, name, (long long)lo, v);
   return (int64_t)v;
@@ -126,9 +125,9 @@ static void check_offsets(const char *what, const dm_tensor *offsets, int64_t ex
 
 /* ---- moe_route ------------------------------------------------------------------------------- */
 
-/* the form attribute (absent: sigmoid) */
+/* the form attribute (declared with its default, sigmoid) */
 static int route_form(const dm_ctx *c) {
-  double f = c->a.nv >= 2 ? c->a.v[1] : DM_MOE_ROUTE_SIGMOID;
+  double f = dm_attr(c, 1);
   if (f != DM_MOE_ROUTE_SIGMOID && f != DM_MOE_ROUTE_SOFTMAX)
     dm_error("moe_route: form must be one of " DM_MOE_ROUTE_SPELLINGS " (0, 1), got %g", f);
   return (int)f;
@@ -385,7 +384,7 @@ static void bank_fp8_fwd(dm_ctx *c) {
   dm_tensor *x = c->in[0];
   check_ndim(what, "x", "[E, m, n]", x, 3);
   check_float(what, "x", x);
-  dm_dtype to = dm_attr_dtype(c, 0);
+  dm_dtype to = dm_attr(c, 0) == -1 ? x->dtype : dm_attr_dtype(c, 0);
   if (!dm_dtype_is_float(to) || dm_dtype_size(to) > dm_dtype_size(x->dtype))
     dm_error("%s: the values are rounded to a float dtype no wider than x's (%s) first, got %s", what,
              dm_dtype_name(x->dtype), dm_dtype_name(to));
@@ -496,7 +495,6 @@ static void balance_fwd(dm_ctx *c) {
   check_float(what, "bias", bias);
   check_i64(what, "counts", counts);
   expect_shape(what, "counts", "[E]", counts, 1, bias->shape, "bias", bias);
-  if (c->a.nv < 1) dm_error("%s: the attribute gamma is missing", what);
   if (bias->requires_grad && dm_grad_enabled())
     dm_error("%s: in-place update of a bias that requires grad; the balancing bias takes no gradient", what);
   dm_tensor *b = dm_contiguous(bias), *cc = dm_contiguous(counts);
@@ -514,23 +512,24 @@ static dm_op ops[] = {
    .doc = "top-k of sigmoid(logits [N, E]) + bias [E] (form softmax: of logits + bias, gates a softmax over the "
           "k): idx [N, k] i64 (0-based), gates w [N, k], counts [E] i64",
    .args = "logits [N, E], bias [E]", .lua = DM_LUA_FN,
-   .n_in = 2, .n_out = 3, .attrs = "k,form=" DM_MOE_ROUTE_SPELLINGS, .optional = 1u << 1, .nondiff = 1u << 1,
+   .n_in = 2, .n_out = 3, .attrs = "k:int,form=" DM_MOE_ROUTE_SPELLINGS "~sigmoid", .optional = 1u << 1, .nondiff = 1u << 1,
    .forward = route_fwd, .backward = route_bwd},
   {.name = "moe_sort", .doc = "assignments idx [N, k] sorted by expert: perm [N*k], offsets [E+1], inv [N*k] (i64)",
-   .args = "idx [N, k]", .lua = DM_LUA_FN, .n_in = 1, .n_out = 3, .attrs = "E", .nondiff = 1, .forward = sort_fwd},
+   .args = "idx [N, k]", .lua = DM_LUA_FN, .n_in = 1, .n_out = 3, .attrs = "E:int", .nondiff = 1, .forward = sort_fwd},
   {.name = "moe_experts",
    .doc = "low-rank gated experts on the sorted rows: (silu(u Ug[e] * cg[e]) * (u Uu[e] * cu[e])) D[e] -> [N*k, F]",
-   .n_in = X_ALL, .n_out = 1, .attrs = "k", .optional = X_CODES_MASK,
+   .n_in = X_ALL, .n_out = 1, .attrs = "k:int", .optional = X_CODES_MASK,
    .nondiff = (1u << X_PERM) | (1u << X_OFFSETS) | X_CODES_MASK, .forward = experts_fwd, .backward = experts_bwd},
   {.name = "bank_fp8",
-   .doc = "an fp8 bank (ops/moe.h): E4M3 codes [E, m, nq] and f32 scales [E, m, nq / 32] of x's values in dtype",
-   .args = "x [E, m, n]", .lua = DM_LUA_OWN, .n_in = 1, .n_out = 2, .attrs = "dtype", .nondiff = 1,
+   .doc = "an fp8 bank (ops/moe.h): E4M3 codes [E, m, nq] and f32 scales [E, m, nq / 32] of x's values in dtype "
+          "(-1: x's)",
+   .args = "x [E, m, n]", .lua = DM_LUA_FN, .n_in = 1, .n_out = 2, .attrs = "dtype:dtype~-1", .nondiff = 1,
    .forward = bank_fp8_fwd},
   {.name = "moe_combine", .doc = "y [N, F] = sum over a token's k assignments of w * y_rows[inv] (no atomics)",
    .args = "y_rows [N * k, F], inv [N * k], w [N, k]", .lua = DM_LUA_FN, .n_in = 3, .n_out = 1, .attrs = "", .nondiff = 1u << 1, .forward = combine_fwd, .backward = combine_bwd},
   {.name = "moe_capacity",
    .doc = "gates w [N, k] with assignments past an expert's capacity zeroed, and the drops per expert [E] i64",
-   .n_in = 4, .n_out = 2, .attrs = "capacity", .nondiff = 0xe, .forward = capacity_fwd, .backward = capacity_bwd},
+   .n_in = 4, .n_out = 2, .attrs = "capacity:int", .nondiff = 0xe, .forward = capacity_fwd, .backward = capacity_bwd},
   {.name = "moe_counters", .doc = "from counts [E]: [busiest expert's share, load entropy (nats), dead experts] f64",
    .n_in = 1, .n_out = 1, .attrs = "", .nondiff = 1, .forward = counters_fwd},
   {.name = "moe_balance_", .doc = "bias += gamma * sign(mean(counts) - counts) in place (loss-free balancing)",

@@ -20,7 +20,7 @@
 static int format_block(const dm_ctx *c, int64_t *block) {
   const char *name = c->op->name;
   if (c->a.nv < 1) dm_error("%s: the format is missing (one of " DM_QUANT_SPELLINGS ")", name);
-  double fv = c->a.v[0], bv = c->a.nv > 1 ? c->a.v[1] : 0;
+  double fv = c->a.v[0], bv = dm_attr(c, 1);
   if (fv != floor(fv) || fv < 0 || fv >= DM_QUANT_NFORMATS)
     dm_error("%s: format must be one of " DM_QUANT_SPELLINGS " (0..%d), got %g", name, DM_QUANT_NFORMATS - 1, fv);
   if (bv != floor(bv) || bv < 0 || bv > 1e9)
@@ -85,7 +85,7 @@ static void decode_forward(dm_ctx *c) {
   dm_tensor *codes = c->in[0], *scales = c->in[1];
   int64_t block;
   int format = format_block(c, &block);
-  double nv = c->a.nv > 2 ? c->a.v[2] : -1;
+  double nv = dm_attr(c, 2);
   if (nv != floor(nv) || nv < 0 || nv > 9e15) dm_error("quant_decode: n (the row's elements) must be a whole number >= 0, got %g", nv);
   int64_t n = (int64_t)nv;
   char sc[128], ss[128];
@@ -164,16 +164,17 @@ static dm_op ops[] = {
    .doc = "x through a low-bit format block by block along the last dim, dequantised (no gradient; "
           "block 0: 16 for nvfp4, 32 for the others)",
    .args = "x [..., n]", .lua = DM_LUA_METHOD,
-   .n_in = 1, .n_out = 1, .attrs = "format=" DM_QUANT_SPELLINGS ",block", .nondiff = 1,
+   .n_in = 1, .n_out = 1, .attrs = "format=" DM_QUANT_SPELLINGS ",block:int~0", .nondiff = 1,
    .forward = quantize_forward},
   {.name = "quant_encode",
    .doc = "x as a low-bit format's codes [..., ceil(n / per byte)] u8 and its blocks' scales [..., ceil(n / block)] "
           "(f32; E4M3 codes in u8 for nvfp4)",
    .args = "x [..., n]", .lua = DM_LUA_FN,
-   .n_in = 1, .n_out = 2, .attrs = "format=" DM_QUANT_SPELLINGS ",block", .nondiff = 1,
+   .n_in = 1, .n_out = 2, .attrs = "format=" DM_QUANT_SPELLINGS ",block:int~0", .nondiff = 1,
    .forward = encode_forward},
   {.name = "quant_decode", .doc = "a low-bit format's codes and scales back to values, rows of n elements, f32",
-   .n_in = 2, .n_out = 1, .attrs = "format=" DM_QUANT_SPELLINGS ",block,n", .nondiff = 3,
+   .args = "codes [..., nc], scales [..., nb]", .lua = DM_LUA_FN,
+   .n_in = 2, .n_out = 1, .attrs = "format=" DM_QUANT_SPELLINGS ",block:int~0,n:int", .nondiff = 3,
    .forward = decode_forward},
   {.name = "littlebit",
    .doc = "LittleBit's binary factor row * sign(x) * col in one pass, the sign's gradient passed straight "

@@ -175,8 +175,10 @@ static void reduce_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) 
 }
 
 /* softmax and log_softmax: kind 1 is the log */
+/* the dim, -1 the last (the only one of a 0-dim tensor) */
 static int softmax_dim(dm_ctx *c, const dm_tensor *x) {
-  return dm_check_dim(c->op->name, x, int_attr(c->op->name, "dim", c->a.v[0]));
+  int64_t dim = int_attr(c->op->name, "dim", dm_attr(c, 0));
+  return dm_check_dim(c->op->name, x, dim == -1 && x->ndim > 0 ? x->ndim - 1 : dim);
 }
 
 static void softmax_forward(dm_ctx *c) {
@@ -193,33 +195,43 @@ static void softmax_forward(dm_ctx *c) {
 static void softmax_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
   dm_tensor *y = dm_saved(c, 0);
   dm_tensor *gx = dm_tensor_like(y);
-  DM_RUN(softmax_bwd, y->device, gx, gout[0], y, (int)c->a.v[0], c->op->kind);
+  DM_RUN(softmax_bwd, y->device, gx, gout[0], y, softmax_dim(c, y), c->op->kind);
   gin[0] = gx;
 }
 
+/* The Lua surface from the descriptors: x:sum(), x:sum(dim, keepdim), x:norm(p, dim, keepdim), x:softmax(dim)
+** (dim nil: every dim, or for the softmaxes the last); max and min are written by hand
+** (lua/dormouse/ops/reduce.lua: without a dim they give the value alone) */
+#define RED "dim:dim~-1,keepdim:bool~false"
+#define POSITIONS RED ",base@1~0"
 static dm_op ops[] = {
-  {"sum", "sum over a dim (-1: all); integers give i64", 1, 1, "dim,keepdim", 0, 0, R_SUM,
-   reduce_forward, reduce_backward},
-  {"mean", "mean over a dim (-1: all)", 1, 1, "dim,keepdim", 0, 0, R_MEAN,
-   reduce_forward, reduce_backward},
-  {"max", "max over a dim (-1: all): values and i64 positions + base", 1, 2, "dim,keepdim,base",
-   0, 0, R_MAX, reduce_forward, reduce_backward},
-  {"min", "min over a dim (-1: all): values and i64 positions + base", 1, 2, "dim,keepdim,base",
-   0, 0, R_MIN, reduce_forward, reduce_backward},
-  {"argmax", "i64 position of the max over a dim (-1: all), + base", 1, 1, "dim,keepdim,base",
-   0, 0, R_ARGMAX, reduce_forward, NULL},
-  {"argmin", "i64 position of the min over a dim (-1: all), + base", 1, 1, "dim,keepdim,base",
-   0, 0, R_ARGMIN, reduce_forward, NULL},
-  {"logsumexp", "log(sum(exp(x))) over a dim (-1: all), max-shifted", 1, 1, "dim,keepdim",
-   0, 0, R_LOGSUMEXP, reduce_forward, reduce_backward},
-  {"norm", "p-norm over a dim (-1: all), p > 0", 1, 1, "dim,keepdim,p", 0, 0, R_NORM,
-   reduce_forward, reduce_backward},
-  {"sum_to", "sum down to a shape the input was broadcast from (list: the shape)", 1, 1, "",
-   0, 0, R_SUM_TO, reduce_forward, reduce_backward},
-  {"softmax", "softmax over a dim, max-shifted", 1, 1, "dim", 0, 0, 0,
-   softmax_forward, softmax_backward},
-  {"log_softmax", "log of softmax over a dim, max-shifted", 1, 1, "dim", 0, 0, 1,
-   softmax_forward, softmax_backward},
+  {.name = "sum", .doc = "sum over dim (absent: every dim); integers give i64", .n_in = 1, .n_out = 1, .attrs = RED,
+   .kind = R_SUM, .forward = reduce_forward, .backward = reduce_backward, .args = "x", .lua = DM_LUA_METHOD},
+  {.name = "mean", .doc = "mean over dim (absent: every dim)", .n_in = 1, .n_out = 1, .attrs = RED,
+   .kind = R_MEAN, .forward = reduce_forward, .backward = reduce_backward, .args = "x", .lua = DM_LUA_METHOD},
+  {.name = "max", .doc = "max over dim (absent: every dim): values and i64 positions from base", .n_in = 1, .n_out = 2,
+   .attrs = POSITIONS, .kind = R_MAX, .forward = reduce_forward, .backward = reduce_backward},
+  {.name = "min", .doc = "min over dim (absent: every dim): values and i64 positions from base", .n_in = 1, .n_out = 2,
+   .attrs = POSITIONS, .kind = R_MIN, .forward = reduce_forward, .backward = reduce_backward},
+  {.name = "argmax", .doc = "i64 position of the max over dim (absent: every dim, row-major), from 1 in Lua", .n_in = 1,
+   .n_out = 1, .attrs = POSITIONS, .kind = R_ARGMAX, .forward = reduce_forward, .args = "x", .lua = DM_LUA_METHOD},
+  {.name = "argmin", .doc = "i64 position of the min over dim (absent: every dim, row-major), from 1 in Lua", .n_in = 1,
+   .n_out = 1, .attrs = POSITIONS, .kind = R_ARGMIN, .forward = reduce_forward, .args = "x", .lua = DM_LUA_METHOD},
+  {.name = "logsumexp", .doc = "log(sum(exp(x))) over dim (absent: every dim), max-shifted", .n_in = 1, .n_out = 1,
+   .attrs = RED, .kind = R_LOGSUMEXP, .forward = reduce_forward, .backward = reduce_backward, .args = "x",
+   .lua = DM_LUA_METHOD},
+  {.name = "norm", .doc = "p-norm (sum |x|^p)^(1/p) over dim (absent: every dim), p > 0 (absent: 2)", .n_in = 1, .n_out = 1,
+   .attrs = RED ",p~2", .kind = R_NORM, .forward = reduce_forward, .backward = reduce_backward,
+   .args = "x, p, dim, keepdim", .lua = DM_LUA_METHOD},
+  {.name = "sum_to", .doc = "sum down to a shape the input was broadcast from", .n_in = 1, .n_out = 1,
+   .attrs = "list=shape", .kind = R_SUM_TO, .forward = reduce_forward, .backward = reduce_backward, .args = "x",
+   .lua = DM_LUA_METHOD},
+  {.name = "softmax", .doc = "softmax over dim (absent: the last), max-shifted", .n_in = 1, .n_out = 1,
+   .attrs = "dim:dim~-1", .kind = 0, .forward = softmax_forward, .backward = softmax_backward, .args = "x",
+   .lua = DM_LUA_METHOD},
+  {.name = "log_softmax", .doc = "log of softmax over dim (absent: the last), max-shifted", .n_in = 1, .n_out = 1,
+   .attrs = "dim:dim~-1", .kind = 1, .forward = softmax_forward, .backward = softmax_backward, .args = "x",
+   .lua = DM_LUA_METHOD},
 };
 DM_REGISTER_OPS(ops)
 

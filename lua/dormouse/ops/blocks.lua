@@ -68,18 +68,10 @@ local function optional_tensor(v, where, what)
   return v
 end
 
-function dm.cross_entropy(logits, targets, opts)
-  local o = options(opts, "cross_entropy", {ignore_index = true, reduction = true})
-  local red = o.reduction or "mean"               -- the op's descriptor knows its names (vm/ops/blocks.h)
-  if type(red) ~= "string" then
-    core.error(string.format("cross_entropy: reduction must be a name such as \"mean\", got %s", type(red)))
-  end
-  local ignore = number_or(o.ignore_index, -1, "cross_entropy", "ignore_index")
-  if math.type(ignore) ~= "integer" and ignore ~= math.floor(ignore) then
-    core.error(string.format("cross_entropy: ignore_index must be an integer, got %s", tostring(ignore)))
-  end
-  return core.call("cross_entropy", logits, targets, {ignore, red})
-end
+-- (dm.cross_entropy comes from its descriptor: lua/dormouse/ops/generated.lua)
+
+-- the descriptor's default dilation (vm/ops/blocks.c)
+local DILATION = require("dormouse.ops.generated").default(core, "causal_conv1d", "dilation")
 
 function dm.causal_conv1d(x, w, opts)
   local o = options(opts, "causal_conv1d", {dilation = true, cache = true, return_cache = true, silu = true})
@@ -88,7 +80,7 @@ function dm.causal_conv1d(x, w, opts)
     core.error(string.format("causal_conv1d: silu must be true or false, got %s", type(o.silu)))
   end
   local y, new_cache = core.call("causal_conv1d", x, w, cache,
-                                 {number_or(o.dilation, 1, "causal_conv1d", "dilation"), o.silu and 1 or 0})
+                                 {number_or(o.dilation, DILATION, "causal_conv1d", "dilation"), o.silu and 1 or 0})
   if o.return_cache then return y, new_cache end
   return y
 end

@@ -89,42 +89,11 @@ function mt.__pow(a, b)
   return core.call("pow", a, {b})
 end
 
--- (the unary methods without attributes, x:exp() and dm.exp(x), come from their descriptors:
--- lua/dormouse/ops/generated.lua)
+-- (x:exp(), x:pow(p), x:clamp(lo, hi), dm.add(a, b), x:maximum(y), x:eq(y), dm.where(cond, a, b) and the
+-- others come from their descriptors: lua/dormouse/ops/generated.lua)
 
-function T.pow(self, p)
-  check_number(p, "pow", "the exponent")
-  return core.call("pow", self, {p})
-end
-
--- lo or hi nil: that side is open
-function T.clamp(self, lo, hi)
-  if lo ~= nil then check_number(lo, "clamp", "lo") end
-  if hi ~= nil then check_number(hi, "clamp", "hi") end
-  return core.call("clamp", self, {lo or -math.huge, hi or math.huge})
-end
-
--- binary methods and comparisons: y is a tensor or a number
+-- the methods x:add(y) ... x:div(y) are the metamethods: a number beside a float tensor stays an attribute
 T.add, T.sub, T.mul, T.div = mt.__add, mt.__sub, mt.__mul, mt.__div
-for _, name in ipairs {"maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge"} do
-  T[name] = function(self, y) return binary(name, self, y) end
-end
-
-function dm.maximum(a, b) return binary("maximum", a, b) end
-function dm.minimum(a, b) return binary("minimum", a, b) end
-
--- a or b may be a number: it takes the other's dtype and device
-function dm.where(cond, a, b)
-  if not is_tensor(cond) then
-    core.error(string.format("where: the condition must be a tensor, got %s", type(cond)))
-  end
-  if not is_tensor(a) and not is_tensor(b) then
-    core.error("where: a or b must be a tensor (with two numbers, use dm.full and the condition's shape)")
-  end
-  if not is_tensor(a) then check_number(a, "where", "a"); a = scalar_like(a, b) end
-  if not is_tensor(b) then check_number(b, "where", "b"); b = scalar_like(b, a) end
-  return core.call("where", cond, a, b)
-end
 
 -- in place, no autograd: x += alpha * y (alpha defaults to 1), x *= y
 function T.add_(self, y, alpha)

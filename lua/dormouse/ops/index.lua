@@ -17,23 +17,10 @@ never to an index.
 ]=]
 return function(dm, T, core)
 
-local BASE = 1           -- positions, as Lua counts them
+-- (gather, index_select and scatter_add come from their descriptors, which pass base 1:
+-- lua/dormouse/ops/generated.lua)
+
 local CLASS_BASE = 0     -- embedding ids are class ids
-
-function T.gather(self, dim, idx)
-  return core.call("gather", self, idx, {self:_dim0(dim, "gather"), BASE})
-end
-function dm.gather(x, dim, idx) return T.gather(x, dim, idx) end
-
-function T.index_select(self, dim, idx)
-  return core.call("index_select", self, idx, {self:_dim0(dim, "index_select"), BASE})
-end
-function dm.index_select(x, dim, idx) return T.index_select(x, dim, idx) end
-
-function T.scatter_add(self, dim, idx, src)
-  return core.call("scatter_add", self, idx, src, {self:_dim0(dim, "scatter_add"), BASE})
-end
-function dm.scatter_add(x, dim, idx, src) return T.scatter_add(x, dim, idx, src) end
 
 function dm.embedding(ids, table)
   return core.call("embedding", table, ids, {CLASS_BASE})

@@ -69,17 +69,6 @@ function dm.kda(q, k, v, g, beta, opts)
   return o
 end
 
-function dm.kda_gate(f, A_log, dt_bias, opts)
-  opts = options(opts, {kind = true, lb = true}, "kda_gate")
-  local kind = opts.kind or "bounded"               -- the op's descriptor knows its names (vm/ops/kda.h)
-  if type(kind) ~= "string" then
-    error(string.format("kda_gate: kind must be a name (\"bounded\", ...), got %s", type(kind)), 2)
-  end
-  local lb = opts.lb or -5
-  if type(lb) ~= "number" then
-    error(string.format("kda_gate: lb must be a number, got %s", type(lb)), 2)
-  end
-  return core.call("kda_gate", f, A_log, dt_bias, {kind, lb})
-end
+-- (dm.kda_gate comes from its descriptor: lua/dormouse/ops/generated.lua)
 
 end

@@ -67,11 +67,7 @@ function dm.moe_experts(u, perm, offsets, ug, uu, cg, cu, d, k, fp8)
   return core.call("moe_experts", u, perm, offsets, ug, uu, cg, cu, d, q[1], q[2], q[3], q[4], q[5], q[6], attrs)
 end
 
-function dm.bank_fp8(x, dtype)
-  local id = core.dtype_code(dtype or x.dtype)
-  if id == nil then error(string.format("bank_fp8: unknown dtype '%s'", tostring(dtype)), 2) end
-  return core.call("bank_fp8", x, {id})
-end
+-- (dm.bank_fp8 comes from its descriptor: ops/generated.lua)
 
 function dm.moe_capacity(w, idx, inv, offsets, factor)
   if type(factor) ~= "number" or factor < 0 then

@@ -29,9 +29,7 @@ quantize's (q + (x - x), the difference detached), its gradient 1.
 ]]
 return function(dm, T, core)
 
-function dm.quant_decode(codes, scales, format, block, n)
-  return core.call("quant_decode", codes, scales, {format, block or 0, n})
-end
+-- (quantize, quant_encode, quant_decode and littlebit come from their descriptors: ops/generated.lua)
 
 function dm.fake_quantize(x, format, block)
   local held = x:detach()

@@ -9,7 +9,7 @@ Reductions and softmax.
                                             in the flattened tensor (row-major)
   x:norm(p, dim, keepdim)                   (sum |x|^p)^(1/p), p > 0, default 2
   x:softmax(dim)  x:log_softmax(dim)        dim defaults to -1 (the last)
-  dm.softmax(x, dim)  dm.log_softmax(x, dim)
+  dm.softmax(x, dim)  dm.log_softmax(x, dim)  dm.sum(x, dim, keepdim) ...
   x:sum_to(shape)                           sum a broadcast result down to shape
 
 Dims are 1-based; negative dims count from the end. logsumexp, softmax and
@@ -22,16 +22,10 @@ norm (0 where x is 0), softmax, log_softmax and sum_to.
 ]]
 return function(dm, T, core)
 
-local function flag(v) return v and true or false end
+-- (sum, mean, logsumexp, argmax, argmin, norm, softmax, log_softmax and sum_to come from their
+-- descriptors: lua/dormouse/ops/generated.lua)
 
-local function reducer(name)
-  return function(self, dim, keepdim)
-    return core.call(name, self, {dim == nil and -1 or self:_dim0(dim, name), flag(keepdim)})
-  end
-end
-T.sum = reducer("sum")
-T.mean = reducer("mean")
-T.logsumexp = reducer("logsumexp")
+local function flag(v) return v and true or false end
 
 -- max and min give values and indices for a dim, the value alone for all dims
 local function extreme(name)
@@ -42,38 +36,5 @@ local function extreme(name)
 end
 T.max = extreme("max")
 T.min = extreme("min")
-
-local function position(name)
-  return function(self, dim, keepdim)
-    return core.call(name, self, {dim == nil and -1 or self:_dim0(dim, name), flag(keepdim), 1})
-  end
-end
-T.argmax = position("argmax")
-T.argmin = position("argmin")
-
-function T.norm(self, p, dim, keepdim)
-  if p == nil then p = 2 end
-  if type(p) ~= "number" or not (p > 0) or p == math.huge then
-    core.error(string.format("norm: p must be a positive finite number, got %s", tostring(p)))
-  end
-  return core.call("norm", self, {dim == nil and -1 or self:_dim0(dim, "norm"), flag(keepdim), p})
-end
-
--- the default dim is the last (0 for a 0-dim tensor)
-function T.softmax(self, dim)
-  return core.call("softmax", self, {dim == nil and math.max(self:dim() - 1, 0) or self:_dim0(dim, "softmax")})
-end
-
-function T.log_softmax(self, dim)
-  return core.call("log_softmax", self,
-                   {dim == nil and math.max(self:dim() - 1, 0) or self:_dim0(dim, "log_softmax")})
-end
-
-dm.softmax = T.softmax
-dm.log_softmax = T.log_softmax
-
-function T.sum_to(self, shape)
-  return core.call("sum_to", self, {list = shape})
-end
 
 end

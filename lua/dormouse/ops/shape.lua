@@ -21,10 +21,16 @@ return function(dm, T, core)
 -- dm_dtype's names, in its order (vm/core/dtype.c), for the messages
 local DTYPE_NAMES = table.concat(core.dtype_names(), " ")
 
--- a shape given as a table, or as numbers: x:reshape{2, 3} or x:reshape(2, 3)
-local function shape_arg(shape, ...)
-  if type(shape) == "number" then return {shape, ...} end
-  return shape
+-- (reshape, permute, transpose, narrow, expand, squeeze, unsqueeze, contiguous, clone, dm.cast and
+-- dm.stand_in come from their descriptors: lua/dormouse/ops/generated.lua)
+
+function T.view(self, ...) return self:reshape(...) end
+
+function T.t(self)
+  if self:dim() ~= 2 then
+    core.error(string.format("t: takes a 2-D tensor, got %d dims (use transpose or permute)", self:dim()))
+  end
+  return core.call("transpose", self, {0, 1})
 end
 
 -- a 0-based position for a new dim among n: 1..n+1, or -1..-(n+1) from the end
@@ -40,52 +46,6 @@ local function new_dim0(n, d, where)
   return pos - 1
 end
 
-function T.reshape(self, shape, ...)
-  return core.call("reshape", self, {list = shape_arg(shape, ...)})
-end
-T.view = T.reshape
-
-function T.permute(self, dims, ...)
-  dims = shape_arg(dims, ...)
-  local perm = {}
-  for i, d in ipairs(dims) do perm[i] = self:_dim0(d, "permute") end
-  return core.call("permute", self, {list = perm})
-end
-
-function T.transpose(self, d1, d2)
-  return core.call("transpose", self, {self:_dim0(d1, "transpose"), self:_dim0(d2, "transpose")})
-end
-
-function T.t(self)
-  if self:dim() ~= 2 then
-    core.error(string.format("t: takes a 2-D tensor, got %d dims (use transpose or permute)", self:dim()))
-  end
-  return core.call("transpose", self, {0, 1})
-end
-
-function T.narrow(self, dim, start, len)
-  if math.type(start) ~= "integer" or math.type(len) ~= "integer" then
-    core.error(string.format("narrow: start and length must be integers, got %s and %s",
-                        tostring(start), tostring(len)))
-  end
-  return core.call("narrow", self, {self:_dim0(dim, "narrow"), start - 1, len})
-end
-
-function T.expand(self, shape, ...)
-  return core.call("expand", self, {list = shape_arg(shape, ...)})
-end
-
--- without a dim: every size-1 dim; with one: that dim if its size is 1 (else x unchanged)
-function T.squeeze(self, dim)
-  return core.call("squeeze", self, {dim == nil and -1 or self:_dim0(dim, "squeeze")})
-end
-
-function T.unsqueeze(self, dim)
-  return core.call("unsqueeze", self, {new_dim0(self:dim(), dim, "unsqueeze")})
-end
-
--- (x:contiguous() and x:clone() come from their descriptors: ops/generated.lua)
-
 -- dtype's code, or an error of `what` naming the choices (and `more` of them)
 local function dtype_code(dtype, what, more)
   local id = core.dtype_code(dtype)
@@ -98,12 +58,6 @@ end
 -- x:to(dtype) of the base layer lands here. Casting to an integer dtype ends the graph.
 function T._cast(self, dtype)
   return core.call("cast", self, {dtype_code(dtype, "to: unknown dtype or device", ", cpu cuda meta")})
-end
-
--- x's shape in dtype, holding no values (one NaN through zero strides), its gradient x's as a
--- cast's: the place in the graph of a copy that a kernel reads in another form (the fp8 banks)
-function dm.stand_in(x, dtype)
-  return core.call("stand_in", x, {dtype_code(dtype, "stand_in: unknown dtype")})
 end
 
 for name, dtype in pairs {float = "f32", double = "f64", bf16 = "bf16", half = "f16", long = "i64", int = "i32"} do
