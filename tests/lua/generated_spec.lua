@@ -153,6 +153,10 @@ describe("the descriptors' attribute kinds, on the ops themselves", function()
     same(x:transpose(1, -1), x:t())
     same(x:narrow(2, 2, 2), dm.tensor({{5, 2}, {0, 3}}))          -- a 1-based start
     has(err_of(function() return x:sum(1, 1) end), "sum: keepdim must be true or false, got 1")
+    has(err_of(function() return x:max(1, 1) end), "max: keepdim must be true or false, got 1")
+    same(dm.tensor(3):softmax(), dm.tensor(1))                     -- a 0-dim tensor's only dim
+    has(err_of(function() return x:reshape(6, nil, 1) end), "reshape: shape entry 2 must be an integer, got nil")
+    same(x:gather(nil, dm.tensor({{3}, {1}}):long(), {dim = 2}), dm.tensor({{2}, {7}}))   -- by name, placed early
     has(err_of(function() return x:sum(3) end), "sum: dim 3 is out of range for a tensor of 2 dims")
   end)
 
@@ -183,6 +187,7 @@ describe("the descriptors' attribute kinds, on the ops themselves", function()
     same(dm.core.call("softmax", x), x:softmax())
     same(dm.core.call("sum", x), x:sum())
     has(err_of(dm.core.call, "pow", x, {}), "pow: the attribute p is missing")
+    has(err_of(dm.quantize, x), "quantize: format is missing (one of fp8_e4m3|nvfp4|ternary|binary)")
     has(err_of(dm.core.call, "narrow", x, {1, 0}), "narrow: the attribute len is missing")
   end)
 

@@ -2,6 +2,9 @@
 ** attrs.c — an op's attribute declarations (ops.h, dm_attr_decl): read once from the descriptor's
 ** .attrs at registration, then the defaults a call leaves out and the words of its enums.
 */
+#define _GNU_SOURCE       /* memmem */
+#include <ctype.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "core/ops.h"
@@ -51,7 +54,7 @@ static double number_of(const dm_op *op, const dm_attr_decl *d, const char *s, i
   if (strcmp(buf, "false") == 0) return 0;
   char *end;
   double v = strtod(buf, &end);
-  if (*end) dm_error("op %s: attribute %.*s: its %s '%s' is not a number", op->name, d->name_len, d->name, what, buf);
+  if (*end || isspace((unsigned char)buf[0]) || isnan(v)) dm_error("op %s: attribute %.*s: its %s '%s' is not a number", op->name, d->name_len, d->name, what, buf);
   return v;
 }
 
@@ -79,16 +82,29 @@ static dm_attr_decl parse_item(const dm_op *op, const char *p, const char *stop)
     if (d.kind < 0) dm_error("op %s: attribute %.*s: unknown kind '%.*s'", op->name, d.name_len, d.name, (int)(k_end - k), k);
     rest = k_end;
   }
+  unsigned seen = 0;                     /* after the name and kind: each of "=~@" at most once */
+  if (rest < stop && !strchr("=~@", *rest))
+    dm_error("op %s: attrs '%s': '%c' after %.*s", op->name, op->attrs, *rest, d.name_len, d.name);
+  for (const char *m = rest; m < stop; m++) {
+    const char *mark = strchr("=~@", *m);
+    if (!mark) continue;
+    unsigned bit = 1u << (mark - "=~@");
+    if (seen & bit) dm_error("op %s: attribute %.*s: '%c' given twice", op->name, d.name_len, d.name, *m);
+    seen |= bit;
+  }
   int len = 0;
-  const char *words = part(rest, stop, '=', &len);
+  const char *words = part(name_end, stop, '=', &len);
   if (words) {
     if (d.list) dm_error("op %s: the list attribute %.*s takes no words", op->name, d.name_len, d.name);
+    if (d.kind != DM_ATTR_NUMBER) dm_error("op %s: the enum %.*s takes no kind", op->name, d.name_len, d.name);
+    if (len == 0 || words[0] == '|' || words[len - 1] == '|' || memmem(words, (size_t)len, "||", 2))
+      dm_error("op %s: the enum %.*s has an empty word", op->name, d.name_len, d.name);
     d.words = words;
     d.words_len = len;
   }
-  const char *dflt = part(rest, stop, '~', &len);
+  const char *dflt = part(name_end, stop, '~', &len);
   if (dflt) { d.has_default = true; d.dflt = number_of(op, &d, dflt, len, "default"); }
-  const char *fixed = part(rest, stop, '@', &len);
+  const char *fixed = part(name_end, stop, '@', &len);
   if (fixed) { d.fixed = true; d.fixed_value = number_of(op, &d, fixed, len, "Lua value"); }
   if (d.list && (dflt || fixed)) dm_error("op %s: the list attribute %.*s takes no default", op->name, d.name_len, d.name);
   return d;
@@ -101,7 +117,14 @@ void dm_attr_parse(const dm_op *op) {
     const char *comma = strchr(p, ','), *stop = comma ? comma : p + strlen(p);
     if (n == DM_MAXATTR + 1) dm_error("op %s: more than %d attributes", op->name, DM_MAXATTR);
     if (n > 0 && decls[op->id][n - 1].list) dm_error("op %s: attrs '%s': the list attribute comes last", op->name, op->attrs);
-    decls[op->id][n++] = parse_item(op, p, stop);
+    decls[op->id][n] = parse_item(op, p, stop);
+    for (int i = 0; i < n; i++)
+      if (decls[op->id][i].name_len == decls[op->id][n].name_len &&
+          strncmp(decls[op->id][i].name, decls[op->id][n].name, (size_t)decls[op->id][n].name_len) == 0)
+        dm_error("op %s: attrs '%s': %.*s declared twice", op->name, op->attrs, decls[op->id][n].name_len,
+                 decls[op->id][n].name);
+    n++;
+    if (comma && comma[1] == '\0') dm_error("op %s: attrs '%s' ends in a comma", op->name, op->attrs);
     if (n == DM_MAXATTR + 1 && !decls[op->id][n - 1].list) dm_error("op %s: more than %d attributes", op->name, DM_MAXATTR);
     p = comma ? comma + 1 : NULL;
   }
@@ -116,6 +139,9 @@ int dm_op_attr_decls(const dm_op *op, const dm_attr_decl **out) {
 void dm_attr_fill(const dm_op *op, dm_attrs *a) {
   const dm_attr_decl *d = decls[op->id];
   for (int i = a->nv; i < ndecls[op->id] && !d[i].list; i++) {
+    if (!d[i].has_default && d[i].words)
+      dm_error("%s: the attribute %.*s is missing (one of %.*s)", op->name, d[i].name_len, d[i].name, d[i].words_len,
+               d[i].words);
     if (!d[i].has_default) dm_error("%s: the attribute %.*s is missing", op->name, d[i].name_len, d[i].name);
     a->v[i] = d[i].dflt;
     a->nv = i + 1;

@@ -522,7 +522,7 @@ static dm_op ops[] = {
    .nondiff = (1u << X_PERM) | (1u << X_OFFSETS) | X_CODES_MASK, .forward = experts_fwd, .backward = experts_bwd},
   {.name = "bank_fp8",
    .doc = "an fp8 bank (ops/moe.h): E4M3 codes [E, m, nq] and f32 scales [E, m, nq / 32] of x's values in dtype "
-          "(-1: x's)",
+          "(absent: x's)",
    .args = "x [E, m, n]", .lua = DM_LUA_FN, .n_in = 1, .n_out = 2, .attrs = "dtype:dtype~-1", .nondiff = 1,
    .forward = bank_fp8_fwd},
   {.name = "moe_combine", .doc = "y [N, F] = sum over a token's k assignments of w * y_rows[inv] (no atomics)",

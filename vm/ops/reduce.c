@@ -178,7 +178,7 @@ static void reduce_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) 
 /* the dim, -1 the last (the only one of a 0-dim tensor) */
 static int softmax_dim(dm_ctx *c, const dm_tensor *x) {
   int64_t dim = int_attr(c->op->name, "dim", dm_attr(c, 0));
-  return dm_check_dim(c->op->name, x, dim == -1 && x->ndim > 0 ? x->ndim - 1 : dim);
+  return dm_check_dim(c->op->name, x, dim == -1 ? (x->ndim ? x->ndim - 1 : 0) : dim);
 }
 
 static void softmax_forward(dm_ctx *c) {

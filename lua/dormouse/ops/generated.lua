@@ -174,14 +174,21 @@ local function wrapper(core, op, sig)
     local last_param = params[#params]
     if last_param and last_param.attr and decls[last_param.attr].list and n >= #params
        and type(args[#params]) == "number" then                 -- a list given as its numbers
-      given[#params] = {table.unpack(args, #params, n)}
+      local list = {}
+      for k = #params, n do
+        if args[k] == nil then
+          core.error(string.format("%s: %s entry %d must be an integer, got nil", op.name, last_param.name, k - #params + 1))
+        end
+        list[#list + 1] = args[k]
+      end
+      given[#params] = list
       n = #params - 1
     elseif n == last_input + 1 and n <= #params + 1 and is_options(args[n], params[n], decls, tensor_mt) then
       local opts = args[n]
       n = n - 1
       for key, v in pairs(opts) do
         local at
-        for k = last_input + 1, #params do if params[k].name == key then at = k end end
+        for k, p in ipairs(params) do if p.attr and p.name == key then at = k end end
         if not at then
           core.error(string.format("%s: unknown option '%s' (it takes %s)", op.name, tostring(key),
                                    #attr_list > 0 and table.concat(attr_list, ", ") or "none"))
@@ -234,7 +241,9 @@ local function wrapper(core, op, sig)
     end
     for k, p in ipairs(params) do
       local d = p.attr and decls[p.attr]
-      if d and given[k] == nil and d.default == nil then core.error(string.format("%s: %s is missing", op.name, d.name)) end
+      if d and given[k] == nil and d.default == nil then
+        core.error(string.format("%s: %s is missing%s", op.name, d.name, d.words and " (one of " .. words_of(d) .. ")" or ""))
+      end
     end
     values[op.n_in + 1] = attrs
     return core.call(op.name, table.unpack(values, 1, op.n_in + 1))

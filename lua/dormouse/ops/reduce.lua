@@ -25,13 +25,19 @@ return function(dm, T, core)
 -- (sum, mean, logsumexp, argmax, argmin, norm, softmax, log_softmax and sum_to come from their
 -- descriptors: lua/dormouse/ops/generated.lua)
 
-local function flag(v) return v and true or false end
+-- keepdim as the generated reductions take it: true, false or nil
+local function flag(v, name)
+  if v ~= nil and type(v) ~= "boolean" then
+    core.error(string.format("%s: keepdim must be true or false, got %s", name, tostring(v)))
+  end
+  return v == true
+end
 
 -- max and min give values and indices for a dim, the value alone for all dims
 local function extreme(name)
   return function(self, dim, keepdim)
-    if dim == nil then return (core.call(name, self, {-1, flag(keepdim), 1})) end
-    return core.call(name, self, {self:_dim0(dim, name), flag(keepdim), 1})
+    if dim == nil then return (core.call(name, self, {-1, flag(keepdim, name), 1})) end
+    return core.call(name, self, {self:_dim0(dim, name), flag(keepdim, name), 1})
   end
 end
 T.max = extreme("max")
