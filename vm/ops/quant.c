@@ -19,8 +19,7 @@
 /* the format and block attributes (0, 1), checked; block 0 is the format's own */
 static int format_block(const dm_ctx *c, int64_t *block) {
   const char *name = c->op->name;
-  if (c->a.nv < 1) dm_error("%s: the format is missing (one of " DM_QUANT_SPELLINGS ")", name);
-  double fv = c->a.v[0], bv = dm_attr(c, 1);
+  double fv = dm_attr(c, 0), bv = dm_attr(c, 1);   /* a missing format is refused by dm_call, naming its words */
   if (fv != floor(fv) || fv < 0 || fv >= DM_QUANT_NFORMATS)
     dm_error("%s: format must be one of " DM_QUANT_SPELLINGS " (0..%d), got %g", name, DM_QUANT_NFORMATS - 1, fv);
   if (bv != floor(bv) || bv < 0 || bv > 1e9)
