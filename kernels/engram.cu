@@ -5,8 +5,8 @@
 **
 ** engram_index calls engram.h's dm_engram_row, so its indices are the
 ** CPU's bit for bit. engram_unique and engram_sparse_grad sort
-** (value, position) pairs with the stable LSD radix sort built on
-** model.cuh's bucket sort (8 bits a pass); the sort is stable, so equal
+** (value, position) pairs with model.cuh's stable LSD radix sort (8 bits a
+** pass, on its bucket sort); the sort is stable, so equal
 ** values keep their positions in order and a row's sum runs over its
 ** lookups in increasing position, from 0, in the compute type: the CPU's
 ** order, the CPU's bits. engram_unique reads its largest value on the
@@ -67,33 +67,6 @@ __global__ void max_k(int64_t *out, const int64_t *v, int64_t n) {
   if (threadIdx.x == 0) out[0] = m;
 }
 
-/* The keys (>= 0) sorted stably: sk the values, sp their positions. bits:
-** the passes' span (8 a pass); maxkey (device, may be NULL) skips the passes
-** above the largest key. key, sk, sp and two more arrays of n are given. */
-static void radix_sort(int64_t n, const int64_t *key, int64_t *sk, int64_t *sp, int64_t *tk, int64_t *tp, int bits,
-                       const int64_t *maxkey) {
-  int passes = (bits + 7) / 8;
-  if (passes < 1) passes = 1;
-  size_t ob = (size_t)dm_engram_radix_offsets();      /* then a pass's: dm_engram_radix_scratch */
-  int64_t *off = (int64_t *)dm_scratch(ob);
-  /* ping-pong so that the last pass lands in sk, sp */
-  int64_t *ka[2] = {passes % 2 ? sk : tk, passes % 2 ? tk : sk}, *pa[2] = {passes % 2 ? sp : tp, passes % 2 ? tp : sp};
-  const int64_t *kin = key, *pin = NULL;
-  for (int q = 0; q < passes; q++) {
-    dm_bsort s;
-    memset(&s, 0, sizeof s);
-    s.n = n; s.nb = 256; s.shift = 8 * q; s.radix = true;
-    s.key = kin; s.val = pin;
-    s.key_out = ka[q % 2]; s.val_out = pa[q % 2];
-    s.offsets = off;
-    s.maxkey = maxkey;
-    dm_bucket_sort(s);
-    kin = ka[q % 2];
-    pin = pa[q % 2];
-  }
-  dm_scratch_free(off, ob);
-}
-
 /* ---- unique rows ---------------------------------------------------------------------------------------- */
 
 /* flags[i] = 1 where sorted value i starts a new run */
@@ -141,7 +114,12 @@ static void cuda_engram_unique(dm_tensor *rows, dm_tensor *inverse, dm_tensor *c
   const int64_t *key = (const int64_t *)dm_data(idx);
   max_k<<<1, DM_SCAN_THREADS, 0, st>>>(mx, key, n);
   DM_CU_LAUNCHED();
-  radix_sort(n, key, sk, sp, tk, tp, 64, mx);
+  {
+    int64_t *const k[2] = {tk, sk}, *const v[2] = {tp, sp};    /* the passes end in (sk, sp) when even */
+    const int r = dm_radix_sort(n, key, NULL, k, v, 64, mx);
+    sk = k[r];
+    sp = v[r];
+  }
   DM_LAUNCH(run_starts_k, n, ex, sk, n);
   dm_scan(ex, ex, n);
   DM_LAUNCH(unique_k, n, (int64_t *)dm_data(rows), (int64_t *)dm_data(inverse), start, sk, sp, ex, n);
@@ -197,7 +175,10 @@ static void cuda_engram_sparse_grad(dm_tensor *out, const dm_tensor *g, const dm
   if (m > 0) {
     DM_LAUNCH(grad_keys_k, m, key, (const int64_t *)dm_data(inverse), m, U, dm_cuda_device_error(),
               dm_cuda_name_id("engram_sparse_grad"));
-    radix_sort(m, key, sk, sp, tk, tp, 64 - __builtin_clzll((unsigned long long)U), NULL);
+    int64_t *const k[2] = {tk, sk}, *const v[2] = {tp, sp};
+    const int r = dm_radix_sort(m, key, NULL, k, v, 64 - __builtin_clzll((unsigned long long)U), NULL);
+    sk = k[r];
+    sp = v[r];
   }
   DM_LAUNCH(seg_start_k, U + 1, start, sk, m, U);
   dm_dispatch_float(g->dtype, "engram_sparse_grad", [&](auto d) {

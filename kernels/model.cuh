@@ -332,4 +332,34 @@ static inline void dm_bucket_sort(dm_bsort s) {
   dm_scratch_free(s.cnt, nbytes);
 }
 
+/* ---- the stable radix sort ---------------------------------------------------------------------- */
+
+/* n keys in 0 .. 2^bits - 1 sorted stably, 8 bits a pass (dm_bucket_sort), each with a value:
+** val_in's, or (val_in NULL) its position. Pass 0 reads key_in and val_in and writes the pair
+** (k[0], v[0]); each later pass reads one pair and writes the other. key_in and val_in are left
+** as they were unless they are k[1] and v[1] (an array the sort may reuse). A pass above *maxkey
+** (device; NULL: none) is skipped on the device. Returns the pair that holds the result.
+** Scratch: dm_radix_sort_scratch (vm/ops/prims.h). */
+static inline int dm_radix_sort(int64_t n, const int64_t *key_in, const int64_t *val_in, int64_t *const k[2],
+                                int64_t *const v[2], int bits, const int64_t *maxkey) {
+  const int passes = bits > 8 ? (bits + 7) / 8 : 1;
+  const size_t ob = (size_t)dm_radix_sort_offsets();
+  int64_t *off = (int64_t *)dm_scratch(ob);
+  int out = 0;
+  for (int q = 0; q < passes; q++) {
+    out = q % 2;
+    dm_bsort s;
+    memset(&s, 0, sizeof s);
+    s.n = n; s.nb = 256; s.shift = 8 * q; s.radix = true;
+    s.key = q == 0 ? key_in : k[out ^ 1];
+    s.val = q == 0 ? val_in : v[out ^ 1];
+    s.key_out = k[out]; s.val_out = v[out];
+    s.offsets = off;
+    s.maxkey = maxkey;
+    dm_bucket_sort(s);
+  }
+  dm_scratch_free(off, ob);
+  return out;
+}
+
 #endif

@@ -1002,6 +1002,16 @@ function Run:checkpoint_after_applied()
   return true
 end
 
+-- Every parameter and buffer after the step, into the op trace: the optimiser's update runs no
+-- ops, so a difference it makes shows here first.
+function Run:trace_state()
+  local state = train.named_state(self.model)
+  local names = {}
+  for name in pairs(state) do names[#names + 1] = name end
+  table.sort(names)
+  for _, name in ipairs(names) do core.trace_tensor(name .. " after step " .. self.step, state[name]) end
+end
+
 -- The steps of a run, with its log lines, evals, checkpoints and progress bar.
 function Run:loop(opts)
   local cfg = self.cfg
@@ -1015,7 +1025,10 @@ function Run:loop(opts)
   while self.step < last do
     self.step = self.step + 1
     self.log_now = self.step % cfg.log.every == 0 or self.step == cfg.steps
+    local tracing = core.trace_on()         -- dormouse determinism's search for the op where runs part
+    if tracing then core.trace_mark("step " .. self.step) end
     local loss = self:take_step(window, tokens_per_step)
+    if tracing then self:trace_state() end
     if self.log_now then self:log_window(window); window = instrument.window() end
     if (cfg.eval.every > 0 and self.step % cfg.eval.every == 0) or self.step == cfg.steps then self:eval() end
     local due = self.checkpoint_due or (cfg.checkpoint.every > 0 and self.step % cfg.checkpoint.every == 0) or

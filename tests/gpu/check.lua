@@ -4,7 +4,8 @@ shapes) does not reach: the CUDA paths that only large shapes take (row
 kernels of a block per row, split reductions, vector loops with tails,
 tensor-core products), and the device's behaviour (Philox equal to the CPU,
 errors naming both devices, the caching allocator's steady state and its
-out-of-memory error, index errors found on the device, TF32).
+out-of-memory error, index errors found on the device, TF32, scatter_add and
+index_add giving the CPU's bits in every float dtype).
 
   build/dormouse run tests/gpu/check.lua      (tools/gpu.sh runs it)
 
@@ -221,6 +222,128 @@ against_f64("index_select of 5000 rows", function(x) return x:index_select(1, id
             {randn({2000, 64}, 26)})
 grad_against_f64("index_select (index_add, repeated rows)", function(x) return x:index_select(1, id:to(x.device)) end,
                  randn({2000, 64}, 27))
+
+-- ---- scatter_add and index_add: the CPU's bits, run after run ------------------------------------
+
+-- Into a float dtype the GPU sorts the sources by destination and adds each destination's in
+-- increasing source position, from its value (16-bit ones in f32, rounded once), as the CPU does:
+-- the CPU's bits in all four dtypes (f64 holds every value of each exactly), the same every run.
+-- Repeated and hot indices, strided sources, slices along an inner dim, and destinations past 256
+-- and 65,536 (two and three passes of the sort).
+local function same_bits(a, b)
+  return dm.allclose(a:detach():cpu():to("f64"), b:detach():cpu():to("f64"), {rtol = 0, atol = 0})
+end
+
+-- n indices in lo .. hi (i64), a fraction `hot` of them the value lo + 1 (a byte embedding's space)
+local function hot_ids(lo, hi, shape, seed, hot)
+  local ids = dm.rand(shape, {seed = seed, dtype = "f64"}):mul(hi - lo + 1):add(lo):to("i64")
+  local mask = dm.rand(shape, {seed = seed + 1, dtype = "f64"}):lt(hot)
+  return dm.where(mask, dm.full(shape, lo + 1, {dtype = "i64"}), ids)
+end
+
+-- t on dev in dtype dt as a strided view: the leading part of a tensor one larger in the last dim
+local function strided(t, dt, dev)
+  local shape = t:shape()
+  local big_shape = {table.unpack(shape)}
+  big_shape[#shape] = shape[#shape] + 1
+  local big = dm.zeros(big_shape, {dtype = dt, device = dev})
+  local part = big:narrow(#shape, 1, shape[#shape])
+  part:copy_(t:to(dt):to(dev))
+  return part
+end
+
+local ACC_DTYPES = {"f32", "f64", "bf16", "f16"}
+
+-- index_add: the gradient of index_select (x [..], dim, ids), from a strided incoming gradient
+for _, c in ipairs {
+  {name = "rows", shape = {300, 37}, dim = 1, n = 5000, hot = 0.4},
+  {name = "inner dim", shape = {7, 300, 5}, dim = 2, n = 1200, hot = 0.3},
+  {name = "last dim", shape = {9, 61}, dim = 2, n = 200, hot = 0.5},
+  {name = "1-D", shape = {70000}, dim = 1, n = 150000, hot = 0.1},
+} do
+  for _, dt in ipairs(ACC_DTYPES) do
+    check(string.format("index_add (index_select's gradient), %s, %s: the CPU's bits", c.name, dt), function()
+      local x = randn(c.shape, 40)
+      local ids = hot_ids(1, c.shape[c.dim], {c.n}, 41, c.hot)
+      local gshape = {table.unpack(c.shape)}
+      gshape[c.dim] = c.n
+      local g = randn(gshape, 42)
+      local function grad(dev)
+        local xi = x:to(dt):to(dev)
+        xi:requires_grad(true)
+        xi:index_select(c.dim, ids:to(dev)):backward(strided(g, dt, dev))
+        return xi.grad
+      end
+      local a, b = grad("cuda"), grad("cuda")
+      local want = grad("cpu")
+      assert(same_bits(a, b), "two runs differ")
+      assert(same_bits(a, want), string.format("differs from the CPU (relative %.3g)", rel(a, want)))
+    end)
+  end
+end
+
+-- index_add: a byte embedding's gradient, 64 x 1024 ids onto 256 rows, the space 15% of them
+for _, dt in ipairs(ACC_DTYPES) do
+  check(string.format("embedding gradient, 65,536 bytes onto 256 rows, %s: the CPU's bits", dt), function()
+    local ids = hot_ids(0, 255, {64, 1024}, 43, 0.15):to("u8")
+    local table_ = randn({256, 64}, 44)
+    local g = randn({64, 1024, 64}, 45)
+    local function grad(dev)
+      local t = table_:to(dt):to(dev)
+      t:requires_grad(true)
+      dm.embedding(ids:to(dev), t):backward(g:to(dt):to(dev))
+      return t.grad
+    end
+    local a, b = grad("cuda"), grad("cuda")
+    local want = grad("cpu")
+    assert(same_bits(a, b), "two runs differ")
+    assert(same_bits(a, want), string.format("differs from the CPU (relative %.3g)", rel(a, want)))
+  end)
+end
+
+-- scatter_add: onto x's values, from a strided source larger than the index; and gather's gradient
+-- into 135,168 elements (three passes of the sort)
+for _, dt in ipairs(ACC_DTYPES) do
+  check(string.format("scatter_add, strided source, %s: the CPU's bits", dt), function()
+    local x = randn({6, 50, 7}, 46)
+    local idx = hot_ids(1, 50, {6, 300, 5}, 47, 0.3)
+    local src = randn({6, 301, 6}, 48)
+    local function run(dev)
+      local s = src:to(dt):to(dev):transpose(2, 3):contiguous():transpose(2, 3)   -- [6, 301, 6], strided
+      return x:to(dt):to(dev):scatter_add(2, idx:to(dev), s)
+    end
+    local a, b = run("cuda"), run("cuda")
+    local want = run("cpu")
+    assert(same_bits(a, b), "two runs differ")
+    assert(same_bits(a, want), string.format("differs from the CPU (relative %.3g)", rel(a, want)))
+  end)
+  check(string.format("scatter_add (gather's gradient), 4096 x 33 from 4096 x 200, %s: the CPU's bits", dt), function()
+    local x = randn({4096, 33}, 49)
+    local idx = hot_ids(1, 33, {4096, 200}, 50, 0.2)
+    local g = randn({4096, 200}, 51)
+    local function grad(dev)
+      local xi = x:to(dt):to(dev)
+      xi:requires_grad(true)
+      xi:gather(2, idx:to(dev)):backward(strided(g, dt, dev))
+      return xi.grad
+    end
+    local a, b = grad("cuda"), grad("cuda")
+    local want = grad("cpu")
+    assert(same_bits(a, b), "two runs differ")
+    assert(same_bits(a, want), string.format("differs from the CPU (relative %.3g)", rel(a, want)))
+  end)
+end
+
+check("an index out of range in scatter_add is raised at the next synchronisation", function()
+  local x = dm.zeros({4, 3}, {device = "cuda"})
+  local bad = dm.tensor({{1, 9, 2}, {4, 4, 4}}, {dtype = "i64", device = "cuda"})
+  local ok, err = pcall(function() return x:scatter_add(1, bad, dm.ones({2, 3}, {device = "cuda"})):cpu() end)
+  err = tostring(err)
+  assert(not ok and err:find("index 9 is out of range for a dim of size 4", 1, true), err)
+  local good = dm.tensor({{1, 4, 2}, {4, 4, 4}}, {dtype = "i64", device = "cuda"})
+  local got = x:scatter_add(1, good, dm.ones({2, 3}, {device = "cuda"})):cpu()
+  assert(same_bits(got, dm.tensor({{1, 0, 0}, {0, 0, 1}, {0, 0, 0}, {1, 2, 1}})), "a good index after a bad one")
+end)
 
 -- LittleBit's factor at bank-like shapes: the row sums by warps, the column sums down long columns;
 -- then rows of lanes shared by a warp with vectors not aligned to them (n = 20, 1), and x a view

@@ -36,6 +36,77 @@ describe("dormouse determinism", function()
       assert.is_truthy(c.difference:find("^step %d+: [a-z_]+ %S+ against %S+$") or
                        c.difference:find("^parameter '[%w_.]+' differs, by up to"), c.difference)
     end
+    -- the traced runs part at the add_ above, whose number differs: an input from outside the ops
+    assert.is_truthy(r.traced_steps >= 1 and r.traced_steps <= 4)
+    has(r.parts, "before the first step, call ", "(forward of affine_): its inputs differ before any op's outputs did")
+  end)
+
+  it("names the op where two traces part, the optimiser's update, or a different call", function()
+    local function trace(entries)
+      local t = {}
+      for _, e in ipairs(entries) do
+        local name, kind, inputs, outputs = e[1], e[2], e[3], e[4]
+        t[#t + 1] = {name = name, kind = kind, inputs = inputs, outputs = outputs}
+      end
+      return t
+    end
+    local base = {{"step 1", "mark"}, {"matmul", "forward", "a", "b"}, {"embedding", "backward", "c", "d"},
+                  {"w after step 1", "tensor", nil, "e"}, {"step 2", "mark"}, {"matmul", "forward", "f", "g"}}
+    local a = trace(base)
+    assert.is_nil(determinism.first_divergence(a, trace(base)))
+    local b = trace(base)
+    b[3].outputs = "x"
+    b[6].inputs = "y"
+    assert.equal("step 1, call 2: the backward of embedding gives other outputs from the same inputs; embedding " ..
+                 "is not deterministic here", determinism.first_divergence(a, b))
+    b = trace(base)
+    b[4].outputs = "x"
+    has(determinism.first_divergence(a, b), "w after step 1 differs while every op of the step agreed")
+    b = trace(base)
+    b[6].inputs = "y"
+    has(determinism.first_divergence(a, b), "step 2, call 1 (forward of matmul): its inputs differ")
+    b = trace(base)
+    b[6].name = "add"
+    has(determinism.first_divergence(a, b), "step 2: the runs call different ops (forward of add against forward of matmul)")
+    b = trace(base)
+    b[7] = {name = "step 3", kind = "mark"}
+    has(determinism.first_divergence(a, b), "step 2: one run's trace ends at entry 7")
+  end)
+
+  it("hashes every outermost op call, forward and backward, and the marks and tensors given", function()
+    local dm, core = require "dormouse", require "dormouse.core"
+    local w = dm.randn({3, 4}, {seed = 3, requires_grad = true})
+    core.trace_start()
+    core.trace_mark("step 1")
+    local y = (dm.tanh(w) * 2):sum()
+    y:backward()
+    core.trace_tensor("w", w)
+    core.trace_stop()
+    local t = core.trace_read()
+    local seen = {}
+    for _, e in ipairs(t) do seen[#seen + 1] = e.kind .. " " .. e.name end
+    local text = table.concat(seen, ", ")
+    has(text, "mark step 1, forward tanh", "backward tanh", "tensor w")
+    for _, e in ipairs(t) do
+      if e.kind == "forward" or e.kind == "backward" then
+        assert.is_truthy(e.inputs:match("^%x+$") and #e.inputs == 16, text)
+      end
+      if e.kind ~= "mark" then assert.is_truthy(e.outputs:match("^%x+$"), text) end
+    end
+    -- the same calls again give the same hashes; another weight another
+    core.trace_start()
+    core.trace_mark("step 1")
+    local y2 = (dm.tanh(w) * 2):sum()
+    core.trace_stop()
+    local again = core.trace_read()
+    assert.equal(t[2].outputs, again[2].outputs)
+    w.grad = nil
+    dm.no_grad(function() w:add_(1) end)
+    core.trace_start()
+    local _ = dm.tanh(w)
+    core.trace_stop()
+    assert.are_not.equal(t[2].inputs, core.trace_read()[1].inputs)
+    assert.is_truthy(y2)
   end)
 
   it("runs as a command: a verdict line, exit 1 when the runs differ, usage errors with exit 2", function()

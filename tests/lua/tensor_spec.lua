@@ -527,6 +527,17 @@ describe("indexing with 1-based indices", function()
     local tab = dm.tensor({{0, 0}, {1, 1}, {2, 2}})
     values(dm.embedding(idx({{2, 0}}), tab), {{{2, 2}, {0, 0}}})
   end)
+
+  it("adds into a 16-bit destination in f32 and rounds once: a row hit many times keeps its small adds", function()
+    -- bf16 holds 8 bits of mantissa: rounded at every add, 1 + 1 + ... stops at 256
+    for _, dt in ipairs {"bf16", "f16"} do
+      local tab = dm.zeros({2, 3}, {dtype = dt, requires_grad = true})
+      dm.embedding(dm.zeros({1000}, {dtype = "i64"}), tab):backward(dm.ones({1000, 3}, {dtype = dt}))
+      values(tab.grad:to("f64"), {{1000, 1000, 1000}, {0, 0, 0}})
+      local out = dm.zeros({1}, {dtype = dt}):scatter_add(1, dm.ones({600}, {dtype = "i64"}), dm.ones({600}, {dtype = dt}))
+      values(out:to("f64"), {600})
+    end
+  end)
 end)
 
 describe("cat and stack", function()

@@ -8,6 +8,7 @@
 #include "ops/elementwise.h"
 #include "core/core.h"
 #include "core/profile.h"
+#include "core/trace.h"
 
 static bool grad_enabled = true;
 static int suspended;                 /* > 0 while an op's forward or a backward runs */
@@ -262,15 +263,21 @@ static void run_node(dm_node *n) {
     }
   dm_tensor *gin[DM_MAXIN] = {0};
   dm_profile_push(n->op->name, n->op->family, DM_PHASE_BACKWARD, n->out_meta[0].device);
-  dm_tensor *acc = accumulated_into(n);
+  dm_tensor *acc = accumulated_into(n), *seen[DM_MAXOUT + 1];
+  memcpy(seen, n->gout, sizeof(dm_tensor *) * (size_t)n->n_out);
+  seen[n->n_out] = acc;                   /* a gradient added into in place: its value before */
+  uint64_t in_hash = 0;
+  bool traced = dm_trace_enter(n->n_out + (acc != NULL), seen, NULL, &in_hash);
   if (acc) {
     n->op->backward_into(&n->ctx, n->gout, acc);
+    dm_trace_leave(traced, n->op->name, DM_TRACE_BACKWARD, in_hash, 1, &acc);
     dm_profile_pop();
     for (int i = 0; i < n->n_out; i++) { dm_release(n->gout[i]); n->gout[i] = NULL; }
     return;
   }
   n->op->backward(&n->ctx, n->gout, gin);
   check_grads(n, gin);
+  dm_trace_leave(traced, n->op->name, DM_TRACE_BACKWARD, in_hash, n->n_in, gin);
   /* the node's own gradients go first: one passed through as it came (a same-dtype cast, a stand-in) is
   ** then its sole holder's, and a leaf takes it without a copy */
   for (int i = 0; i < n->n_out; i++) { dm_release(n->gout[i]); n->gout[i] = NULL; }

@@ -6,6 +6,7 @@
 #include "core/ops.h"
 #include "core/autograd.h"
 #include "core/profile.h"
+#include "core/trace.h"
 #include "core/attrs.h"
 
 #define DM_MAXKERNELS 1024
@@ -113,6 +114,8 @@ void dm_call(const dm_op *op, int n_in, dm_tensor *const *in, const dm_attrs *a,
   if (a) c.a = *a; else memset(&c.a, 0, sizeof c.a);
   dm_attr_fill(op, &c.a);
   c.node = wants_node(op, n_in, in) ? dm_node_begin(&c) : NULL;
+  uint64_t in_hash = 0;
+  bool traced = dm_trace_enter(n_in, in, &c.a, &in_hash);
   dm_suspend_recording();
   dm_profile_push(op->name, op->family, DM_PHASE_FORWARD, call_device(n_in, in));
   op->forward(&c);
@@ -120,6 +123,7 @@ void dm_call(const dm_op *op, int n_in, dm_tensor *const *in, const dm_attrs *a,
   dm_resume_recording();
   for (int i = 0; i < op->n_out; i++)
     if (!c.out[i]) dm_error("%s: the forward did not set output %d", op->name, i + 1);
+  dm_trace_leave(traced, op->name, DM_TRACE_FORWARD, in_hash, op->n_out, c.out);
   if (c.node) dm_node_commit(c.node, &c);
   memcpy(out, c.out, sizeof(dm_tensor *) * (size_t)op->n_out);
 }

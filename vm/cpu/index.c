@@ -9,10 +9,12 @@
 **   along dim (index_select, index_add): k = idx[p[dim]], idx is 1-D.
 ** Then either direct[p] = indexed[p with p[dim] = k] (pick) or
 ** indexed[p with p[dim] = k] += direct[p] (accumulate, in order, so repeated
-** indices add up). Every index is read and range-checked by read_index.
+** indices add up; a 16-bit destination in f32, rounded once). Every index is
+** read and range-checked by read_index.
 */
 #include "iter.h"
 #include "core/ops.h"
+#include "core/core.h"
 #include "ops/patch.h"
 #include "ops/index.h"
 
@@ -93,12 +95,29 @@ static void cpu_index_select(dm_tensor *out, const dm_tensor *x, const dm_tensor
   index_walk(&(walk){"index_select", out, (dm_tensor *)x, idx, dim, base, true, false});
 }
 
+/* An accumulating walk. A 16-bit destination adds in f32 copies and rounds once: a rounding at
+** every add would lose the small adds of a row hit many times (a byte embedding's gradient).
+** The f32 adds in increasing source position are the CUDA kernels' (kernels/index.cu), bit for bit. */
+static void accumulate(walk w) {
+  dm_tensor *dst = w.indexed, *src = w.direct;
+  if (dst->dtype != DM_BF16 && dst->dtype != DM_F16) { index_walk(&w); return; }
+  dm_tensor *acc = dm_tensor_like_dtype(dst, DM_F32), *src32 = dm_tensor_like_dtype(src, DM_F32);
+  dm_copy_(acc, dst);
+  dm_copy_(src32, src);
+  w.indexed = acc;
+  w.direct = src32;
+  index_walk(&w);
+  dm_copy_(dst, acc);
+  dm_release(acc);
+  dm_release(src32);
+}
+
 static void cpu_scatter_add(dm_tensor *dst, const dm_tensor *idx, const dm_tensor *src, int dim, int64_t base) {
-  index_walk(&(walk){"scatter_add", (dm_tensor *)src, dst, idx, dim, base, false, true});
+  accumulate((walk){"scatter_add", (dm_tensor *)src, dst, idx, dim, base, false, true});
 }
 
 static void cpu_index_add(dm_tensor *dst, const dm_tensor *idx, const dm_tensor *src, int dim, int64_t base) {
-  index_walk(&(walk){"index_add", (dm_tensor *)src, dst, idx, dim, base, true, true});
+  accumulate((walk){"index_add", (dm_tensor *)src, dst, idx, dim, base, true, true});
 }
 
 typedef struct { const char *what; dm_dtype dt; int64_t size, base; } check_spec;

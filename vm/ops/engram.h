@@ -285,15 +285,11 @@ void dm_engram_adam_8bit_at(dm_tensor *table, const dm_engram_8bit *m8, const dm
 /* ---- the CUDA kernels' device scratch, in bytes (core/alloc.h): the kernels size
 ** theirs with these, and the ops hand the same to a plan ---- */
 
-/* radix_sort of n keys: its bucket offsets and one pass's counters (the passes take turns) */
-static inline int64_t dm_engram_radix_offsets(void) { return 8 * 257; }
-static inline int64_t dm_engram_radix_scratch(int64_t n) { return dm_engram_radix_offsets() + dm_bucket_sort_scratch(n, 256); }
-
 /* "engram_unique" of n rows: four sort arrays, the flags' prefix (n + 1), the run starts and
 ** the largest value, then the sort's */
 static inline int64_t dm_engram_unique_arrays(int64_t n) { return 8 * (6 * n + 2); }
 static inline int64_t dm_engram_unique_scratch(int64_t n) {
-  return n > 0 ? dm_engram_unique_arrays(n) + dm_engram_radix_scratch(n) : 0;
+  return n > 0 ? dm_engram_unique_arrays(n) + dm_radix_sort_scratch(n) : 0;
 }
 
 /* "engram_sparse_grad" of m gradient rows into U rows of de: the keys, four sort arrays and
@@ -301,7 +297,7 @@ static inline int64_t dm_engram_unique_scratch(int64_t n) {
 static inline int64_t dm_engram_sparse_grad_arrays(int64_t m, int64_t U) { return 8 * (5 * m + U + 1); }
 static inline int64_t dm_engram_sparse_grad_scratch(int64_t m, int64_t U, int64_t de) {
   if (U * de == 0) return 0;
-  return dm_engram_sparse_grad_arrays(m, U) + (m > 0 ? dm_engram_radix_scratch(m) : 0);
+  return dm_engram_sparse_grad_arrays(m, U) + (m > 0 ? dm_radix_sort_scratch(m) : 0);
 }
 
 /* "engram_alpha_bwd" with w's gradient: three values a token in the compute type (vb bytes),

@@ -17,6 +17,7 @@
 */
 #include <string.h>
 #include "core/core.h"
+#include "core/alloc.h"
 #include "patch.h"
 #include "ops/index.h"
 
@@ -87,8 +88,14 @@ static void gather_fwd(dm_ctx *c) {
   c->out[0] = out;
 }
 
+/* a plan's share of an accumulation into dst of n sources: the CUDA kernels' sort by destination */
+static void plan_accumulate(const dm_tensor *dst, int64_t n, const char *what) {
+  if (dm_plan_card_of(dst->device)) dm_plan_scratch(dm_index_accumulate_scratch(dst->dtype, n), what);
+}
+
 static void gather_bwd(dm_ctx *c, dm_tensor *const *g, dm_tensor **gin) {
   dm_tensor *gx = zeros_of_input(c, 0, g[0]->device);
+  plan_accumulate(gx, dm_numel(dm_saved(c, 0)), "scatter_add sort (kernels/index.cu sorted_accumulate)");
   DM_RUN(scatter_add, gx->device, gx, dm_saved(c, 0), g[0], (int)c->a.v[0], attr_base(c, 1));
   gin[0] = gx;
 }
@@ -116,6 +123,7 @@ static void index_select_fwd(dm_ctx *c) {
 /* rows picked through a 1-D index flow back with index_add: repeated indices accumulate */
 static void index_select_bwd(dm_ctx *c, dm_tensor *const *g, dm_tensor **gin) {
   dm_tensor *gx = zeros_of_input(c, 0, g[0]->device);
+  plan_accumulate(gx, dm_saved(c, 0)->shape[0], "index_add sort (kernels/index.cu sorted_accumulate)");
   DM_RUN(index_add, gx->device, gx, dm_saved(c, 0), g[0], (int)c->a.v[0], attr_base(c, 1));
   gin[0] = gx;
 }
@@ -132,6 +140,7 @@ static void scatter_add_fwd(dm_ctx *c) {
   check_indices("scatter_add", idx, x->shape[dim], base);
   dm_tensor *out = dm_tensor_like(x);
   dm_copy_(out, x);
+  plan_accumulate(out, dm_numel(idx), "scatter_add sort (kernels/index.cu sorted_accumulate)");
   DM_RUN(scatter_add, x->device, out, idx, src, dim, base);
   dm_save(c, idx);
   c->out[0] = out;
@@ -180,6 +189,7 @@ static void embedding_bwd(dm_ctx *c, dm_tensor *const *g, dm_tensor **gin) {
   dm_tensor *flat = dm_saved(c, 0), *gt = zeros_of_input(c, 0, g[0]->device);
   int64_t rows_shape[2] = {flat->shape[0], dm_in_shape(c, 0)[1]};
   dm_tensor *rows = dm_reshape(g[0], 2, rows_shape);
+  plan_accumulate(gt, flat->shape[0], "index_add sort (kernels/index.cu sorted_accumulate)");
   DM_RUN(index_add, gt->device, gt, flat, rows, 0, attr_base(c, 0));
   dm_release(rows);
   gin[0] = gt;

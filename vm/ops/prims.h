@@ -31,4 +31,8 @@ static inline int64_t dm_bucket_sort_scratch(int64_t n, int64_t nb) {
   return n > 0 ? 8 * ((n + DM_BS_CHUNK - 1) / DM_BS_CHUNK) * nb : 0;
 }
 
+/* dm_radix_sort (kernels/model.cuh): its 256 buckets' offsets, then one pass's counters at a time */
+static inline int64_t dm_radix_sort_offsets(void) { return 8 * 257; }
+static inline int64_t dm_radix_sort_scratch(int64_t n) { return dm_radix_sort_offsets() + dm_bucket_sort_scratch(n, 256); }
+
 #endif

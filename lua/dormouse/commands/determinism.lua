@@ -7,8 +7,13 @@ would: its checkpoint there) and resumed. Each later run is compared with
 the first: the training loss and gradient norm of every step, then every
 parameter and optimiser state of the final checkpoint, bit for bit. Prints
 the first difference each has (the step and both values, or the tensor and
-its largest difference) and exits 1 when there is one. The runs are kept in
-runs/determinism-NAME/ (replaced by the next check of NAME).
+its largest difference) and exits 1 when there is one. Runs that differ are
+then searched for the op where they part: two more runs up to the first
+differing step, eager, with every op call's inputs and outputs hashed; the
+first call whose outputs differ from equal inputs is named (the op that is
+not deterministic on that device), or the step whose data or optimiser
+update differed. The runs are kept in runs/determinism-NAME/ (replaced by
+the next check of NAME).
 example: dormouse determinism experiments/tiny.lua --steps 20
 ]==]
 local config = require "dormouse.config"
@@ -40,14 +45,14 @@ local function steps_of(path)
   return out
 end
 
--- the first step where b's loss or gradient norm differs from a's: a sentence, or nil
+-- the first step where b's loss or gradient norm differs from a's: a sentence and the step, or nil
 local function first_step_difference(a, b, steps)
   for step = 1, steps do
     local x, y = a[step], b[step]
-    if not x or not y then return string.format("step %d is logged in one run only", step) end
+    if not x or not y then return string.format("step %d is logged in one run only", step), step end
     for _, key in ipairs {"loss", "grad_norm"} do
       if x[key] ~= y[key] then
-        return string.format("step %d: %s %s against %s", step, key, tostring(y[key]), tostring(x[key]))
+        return string.format("step %d: %s %s against %s", step, key, tostring(y[key]), tostring(x[key])), step
       end
     end
   end
@@ -75,6 +80,60 @@ local function first_tensor_difference(a, b, part)
       end
     end
   end
+end
+
+--[[ Where two op traces (core.trace_read: {name, kind, inputs, outputs} per outermost op call,
+a mark "step N" before each step, each parameter after it) first part: a sentence, or nil when
+they agree. The first entry whose outputs differ while its inputs agree names the op that is
+not deterministic; inputs that differ first came from outside the ops (the data, a state set
+between steps); a parameter that differs after a step whose ops all agreed was changed by the
+optimiser's update, which runs no ops. ]]
+function determinism.first_divergence(a, b)
+  local step, call = "before the first step", 0
+  for i = 1, math.max(#a, #b) do
+    local x, y = a[i], b[i]
+    if not x or not y then
+      return string.format("%s: one run's trace ends at entry %d, the other goes on", step, i)
+    end
+    if x.kind ~= y.kind or x.name ~= y.name then
+      return string.format("%s: the runs call different ops (%s of %s against %s of %s)", step, y.kind, y.name,
+                           x.kind, x.name)
+    end
+    if x.kind == "mark" then step, call = x.name, 0
+    elseif x.kind == "tensor" then
+      if x.outputs ~= y.outputs then
+        return string.format("%s differs while every op of the step agreed: the optimiser's update (or what " ..
+                             "else changed it between steps) is not deterministic", x.name)
+      end
+    else
+      call = call + 1
+      if x.inputs ~= y.inputs then
+        return string.format("%s, call %d (%s of %s): its inputs differ before any op's outputs did; they came " ..
+                             "from outside the ops (the data, or a tensor set between ops)", step, call, x.kind, x.name)
+      elseif x.outputs ~= y.outputs then
+        return string.format("%s, call %d: the %s of %s gives other outputs from the same inputs; %s is not " ..
+                             "deterministic here", step, call, x.kind, x.name, x.name)
+      end
+    end
+  end
+end
+
+--[[ Two more runs of the first `upto` steps, eager (a captured graph cannot be traced), each
+with every op call hashed: where they first part (first_divergence), or nil. ]]
+function determinism.locate(file, overrides, dir, upto, root)
+  local train, core = require "dormouse.train", require "dormouse.core"
+  local o = {table.unpack(overrides)}
+  o[#o + 1] = "graph=false"
+  local cfg, traced = config.load(file, o), {}
+  for k = 1, 2 do
+    core.trace_start()
+    local ok, err = pcall(train.run, cfg, {runs = dir .. "/trace-" .. k, overwrite = true, quiet = true, silent = true,
+                                          root = root, stop_at = upto})
+    core.trace_stop()
+    if not ok then error(err, 0) end
+    traced[k] = core.trace_read()
+  end
+  return determinism.first_divergence(traced[1], traced[2])
 end
 
 --[[ The three runs and their comparisons. opts: steps, overrides (a list of "k=v"), root, runs (the
@@ -114,15 +173,25 @@ function determinism.check(file, opts)
   local dm = require "dormouse"
   local function folder(k) return dir .. "/" .. k .. "/" .. cfg.name end
   local first = {steps = steps_of(folder(1) .. "/metrics.jsonl"), ckpt = dm.ckpt.load(folder(1) .. "/ckpt-" .. steps)}
-  local checks = {}
+  local checks, upto = {}, nil
   for k, what in pairs {[2] = "run 2, straight through", [3] = string.format("run 3, resumed at step %d", half)} do
     local other = dm.ckpt.load(folder(k) .. "/ckpt-" .. steps)
-    local diff = first_step_difference(first.steps, steps_of(folder(k) .. "/metrics.jsonl"), steps)
-                 or first_tensor_difference(first.ckpt.model, other.model, "parameter")
-                 or first_tensor_difference(first.ckpt.optim, other.optim, "optimiser state")
+    local diff, step = first_step_difference(first.steps, steps_of(folder(k) .. "/metrics.jsonl"), steps)
+    diff = diff or first_tensor_difference(first.ckpt.model, other.model, "parameter")
+               or first_tensor_difference(first.ckpt.optim, other.optim, "optimiser state")
     checks[k - 1] = {what = what, difference = diff}
+    if diff then upto = math.min(upto or steps, step or steps) end
   end
-  return {name = cfg.name, dir = dir, steps = steps, half = half, checks = checks, device = train.pick_device(cfg)}
+  local r = {name = cfg.name, dir = dir, steps = steps, half = half, checks = checks, device = train.pick_device(cfg)}
+  if upto and opts.locate ~= false then
+    if opts.say then opts.say(string.format("determinism: the runs differ; two more of %d steps, every op hashed, " ..
+                                            "to find where they part", upto)) end
+    r.traced_steps = upto
+    r.parts = determinism.locate(file, o, dir, upto, opts.root) or
+              string.format("nowhere in %d steps run eagerly with every op hashed (the difference needs the " ..
+                            "captured graph, or more steps)", upto)
+  end
+  return r
 end
 
 local function body(args, cli)
@@ -135,6 +204,7 @@ local function body(args, cli)
       c.difference or "equal to run 1 (every step's loss and gradient norm as logged, every parameter and optimiser state bit for bit)")
     differ = differ or c.difference ~= nil
   end
+  if r.parts then lines[#lines + 1] = string.format("  %-28s %s", "where the runs part:", r.parts) end
   lines[#lines + 1] = differ and "verdict: not deterministic" or "verdict: deterministic, bit for bit"
   print(table.concat(lines, "\n"))
   return differ and 1 or 0
