@@ -77,6 +77,8 @@ static const char *own_label(const char *label) {
 
 bool dm_trace_enter(int n_in, dm_tensor *const *in, const dm_attrs *a, uint64_t *in_hash) {
   if (!T.on || T.hashing) return false;
+  if (dm_cuda_graph_capturing())          /* a hash copies to the host: no capture holds that */
+    dm_error("trace: an op is being captured into a CUDA graph while the trace is on (run with graph = false)");
   bool outermost = T.depth++ == 0;
   if (!outermost) return false;
   uint64_t h = dm_trace_hash(n_in, in);
