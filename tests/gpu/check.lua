@@ -254,6 +254,14 @@ end
 
 local ACC_DTYPES = {"f32", "f64", "bf16", "f16"}
 
+-- run(device) twice on the GPU and once on the CPU: the same bits each time
+local function same_three_times(run)
+  local a, b = run("cuda"), run("cuda")
+  local want = run("cpu")
+  assert(same_bits(a, b), "two runs differ")
+  assert(same_bits(a, want), string.format("differs from the CPU (relative %.3g)", rel(a, want)))
+end
+
 -- index_add: the gradient of index_select (x [..], dim, ids), from a strided incoming gradient
 for _, c in ipairs {
   {name = "rows", shape = {300, 37}, dim = 1, n = 5000, hot = 0.4},
@@ -274,10 +282,7 @@ for _, c in ipairs {
         xi:index_select(c.dim, ids:to(dev)):backward(strided(g, dt, dev))
         return xi.grad
       end
-      local a, b = grad("cuda"), grad("cuda")
-      local want = grad("cpu")
-      assert(same_bits(a, b), "two runs differ")
-      assert(same_bits(a, want), string.format("differs from the CPU (relative %.3g)", rel(a, want)))
+      same_three_times(grad)
     end)
   end
 end
@@ -294,10 +299,7 @@ for _, dt in ipairs(ACC_DTYPES) do
       dm.embedding(ids:to(dev), t):backward(g:to(dt):to(dev))
       return t.grad
     end
-    local a, b = grad("cuda"), grad("cuda")
-    local want = grad("cpu")
-    assert(same_bits(a, b), "two runs differ")
-    assert(same_bits(a, want), string.format("differs from the CPU (relative %.3g)", rel(a, want)))
+    same_three_times(grad)
   end)
 end
 
@@ -312,10 +314,7 @@ for _, dt in ipairs(ACC_DTYPES) do
       local s = src:to(dt):to(dev):transpose(2, 3):contiguous():transpose(2, 3)   -- [6, 301, 6], strided
       return x:to(dt):to(dev):scatter_add(2, idx:to(dev), s)
     end
-    local a, b = run("cuda"), run("cuda")
-    local want = run("cpu")
-    assert(same_bits(a, b), "two runs differ")
-    assert(same_bits(a, want), string.format("differs from the CPU (relative %.3g)", rel(a, want)))
+    same_three_times(run)
   end)
   check(string.format("scatter_add (gather's gradient), 4096 x 33 from 4096 x 200, %s: the CPU's bits", dt), function()
     local x = randn({4096, 33}, 49)
@@ -327,10 +326,7 @@ for _, dt in ipairs(ACC_DTYPES) do
       xi:gather(2, idx:to(dev)):backward(strided(g, dt, dev))
       return xi.grad
     end
-    local a, b = grad("cuda"), grad("cuda")
-    local want = grad("cpu")
-    assert(same_bits(a, b), "two runs differ")
-    assert(same_bits(a, want), string.format("differs from the CPU (relative %.3g)", rel(a, want)))
+    same_three_times(grad)
   end)
 end
 
