@@ -1002,14 +1002,15 @@ function Run:checkpoint_after_applied()
   return true
 end
 
--- Every parameter and buffer after the step, into the op trace: the optimiser's update runs no
--- ops, so a difference it makes shows here first.
+-- Every parameter, buffer and optimiser state after the step, into the op trace: the
+-- optimiser's update runs no ops, so a difference it makes shows here first.
 function Run:trace_state()
-  local state = train.named_state(self.model)
-  local names = {}
-  for name in pairs(state) do names[#names + 1] = name end
-  table.sort(names)
-  for _, name in ipairs(names) do core.trace_tensor(name .. " after step " .. self.step, state[name]) end
+  for _, part in ipairs {{"", train.named_state(self.model)}, {"optimiser state ", self.opt:state()}} do
+    local prefix, state, names = part[1], part[2], {}
+    for name in pairs(state) do names[#names + 1] = name end
+    table.sort(names)
+    for _, name in ipairs(names) do core.trace_tensor(prefix .. name .. " after step " .. self.step, state[name]) end
+  end
 end
 
 -- The steps of a run, with its log lines, evals, checkpoints and progress bar.

@@ -38,7 +38,8 @@ describe("dormouse determinism", function()
     end
     -- the traced runs part at the add_ above, whose number differs: an input from outside the ops
     assert.is_truthy(r.traced_steps >= 1 and r.traced_steps <= 4)
-    has(r.parts, "before the first step, call ", "(forward of affine_): its inputs differ before any op's outputs did")
+    has(r.parts, "before the first step, call ", "(forward of affine_): its inputs or attributes differ before any " ..
+                 "op's outputs did")
   end)
 
   it("names the op where two traces part, the optimiser's update, or a different call", function()
@@ -64,13 +65,78 @@ describe("dormouse determinism", function()
     has(determinism.first_divergence(a, b), "w after step 1 differs while every op of the step agreed")
     b = trace(base)
     b[6].inputs = "y"
-    has(determinism.first_divergence(a, b), "step 2, call 1 (forward of matmul): its inputs differ")
+    has(determinism.first_divergence(a, b), "step 2, call 1 (forward of matmul): its inputs or attributes differ")
     b = trace(base)
     b[6].name = "add"
     has(determinism.first_divergence(a, b), "step 2: the runs call different ops (forward of add against forward of matmul)")
     b = trace(base)
     b[7] = {name = "step 3", kind = "mark"}
-    has(determinism.first_divergence(a, b), "step 2: one run's trace ends at entry 7")
+    has(determinism.first_divergence(a, b), "step 2: one run's trace ends there, the other goes on")
+  end)
+
+  it("says a difference that only the resumed run has comes with the resume, and a failed search as such", function()
+    local check_tensors = train.check_tensors
+    train.check_tensors = function(saved, state, file)        -- the resumed run's head a little off
+      check_tensors(saved, state, file)
+      if file:find("/3/", 1, true) then
+        require("dormouse").no_grad(function() saved["head.weight"]:add_(1e-3) end)
+      end
+    end
+    local ok, r = pcall(determinism.check, "experiments/tiny.lua", {steps = 4, root = ".", runs = tmpdir()})
+    train.check_tensors = check_tensors
+    assert.is_true(ok, tostring(r))
+    assert.is_nil(r.checks[1].difference)
+    assert.is_truthy(r.checks[2].difference)
+    has(r.parts, "not searched: the two straight runs agree, so the difference comes with the resume")
+
+    local setup, calls, locate = train.setup, 0, determinism.locate
+    train.setup = function(...)
+      local model, opt = setup(...)
+      calls = calls + 1
+      require("dormouse").no_grad(function() model.head.weight:add_(calls * 1e-3) end)
+      return model, opt
+    end
+    determinism.locate = function() error("out of memory (as a traced run may be)", 0) end
+    ok, r = pcall(determinism.check, "experiments/tiny.lua", {steps = 2, root = ".", runs = tmpdir()})
+    train.setup, determinism.locate = setup, locate
+    assert.is_true(ok, tostring(r))
+    assert.is_truthy(r.checks[1].difference)
+    assert.equal("not searched: a traced run failed: out of memory (as a traced run may be)", r.parts)
+  end)
+
+  it("keeps one trace in C and finds where the next parts from it, from the step's mark", function()
+    local dm, core = require "dormouse", require "dormouse.core"
+    local w = dm.randn({3, 4}, {seed = 5})
+    local function run(shift)
+      core.trace_start()
+      core.trace_mark("step 1")
+      local _ = dm.tanh(w)
+      core.trace_mark("step 2")
+      local _ = dm.exp(w)
+      local _ = dm.tanh(w + shift)
+      core.trace_stop()
+    end
+    run(0)
+    core.trace_keep()
+    run(0)
+    assert.is_nil(core.trace_parting())
+    core.trace_keep()
+    run(1)
+    local at, mark = core.trace_parting()
+    assert.equal(3, mark)                          -- "step 2"
+    assert.is_truthy(at > mark)
+    local a, b = core.trace_read(mark, at, true), core.trace_read(mark, at)
+    assert.equal("step 2", a[1].name)
+    has(determinism.first_divergence(a, b), "step 2, call 2 (forward of affine): its inputs or attributes differ")
+    assert.equal(0, #core.trace_read(5, 4))
+    -- a meta tensor hashes by its shape: the same each time
+    core.trace_start()
+    local m = dm.zeros({64, 64}, {device = "meta"})
+    core.trace_tensor("m", m)
+    core.trace_tensor("m", m)
+    core.trace_stop()
+    local t = core.trace_read()
+    assert.equal(t[1].outputs, t[2].outputs)
   end)
 
   it("hashes every outermost op call, forward and backward, and the marks and tensors given", function()

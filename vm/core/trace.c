@@ -8,14 +8,19 @@
 #include "core/graph.h"
 #include "io/ckpt.h"
 
+/* one run's trace: its entries and the labels they point at, owned here */
+typedef struct trace_log {
+  dm_trace_entry *entries;
+  int64_t n, cap;
+  char **labels;
+  int64_t nlabels, caplabels;
+} trace_log;
+
 static struct {
   bool on;
   int depth;                    /* open op calls; only depth 0 → 1 is recorded */
   bool hashing;                 /* the copies a hash makes are no calls of the run */
-  dm_trace_entry *entries;
-  int64_t n, cap;
-  char **labels;                /* the marks' and tensors' labels, owned until the next start */
-  int64_t nlabels, caplabels;
+  trace_log now, kept;          /* the trace being made, and the one dm_trace_keep set aside */
 } T;
 
 static void *grow(void *p, int64_t *cap, int64_t need, size_t size) {
@@ -28,13 +33,24 @@ static void *grow(void *p, int64_t *cap, int64_t need, size_t size) {
   return q;
 }
 
+static void log_clear(trace_log *g) {
+  for (int64_t i = 0; i < g->nlabels; i++) free(g->labels[i]);
+  g->nlabels = 0;
+  g->n = 0;
+}
+
 void dm_trace_start(void) {
   if (dm_cuda_graph_capturing()) dm_error("trace: cannot hash ops while a CUDA graph is being captured");
-  for (int64_t i = 0; i < T.nlabels; i++) free(T.labels[i]);
-  T.nlabels = 0;
-  T.n = 0;
+  log_clear(&T.now);
   T.depth = 0;
   T.on = true;
+}
+
+void dm_trace_keep(void) {
+  trace_log old = T.kept;
+  T.kept = T.now;
+  T.now = old;
+  log_clear(&T.now);
 }
 
 void dm_trace_stop(void) { T.on = false; }
@@ -45,6 +61,7 @@ static uint64_t hash_one(const dm_tensor *t, uint64_t seed) {
   uint64_t head[2 + DM_MAXDIM] = {(uint64_t)t->dtype, (uint64_t)t->ndim};
   for (int d = 0; d < t->ndim; d++) head[2 + d] = (uint64_t)t->shape[d];
   seed = dm_xxh64(head, sizeof head, seed);
+  if (t->device == DM_META) return seed;          /* shapes only: no values to read */
   dm_tensor *host = t->device == DM_CPU && dm_is_contiguous(t) ? (dm_retain((dm_tensor *)t), (dm_tensor *)t)
                                                                 : dm_to_device(t, DM_CPU);
   seed = dm_xxh64(dm_data(host), (size_t)dm_numel(host) * dm_dtype_size(host->dtype), seed);
@@ -62,17 +79,19 @@ uint64_t dm_trace_hash(int n, dm_tensor *const *t) {
 }
 
 static void add(const char *name, int kind, uint64_t in, uint64_t out) {
-  T.entries = grow(T.entries, &T.cap, T.n + 1, sizeof *T.entries);
-  T.entries[T.n++] = (dm_trace_entry){name, kind, in, out};
+  trace_log *g = &T.now;
+  g->entries = grow(g->entries, &g->cap, g->n + 1, sizeof *g->entries);
+  g->entries[g->n++] = (dm_trace_entry){name, kind, in, out};
 }
 
 static const char *own_label(const char *label) {
-  T.labels = grow(T.labels, &T.caplabels, T.nlabels + 1, sizeof *T.labels);
+  trace_log *g = &T.now;
+  g->labels = grow(g->labels, &g->caplabels, g->nlabels + 1, sizeof *g->labels);
   size_t len = strlen(label) + 1;
   char *copy = malloc(len);
   if (!copy) dm_error("trace: out of host memory");
   memcpy(copy, label, len);
-  return T.labels[T.nlabels++] = copy;
+  return g->labels[g->nlabels++] = copy;
 }
 
 bool dm_trace_enter(int n_in, dm_tensor *const *in, const dm_attrs *a, uint64_t *in_hash) {
@@ -112,7 +131,22 @@ static void recover(void) {
 }
 __attribute__((constructor)) static void register_recovery(void) { dm_on_error_unwind(recover); }
 
-const dm_trace_entry *dm_trace_entries(int64_t *n) {
-  *n = T.n;
-  return T.entries;
+const dm_trace_entry *dm_trace_entries(bool kept, int64_t *n) {
+  const trace_log *g = kept ? &T.kept : &T.now;
+  *n = g->n;
+  return g->entries;
+}
+
+static bool same_entry(const dm_trace_entry *a, const dm_trace_entry *b) {
+  return a->kind == b->kind && a->in == b->in && a->out == b->out &&
+         (a->name == b->name || !strcmp(a->name, b->name));
+}
+
+int64_t dm_trace_parting(int64_t *mark) {
+  const trace_log *a = &T.kept, *b = &T.now;
+  int64_t i = 0, n = a->n < b->n ? a->n : b->n;
+  *mark = -1;
+  for (; i < n && same_entry(&a->entries[i], &b->entries[i]); i++)
+    if (a->entries[i].kind == DM_TRACE_MARK) *mark = i;
+  return i == n && a->n == b->n ? -1 : i;
 }

@@ -16,7 +16,10 @@
 ** the ops: the data, or an update.
 **
 ** A hash copies each tensor to the host (xxh64 of its bytes, its dtype and
-** shape): slow, for short runs. Refused while a CUDA graph is captured.
+** shape; of a meta tensor, its dtype and shape): slow, for short runs.
+** Refused while a CUDA graph is captured. The traces stay in C (a run's can
+** hold a million entries): dm_trace_keep sets one aside, dm_trace_parting
+** finds where the next one parts from it.
 */
 #ifndef DM_TRACE_H
 #define DM_TRACE_H
@@ -48,7 +51,16 @@ void dm_trace_leave(bool outermost, const char *name, int kind, uint64_t in_hash
 void dm_trace_mark(const char *label);                     /* label: interned here */
 void dm_trace_tensor(const char *label, dm_tensor *t);     /* label: interned here */
 
-/* the entries so far: *n is set to their count; valid until the next start */
-const dm_trace_entry *dm_trace_entries(int64_t *n);
+/* set the trace made so far aside (the kept one it replaces is dropped) and begin an empty one:
+** two runs' traces, one after the other, without holding the first anywhere else */
+void dm_trace_keep(void);
+
+/* the entries of the trace being made, or (kept) of the one set aside: *n is set to their count;
+** valid until the next start or keep */
+const dm_trace_entry *dm_trace_entries(bool kept, int64_t *n);
+
+/* the first entry (0-based) where the kept trace and the current one differ (name, kind or a
+** hash; or where one ends), or -1 where they are the same; *mark: the last mark before it (-1: none) */
+int64_t dm_trace_parting(int64_t *mark);
 
 #endif

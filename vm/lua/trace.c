@@ -51,30 +51,56 @@ static void push_hash(lua_State *L, uint64_t h) {
   lua_pushstring(L, buf);
 }
 
-/* core.trace_read() → {{name, kind, inputs, outputs}, ...}: the hashes as 16 hex digits
-** (a mark has neither; a tensor has outputs only) */
+static void push_entry(lua_State *L, const dm_trace_entry *e) {
+  lua_createtable(L, 0, 4);
+  lua_pushstring(L, e->name); lua_setfield(L, -2, "name");
+  lua_pushstring(L, kind_names[e->kind]); lua_setfield(L, -2, "kind");
+  if (e->kind == DM_TRACE_FORWARD || e->kind == DM_TRACE_BACKWARD) {
+    push_hash(L, e->in);
+    lua_setfield(L, -2, "inputs");
+  }
+  if (e->kind != DM_TRACE_MARK) {
+    push_hash(L, e->out);
+    lua_setfield(L, -2, "outputs");
+  }
+}
+
+/* core.trace_read([from, to, kept]) → {{name, kind, inputs, outputs}, ...}: entries from..to
+** (1-based, inclusive, cut to the trace; default all) of the trace being made, or (kept) of the
+** one set aside; the hashes as 16 hex digits (a mark has neither; a tensor has outputs only) */
 static int t_read(lua_State *L) {
   int64_t n;
-  const dm_trace_entry *e = dm_trace_entries(&n);
-  lua_createtable(L, (int)n, 0);
-  for (int64_t i = 0; i < n; i++) {
-    lua_createtable(L, 0, 4);
-    lua_pushstring(L, e[i].name); lua_setfield(L, -2, "name");
-    lua_pushstring(L, kind_names[e[i].kind]); lua_setfield(L, -2, "kind");
-    if (e[i].kind == DM_TRACE_FORWARD || e[i].kind == DM_TRACE_BACKWARD) {
-      push_hash(L, e[i].in);
-      lua_setfield(L, -2, "inputs");
-    }
-    if (e[i].kind != DM_TRACE_MARK) {
-      push_hash(L, e[i].out);
-      lua_setfield(L, -2, "outputs");
-    }
-    lua_rawseti(L, -2, (lua_Integer)(i + 1));
+  const dm_trace_entry *e = dm_trace_entries(lua_toboolean(L, 3), &n);
+  lua_Integer from = luaL_optinteger(L, 1, 1), to = luaL_optinteger(L, 2, n);
+  if (from < 1) from = 1;
+  if (to > n) to = n;
+  lua_createtable(L, to >= from ? (int)(to - from + 1) : 0, 0);
+  for (lua_Integer i = from; i <= to; i++) {
+    push_entry(L, &e[i - 1]);
+    lua_rawseti(L, -2, i - from + 1);
   }
   return 1;
 }
 
+/* core.trace_keep(): the trace so far set aside, an empty one begun */
+static int t_keep(lua_State *L) {
+  (void)L;
+  dm_trace_keep();
+  return 0;
+}
+
+/* core.trace_parting() → nil where the kept trace and this one are the same; else the first
+** entry (1-based) where they differ and the last mark before it (nil: none) */
+static int t_parting(lua_State *L) {
+  int64_t mark, at = dm_trace_parting(&mark);
+  if (at < 0) return 0;
+  lua_pushinteger(L, (lua_Integer)(at + 1));
+  if (mark < 0) lua_pushnil(L); else lua_pushinteger(L, (lua_Integer)(mark + 1));
+  return 2;
+}
+
 static const luaL_Reg funcs[] = {
   {"trace_start", t_start},   {"trace_stop", t_stop}, {"trace_on", t_on}, {"trace_mark", t_mark},
-  {"trace_tensor", t_tensor}, {"trace_read", t_read}, {NULL, NULL}};
+  {"trace_tensor", t_tensor}, {"trace_read", t_read}, {"trace_keep", t_keep}, {"trace_parting", t_parting},
+  {NULL, NULL}};
 DM_LUA_FUNCS(funcs)

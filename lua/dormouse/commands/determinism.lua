@@ -92,9 +92,7 @@ function determinism.first_divergence(a, b)
   local step, call = "before the first step", 0
   for i = 1, math.max(#a, #b) do
     local x, y = a[i], b[i]
-    if not x or not y then
-      return string.format("%s: one run's trace ends at entry %d, the other goes on", step, i)
-    end
+    if not x or not y then return string.format("%s: one run's trace ends there, the other goes on", step) end
     if x.kind ~= y.kind or x.name ~= y.name then
       return string.format("%s: the runs call different ops (%s of %s against %s of %s)", step, y.kind, y.name,
                            x.kind, x.name)
@@ -108,8 +106,9 @@ function determinism.first_divergence(a, b)
     else
       call = call + 1
       if x.inputs ~= y.inputs then
-        return string.format("%s, call %d (%s of %s): its inputs differ before any op's outputs did; they came " ..
-                             "from outside the ops (the data, or a tensor set between ops)", step, call, x.kind, x.name)
+        return string.format("%s, call %d (%s of %s): its inputs or attributes differ before any op's outputs " ..
+                             "did; they came from outside the ops (the data, a number, or a tensor set between ops)",
+                             step, call, x.kind, x.name)
       elseif x.outputs ~= y.outputs then
         return string.format("%s, call %d: the %s of %s gives other outputs from the same inputs; %s is not " ..
                              "deterministic here", step, call, x.kind, x.name, x.name)
@@ -119,21 +118,44 @@ function determinism.first_divergence(a, b)
 end
 
 --[[ Two more runs of the first `upto` steps, eager (a captured graph cannot be traced), each
-with every op call hashed: where they first part (first_divergence), or nil. ]]
+with every op call hashed: where they first part (first_divergence), or nil. The first run's
+trace stays in C (core.trace_keep): a run's is up to millions of entries, and held as Lua
+tables it would slow the collector that frees the second run's tensors. Only the step where
+they part is read into Lua, from its mark on. ]]
 function determinism.locate(file, overrides, dir, upto, root)
   local train, core = require "dormouse.train", require "dormouse.core"
   local o = {table.unpack(overrides)}
   o[#o + 1] = "graph=false"
-  local cfg, traced = config.load(file, o), {}
+  local cfg = config.load(file, o)
   for k = 1, 2 do
+    collectgarbage()
     core.trace_start()
     local ok, err = pcall(train.run, cfg, {runs = dir .. "/trace-" .. k, overwrite = true, quiet = true, silent = true,
                                           root = root, stop_at = upto})
     core.trace_stop()
     if not ok then error(err, 0) end
-    traced[k] = core.trace_read()
+    if k == 1 then core.trace_keep() end
   end
-  return determinism.first_divergence(traced[1], traced[2])
+  local at, mark = core.trace_parting()
+  if not at then return nil end
+  return determinism.first_divergence(core.trace_read(mark or 1, at, true), core.trace_read(mark or 1, at))
+end
+
+-- Where two straight runs part (locate), as a sentence for the report
+local function parting(file, o, dir, r, opts, cfg)
+  local straight = r.checks[1].difference ~= nil
+  if not straight then
+    return "not searched: the two straight runs agree, so the difference comes with the resume (what the " ..
+           "checkpoint keeps, or what a resumed run sets up again)"
+  end
+  if opts.say then opts.say(string.format("determinism: the runs differ; two more of %d steps, every op hashed, " ..
+                                          "to find where they part", r.traced_steps)) end
+  local ok, where = pcall(determinism.locate, file, o, dir, r.traced_steps, opts.root)
+  if not ok then return "not searched: a traced run failed: " .. tostring(where) end
+  if where then return where end
+  return string.format("nowhere in %d steps run eagerly with every op hashed%s", r.traced_steps,
+                       r.device == "cuda" and cfg.graph ~= false and
+                       " (the runs above were captured as a graph: the difference may need it)" or "")
 end
 
 --[[ The three runs and their comparisons. opts: steps, overrides (a list of "k=v"), root, runs (the
@@ -173,24 +195,20 @@ function determinism.check(file, opts)
   local dm = require "dormouse"
   local function folder(k) return dir .. "/" .. k .. "/" .. cfg.name end
   local first = {steps = steps_of(folder(1) .. "/metrics.jsonl"), ckpt = dm.ckpt.load(folder(1) .. "/ckpt-" .. steps)}
-  local checks, upto = {}, nil
+  local checks, upto, differ = {}, nil, false
   for k, what in pairs {[2] = "run 2, straight through", [3] = string.format("run 3, resumed at step %d", half)} do
     local other = dm.ckpt.load(folder(k) .. "/ckpt-" .. steps)
     local diff, step = first_step_difference(first.steps, steps_of(folder(k) .. "/metrics.jsonl"), steps)
     diff = diff or first_tensor_difference(first.ckpt.model, other.model, "parameter")
                or first_tensor_difference(first.ckpt.optim, other.optim, "optimiser state")
     checks[k - 1] = {what = what, difference = diff}
-    if diff then upto = math.min(upto or steps, step or steps) end
+    differ = differ or diff ~= nil
+    if diff and k == 2 then upto = step or steps end          -- the straight runs: traced up to there
   end
-  local r = {name = cfg.name, dir = dir, steps = steps, half = half, checks = checks, device = train.pick_device(cfg)}
-  if upto and opts.locate ~= false then
-    if opts.say then opts.say(string.format("determinism: the runs differ; two more of %d steps, every op hashed, " ..
-                                            "to find where they part", upto)) end
-    r.traced_steps = upto
-    r.parts = determinism.locate(file, o, dir, upto, opts.root) or
-              string.format("nowhere in %d steps run eagerly with every op hashed (the difference needs the " ..
-                            "captured graph, or more steps)", upto)
-  end
+  first = nil                     -- the first run's checkpoint: let go before any traced run
+  local r = {name = cfg.name, dir = dir, steps = steps, half = half, checks = checks, device = train.pick_device(cfg),
+             traced_steps = upto}
+  if differ and opts.locate ~= false then r.parts = parting(file, o, dir, r, opts, cfg) end
   return r
 end
 
