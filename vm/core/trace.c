@@ -69,7 +69,8 @@ static uint64_t hash_one(const dm_tensor *t, uint64_t seed) {
   return seed;
 }
 
-uint64_t dm_trace_hash(int n, dm_tensor *const *t) {
+/* the hash of n tensors (NULL ones count as an absent tensor) */
+static uint64_t trace_hash(int n, dm_tensor *const *t) {
   bool was = T.hashing;
   T.hashing = true;
   uint64_t h = 0x646f726d6f757365ull;      /* "dormouse" */
@@ -100,7 +101,7 @@ bool dm_trace_enter(int n_in, dm_tensor *const *in, const dm_attrs *a, uint64_t 
     dm_error("trace: an op is being captured into a CUDA graph while the trace is on (run with graph = false)");
   bool outermost = T.depth++ == 0;
   if (!outermost) return false;
-  uint64_t h = dm_trace_hash(n_in, in);
+  uint64_t h = trace_hash(n_in, in);
   if (a) {                                /* the given values only: the struct's tail is not cleared */
     h = dm_xxh64(a->v, sizeof(double) * (size_t)a->nv, h);
     h = dm_xxh64(a->list, sizeof(int64_t) * (size_t)a->nlist, h);
@@ -113,7 +114,7 @@ void dm_trace_leave(bool outermost, const char *name, int kind, uint64_t in_hash
                     dm_tensor *const *out) {
   if (!T.on || T.hashing) return;
   if (T.depth > 0) T.depth--;
-  if (outermost) add(name, kind, in_hash, dm_trace_hash(n_out, out));
+  if (outermost) add(name, kind, in_hash, trace_hash(n_out, out));
 }
 
 void dm_trace_mark(const char *label) {
@@ -121,7 +122,7 @@ void dm_trace_mark(const char *label) {
 }
 
 void dm_trace_tensor(const char *label, dm_tensor *t) {
-  if (T.on) add(own_label(label), DM_TRACE_TENSOR, 0, dm_trace_hash(1, &t));
+  if (T.on) add(own_label(label), DM_TRACE_TENSOR, 0, trace_hash(1, &t));
 }
 
 /* an error unwound through open calls: none is open now */

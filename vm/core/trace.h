@@ -38,9 +38,6 @@ void dm_trace_start(void);      /* clear the trace and start recording */
 void dm_trace_stop(void);       /* stop; the entries are kept until the next start */
 bool dm_trace_on(void);
 
-/* the hash of n tensors (NULL ones count as an absent tensor) */
-uint64_t dm_trace_hash(int n, dm_tensor *const *t);
-
 /* around an op's forward or a node's backward: enter returns whether this call
 ** is the outermost (recorded) one, and takes its inputs' hash then (with the
 ** attributes a forward was given; NULL for a backward, whose are its forward's) */
