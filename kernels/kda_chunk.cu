@@ -7,8 +7,9 @@
 ** float32.
 **
 ** Kernels (one block of 256 threads each; "chunk" = one (b, h, chunk)),
-** every 64 x 64 x 64 product on the tensor cores in "3xTF32" (near float32;
-** see "the backward per chunk on tensor cores"):
+** every 64 x 64 x 64 product on the tensor cores: in "3xTF32" (near float32;
+** see "the backward per chunk on tensor cores") for f32 inputs, in one TF32
+** pass for 16-bit ones (kc_passes):
 **   prep     per chunk: G, M, P, A = (I + StrictLower(beta M))^-1, w, u, kg,
 **            qg, e^G_last into device scratch.
 **   state    per (b, h, 32 value columns), serial over chunks: vn = u - w S,
@@ -316,7 +317,8 @@ template <int N> __device__ __forceinline__ void tiles_in(float *const (&dst)[N]
 ** kc_bwy_tc_k and kc_bintra_tc_k compute the B3 and B4-B5 terms with their 64 x 64 x 64 products on mma.sync
 ** m16n8k8 in "3xTF32": every float32 operand is split as x = hi + lo, both rounded to tf32, and a b is
 ** taken as lo(a) hi(b) + hi(a) lo(b) + hi(a) hi(b), f32 accumulation; what is left out, lo lo and the
-** rounding of lo, is under 2^-21 relative, near float32. bwy reads M and A from prep's scratch instead
+** rounding of lo, is under 2^-21 relative, near float32. 16-bit inputs take hi(a) hi(b) alone (2^-11
+** relative a product, under their own rounding: kc_passes). bwy reads M and A from prep's scratch instead
 ** of computing them again.
 **
 ** Tiles have rows of LT = 68 floats: a fragment's 32 lanes, (row g, column q) for g < 8, q < 4, fall in
@@ -371,10 +373,14 @@ __device__ __forceinline__ void kc_ldbs(kc_fb &f, const float *b, int sk, int sn
   kc_split(s * p[0], f.h[0], f.l[0]);
   kc_split(s * p[4 * sk], f.h[1], f.l[1]);
 }
-/* c += a b in 3xTF32, the small terms first */
-__device__ __forceinline__ void kc_mma3(float (&c)[4], const kc_fa &a, const kc_fb &b) {
-  dm_mma1688_tf32(c, a.l, b.h);
-  dm_mma1688_tf32(c, a.h, b.l);
+/* c += a b in NP passes: 3 (3xTF32, the small terms first: near float32) or 1 (the rounded
+** operands alone: a 10-bit mantissa, for 16-bit inputs; kc_passes) */
+template <int NP> __device__ __forceinline__ void kc_mma(float (&c)[4], const kc_fa &a, const kc_fb &b) {
+  static_assert(NP == 1 || NP == 3, "kc_mma takes 1 or 3 passes");
+  if constexpr (NP == 3) {
+    dm_mma1688_tf32(c, a.l, b.h);
+    dm_mma1688_tf32(c, a.h, b.l);
+  }
   dm_mma1688_tf32(c, a.h, b.h);
 }
 
@@ -411,7 +417,7 @@ __device__ __forceinline__ void kc_rows_out(void *dst, int t, const float *src, 
 */
 
 /* M (strictly lower, into Ms, which lies over KB) and P (lower, to global) */
-__device__ void kc_mp_tc(const float *q, const float *k, const float *G, const float *KE, const float *QE,
+template <int NP> __device__ void kc_mp_tc(const float *q, const float *k, const float *G, const float *KE, const float *QE,
                          const float *KB, float *Ms, float *Pg) {
   const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, gq = lane >> 2, qq = lane & 3;
   /* across sub-chunks: 12 m16n8 jobs (block row r >= 1, columns 8 nt < 16 r), jobs wp and wp + 8 */
@@ -431,8 +437,8 @@ __device__ void kc_mp_tc(const float *q, const float *k, const float *G, const f
       kc_lda(aq, QE, LT, 1, KS * jr[s], kk);
       kc_fb bk;
       kc_ldb(bk, kb, 1, LT, kk, 8 * jn[s]);       /* (x, j) = KB_r[j][x] */
-      kc_mma3(cm[s], ae, bk);
-      kc_mma3(cp[s], aq, bk);
+      kc_mma<NP>(cm[s], ae, bk);
+      kc_mma<NP>(cp[s], aq, bk);
     }
   }
   __syncthreads();                                 /* KB read: M goes over it */
@@ -485,7 +491,7 @@ __device__ void kc_mp_tc(const float *q, const float *k, const float *G, const f
 ** After M and P, M lies over KB, X = beta k e^G over KE, Y = beta v over QE, A over q. */
 #define PREPT_SMEM (5 * TT + KB_ROWS * LT + KC + KS * KS)
 
-__global__ void __launch_bounds__(KC_THREADS, 2) kc_prep_tc_k(kc_io A) {
+template <int NP> __global__ void __launch_bounds__(KC_THREADS, 2) kc_prep_tc_k(kc_io A) {
   extern __shared__ __align__(16) float smt[];
   float *q = smt, *k = q + TT, *G = k + TT, *KE = G + TT, *QE = KE + TT, *KB = QE + TT;
   float *beta = KB + KB_ROWS * LT, *X = beta + KC, *Ms = KB, *As = q;
@@ -493,7 +499,7 @@ __global__ void __launch_bounds__(KC_THREADS, 2) kc_prep_tc_k(kc_io A) {
   const int c = chunk_rows(A, n);
   kc_load_all<LT>(A, pair, n, c, q, k, NULL, NULL, G, beta);
   kc_anchor<LT>(q, k, G, KE, QE, KB, NULL);
-  kc_mp_tc(q, k, G, KE, QE, KB, Ms, chunk_tile(A.P, chunk));
+  kc_mp_tc<NP>(q, k, G, KE, QE, KB, Ms, chunk_tile(A.P, chunk));
   /* X = beta k e^G into KE, v into QE; kg, qg, e^G_last out */
   float *gk = chunk_tile(A.kg, chunk), *gq = chunk_tile(A.qg, chunk);
   for (int idx = threadIdx.x; idx < KC * KC; idx += KC_THREADS) {
@@ -531,8 +537,8 @@ __global__ void __launch_bounds__(KC_THREADS, 2) kc_prep_tc_k(kc_io A) {
       kc_fb bx, by;
       kc_ldb(bx, KE, LT, 1, kk, n0 + 8 * t);
       kc_ldb(by, QE, LT, 1, kk, n0 + 8 * t);
-      kc_mma3(w4[t], aa, bx);
-      kc_mma3(u4[t], aa, by);
+      kc_mma<NP>(w4[t], aa, bx);
+      kc_mma<NP>(u4[t], aa, by);
     }
   }
   float *gw = chunk_tile(A.w, chunk), *gu = chunk_tile(A.u, chunk);
@@ -555,7 +561,7 @@ __device__ __forceinline__ float quad_sum(float v) {
 /* shared floats: q k v G M A h dh vn dvn do (11 tiles); beta, hdh, gl, 4 x KC column sums, 2 x KC db, 2 x KC sb */
 #define BWYT_SMEM (11 * TT + 11 * KC)
 
-__global__ void __launch_bounds__(KC_THREADS, 1) kc_bwy_tc_k(kc_io A) {
+template <int NP> __global__ void __launch_bounds__(KC_THREADS, 1) kc_bwy_tc_k(kc_io A) {
   extern __shared__ __align__(16) float smt[];
   float *q = smt, *k = q + TT, *v = k + TT, *G = v + TT, *Ms = G + TT, *As = Ms + TT, *h = As + TT, *dh = h + TT;
   float *vn = dh + TT, *dvn = vn + TT, *dO = dvn + TT;
@@ -596,13 +602,13 @@ __global__ void __launch_bounds__(KC_THREADS, 1) kc_bwy_tc_k(kc_io A) {
       kc_fb bh, bd;
       kc_ldb(bh, h, 1, LT, kk, nt);
       kc_ldb(bd, dh, 1, LT, kk, nt);
-      kc_mma3(dq[t], ao, bh);
-      kc_mma3(dkk[t], an, bd);
-      kc_mma3(dw[t], ad, bh);
+      kc_mma<NP>(dq[t], ao, bh);
+      kc_mma<NP>(dkk[t], an, bd);
+      kc_mma<NP>(dw[t], ad, bh);
       if (nt <= m0 + 15) {
         kc_fb bv;
         kc_ldb(bv, vn, 1, LT, kk, nt);
-        kc_mma3(dP[t], ao, bv);
+        kc_mma<NP>(dP[t], ao, bv);
       }
     }
   }
@@ -652,8 +658,8 @@ __global__ void __launch_bounds__(KC_THREADS, 1) kc_bwy_tc_k(kc_io A) {
         kc_fb bx, bv;
         kc_ldb(bx, Xt, 1, LT, kk, nt);
         kc_ldbs(bv, v, 1, LT, kk, nt, beta[nt + gq]);
-        kc_mma3(a4[t], aw, bx);
-        kc_mma3(a4[t], av, bv);
+        kc_mma<NP>(a4[t], aw, bx);
+        kc_mma<NP>(a4[t], av, bv);
       }
     }
     KC_OWN(dA[i * LT + x] = x < i ? a4[t][e] : 0.f;)
@@ -670,8 +676,8 @@ __global__ void __launch_bounds__(KC_THREADS, 1) kc_bwy_tc_k(kc_io A) {
         kc_fb bw, bn;
         kc_ldb(bw, dwt, LT, 1, kk, nt);
         kc_ldb(bn, dvn, LT, 1, kk, nt);
-        kc_mma3(dX[t], aa, bw);
-        kc_mma3(dY[t], aa, bn);
+        kc_mma<NP>(dX[t], aa, bw);
+        kc_mma<NP>(dY[t], aa, bn);
       }
     }
     float sb[2] = {0.f, 0.f};
@@ -705,7 +711,7 @@ __global__ void __launch_bounds__(KC_THREADS, 1) kc_bwy_tc_k(kc_io A) {
       for (int t = 0; t < 4; t++) {
         kc_fb bd;
         kc_ldb(bd, dA, LT, 1, kk, n0 + 8 * t);
-        kc_mma3(t4[t], aa, bd);
+        kc_mma<NP>(t4[t], aa, bd);
       }
     }
     KC_OWN(Tt[i * LT + x] = t4[t][e];)
@@ -722,7 +728,7 @@ __global__ void __launch_bounds__(KC_THREADS, 1) kc_bwy_tc_k(kc_io A) {
         if (nt > m0 + 15) continue;
         kc_fb ba;
         kc_ldb(ba, As, 1, LT, kk, nt);
-        kc_mma3(l4[t], at, ba);
+        kc_mma<NP>(l4[t], at, ba);
       }
     }
     float *gdM = chunk_tile(A.dM, chunk);
@@ -760,7 +766,7 @@ __global__ void __launch_bounds__(KC_THREADS, 1) kc_bwy_tc_k(kc_io A) {
 /* shared floats: q k G KE QE dM dP (7 tiles), the partial dq dk dG (3 tiles, summed into), KB EB, block totals */
 #define BINTT_SMEM (10 * TT + 2 * KB_ROWS * LT + 4 * KC)
 
-__global__ void __launch_bounds__(KC_THREADS, 1) kc_bintra_tc_k(kc_io A) {
+template <int NP> __global__ void __launch_bounds__(KC_THREADS, 1) kc_bintra_tc_k(kc_io A) {
   extern __shared__ __align__(16) float smt[];
   float *q = smt, *k = q + TT, *G = k + TT, *KE = G + TT, *QE = KE + TT, *dM = QE + TT, *dP = dM + TT;
   float *sq = dP + TT, *sk = sq + TT, *sg = sk + TT, *KB = sg + TT, *EB = KB + KB_ROWS * LT, *tot = EB + KB_ROWS * LT;
@@ -790,8 +796,8 @@ __global__ void __launch_bounds__(KC_THREADS, 1) kc_bintra_tc_k(kc_io A) {
         for (int t = 0; t < 4; t++) {
           kc_fb bk;
           kc_ldb(bk, kb, LT, 1, kk, n0 + 8 * t);
-          kc_mma3(R[t], am, bk);
-          kc_mma3(Qr[t], ap, bk);
+          kc_mma<NP>(R[t], am, bk);
+          kc_mma<NP>(Qr[t], ap, bk);
         }
       }
       KC_OWN({
@@ -812,8 +818,8 @@ __global__ void __launch_bounds__(KC_THREADS, 1) kc_bintra_tc_k(kc_io A) {
           kc_fb be, bq;
           kc_ldb(be, KE, LT, 1, KS * a + kk, n0 + 8 * t);
           kc_ldb(bq, QE, LT, 1, KS * a + kk, n0 + 8 * t);
-          kc_mma3(zc[t], am, be);
-          kc_mma3(zk[t], ap, bq);
+          kc_mma<NP>(zc[t], am, be);
+          kc_mma<NP>(zk[t], ap, bq);
         }
       }
       const float *eb = EB + kb_row(a, 0) * LT;
@@ -906,7 +912,7 @@ __global__ void __launch_bounds__(KC_THREADS, 1) kc_bintra_tc_k(kc_io A) {
 #define STATT_SMEM (4 * TT + 3 * KC * LVS + KC)
 
 /* grid: pairs x (64 / VT); bwd: keep h and vn, no o */
-template <bool BWD> __global__ void __launch_bounds__(KC_THREADS, 2) kc_state_tc_k(kc_io A) {
+template <bool BWD, int NP> __global__ void __launch_bounds__(KC_THREADS, 2) kc_state_tc_k(kc_io A) {
   extern __shared__ __align__(16) float smt[];
   float *w = smt, *kg = w + TT, *qg = kg + TT, *P = qg + TT, *S = P + TT, *u = S + KC * LVS;
   float *vn = u + KC * LVS, *decay = vn + KC * LVS;
@@ -966,7 +972,7 @@ template <bool BWD> __global__ void __launch_bounds__(KC_THREADS, 2) kc_state_tc
       for (int t = 0; t < 2; t++) {
         kc_fb bs;
         kc_ldb(bs, S, LVS, 1, kk, n0 + 8 * t);
-        kc_mma3(nv[t], aw, bs);
+        kc_mma<NP>(nv[t], aw, bs);
       }
     }
     KC_OWN2({
@@ -986,7 +992,7 @@ template <bool BWD> __global__ void __launch_bounds__(KC_THREADS, 2) kc_state_tc
         for (int t = 0; t < 2; t++) {
           kc_fb bs;
           kc_ldb(bs, S, LVS, 1, kk, n0 + 8 * t);
-          kc_mma3(ov[t], aq, bs);
+          kc_mma<NP>(ov[t], aq, bs);
         }
       }
       for (int kk = 0; kk < m0 + 16; kk += 8) {
@@ -996,7 +1002,7 @@ template <bool BWD> __global__ void __launch_bounds__(KC_THREADS, 2) kc_state_tc
         for (int t = 0; t < 2; t++) {
           kc_fb bv;
           kc_ldb(bv, vn, LVS, 1, kk, n0 + 8 * t);
-          kc_mma3(ov[t], ap, bv);
+          kc_mma<NP>(ov[t], ap, bv);
         }
       }
       KC_OWN2(if (i < c && y0 + y < dv)
@@ -1013,7 +1019,7 @@ template <bool BWD> __global__ void __launch_bounds__(KC_THREADS, 2) kc_state_tc
       for (int t = 0; t < 2; t++) {
         kc_fb bv;
         kc_ldb(bv, vn, LVS, 1, kk, n0 + 8 * t);
-        kc_mma3(sn[t], ak, bv);
+        kc_mma<NP>(sn[t], ak, bv);
       }
     }
     KC_OWN2(S[i * LVS + y] = sn[t][e];)
@@ -1027,7 +1033,7 @@ template <bool BWD> __global__ void __launch_bounds__(KC_THREADS, 2) kc_state_tc
 }
 
 /* shared floats: P kg qg w (4 tiles of LT), dS do dvn (64 x LVS each), decay */
-__global__ void __launch_bounds__(KC_THREADS, 2) kc_bstate_tc_k(kc_io A) {
+template <int NP> __global__ void __launch_bounds__(KC_THREADS, 2) kc_bstate_tc_k(kc_io A) {
   extern __shared__ __align__(16) float smt[];
   float *P = smt, *kg = P + TT, *qg = kg + TT, *w = qg + TT, *dS = w + TT, *dO = dS + KC * LVS;
   float *dvn = dO + KC * LVS, *decay = dvn + KC * LVS;
@@ -1083,7 +1089,7 @@ __global__ void __launch_bounds__(KC_THREADS, 2) kc_bstate_tc_k(kc_io A) {
       for (int t = 0; t < 2; t++) {
         kc_fb bs;
         kc_ldb(bs, dS, LVS, 1, kk, n0 + 8 * t);
-        kc_mma3(d[t], ak, bs);
+        kc_mma<NP>(d[t], ak, bs);
       }
     }
     for (int kk = m0; kk < KC; kk += 8) {
@@ -1093,7 +1099,7 @@ __global__ void __launch_bounds__(KC_THREADS, 2) kc_bstate_tc_k(kc_io A) {
       for (int t = 0; t < 2; t++) {
         kc_fb bo;
         kc_ldb(bo, dO, LVS, 1, kk, n0 + 8 * t);
-        kc_mma3(d[t], ap, bo);
+        kc_mma<NP>(d[t], ap, bo);
       }
     }
     KC_OWN2({
@@ -1114,8 +1120,8 @@ __global__ void __launch_bounds__(KC_THREADS, 2) kc_bstate_tc_k(kc_io A) {
         kc_fb bo, bv;
         kc_ldb(bo, dO, LVS, 1, kk, n0 + 8 * t);
         kc_ldbs(bv, dvn, LVS, 1, kk, n0 + 8 * t, -1.f);
-        kc_mma3(s[t], aq, bo);
-        kc_mma3(s[t], aw, bv);
+        kc_mma<NP>(s[t], aq, bo);
+        kc_mma<NP>(s[t], aw, bv);
       }
     }
     KC_OWN2(dS[i * LVS + y] = s[t][e];)
@@ -1166,6 +1172,32 @@ static float *kc_carve(float **cur, int64_t chunks) {
   return p;
 }
 
+/* The products' passes (kc_mma): 3xTF32 for f32 inputs, near float32; one TF32 pass for 16-bit
+** ones, whose operands carry 8 (bf16) or 11 (f16) bits to begin with. Each path's error against the
+** float64 recurrence: tests/gpu/check_kda.lua, docs/performance.md. */
+static int kc_passes(const kc_io &A) { return A.qdt == DM_F32 ? 3 : 1; }
+
+/* the launch of `run<NP>(args...)` with kc_passes(A) as NP */
+#define KC_WITH_PASSES(A, run, ...) \
+  (kc_passes(A) == 3 ? run<3>(__VA_ARGS__) : run<1>(__VA_ARGS__))
+
+template <int NP> static void kc_launch_front(kc_io &A, bool bwd, int64_t chunks) {
+  cudaStream_t st = dm_cuda_stream();
+  if (chunks > 0) {
+    kc_prep_tc_k<NP><<<(unsigned)chunks, KC_THREADS, kc_smem((const void *)kc_prep_tc_k<NP>, PREPT_SMEM), st>>>(A);
+    DM_CU_LAUNCHED();
+  }
+  const int64_t blocks = A.B * A.H * (KC / VT);
+  if (blocks > 0) {
+    const unsigned nb = (unsigned)blocks;
+    if (bwd)
+      kc_state_tc_k<true, NP><<<nb, KC_THREADS, kc_smem((const void *)kc_state_tc_k<true, NP>, STATT_SMEM), st>>>(A);
+    else
+      kc_state_tc_k<false, NP><<<nb, KC_THREADS, kc_smem((const void *)kc_state_tc_k<false, NP>, STATT_SMEM), st>>>(A);
+    DM_CU_LAUNCHED();
+  }
+}
+
 /* prep, then the state pass (forward: o and the final state; bwd: h and vn kept) */
 static kc_scratch kc_front(kc_io *A, bool bwd) {
   const int64_t chunks = A->B * A->H * A->NT;
@@ -1182,19 +1214,24 @@ static kc_scratch kc_front(kc_io *A, bool bwd) {
     A->Mg = kc_carve(&cur, chunks); A->Ag = kc_carve(&cur, chunks);
   }
   A->decay = cur;
-  cudaStream_t st = dm_cuda_stream();
-  if (chunks > 0) {
-    kc_prep_tc_k<<<(unsigned)chunks, KC_THREADS, kc_smem((const void *)kc_prep_tc_k, PREPT_SMEM), st>>>(*A);
-    DM_CU_LAUNCHED();
-  }
-  const int64_t blocks = A->B * A->H * (KC / VT);
-  if (blocks > 0) {
-    const unsigned nb = (unsigned)blocks;
-    if (bwd) kc_state_tc_k<true><<<nb, KC_THREADS, kc_smem((const void *)kc_state_tc_k<true>, STATT_SMEM), st>>>(*A);
-    else kc_state_tc_k<false><<<nb, KC_THREADS, kc_smem((const void *)kc_state_tc_k<false>, STATT_SMEM), st>>>(*A);
-    DM_CU_LAUNCHED();
-  }
+  KC_WITH_PASSES(*A, kc_launch_front, *A, bwd, chunks);
   return s;
+}
+
+/* the backward's kernels after kc_front: bstate, then bwy and bintra per chunk */
+template <int NP> static void kc_launch_back(kc_io &A) {
+  cudaStream_t st = dm_cuda_stream();
+  const int64_t chunks = A.B * A.H * A.NT, blocks = A.B * A.H * (KC / VT);
+  if (blocks > 0) {
+    kc_bstate_tc_k<NP><<<(unsigned)blocks, KC_THREADS, kc_smem((const void *)kc_bstate_tc_k<NP>, STATT_SMEM), st>>>(A);
+    DM_CU_LAUNCHED();
+  }
+  if (chunks > 0) {
+    kc_bwy_tc_k<NP><<<(unsigned)chunks, KC_THREADS, kc_smem((const void *)kc_bwy_tc_k<NP>, BWYT_SMEM), st>>>(A);
+    DM_CU_LAUNCHED();
+    kc_bintra_tc_k<NP><<<(unsigned)chunks, KC_THREADS, kc_smem((const void *)kc_bintra_tc_k<NP>, BINTT_SMEM), st>>>(A);
+    DM_CU_LAUNCHED();
+  }
 }
 
 static void cuda_kda_chunk_fwd(dm_tensor *o, dm_tensor *s_final, const dm_tensor *q, const dm_tensor *k,
@@ -1223,18 +1260,7 @@ static void cuda_kda_chunk_bwd(dm_tensor *dq, dm_tensor *dk, dm_tensor *dv, dm_t
   if (!A.dv_) { A.dv_ = spare; A.dvdt = DM_F32; }
   if (!A.dbeta) { A.dbeta = spare + (A.dv_ == spare ? n_tok * A.dv : 0); A.dbdt = DM_F32; }
   kc_scratch s = kc_front(&A, true);
-  cudaStream_t st = dm_cuda_stream();
-  const int64_t blocks = A.B * A.H * (KC / VT);
-  if (blocks > 0) {
-    kc_bstate_tc_k<<<(unsigned)blocks, KC_THREADS, kc_smem((const void *)kc_bstate_tc_k, STATT_SMEM), st>>>(A);
-    DM_CU_LAUNCHED();
-  }
-  if (chunks > 0) {
-    kc_bwy_tc_k<<<(unsigned)chunks, KC_THREADS, kc_smem((const void *)kc_bwy_tc_k, BWYT_SMEM), st>>>(A);
-    DM_CU_LAUNCHED();
-    kc_bintra_tc_k<<<(unsigned)chunks, KC_THREADS, kc_smem((const void *)kc_bintra_tc_k, BINTT_SMEM), st>>>(A);
-    DM_CU_LAUNCHED();
-  }
+  KC_WITH_PASSES(A, kc_launch_back, A);
   dm_scratch_free(s.base, s.bytes);
   if (spare) dm_scratch_free(spare, extra);
 }
