@@ -16,8 +16,8 @@
 ** contiguous copy. A b shared by the whole batch against a's rows at one
 ** stride (x @ w of a linear layer) is one product of [batch * m, k] rows.
 **
-** Types: bf16 and f16 in and out with fp32 accumulation, f32 (TF32 tensor
-** cores when dm.cuda.tf32(true)), f64. The algorithm is chosen once per
+** Types: bf16 and f16 in and out with fp32 accumulation (or out in f32: the
+** sums kept), f32 (TF32 tensor cores when dm.cuda.tf32(true)), f64. The algorithm is chosen once per
 ** shape (dims, leading dims, batch strides, pointer alignment, dtype, TF32)
 ** and cached with its descriptors: for a product of at least a GFLOP, the
 ** fastest of cuBLASLt's first 8 heuristic candidates, timed on the first
@@ -132,7 +132,7 @@ static dm_tensor *describe(dm_tensor *t, bool tr, const dm_tensor *out, operand 
 /* ---- plans: descriptors and algorithm, once per shape ----------------------------------- */
 
 typedef struct plan_key {
-  int dt, tf32, ta, tb;
+  int dt, odt, tf32, ta, tb;                     /* odt: the product's dtype, dt's or f32 */
   int64_t m, n, k, lda, ldb, ldc, batch, sa, sb, sc;
   int align_a, align_b, align_c;
 } plan_key;
@@ -221,7 +221,7 @@ static void plan_build(plan *p, const plan_key *k, const operands *o) {
   /* D[m, n] = op(A)[m, k] op(B)[k, n], column-major */
   layout(&p->la, dt, k->ta ? k->k : k->m, k->ta ? k->m : k->k, k->lda, k->batch, k->sa);
   layout(&p->lb, dt, k->tb ? k->n : k->k, k->tb ? k->k : k->n, k->ldb, k->batch, k->sb);
-  layout(&p->lc, dt, k->m, k->n, k->ldc, k->batch, k->sc);
+  layout(&p->lc, (dm_dtype)k->odt, k->m, k->n, k->ldc, k->batch, k->sc);
   cublasLtMatmulPreference_t pref;
   LT(cublasLtMatmulPreferenceCreate(&pref));
   uint64_t ws = DM_GEMM_WORKSPACE;
@@ -267,12 +267,13 @@ static const plan *plan_for(const plan_key *k, const operands *o) {
 }
 
 /* D = X Y with X = cuBLASLt's A (our b), Y its B (our a); C column-major [m, n] */
-static const plan *plan_of(dm_dtype dt, const operand *x, const operand *y, void *c, int64_t m, int64_t n,
-                           int64_t k, int64_t batch) {
+static const plan *plan_of(dm_dtype dt, dm_dtype odt, const operand *x, const operand *y, void *c, int64_t m,
+                           int64_t n, int64_t k, int64_t batch) {
   size_t es = dm_dtype_size(dt);
   plan_key key;
   memset(&key, 0, sizeof key);                   /* padding takes part in the hash */
   key.dt = (int)dt;
+  key.odt = (int)odt;
   key.tf32 = dt == DM_F32 && dm_cuda_tf32();
   key.ta = x->trans;
   key.tb = y->trans;
@@ -288,7 +289,7 @@ static const plan *plan_of(dm_dtype dt, const operand *x, const operand *y, void
   key.sc = batch > 1 ? m * n : 0;
   key.align_a = alignment(x->data, key.sa, es);
   key.align_b = alignment(y->data, key.sb, es);
-  key.align_c = alignment(c, key.sc, es);
+  key.align_c = alignment(c, key.sc, dm_dtype_size(odt));
   operands o = {x->data, y->data, c};
   return plan_for(&key, &o);
 }
@@ -304,8 +305,9 @@ static void cuda_matmul(dm_tensor *out, dm_tensor *a, dm_tensor *b, bool ta, boo
   int64_t m = out->shape[nd - 2], n = out->shape[nd - 1];
   int64_t k = ta ? a->shape[a->ndim - 2] : a->shape[a->ndim - 1];
   if (dm_numel(out) == 0) return;
-  if (out->dtype != DM_F32 && out->dtype != DM_F64 && out->dtype != DM_BF16 && out->dtype != DM_F16)
-    dm_error("matmul needs a float dtype, got %s", dm_dtype_name(out->dtype));
+  dm_dtype dt = a->dtype;                        /* the inputs'; out's is dt or, from 16 bits, f32 */
+  if (dt != DM_F32 && dt != DM_F64 && dt != DM_BF16 && dt != DM_F16)
+    dm_error("matmul needs a float dtype, got %s", dm_dtype_name(dt));
   if (k == 0) {
     dm_fill(out, 0);
     return;
@@ -321,8 +323,8 @@ static void cuda_matmul(dm_tensor *out, dm_tensor *a, dm_tensor *b, bool ta, boo
     batch = 1;
   }
   if (batch > INT_MAX) dm_error("matmul: a batch of %lld matrices is over cuBLASLt's limit", (long long)batch);
-  const plan *p = plan_of(out->dtype, &ob, &oa, dm_data(out), n, m, k, batch);
-  run(p, out->dtype, ob.data, oa.data, dm_data(out));
+  const plan *p = plan_of(dt, out->dtype, &ob, &oa, dm_data(out), n, m, k, batch);
+  run(p, dt, ob.data, oa.data, dm_data(out));
   DM_CU_LAUNCHED();
   dm_release(ha);
   dm_release(hb);
@@ -392,7 +394,7 @@ double dm_cuda_bench_gemm(dm_dtype dt, int64_t m, int64_t n, int64_t k, int reps
   } else {
     /* row-major C = A B is column-major C^T = B^T A^T: B as cuBLASLt's A, untransposed */
     operand x = {dm_data(b), n, k, n, 0, false}, y = {dm_data(a), k, m, k, 0, false};
-    gemm_run g = {plan_of(dt, &x, &y, dm_data(c), n, m, k, 1), dt, x.data, y.data, dm_data(c)};
+    gemm_run g = {plan_of(dt, dt, &x, &y, dm_data(c), n, m, k, 1), dt, x.data, y.data, dm_data(c)};
     ms = median_ms(gemm_once, &g, reps);
   }
   dm_release(a);

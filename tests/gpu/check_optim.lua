@@ -82,6 +82,32 @@ for _, mom in ipairs {"f32", "bf16", "bf16_stochastic"} do
   end
 end
 
+-- Newton-Schulz in bf16 against f32 on the device, on b1's bank shapes (the Gram form: the stack in
+-- bf16, its Gram matrix kept in f32) and a square matrix (the plain form): the update's relative error
+-- and each form's distance from orthogonal (|X Xt - I| over the short side's rows, the Frobenius norm
+-- relative to I's), printed for the record (docs/performance.md)
+local function off_orthogonal(x)
+  local s = x:to("f32")
+  if s:size(2) > s:size(3) then s = s:transpose(2, 3) end
+  local g = dm.matmul(s, s, {transpose_b = true})
+  local b, r = g:size(1), g:size(2)
+  -- |G - I|^2 = |G|^2 - 2 tr G + r a matrix, tr G = |s|^2
+  local d2 = g:to("f64"):square():sum():item() - 2 * s:to("f64"):square():sum():item() + b * r
+  return math.sqrt(math.max(d2, 0) / (b * r))
+end
+for _, shape in ipairs {{8, 64, 2048}, {8, 2048, 64}, {4, 64, 5461}, {1, 2048, 2048}} do
+  checks.check(string.format("newton_schulz [%s] bf16 against f32 (%s)", table.concat(shape, ", "), GPU), function()
+    local x = dm.randn(shape, {seed = 7}):to(GPU)
+    local r16 = core.newton_schulz(x, 5, "polar_express", "bf16")
+    local r32 = core.newton_schulz(x, 5, "polar_express", "f32")
+    local e = common.rel(r16:to("f32"), r32)
+    assert(r16.dtype == "bf16", "the result is " .. r16.dtype)
+    assert(e <= 2e-2, string.format("relative error %.3g", e))
+    return string.format("relative error %.2g; off orthogonal: bf16 %.3g, f32 %.3g", e, off_orthogonal(r16),
+                         off_orthogonal(r32))
+  end)
+end
+
 -- AdamW with 8-bit moments: parameters to 1e-5 of their largest entry, scales to 1e-5, and at most 1 in
 -- 1,000 codes different (an f32 sum that differs in its last bit may round the other way)
 checks.check("adamw_8bit_step [3, 100] + [5461] (bf16 gradient) + [7]: GPU = CPU", function()

@@ -509,6 +509,15 @@ describe("optim settings and the core functions", function()
     expect_error(function() core.newton_schulz(dm.randn({6}), 5) end, "newton_schulz: takes a matrix")
   end)
 
+  it("core.newton_schulz's Gram form in bf16 stays near the f32 one (its Gram matrix kept in f32)", function()
+    local x = dm.randn({3, 8, 40}, {seed = 4})                   -- s = 8, l = 40: the Gram form
+    local r16 = core.newton_schulz(x, 5, "quintic", "bf16")
+    local r32 = core.newton_schulz(x, 5, "quintic", "f32")
+    assert.equal("bf16", r16.dtype)
+    local err = (r16:to("f32") - r32):square():sum():sqrt():item() / r32:square():sum():sqrt():item()
+    assert.is_true(err > 0 and err < 1e-2, tostring(err))
+  end)
+
   it("Muon+ normalises the orthogonalised update by column, row or both before its scale", function()
     -- one step from zero momentum: the update is NS(g (1 + mu)) normalised, times lr 0.2 sqrt(max(m, n))
     local function l2(x, dim)

@@ -114,13 +114,15 @@ static dm_tensor *widened(dm_tensor *t) {
   return w;
 }
 
+/* 16-bit inputs are widened to f32 and the product rounded to out's dtype (an f32 out keeps it) */
 static void cpu_matmul(dm_tensor *out, dm_tensor *a, dm_tensor *b, bool ta, bool tb) {
-  if (out->dtype == DM_F32 || out->dtype == DM_F64) { matmul_blas(out, a, b, ta, tb); return; }
-  if (out->dtype != DM_BF16 && out->dtype != DM_F16)
-    dm_error("matmul needs a float dtype, got %s", dm_dtype_name(out->dtype));
-  dm_tensor *a32 = widened(a), *b32 = widened(b), *o32 = dm_tensor_like_dtype(out, DM_F32);
+  if (a->dtype == DM_F32 || a->dtype == DM_F64) { matmul_blas(out, a, b, ta, tb); return; }
+  if (a->dtype != DM_BF16 && a->dtype != DM_F16)
+    dm_error("matmul needs a float dtype, got %s", dm_dtype_name(a->dtype));
+  dm_tensor *a32 = widened(a), *b32 = widened(b);
+  dm_tensor *o32 = out->dtype == DM_F32 ? (dm_retain(out), out) : dm_tensor_like_dtype(out, DM_F32);
   matmul_blas(o32, a32, b32, ta, tb);
-  dm_copy_(out, o32);
+  if (o32 != out) dm_copy_(out, o32);
   dm_release(a32);
   dm_release(b32);
   dm_release(o32);

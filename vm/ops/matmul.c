@@ -5,7 +5,9 @@
 **   -> [..., m, n], where op swaps the last two dims when its flag is set and
 **   the batch dims broadcast as in NumPy. Both inputs need at least 2 dims: a
 **   vector must be reshaped to [1, k] or [k, 1], so that which side it stands
-**   on is always explicit.
+**   on is always explicit. The product comes in the inputs' dtype, or with
+**   out = f32 from 16-bit inputs: their f32 sums kept, not rounded (Muon's
+**   Gram matrices); its gradient is taken as a cast's, in the inputs' dtype.
 **
 ** The backward is two more matmuls with the flags rearranged (no transpose
 ** is ever materialised), summed down over broadcast batch dims.
@@ -68,12 +70,23 @@ static int out_shape(dm_tensor *a, dm_tensor *b, bool ta, bool tb, int64_t *shap
   return nd + 2;
 }
 
+/* the product's dtype: the inputs', or f32 from 16-bit ones (attribute out, -1: the inputs') */
+static dm_dtype out_dtype(const dm_ctx *c, dm_dtype in) {
+  if (dm_attr(c, 2) == -1) return in;
+  dm_dtype out = dm_attr_dtype(c, 2);
+  bool sixteen = in == DM_BF16 || in == DM_F16;
+  if (out != in && !(out == DM_F32 && sixteen))
+    dm_error("matmul: out = %s from %s inputs; the product comes in the inputs' dtype, or in f32 from bf16 or "
+             "f16 ones", dm_dtype_name(out), dm_dtype_name(in));
+  return out;
+}
+
 static void matmul_forward(dm_ctx *c) {
   dm_tensor *a = c->in[0], *b = c->in[1];
   bool ta = c->a.v[0] != 0, tb = c->a.v[1] != 0;
   int64_t shape[DM_MAXDIM];
   int nd = out_shape(a, b, ta, tb, shape);
-  c->out[0] = dm_tensor_new(a->device, a->dtype, nd, shape);
+  c->out[0] = dm_tensor_new(a->device, out_dtype(c, a->dtype), nd, shape);
   DM_RUN(matmul, a->device, c->out[0], a, b, ta, tb);
   /* a's gradient needs b and b's needs a: keep only what will be used */
   if (c->node && dm_needs_grad(c, 1)) dm_save(c, a);
@@ -121,7 +134,8 @@ static void matmul_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) 
   int k = 0;
   dm_tensor *a = dm_needs_grad(c, 1) ? dm_saved(c, k++) : NULL;
   dm_tensor *b = dm_needs_grad(c, 0) ? dm_saved(c, k++) : NULL;
-  dm_tensor *g = gout[0];
+  dm_dtype in = dm_in_dtype(c, 0);
+  dm_tensor *g = gout[0]->dtype == in ? (dm_retain(gout[0]), gout[0]) : dm_cast(gout[0], in);   /* out = f32: a cast's */
   if (dm_needs_grad(c, 0))
     gin[0] = fit(c, 0, ta ? dm_matmul(b, g, tb, true) : dm_matmul(g, b, false, !tb));
   if (dm_needs_grad(c, 1)) {
@@ -135,17 +149,29 @@ static void matmul_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) 
     } else
       gin[1] = fit(c, 1, tb ? dm_matmul(g, a, true, ta) : dm_matmul(a, g, !ta, false));
   }
+  dm_release(g);
 }
 
-dm_tensor *dm_matmul(dm_tensor *a, dm_tensor *b, bool transpose_a, bool transpose_b) {
+/* out: the attribute as the op reads it (-1: the inputs' dtype) */
+static dm_tensor *matmul_call(dm_tensor *a, dm_tensor *b, bool transpose_a, bool transpose_b, double out) {
   dm_tensor *in[2] = {a, b};
-  dm_attrs at = dm_attrs_of(2, (double[]){transpose_a, transpose_b});
+  dm_attrs at = dm_attrs_of(3, (double[]){transpose_a, transpose_b, out});
   return dm_call1("matmul", 2, in, &at);
 }
 
+dm_tensor *dm_matmul_to(dm_tensor *a, dm_tensor *b, bool transpose_a, bool transpose_b, dm_dtype out) {
+  return matmul_call(a, b, transpose_a, transpose_b, (double)out);
+}
+
+dm_tensor *dm_matmul(dm_tensor *a, dm_tensor *b, bool transpose_a, bool transpose_b) {
+  return matmul_call(a, b, transpose_a, transpose_b, -1);
+}
+
 static dm_op ops[] = {
-  {.name = "matmul", .doc = "op(a)[..., m, k] @ op(b)[..., k, n] -> [..., m, n]; batch dims broadcast",
-   .args = "a, b", .lua = DM_LUA_METHOD, .n_in = 2, .n_out = 1, .attrs = "transpose_a:bool~false,transpose_b:bool~false",
+  {.name = "matmul", .doc = "op(a)[..., m, k] @ op(b)[..., k, n] -> [..., m, n]; batch dims broadcast; out: the "
+                            "product's dtype (absent: the inputs'; f32 from bf16 or f16 ones)",
+   .args = "a, b", .lua = DM_LUA_METHOD, .n_in = 2, .n_out = 1,
+   .attrs = "transpose_a:bool~false,transpose_b:bool~false,out:dtype~-1",
    .forward = matmul_forward, .backward = matmul_backward},
 };
 DM_REGISTER_OPS(ops)
