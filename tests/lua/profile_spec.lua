@@ -98,6 +98,14 @@ describe("dormouse bench", function()
     os.remove(out_json)
     assert.is_true(tonumber(doc:match('"tok_s":([%d%.eE%+%-]+)')) > 0)
     assert.is_true(tonumber(doc:match('"kda":([%d%.eE%+%-]+)')) > 0)
+    local ops = require("dormouse.json").decode(doc).ops                 -- every op, slowest first
+    assert.is_true(#ops > 10)
+    local kda = 0
+    for i, op in ipairs(ops) do
+      if i > 1 then assert.is_true(op.ms <= ops[i - 1].ms) end
+      if op.name == "kda" then kda = kda + op.calls; assert.equal("kda", op.family) end
+    end
+    assert.is_true(kda > 0)
   end)
 
   it("writes the JSON alone to stdout with --json -, the table to stderr", function()

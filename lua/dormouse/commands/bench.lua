@@ -193,8 +193,12 @@ local function bench(args, cli)
                  graph = res.graph and {ms = res.graph.ms, tok_s = res.tokens / res.graph.ms * 1e3,
                                         peak = res.graph.peak, reserved = res.graph.reserved, nodes = res.graph.nodes,
                                         loss = res.graph.loss},
-                 split = res.split, families = {}}
+                 split = res.split, families = {}, ops = {}}
     for _, g in ipairs(fam) do doc.families[g.key] = g.ms / steps end
+    for _, row in ipairs(res.rows) do      -- every op of the profile, slowest first
+      doc.ops[#doc.ops + 1] = {name = row.name, phase = row.phase, family = row.family, ms = row.ms / steps,
+                               calls = row.calls // steps}
+    end
     io.stdout:flush()
     core.write_output(args.flags.json, json.encode(doc) .. "\n")
   end
