@@ -180,6 +180,8 @@ function dist.average_grads(opt)
     for i, p in ipairs(opt.params) do
       if any[i] > 0 then
         if not p.grad then p.grad = dm.zeros(p:shape(), {dtype = p.dtype, device = p.device}) end
+        -- summed across the ranks in the master's dtype (a gradient kept in the compute dtype is widened)
+        if p.grad.dtype ~= p.dtype then p.grad = p.grad:to(p.dtype) end
         if dist.nccl and p.device == "cuda" then   -- (decided alike on every rank: the group's order is theirs)
           if not p.grad:is_contiguous() then p.grad = p.grad:contiguous() end
           on_device[#on_device + 1] = p.grad

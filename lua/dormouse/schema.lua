@@ -355,6 +355,9 @@ local rows = {
     {"muon_plus", enum {"none", "col", "row", "colrow"}, "none", "Muon+: the orthogonalised update l2-normalised " ..
      "by column, by row, or both before its scale (none = plain Muon)"},
     {"clip", num{min = 0}, 1.0, "global gradient-norm clip (0 = off)"},
+    {"grad_dtype", enum {"compute", "f32"}, "compute", "the gradient of a parameter the model reads in its " ..
+     "compute dtype: compute keeps it in that dtype (the optimisers read it as it comes, with no widening " ..
+     "pass; a second gradient in a step is summed in f32), f32 widens it at once"},
   }},
 
   {"schedule", "the learning-rate schedule (one shape for every group)", {
@@ -466,6 +469,7 @@ schema.introduced = {
   ["optim.gates"] = "adamw",
   ["optim.adamw_moments"] = "f32",
   ["optim.engram_moments"] = "f32",
+  ["optim.grad_dtype"] = "f32",
 }
 
 -- Keys that configs once had and no code reads any more: a config (an older

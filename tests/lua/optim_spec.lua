@@ -168,6 +168,29 @@ describe("optim training", function()
     assert.is_true(last < first * 1e-2, ("loss %g -> %g"):format(first, last))
   end)
 
+  it("grad_dtype: a parameter read in bf16 keeps its gradient in bf16, the f32 one's values; two reads widen it", function()
+    local function grads(grad_dtype, reads)
+      dm.manual_seed(5)
+      local m = nn.build({device = "cpu", compute_dtype = "bf16"}, function() return nn.Linear(6, 4) end)
+      optim.new(m, {grad_dtype = grad_dtype}, {}, 10, {quiet = true})
+      local x = dm.randn({3, 6}, {seed = 6}):to("bf16")
+      local y = nn.pass(function()                       -- read twice in one pass: one copy
+        return m:forward(x) + m:forward(x * 2)
+      end)
+      local loss = y:to("f32"):square():sum()
+      if reads == 2 then loss = loss + m:forward(x):to("f32"):sum() end   -- outside the pass: a second copy
+      loss:backward()
+      return m.weight.grad
+    end
+    local kept, wide = grads("compute", 1), grads("f32", 1)
+    assert.equal("bf16", kept.dtype)
+    assert.equal("f32", wide.dtype)
+    assert.equal(0, (kept:to("f32") - wide):abs():max():item())
+    local kept2, wide2 = grads("compute", 2), grads("f32", 2)
+    assert.equal("f32", kept2.dtype)
+    assert.equal(0, (kept2 - wide2):abs():max():item())
+  end)
+
   it("with bf16 momentum buffers: the first step as with f32 ones, the buffers rounded, then close", function()
     local function run(dtype, steps)
       local first, last, opt = regression("proj", {muon_lr = 0.1, adamw_lr = 0.1, weight_decay = 0, clip = 0,

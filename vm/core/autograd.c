@@ -214,8 +214,24 @@ static void accumulate(dm_tensor **acc, dm_tensor *g) {
   *acc = sum;
 }
 
-/* A leaf's .grad must be its own memory: the optimiser updates it in place. */
+/* A leaf's .grad may come in a narrower dtype than the leaf's (a cast that keeps its gradient in the
+** compute dtype); before a second gradient is added it is widened to the leaf's dtype. */
+static void widen_leaf_grad(dm_tensor *leaf) {
+  if (!leaf->grad || leaf->grad->dtype == leaf->dtype) return;
+  dm_tensor *wide = dm_cast(leaf->grad, leaf->dtype);
+  dm_release(leaf->grad);
+  leaf->grad = wide;
+}
+
+/* A leaf's .grad must be its own memory: the optimiser updates it in place; a second gradient is
+** added in the leaf's dtype. */
 static void accumulate_leaf(dm_tensor *leaf, dm_tensor *g) {
+  widen_leaf_grad(leaf);
+  if (leaf->grad && g->dtype != leaf->dtype) {
+    dm_tensor *gw = dm_cast(g, leaf->dtype);
+    dm_release(g);
+    g = gw;
+  }
   if (!leaf->grad && (g->refs > 1 || !dm_is_contiguous(g) || g->storage->refs > 1)) {
     dm_tensor *own = dm_clone(g);
     dm_release(g);
@@ -244,6 +260,7 @@ static void check_grads(const dm_node *n, dm_tensor **gin) {
 /* the gradient a one-input node's backward_into may add to in place, or NULL */
 static dm_tensor *accumulated_into(const dm_node *n) {
   if (!n->op->backward_into || n->n_in != 1 || !n->needs[0]) return NULL;
+  if (!n->in_node[0]) widen_leaf_grad(n->in_leaf[0]);      /* added into in place: in the leaf's dtype */
   dm_tensor *acc = n->in_node[0] ? n->in_node[0]->gout[n->in_out[0]] : n->in_leaf[0]->grad;
   const dm_meta *m = &n->in_meta[0];
   if (!acc || !writable(acc, m->dtype) || acc->ndim != m->ndim ||

@@ -278,15 +278,33 @@ static void identity_bwd(dm_ctx *c, dm_tensor *const *g, dm_tensor **gin) {
   gin[0] = g[0];
 }
 
+/* The dtype a cast's backward gives x's gradient in (attribute grad): x's, or the copy's own when
+** asked (-1: x's). A parameter's copy in the compute dtype keeps its gradient in that dtype: the
+** gradient then reaches the master with no widening pass, and the optimisers read it as it is
+** (the autograd widens a leaf's gradient to the leaf's dtype before a second one is added). */
+static dm_dtype cast_grad_dtype(const dm_ctx *c, dm_dtype in, dm_dtype out, const char *op) {
+  if (dm_attr(c, 1) == -1) return in;
+  dm_dtype g = dm_attr_dtype(c, 1);
+  if (g != in && g != out)
+    dm_error("%s: grad = %s; the gradient comes in x's dtype (%s) or the copy's (%s)", op, dm_dtype_name(g),
+             dm_dtype_name(in), dm_dtype_name(out));
+  return g;
+}
+
 static void cast_fwd(dm_ctx *c) {
   dm_tensor *x = c->in[0];
   dm_dtype dt = dm_attr_dtype(c, 0);
+  cast_grad_dtype(c, x->dtype, dt, c->op->name);
   c->out[0] = dt == x->dtype ? same_view(x) : copy_as(x, dt);
 }
 
 /* reached only for float outputs: the tape gives integer outputs no gradient */
 static void cast_bwd(dm_ctx *c, dm_tensor *const *g, dm_tensor **gin) {
-  gin[0] = dm_cast(g[0], dm_in_dtype(c, 0));
+  dm_dtype to = cast_grad_dtype(c, dm_in_dtype(c, 0), g[0]->dtype, c->op->name);
+  if (g[0]->dtype == to) {                       /* passed on as it came */
+    dm_retain(g[0]);
+    gin[0] = g[0];
+  } else gin[0] = dm_cast(g[0], to);
 }
 
 /* ---- stand_in: a copy's place in the graph when a kernel reads the copy in another form -------
@@ -297,6 +315,7 @@ static void stand_in_fwd(dm_ctx *c) {
   dm_dtype dt = dm_attr_dtype(c, 0);
   if (!dm_dtype_is_float(x->dtype) || !dm_dtype_is_float(dt))
     dm_error("stand_in: x and the dtype must be float, got %s and %s", dm_dtype_name(x->dtype), dm_dtype_name(dt));
+  cast_grad_dtype(c, x->dtype, dt, "stand_in");
   dm_tensor *one = dm_tensor_new(x->device, dt, 0, NULL);
   dm_fill(one, NAN);
   int64_t strides[DM_MAXDIM] = {0};
@@ -423,12 +442,13 @@ static dm_op ops[] = {
   {.name = "clone", .doc = "a contiguous copy",
    .args = "x", .lua = DM_LUA_METHOD, .n_in = 1, .n_out = 1, .attrs = "", .forward = clone_fwd,
    .backward = identity_bwd},
-  {.name = "cast", .doc = "convert to another dtype; integer results take no gradient",
-   .args = "x", .lua = DM_LUA_FN, .n_in = 1, .n_out = 1, .attrs = "dtype:dtype", .forward = cast_fwd, .backward = cast_bwd,
+  {.name = "cast", .doc = "convert to another dtype; integer results take no gradient; grad: the dtype x's "
+                          "gradient comes in (absent: x's; or the copy's own)",
+   .args = "x", .lua = DM_LUA_FN, .n_in = 1, .n_out = 1, .attrs = "dtype:dtype,grad:dtype~-1", .forward = cast_fwd, .backward = cast_bwd,
    .backward_into = cast_bwd_into},
   {.name = "stand_in", .doc = "x's shape in dtype without values (a NaN through zero strides), its gradient x's as "
    "a cast's: the place of a copy a kernel reads in another form", .args = "x", .lua = DM_LUA_FN, .n_in = 1,
-   .n_out = 1, .attrs = "dtype:dtype", .forward = stand_in_fwd, .backward = cast_bwd, .backward_into = cast_bwd_into},
+   .n_out = 1, .attrs = "dtype:dtype,grad:dtype~-1", .forward = stand_in_fwd, .backward = cast_bwd, .backward_into = cast_bwd_into},
   {.name = "cat", .doc = "join tensors along an existing dim",
    .n_in = -1, .n_out = 1, .attrs = "dim", .forward = cat_fwd, .backward = cat_bwd},
   {.name = "stack", .doc = "join same-shaped tensors along a new dim",

@@ -233,10 +233,21 @@ function nn.pass_once(p, tag, make)
   return made
 end
 
+-- Parameters whose copies in another dtype keep their gradient in the copy's dtype (optim.grad_dtype =
+-- "compute"): it reaches the master with no widening pass, and the optimisers read it as it comes. A
+-- parameter reached by two copies in a step has its gradients summed in f32 (the autograd widens them).
+local compute_grads = setmetatable({}, {__mode = "k"})
+function nn.compute_grads(params, on)
+  for _, p in ipairs(params) do compute_grads[p] = on or nil end
+end
+
 -- t in dtype dt: itself when it is one, else a cast (once a pass for a parameter inside nn.pass)
 local function as_dtype(t, dt)
   if t.dtype == dt then return t end
-  return nn.pass_once(t, dt, function(p) return p:to(dt) end)
+  return nn.pass_once(t, dt, function(p)
+    if compute_grads[p] then return dm.cast(p, dt, dt) end
+    return p:to(dt)
+  end)
 end
 
 function nn.like(t, x) return as_dtype(t, x.dtype) end

@@ -30,6 +30,7 @@ their state lives on their device.
 local dm = require "dormouse"
 local core = require "dormouse.core"
 local groups = require "dormouse.optim.groups"
+local nn = require "dormouse.nn"
 local profile = require "dormouse.profile"
 local schedule = require "dormouse.optim.schedule"
 local AdamW = require "dormouse.optim.adamw"
@@ -109,6 +110,7 @@ function optim.new(model, ocfg, scfg, steps, opts)
   self.lr_mult = schedule.new(scfg, steps)
   self.base_lr = o.adamw_lr
   for i, e in ipairs(entries) do self.params[i] = e.tensor end
+  nn.compute_grads(self.params, o.grad_dtype == "compute")
   local ns_dtype = o.ns_dtype or optim.ns_dtype_for(entries[1].tensor.device)
   local by = groups.assign(entries, {gates = o.gates})
   if #by.muon > 0 then
