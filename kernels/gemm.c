@@ -131,10 +131,10 @@ static dm_tensor *describe(dm_tensor *t, bool tr, const dm_tensor *out, operand 
 
 /* ---- plans: descriptors and algorithm, once per shape ----------------------------------- */
 
-typedef struct plan_key {
-  int dt, odt, tf32, ta, tb;                     /* odt: the product's dtype, dt's or f32 */
+typedef struct plan_key {                        /* no padding: its bytes are hashed and compared */
+  int dt, tf32, ta, tb;
   int64_t m, n, k, lda, ldb, ldc, batch, sa, sb, sc;
-  int align_a, align_b, align_c;
+  int align_a, align_b, align_c, odt;            /* odt: the product's dtype, dt's or f32 */
 } plan_key;
 
 typedef struct plan {

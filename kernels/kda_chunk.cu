@@ -317,8 +317,9 @@ template <int N> __device__ __forceinline__ void tiles_in(float *const (&dst)[N]
 ** kc_bwy_tc_k and kc_bintra_tc_k compute the B3 and B4-B5 terms with their 64 x 64 x 64 products on mma.sync
 ** m16n8k8 in "3xTF32": every float32 operand is split as x = hi + lo, both rounded to tf32, and a b is
 ** taken as lo(a) hi(b) + hi(a) lo(b) + hi(a) hi(b), f32 accumulation; what is left out, lo lo and the
-** rounding of lo, is under 2^-21 relative, near float32. 16-bit inputs take hi(a) hi(b) alone (2^-11
-** relative a product, under their own rounding: kc_passes). bwy reads M and A from prep's scratch instead
+** rounding of lo, is under 2^-21 relative, near float32. 16-bit inputs take hi(a) hi(b) alone: each
+** operand, the f32 intermediates (state, inverse, decayed keys) among them, rounded to tf32 (2^-11
+** relative; kc_passes). bwy reads M and A from prep's scratch instead
 ** of computing them again.
 **
 ** Tiles have rows of LT = 68 floats: a fragment's 32 lanes, (row g, column q) for g < 8, q < 4, fall in
@@ -1173,8 +1174,8 @@ static float *kc_carve(float **cur, int64_t chunks) {
 }
 
 /* The products' passes (kc_mma): 3xTF32 for f32 inputs, near float32; one TF32 pass for 16-bit
-** ones, whose operands carry 8 (bf16) or 11 (f16) bits to begin with. Each path's error against the
-** float64 recurrence: tests/gpu/check_kda.lua, docs/performance.md. */
+** ones, whose outputs are rounded to 16 bits anyway (bf16 keeps 8 bits, f16 11, a tf32 operand 11).
+** Each path's error against the float64 recurrence: tests/gpu/check_kda.lua, docs/performance.md. */
 static int kc_passes(const kc_io &A) { return A.qdt == DM_F32 ? 3 : 1; }
 
 /* the launch of `run<NP>(args...)` with kc_passes(A) as NP */
@@ -1254,7 +1255,7 @@ static void cuda_kda_chunk_bwd(dm_tensor *dq, dm_tensor *dk, dm_tensor *dv, dm_t
   dm_tensor *outs[6] = {dq, dk, dv, dg, dbeta, ds0};
   kda_bind_backward(A, dout, ds_final, outs);
   /* dv and dbeta come out of bwy unconditionally: scratch stands in for an unwanted one */
-  const int64_t chunks = A.B * A.H * A.NT, n_tok = A.B * A.T * A.H;
+  const int64_t n_tok = A.B * A.T * A.H;
   size_t extra = (size_t)dm_kda_chunk_spare(n_tok, A.dv, A.dv_ != NULL, A.dbeta != NULL);
   float *spare = extra ? (float *)dm_scratch(extra) : NULL;
   if (!A.dv_) { A.dv_ = spare; A.dvdt = DM_F32; }

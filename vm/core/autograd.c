@@ -129,6 +129,7 @@ bool dm_needs_grad(dm_ctx *c, int i) { return c->node->needs[i]; }
 int dm_in_ndim(dm_ctx *c, int i) { return c->node->in_meta[i].ndim; }
 const int64_t *dm_in_shape(dm_ctx *c, int i) { return c->node->in_meta[i].shape; }
 dm_dtype dm_in_dtype(dm_ctx *c, int i) { return c->node->in_meta[i].dtype; }
+bool dm_in_leaf(dm_ctx *c, int i) { return c->node->in_node[i] == NULL; }
 
 void dm_tape_clear(void) {
   for (size_t i = 0; i < tape_len; i++) node_free(tape[i]);

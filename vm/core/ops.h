@@ -124,6 +124,7 @@ bool dm_needs_grad(dm_ctx *c, int i);
 int dm_in_ndim(dm_ctx *c, int i);
 const int64_t *dm_in_shape(dm_ctx *c, int i);
 dm_dtype dm_in_dtype(dm_ctx *c, int i);
+bool dm_in_leaf(dm_ctx *c, int i);           /* input i is a leaf (no op of the tape made it) */
 
 /* shared checks and helpers of forwards and backwards */
 void dm_check_float(const char *op, const char *what, const dm_tensor *t);  /* "op: what must be a float tensor" */

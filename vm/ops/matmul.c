@@ -6,8 +6,8 @@
 **   the batch dims broadcast as in NumPy. Both inputs need at least 2 dims: a
 **   vector must be reshaped to [1, k] or [k, 1], so that which side it stands
 **   on is always explicit. The product comes in the inputs' dtype, or with
-**   out = f32 from 16-bit inputs: their f32 sums kept, not rounded (Muon's
-**   Gram matrices); its gradient is taken as a cast's, in the inputs' dtype.
+**   out = f32 from 16-bit inputs: their f32 sums kept, not rounded to 16
+**   bits; its gradient is taken as a cast's, in the inputs' dtype.
 **
 ** The backward is two more matmuls with the flags rearranged (no transpose
 ** is ever materialised), summed down over broadcast batch dims.

@@ -324,14 +324,13 @@ static void tf32_end(tf32_guard *g) {
   dm_set_error_handler(g->prev, g->prev_ud);
 }
 
-/* The Gram form (optim.h) on x [B, m, n] f32 or bf16 (owned; returns the owned result, in x's
-** dtype). A bf16 x gives its Gram matrix in f32 and takes the final product with Q rounded to
-** bf16; fast: the s x s products on TF32 tensor cores (asked for bf16: TF32 keeps more). */
+/* The Gram form (optim.h) on x [B, m, n] f32 (owned; returns the owned result).
+** fast: the products on TF32 tensor cores (asked for bf16: TF32 keeps more). */
 static dm_tensor *ns_gram_iterate(dm_tensor *x, int steps, dm_ns_coeffs coeffs, const ns_kernels *k, bool fast) {
   tf32_guard guard;
   if (fast) tf32_begin(&guard);
   bool tall = x->shape[1] > x->shape[2];
-  dm_tensor *a0 = tall ? dm_matmul_to(x, x, true, false, DM_F32) : dm_matmul_to(x, x, false, true, DM_F32);
+  dm_tensor *a0 = tall ? dm_matmul(x, x, true, false) : dm_matmul(x, x, false, true);
   dm_tensor *q = dm_tensor_new(x->device, DM_F32, 3, a0->shape);
   if (k->gram_start) k->gram_start(q, a0, dm_ns_norm_factor(coeffs), 1e-7);   /* NULL on the meta device */
   for (int s = 0; s < steps; s++) {
@@ -349,11 +348,6 @@ static dm_tensor *ns_gram_iterate(dm_tensor *x, int steps, dm_ns_coeffs coeffs, 
     dm_release(q);
     q = next;
   }
-  if (x->dtype != DM_F32) {
-    dm_tensor *qx = dm_cast(q, x->dtype);
-    dm_release(q);
-    q = qx;
-  }
   dm_tensor *out = tall ? dm_matmul(x, q, false, false) : dm_matmul(q, x, false, false);
   dm_release(q);
   dm_release(a0);
@@ -362,8 +356,8 @@ static dm_tensor *ns_gram_iterate(dm_tensor *x, int steps, dm_ns_coeffs coeffs, 
   return out;
 }
 
-/* either form, by the matrices' shape; x [B, m, n] owned, in dt: the dtype asked for (bf16
-** lets the Gram form's s x s products take TF32) */
+/* either form, by the matrices' shape; x [B, m, n] owned, f32 for the Gram form; dt: the
+** dtype asked for (bf16 lets the Gram form's products take TF32) */
 static dm_tensor *ns_run(dm_tensor *x, int steps, dm_ns_coeffs coeffs, const ns_kernels *k, dm_dtype dt) {
   if (dm_ns_gram(x->shape[1], x->shape[2])) return ns_gram_iterate(x, steps, coeffs, k, dt == DM_BF16);
   return ns_iterate(x, steps, coeffs, k);
@@ -393,11 +387,18 @@ dm_tensor *dm_newton_schulz(dm_tensor *x, int steps, dm_ns_coeffs coeffs, dm_dty
     dm_error("newton_schulz: needs a float tensor, got %s", dm_dtype_name(x->dtype));
   ns_kernels k = ns_kernels_for(x->device);
   int64_t shape3[3] = {x->ndim == 3 ? x->shape[0] : 1, x->shape[x->ndim - 2], x->shape[x->ndim - 1]};
-  dm_tensor *y = dm_tensor_new(x->device, dt, x->ndim, x->shape);
+  dm_dtype work = dm_ns_gram(shape3[1], shape3[2]) ? DM_F32 : dt;
+  dm_tensor *y = dm_tensor_new(x->device, work, x->ndim, x->shape);
   dm_copy_(y, x);
   dm_tensor *y3 = view_as(y, 3, shape3, 0);
   dm_release(y);
   dm_tensor *r = ns_run(y3, steps, coeffs, &k, dt);
+  if (r->dtype != dt) {
+    dm_tensor *c = dm_tensor_new(r->device, dt, 3, r->shape);
+    dm_copy_(c, r);
+    dm_release(r);
+    r = c;
+  }
   dm_tensor *out = view_as(r, x->ndim, x->shape, 0);
   dm_release(r);
   return out;
@@ -467,7 +468,7 @@ static void muon_group(int k, const int *idx, dm_tensor *const *params, dm_tenso
   int64_t rows = p0->shape[p0->ndim - 2], cols = p0->shape[p0->ndim - 1], batch = 0;
   for (int j = 0; j < k; j++) batch += params[idx[j]]->ndim == 3 ? params[idx[j]]->shape[0] : 1;
   int64_t pitch = stack_pitch(dev, cols), shape[3] = {batch, rows, pitch};
-  dm_tensor *stack = dm_tensor_new(dev, hp->ns_dtype, 3, shape);
+  dm_tensor *stack = dm_tensor_new(dev, dm_ns_gram(rows, cols) ? DM_F32 : hp->ns_dtype, 3, shape);
   if (pitch > cols) {                 /* zero columns: the same orthogonalisation of the real ones */
     dm_tensor *pad = dm_narrow(stack, 2, cols, pitch - cols);
     dm_fill(pad, 0.0);

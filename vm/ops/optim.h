@@ -135,10 +135,9 @@ dm_tensor *dm_newton_schulz(dm_tensor *x, int steps, dm_ns_coeffs coeffs, dm_dty
 ** three products a step, and the steps run on s x s f32 matrices:
 **   Q_0 = I / (sqrt(tr A_0)·s_norm + eps)        (tr A_0 = ‖X_0‖²)
 **   A_k = Q_k A_0 Q_kᵀ,  Q_{k+1} = a Q_k + (b A_k + c A_k²) Q_k
-** which is the iteration above in exact arithmetic. The matrix stays in dt;
-** A_0 is kept in f32 (a bf16 product's f32 sums), the steps run on f32
-** s x s matrices (on TF32 tensor cores when dt is bf16: a 10-bit mantissa
-** against bf16's 7), and the final product takes Q rounded to dt. */
+** which is the iteration above in exact arithmetic; it runs in f32 whatever
+** dt asks for (the result is then rounded to dt), its products on TF32
+** tensor cores when dt is bf16 (a 10-bit mantissa against bf16's 7). */
 bool dm_ns_gram(int64_t m, int64_t n);
 
 /* step i's (a, b, c), 0-based; and the normaliser's safety factor s */

@@ -278,29 +278,30 @@ static void identity_bwd(dm_ctx *c, dm_tensor *const *g, dm_tensor **gin) {
   gin[0] = g[0];
 }
 
-/* The dtype a cast's backward gives x's gradient in (attribute grad): x's, or the copy's own when
-** asked (-1: x's). A parameter's copy in the compute dtype keeps its gradient in that dtype: the
-** gradient then reaches the master with no widening pass, and the optimisers read it as it is
-** (the autograd widens a leaf's gradient to the leaf's dtype before a second one is added). */
-static dm_dtype cast_grad_dtype(const dm_ctx *c, dm_dtype in, dm_dtype out, const char *op) {
+/* The dtype a cast's backward gives a leaf x its gradient in (attribute grad): x's, or the copy's
+** own when asked (-1: x's). A parameter's copy in the compute dtype keeps its gradient in that
+** dtype: the gradient then reaches the master with no widening pass, and the optimisers read it as
+** it is (the autograd widens a leaf's gradient to the leaf's dtype before a second one is added). */
+static dm_dtype cast_grad_dtype(const dm_ctx *c, dm_dtype in) {
   if (dm_attr(c, 1) == -1) return in;
-  dm_dtype g = dm_attr_dtype(c, 1);
+  dm_dtype g = dm_attr_dtype(c, 1), out = dm_attr_dtype(c, 0);
   if (g != in && g != out)
-    dm_error("%s: grad = %s; the gradient comes in x's dtype (%s) or the copy's (%s)", op, dm_dtype_name(g),
-             dm_dtype_name(in), dm_dtype_name(out));
+    dm_error("%s: grad = %s; the gradient comes in x's dtype (%s) or the copy's (%s)", c->op->name,
+             dm_dtype_name(g), dm_dtype_name(in), dm_dtype_name(out));
   return g;
 }
 
 static void cast_fwd(dm_ctx *c) {
   dm_tensor *x = c->in[0];
   dm_dtype dt = dm_attr_dtype(c, 0);
-  cast_grad_dtype(c, x->dtype, dt, c->op->name);
+  cast_grad_dtype(c, x->dtype);
   c->out[0] = dt == x->dtype ? same_view(x) : copy_as(x, dt);
 }
 
-/* reached only for float outputs: the tape gives integer outputs no gradient */
+/* reached only for float outputs: the tape gives integer outputs no gradient. A gradient kept in the
+** copy's dtype is for a leaf: an op that made x takes its gradient in x's dtype. */
 static void cast_bwd(dm_ctx *c, dm_tensor *const *g, dm_tensor **gin) {
-  dm_dtype to = cast_grad_dtype(c, dm_in_dtype(c, 0), g[0]->dtype, c->op->name);
+  dm_dtype to = dm_in_leaf(c, 0) ? cast_grad_dtype(c, dm_in_dtype(c, 0)) : dm_in_dtype(c, 0);
   if (g[0]->dtype == to) {                       /* passed on as it came */
     dm_retain(g[0]);
     gin[0] = g[0];
@@ -315,7 +316,7 @@ static void stand_in_fwd(dm_ctx *c) {
   dm_dtype dt = dm_attr_dtype(c, 0);
   if (!dm_dtype_is_float(x->dtype) || !dm_dtype_is_float(dt))
     dm_error("stand_in: x and the dtype must be float, got %s and %s", dm_dtype_name(x->dtype), dm_dtype_name(dt));
-  cast_grad_dtype(c, x->dtype, dt, "stand_in");
+  cast_grad_dtype(c, x->dtype);
   dm_tensor *one = dm_tensor_new(x->device, dt, 0, NULL);
   dm_fill(one, NAN);
   int64_t strides[DM_MAXDIM] = {0};

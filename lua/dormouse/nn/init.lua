@@ -233,21 +233,24 @@ function nn.pass_once(p, tag, make)
   return made
 end
 
--- Parameters whose copies in another dtype keep their gradient in the copy's dtype (optim.grad_dtype =
--- "compute"): it reaches the master with no widening pass, and the optimisers read it as it comes. A
--- parameter reached by two copies in a step has its gradients summed in f32 (the autograd widens them).
+-- Parameters whose copies in bf16 keep their gradient in bf16 (optim.grad_dtype = "compute"): it
+-- reaches the master with no widening pass, and the optimisers read it as it comes (they take f32 and
+-- bf16 gradients). A parameter reached by two copies in a step has its gradients summed in f32 (the
+-- autograd widens them).
 local compute_grads = setmetatable({}, {__mode = "k"})
 function nn.compute_grads(params, on)
   for _, p in ipairs(params) do compute_grads[p] = on or nil end
 end
 
+-- the dtype a copy of p in dt gives p's gradient in: dt where p keeps it (above), else nil (p's own)
+function nn.copy_grad_dtype(p, dt)
+  if compute_grads[p] and dt == "bf16" then return dt end
+end
+
 -- t in dtype dt: itself when it is one, else a cast (once a pass for a parameter inside nn.pass)
 local function as_dtype(t, dt)
   if t.dtype == dt then return t end
-  return nn.pass_once(t, dt, function(p)
-    if compute_grads[p] then return dm.cast(p, dt, dt) end
-    return p:to(dt)
-  end)
+  return nn.pass_once(t, dt, function(p) return dm.cast(p, dt, nn.copy_grad_dtype(p, dt)) end)
 end
 
 function nn.like(t, x) return as_dtype(t, x.dtype) end
@@ -327,7 +330,7 @@ back. ]]
 function Module:project(x, w)
   local cd = self.compute_dtype
   if cd ~= "f32" and x.dtype == "f32" then
-    return dm.linear(x:to(cd), w:to(cd)):to("f32")
+    return dm.linear(x:to(cd), as_dtype(w, cd)):to("f32")
   end
   return dm.linear(x, nn.like(w, x))
 end

@@ -195,7 +195,10 @@ which its gradient reaches the master as a cast's would: QAT at fp8_e4m3 from th
 without the 16-bit copy. The pass's first call measures the codes' relative error against the
 masters on the first 8 experts (the log line's fp8). ]]
 local function fp8_factor(dt)
-  return function(p) local codes, scales = dm.bank_fp8(p, dt); return {dm.stand_in(p, dt), codes, scales} end
+  return function(p)
+    local codes, scales = dm.bank_fp8(p, dt)
+    return {dm.stand_in(p, dt, nn.copy_grad_dtype(p, dt)), codes, scales}
+  end
 end
 
 function MoE:fp8_banks()
