@@ -27,6 +27,12 @@ return {
     sigmoid = {["model.moe.router"] = "sigmoid", ["model.moe.balance"] = "sign"},
     sigmoid_proportional = {["model.moe.router"] = "sigmoid"},
     sigmoid_aux = {["model.moe.router"] = "sigmoid", ["model.moe.balance"] = "sign", ["model.moe.aux_balance"] = 1e-2},
+    -- Muon gives a starved expert a full-size update from a few rows, and an idle one from its fading
+    -- momentum: each expert's update scaled by its rows in the step (model.moe.update_by_load)
+    load_share = {["model.moe.update_by_load"] = "share"},
+    load_active = {["model.moe.update_by_load"] = "active"},
+    aux_3e3_load_share = {["model.moe.router_dtype"] = "f32", ["model.moe.aux_balance"] = 3e-3,
+                          ["model.moe.update_by_load"] = "share"},
   },
   seeds = {1},
   set = {steps = 2000, ["schedule.warmup"] = 200, ["data.path"] = "corpora/english.txt.zst",

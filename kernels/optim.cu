@@ -437,23 +437,28 @@ __global__ void muon_consts_k(float *c, const double *lr_at, double lr, double w
 }
 
 /* roles: p, o. p = p decay - step o */
-__global__ void muon_apply_k(mt_list L, const float *c, pitch_map at) {
+/* roles: p, o, and s (f32 [E] or NULL): matrix e's update times s[e]; per: the elements of a matrix */
+__global__ void muon_apply_k(mt_list L, const float *c, pitch_map at, int64_t per) {
   int64_t lo, hi;
   int t = mt_entry(L, &lo, &hi);
   float *p = (float *)L.p[t][0];
+  const float *s = (const float *)L.p[t][2];
   const float decay = c[0], step = c[1];
   if (c[2] != 0) return;
   for (int64_t e = lo + threadIdx.x; e < hi; e += blockDim.x)
-    p[e] = p[e] * decay - step * ldf(L.dt[t][1], L.p[t][1], at(e));
+    p[e] = p[e] * decay - (s ? step * s[e / per] : step) * ldf(L.dt[t][1], L.p[t][1], at(e));
 }
 
-static void cuda_muon_apply(int n, dm_tensor *const *p, dm_tensor *const *o, const dm_muon_hp *hp, double scale,
-                            int64_t cols, int64_t pitch) {
+static void cuda_muon_apply(int n, dm_tensor *const *p, dm_tensor *const *o, dm_tensor *const *s,
+                            const dm_muon_hp *hp, double scale, int64_t cols, int64_t pitch) {
   float *c = (float *)dm_scratch(DM_MUON_APPLY_SCRATCH);
   muon_consts_k<<<1, 1, 0, dm_cuda_stream()>>>(c, hp->lr_at, hp->lr, hp->weight_decay, scale, hp->sumsq_at);
   DM_CU_LAUNCHED();
-  dm_tensor *const *lists[2] = {p, o};
-  mt_run(n, 2, lists, muon_apply_k, (const float *)c, pitch_map{cols, pitch});
+  dm_tensor *none[n > 0 ? n : 1];
+  for (int i = 0; i < n; i++) none[i] = NULL;
+  dm_tensor *const *lists[3] = {p, o, s ? s : none};
+  const int64_t per = n > 0 ? p[0]->shape[p[0]->ndim - 2] * cols : 1;   /* a group's matrices share a shape */
+  mt_run(n, 3, lists, muon_apply_k, (const float *)c, pitch_map{cols, pitch}, per);
   dm_scratch_free(c, DM_MUON_APPLY_SCRATCH);
 }
 

@@ -123,6 +123,11 @@ function Dormouse:arms()
     on[#on + 1] = string.format("auxiliary balance loss at weight %g (aux_balance on the log line)",
                                 self.cfg.moe.aux_balance)
   end
+  local by_load = self.cfg.moe.update_by_load
+  if by_load ~= "off" then
+    on[#on + 1] = by_load == "active" and "each expert's Muon update only in a step it had rows" or
+                  "each expert's Muon update scaled by min(1, its rows / the mean) of the step"
+  end
   if self.cfg.moe.fp8 then
     on[#on + 1] = "fp8 banks: the expert kernels read Ug, Uu, D as E4M3 codes under f32 scales a block of 32, " ..
                   "encoded from the masters once a pass (fp8, the codes' relative error, on the log line)"

@@ -290,6 +290,10 @@ local rows = {
       {"aux_balance", num{min = 0}, 0, "weight of an auxiliary balance loss, E sum_e f_e P_e (f_e the share " ..
        "of a pass's assignments to expert e, P_e its mean router probability), averaged over the iterations " ..
        "and added to the training loss (0 = off; aux_balance on the log line)", tune = true},
+      {"update_by_load", enum {"off", "active", "share"}, "off", "each expert's Muon update (Ug, Uu, D; not its " ..
+       "decay) scaled by its rows in the step: off; active: 0 for an expert without a row, else 1; share: " ..
+       "min(1, its rows / the mean). Muon orthogonalises a starved expert's gradient, or an idle one's fading " ..
+       "momentum, to a full-size update (docs/training.md, \"Balance at b1\")", tune = true},
       {"retract_every", int{min = 0}, 0, "an arm: every N optimiser steps, Ug and Uu pulled back to orthonormal " ..
        "columns (each expert's polar factor; 0 = off)", tune = true},
       {"retract_when", optional(num{above = 0}), nil, "an arm: Ug and Uu pulled back to orthonormal columns at a " ..
@@ -466,6 +470,7 @@ schema.introduced = {
   end,
   ["model.moe.router"] = "sigmoid",
   ["model.moe.aux_balance"] = 0,
+  ["model.moe.update_by_load"] = "off",
   ["optim.gates"] = "adamw",
   ["optim.adamw_moments"] = "f32",
   ["optim.engram_moments"] = "f32",

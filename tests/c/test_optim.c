@@ -447,7 +447,7 @@ static void muon_kernels_pitched(void) {
   CHECK(ok);
   dm_muon_apply_k apply = DM_KERNEL(muon_apply, DM_CPU);
   dm_muon_hp hp = {.lr = 0.5, .weight_decay = 0};
-  apply(1, &p, &out, &hp, 1.0, 5, 8);
+  apply(1, &p, &out, NULL, &hp, 1.0, 5, 8);
   ok = true;
   for (int64_t e = 0; e < 30; e++) ok = ok && at(p, e) == (float)((float)p0[e] - 0.5f * (float)at(out, e / 5 * 8 + e % 5));
   CHECK(ok);

@@ -590,6 +590,54 @@ describe("optim settings and the core functions", function()
     assert.equal("none", require("dormouse.config").load("experiments/tiny.lua").optim.muon_plus)
   end)
 
+  it("scales each matrix of a bank's update by its entry (update_by_load), not its decay", function()
+    local shape = {3, 4, 6}
+    local function step(scales)
+      local p = dm.randn(shape, {seed = 31})
+      p.grad = dm.randn(shape, {seed = 32})
+      core.muon_step({p}, {dm.zeros(shape)}, {lr = 0.1, momentum = 0.9, weight_decay = 0.5, ns_steps = 5,
+                                              coeffs = "quintic", ns_dtype = "f32", scales = scales})
+      return p
+    end
+    local p0, plain = dm.randn(shape, {seed = 31}), step(nil)
+    local scaled = step({dm.tensor({1, 0, 0.5})})
+    local decayed = p0 * (1 - 0.1 * 0.5)
+    for e, s in ipairs {1, 0, 0.5} do
+      local want = decayed:narrow(1, e, 1) + (plain:narrow(1, e, 1) - decayed:narrow(1, e, 1)) * s
+      local err = (scaled:narrow(1, e, 1) - want):abs():max():item()
+      assert.is_true(err < 1e-6, string.format("matrix %d: %.3g", e, err))
+    end
+    assert.equal(0, (step({false}) - plain):abs():max():item())           -- false: no scales
+    expect_error(function() step({dm.tensor({1, 0})}) end,
+                 "muon: the update scales of parameter 1 of 1 are f32 [2] on cpu; a bank [3, 4, 6] on cpu takes f32 [E] on its device")
+  end)
+
+  it("model.moe.update_by_load gives Muon the experts' scales from the step's rows", function()
+    local config = require "dormouse.config"
+    local train = require "dormouse.train"
+    for _, how in ipairs {"active", "share"} do
+      local cfg = config.load("experiments/tiny.lua", {"model.moe.update_by_load=" .. how})
+      dm.manual_seed(1)
+      local m = nn.build({device = "cpu"}, train.build_model, cfg, ".")
+      local opt = optim.new(m, cfg.optim, cfg.schedule, 10, {quiet = true})
+      local muon = opt.groups[1]
+      local named = {}
+      for i, e in ipairs(muon.entries) do named[e.name] = muon.scales[i] end
+      assert.is_truthy(named["block.moe.D"])
+      assert.equal(false, named["block.kda.wq.weight"])
+      local counts = dm.tensor({0, 3, 9, 0, 1, 2, 3, 6}, {dtype = "i64"})
+      local moe = m.block.moe
+      assert.equal(8, moe.experts)
+      moe:set_update_scale(counts)
+      local want = how == "active" and {0, 1, 1, 0, 1, 1, 1, 1} or {0, 1, 1, 0, 1 / 3, 2 / 3, 1, 1}
+      local got = moe.update_scale:totable()
+      for e = 1, 8 do assert.is_true(math.abs(got[e] - want[e]) < 1e-6, how .. " " .. e .. ": " .. got[e]) end
+    end
+    local cfg = config.load("experiments/tiny.lua", {})
+    local m = nn.build({device = "cpu"}, train.build_model, cfg, ".")
+    assert.is_nil(optim.new(m, cfg.optim, cfg.schedule, 10, {quiet = true}).groups[1].scales)   -- off: none
+  end)
+
   it("core steps name a missing hyper-parameter, a bad list and a mismatched state", function()
     local p = dm.zeros({2, 3})
     p.grad = dm.ones({2, 3})

@@ -274,17 +274,18 @@ static void cpu_ns_axpby(dm_tensor *y, double alpha, const dm_tensor *x, double 
   }
 }
 
-static void cpu_muon_apply(int n, dm_tensor *const *p, dm_tensor *const *o, const dm_muon_hp *hp,
-                           double scale, int64_t cols, int64_t pitch) {
+static void cpu_muon_apply(int n, dm_tensor *const *p, dm_tensor *const *o, dm_tensor *const *s,
+                           const dm_muon_hp *hp, double scale, int64_t cols, int64_t pitch) {
   const float decay = (float)(1 - hp->lr * hp->weight_decay), step = (float)(hp->lr * scale);
   for (int i = 0; i < n; i++) {
     float *pp = dm_data(p[i]);
-    int64_t total = dm_numel(p[i]);
+    int64_t total = dm_numel(p[i]), per = p[i]->shape[p[i]->ndim - 2] * cols;
+    const float *si = s && s[i] ? dm_data(s[i]) : NULL;   /* matrix e's update times si[e] */
     bool f32 = o[i]->dtype == DM_F32;
     for (int64_t e = 0; e < total; e++) {
       int64_t at = pitched(e, cols, pitch);
       float u = f32 ? ((const float *)dm_data(o[i]))[at] : bf16_f32(((const uint16_t *)dm_data(o[i]))[at]);
-      pp[e] = pp[e] * decay - step * u;
+      pp[e] = pp[e] * decay - (si ? step * si[e / per] : step) * u;
     }
   }
 }

@@ -8,6 +8,7 @@
 **   core.muon_step(params, bufs, hp)             hp: lr momentum nesterov weight_decay
 **                                                    ns_steps coeffs ns_dtype [clip] [normalize]
 **                                                    [momentum_sround sround_salt step step_at]
+**                                                    [scales: a tensor or false a parameter]
 **   core.newton_schulz(x, steps, coeffs, dtype)  → the orthogonalised x
 **   core.clip_grads_async(grads, max_norm, sumsq) the norm kept on the device
 **   core.clip_scale(grads, max_norm, sumsq)      scale by a sum of squares made before
@@ -234,6 +235,21 @@ static int normalize_arg(lua_State *L, int idx, const char *fn) {
                     name ? name : luaL_typename(L, idx));
 }
 
+/* hp.scales: nil, or a list of n entries, each a tensor or false (none); the list lives on the Lua stack */
+static dm_tensor **scales_field(lua_State *L, int hp, const char *fn, int n) {
+  lua_getfield(L, hp, "scales");
+  if (lua_isnil(L, -1)) { lua_pop(L, 1); return NULL; }
+  if (!lua_istable(L, -1)) dm_error("%s: hp.scales must be a list, got %s", fn, luaL_typename(L, -1));
+  int list = lua_gettop(L);
+  dm_tensor **s = lua_newuserdatauv(L, sizeof *s * (size_t)(n > 0 ? n : 1), 0);
+  for (int i = 0; i < n; i++) {
+    lua_rawgeti(L, list, i + 1);
+    s[i] = lua_toboolean(L, -1) ? dm_lua_check(L, -1) : NULL;
+    lua_pop(L, 1);
+  }
+  return s;
+}
+
 static int c_muon_step(lua_State *L) {
   DM_ENTER(L);
   const char *fn = "muon_step";
@@ -266,6 +282,7 @@ static int c_muon_step(lua_State *L) {
     .step = (int64_t)number_field_or(L, 3, fn, "step", 0),
     .step_at = scalar_field(L, 3, fn, "step_at", DM_I64, p, n),
   };
+  hp.scales = scales_field(L, 3, fn, n);
   dm_muon_step(n, p, grad_list(L, p, n), b, &hp);
   return 0;
 }

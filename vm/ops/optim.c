@@ -474,8 +474,11 @@ static void muon_group(int k, const int *idx, dm_tensor *const *params, dm_tenso
     dm_fill(pad, 0.0);
     dm_release(pad);
   }
-  dm_tensor *p[k], *g[k], *b[k], *o[k];
-  for (int j = 0; j < k; j++) { p[j] = params[idx[j]]; g[j] = grads[idx[j]]; b[j] = bufs[idx[j]]; }
+  dm_tensor *p[k], *g[k], *b[k], *o[k], *sc[k];
+  for (int j = 0; j < k; j++) {
+    p[j] = params[idx[j]]; g[j] = grads[idx[j]]; b[j] = bufs[idx[j]];
+    sc[j] = hp->scales ? hp->scales[idx[j]] : NULL;
+  }
   stack_views(stack, k, p, rows, pitch, o);
   /* the salt tells shape groups apart: members are counted within the group */
   dm_sround_key key = {.salt = shape_salt(hp->sround_salt, rows, cols), .step = hp->step, .step_at = hp->step_at};
@@ -487,13 +490,24 @@ static void muon_group(int k, const int *idx, dm_tensor *const *params, dm_tenso
   stack_views(ortho, k, p, rows, pitch, o);
   /* 0.2·sqrt(max(m, n)) brings the update's RMS to AdamW's (Moonlight) */
   if (dm_plan_card_of(dev)) dm_plan_scratch(DM_MUON_APPLY_SCRATCH, "muon's constants (kernels/optim.cu cuda_muon_apply)");
-  if (apply) apply(k, p, o, hp, 0.2 * sqrt((double)(rows > cols ? rows : cols)), cols, pitch);
+  if (apply) apply(k, p, o, sc, hp, 0.2 * sqrt((double)(rows > cols ? rows : cols)), cols, pitch);
   for (int j = 0; j < k; j++) {
     dm_release(o[j]);
     dm_mark_written(p[j]);
     dm_mark_written(b[j]);
   }
   dm_release(ortho);
+}
+
+/* a bank's update scales: f32 [E], contiguous, on its device */
+static void check_scales(const dm_tensor *p, const dm_tensor *s, int i, int n) {
+  char a[128], b[128];
+  dm_check_live(s);
+  if (p->ndim != 3 || s->ndim != 1 || s->shape[0] != p->shape[0] || s->dtype != DM_F32 || !dm_is_contiguous(s) ||
+      s->device != p->device)
+    dm_error("muon: the update scales of parameter %d of %d are %s %s on %s; a bank %s on %s takes f32 [E] on its "
+             "device", i + 1, n, dm_dtype_name(s->dtype), dm_tensor_shape_str(s, a, sizeof a), dm_device_name(s->device),
+             dm_tensor_shape_str(p, b, sizeof b), dm_device_name(p->device));
 }
 
 static void check_muon(int n, dm_tensor *const *params, dm_tensor *const *grads,
@@ -519,6 +533,7 @@ static void check_muon(int n, dm_tensor *const *params, dm_tensor *const *grads,
                i + 1, dm_tensor_shape_str(params[i], s, sizeof s));
     check_grad(op, i, params[i], grads[i]);
     check_state_of(op, "momentum buffer", i, params[i], bufs[i], true);
+    if (hp->scales && hp->scales[i]) check_scales(params[i], hp->scales[i], i, n);
   }
 }
 

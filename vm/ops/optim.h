@@ -86,6 +86,10 @@ typedef struct dm_muon_hp {
   uint32_t sround_salt;
   int64_t step;
   const int64_t *step_at;
+  /* NULL, or one entry a parameter: NULL, or for a bank [E, m, n] an f32 [E] on its device, read
+  ** when the kernels run: matrix e's update (not its decay) times scales[i][e] (an expert's update
+  ** by its share of the step's rows: model.moe.update_by_load) */
+  dm_tensor *const *scales;
 } dm_muon_hp;
 
 /* what the momentum kernel needs to round stochastically; NULL to the kernel: to nearest */
@@ -193,8 +197,8 @@ typedef void (*dm_ns_normalize_k)(dm_tensor *x, double mult, double eps);       
 typedef void (*dm_ns_gram_start_k)(dm_tensor *q, const dm_tensor *a, double mult, double eps); /* "ns_gram_start" */
 /* y = alpha·x + beta·y (same shape and dtype) */
 typedef void (*dm_ns_axpby_k)(dm_tensor *y, double alpha, const dm_tensor *x, double beta); /* "ns_axpby" */
-/* p = p·(1 − lr·wd) − lr·scale·o */
-typedef void (*dm_muon_apply_k)(int n, dm_tensor *const *p, dm_tensor *const *o,
+/* p = p·(1 − lr·wd) − lr·scale·s·o, s = s_i[e] for matrix e of p_i when s_i (f32 [E]) is given, else 1 */
+typedef void (*dm_muon_apply_k)(int n, dm_tensor *const *p, dm_tensor *const *o, dm_tensor *const *s,
                                 const dm_muon_hp *hp, double scale, int64_t cols, int64_t pitch);  /* "muon_apply" */
 
 /* the family's kernels by name (core/ops.h): the ops look them up, the backends register them */

@@ -33,7 +33,7 @@ function Block:init(m)
                                shared_rank = m.shared_rank, ffn = m.ffn, lfb_gamma = m.moe.lfb_gamma,
                                capacity_factor = m.moe.capacity_factor, out_factor = out_factor,
                                balance = m.moe.balance, router_dtype = m.moe.router_dtype,
-                               aux_balance = m.moe.aux_balance,
+                               aux_balance = m.moe.aux_balance, update_by_load = m.moe.update_by_load,
                                router_std = m.moe.router_std, router_cosine = m.moe.router_cosine,
                                router = m.moe.router, littlebit = m.moe.littlebit,
                                fp8 = m.moe.fp8}))

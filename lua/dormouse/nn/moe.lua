@@ -32,6 +32,7 @@ function MoE:init(d, opts)
   self.router_cosine = opts.router_cosine       -- nil: the logits W_r u; s: s cos(u, w_e)
   self.router_form = opts.router or schema.default("model.moe.router")
   self.aux_weight = opts.aux_balance or schema.default("model.moe.aux_balance")
+  self.update_by_load = opts.update_by_load or schema.default("model.moe.update_by_load")
   self:child("router", nn.Linear(d, E, {std = opts.router_std}))
   self:param("Ug", nn.init.normal({E, d, r}, d ^ -0.5))
   self:param("Uu", nn.init.normal({E, d, r}, d ^ -0.5))
@@ -46,6 +47,8 @@ function MoE:init(d, opts)
   self:child("sd", nn.Linear(rs, F))
   self:child("write", nn.Linear(F, d, {std = F ^ -0.5 * (opts.out_factor or 1)}))   -- the branch's output
   self:buffer("lfb_bias", nn.init.zeros({E}))
+  -- each expert's Muon update scale (update_by_load), rewritten in place by update_balance each step
+  if self.update_by_load ~= "off" then self.update_scale = dm.keep(dm.ones({E}, {device = self.lfb_bias.device})) end
   self.littlebit = opts.littlebit ~= nil and opts.littlebit ~= "off" and opts.littlebit or nil
   if self.littlebit then self:littlebit_init(self.littlebit == "residual") end
   self.fp8 = opts.fp8 or nil
@@ -414,8 +417,24 @@ function MoE:update_balance(reduce)
     else
       dm.moe_balance_(self.lfb_bias, counts, self.gamma)
     end
+    if self.update_scale then self:set_update_scale(counts) end
   end)
   return counts, drops
+end
+
+-- update_scale from the step's counts (update_by_load): an expert's share of the rows, min(1, load /
+-- mean), or whether it had any (active); Muon multiplies each expert's update by it
+function MoE:set_update_scale(counts)
+  local load = counts:to("f32")
+  local s
+  if self.update_by_load == "active" then s = load:gt(0):to("f32")
+  else s = (load / (load:sum() * (1 / self.experts) + 1e-12)):clamp(0, 1) end
+  self.update_scale:copy_(s)
+end
+
+-- The update scales Muon takes for parameter `name` of this module (the banks' experts), or nil
+function MoE:muon_scales(name)
+  if self.update_scale and (name == "Ug" or name == "Uu" or name == "D") then return self.update_scale end
 end
 
 nn.MoE = MoE

@@ -34,6 +34,14 @@ function Muon.new(name, entries, hp)
   end
   self.sround = mdtype == "bf16_stochastic"
   self.sround_salt = groups.salt(name)
+  -- a module's per-matrix update scales (MoE's experts under model.moe.update_by_load), false: none
+  local scales, any = {}, false
+  for i, e in ipairs(entries) do
+    local m = e.module
+    scales[i] = m and m.muon_scales and m:muon_scales(e.name:match("([^.]+)$")) or false
+    any = any or scales[i] ~= false
+  end
+  self.scales = any and scales or nil
   return self
 end
 
@@ -46,6 +54,7 @@ function Muon:update(mult, t, at)
     weight_decay = self.weight_decay, ns_steps = self.ns_steps, coeffs = self.coeffs,
     ns_dtype = self.ns_dtype, lr_at = at.lr_at, sumsq_at = at.sumsq_at, clip = at.clip, normalize = self.normalize,
     momentum_sround = self.sround, sround_salt = self.sround_salt, step = t, step_at = self.sround and at.step_at or nil,
+    scales = self.scales,
   })
 end
 
