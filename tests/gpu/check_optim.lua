@@ -82,6 +82,31 @@ for _, mom in ipairs {"f32", "bf16", "bf16_stochastic"} do
   end
 end
 
+-- per-expert update scales (model.moe.update_by_load): the GPU's apply pass against the CPU's
+checks.check("muon_step [6, 64, 13] + [6, 13, 300] with per-expert update scales: GPU = CPU", function()
+  local shapes, scales = {{6, 64, 13}, {6, 13, 300}}, {0, 1, 0.25, 1, 0.5, 0}
+  local out = {}
+  for side, device in pairs {cpu = "cpu", gpu = GPU} do
+    local p, b, s = {}, {}, {}
+    for i, shape in ipairs(shapes) do
+      p[i] = dm.randn(shape, {seed = 60 + i}):to(device)
+      p[i].grad = dm.randn(shape, {seed = 70 + i}):to(device)
+      b[i] = dm.zeros(shape):to(device)
+      s[i] = dm.tensor(scales):to(device)
+    end
+    core.muon_step(p, b, {lr = 0.02, momentum = 0.95, nesterov = true, weight_decay = 0.1, ns_steps = 5,
+                          coeffs = "quintic", ns_dtype = "f32", scales = s})
+    out[side] = p
+  end
+  local worst = 0
+  for i in ipairs(shapes) do
+    local e = common.rel(out.gpu[i], out.cpu[i])
+    assert(e <= 2e-4, string.format("parameter %d: relative error %.3g", i, e))
+    worst = math.max(worst, e)
+  end
+  return string.format("worst parameter error %.2g", worst)
+end)
+
 -- Newton-Schulz in bf16 against f32 on the device, on b1's bank shapes (the Gram form: the stack in
 -- bf16, its Gram matrix kept in f32) and a square matrix (the plain form): the update's relative error
 -- and each form's distance from orthogonal (|X Xt - I| over the short side's rows, the Frobenius norm
