@@ -156,7 +156,8 @@ local function add(sum, v)
   return total
 end
 
-function segments.backward(model, x, prefix, len, scale, mark, mask)
+-- add_counts: the step's routing counts continue from an earlier micro-batch's (grad_accum > 1)
+function segments.backward(model, x, prefix, len, scale, mark, mask, add_counts)
   mark = mark or function() end
   local segs = segments.split(x, prefix, len, mask)
   local starts = {}                                  -- starts[s]: the state segment s begins from
@@ -171,8 +172,9 @@ function segments.backward(model, x, prefix, len, scale, mark, mask)
     local seg = segs[s]
     local from = starts[s] and leaves(starts[s]) or nil
     local share, parts = dm.scope(function()
-      -- the last segment starts the step's routing counts; the others add theirs
-      local out = model:forward(seg.x, seg.prefix, {state = from or {}, counts = s < #segs and "add" or nil,
+      -- the last segment starts the step's routing counts (the first micro-batch's); the others add theirs
+      local out = model:forward(seg.x, seg.prefix, {state = from or {},
+                                                    counts = (s < #segs or add_counts) and "add" or nil,
                                                     mask = seg.mask})
       if not out.state then error(no_state(model), 0) end
       local w = seg.w

@@ -56,11 +56,13 @@ local function no_mark() end
 
 --[[ One micro-batch: the forward of x, prefix and the backward of its loss
 weighted by `scale`. mark(phase), when given, is called with "forward" and
-"backward" as each ends. mask: the batch's loss mask (records), or nil.
+"backward" as each ends. mask: the batch's loss mask (records), or nil. add_counts: the step's
+routing counts continue from an earlier micro-batch's (grad_accum > 1), so that the balance and
+model.moe.update_by_load see the whole step's rows.
 Returns the forward's out. ]]
-function step.micro_batch(model, x, prefix, scale, mark, mask)
+function step.micro_batch(model, x, prefix, scale, mark, mask, add_counts)
   mark = mark or no_mark
-  local out = model:forward(x, prefix, mask and {mask = mask} or nil)
+  local out = model:forward(x, prefix, {mask = mask, counts = add_counts and "add" or nil})
   mark("forward")
   ;(scale == 1 and out.loss or out.loss * scale):backward()
   mark("backward")
@@ -215,9 +217,9 @@ function Step:forward_backward(mark)
     mark("data")
     local l, terms
     if self.segment and x:size(2) - 1 > self.segment then        -- by segments, the state carried
-      l, terms = segments.backward(model, x, prefix, self.segment, weights[i], mark, mask)
+      l, terms = segments.backward(model, x, prefix, self.segment, weights[i], mark, mask, i > 1)
     else
-      local out = step.micro_batch(model, x, prefix, weights[i], mark, mask)
+      local out = step.micro_batch(model, x, prefix, weights[i], mark, mask, i > 1)
       l, terms = out.loss, out.extras
     end
     local part = l:detach():to("f64")

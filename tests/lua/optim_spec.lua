@@ -636,6 +636,14 @@ describe("optim settings and the core functions", function()
     local cfg = config.load("experiments/tiny.lua", {})
     local m = nn.build({device = "cpu"}, train.build_model, cfg, ".")
     assert.is_nil(optim.new(m, cfg.optim, cfg.schedule, 10, {quiet = true}).groups[1].scales)   -- off: none
+    -- LittleBit's residual latents are banks of the experts too
+    cfg = config.load("experiments/tiny.lua", {"model.moe.update_by_load=share", "model.moe.littlebit=residual"})
+    m = nn.build({device = "cpu"}, train.build_model, cfg, ".")
+    local muon = optim.new(m, cfg.optim, cfg.schedule, 10, {quiet = true}).groups[1]
+    local got = {}
+    for i, e in ipairs(muon.entries) do got[e.name] = muon.scales[i] end
+    assert.is_truthy(got["block.moe.D_res"])
+    assert.is_truthy(got["block.moe.Ug"])
   end)
 
   it("core steps name a missing hyper-parameter, a bad list and a mismatched state", function()

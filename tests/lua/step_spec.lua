@@ -52,6 +52,24 @@ describe("the training step", function()
     a.loader:close(); b.loader:close()
   end)
 
+  it("balances on every micro-batch's routing counts (grad_accum > 1)", function()
+    local totals = {}
+    for _, accum in ipairs {1, 2} do
+      local r = prepared(tiny({"grad_accum=" .. accum}))
+      local moe = r.model.block.moe
+      local update = moe.update_balance
+      moe.update_balance = function(self, reduce)
+        totals[accum] = self.counts:sum():item()
+        return update(self, reduce)
+      end
+      r.step = 1
+      train.step(r)
+      r.loader:close()
+    end
+    assert.is_true(totals[1] > 0)
+    assert.are.equal(2 * totals[1], totals[2])
+  end)
+
   it("trains on records in both forms alike: the mask in a buffer of its own, bit for bit", function()
     local cfg = tiny({"data.records=tasks/addition.lua"})
     local a, b = prepared(cfg), prepared(cfg)

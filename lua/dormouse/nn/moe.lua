@@ -432,9 +432,13 @@ function MoE:set_update_scale(counts)
   self.update_scale:copy_(s)
 end
 
--- The update scales Muon takes for parameter `name` of this module (the banks' experts), or nil
+-- The update scales Muon takes for parameter `name` of this module (a bank of the experts: Ug, Uu, D,
+-- and LittleBit's residual latents), or nil
 function MoE:muon_scales(name)
-  if self.update_scale and (name == "Ug" or name == "Uu" or name == "D") then return self.update_scale end
+  if not self.update_scale then return nil end
+  for _, bank in ipairs(self.banks) do
+    if bank == name then return self.update_scale end
+  end
 end
 
 nn.MoE = MoE
