@@ -61,7 +61,5 @@ dm_tensor *dm_cast(dm_tensor *a, dm_dtype dt);
 
 /* matrix products (vm/ops/matmul.c): [..., m, k] x [..., k, n], batch dims broadcast */
 dm_tensor *dm_matmul(dm_tensor *a, dm_tensor *b, bool transpose_a, bool transpose_b);
-/* the same, the product in dtype out: the inputs', or f32 from bf16 or f16 ones */
-dm_tensor *dm_matmul_to(dm_tensor *a, dm_tensor *b, bool transpose_a, bool transpose_b, dm_dtype out);
 
 #endif

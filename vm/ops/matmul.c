@@ -152,19 +152,10 @@ static void matmul_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) 
   dm_release(g);
 }
 
-/* out: the attribute as the op reads it (-1: the inputs' dtype) */
-static dm_tensor *matmul_call(dm_tensor *a, dm_tensor *b, bool transpose_a, bool transpose_b, double out) {
-  dm_tensor *in[2] = {a, b};
-  dm_attrs at = dm_attrs_of(3, (double[]){transpose_a, transpose_b, out});
-  return dm_call1("matmul", 2, in, &at);
-}
-
-dm_tensor *dm_matmul_to(dm_tensor *a, dm_tensor *b, bool transpose_a, bool transpose_b, dm_dtype out) {
-  return matmul_call(a, b, transpose_a, transpose_b, (double)out);
-}
-
 dm_tensor *dm_matmul(dm_tensor *a, dm_tensor *b, bool transpose_a, bool transpose_b) {
-  return matmul_call(a, b, transpose_a, transpose_b, -1);
+  dm_tensor *in[2] = {a, b};
+  dm_attrs at = dm_attrs_of(3, (double[]){transpose_a, transpose_b, -1});     /* out: the inputs' dtype */
+  return dm_call1("matmul", 2, in, &at);
 }
 
 static dm_op ops[] = {
