@@ -341,10 +341,8 @@ __device__ __forceinline__ void kc_tile_async(float *dst, const float *src) {
   }
 }
 
-/* x rounded to tf32 (to nearest, ties away), as the bits of a float with the low 13 bits zero */
-__device__ __forceinline__ uint32_t kc_tf32(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
 __device__ __forceinline__ void kc_split(float x, uint32_t &hi, uint32_t &lo) {
-  hi = kc_tf32(x);
+  hi = dm_tf32(x);          /* ptx.cuh */
   lo = __float_as_uint(x - __uint_as_float(hi));   /* exact; the tensor core reads its top 19 bits */
 }
 

@@ -71,6 +71,9 @@ __device__ __forceinline__ void dm_mma16816(float (&c)[4], const uint32_t (&a)[4
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* x rounded to tf32 (to nearest, ties away), as the bits of a float with the low 13 bits zero */
+__device__ __forceinline__ uint32_t dm_tf32(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
+
 /* c += a b: a 16 x 8, b 8 x 8, c 16 x 8, tf32 operands (the bits of floats, the low 13 zero) */
 __device__ __forceinline__ void dm_mma1688_tf32(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"

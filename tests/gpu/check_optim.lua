@@ -107,6 +107,29 @@ checks.check("muon_step [6, 64, 13] + [6, 13, 300] with per-expert update scales
   return string.format("worst parameter error %.2g", worst)
 end)
 
+-- Muon's Gram form with its products on TF32 (ns_dtype bf16: muon_gram_apply's tensor-core path, the
+-- last product inside the update) against the CPU's exact f32, on b1's bank shapes, with scales: the
+-- update's relative error (the parameters' own size left out)
+for _, shape in ipairs {{4, 64, 2048}, {4, 2048, 64}, {3, 64, 5461}} do
+  checks.check(string.format("muon_step [%s], Newton-Schulz on TF32 (%s) against f32 (cpu)", table.concat(shape, ", "),
+                             GPU), function()
+    local upd = {}
+    for side, device in pairs {cpu = "cpu", gpu = GPU} do
+      local p0 = dm.randn(shape, {seed = 81})
+      local p = p0:to(device)
+      p.grad = dm.randn(shape, {seed = 82}):to(device)
+      local s = dm.tensor({1, 0.5, 0.25, 1}):narrow(1, 1, shape[1]):to(device)
+      core.muon_step({p}, {dm.zeros(shape):to(device)}, {lr = 0.02, momentum = 0.95, nesterov = true,
+                     weight_decay = 0.1, ns_steps = 5, coeffs = "polar_express", scales = {s},
+                     ns_dtype = side == "cpu" and "f32" or "bf16"})
+      upd[side] = p:to("cpu") - p0
+    end
+    local e = common.rel(upd.gpu, upd.cpu)
+    assert(e <= 2e-2, string.format("update: relative error %.3g", e))
+    return string.format("update's relative error %.2g", e)
+  end)
+end
+
 -- Newton-Schulz in bf16 against f32 on the device, on b1's bank shapes (the Gram form: the stack in
 -- bf16, its Gram matrix kept in f32) and a square matrix (the plain form): the update's relative error
 -- and each form's distance from orthogonal (|X Xt - I| over the short side's rows, the Frobenius norm

@@ -612,6 +612,40 @@ describe("optim settings and the core functions", function()
                  "muon: the update scales of parameter 1 of 1 are f32 [2] on cpu; a bank [3, 4, 6] on cpu takes f32 [E] on its device")
   end)
 
+  it("the Gram form's last product runs inside the update: equal to Newton-Schulz's result applied", function()
+    -- banks tall and wide, a bank and a matrix in one group, scales on one bank: every member's
+    -- matrices found in the stack (muon_gram_apply) as newton_schulz, which writes the result, finds them
+    local mu, lr, wd = 0.9, 0.05, 0.2
+    local list = {{3, 40, 6}, {2, 5, 33}, {5, 33}, {4, 9, 20}}
+    local scales = {dm.tensor({1, 0.25, 0}), false, false, false}
+    local p, b = {}, {}
+    for i, shape in ipairs(list) do
+      p[i] = dm.randn(shape, {seed = 40 + i})
+      p[i].grad = dm.randn(shape, {seed = 50 + i})
+      b[i] = dm.zeros(shape)
+    end
+    local p0, g = {}, {}
+    for i in ipairs(list) do p0[i], g[i] = p[i]:clone(), p[i].grad:clone() end
+    core.muon_step(p, b, {lr = lr, momentum = mu, nesterov = true, weight_decay = wd, ns_steps = 5,
+                          coeffs = "polar_express", ns_dtype = "f32", scales = scales})
+    for i, shape in ipairs(list) do
+      local n = #shape
+      local o = core.newton_schulz(g[i] * (1 + mu), 5, "polar_express", "f32")   -- nesterov from zero momentum
+      local step = -lr * 0.2 * math.sqrt(math.max(shape[n - 1], shape[n]))
+      local want = p0[i] * (1 - lr * wd) + o * step
+      if scales[i] then
+        for e, s in ipairs(scales[i]:totable()) do
+          local pe = p0[i]:narrow(1, e, 1) * (1 - lr * wd) + o:narrow(1, e, 1) * (step * s)
+          local err = (p[i]:narrow(1, e, 1) - pe):abs():max():item()
+          assert.is_true(err < 1e-5, string.format("member %d matrix %d: %.3g", i, e, err))
+        end
+      else
+        local err = (p[i] - want):abs():max():item()
+        assert.is_true(err < 1e-5, string.format("member %d %s: %.3g", i, table.concat(shape, "x"), err))
+      end
+    end
+  end)
+
   it("model.moe.update_by_load gives Muon the experts' scales from the step's rows", function()
     local config = require "dormouse.config"
     local train = require "dormouse.train"
