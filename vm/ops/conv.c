@@ -21,7 +21,7 @@
 #include "core/core.h"
 #include "core/alloc.h"
 #include "core/autograd.h"
-#include "ops/blocks.h"
+#include "ops/conv.h"
 #include "ops/elementwise.h"
 
 static int64_t int_attr(const char *op, const char *what, double v) {

@@ -11,7 +11,7 @@
 #include <math.h>
 #include <string.h>
 #include "harness.h"
-#include "ops/blocks.h"
+#include "ops/conv.h"
 
 #define PERF 1000                  /* the trial index of the large perf inputs (never tested) */
 

@@ -19,7 +19,7 @@
 */
 #include "model.cuh"
 extern "C" {
-#include "ops/blocks.h"
+#include "ops/conv.h"
 #include "ops/elementwise.h"
 }
 

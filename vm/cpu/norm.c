@@ -17,7 +17,7 @@
 #include <string.h>
 #include "iter.h"
 #include "vec.h"
-#include "ops/blocks.h"
+#include "ops/conv.h"
 #include "ops/elementwise.h"
 
 /* the address of element r of t's first nd dims, counted row-major (later dims at 0) */
