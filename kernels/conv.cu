@@ -1,21 +1,13 @@
 /*
-** blocks.cu — the building blocks on CUDA (blocks.h has the contracts):
-** rownorm (rmsnorm, l2norm), cross-entropy, the causal depthwise
-** convolution and silu_mul, forward and backward.
+** conv.cu — the causal depthwise convolution on CUDA (vm/ops/conv.h has the
+** contracts): forward and backward, and the SiLU of causal_conv1d(...,
+** silu = 1) fused into them.
 **
-** Row kernels (rownorm, cross-entropy) give each row one warp: its lanes
-** stride through the row (any strides; a row's first element is found
-** through its leading dims) and combine by a butterfly, in the compute type
-** (float for f32, bf16 and f16; double for f64). Sums over rows (the gain's
-** and the convolution weight's gradients, cross-entropy's mean) go through
-** partial sums in a fixed order (model.cuh), never atomics: every run gives
-** the same bits.
-**
-** Targets out of range follow index_check's convention (index.cu): by
-** default cross_entropy_check does nothing, the kernels skip a bad target
-** (its loss is NaN) and record it, and the error is raised at the next
-** synchronisation; with DM_DEBUG >= 1 the check runs at the op and raises
-** the CPU's message.
+** Where the grid fits, a thread owns one channel (or V neighbouring
+** channels, in 16-byte loads) of one batch row and slides over a run of
+** positions; elsewhere a thread takes one element. The weights' gradient,
+** a sum over (b, t), goes through partial sums in a fixed order (the runs',
+** or model.cuh's column sums), never atomics: every run gives the same bits.
 */
 #include "model.cuh"
 extern "C" {
@@ -25,439 +17,6 @@ extern "C" {
 
 template <int DT> using S_ = typename dt<DT>::S;
 template <int DT> using C_ = typename dt<DT>::C;
-
-/* 16 bytes of elements: V of them a load or a store (the vector kernels of rownorm and the conv) */
-template <int DT> struct vec16 { enum { V = 16 / (int)sizeof(S_<DT>) }; };
-
-template <int DT, int V> __device__ __forceinline__ void vload16(C_<DT> *v, const S_<DT> *p) {
-  uint4 raw = *(const uint4 *)p;
-  const S_<DT> *e = (const S_<DT> *)&raw;
-#pragma unroll
-  for (int i = 0; i < V; i++) v[i] = dt<DT>::load(e[i]);
-}
-
-template <int DT, int V> __device__ __forceinline__ void vstore16(S_<DT> *p, const C_<DT> *v) {
-  uint4 raw;
-  S_<DT> *e = (S_<DT> *)&raw;
-#pragma unroll
-  for (int i = 0; i < V; i++) e[i] = dt<DT>::store(v[i]);
-  *(uint4 *)p = raw;
-}
-
-static int64_t n_rows(const dm_tensor *t) {
-  int64_t d = t->shape[t->ndim - 1];
-  return d ? dm_numel(t) / d : 0;
-}
-
-/* warps a launch of rows needs: 8 rows a block of 256 */
-static unsigned row_blocks(int64_t rows) {
-  int64_t b = (rows + 7) / 8, cap = (int64_t)dm_cuda_sm_count() * 32;
-  return (unsigned)(b < 1 ? 1 : b < cap ? b : cap);
-}
-
-#define WARP_LOOP(r, rows)                                                                           \
-  for (int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < (rows);              \
-       r += ((int64_t)gridDim.x * blockDim.x) >> 5)
-
-/* ---- rownorm ---------------------------------------------------------------------------------- */
-
-template <int DT>
-__global__ void rownorm_k(S_<DT> *y, C_<DT> *rstd, const S_<DT> *x, dm_lead Lx, int64_t xs, const S_<DT> *gain,
-                          int64_t gs, int64_t rows, int64_t D, double div, double eps) {
-  typedef C_<DT> C;
-  const int lane = threadIdx.x & 31;
-  WARP_LOOP(r, rows) {
-    const S_<DT> *xr = x + dm_lead_off(Lx, r);
-    C ss = 0;
-    for (int64_t j = lane; j < D; j += 32) {
-      C v = dt<DT>::load(xr[j * xs]);
-      ss += v * v;
-    }
-    ss = dm_warp_sum(ss);
-    C rs = (C)(1 / sqrt((double)ss / div + eps));
-    for (int64_t j = lane; j < D; j += 32) {
-      C g = gain ? dt<DT>::load(gain[j * gs]) : (C)1;
-      y[r * D + j] = dt<DT>::store(dt<DT>::load(xr[j * xs]) * rs * g);
-    }
-    if (rstd && lane == 0) rstd[r] = rs;
-  }
-}
-
-static double norm_div(int kind, int64_t D) { return kind == DM_NORM_RMS ? (double)D : 1.0; }
-
-/* ---- rownorm on rows of 16-byte vectors: each lane takes V neighbouring elements a load --------
-** For contiguous, aligned rows of D >= 32 V (the model's d-wide norms): a warp reads 512
-** contiguous bytes a load instead of 64. Each lane sums its own elements, then the warp. */
-template <int DT, int V>
-__global__ void rownorm_vk(S_<DT> *y, C_<DT> *rstd, const S_<DT> *x, int64_t ld, const S_<DT> *gain, int64_t rows,
-                           int64_t D, double div, double eps) {
-  typedef C_<DT> C;
-  const int lane = threadIdx.x & 31;
-  WARP_LOOP(r, rows) {
-    const S_<DT> *xr = x + r * ld;
-    C ss = 0, v[V];
-    for (int64_t j = lane * V; j < D; j += 32 * V) {
-      vload16<DT, V>(v, xr + j);
-#pragma unroll
-      for (int i = 0; i < V; i++) ss += v[i] * v[i];
-    }
-    ss = dm_warp_sum(ss);
-    C rs = (C)(1 / sqrt((double)ss / div + eps)), g[V];
-    for (int64_t j = lane * V; j < D; j += 32 * V) {
-      vload16<DT, V>(v, xr + j);
-      if (gain) vload16<DT, V>(g, gain + j);
-#pragma unroll
-      for (int i = 0; i < V; i++) v[i] = v[i] * rs * (gain ? g[i] : (C)1);
-      vstore16<DT, V>(y + r * D + j, v);
-    }
-    if (rstd && lane == 0) rstd[r] = rs;
-  }
-}
-
-/* gx of rownorm_bwd_k on vector rows: g and x rows at ld apart, gain contiguous */
-template <int DT, int V>
-__global__ void rownorm_bwd_vk(S_<DT> *gx, const S_<DT> *g, int64_t lg, const S_<DT> *x, int64_t lx,
-                               const S_<DT> *gain, const C_<DT> *rstd, int64_t rows, int64_t D, double div) {
-  typedef C_<DT> C;
-  const int lane = threadIdx.x & 31;
-  WARP_LOOP(r, rows) {
-    const S_<DT> *xr = x + r * lx, *gr = g + r * lg;
-    C dot = 0, gv[V], xv[V], gn[V];
-    for (int64_t j = lane * V; j < D; j += 32 * V) {
-      vload16<DT, V>(gv, gr + j);
-      vload16<DT, V>(xv, xr + j);
-      if (gain) vload16<DT, V>(gn, gain + j);
-#pragma unroll
-      for (int i = 0; i < V; i++) dot += gv[i] * (gain ? gn[i] : (C)1) * xv[i];
-    }
-    dot = dm_warp_sum(dot);
-    double rd = (double)rstd[r];
-    C rs = (C)rd, c = (C)(rd * rd * (double)dot / div);
-    for (int64_t j = lane * V; j < D; j += 32 * V) {
-      vload16<DT, V>(gv, gr + j);
-      vload16<DT, V>(xv, xr + j);
-      if (gain) vload16<DT, V>(gn, gain + j);
-#pragma unroll
-      for (int i = 0; i < V; i++) gv[i] = rs * (gv[i] * (gain ? gn[i] : (C)1) - xv[i] * c);
-      vstore16<DT, V>(gx + r * D + j, gv);
-    }
-  }
-}
-
-/* the leading stride of t's rows when they are contiguous, 16-byte aligned vector rows of
-** D >= 32 V that follow one another at one stride (a single lead dim); else 0 */
-static int64_t row_vec_ld(const dm_tensor *t, size_t esize) {
-  if (!t) return 0;
-  const int64_t D = t->shape[t->ndim - 1], V = 16 / (int64_t)esize;
-  if (t->strides[t->ndim - 1] != 1 || D % V != 0 || D < 32 * V || ((uintptr_t)dm_data(t) & 15) != 0) return 0;
-  dm_lead L = dm_lead_of(t, t->ndim - 1);
-  if (L.nd > 1 || (L.nd == 1 && L.st[0] % V != 0)) return 0;
-  return L.nd == 1 ? L.st[0] : D;
-}
-
-static void cuda_rownorm(int kind, dm_tensor *y, dm_tensor *rstd, const dm_tensor *x, const dm_tensor *gain,
-                         double eps) {
-  int64_t rows = n_rows(x), D = x->shape[x->ndim - 1];
-  if (rows == 0) return;
-  dm_lead Lx = dm_lead_of(x, x->ndim - 1);
-  dm_dispatch_float(x->dtype, "rownorm", [&](auto d) {
-    constexpr int DT = decltype(d)::value;
-    int64_t ld = row_vec_ld(x, sizeof(S_<DT>));
-    if (ld && (!gain || (gain->strides[0] == 1 && ((uintptr_t)dm_data(gain) & 15) == 0))) {
-      rownorm_vk<DT, vec16<DT>::V><<<row_blocks(rows), DM_THREADS, 0, dm_cuda_stream()>>>(
-          (S_<DT> *)dm_data(y), rstd ? (C_<DT> *)dm_data(rstd) : NULL, (const S_<DT> *)dm_data(x), ld,
-          gain ? (const S_<DT> *)dm_data(gain) : NULL, rows, D, norm_div(kind, D), eps);
-      DM_CU_LAUNCHED();
-      return;
-    }
-    rownorm_k<DT><<<row_blocks(rows), DM_THREADS, 0, dm_cuda_stream()>>>(
-        (S_<DT> *)dm_data(y), rstd ? (C_<DT> *)dm_data(rstd) : NULL, (const S_<DT> *)dm_data(x), Lx,
-        x->strides[x->ndim - 1], gain ? (const S_<DT> *)dm_data(gain) : NULL, gain ? gain->strides[0] : 0, rows, D,
-        norm_div(kind, D), eps);
-    DM_CU_LAUNCHED();
-  });
-}
-
-/* gx = r (gh - xh sum(gh xh) / div), xh = x r, gh = g gain */
-template <int DT>
-__global__ void rownorm_bwd_k(S_<DT> *gx, const S_<DT> *g, dm_lead Lg, int64_t gst, const S_<DT> *x, dm_lead Lx,
-                              int64_t xs, const S_<DT> *gain, int64_t gns, const C_<DT> *rstd, int64_t rows,
-                              int64_t D, double div) {
-  typedef C_<DT> C;
-  const int lane = threadIdx.x & 31;
-  WARP_LOOP(r, rows) {
-    const S_<DT> *xr = x + dm_lead_off(Lx, r), *gr = g + dm_lead_off(Lg, r);
-    C dot = 0;
-    for (int64_t j = lane; j < D; j += 32) {
-      C gn = gain ? dt<DT>::load(gain[j * gns]) : (C)1;
-      dot += dt<DT>::load(gr[j * gst]) * gn * dt<DT>::load(xr[j * xs]);
-    }
-    dot = dm_warp_sum(dot);
-    double rd = (double)rstd[r];
-    C rs = (C)rd, c = (C)(rd * rd * (double)dot / div);
-    for (int64_t j = lane; j < D; j += 32) {
-      C gn = gain ? dt<DT>::load(gain[j * gns]) : (C)1;
-      gx[r * D + j] = dt<DT>::store(rs * (dt<DT>::load(gr[j * gst]) * gn - dt<DT>::load(xr[j * xs]) * c));
-    }
-  }
-}
-
-/* the gain's gradient: column j of row r is g x rstd */
-template <int DT> struct gain_term {
-  const S_<DT> *g, *x;
-  dm_lead Lg, Lx;
-  int64_t gst, xs;
-  const C_<DT> *rstd;
-  __device__ C_<DT> operator()(int64_t r, int64_t j) const {
-    return dt<DT>::load(g[dm_lead_off(Lg, r) + j * gst]) * dt<DT>::load(x[dm_lead_off(Lx, r) + j * xs]) * rstd[r];
-  }
-};
-
-template <int DT> struct put_strided {
-  S_<DT> *out;
-  int64_t st;
-  __device__ void operator()(int64_t j, double v) const { out[j * st] = dt<DT>::store(v); }
-};
-
-static void cuda_rownorm_bwd(int kind, dm_tensor *gx, dm_tensor *ggain, const dm_tensor *g, const dm_tensor *x,
-                             const dm_tensor *gain, const dm_tensor *rstd) {
-  int64_t rows = n_rows(x), D = x->shape[x->ndim - 1];
-  dm_lead Lx = dm_lead_of(x, x->ndim - 1), Lg = dm_lead_of(g, g->ndim - 1);
-  int64_t xs = x->strides[x->ndim - 1], gst = g->strides[g->ndim - 1];
-  dm_dispatch_float(x->dtype, "rownorm_bwd", [&](auto d) {
-    constexpr int DT = decltype(d)::value;
-    const S_<DT> *pg = (const S_<DT> *)dm_data(g), *px = (const S_<DT> *)dm_data(x);
-    const C_<DT> *pr = (const C_<DT> *)dm_data(rstd);
-    int64_t lx = row_vec_ld(x, sizeof(S_<DT>)), lg = row_vec_ld(g, sizeof(S_<DT>));
-    bool vec = lx && lg && (!gain || (gain->strides[0] == 1 && ((uintptr_t)dm_data(gain) & 15) == 0));
-    if (gx && rows > 0 && vec) {
-      rownorm_bwd_vk<DT, vec16<DT>::V><<<row_blocks(rows), DM_THREADS, 0, dm_cuda_stream()>>>(
-          (S_<DT> *)dm_data(gx), pg, lg, px, lx, gain ? (const S_<DT> *)dm_data(gain) : NULL, pr, rows, D,
-          norm_div(kind, D));
-      DM_CU_LAUNCHED();
-    } else if (gx && rows > 0) {
-      rownorm_bwd_k<DT><<<row_blocks(rows), DM_THREADS, 0, dm_cuda_stream()>>>(
-          (S_<DT> *)dm_data(gx), pg, Lg, gst, px, Lx, xs, gain ? (const S_<DT> *)dm_data(gain) : NULL,
-          gain ? gain->strides[0] : 0, pr, rows, D, norm_div(kind, D));
-      DM_CU_LAUNCHED();
-    }
-    if (ggain) {
-      gain_term<DT> f = {pg, px, Lg, Lx, gst, xs, pr};
-      put_strided<DT> put = {(S_<DT> *)dm_data(ggain), ggain->strides[0]};
-      dm_colsum(rows, D, f, put);
-    }
-  });
-}
-
-/* ---- cross-entropy -------------------------------------------------------------------------- */
-
-__device__ __forceinline__ int64_t target_at(int tdt, const void *p, int64_t off) {
-  return tdt == DM_I64 ? ((const int64_t *)p)[off] : tdt == DM_I32 ? ((const int32_t *)p)[off]
-                                                                      : ((const uint8_t *)p)[off];
-}
-
-__device__ __forceinline__ bool ignored(int64_t t, int64_t ignore_index) {
-  return ignore_index != -1 && t == ignore_index;
-}
-
-static int ce_name(void) {
-  static int id = -1;
-  if (id < 0) id = dm_cuda_name_id("cross_entropy");
-  return id;
-}
-
-/* With DM_DEBUG >= 1: the first bad target, found by one thread in row order (a debugging aid) */
-__global__ void ce_first_bad_k(const void *t, int tdt, dm_lead Lt, int64_t rows, int64_t classes, int64_t ignore,
-                               int64_t *found) {
-  found[0] = -1;
-  for (int64_t r = 0; r < rows; r++) {
-    int64_t v = target_at(tdt, t, dm_lead_off(Lt, r));
-    if (!ignored(v, ignore) && (v < 0 || v >= classes)) {
-      found[0] = r;
-      found[1] = v;
-      return;
-    }
-  }
-}
-
-static void cuda_ce_check(const dm_tensor *targets, int64_t classes, int64_t ignore_index) {
-  int64_t rows = dm_numel(targets);
-  size_t nb = (size_t)dm_ce_check_scratch(rows, dm_debug_level());
-  if (nb == 0) return;
-  int64_t *found = (int64_t *)dm_scratch(nb), got[2];
-  ce_first_bad_k<<<1, 1, 0, dm_cuda_stream()>>>(dm_data(targets), targets->dtype, dm_lead_of(targets, targets->ndim),
-                                                rows, classes, ignore_index, found);
-  DM_CU_LAUNCHED();
-  DM_CU(cudaMemcpyAsync(got, found, sizeof got, cudaMemcpyDeviceToHost, dm_cuda_stream()));
-  DM_CU(cudaStreamSynchronize(dm_cuda_stream()));
-  dm_scratch_free(found, nb);
-  if (got[0] >= 0)
-    dm_error("cross_entropy: target %lld at row %lld of %lld is out of range for %lld classes "
-             "(class ids 0..%lld%s)", (long long)got[1], (long long)got[0] + 1, (long long)rows, (long long)classes,
-             (long long)classes - 1, ignore_index == -1 ? "" : ", or ignore_index");
-}
-
-/* the logsumexp of a row: the max and the exps in the compute type, the log in double, as the CPU
-** (a loss near 0 is the difference of two such numbers); NaN passed over by the max, carried by the sum */
-template <int DT>
-__device__ __forceinline__ double row_lse(const S_<DT> *xr, int64_t xs, int64_t V, int lane) {
-  typedef C_<DT> C;
-  C m = -INFINITY;
-  for (int64_t j = lane; j < V; j += 32) {
-    C v = dt<DT>::load(xr[j * xs]);
-    m = v > m ? v : m;
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    C u = __shfl_xor_sync(DM_FULL_MASK, m, o);
-    m = u > m ? u : m;
-  }
-  if (isinf(m)) return m;                       /* every entry -inf, or one +inf: no shift works */
-  C s = 0;
-  for (int64_t j = lane; j < V; j += 32) s += exp(dt<DT>::load(xr[j * xs]) - m);
-  return (double)m + log((double)dm_warp_sum(s));
-}
-
-/* per row: lse, and the loss (NONE: into loss; else the row's term into part, NaN for a bad target) */
-template <int DT>
-__global__ void ce_k(C_<DT> *loss, C_<DT> *lse, double *part, const S_<DT> *x, dm_lead Lx, int64_t xs,
-                     const void *tg, int tdt, dm_lead Lt, int64_t rows, int64_t V, int64_t ignore,
-                     dm_device_error *err, int what) {
-  typedef C_<DT> C;
-  const int lane = threadIdx.x & 31;
-  WARP_LOOP(r, rows) {
-    const S_<DT> *xr = x + dm_lead_off(Lx, r);
-    double l = row_lse<DT>(xr, xs, V, lane);
-    if (lane == 0) {
-      int64_t t = target_at(tdt, tg, dm_lead_off(Lt, r));
-      double v = 0;
-      if (!ignored(t, ignore)) {
-        if (t >= 0 && t < V) v = l - (double)dt<DT>::load(xr[t * xs]);
-        else {
-          dm_report(err, what, t, V, 0);
-          v = NAN;
-        }
-      }
-      if (lse) lse[r] = (C)l;
-      if (loss) loss[r] = (C)v;
-      else part[r] = v;
-    }
-  }
-}
-
-/* one block: the rows' terms summed in a fixed order; mean divides by the rows kept */
-template <typename C>
-__global__ void ce_total_k(C *loss, const double *part, const void *tg, int tdt, dm_lead Lt, int64_t rows,
-                           int64_t ignore, int mean) {
-  const int64_t per = (rows + blockDim.x - 1) / blockDim.x, lo = threadIdx.x * per;
-  const int64_t hi = lo + per < rows ? lo + per : rows;
-  double s = 0;
-  int64_t kept = 0;
-  for (int64_t r = lo; r < hi; r++) {
-    s += part[r];
-    kept += !ignored(target_at(tdt, tg, dm_lead_off(Lt, r)), ignore);
-  }
-  s = dm_block_sum(s);
-  kept = dm_block_sum(kept);
-  if (threadIdx.x == 0) loss[0] = (C)(mean ? s / (double)kept : s);    /* 0/0: NaN for a mean over no rows */
-}
-
-static void cuda_ce(dm_tensor *loss, dm_tensor *lse, const dm_tensor *logits, const dm_tensor *targets,
-                    int64_t ignore_index, int reduction) {
-  int64_t rows = n_rows(logits), V = logits->shape[logits->ndim - 1];
-  dm_lead Lx = dm_lead_of(logits, logits->ndim - 1), Lt = dm_lead_of(targets, targets->ndim);
-  int64_t xs = logits->strides[logits->ndim - 1];
-  dm_dispatch_float(logits->dtype, "cross_entropy", [&](auto d) {
-    constexpr int DT = decltype(d)::value;
-    typedef C_<DT> C;
-    bool none = reduction == DM_CE_NONE;
-    size_t nb = (size_t)dm_ce_scratch(rows, !none);
-    double *part = none ? NULL : (double *)dm_scratch(nb);
-    if (rows > 0) {
-      ce_k<DT><<<row_blocks(rows), DM_THREADS, 0, dm_cuda_stream()>>>(
-          none ? (C *)dm_data(loss) : NULL, lse ? (C *)dm_data(lse) : NULL, part, (const S_<DT> *)dm_data(logits),
-          Lx, xs, dm_data(targets), targets->dtype, Lt, rows, V, ignore_index, dm_cuda_device_error(), ce_name());
-      DM_CU_LAUNCHED();
-    }
-    if (!none) {
-      ce_total_k<C><<<1, DM_SCAN_THREADS, 0, dm_cuda_stream()>>>((C *)dm_data(loss), part, dm_data(targets),
-                                                                 targets->dtype, Lt, rows, ignore_index,
-                                                                 reduction == DM_CE_MEAN);
-      DM_CU_LAUNCHED();
-      dm_scratch_free(part, nb);
-    }
-  });
-}
-
-/* the rows kept, for the mean's gradient (one block) */
-__global__ void ce_kept_k(int64_t *kept, const void *tg, int tdt, dm_lead Lt, int64_t rows, int64_t ignore) {
-  int64_t k = 0;
-  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) k += !ignored(target_at(tdt, tg, dm_lead_off(Lt, r)), ignore);
-  k = dm_block_sum(k);
-  if (threadIdx.x == 0) kept[0] = k;
-}
-
-/* gx = c (softmax - onehot), c the row's share of the loss's gradient (0 on ignored rows) */
-template <int DT>
-__global__ void ce_bwd_k(S_<DT> *gx, const C_<DT> *g, dm_lead Lg, const S_<DT> *x, dm_lead Lx, int64_t xs,
-                         const void *tg, int tdt, dm_lead Lt, const C_<DT> *lse, int64_t rows, int64_t V,
-                         int64_t ignore, int reduction, const int64_t *kept, dm_device_error *err, int what) {
-  typedef C_<DT> C;
-  const int lane = threadIdx.x & 31;
-  WARP_LOOP(r, rows) {
-    int64_t t = target_at(tdt, tg, dm_lead_off(Lt, r));
-    double c = 0;
-    if (!ignored(t, ignore)) {
-      if (reduction == DM_CE_NONE) c = (double)g[dm_lead_off(Lg, r)];
-      else c = reduction == DM_CE_MEAN ? (double)g[0] / (double)kept[0] : (double)g[0];
-    }
-    S_<DT> *gr = gx + r * V;
-    if (c == 0) {
-      for (int64_t j = lane; j < V; j += 32) gr[j] = dt<DT>::store(0);
-      continue;
-    }
-    if (t < 0 || t >= V) {
-      if (lane == 0) dm_report(err, what, t, V, 0);
-      t = -1;
-    }
-    const S_<DT> *xr = x + dm_lead_off(Lx, r);
-    C l = lse[r], cc = (C)c;
-    for (int64_t j = lane; j < V; j += 32) {
-      C p = cc * exp(dt<DT>::load(xr[j * xs]) - l);
-      gr[j] = dt<DT>::store(j == t ? p - cc : p);
-    }
-  }
-}
-
-static void cuda_ce_bwd(dm_tensor *gx, const dm_tensor *g, const dm_tensor *logits, const dm_tensor *targets,
-                        const dm_tensor *lse, int64_t ignore_index, int reduction) {
-  int64_t rows = n_rows(logits), V = logits->shape[logits->ndim - 1];
-  if (rows == 0) return;
-  dm_lead Lx = dm_lead_of(logits, logits->ndim - 1), Lt = dm_lead_of(targets, targets->ndim);
-  dm_lead Lg = dm_lead_of(g, g->ndim);
-  if (g->dtype != lse->dtype)
-    dm_error("cross_entropy_bwd: the loss's gradient is %s, expected %s", dm_dtype_name(g->dtype),
-             dm_dtype_name(lse->dtype));
-  int64_t *kept = NULL;
-  const size_t kb = (size_t)dm_ce_bwd_scratch(reduction == DM_CE_MEAN);
-  if (kb) {
-    kept = (int64_t *)dm_scratch(kb);
-    ce_kept_k<<<1, DM_SCAN_THREADS, 0, dm_cuda_stream()>>>(kept, dm_data(targets), targets->dtype, Lt, rows,
-                                                           ignore_index);
-    DM_CU_LAUNCHED();
-  }
-  dm_dispatch_float(logits->dtype, "cross_entropy_bwd", [&](auto d) {
-    constexpr int DT = decltype(d)::value;
-    ce_bwd_k<DT><<<row_blocks(rows), DM_THREADS, 0, dm_cuda_stream()>>>(
-        (S_<DT> *)dm_data(gx), (const C_<DT> *)dm_data(g), Lg, (const S_<DT> *)dm_data(logits), Lx,
-        logits->strides[logits->ndim - 1], dm_data(targets), targets->dtype, Lt, (const C_<DT> *)dm_data(lse), rows,
-        V, ignore_index, reduction, kept, dm_cuda_device_error(), ce_name());
-    DM_CU_LAUNCHED();
-  });
-  if (kept) dm_scratch_free(kept, kb);
-}
-
-/* ---- causal_conv1d ----------------------------------------------------------------------------- */
 
 /* i = (b n + q) C + c → c, q, b; in 32 bits when i fits (a 64-bit division per
 ** element costs more than the kernel's memory traffic) */
@@ -525,8 +84,8 @@ __global__ void conv_k(S_<DT> *y, S_<DT> *cout, conv_in<DT> in, const S_<DT> *w,
 ** channels (coalesced). Each output is the same sum in the same order as in
 ** conv_k and conv_bwd_k; the weight gradient sums each run's products in
 ** double, then the runs in order. Used when K <= CONV_MAXK and the grid fits. */
-#define CONV_TL DM_CONV_RUN         /* vm/ops/blocks.h */
-#define CONV_MAXK DM_CONV_MAXK       /* vm/ops/blocks.h */
+#define CONV_TL DM_CONV_RUN         /* vm/ops/conv.h */
+#define CONV_MAXK DM_CONV_MAXK       /* vm/ops/conv.h */
 #define CONV_CH 128                       /* channels a block */
 
 static bool conv_runs_fit(int64_t B, int64_t span, int64_t K) { return dm_conv_runs_fit(B, span, K); }
@@ -610,8 +169,8 @@ __global__ void conv_cache_k(S_<DT> *cout, conv_in<DT> in, int64_t B, int64_t C)
 /* xin at (b, pos), channels c .. c+V-1: x, the cache before it, or zeros */
 template <int DT, int V>
 __device__ __forceinline__ void conv_vin(C_<DT> *v, const conv_in<DT> &in, int64_t b, int64_t pos, int64_t c) {
-  if (pos >= 0) { vload16<DT, V>(v, in.x + b * in.xs[0] + pos * in.xs[1] + c); return; }
-  if (in.cache && pos >= -in.P) { vload16<DT, V>(v, in.cache + b * in.cs[0] + (in.P + pos) * in.cs[1] + c); return; }
+  if (pos >= 0) { dm_vload16<DT, V>(v, in.x + b * in.xs[0] + pos * in.xs[1] + c); return; }
+  if (in.cache && pos >= -in.P) { dm_vload16<DT, V>(v, in.cache + b * in.cs[0] + (in.P + pos) * in.cs[1] + c); return; }
 #pragma unroll
   for (int i = 0; i < V; i++) v[i] = 0;
 }
@@ -631,7 +190,7 @@ template <int DT, int V, bool SILU> struct conv_vto_y {
   __device__ void operator()(int64_t i, C_<DT> *z) const {
 #pragma unroll
     for (int j = 0; j < V; j++) z[j] = SILU ? conv_silu(z[j]) : z[j];
-    vstore16<DT, V>(y + i, z);
+    dm_vstore16<DT, V>(y + i, z);
   }
 };
 template <int DT, int V> struct conv_vto_dz {
@@ -639,10 +198,10 @@ template <int DT, int V> struct conv_vto_dz {
   const S_<DT> *gy;
   __device__ void operator()(int64_t i, C_<DT> *z) const {
     C_<DT> g[V];
-    vload16<DT, V>(g, gy + i);
+    dm_vload16<DT, V>(g, gy + i);
 #pragma unroll
     for (int j = 0; j < V; j++) z[j] = g[j] * conv_dsilu(z[j]);
-    vstore16<DT, V>(gz + i, z);
+    dm_vstore16<DT, V>(gz + i, z);
   }
 };
 
@@ -691,19 +250,19 @@ __global__ void conv_vrun_bwd_k(S_<DT> *gx, S_<DT> *gc, const S_<DT> *gy, const 
       for (int k = 0; k < KM; k++) {
         int64_t t = pos + (K - 1 - k) * dil;
         if (k < K && t >= 0 && t < T) {
-          vload16<DT, V>(g, gy + (b * T + t) * C + c);
+          dm_vload16<DT, V>(g, gy + (b * T + t) * C + c);
 #pragma unroll
           for (int i = 0; i < V; i++) acc[i] += wk[k][i] * g[i];
         }
       }
     int64_t q = pos - (T - P);
     if (gco && q >= 0 && q < P) {
-      vload16<DT, V>(g, gco + (b * P + q) * C + c);
+      dm_vload16<DT, V>(g, gco + (b * P + q) * C + c);
 #pragma unroll
       for (int i = 0; i < V; i++) acc[i] += g[i];
     }
-    if (pos >= 0) vstore16<DT, V>(gx + (b * T + pos) * C + c, acc);
-    else vstore16<DT, V>(gc + (b * P + P + pos) * C + c, acc);
+    if (pos >= 0) dm_vstore16<DT, V>(gx + (b * T + pos) * C + c, acc);
+    else dm_vstore16<DT, V>(gc + (b * P + P + pos) * C + c, acc);
   }
 }
 
@@ -721,7 +280,7 @@ __global__ void conv_vgw_run_k(double *part, const S_<DT> *gy, conv_in<DT> in, i
 #pragma unroll 2
   for (int64_t t = t0; t < t1; t++) {
     C_<DT> g[V], xv[V];
-    vload16<DT, V>(g, gy + (b * in.T + t) * C + c);
+    dm_vload16<DT, V>(g, gy + (b * in.T + t) * C + c);
 #pragma unroll
     for (int k = 0; k < KM; k++)
       if (k < K) {
@@ -765,7 +324,7 @@ static bool conv_vec_run(MakeOut make, const dm_tensor *x, const dm_tensor *w, c
                          const dm_tensor *gy, int64_t dil) {
   int64_t B = x->shape[0], T = x->shape[1], C = x->shape[2], K = w->shape[1], P = (K - 1) * dil;
   const dm_tensor *ts[3] = {x, cache, gy};
-  constexpr int V = vec16<DT>::V;
+  constexpr int V = dm_vec16<DT>::V;
   if (!conv_runs_fit(B, T, K) || !conv_vec_fits(C, T, sizeof(S_<DT>), ts, 3) || B * T * C == 0) return false;
   conv_dispatch_k(K, [&](auto km) {
     constexpr int KM = decltype(km)::value;
@@ -981,7 +540,7 @@ static bool conv_bwd_runs(dm_tensor *gx, dm_tensor *gw, dm_tensor *gcache, const
   const dm_tensor *vts[4] = {x, cache, gy, gcache_out};
   dm_dispatch_float(x->dtype, "causal_conv1d_bwd", [&](auto d) {
     constexpr int DT = decltype(d)::value;
-    constexpr int V = vec16<DT>::V;
+    constexpr int V = dm_vec16<DT>::V;
     const S_<DT> *pgy = gy ? (const S_<DT> *)dm_data(gy) : NULL;
     const bool vec = conv_vec_fits(C, hi - lo > T ? hi - lo : T, sizeof(S_<DT>), vts, 4);
     if (vec && hi > lo) {
@@ -1050,75 +609,10 @@ static void cuda_conv_bwd(dm_tensor *gx, dm_tensor *gw, dm_tensor *gcache, const
   });
 }
 
-/* ---- silu_mul ----------------------------------------------------------------------------------- */
-
-/* L: y, a, b */
-template <int DT>
-__global__ void silu_mul_k(S_<DT> *y, const S_<DT> *a, const S_<DT> *b, dm_layout L, int64_t n) {
-  typedef C_<DT> C;
-  DM_GRID_LOOP(i, n) {
-    int64_t off[3];
-    dm_offsets<3>(L, i, off);
-    C av = dt<DT>::load(a[off[1]]), s = 1 / (1 + exp(-av));
-    y[off[0]] = dt<DT>::store(av * s * dt<DT>::load(b[off[2]]));
-  }
-}
-
-static void cuda_silu_mul(dm_tensor *y, const dm_tensor *a, const dm_tensor *b) {
-  int64_t n = dm_numel(y);
-  if (n == 0) return;
-  dm_layout L;
-  const dm_tensor *ops[3] = {y, a, b};
-  dm_layout_make(&L, y->ndim, y->shape, 3, ops);
-  dm_dispatch_float(y->dtype, "silu_mul", [&](auto d) {
-    constexpr int DT = decltype(d)::value;
-    DM_LAUNCH(silu_mul_k<DT>, n, (S_<DT> *)dm_data(y), (const S_<DT> *)dm_data(a), (const S_<DT> *)dm_data(b), L, n);
-  });
-}
-
-/* L: the lead gradient, g, a, b; when both are wanted they are contiguous, so gb sits at ga's offset */
-template <int DT>
-__global__ void silu_mul_bwd_k(S_<DT> *ga, S_<DT> *gb, const S_<DT> *g, const S_<DT> *a, const S_<DT> *b,
-                               dm_layout L, int64_t n) {
-  typedef C_<DT> C;
-  DM_GRID_LOOP(i, n) {
-    int64_t off[4];
-    dm_offsets<4>(L, i, off);
-    C gv = dt<DT>::load(g[off[1]]), av = dt<DT>::load(a[off[2]]), bv = dt<DT>::load(b[off[3]]);
-    C s = 1 / (1 + exp(-av));
-    if (ga) ga[off[0]] = dt<DT>::store(gv * bv * (s * (1 + av * (1 - s))));
-    if (gb) gb[off[0]] = dt<DT>::store(gv * av * s);
-  }
-}
-
-static void cuda_silu_mul_bwd(dm_tensor *ga, dm_tensor *gb, const dm_tensor *g, const dm_tensor *a,
-                              const dm_tensor *b) {
-  dm_tensor *lead = ga ? ga : gb;
-  if (!lead || dm_numel(lead) == 0) return;
-  if (ga && gb && (!dm_is_contiguous(ga) || !dm_is_contiguous(gb)))
-    dm_error("silu_mul_bwd: both gradients wanted, so both must be contiguous");
-  int64_t n = dm_numel(lead);
-  dm_layout L;
-  const dm_tensor *ops[4] = {lead, g, a, b};
-  dm_layout_make(&L, lead->ndim, lead->shape, 4, ops);
-  dm_dispatch_float(lead->dtype, "silu_mul_bwd", [&](auto d) {
-    constexpr int DT = decltype(d)::value;
-    DM_LAUNCH(silu_mul_bwd_k<DT>, n, ga ? (S_<DT> *)dm_data(ga) : NULL, gb ? (S_<DT> *)dm_data(gb) : NULL,
-              (const S_<DT> *)dm_data(g), (const S_<DT> *)dm_data(a), (const S_<DT> *)dm_data(b), L, n);
-  });
-}
-
 static const dm_kernel_entry kernels[] = {
-  DM_KERNEL_ENTRY(rownorm, cuda_rownorm),
-  DM_KERNEL_ENTRY(rownorm_bwd, cuda_rownorm_bwd),
-  DM_KERNEL_ENTRY(cross_entropy_check, cuda_ce_check),
-  DM_KERNEL_ENTRY(cross_entropy, cuda_ce),
-  DM_KERNEL_ENTRY(cross_entropy_bwd, cuda_ce_bwd),
   DM_KERNEL_ENTRY(causal_conv1d, cuda_conv),
   DM_KERNEL_ENTRY(causal_conv1d_bwd, cuda_conv_bwd),
   DM_KERNEL_ENTRY(causal_conv1d_silu, cuda_conv_silu),
   DM_KERNEL_ENTRY(causal_conv1d_silu_dz, cuda_conv_silu_dz),
-  DM_KERNEL_ENTRY(silu_mul, cuda_silu_mul),
-  DM_KERNEL_ENTRY(silu_mul_bwd, cuda_silu_mul_bwd),
 };
 DM_CUDA_KERNELS(kernels)

@@ -1,8 +1,9 @@
 /*
-** model.cuh — what the model's kernel files (blocks.cu, kda.cu, moe_*.cu,
-** engram.cu, optim.cu) share beyond common.cuh: rows of strided tensors,
-** warp sums, device scratch, errors found on the device, deterministic
-** column sums, a one-block scan and a stable bucket sort.
+** model.cuh — what the model's kernel files (norm.cu, xent.cu, conv.cu,
+** kda.cu, moe_*.cu, engram.cu, optim.cu) share beyond common.cuh: rows of
+** strided tensors, a warp a row and 16-byte vectors, warp sums, device
+** scratch, errors found on the device, deterministic column sums, a
+** one-block scan and a stable bucket sort.
 **
 ** Determinism. Nothing here adds floats with atomics: sums run in a fixed
 ** order (a warp's butterfly, then partials combined in index order), so
@@ -62,6 +63,45 @@ __device__ __forceinline__ double dm_ld(int t, const void *p, int64_t i) {
 }
 __device__ __forceinline__ void dm_st(int t, void *p, int64_t i, double v) {
   dm_store_any(t, (char *)p + i * dm_esize(t), v);
+}
+
+/* the rows of t: every dim but the last, counted as one */
+static inline int64_t dm_row_count(const dm_tensor *t) {
+  int64_t d = t->shape[t->ndim - 1];
+  return d ? dm_numel(t) / d : 0;
+}
+
+/* ---- a warp a row, 16-byte vectors (norm.cu, xent.cu, conv.cu) --------------------------------- */
+
+/* warps a launch of rows needs: 8 rows a block of 256 */
+static inline unsigned dm_row_blocks(int64_t rows) {
+  int64_t b = (rows + 7) / 8, cap = (int64_t)dm_cuda_sm_count() * 32;
+  return (unsigned)(b < 1 ? 1 : b < cap ? b : cap);
+}
+
+/* each warp of the grid takes rows r in turn */
+#define DM_WARP_LOOP(r, rows)                                                                        \
+  for (int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < (rows);              \
+       r += ((int64_t)gridDim.x * blockDim.x) >> 5)
+
+/* 16 bytes of elements: V of them a load or a store (the vector kernels of rownorm and the conv) */
+template <int DT> struct dm_vec16 { enum { V = 16 / (int)sizeof(typename dt<DT>::S) }; };
+
+template <int DT, int V>
+__device__ __forceinline__ void dm_vload16(typename dt<DT>::C *v, const typename dt<DT>::S *p) {
+  uint4 raw = *(const uint4 *)p;
+  const typename dt<DT>::S *e = (const typename dt<DT>::S *)&raw;
+#pragma unroll
+  for (int i = 0; i < V; i++) v[i] = dt<DT>::load(e[i]);
+}
+
+template <int DT, int V>
+__device__ __forceinline__ void dm_vstore16(typename dt<DT>::S *p, const typename dt<DT>::C *v) {
+  uint4 raw;
+  typename dt<DT>::S *e = (typename dt<DT>::S *)&raw;
+#pragma unroll
+  for (int i = 0; i < V; i++) e[i] = dt<DT>::store(v[i]);
+  *(uint4 *)p = raw;
 }
 
 /* ---- the KDA backward's arguments --------------------------------------------------------------- */

@@ -15,7 +15,8 @@ local dm = {core = core, version = core.version}
 local T = core.methods
 
 require("dormouse.tensor")(dm, T, core)
-for _, family in ipairs {"elementwise", "reduce", "shape", "index", "matmul", "conv", "kda", "moe", "engram", "quant"} do
+for _, family in ipairs {"elementwise", "reduce", "shape", "index", "matmul", "norm", "xent", "conv", "silu_mul",
+                         "kda", "moe", "engram", "quant"} do
   require("dormouse.ops." .. family)(dm, T, core)
 end
 require("dormouse.ops.generated").install(dm, T, core)      -- the ops whose descriptors give their function

@@ -483,7 +483,7 @@ function dm.memory(device) end
 ---@param device? dormouse.Device
 function dm.reset_peak(device) end
 
--- ---- model ops (lua/dormouse/ops/blocks.lua, kda.lua, engram.lua, moe.lua) -----------------
+-- ---- model ops (lua/dormouse/ops/conv.lua, kda.lua, engram.lua, moe.lua) -------------------
 
 ---@class dormouse.Conv1dOptions
 ---@field dilation? integer the spacing of the taps (default 1)

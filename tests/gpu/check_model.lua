@@ -1,6 +1,6 @@
 --[[
-check_model.lua — the model kernels (kernels/{blocks,kda,moe,engram,optim}.cu) at
-model-sized shapes, and the optimiser kernels the op suite does not reach:
+check_model.lua — the model kernels (kernels/{norm,xent,conv,silu_mul,kda,moe,engram,optim}.cu)
+at model-sized shapes, and the optimiser kernels the op suite does not reach:
 GPU (f32, bf16) against the CPU in f64 or f32; determinism; a few timings.
   dormouse run check_model.lua
 ]]
@@ -78,7 +78,7 @@ end
 
 print("device: " .. (GPU == "cuda" and cuda.device_name() or "cpu (dry run)"))
 
--- ---- blocks at model shapes ---------------------------------------------------------------
+-- ---- norm, xent, conv and silu_mul at model shapes ----------------------------------------
 against("rmsnorm [4096, 768] with gain", function(x, g) return x:rmsnorm(g) end,
         {randn({4096, 768}, 1), randn({768}, 2, 0.3):add(1)})
 against("l2norm [8, 512, 12, 64]", function(x) return x:l2norm() end, {randn({8, 512, 12, 64}, 3)})

@@ -1,4 +1,4 @@
--- The building blocks' Lua options (their numerics are tests/ops/cases_blocks.c's).
+-- causal_conv1d's Lua options (its numerics are tests/ops/cases_conv.c's).
 local dm = require "dormouse"
 local helpers = require "tests.lua.helpers"
 

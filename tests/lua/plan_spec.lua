@@ -267,7 +267,7 @@ describe("the kernels' scratch in a plan (core.plan_card)", function()
       local sum = 0
       for _, b in pairs(parts) do sum = sum + b end
       assert.equal(r.current, sum)                              -- the parts cover the live bytes
-      local bytes = parts["scratch cross-entropy partial sums (kernels/blocks.cu cuda_ce)"]
+      local bytes = parts["scratch cross-entropy partial sums (kernels/xent.cu cuda_ce)"]
       if bytes then
         found = n
         assert.equal(8 * rows, bytes)

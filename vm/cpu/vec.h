@@ -1,8 +1,8 @@
 /*
-** cpu/vec.h — the helpers shared by the CPU row kernels (reduce.c,
-** blocks.c): loads and stores of any dtype through double, with f32 and
-** f64 inlined, and f32 four lanes at a time with GCC vector extensions
-** (SSE2, NEON).
+** cpu/vec.h — the helpers shared by the CPU row kernels (reduce.c, norm.c,
+** xent.c, conv.c, silu_mul.c, quant.c): loads and stores of any dtype
+** through double, with f32 and f64 inlined, and f32 four lanes at a time
+** with GCC vector extensions (SSE2, NEON).
 */
 #ifndef DM_CPU_VEC_H
 #define DM_CPU_VEC_H

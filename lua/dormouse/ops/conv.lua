@@ -1,24 +1,8 @@
 --[[
-The model's building blocks: single fused ops with their own backward kernels.
+The causal depthwise convolution with its cache, a single fused op with its own backward kernels
+(vm/ops/conv.h).
 
-  x:rmsnorm(gain, eps)                   x / sqrt(mean(x^2) + eps) * gain over the last dim
-  dm.rmsnorm(x, gain, {eps = 1e-6})      gain is [D] or nil (no gain); eps defaults to 1e-6
-  x:l2norm(eps)   dm.l2norm(x, eps)      x / sqrt(sum(x^2) + eps) over the last dim (eps inside
-                                         the square root, default 1e-6)
-  dm.cross_entropy(logits, targets, {ignore_index = n, reduction = "mean"})
   dm.causal_conv1d(x, w, {dilation = 1, cache = c, return_cache = true, silu = false})
-  dm.silu_mul(a, b), a:silu_mul(b)       silu(a) * b in one pass (a and b of one shape; the
-                                         functions are the descriptor's, ops/generated.lua)
-
-cross_entropy: logits [..., V], targets [...] of class ids 0..V-1 (values,
-like byte values, not 1-based positions; i64, i32 or u8). It is fused with
-its log-softmax and keeps only each row's logsumexp for the backward. Rows
-whose target equals ignore_index take no loss and no gradient (default: no
-index is ignored; -1 means the same). reduction "mean" (the default)
-averages over the kept rows (NaN when every row is ignored), "sum" adds
-them, "none" gives one loss per row (0 on ignored rows). The loss is f32
-(f64 for f64 logits). A target out of range is an error naming it, its row
-and V.
 
 causal_conv1d: depthwise and causal, no bias. x [B, T, C], w [C, K]:
   y[b, t, c] = sum_k w[c, k] * x[b, t - (K-k) * dilation, c]      (k, t 1-based)
@@ -68,9 +52,7 @@ local function optional_tensor(v, where, what)
   return v
 end
 
--- (dm.cross_entropy comes from its descriptor: lua/dormouse/ops/generated.lua)
-
--- the descriptor's default dilation (vm/ops/blocks.c)
+-- the descriptor's default dilation (vm/ops/conv.c)
 local DILATION = require("dormouse.ops.generated").default(core, "causal_conv1d", "dilation")
 
 function dm.causal_conv1d(x, w, opts)

@@ -1,0 +1,212 @@
+/*
+** norm.cu — the row norms on CUDA (vm/ops/norm.h has the contracts):
+** rownorm (rmsnorm, l2norm), forward and backward.
+**
+** Each row gets one warp: its lanes stride through the row (any strides; a
+** row's first element is found through its leading dims) and combine by a
+** butterfly, in the compute type (float for f32, bf16 and f16; double for
+** f64); contiguous, aligned rows go by 16-byte vectors. The gain's gradient,
+** a sum over rows, goes through partial sums in a fixed order (model.cuh),
+** never atomics: every run gives the same bits.
+*/
+#include "model.cuh"
+extern "C" {
+#include "ops/norm.h"
+}
+
+template <int DT> using S_ = typename dt<DT>::S;
+template <int DT> using C_ = typename dt<DT>::C;
+
+template <int DT>
+__global__ void rownorm_k(S_<DT> *y, C_<DT> *rstd, const S_<DT> *x, dm_lead Lx, int64_t xs, const S_<DT> *gain,
+                          int64_t gs, int64_t rows, int64_t D, double div, double eps) {
+  typedef C_<DT> C;
+  const int lane = threadIdx.x & 31;
+  DM_WARP_LOOP(r, rows) {
+    const S_<DT> *xr = x + dm_lead_off(Lx, r);
+    C ss = 0;
+    for (int64_t j = lane; j < D; j += 32) {
+      C v = dt<DT>::load(xr[j * xs]);
+      ss += v * v;
+    }
+    ss = dm_warp_sum(ss);
+    C rs = (C)(1 / sqrt((double)ss / div + eps));
+    for (int64_t j = lane; j < D; j += 32) {
+      C g = gain ? dt<DT>::load(gain[j * gs]) : (C)1;
+      y[r * D + j] = dt<DT>::store(dt<DT>::load(xr[j * xs]) * rs * g);
+    }
+    if (rstd && lane == 0) rstd[r] = rs;
+  }
+}
+
+static double norm_div(int kind, int64_t D) { return kind == DM_NORM_RMS ? (double)D : 1.0; }
+
+/* ---- rownorm on rows of 16-byte vectors: each lane takes V neighbouring elements a load --------
+** For contiguous, aligned rows of D >= 32 V (the model's d-wide norms): a warp reads 512
+** contiguous bytes a load instead of 64. Each lane sums its own elements, then the warp. */
+template <int DT, int V>
+__global__ void rownorm_vk(S_<DT> *y, C_<DT> *rstd, const S_<DT> *x, int64_t ld, const S_<DT> *gain, int64_t rows,
+                           int64_t D, double div, double eps) {
+  typedef C_<DT> C;
+  const int lane = threadIdx.x & 31;
+  DM_WARP_LOOP(r, rows) {
+    const S_<DT> *xr = x + r * ld;
+    C ss = 0, v[V];
+    for (int64_t j = lane * V; j < D; j += 32 * V) {
+      dm_vload16<DT, V>(v, xr + j);
+#pragma unroll
+      for (int i = 0; i < V; i++) ss += v[i] * v[i];
+    }
+    ss = dm_warp_sum(ss);
+    C rs = (C)(1 / sqrt((double)ss / div + eps)), g[V];
+    for (int64_t j = lane * V; j < D; j += 32 * V) {
+      dm_vload16<DT, V>(v, xr + j);
+      if (gain) dm_vload16<DT, V>(g, gain + j);
+#pragma unroll
+      for (int i = 0; i < V; i++) v[i] = v[i] * rs * (gain ? g[i] : (C)1);
+      dm_vstore16<DT, V>(y + r * D + j, v);
+    }
+    if (rstd && lane == 0) rstd[r] = rs;
+  }
+}
+
+/* gx of rownorm_bwd_k on vector rows: g and x rows at ld apart, gain contiguous */
+template <int DT, int V>
+__global__ void rownorm_bwd_vk(S_<DT> *gx, const S_<DT> *g, int64_t lg, const S_<DT> *x, int64_t lx,
+                               const S_<DT> *gain, const C_<DT> *rstd, int64_t rows, int64_t D, double div) {
+  typedef C_<DT> C;
+  const int lane = threadIdx.x & 31;
+  DM_WARP_LOOP(r, rows) {
+    const S_<DT> *xr = x + r * lx, *gr = g + r * lg;
+    C dot = 0, gv[V], xv[V], gn[V];
+    for (int64_t j = lane * V; j < D; j += 32 * V) {
+      dm_vload16<DT, V>(gv, gr + j);
+      dm_vload16<DT, V>(xv, xr + j);
+      if (gain) dm_vload16<DT, V>(gn, gain + j);
+#pragma unroll
+      for (int i = 0; i < V; i++) dot += gv[i] * (gain ? gn[i] : (C)1) * xv[i];
+    }
+    dot = dm_warp_sum(dot);
+    double rd = (double)rstd[r];
+    C rs = (C)rd, c = (C)(rd * rd * (double)dot / div);
+    for (int64_t j = lane * V; j < D; j += 32 * V) {
+      dm_vload16<DT, V>(gv, gr + j);
+      dm_vload16<DT, V>(xv, xr + j);
+      if (gain) dm_vload16<DT, V>(gn, gain + j);
+#pragma unroll
+      for (int i = 0; i < V; i++) gv[i] = rs * (gv[i] * (gain ? gn[i] : (C)1) - xv[i] * c);
+      dm_vstore16<DT, V>(gx + r * D + j, gv);
+    }
+  }
+}
+
+/* the leading stride of t's rows when they are contiguous, 16-byte aligned vector rows of
+** D >= 32 V that follow one another at one stride (a single lead dim); else 0 */
+static int64_t row_vec_ld(const dm_tensor *t, size_t esize) {
+  if (!t) return 0;
+  const int64_t D = t->shape[t->ndim - 1], V = 16 / (int64_t)esize;
+  if (t->strides[t->ndim - 1] != 1 || D % V != 0 || D < 32 * V || ((uintptr_t)dm_data(t) & 15) != 0) return 0;
+  dm_lead L = dm_lead_of(t, t->ndim - 1);
+  if (L.nd > 1 || (L.nd == 1 && L.st[0] % V != 0)) return 0;
+  return L.nd == 1 ? L.st[0] : D;
+}
+
+static void cuda_rownorm(int kind, dm_tensor *y, dm_tensor *rstd, const dm_tensor *x, const dm_tensor *gain,
+                         double eps) {
+  int64_t rows = dm_row_count(x), D = x->shape[x->ndim - 1];
+  if (rows == 0) return;
+  dm_lead Lx = dm_lead_of(x, x->ndim - 1);
+  dm_dispatch_float(x->dtype, "rownorm", [&](auto d) {
+    constexpr int DT = decltype(d)::value;
+    int64_t ld = row_vec_ld(x, sizeof(S_<DT>));
+    if (ld && (!gain || (gain->strides[0] == 1 && ((uintptr_t)dm_data(gain) & 15) == 0))) {
+      rownorm_vk<DT, dm_vec16<DT>::V><<<dm_row_blocks(rows), DM_THREADS, 0, dm_cuda_stream()>>>(
+          (S_<DT> *)dm_data(y), rstd ? (C_<DT> *)dm_data(rstd) : NULL, (const S_<DT> *)dm_data(x), ld,
+          gain ? (const S_<DT> *)dm_data(gain) : NULL, rows, D, norm_div(kind, D), eps);
+      DM_CU_LAUNCHED();
+      return;
+    }
+    rownorm_k<DT><<<dm_row_blocks(rows), DM_THREADS, 0, dm_cuda_stream()>>>(
+        (S_<DT> *)dm_data(y), rstd ? (C_<DT> *)dm_data(rstd) : NULL, (const S_<DT> *)dm_data(x), Lx,
+        x->strides[x->ndim - 1], gain ? (const S_<DT> *)dm_data(gain) : NULL, gain ? gain->strides[0] : 0, rows, D,
+        norm_div(kind, D), eps);
+    DM_CU_LAUNCHED();
+  });
+}
+
+/* gx = r (gh - xh sum(gh xh) / div), xh = x r, gh = g gain */
+template <int DT>
+__global__ void rownorm_bwd_k(S_<DT> *gx, const S_<DT> *g, dm_lead Lg, int64_t gst, const S_<DT> *x, dm_lead Lx,
+                              int64_t xs, const S_<DT> *gain, int64_t gns, const C_<DT> *rstd, int64_t rows,
+                              int64_t D, double div) {
+  typedef C_<DT> C;
+  const int lane = threadIdx.x & 31;
+  DM_WARP_LOOP(r, rows) {
+    const S_<DT> *xr = x + dm_lead_off(Lx, r), *gr = g + dm_lead_off(Lg, r);
+    C dot = 0;
+    for (int64_t j = lane; j < D; j += 32) {
+      C gn = gain ? dt<DT>::load(gain[j * gns]) : (C)1;
+      dot += dt<DT>::load(gr[j * gst]) * gn * dt<DT>::load(xr[j * xs]);
+    }
+    dot = dm_warp_sum(dot);
+    double rd = (double)rstd[r];
+    C rs = (C)rd, c = (C)(rd * rd * (double)dot / div);
+    for (int64_t j = lane; j < D; j += 32) {
+      C gn = gain ? dt<DT>::load(gain[j * gns]) : (C)1;
+      gx[r * D + j] = dt<DT>::store(rs * (dt<DT>::load(gr[j * gst]) * gn - dt<DT>::load(xr[j * xs]) * c));
+    }
+  }
+}
+
+/* the gain's gradient: column j of row r is g x rstd */
+template <int DT> struct gain_term {
+  const S_<DT> *g, *x;
+  dm_lead Lg, Lx;
+  int64_t gst, xs;
+  const C_<DT> *rstd;
+  __device__ C_<DT> operator()(int64_t r, int64_t j) const {
+    return dt<DT>::load(g[dm_lead_off(Lg, r) + j * gst]) * dt<DT>::load(x[dm_lead_off(Lx, r) + j * xs]) * rstd[r];
+  }
+};
+
+template <int DT> struct put_strided {
+  S_<DT> *out;
+  int64_t st;
+  __device__ void operator()(int64_t j, double v) const { out[j * st] = dt<DT>::store(v); }
+};
+
+static void cuda_rownorm_bwd(int kind, dm_tensor *gx, dm_tensor *ggain, const dm_tensor *g, const dm_tensor *x,
+                             const dm_tensor *gain, const dm_tensor *rstd) {
+  int64_t rows = dm_row_count(x), D = x->shape[x->ndim - 1];
+  dm_lead Lx = dm_lead_of(x, x->ndim - 1), Lg = dm_lead_of(g, g->ndim - 1);
+  int64_t xs = x->strides[x->ndim - 1], gst = g->strides[g->ndim - 1];
+  dm_dispatch_float(x->dtype, "rownorm_bwd", [&](auto d) {
+    constexpr int DT = decltype(d)::value;
+    const S_<DT> *pg = (const S_<DT> *)dm_data(g), *px = (const S_<DT> *)dm_data(x);
+    const C_<DT> *pr = (const C_<DT> *)dm_data(rstd);
+    int64_t lx = row_vec_ld(x, sizeof(S_<DT>)), lg = row_vec_ld(g, sizeof(S_<DT>));
+    bool vec = lx && lg && (!gain || (gain->strides[0] == 1 && ((uintptr_t)dm_data(gain) & 15) == 0));
+    if (gx && rows > 0 && vec) {
+      rownorm_bwd_vk<DT, dm_vec16<DT>::V><<<dm_row_blocks(rows), DM_THREADS, 0, dm_cuda_stream()>>>(
+          (S_<DT> *)dm_data(gx), pg, lg, px, lx, gain ? (const S_<DT> *)dm_data(gain) : NULL, pr, rows, D,
+          norm_div(kind, D));
+      DM_CU_LAUNCHED();
+    } else if (gx && rows > 0) {
+      rownorm_bwd_k<DT><<<dm_row_blocks(rows), DM_THREADS, 0, dm_cuda_stream()>>>(
+          (S_<DT> *)dm_data(gx), pg, Lg, gst, px, Lx, xs, gain ? (const S_<DT> *)dm_data(gain) : NULL,
+          gain ? gain->strides[0] : 0, pr, rows, D, norm_div(kind, D));
+      DM_CU_LAUNCHED();
+    }
+    if (ggain) {
+      gain_term<DT> f = {pg, px, Lg, Lx, gst, xs, pr};
+      put_strided<DT> put = {(S_<DT> *)dm_data(ggain), ggain->strides[0]};
+      dm_colsum(rows, D, f, put);
+    }
+  });
+}
+
+static const dm_kernel_entry kernels[] = {
+  DM_KERNEL_ENTRY(rownorm, cuda_rownorm),
+  DM_KERNEL_ENTRY(rownorm_bwd, cuda_rownorm_bwd),
+};
+DM_CUDA_KERNELS(kernels)

@@ -1,0 +1,87 @@
+/*
+** vm/ops/norm.c — the row norms as single fused ops, each with its own
+** backward kernel:
+**
+**   rmsnorm(x, gain?; eps)         x / sqrt(mean(x^2) + eps) * gain over the last dim
+**   l2norm(x; eps)                 x / sqrt(sum(x^2) + eps) over the last dim
+**
+** Both are one forward and one backward over the "rownorm" kernels, their
+** kind choosing what divides the sum of squares. The forward saves each
+** row's rstd only when recording. The kinds, kernel signatures and layouts
+** are in norm.h.
+*/
+#include <math.h>
+#include "core/core.h"
+#include "core/alloc.h"
+#include "core/autograd.h"
+#include "ops/norm.h"
+#include "ops/prims.h"      /* the gain's column sums' scratch */
+
+/* saved tensor i, or NULL when the forward saved fewer (an absent optional input, saved last) */
+static dm_tensor *saved_opt(dm_ctx *c, int i) { return i < c->node->n_saved ? dm_saved(c, i) : NULL; }
+
+static void rownorm_forward(dm_ctx *c) {
+  const char *name = c->op->name;
+  dm_tensor *x = c->in[0], *gain = c->n_in > 1 ? c->in[1] : NULL;
+  double eps = dm_attr(c, 0);
+  dm_check_float(name, "x", x);
+  if (x->ndim == 0) dm_error("%s: x must have at least 1 dim (the one normalised), got a 0-dim tensor", name);
+  if (!(eps >= 0) || isinf(eps)) dm_error("%s: eps must be a finite number >= 0, got %g", name, eps);
+  if (gain) {
+    char sx[128], sg[128];
+    dm_check_dtype_equal(name, x, gain);
+    if (gain->ndim != 1 || gain->shape[0] != x->shape[x->ndim - 1])
+      dm_error("%s: gain of shape %s does not fit x of shape %s (gain is [D], D the last dim of x)", name,
+               dm_tensor_shape_str(gain, sg, sizeof sg), dm_tensor_shape_str(x, sx, sizeof sx));
+  }
+  dm_tensor *y = dm_tensor_new(x->device, x->dtype, x->ndim, x->shape);
+  dm_tensor *rstd = dm_row_stat(c, x);
+  DM_RUN(rownorm, x->device, c->op->kind, y, rstd, x, gain, eps);
+  dm_save(c, x);
+  if (rstd) { dm_save(c, rstd); dm_release(rstd); }
+  if (gain) dm_save(c, gain);
+  c->out[0] = y;
+}
+
+static void rownorm_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
+  dm_tensor *x = dm_saved(c, 0), *rstd = dm_saved(c, 1), *gain = saved_opt(c, 2);
+  dm_tensor *gx = dm_needs_grad(c, 0) ? dm_new_grad(c, 0, x->device) : NULL;
+  dm_tensor *gg = gain && dm_needs_grad(c, 1) ? dm_new_grad(c, 1, x->device) : NULL;
+  const dm_plan_card *card = dm_plan_card_of(x->device);
+  if (card && gg) {
+    const int64_t D = x->shape[x->ndim - 1];
+    dm_plan_scratch(dm_colsum_scratch(D ? dm_numel(x) / D : 0, D, card->sm_count),
+                    "rmsnorm gain partials (kernels/norm.cu cuda_rownorm_bwd)");
+  }
+  DM_RUN(rownorm_bwd, x->device, c->op->kind, gx, gg, gout[0], x, gain, rstd);
+  gin[0] = gx;
+  if (gain) gin[1] = gg;
+}
+
+static dm_op ops[] = {
+  {.name = "rmsnorm", .doc = "x / sqrt(mean(x^2 over the last dim) + eps) * gain (gain [D], optional)",
+   .args = "x [..., D], gain [D]", .lua = DM_LUA_METHOD,
+   .n_in = 2, .n_out = 1, .attrs = "eps~1e-6", .optional = 2, .kind = DM_NORM_RMS,
+   .forward = rownorm_forward, .backward = rownorm_backward},
+  {.name = "l2norm", .doc = "x / sqrt(sum(x^2 over the last dim) + eps)",
+   .args = "x [..., D]", .lua = DM_LUA_METHOD, .n_in = 1, .n_out = 1, .attrs = "eps~1e-6", .kind = DM_NORM_L2,
+   .forward = rownorm_forward, .backward = rownorm_backward},
+};
+DM_REGISTER_OPS(ops)
+
+/* ---- the C API -------------------------------------------------------------------------- */
+
+static dm_tensor *call1(const dm_op *op, int n, dm_tensor *const *in, int nv, const double *v) {
+  dm_attrs at = dm_attrs_of(nv, v);
+  dm_tensor *out[DM_MAXOUT];
+  dm_call(op, n, in, &at, out);
+  for (int i = 1; i < op->n_out; i++) dm_release(out[i]);
+  return out[0];
+}
+
+dm_tensor *dm_rmsnorm(dm_tensor *x, dm_tensor *gain, double eps) {
+  dm_tensor *in[2] = {x, gain};
+  return call1(&ops[0], 2, in, 1, &eps);
+}
+
+dm_tensor *dm_l2norm(dm_tensor *x, double eps) { return call1(&ops[1], 1, &x, 1, &eps); }

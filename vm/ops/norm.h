@@ -1,0 +1,34 @@
+/*
+** norm.h — the row norms rmsnorm and l2norm, one forward and one backward
+** over the "rownorm" kernels, their kind choosing what divides the row's sum
+** of squares. The kinds and kernel signatures here are shared by the op
+** family (vm/ops/norm.c) and every backend's kernels (vm/cpu/norm.c,
+** kernels/norm.cu); the rows' layout and the per-row rstd are rows.h's.
+*/
+#ifndef DM_NORM_H
+#define DM_NORM_H
+
+#include "ops/rows.h"
+
+/* what divides the row's sum of squares: D (rmsnorm) or 1 (l2norm) */
+enum { DM_NORM_RMS, DM_NORM_L2 };
+
+/* "rownorm": y = x * rstd * gain, rstd = 1 / sqrt(sum(x^2) / div + eps) per row;
+** gain [D] or NULL; rstd [rows] or NULL (not recording). */
+typedef void (*dm_rownorm_k)(int kind, dm_tensor *y, dm_tensor *rstd, const dm_tensor *x,
+                             const dm_tensor *gain, double eps);
+/* "rownorm_bwd": gx and ggain (either NULL when not wanted) from g; ggain is
+** reduced over rows in row order (deterministic) */
+typedef void (*dm_rownorm_bwd_k)(int kind, dm_tensor *gx, dm_tensor *ggain, const dm_tensor *g,
+                                 const dm_tensor *x, const dm_tensor *gain, const dm_tensor *rstd);
+
+/* ---- the C API (vm/ops/norm.c): owned results, recorded when grad mode is on ---- */
+
+dm_tensor *dm_rmsnorm(dm_tensor *x, dm_tensor *gain, double eps);     /* gain may be NULL */
+dm_tensor *dm_l2norm(dm_tensor *x, double eps);
+
+/* the family's kernels by name (core/ops.h): the ops look them up, the backends register them */
+DM_KERNEL_TYPE(rownorm, dm_rownorm_k)
+DM_KERNEL_TYPE(rownorm_bwd, dm_rownorm_bwd_k)
+
+#endif
