@@ -383,6 +383,67 @@ template <int NP> __device__ __forceinline__ void kc_mma(float (&c)[4], const kc
   dm_mma1688_tf32(c, a.h, b.h);
 }
 
+/* ---- the tile products ------------------------------------------------------------------------------------
+**
+** A product here is a 16-row block of A (rows m0) times NT m16n8 tiles of B (columns n0 + 8 t), stepped
+** through k by 8: kc_step is one step, kc_tile the loop. The operands are tiles as the product reads them,
+** element (r, c) of tile i at p[i][r SR + c SC], (m, k) for an A and (k, n) for a B, in braces:
+** kc_mat<LT, 2>{KE, QE}. These functions are compiled before they are inlined: the strides are constants,
+** the operands braces (not a function's result) and kc_step's loads written out (not a loop over the
+** operands), as otherwise the same loops come out unrolled or addressed otherwise than written in place
+** (the SASS compared).
+**
+** Not through them: bwy's first products (three A fragments, four products, dP only on and below the
+** diagonal), dA and bstate's dS (two products into one accumulator, a B scaled as it is loaded: kc_ldbs)
+** and dL (the tiles above the diagonal skipped).
+*/
+template <int SR_, int SC_, int N_> struct kc_op {
+  static constexpr int SR = SR_, SC = SC_, N = N_;
+  const float *p[N];
+};
+template <int L, int N = 1> using kc_mat = kc_op<L, 1, N>;    /* N tiles in rows of L */
+template <int L, int N = 1> using kc_matT = kc_op<1, L, N>;   /* the same, transposed */
+
+/* One step, at k0: c0[t] += A0 B0 and c1[t] += A1 B1, one A or one B (N = 1) shared by both; with one of
+** each, c0[t] += A B alone. The A fragments are loaded once, then per tile the B fragments, then the
+** products. */
+template <int NP, int NT, class OA, class OB>
+__device__ __forceinline__ void kc_step(float (&c0)[NT][4], float (&c1)[NT][4], OA a, int m0, OB b, int n0, int k0) {
+  static_assert(OA::N <= 2 && OB::N <= 2, "kc_step: at most two products");
+  kc_fa a0, a1;
+  kc_lda(a0, a.p[0], OA::SR, OA::SC, m0, k0);
+  if constexpr (OA::N == 2) kc_lda(a1, a.p[1], OA::SR, OA::SC, m0, k0);
+#pragma unroll
+  for (int t = 0; t < NT; t++) {
+    kc_fb b0, b1;
+    kc_ldb(b0, b.p[0], OB::SR, OB::SC, k0, n0 + 8 * t);
+    if constexpr (OB::N == 2) kc_ldb(b1, b.p[1], OB::SR, OB::SC, k0, n0 + 8 * t);
+    kc_mma<NP>(c0[t], a0, b0);
+    if constexpr (OA::N == 2 || OB::N == 2) kc_mma<NP>(c1[t], OA::N == 2 ? a1 : a0, OB::N == 2 ? b1 : b0);
+  }
+}
+
+/* The steps for k0 <= k < k1 (k0, k1 multiples of 8): c0 += A0 B0 and c1 += A1 B1, or c += A B. UNR = 1
+** keeps the loop rolled, 0 leaves it to the compiler (for runtime bounds it unrolls by 2 or 4, which no
+** count reproduces). A loop unrolled by a count of its own (prep's M and P, bintra's Cc and Kc) is written
+** at its call site around kc_step: in here its bounds are not known when it is unrolled. */
+template <int NP, int UNR = 0, int NT, class OA, class OB>
+__device__ __forceinline__ void kc_tile(float (&c0)[NT][4], float (&c1)[NT][4], OA a, int m0, OB b, int n0, int k0,
+                                        int k1) {
+  static_assert(UNR == 0 || UNR == 1, "kc_tile: a count of its own goes around kc_step");
+  if constexpr (UNR == 1) {
+#pragma unroll 1
+    for (int kk = k0; kk < k1; kk += 8) kc_step<NP>(c0, c1, a, m0, b, n0, kk);
+  } else {
+    for (int kk = k0; kk < k1; kk += 8) kc_step<NP>(c0, c1, a, m0, b, n0, kk);
+  }
+}
+template <int NP, int UNR = 0, int NT, class OA, class OB>
+__device__ __forceinline__ void kc_tile(float (&c)[NT][4], OA a, int m0, OB b, int n0, int k0, int k1) {
+  static_assert(OA::N == 1 && OB::N == 1, "kc_tile: one accumulator, one product");
+  kc_tile<NP, UNR>(c, c, a, m0, b, n0, k0, k1);
+}
+
 /* the row and column of element e of accumulator tile t (in a kernel that defines m0, n0, gq, qq) */
 #define KC_ROW(e) (m0 + gq + 8 * ((e) >> 1))
 #define KC_COL(t, e) (n0 + 8 * (t) + 2 * qq + ((e) & 1))
@@ -420,7 +481,7 @@ template <int NP> __device__ void kc_mp_tc(const float *q, const float *k, const
                          const float *KB, float *Ms, float *Pg) {
   const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, gq = lane >> 2, qq = lane & 3;
   /* across sub-chunks: 12 m16n8 jobs (block row r >= 1, columns 8 nt < 16 r), jobs wp and wp + 8 */
-  float cm[2][4] = {}, cp[2][4] = {};
+  float cm[2][1][4] = {}, cp[2][1][4] = {};
   int jr[2], jn[2];
 #pragma unroll
   for (int s = 0; s < 2; s++) {
@@ -430,15 +491,8 @@ template <int NP> __device__ void kc_mp_tc(const float *q, const float *k, const
     if (job >= 12) continue;
     const float *kb = KB + kb_row(jr[s], 0) * LT;
 #pragma unroll 2
-    for (int kk = 0; kk < KC; kk += 8) {
-      kc_fa ae, aq;
-      kc_lda(ae, KE, LT, 1, KS * jr[s], kk);
-      kc_lda(aq, QE, LT, 1, KS * jr[s], kk);
-      kc_fb bk;
-      kc_ldb(bk, kb, 1, LT, kk, 8 * jn[s]);       /* (x, j) = KB_r[j][x] */
-      kc_mma<NP>(cm[s], ae, bk);
-      kc_mma<NP>(cp[s], aq, bk);
-    }
+    for (int kk = 0; kk < KC; kk += 8)             /* (x, j) = KB_r[j][x] */
+      kc_step<NP>(cm[s], cp[s], kc_mat<LT, 2>{KE, QE}, KS * jr[s], kc_matT<LT>{kb}, 8 * jn[s], kk);
   }
   __syncthreads();                                 /* KB read: M goes over it */
   /* zeros above the diagonal (M: on it too), the values across sub-chunks */
@@ -453,8 +507,8 @@ template <int NP> __device__ void kc_mp_tc(const float *q, const float *k, const
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       const int i = KS * jr[s] + gq + 8 * (e >> 1), j = 8 * jn[s] + 2 * qq + (e & 1);
-      Ms[i * LT + j] = cm[s][e];
-      Pg[i * KC + j] = cp[s][e];
+      Ms[i * LT + j] = cm[s][0][e];
+      Pg[i * KC + j] = cp[s][0][e];
     }
   }
   /* inside a sub-chunk: 4 x 136 pairs i >= j, a pair's channels in four quarters of four lanes */
@@ -528,18 +582,7 @@ template <int NP> __global__ void __launch_bounds__(KC_THREADS, 2) kc_prep_tc_k(
   const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, gq4 = lane >> 2, qq = lane & 3;
   const int m0 = 16 * (wp >> 1), n0 = 32 * (wp & 1);
   float w4[4][4] = {}, u4[4][4] = {};
-  for (int kk = 0; kk < m0 + 16; kk += 8) {
-    kc_fa aa;
-    kc_lda(aa, As, LT, 1, m0, kk);
-#pragma unroll
-    for (int t = 0; t < 4; t++) {
-      kc_fb bx, by;
-      kc_ldb(bx, KE, LT, 1, kk, n0 + 8 * t);
-      kc_ldb(by, QE, LT, 1, kk, n0 + 8 * t);
-      kc_mma<NP>(w4[t], aa, bx);
-      kc_mma<NP>(u4[t], aa, by);
-    }
-  }
+  kc_tile<NP>(w4, u4, kc_mat<LT>{As}, m0, kc_mat<LT, 2>{KE, QE}, n0, 0, m0 + 16);
   float *gw = chunk_tile(A.w, chunk), *gu = chunk_tile(A.u, chunk);
 #pragma unroll
   for (int t = 0; t < 4; t++)
@@ -665,20 +708,8 @@ template <int NP> __global__ void __launch_bounds__(KC_THREADS, 1) kc_bwy_tc_k(k
   }
   /* dX = A^T dw, dY = A^T dvn: dk += beta e^G dX, dbeta += sum dX k e^G + sum dY v, dG += dX X, dv = beta dY */
   {
-    float dX[4][4] = {}, dY[4][4] = {};
-    for (int kk = m0; kk < KC; kk += 8) {          /* A[i][j] = 0 for i < j */
-      kc_fa aa;
-      kc_lda(aa, As, 1, LT, m0, kk);
-#pragma unroll
-      for (int t = 0; t < 4; t++) {
-        const int nt = n0 + 8 * t;
-        kc_fb bw, bn;
-        kc_ldb(bw, dwt, LT, 1, kk, nt);
-        kc_ldb(bn, dvn, LT, 1, kk, nt);
-        kc_mma<NP>(dX[t], aa, bw);
-        kc_mma<NP>(dY[t], aa, bn);
-      }
-    }
+    float dX[4][4] = {}, dY[4][4] = {};          /* A[i][j] = 0 for i < j: k from m0 */
+    kc_tile<NP>(dX, dY, kc_matT<LT>{As}, m0, kc_mat<LT, 2>{dwt, dvn}, n0, m0, KC);
     float sb[2] = {0.f, 0.f};
     KC_OWN({
       const float X = Xt[i * LT + x], eg = __expf(G[i * LT + x]), bj = beta[i];
@@ -703,16 +734,7 @@ template <int NP> __global__ void __launch_bounds__(KC_THREADS, 1) kc_bwy_tc_k(k
   /* T = A^T dA over do, then dL = -T A^T (strictly lower): dM = beta dL, dbeta += sum dL M */
   {
     float t4[4][4] = {};
-    for (int kk = m0; kk < KC; kk += 8) {
-      kc_fa aa;
-      kc_lda(aa, As, 1, LT, m0, kk);
-#pragma unroll
-      for (int t = 0; t < 4; t++) {
-        kc_fb bd;
-        kc_ldb(bd, dA, LT, 1, kk, n0 + 8 * t);
-        kc_mma<NP>(t4[t], aa, bd);
-      }
-    }
+    kc_tile<NP>(t4, kc_matT<LT>{As}, m0, kc_mat<LT>{dA}, n0, m0, KC);
     KC_OWN(Tt[i * LT + x] = t4[t][e];)
   }
   __syncthreads();
@@ -787,18 +809,7 @@ template <int NP> __global__ void __launch_bounds__(KC_THREADS, 1) kc_bintra_tc_
     float R[4][4] = {}, Qr[4][4] = {}, Cc[4][4] = {}, Kc[4][4] = {};
     if (mt > 0) {
       const float *kb = KB + kb_row(mt, 0) * LT;
-      for (int kk = 0; kk < m0; kk += 8) {
-        kc_fa am, ap;
-        kc_lda(am, dM, LT, 1, m0, kk);
-        kc_lda(ap, dP, LT, 1, m0, kk);
-#pragma unroll
-        for (int t = 0; t < 4; t++) {
-          kc_fb bk;
-          kc_ldb(bk, kb, LT, 1, kk, n0 + 8 * t);
-          kc_mma<NP>(R[t], am, bk);
-          kc_mma<NP>(Qr[t], ap, bk);
-        }
-      }
+      kc_tile<NP>(R, Qr, kc_mat<LT, 2>{dM, dP}, m0, kc_mat<LT>{kb}, n0, 0, m0);
       KC_OWN({
         const float ex = __expf(G[i * LT + x] - G[m0 * LT + x]);
         R[t][e] *= ex;
@@ -806,21 +817,10 @@ template <int NP> __global__ void __launch_bounds__(KC_THREADS, 1) kc_bintra_tc_
       })
     }
     for (int a = mt + 1; a < 4; a++) {
-      float zc[4][4] = {}, zk[4][4] = {};
+      float zc[4][4] = {}, zk[4][4] = {};          /* (j, i) = dM[i][j], dP[i][j] */
 #pragma unroll
-      for (int kk = 0; kk < KS; kk += 8) {
-        kc_fa am, ap;
-        kc_lda(am, dM, 1, LT, m0, KS * a + kk);    /* (j, i) = dM[i][j] */
-        kc_lda(ap, dP, 1, LT, m0, KS * a + kk);
-#pragma unroll
-        for (int t = 0; t < 4; t++) {
-          kc_fb be, bq;
-          kc_ldb(be, KE, LT, 1, KS * a + kk, n0 + 8 * t);
-          kc_ldb(bq, QE, LT, 1, KS * a + kk, n0 + 8 * t);
-          kc_mma<NP>(zc[t], am, be);
-          kc_mma<NP>(zk[t], ap, bq);
-        }
-      }
+      for (int kk = 0; kk < KS; kk += 8)
+        kc_step<NP>(zc, zk, kc_matT<LT, 2>{dM, dP}, m0, kc_mat<LT, 2>{KE, QE}, n0, KS * a + kk);
       const float *eb = EB + kb_row(a, 0) * LT;
       KC_OWN({
         const float ev = eb[i * LT + x];
@@ -963,17 +963,7 @@ template <bool BWD, int NP> __global__ void __launch_bounds__(KC_THREADS, 2) kc_
     if (n + 1 < A.NT) prefetch(chunk + 1);
     /* vn = u - w S */
     float nv[2][4] = {};
-#pragma unroll 1
-    for (int kk = 0; kk < KC; kk += 8) {
-      kc_fa aw;
-      kc_lda(aw, w, LT, 1, m0, kk);
-#pragma unroll
-      for (int t = 0; t < 2; t++) {
-        kc_fb bs;
-        kc_ldb(bs, S, LVS, 1, kk, n0 + 8 * t);
-        kc_mma<NP>(nv[t], aw, bs);
-      }
-    }
+    kc_tile<NP, 1>(nv, kc_mat<LT>{w}, m0, kc_mat<LVS>{S}, n0, 0, KC);
     KC_OWN2({
       const float x = u[i * LVS + y] - nv[t][e];
       vn[i * LVS + y] = x;
@@ -983,44 +973,15 @@ template <bool BWD, int NP> __global__ void __launch_bounds__(KC_THREADS, 2) kc_
     if (!BWD) {                                    /* o = qg S + P vn (P[i][j] = 0 for j > i) */
       const int c = chunk_rows(A, n);
       float ov[2][4] = {};
-#pragma unroll 1
-      for (int kk = 0; kk < KC; kk += 8) {
-        kc_fa aq;
-        kc_lda(aq, qg, LT, 1, m0, kk);
-#pragma unroll
-        for (int t = 0; t < 2; t++) {
-          kc_fb bs;
-          kc_ldb(bs, S, LVS, 1, kk, n0 + 8 * t);
-          kc_mma<NP>(ov[t], aq, bs);
-        }
-      }
-      for (int kk = 0; kk < m0 + 16; kk += 8) {
-        kc_fa ap;
-        kc_lda(ap, P, LT, 1, m0, kk);
-#pragma unroll
-        for (int t = 0; t < 2; t++) {
-          kc_fb bv;
-          kc_ldb(bv, vn, LVS, 1, kk, n0 + 8 * t);
-          kc_mma<NP>(ov[t], ap, bv);
-        }
-      }
+      kc_tile<NP, 1>(ov, kc_mat<LT>{qg}, m0, kc_mat<LVS>{S}, n0, 0, KC);
+      kc_tile<NP>(ov, kc_mat<LT>{P}, m0, kc_mat<LVS>{vn}, n0, 0, m0 + 16);
       KC_OWN2(if (i < c && y0 + y < dv)
                 dm_st(A.odt, A.o, ((b * A.T + n * KC + i) * A.H + hh) * A.dv + y0 + y, (double)ov[t][e]);)
     }
     /* S = Diag(e^G_last) S + kg^T vn, each thread its own elements */
     float sn[2][4];
     KC_OWN2(sn[t][e] = decay[i] * S[i * LVS + y];)
-#pragma unroll 1
-    for (int kk = 0; kk < KC; kk += 8) {
-      kc_fa ak;
-      kc_lda(ak, kg, 1, LT, m0, kk);               /* (x, i) = kg[i][x] */
-#pragma unroll
-      for (int t = 0; t < 2; t++) {
-        kc_fb bv;
-        kc_ldb(bv, vn, LVS, 1, kk, n0 + 8 * t);
-        kc_mma<NP>(sn[t], ak, bv);
-      }
-    }
+    kc_tile<NP, 1>(sn, kc_matT<LT>{kg}, m0, kc_mat<LVS>{vn}, n0, 0, KC);   /* (x, i) = kg[i][x] */
     KC_OWN2(S[i * LVS + y] = sn[t][e];)
     __syncthreads();
   }
@@ -1080,27 +1041,8 @@ template <int NP> __global__ void __launch_bounds__(KC_THREADS, 2) kc_bstate_tc_
     if (n > 0) prefetch(n - 1);
     /* dvn = P^T do + kg dS (P[i][j] = 0 for i < j) */
     float d[2][4] = {};
-#pragma unroll 1
-    for (int kk = 0; kk < KC; kk += 8) {
-      kc_fa ak;
-      kc_lda(ak, kg, LT, 1, m0, kk);               /* (j, x) = kg[j][x] */
-#pragma unroll
-      for (int t = 0; t < 2; t++) {
-        kc_fb bs;
-        kc_ldb(bs, dS, LVS, 1, kk, n0 + 8 * t);
-        kc_mma<NP>(d[t], ak, bs);
-      }
-    }
-    for (int kk = m0; kk < KC; kk += 8) {
-      kc_fa ap;
-      kc_lda(ap, P, 1, LT, m0, kk);                /* (j, i) = P[i][j] */
-#pragma unroll
-      for (int t = 0; t < 2; t++) {
-        kc_fb bo;
-        kc_ldb(bo, dO, LVS, 1, kk, n0 + 8 * t);
-        kc_mma<NP>(d[t], ap, bo);
-      }
-    }
+    kc_tile<NP, 1>(d, kc_mat<LT>{kg}, m0, kc_mat<LVS>{dS}, n0, 0, KC);   /* (j, x) = kg[j][x] */
+    kc_tile<NP>(d, kc_matT<LT>{P}, m0, kc_mat<LVS>{dO}, n0, m0, KC);      /* (j, i) = P[i][j] */
     KC_OWN2({
       dvn[i * LVS + y] = d[t][e];
       chunk_tile(A.dvn, chunk)[i * KC + y0 + y] = d[t][e];
