@@ -16,7 +16,6 @@
 ** arithmetic is f32, as on the CPU; bf16 is read and rounded on store.
 */
 #include "model.cuh"
-#include "ptx.cuh"
 #include "core/sround.h"
 #include "core/code8.h"
 extern "C" {
@@ -463,135 +462,6 @@ static void cuda_muon_apply(int n, dm_tensor *const *p, dm_tensor *const *o, dm_
   dm_scratch_free(c, DM_MUON_APPLY_SCRATCH);
 }
 
-/* ---- the Gram form's last product inside the update (muon_gram_apply) ------------------------
-** One block a 64 x 64 tile of one matrix's o = A B (wide: A = q_b, B = x_b; tall: A = x_b,
-** B = q_b), K in slices of GA_K through shared memory; four warps of 16 rows each. TF32: on
-** mma.m16n8k8 (operands rounded to tf32 as they land), else f32 FMA in the same lanes. Then
-** p = p decay - step s_e o on the tile's real columns. */
-#define GA_T 64
-#define GA_K 32
-#define GA_LA (GA_K + 4)        /* row strides that keep the fragments' loads off each other's banks */
-#define GA_LB (GA_T + 8)
-#define GA_MAX 32
-
-/* up to GA_MAX members of a group, their matrices consecutive in the stack from first[0] */
-struct ga_list {
-  int n;
-  float *p[GA_MAX];
-  const float *s[GA_MAX];
-  int64_t first[GA_MAX + 1];
-};
-
-struct ga_shape {
-  int64_t rows, cols, pitch, S, K, lda, ldb;   /* o [rows, cols] = A [rows, K] B [K, cols] */
-  bool tall;
-};
-
-template <bool TF>
-__device__ __forceinline__ float ga_op(float v) { return TF ? __uint_as_float(dm_tf32(v)) : v; }
-
-template <bool TF>
-__global__ void __launch_bounds__(128) gram_apply_k(ga_list L, ga_shape g, const float *x, const float *q,
-                                                    const float *c) {
-  if (c[2] != 0) return;                            /* a skipped step */
-  __shared__ float As[GA_T * GA_LA], Bs[GA_K * GA_LB];
-  const int64_t b = L.first[0] + blockIdx.z;        /* the stack's matrix */
-  int j = 0;
-  while (j + 1 < L.n && L.first[j + 1] <= b) j++;
-  const float *xb = x + b * g.rows * g.pitch, *qb = q + b * g.S * g.S;
-  const float *A = g.tall ? xb : qb, *B = g.tall ? qb : xb;
-  const int64_t r0 = (int64_t)blockIdx.y * GA_T, c0 = (int64_t)blockIdx.x * GA_T;
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, gq = lane >> 2, qq = lane & 3;
-  float acc[8][4] = {};
-  for (int64_t k0 = 0; k0 < g.K; k0 += GA_K) {
-    for (int i = threadIdx.x; i < GA_T * GA_K; i += blockDim.x) {       /* A: 64 rows x GA_K */
-      const int r = i / GA_K, k = i % GA_K;
-      const bool in = r0 + r < g.rows && k0 + k < g.K;
-      As[r * GA_LA + k] = ga_op<TF>(in ? A[(r0 + r) * g.lda + k0 + k] : 0.f);
-    }
-    for (int i = threadIdx.x; i < GA_K * GA_T; i += blockDim.x) {       /* B: GA_K x 64 columns */
-      const int k = i / GA_T, cc = i % GA_T;
-      const bool in = k0 + k < g.K && c0 + cc < g.cols;
-      Bs[k * GA_LB + cc] = ga_op<TF>(in ? B[(k0 + k) * g.ldb + c0 + cc] : 0.f);
-    }
-    __syncthreads();
-#pragma unroll
-    for (int kk = 0; kk < GA_K; kk += 8) {
-      const float *ar = As + (16 * w + gq) * GA_LA + kk + qq;
-      if constexpr (TF) {
-        const uint32_t a[4] = {__float_as_uint(ar[0]), __float_as_uint(ar[8 * GA_LA]), __float_as_uint(ar[4]),
-                               __float_as_uint(ar[8 * GA_LA + 4])};
-#pragma unroll
-        for (int t = 0; t < 8; t++) {
-          const float *br = Bs + (kk + qq) * GA_LB + 8 * t + gq;
-          const uint32_t bf[2] = {__float_as_uint(br[0]), __float_as_uint(br[4 * GA_LB])};
-          dm_mma1688_tf32(acc[t], a, bf);
-        }
-      } else {
-        /* the same lanes' elements: rows 16w + gq (+ 8), columns 8t + 2qq (+ 1) */
-        for (int k = 0; k < 8; k++) {
-          const float a0 = As[(16 * w + gq) * GA_LA + kk + k], a1 = As[(16 * w + gq + 8) * GA_LA + kk + k];
-#pragma unroll
-          for (int t = 0; t < 8; t++) {
-            const float b0 = Bs[(kk + k) * GA_LB + 8 * t + 2 * qq], b1 = Bs[(kk + k) * GA_LB + 8 * t + 2 * qq + 1];
-            acc[t][0] += a0 * b0; acc[t][1] += a0 * b1; acc[t][2] += a1 * b0; acc[t][3] += a1 * b1;
-          }
-        }
-      }
-    }
-    __syncthreads();
-  }
-  const int64_t e = b - L.first[j];                 /* the member's matrix */
-  const float step = L.s[j] ? c[1] * L.s[j][e] : c[1], decay = c[0];
-  float *pm = L.p[j] + e * g.rows * g.cols;
-#pragma unroll
-  for (int t = 0; t < 8; t++)
-#pragma unroll
-    for (int v = 0; v < 4; v++) {
-      const int64_t r = r0 + 16 * w + gq + 8 * (v >> 1), cc = c0 + 8 * t + 2 * qq + (v & 1);
-      if (r < g.rows && cc < g.cols) pm[r * g.cols + cc] = pm[r * g.cols + cc] * decay - step * acc[t][v];
-    }
-}
-
-static void cuda_muon_gram_apply(int n, dm_tensor *const *p, const dm_tensor *x, const dm_tensor *q,
-                                 dm_tensor *const *s, const dm_muon_hp *hp, double scale, int64_t cols, bool tf32) {
-  if (x->dtype != DM_F32 || q->dtype != DM_F32)
-    dm_error("muon_gram_apply: the stack and the factor are f32, got %s and %s", dm_dtype_name(x->dtype),
-             dm_dtype_name(q->dtype));
-  ga_shape g = {x->shape[1], cols, x->shape[2], q->shape[1], 0, 0, 0, x->shape[1] > x->shape[2]};
-  g.K = g.tall ? cols : g.rows;                     /* x's pad columns are zero */
-  g.lda = g.tall ? g.pitch : g.S;
-  g.ldb = g.tall ? g.S : g.pitch;
-  float *c = (float *)dm_scratch(DM_MUON_APPLY_SCRATCH);
-  muon_consts_k<<<1, 1, 0, dm_cuda_stream()>>>(c, hp->lr_at, hp->lr, hp->weight_decay, scale, hp->sumsq_at);
-  DM_CU_LAUNCHED();
-  const dim3 tiles((unsigned)((cols + GA_T - 1) / GA_T), (unsigned)((g.rows + GA_T - 1) / GA_T));
-  int64_t at = 0;                                   /* the stack's matrix of member i0 */
-  for (int i0 = 0; i0 < n;) {
-    ga_list L = {};
-    L.first[0] = at;
-    for (; i0 < n && L.n < GA_MAX; i0++) {
-      const int64_t count = p[i0]->ndim == 3 ? p[i0]->shape[0] : 1;
-      if (L.n > 0 && at + count - L.first[0] > 65535) break;          /* the grid's z */
-      if (count > 65535) dm_error("muon_gram_apply: a bank of %lld matrices (at most 65,535)", (long long)count);
-      L.p[L.n] = (float *)dm_data(p[i0]);
-      L.s[L.n] = s && s[i0] ? (const float *)dm_data(s[i0]) : NULL;
-      at += count;
-      L.first[++L.n] = at;
-    }
-    const unsigned z = (unsigned)(at - L.first[0]);
-    if (z == 0 || tiles.x == 0 || tiles.y == 0) continue;
-    if (tf32)
-      gram_apply_k<true><<<dim3(tiles.x, tiles.y, z), 128, 0, dm_cuda_stream()>>>(L, g, (const float *)dm_data(x),
-                                                                                   (const float *)dm_data(q), c);
-    else
-      gram_apply_k<false><<<dim3(tiles.x, tiles.y, z), 128, 0, dm_cuda_stream()>>>(L, g, (const float *)dm_data(x),
-                                                                                    (const float *)dm_data(q), c);
-    DM_CU_LAUNCHED();
-  }
-  dm_scratch_free(c, DM_MUON_APPLY_SCRATCH);
-}
-
 __global__ void tick_k(int64_t *step, const double *sumsq) {
   if (!skipped(sumsq)) ++*step;
 }
@@ -608,7 +478,6 @@ static const dm_kernel_entry kernels[] = {
   DM_KERNEL_ENTRY(sumsq, cuda_sumsq),
   DM_KERNEL_ENTRY(clip_scale, cuda_clip_scale),
   DM_KERNEL_ENTRY(muon_momentum, cuda_muon_momentum),
-  DM_KERNEL_ENTRY(muon_gram_apply, cuda_muon_gram_apply),
   DM_KERNEL_ENTRY(ns_normalize, cuda_ns_normalize),
   DM_KERNEL_ENTRY(ns_axpby, cuda_ns_axpby),
   DM_KERNEL_ENTRY(ns_gram_start, cuda_ns_gram_start),

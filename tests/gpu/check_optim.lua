@@ -29,6 +29,7 @@ local shapes = {
   {{3, 64, 13}},                    -- Gram form, tall bank
   {{2, 13, 300}, {13, 300}},        -- Gram form, wide: a bank and a matrix of one shape
   {{5, 64, 5461}},                  -- b1's D bank, five of its experts
+  {{2, 100, 197}},                  -- the Gram form only through the pitch (197 columns padded to 200)
 }
 
 local function step_both(list, mom)
@@ -107,9 +108,8 @@ checks.check("muon_step [6, 64, 13] + [6, 13, 300] with per-expert update scales
   return string.format("worst parameter error %.2g", worst)
 end)
 
--- Muon's Gram form with its products on TF32 (ns_dtype bf16: muon_gram_apply's tensor-core path, the
--- last product inside the update) against the CPU's exact f32, on b1's bank shapes, with scales: the
--- update's relative error (the parameters' own size left out)
+-- Muon's Gram form with its products on TF32 (ns_dtype bf16, the GPU's default) against the CPU's f32,
+-- on b1's bank shapes, with scales: the update's relative error (the parameters' own size left out)
 for _, shape in ipairs {{4, 64, 2048}, {4, 2048, 64}, {3, 64, 5461}} do
   checks.check(string.format("muon_step [%s], Newton-Schulz on TF32 (%s) against f32 (cpu)", table.concat(shape, ", "),
                              GPU), function()

@@ -612,9 +612,9 @@ describe("optim settings and the core functions", function()
                  "muon: the update scales of parameter 1 of 1 are f32 [2] on cpu; a bank [3, 4, 6] on cpu takes f32 [E] on its device")
   end)
 
-  it("the Gram form's last product runs inside the update: equal to Newton-Schulz's result applied", function()
+  it("muon_step on Gram-form banks equals Newton-Schulz's result applied, member by member", function()
     -- banks tall and wide, a bank and a matrix in one group, scales on one bank: every member's
-    -- matrices found in the stack (muon_gram_apply) as newton_schulz, which writes the result, finds them
+    -- matrices found in the group's stack and its update where newton_schulz puts them
     local mu, lr, wd = 0.9, 0.05, 0.2
     local list = {{3, 40, 6}, {2, 5, 33}, {5, 33}, {4, 9, 20}}
     local scales = {dm.tensor({1, 0.25, 0}), false, false, false}

@@ -290,42 +290,6 @@ static void cpu_muon_apply(int n, dm_tensor *const *p, dm_tensor *const *o, dm_t
   }
 }
 
-/* muon_gram_apply (optim.h): o's rows as sums of B's rows, o_r = sum_k A_rk B_k (wide: A = q,
-** B = x; tall: A = x, B = q, over x's real columns, its pad being zero), in double, CHUNK columns
-** at a time; then the update as muon_apply makes it. tf32: the CPU's products are exact. */
-static void cpu_muon_gram_apply(int n, dm_tensor *const *p, const dm_tensor *x, const dm_tensor *q,
-                                dm_tensor *const *s, const dm_muon_hp *hp, double scale, int64_t cols, bool tf32) {
-  (void)tf32;
-  const float decay = (float)(1 - hp->lr * hp->weight_decay), step = (float)(hp->lr * scale);
-  const int64_t rows = x->shape[1], pitch = x->shape[2], S = q->shape[1];
-  const bool tall = rows > pitch;
-  const int64_t K = tall ? cols : rows, lda = tall ? pitch : S, ldb = tall ? S : pitch;
-  double acc[CHUNK];
-  int64_t b = 0;                                  /* the stack's matrix */
-  for (int i = 0; i < n; i++) {
-    float *pp = dm_data(p[i]);
-    const float *si = s && s[i] ? dm_data(s[i]) : NULL;
-    int64_t count = p[i]->ndim == 3 ? p[i]->shape[0] : 1;
-    for (int64_t e = 0; e < count; e++, b++) {
-      const float *xb = (const float *)dm_data(x) + b * rows * pitch, *qb = (const float *)dm_data(q) + b * S * S;
-      const float *A = tall ? xb : qb, *B = tall ? qb : xb;
-      const float st = si ? step * si[e] : step;
-      for (int64_t r = 0; r < rows; r++)
-        for (int64_t c0 = 0; c0 < cols; c0 += CHUNK) {
-          int64_t len = span_len(cols, c0);
-          for (int64_t j = 0; j < len; j++) acc[j] = 0;
-          for (int64_t k = 0; k < K; k++) {
-            double a = A[r * lda + k];
-            const float *bk = B + k * ldb + c0;
-            for (int64_t j = 0; j < len; j++) acc[j] += a * bk[j];
-          }
-          float *w = pp + (e * rows + r) * cols + c0;
-          for (int64_t j = 0; j < len; j++) w[j] = w[j] * decay - st * (float)acc[j];
-        }
-    }
-  }
-}
-
 static void cpu_optim_tick(dm_tensor *step, const dm_tensor *sumsq) {
   if (isfinite(*(const double *)dm_data(sumsq))) ++*(int64_t *)dm_data(step);
 }
@@ -341,6 +305,5 @@ static const dm_kernel_entry kernels[] = {
   DM_KERNEL_ENTRY(ns_axpby, cpu_ns_axpby),
   DM_KERNEL_ENTRY(ns_gram_start, cpu_ns_gram_start),
   DM_KERNEL_ENTRY(muon_apply, cpu_muon_apply),
-  DM_KERNEL_ENTRY(muon_gram_apply, cpu_muon_gram_apply),
 };
 DM_REGISTER_KERNELS(DM_CPU, kernels)

@@ -324,10 +324,9 @@ static void tf32_end(tf32_guard *g) {
   dm_set_error_handler(g->prev, g->prev_ud);
 }
 
-/* The Gram form (optim.h) on x [B, m, n] f32 (borrowed): the factor Q [B, s, s] (s the smaller
-** side) whose product with x is the result, Q x when wide, x Q when tall.
+/* The Gram form (optim.h) on x [B, m, n] f32 (owned; returns the owned result).
 ** fast: the products on TF32 tensor cores (asked for bf16: TF32 keeps more). */
-static dm_tensor *ns_gram_factor(dm_tensor *x, int steps, dm_ns_coeffs coeffs, const ns_kernels *k, bool fast) {
+static dm_tensor *ns_gram_iterate(dm_tensor *x, int steps, dm_ns_coeffs coeffs, const ns_kernels *k, bool fast) {
   tf32_guard guard;
   if (fast) tf32_begin(&guard);
   bool tall = x->shape[1] > x->shape[2];
@@ -349,20 +348,11 @@ static dm_tensor *ns_gram_factor(dm_tensor *x, int steps, dm_ns_coeffs coeffs, c
     dm_release(q);
     q = next;
   }
-  dm_release(a0);
-  if (fast) tf32_end(&guard);
-  return q;
-}
-
-/* the Gram form's result on x [B, m, n] f32 (owned; returns the owned result) */
-static dm_tensor *ns_gram_iterate(dm_tensor *x, int steps, dm_ns_coeffs coeffs, const ns_kernels *k, bool fast) {
-  dm_tensor *q = ns_gram_factor(x, steps, coeffs, k, fast);
-  tf32_guard guard;
-  if (fast) tf32_begin(&guard);
-  dm_tensor *out = x->shape[1] > x->shape[2] ? dm_matmul(x, q, false, false) : dm_matmul(q, x, false, false);
-  if (fast) tf32_end(&guard);
+  dm_tensor *out = tall ? dm_matmul(x, q, false, false) : dm_matmul(q, x, false, false);
   dm_release(q);
+  dm_release(a0);
   dm_release(x);
+  if (fast) tf32_end(&guard);
   return out;
 }
 
@@ -473,12 +463,13 @@ static void muon_group(int k, const int *idx, dm_tensor *const *params, dm_tenso
   const dm_tensor *p0 = params[idx[0]];
   dm_device dev = p0->device;
   dm_muon_momentum_k momentum = DM_KERNEL(muon_momentum, dev);
+  dm_muon_apply_k apply = DM_KERNEL(muon_apply, dev);
   ns_kernels nsk = ns_kernels_for(dev);
   int64_t rows = p0->shape[p0->ndim - 2], cols = p0->shape[p0->ndim - 1], batch = 0;
   for (int j = 0; j < k; j++) batch += params[idx[j]]->ndim == 3 ? params[idx[j]]->shape[0] : 1;
   int64_t pitch = stack_pitch(dev, cols), shape[3] = {batch, rows, pitch};
-  bool gram = dm_ns_gram(rows, pitch);                    /* as ns_run decides on the stack */
-  dm_tensor *stack = dm_tensor_new(dev, gram ? DM_F32 : hp->ns_dtype, 3, shape);
+  /* decided on the stack's pitch, as ns_run decides: [100, 197] pads to a Gram-form [100, 200] */
+  dm_tensor *stack = dm_tensor_new(dev, dm_ns_gram(rows, pitch) ? DM_F32 : hp->ns_dtype, 3, shape);
   if (pitch > cols) {                 /* zero columns: the same orthogonalisation of the real ones */
     dm_tensor *pad = dm_narrow(stack, 2, cols, pitch - cols);
     dm_fill(pad, 0.0);
@@ -496,27 +487,17 @@ static void muon_group(int k, const int *idx, dm_tensor *const *params, dm_tenso
     momentum(k, b, g, o, hp->momentum, hp->nesterov, hp->sumsq_at, clip_at, hp->clip, cols, pitch,
              hp->momentum_sround ? &key : NULL);
   for (int j = 0; j < k; j++) dm_release(o[j]);
-  double scale = 0.2 * sqrt((double)(rows > cols ? rows : cols));   /* brings the update's RMS to AdamW's (Moonlight) */
-  if (dm_plan_card_of(dev)) dm_plan_scratch(DM_MUON_APPLY_SCRATCH, "muon's constants (kernels/optim.cu muon_consts_k)");
-  if (gram && !hp->normalize) {
-    /* the last product inside the update: the orthogonalised stack never written */
-    dm_muon_gram_apply_k gram_apply = DM_KERNEL(muon_gram_apply, dev);
-    dm_tensor *q = ns_gram_factor(stack, hp->ns_steps, hp->coeffs, &nsk, hp->ns_dtype == DM_BF16);
-    if (gram_apply) gram_apply(k, p, stack, q, sc, hp, scale, cols, hp->ns_dtype == DM_BF16);
-    dm_release(q);
-    dm_release(stack);
-  } else {
-    dm_muon_apply_k apply = DM_KERNEL(muon_apply, dev);
-    dm_tensor *ortho = muon_plus(ns_run(stack, hp->ns_steps, hp->coeffs, &nsk, hp->ns_dtype), hp->normalize);
-    stack_views(ortho, k, p, rows, pitch, o);
-    if (apply) apply(k, p, o, sc, hp, scale, cols, pitch);
-    for (int j = 0; j < k; j++) dm_release(o[j]);
-    dm_release(ortho);
-  }
+  dm_tensor *ortho = muon_plus(ns_run(stack, hp->ns_steps, hp->coeffs, &nsk, hp->ns_dtype), hp->normalize);
+  stack_views(ortho, k, p, rows, pitch, o);
+  /* 0.2·sqrt(max(m, n)) brings the update's RMS to AdamW's (Moonlight) */
+  if (dm_plan_card_of(dev)) dm_plan_scratch(DM_MUON_APPLY_SCRATCH, "muon's constants (kernels/optim.cu cuda_muon_apply)");
+  if (apply) apply(k, p, o, sc, hp, 0.2 * sqrt((double)(rows > cols ? rows : cols)), cols, pitch);
   for (int j = 0; j < k; j++) {
+    dm_release(o[j]);
     dm_mark_written(p[j]);
     dm_mark_written(b[j]);
   }
+  dm_release(ortho);
 }
 
 /* a bank's update scales: f32 [E], contiguous, on its device */

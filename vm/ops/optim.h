@@ -201,23 +201,11 @@ typedef void (*dm_ns_axpby_k)(dm_tensor *y, double alpha, const dm_tensor *x, do
 typedef void (*dm_muon_apply_k)(int n, dm_tensor *const *p, dm_tensor *const *o, dm_tensor *const *s,
                                 const dm_muon_hp *hp, double scale, int64_t cols, int64_t pitch);  /* "muon_apply" */
 
-/* The Gram form's last product and the update in one pass (muon_apply without the
-** orthogonalised stack in memory): x [B, m, pitch] f32 is the momentum stack, member i's
-** matrices consecutive in it (as its parameters come), q [B, S, S] f32 the iteration's
-** factor: S = m with o_b = q_b x_b when m <= pitch (wide), else S = pitch with o_b = x_b q_b;
-** then p = p·(1 − lr·wd) − lr·scale·s·o on each p_i's columns (cols of o's pitch), s as in
-** muon_apply. tf32: the products may run on TF32 tensor cores (ns_dtype bf16); the CPU
-** computes them exactly. */
-typedef void (*dm_muon_gram_apply_k)(int n, dm_tensor *const *p, const dm_tensor *x, const dm_tensor *q,
-                                     dm_tensor *const *s, const dm_muon_hp *hp, double scale, int64_t cols,
-                                     bool tf32);                                     /* "muon_gram_apply" */
-
 /* the family's kernels by name (core/ops.h): the ops look them up, the backends register them */
 DM_KERNEL_TYPE(adamw, dm_adamw_k)
 DM_KERNEL_TYPE(adamw_8bit, dm_adamw_8bit_k)
 DM_KERNEL_TYPE(clip_scale, dm_clip_scale_k)
 DM_KERNEL_TYPE(muon_apply, dm_muon_apply_k)
-DM_KERNEL_TYPE(muon_gram_apply, dm_muon_gram_apply_k)
 DM_KERNEL_TYPE(muon_momentum, dm_muon_momentum_k)
 DM_KERNEL_TYPE(ns_axpby, dm_ns_axpby_k)
 DM_KERNEL_TYPE(ns_gram_start, dm_ns_gram_start_k)
