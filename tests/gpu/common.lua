@@ -5,9 +5,9 @@ require "tests.gpu.common" from the repository root.
 local common = {}
 
 -- max |a - b| / max |b|, both on the CPU in f64; NaN gives math.huge
-function common.rel(a, b)
+function common.rel(a, b, floor)
   a, b = a:detach():cpu():to("f64"), b:detach():cpu():to("f64")
-  local den = b:abs():max():item()
+  local den = math.max(b:abs():max():item(), floor or 0)   -- floor: below it, error is measured against it
   local num = (a - b):abs():max():item()
   if num ~= num then return math.huge end
   return den > 0 and num / den or num
