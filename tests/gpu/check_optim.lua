@@ -8,7 +8,10 @@ Newton-Schulz in f32 on both sides; the parameters and buffers after two
 steps agree within 2e-4 of their largest entry (cuBLAS and the CPU add in
 other orders); stochastic rounding draws the same bits on both sides, so at
 most 1 in 1,000 of its buffers' elements differ (a sum that differs in its
-last f32 bit may round the other way). Then AdamW with 8-bit moments
+last f32 bit may round the other way). Then the per-expert update scales;
+the Gram form on TF32 (ns_dtype bf16, the GPU's default) against the CPU's
+f32, the update within 1e-2 (a bank padded into the Gram form among them);
+Newton-Schulz in bf16 against f32 on the device. Then AdamW with 8-bit moments
 (core.adamw_8bit_step) and the Engram tables' sparse Adam with them
 (core.engram_adam_8bit, and its at form) on both sides.
   dormouse run tests/gpu/check_optim.lua
@@ -29,7 +32,6 @@ local shapes = {
   {{3, 64, 13}},                    -- Gram form, tall bank
   {{2, 13, 300}, {13, 300}},        -- Gram form, wide: a bank and a matrix of one shape
   {{5, 64, 5461}},                  -- b1's D bank, five of its experts
-  {{2, 100, 197}},                  -- the Gram form only through the pitch (197 columns padded to 200)
 }
 
 local function step_both(list, mom)
@@ -110,7 +112,8 @@ end)
 
 -- Muon's Gram form with its products on TF32 (ns_dtype bf16, the GPU's default) against the CPU's f32,
 -- on b1's bank shapes, with scales: the update's relative error (the parameters' own size left out)
-for _, shape in ipairs {{4, 64, 2048}, {4, 2048, 64}, {3, 64, 5461}} do
+-- [2, 100, 197]: the Gram form only through the pitch (197 columns padded to 200), its stack f32
+for _, shape in ipairs {{4, 64, 2048}, {4, 2048, 64}, {3, 64, 5461}, {2, 100, 197}} do
   checks.check(string.format("muon_step [%s], Newton-Schulz on TF32 (%s) against f32 (cpu)", table.concat(shape, ", "),
                              GPU), function()
     local upd = {}
@@ -125,7 +128,7 @@ for _, shape in ipairs {{4, 64, 2048}, {4, 2048, 64}, {3, 64, 5461}} do
       upd[side] = p:to("cpu") - p0
     end
     local e = common.rel(upd.gpu, upd.cpu)
-    assert(e <= 2e-2, string.format("update: relative error %.3g", e))
+    assert(e <= 1e-2, string.format("update: relative error %.3g", e))
     return string.format("update's relative error %.2g", e)
   end)
 end

@@ -125,6 +125,7 @@ void dm_save(dm_ctx *c, dm_tensor *t) {
 }
 
 dm_tensor *dm_saved(dm_ctx *c, int i) { return c->node->saved[i]; }
+dm_tensor *dm_saved_opt(dm_ctx *c, int i) { return i < c->node->n_saved ? c->node->saved[i] : NULL; }
 bool dm_needs_grad(dm_ctx *c, int i) { return c->node->needs[i]; }
 int dm_in_ndim(dm_ctx *c, int i) { return c->node->in_meta[i].ndim; }
 const int64_t *dm_in_shape(dm_ctx *c, int i) { return c->node->in_meta[i].shape; }

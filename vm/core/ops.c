@@ -1,6 +1,7 @@
 /*
 ** ops.c — the op table, the call path and the kernel table.
 */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "core/ops.h"
@@ -40,6 +41,11 @@ const dm_op *dm_op_at(int i) { return ops[i]; }
 void dm_check_float(const char *op, const char *what, const dm_tensor *t) {
   if (!dm_dtype_is_float(t->dtype))
     dm_error("%s: %s must be a float tensor, got %s", op, what, dm_dtype_name(t->dtype));
+}
+
+int64_t dm_int_attr(const char *op, const char *what, double v) {
+  if (v != floor(v) || fabs(v) > 9e15) dm_error("%s: %s must be an integer, got %g", op, what, v);
+  return (int64_t)v;
 }
 
 void dm_check_scalar(const char *op, const char *what, const dm_tensor *t, dm_dtype dt, dm_device dev) {

@@ -120,6 +120,7 @@ dm_tensor *dm_call1(const char *name, int n_in, dm_tensor *const *in, const dm_a
 void dm_save(dm_ctx *c, dm_tensor *t);
 /* inside a backward */
 dm_tensor *dm_saved(dm_ctx *c, int i);
+dm_tensor *dm_saved_opt(dm_ctx *c, int i);  /* saved tensor i, or NULL when the forward saved fewer */
 bool dm_needs_grad(dm_ctx *c, int i);
 int dm_in_ndim(dm_ctx *c, int i);
 const int64_t *dm_in_shape(dm_ctx *c, int i);
@@ -131,6 +132,8 @@ void dm_check_float(const char *op, const char *what, const dm_tensor *t);  /* "
 /* t is one contiguous element of dtype dt on dev (a per-step scalar in device memory) */
 void dm_check_scalar(const char *op, const char *what, const dm_tensor *t, dm_dtype dt, dm_device dev);
 dm_tensor *dm_new_grad(dm_ctx *c, int i, dm_device dev);   /* uninitialised, shaped and typed like input i */
+/* v as an integer, or "op: what must be an integer, got v" */
+int64_t dm_int_attr(const char *op, const char *what, double v);
 
 /* attribute helpers */
 /* op's declared attributes (parsed at registration); returns how many, the list attribute last */

@@ -18,14 +18,7 @@
 #include "ops/conv.h"
 #include "ops/elementwise.h"
 
-static int64_t int_attr(const char *op, const char *what, double v) {
-  if (v != floor(v) || fabs(v) > 9e15) dm_error("%s: %s must be an integer, got %g", op, what, v);
-  return (int64_t)v;
-}
-
 /* saved tensor i, or NULL when the forward saved fewer (an absent optional input, saved last) */
-static dm_tensor *saved_opt(dm_ctx *c, int i) { return i < c->node->n_saved ? dm_saved(c, i) : NULL; }
-
 /* attr 1 (silu): the output is silu of the convolution */
 static bool conv_silu(const dm_ctx *c) {
   double v = dm_attr(c, 1);
@@ -35,7 +28,7 @@ static bool conv_silu(const dm_ctx *c) {
 
 static void conv_forward(dm_ctx *c) {
   dm_tensor *x = c->in[0], *w = c->in[1], *cache = c->in[2];
-  int64_t dil = int_attr("causal_conv1d", "dilation", dm_attr(c, 0));
+  int64_t dil = dm_int_attr("causal_conv1d", "dilation", dm_attr(c, 0));
   char sx[128], sw[128], sc[128];
   dm_check_float("causal_conv1d", "x", x);
   dm_check_dtype_equal("causal_conv1d", x, w);
@@ -71,7 +64,7 @@ static void conv_forward(dm_ctx *c) {
 }
 
 static void conv_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
-  dm_tensor *x = dm_saved(c, 0), *w = dm_saved(c, 1), *cache = saved_opt(c, 2);
+  dm_tensor *x = dm_saved(c, 0), *w = dm_saved(c, 1), *cache = dm_saved_opt(c, 2);
   dm_tensor *gx = dm_needs_grad(c, 0) ? dm_new_grad(c, 0, x->device) : NULL;
   dm_tensor *gw = dm_needs_grad(c, 1) ? dm_new_grad(c, 1, x->device) : NULL;
   dm_tensor *gc = cache && dm_needs_grad(c, 2) ? dm_new_grad(c, 2, x->device) : NULL;

@@ -7,8 +7,8 @@
 **
 ** Both are one forward and one backward over the "rownorm" kernels, their
 ** kind choosing what divides the sum of squares. The forward saves each
-** row's rstd only when recording. The kinds, kernel signatures and layouts
-** are in norm.h.
+** row's rstd only when recording. The kinds and kernel signatures are in
+** norm.h, the rows' layout and their statistics' dtype in rows.h.
 */
 #include <math.h>
 #include "core/core.h"
@@ -18,8 +18,6 @@
 #include "ops/prims.h"      /* the gain's column sums' scratch */
 
 /* saved tensor i, or NULL when the forward saved fewer (an absent optional input, saved last) */
-static dm_tensor *saved_opt(dm_ctx *c, int i) { return i < c->node->n_saved ? dm_saved(c, i) : NULL; }
-
 static void rownorm_forward(dm_ctx *c) {
   const char *name = c->op->name;
   dm_tensor *x = c->in[0], *gain = c->n_in > 1 ? c->in[1] : NULL;
@@ -44,7 +42,7 @@ static void rownorm_forward(dm_ctx *c) {
 }
 
 static void rownorm_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
-  dm_tensor *x = dm_saved(c, 0), *rstd = dm_saved(c, 1), *gain = saved_opt(c, 2);
+  dm_tensor *x = dm_saved(c, 0), *rstd = dm_saved(c, 1), *gain = dm_saved_opt(c, 2);
   dm_tensor *gx = dm_needs_grad(c, 0) ? dm_new_grad(c, 0, x->device) : NULL;
   dm_tensor *gg = gain && dm_needs_grad(c, 1) ? dm_new_grad(c, 1, x->device) : NULL;
   const dm_plan_card *card = dm_plan_card_of(x->device);

@@ -33,18 +33,13 @@ enum { R_SUM_TO = R_NORM + 1 };
 static bool has_index(int kind) { return kind >= R_MAX && kind <= R_ARGMIN; }
 static bool takes_int(int kind) { return kind != R_MEAN && kind != R_LOGSUMEXP && kind != R_NORM; }
 
-static int64_t int_attr(const char *op, const char *what, double v) {
-  if (v != floor(v) || fabs(v) > 9e15) dm_error("%s: %s must be an integer, got %g", op, what, v);
-  return (int64_t)v;
-}
-
 /* Which dims of an input of ndim dims the op reduces (mask) and which of
 ** those its output drops (removed); the output's dims are the rest. */
 typedef struct geom { unsigned mask, removed; } geom;
 
 static geom reduce_geom(const char *op, int ndim, const int64_t *shape, const dm_attrs *a) {
   geom g = {0, 0};
-  int64_t dim = int_attr(op, "dim", a->v[0]);
+  int64_t dim = dm_int_attr(op, "dim", a->v[0]);
   if (dim == -1) g.mask = (1u << ndim) - 1;
   else if (dim < 0 || dim >= (ndim ? ndim : 1))
     dm_error("%s: dim %lld is out of range for a tensor of %d dims (dims count from 1)", op,
@@ -107,7 +102,7 @@ static void reduce_forward(dm_ctx *c) {
     if (!(p > 0) || isinf(p)) dm_error("norm: p must be a positive finite number, got %g", p);
   }
   if (has_index(kind)) {
-    base = int_attr(name, "base", c->a.v[2]);
+    base = dm_int_attr(name, "base", c->a.v[2]);
     for (int d = 0; d < x->ndim; d++)
       if (((g.mask >> d) & 1) && x->shape[d] == 0) {
         char buf[128];
@@ -177,7 +172,7 @@ static void reduce_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) 
 /* softmax and log_softmax: kind 1 is the log */
 /* the dim, -1 the last (the only one of a 0-dim tensor) */
 static int softmax_dim(dm_ctx *c, const dm_tensor *x) {
-  int64_t dim = int_attr(c->op->name, "dim", dm_attr(c, 0));
+  int64_t dim = dm_int_attr(c->op->name, "dim", dm_attr(c, 0));
   return dm_check_dim(c->op->name, x, dim == -1 ? (x->ndim ? x->ndim - 1 : 0) : dim);
 }
 

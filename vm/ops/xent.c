@@ -6,7 +6,8 @@
 **                                  fused with its log-softmax; saves only the
 **                                  per-row logsumexp, the backward recomputes softmax
 **
-** The kinds, kernel signatures, scratch and layouts are in xent.h.
+** The kinds, kernel signatures and scratch are in xent.h, the rows' layout
+** in rows.h.
 */
 #include <math.h>
 #include <string.h>
@@ -15,15 +16,10 @@
 #include "core/autograd.h"
 #include "ops/xent.h"
 
-static int64_t int_attr(const char *op, const char *what, double v) {
-  if (v != floor(v) || fabs(v) > 9e15) dm_error("%s: %s must be an integer, got %g", op, what, v);
-  return (int64_t)v;
-}
-
 static void ce_forward(dm_ctx *c) {
   dm_tensor *logits = c->in[0], *targets = c->in[1];
-  int64_t ignore = int_attr("cross_entropy", "ignore_index", dm_attr(c, 0));
-  int64_t red = int_attr("cross_entropy", "reduction", dm_attr(c, 1));
+  int64_t ignore = dm_int_attr("cross_entropy", "ignore_index", dm_attr(c, 0));
+  int64_t red = dm_int_attr("cross_entropy", "reduction", dm_attr(c, 1));
   dm_check_float("cross_entropy", "logits", logits);
   if (targets->dtype != DM_I64 && targets->dtype != DM_I32 && targets->dtype != DM_U8)
     dm_error("cross_entropy: targets must be i64, i32 or u8 class ids, got %s", dm_dtype_name(targets->dtype));
