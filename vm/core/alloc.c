@@ -129,6 +129,18 @@ bool dm_device_available(dm_device dev) {
   return a && (!a->available || a->available());
 }
 
+void *dm_xmalloc(size_t n) {
+  void *p = malloc(n ? n : 1);
+  if (!p) dm_error("out of host memory (%zu bytes)", n);
+  return p;
+}
+
+void *dm_xcalloc(size_t n, size_t size) {
+  void *p = calloc(n ? n : 1, size);
+  if (!p) dm_error("out of host memory (%zu bytes)", n * size);
+  return p;
+}
+
 void *dm_alloc(dm_device dev, size_t nbytes) {
   const dm_allocator *a = allocators[dev];
   if (!a && dev == DM_CUDA) dm_error("cuda: no CUDA device is available (%s)", dm_cuda_unavailable_reason());

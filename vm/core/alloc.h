@@ -31,6 +31,10 @@ void dm_allocator_register(dm_device dev, const dm_allocator *a);
 bool dm_device_available(dm_device dev);
 
 void *dm_alloc(dm_device dev, size_t nbytes);    /* raises on failure, with the stats */
+/* host memory for the runtime's own buffers (a CPU kernel's scratch, checkpoint I/O): malloc and
+** calloc, or dm_error "out of host memory" with the size; free() lets it go */
+void *dm_xmalloc(size_t n);
+void *dm_xcalloc(size_t n, size_t size);
 void dm_free(dm_device dev, void *p, size_t nbytes);
 dm_mem_stats dm_memory_stats(dm_device dev);
 void dm_memory_reset_peak(dm_device dev);

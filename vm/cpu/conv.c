@@ -12,6 +12,7 @@
 #include <string.h>
 #include "vec.h"
 #include "rows.h"
+#include "core/alloc.h"
 #include "ops/conv.h"
 
 typedef struct conv {
@@ -27,7 +28,7 @@ static void conv_init(conv *v, const dm_tensor *x, const dm_tensor *w, int64_t d
   v->B = x->shape[0]; v->T = x->shape[1]; v->C = x->shape[2]; v->K = w->shape[1];
   v->dil = dil;
   v->P = (v->K - 1) * dil;
-  v->wt = xcalloc((size_t)(v->K * v->C + extra), sizeof(double));
+  v->wt = dm_xcalloc((size_t)(v->K * v->C + extra), sizeof(double));
   v->scratch = v->wt + v->K * v->C;
   for (int64_t c = 0; c < v->C; c++)
     for (int64_t k = 0; k < v->K; k++) v->wt[k * v->C + c] = ld(w->dtype, addr(w, 2, c * v->K + k));

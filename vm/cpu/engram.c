@@ -9,13 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <tgmath.h>
+#include "core/alloc.h"
 #include "ops/engram.h"
-
-static void *xmalloc(size_t n, const char *what) {
-  void *p = malloc(n ? n : 1);
-  if (!p) dm_error("%s: out of host memory for %zu bytes of scratch", what, n);
-  return p;
-}
 
 /* ---- unique rows: a stable LSD radix sort of (value, position) pairs ------------------------- */
 
@@ -59,7 +54,7 @@ int64_t dm_engram_unique_host(const int64_t *idx, int64_t n, int64_t *rows, int6
 static void cpu_engram_unique(dm_tensor *rows, dm_tensor *inverse, dm_tensor *counts, dm_tensor *n_unique,
                               const dm_tensor *idx) {
   int64_t n = dm_numel(idx);
-  int64_t *scratch = xmalloc(sizeof(int64_t) * 4 * (size_t)n, "engram_unique");
+  int64_t *scratch = dm_xmalloc(sizeof(int64_t) * 4 * (size_t)n);
   int64_t u = dm_engram_unique_host(dm_data(idx), n, dm_data(rows), dm_data(inverse), dm_data(counts), scratch);
   free(scratch);
   *(int64_t *)dm_data(n_unique) = u;
@@ -82,7 +77,7 @@ static void cpu_engram_index(dm_tensor *idx, const dm_tensor *x, const dm_tensor
   const char *px = dm_data(x), *pp = prefix ? dm_data(prefix) : NULL;
   int64_t *out = dm_data(idx);
   /* one row's bytes behind the K bytes before it, so every n-gram reads a contiguous run */
-  uint8_t *buf = xmalloc((size_t)(K + T), "engram_index");
+  uint8_t *buf = dm_xmalloc((size_t)(K + T));
   for (int64_t b = 0; b < B; b++) {
     for (int64_t i = 0; i < K; i++) {
       int64_t at = P - K + i;                   /* the prefix's last K bytes, pad 0 before them */
@@ -108,8 +103,7 @@ static void cpu_engram_index(dm_tensor *idx, const dm_tensor *x, const dm_tensor
     const T *G = dm_data(g);                                                                             \
     T *O = dm_data(out);                                                                                 \
     /* one block, so that running out of memory leaks nothing */                                         \
-    int64_t *at = xmalloc(sizeof(int64_t) * (size_t)(U + 1 + M) + sizeof(A) * (size_t)de,                \
-                          "engram_sparse_grad");                                                         \
+    int64_t *at = dm_xmalloc(sizeof(int64_t) * (size_t)(U + 1 + M) + sizeof(A) * (size_t)de);               \
     int64_t *order = at + U + 1;                                                                         \
     A *acc = (A *)(order + M);                                                                           \
     memset(at, 0, sizeof(int64_t) * (size_t)(U + 1));                                                    \
@@ -158,7 +152,7 @@ static void cpu_engram_index(dm_tensor *idx, const dm_tensor *x, const dm_tensor
     int64_t d = u->shape[u->ndim - 1], N = dm_numel(g);                                                  \
     const T *U = dm_data(u), *K = dm_data(kx), *W = w ? dm_data(w) : NULL, *G = dm_data(g);              \
     T *GU = gu ? dm_data(gu) : NULL, *GK = gk ? dm_data(gk) : NULL;                                      \
-    double *gw_acc = gw ? xmalloc(sizeof(double) * (size_t)d, "engram_alpha") : NULL;                    \
+    double *gw_acc = gw ? dm_xmalloc(sizeof(double) * (size_t)d) : NULL;                                 \
     if (gw_acc) for (int64_t i = 0; i < d; i++) gw_acc[i] = 0;                                           \
     const A isd = 1 / sqrt((A)d), rd = 1 / (A)d;                                                         \
     for (int64_t n = 0; n < N; n++) {                                                                    \

@@ -14,6 +14,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include "core/alloc.h"
 #include "ops/moe.h"
 
 /* ---- helpers --------------------------------------------------------------------------------- */
@@ -67,12 +68,6 @@ static double dot(dm_dtype dt, int64_t n, const void *x, const void *y) {
   return dt == DM_F64 ? cblas_ddot((int)n, x, 1, y, 1) : (double)cblas_sdot((int)n, x, 1, y, 1);
 }
 
-static void *scratch(size_t nbytes) {
-  void *p = malloc(nbytes ? nbytes : 1);
-  if (!p) dm_error("moe: out of host memory for %zu bytes of scratch", nbytes);
-  return p;
-}
-
 /* ---- routing ----------------------------------------------------------------------------------- */
 
 /* the gate of logit l among the chosen is route_gate / S, S the sum of route_gate over them: sigmoid(l), or
@@ -95,7 +90,7 @@ static void cpu_route(dm_tensor *idx, dm_tensor *w, dm_tensor *counts, const dm_
   const void *lg = dm_data(logits), *b = bias ? dm_data(bias) : NULL;
   int64_t *id = dm_data(idx), *cnt = dm_data(counts);
   void *gate = dm_data(w);
-  double *sel = scratch((sizeof(double) + sizeof(bool)) * (size_t)e);     /* one block, leak-free */
+  double *sel = dm_xmalloc((sizeof(double) + sizeof(bool)) * (size_t)e);     /* one block, leak-free */
   bool *taken = (bool *)(sel + e);
   memset(cnt, 0, sizeof(int64_t) * (size_t)e);
   for (int64_t t = 0; t < n; t++) {
@@ -152,7 +147,7 @@ static void cpu_sort(dm_tensor *perm, dm_tensor *offsets, dm_tensor *inv, const 
   int64_t rows = dm_numel(idx), e = offsets->shape[0] - 1;
   const int64_t *id = ix(idx);
   int64_t *pm = dm_data(perm), *off = dm_data(offsets), *iv = dm_data(inv);
-  int64_t *next = scratch(sizeof(int64_t) * (size_t)e);
+  int64_t *next = dm_xmalloc(sizeof(int64_t) * (size_t)e);
   memset(off, 0, sizeof(int64_t) * (size_t)(e + 1));
   for (int64_t a = 0; a < rows; a++) off[id[a] + 1]++;
   for (int64_t x = 0; x < e; x++) off[x + 1] += off[x];
@@ -216,7 +211,7 @@ static void job_init(expert_job *j, const dm_tensor *u, const dm_tensor *perm, c
   int64_t e = offsets->shape[0] - 1, most = 0;
   for (int64_t x = 0; x < e; x++) if (j->off[x + 1] - j->off[x] > most) most = j->off[x + 1] - j->off[x];
   int64_t ngc = backward ? 2 * j->r : 0;
-  j->gc = scratch(sizeof(double) * (size_t)ngc + j->es * (size_t)(most * (j->d + 3 * j->r)));
+  j->gc = dm_xmalloc(sizeof(double) * (size_t)ngc + j->es * (size_t)(most * (j->d + 3 * j->r)));
   j->x = j->gc + ngc;
   j->ag = at(j->x, most * j->d, j->es);
   j->au = at(j->ag, most * j->r, j->es);

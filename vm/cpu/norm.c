@@ -15,6 +15,7 @@
 #include <string.h>
 #include "vec.h"
 #include "rows.h"
+#include "core/alloc.h"
 #include "ops/norm.h"
 
 /* ---- f32 rows four lanes at a time ---------------------------------------------------- */
@@ -69,7 +70,7 @@ static void rown_init(rown *u, int kind, const dm_tensor *x, const dm_tensor *ga
   u->fast = x->dtype == DM_F32 && row_step(x) == 4 && (!gain || u->gs == 4);
   bool ones = u->fast && !gain;                  /* the fast path's gain when there is none */
   size_t nacc = with_acc ? (size_t)u->d : 0, nones = ones ? (size_t)u->d : 0;
-  if (with_acc || ones) u->scratch = xcalloc(nacc * sizeof(double) + nones * sizeof(float), 1);
+  if (with_acc || ones) u->scratch = dm_xcalloc(nacc * sizeof(double) + nones * sizeof(float), 1);
   u->acc = with_acc ? u->scratch : NULL;
   if (ones) {
     float *g = (float *)((double *)u->scratch + nacc);

@@ -1,13 +1,11 @@
 /*
 ** cpu/rows.h — how the CPU kernels of norm.c, xent.c and conv.c reach
 ** strided operands: the address of a row or an element through the leading
-** dims, a row's length and byte step, the count of rows, and scratch that
-** raises when the host is out of memory.
+** dims, a row's length and byte step, the count of rows.
 */
 #ifndef DM_CPU_ROWS_H
 #define DM_CPU_ROWS_H
 
-#include <stdlib.h>
 #include "core/tensor.h"
 
 /* the address of element r of t's first nd dims, counted row-major (later dims at 0) */
@@ -28,11 +26,5 @@ static inline int64_t row_len(const dm_tensor *t) { return t->shape[t->ndim - 1]
 static inline int64_t n_rows(const dm_tensor *t) { return row_len(t) ? dm_numel(t) / row_len(t) : 0; }
 /* byte stride along a row */
 static inline int64_t row_step(const dm_tensor *t) { return t->strides[t->ndim - 1] * (int64_t)dm_dtype_size(t->dtype); }
-
-static inline void *xcalloc(size_t n, size_t size) {
-  void *p = calloc(n ? n : 1, size);
-  if (!p) dm_error("out of host memory for a kernel's scratch (%zu bytes)", n * size);
-  return p;
-}
 
 #endif

@@ -17,18 +17,6 @@
 #include "io/fileio.h"
 #include "core/core.h"
 
-void *dm_xmalloc(size_t n) {
-  void *p = malloc(n ? n : 1);
-  if (!p) dm_error("out of host memory (%zu bytes) in checkpoint I/O", n);
-  return p;
-}
-
-void *dm_xcalloc(size_t n, size_t size) {
-  void *p = calloc(n ? n : 1, size);
-  if (!p) dm_error("out of host memory (%zu bytes) in checkpoint I/O", n * size);
-  return p;
-}
-
 /* ---- cleanup on error (fileio.h): code between begin and end can raise freely with a
 ** precise message and leak nothing ---------------------------------------------------------- */
 

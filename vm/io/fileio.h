@@ -1,6 +1,6 @@
 /*
 ** fileio.h — what the checkpoint files' code shares (fileio.c): host buffers that raise
-** dm_error on failure, a guard that cleans up when an error passes, a writer that writes
+** dm_error on failure (core/alloc.h's), a guard that cleans up when an error passes, a writer that writes
 ** "<path>.tmp", fsyncs and renames, and regular files opened for reading. Not an API:
 ** ckpt.h is that.
 */
@@ -10,9 +10,7 @@
 #include <stddef.h>
 #include <sys/stat.h>
 #include "core/dm.h"
-
-void *dm_xmalloc(size_t n);                 /* malloc, or dm_error "out of host memory" */
-void *dm_xcalloc(size_t n, size_t size);
+#include "core/alloc.h"                     /* dm_xmalloc, dm_xcalloc */
 
 /* dm_error never returns. A function that holds files and buffers across calls that may
 ** raise installs a guard: when an error passes, the guard runs its cleanup, puts the
