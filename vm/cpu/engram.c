@@ -103,7 +103,7 @@ static void cpu_engram_index(dm_tensor *idx, const dm_tensor *x, const dm_tensor
     const T *G = dm_data(g);                                                                             \
     T *O = dm_data(out);                                                                                 \
     /* one block, so that running out of memory leaks nothing */                                         \
-    int64_t *at = dm_xmalloc(sizeof(int64_t) * (size_t)(U + 1 + M) + sizeof(A) * (size_t)de);               \
+    int64_t *at = dm_xmalloc(sizeof(int64_t) * (size_t)(U + 1 + M) + sizeof(A) * (size_t)de);            \
     int64_t *order = at + U + 1;                                                                         \
     A *acc = (A *)(order + M);                                                                           \
     memset(at, 0, sizeof(int64_t) * (size_t)(U + 1));                                                    \
