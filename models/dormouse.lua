@@ -237,8 +237,8 @@ opts.state: the state a previous segment of the same rows left (out.state),
 or {} at a sequence's start: the pass then carries every iteration's KDA
 state and convolution inputs from it, and returns its own as out.state
 (docs/models.md, "Segments and streaming"). opts.readout = "fin": only the fin
-readout's logits (out.fin_logits) and the state, no other readout and no loss
-(generation's one-byte step). opts.counts = "add": the pass's
+readout's logits (out.fin_logits) and the state, no other readout, no loss and
+no routing counts (generation's one-byte step). opts.counts = "add": the pass's
 routing counts add to the step's so far instead of starting them again (a
 step of several segments balances on all of them). opts.mask [B, T]: 1 where
 a target is scored, 0 where not (a record's prompt, data.records): every loss is
@@ -304,9 +304,12 @@ function Dormouse:pass(x, prefix, opts)
   local T = x:size(2) - 1
   local inputs = x:narrow(2, 1, T)
   local targets, kept = nn.targets(x, opts.mask)
-  if opts.counts ~= "add" then self.block.moe:new_pass() end   -- this pass's routing counts start here
+  if opts.counts ~= "add" then self.block.moe:new_pass(opts.readout ~= "fin") end   -- this pass's routing counts start
   if self.block.engram then self.block.engram:lookup(inputs, prefix) end   -- the pass's rows, made here too
   local h = self.emb:forward(inputs)
+  if self.block.engram and not (self.cfg.recompute and dm.grad_enabled()) then
+    self.block.engram:prepare(inputs, prefix, self.block.rms2:activation_dtype(h.dtype))  -- the iterations' kx, vx
+  end
   local out = {periter = {}, fin_D = {}, logits = {}}
   local sum_h, total = nil, nil
   local wanted = {}

@@ -112,13 +112,28 @@ function Decoder:put(slot, state, bytes, seed, count)
   end)
 end
 
--- One byte for every slot, block position k (0-based): the forward of the newest bytes, the
--- state written back in place, the prefix moved on by one byte, the next byte drawn into out[k]
--- and made the newest. Nothing here waits for the device.
-function Decoder:one(k)
+-- the tensors of a state in a set (their handles' keys)
+local function tensor_set(state)
+  local set = {}
+  if state then segments.each(state, function(_, _, t) set[t] = true end) end
+  return set
+end
+
+-- Free the tensors of `state` that neither `kept` (a tensor_set) nor the slots' buffers hold.
+function Decoder:free_state_but(state, kept)
+  local buffers = tensor_set(self.state)
+  segments.each(state, function(_, _, t) if not (kept[t] or buffers[t]) then t:free() end end)
+end
+
+--[[ One byte for every slot, block position k (0-based), from `state` and `prefix` (the slots'
+buffers, or what the byte before returned): the forward of the newest bytes, the next byte drawn
+into out[k] and made the newest. Returns the state after the byte and the prefix moved on by one
+byte, new tensors: the block copies the last of them into the buffers, so that a byte costs no
+copy of the state (Decoder:body). Nothing here waits for the device. ]]
+function Decoder:one(k, state, prefix)
   local B, ctx = self.B, self.ctx
-  dm.scope(function()
-    local out = self.model:forward(self.x, self.prefix, {state = self.state, readout = "fin"})
+  return dm.scope(function()
+    local out = self.model:forward(self.x, prefix, {state = state, readout = "fin"})
     segments.each(out.state, function(i, key, t)
       local into = self.state[i] and self.state[i][key]
       if not into or not same_shape(into, t) or into.dtype ~= t.dtype then
@@ -126,24 +141,42 @@ function Decoder:one(k)
                             "must keep its shape from byte to byte", tostring(i), tostring(key),
                             table.concat(t:shape(), ", "), into and table.concat(into:shape(), ", ") or "none"), 0)
       end
-      if into ~= t then into:copy_(t) end
     end)
     local l = out.fin_logits
     l = l:narrow(2, l:size(2), 1):reshape({B, l:size(3)}):to("f32"):contiguous()
+    local moved = prefix
     if ctx > 1 then
-      self.prefix:copy_(dm.cat({self.prefix:narrow(2, 2, ctx - 1), self.x:narrow(2, 1, 1)}, 2))
+      moved = dm.cat({prefix:narrow(2, 2, ctx - 1), self.x:narrow(2, 1, 1)}, 2)
     elseif ctx == 1 then
-      self.prefix:copy_(self.x:narrow(2, 1, 1))
+      moved = self.x:narrow(2, 1, 1):clone()              -- (a copy: the next byte replaces x's)
     end
     local drawn = self.out:narrow(1, k + 1, 1):reshape({B})
     core.sample_bytes(drawn, l, self.seeds, self.counts, self.temperature, self.top_p, k)
     self.x:narrow(2, 1, 1):copy_(drawn:reshape({B, 1}))
+    return out.state, moved
   end)
 end
 
--- The block's work: K bytes a slot, then every count moved on by K.
+-- The block's work: K bytes a slot, each reading the state and prefix the byte before left; the
+-- last byte's copied into the buffers once (the next block, or a replay of this one, starts
+-- there), then every count moved on by K.
 function Decoder:body()
-  for k = 0, self.K - 1 do self:one(k) end
+  local state, prefix = self.state, self.prefix
+  for k = 0, self.K - 1 do
+    local next_state, next_prefix = self:one(k, state, prefix)
+    if state ~= self.state then self:free_state_but(state, tensor_set(next_state)) end
+    if prefix ~= self.prefix and prefix ~= next_prefix then prefix:free() end
+    state, prefix = next_state, next_prefix
+  end
+  segments.each(state, function(i, key, t)
+    local into = self.state[i][key]
+    if into ~= t then into:copy_(t) end
+  end)
+  self:free_state_but(state, {})
+  if prefix ~= self.prefix then
+    self.prefix:copy_(prefix)
+    prefix:free()
+  end
   self.counts:add_(self.K)
 end
 

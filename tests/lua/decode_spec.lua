@@ -195,6 +195,54 @@ describe("the decoder (blocks of bytes over fixed buffers)", function()
   end)
 end)
 
+describe("the one-byte step's launches (b1's structure at small widths, bf16, on the meta device)", function()
+  local nn = require "dormouse.nn"
+  local VIEWS = {reshape = true, narrow = true, unsqueeze = true, squeeze = true, transpose = true, expand = true}
+
+  -- a pass of generation's step (batch 1, one byte, state carried) after a first one that made the
+  -- held copies, as the decoder's blocks run it: its op calls by name, and the calls that are not views
+  local function step_ops(sets)
+    local all = {"model.d=128", "model.heads=2", "model.head_dim=64", "model.experts=64", "model.ffn=341",
+                 "model.engram.rows=4096", "model.expert_rank=16", "model.shared_rank=32"}
+    for _, s in ipairs(sets or {}) do all[#all + 1] = s end
+    local cfg = config.load("experiments/b1.lua", all)
+    local model = nn.build({device = "meta", compute_dtype = "bf16"}, train.build_model, cfg, ".")
+    model:eval()
+    local calls, kernels = {}, 0
+    dm.no_grad(function()
+      local ctx = model:context()
+      local function bytes(n) return dm.zeros({1, n}, {dtype = "u8", device = "meta"}) end
+      local state = model:forward(bytes(9), bytes(ctx), {state = {}}).state
+      local copies = {}
+      local function step() model:forward(bytes(2), bytes(ctx), {state = state, readout = "fin"}) end
+      nn.holding(copies, step)
+      dm.profile.start()
+      nn.holding(copies, step)
+      for _, r in ipairs(dm.profile.stop()) do
+        calls[r.name] = (calls[r.name] or 0) + r.calls
+        if not VIEWS[r.name] then kernels = kernels + r.calls end
+      end
+      nn.release_copies(copies)
+    end)
+    return calls, kernels, cfg.model.max_iter
+  end
+
+  it("makes 8 products an iteration and 2 a pass: the products of one input stacked, Engram's once", function()
+    local calls, _, iters = step_ops()
+    -- an iteration: KDA's stack (q, k, v, beta, the gate's and the output gate's first factors), their
+    -- second factors, W_o; Engram's W_e; the router's and shared expert's stack, its down and the write.
+    -- A pass: Engram's keys and values, the head.
+    assert.are.equal(8 * iters + 2, calls.matmul)
+    assert.is_nil(calls.cat)                             -- the write's padding: routed added in place, not padded
+    assert.are.equal(iters, calls.add_)                  -- that sum alone: a step counts no routing
+  end)
+
+  it("calls at most 220 ops that are not views (a new op in the step trips this; then say why here)", function()
+    local _, kernels = step_ops()
+    assert.is_true(kernels <= 220, "ops that are not views: " .. kernels)
+  end)
+end)
+
 -- the chi-square quantile for df degrees of freedom at a tail of 1e-3 (Wilson and Hilferty)
 local function chi2_limit(df)
   local z = 3.09                                                          -- the normal's 0.999 quantile

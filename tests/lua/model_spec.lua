@@ -1192,3 +1192,67 @@ describe("optim.engram_adam = dense", function()
                                      'engram_adam = "dense" needs the Engram tables on the device')
   end)
 end)
+
+describe("one input's products, and Engram's keys and values once a pass", function()
+  local function linear(d_in, d_out, seed, opts)
+    dm.manual_seed(seed)
+    return nn.build({device = "cpu", compute_dtype = "f64"}, nn.Linear, d_in, d_out, opts)
+  end
+
+  it("nn.products stacks the products of one row without grad, scales folded in: the layers' own values", function()
+    local a, b, c = linear(6, 3, 1), linear(6, 5, 2), linear(6, 2, 3)
+    local s = dm.randn({5}, {seed = 4, dtype = "f64"})
+    local parts = {a, {b, scale = s}, c}
+    for _, rows in ipairs {1, 3} do
+      local x = dm.randn({1, rows, 6}, {seed = 5, dtype = "f64"})
+      local got = dm.no_grad(nn.products, x, parts)
+      local want = {a:forward(x), b:forward(x) * s, c:forward(x)}
+      for i = 1, 3 do
+        assert.same(want[i]:shape(), got[i]:shape())
+        assert.is_true(dm.allclose(want[i], got[i], {rtol = 1e-14, atol = 1e-14}), "part " .. i .. ", rows " .. rows)
+      end
+    end
+  end)
+
+  it("nn.products with grad, or over a layer with a bias, is each layer's forward: gradients reach every weight",
+     function()
+    local a, b = linear(4, 3, 1), linear(4, 2, 2, {bias = true})
+    local x = dm.randn({1, 1, 4}, {seed = 3, dtype = "f64"})
+    local got = dm.no_grad(nn.products, x, {a, b})
+    assert.is_true(dm.allclose(b:forward(x), got[2], {rtol = 0, atol = 0}))   -- the bias's layer: its own product
+    local y = nn.products(x, {a, b})
+    ;(y[1]:sum() + y[2]:sum()):backward()
+    assert.is_not_nil(a.weight.grad)
+    assert.is_not_nil(b.weight.grad)
+    assert.is_not_nil(b.bias.grad)
+  end)
+
+  it("a pass's shared keys and values train as each iteration's own would (model.recompute makes its own), f64",
+     function()
+    local x, prefix = tiny_batch()
+    local shared = build("experiments/tiny.lua"):cast("f64")
+    local own = build("experiments/tiny.lua", {"model.recompute=true"}):cast("f64")
+    dm.scope(function()
+      local l1 = shared:forward(x, prefix).loss
+      l1:backward()
+      local l2 = own:forward(x, prefix).loss
+      l2:backward()
+      assert.is_true(math.abs(l1:item() - l2:item()) <= 1e-13 * math.abs(l2:item()))
+      local mine = {}
+      for _, p in ipairs(own:named_parameters()) do mine[p.name] = p.tensor end
+      local compared = 0
+      for _, p in ipairs(shared:named_parameters()) do
+        local g1, g2 = p.tensor.grad, mine[p.name].grad
+        if g1 then
+          compared = compared + 1
+          local err = (g1 - g2):abs():max():item()
+          assert.is_true(err <= 1e-12 * (g2:abs():max():item() + 1e-30), p.name .. ": " .. err)
+        end
+      end
+      assert.is_true(compared > 10)
+      local kv = shared.block.engram.current.kv
+      assert.is_truthy(kv and kv.grad)                     -- the plain pass shared them
+      assert.is_nil(own.block.engram.current.kv)           -- the recomputed one did not
+    end)
+  end)
+end)

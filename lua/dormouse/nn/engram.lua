@@ -293,19 +293,49 @@ function Engram:replace_sparse_grad(rows, g)
   self.counted = counted
 end
 
+--[[ kx = W_k e and vx = W_v e of the lookup c, in dtype (the table and its gradients stay f32):
+{kx, vx}. e is the bytes' rows alone and the block's weights are the same in every iteration, so
+the iterations of a pass can share them (Engram:prepare). ]]
+function Engram:keys_values(c, dtype)
+  local B, T = c.x:size(1), c.x:size(2)
+  local rows = c.in_order and c.compact or dm.embedding(c.inverse, c.compact)   -- in_order: already the lookups'
+  local e = rows:to(dtype):reshape({B, T, self.n_sub * self.width})
+  return nn.products(e, {self.wk, self.wv})
+end
+
+-- c's shared keys and values when a pass in dtype may read them: live, and made on the tape when
+-- this pass records one (a recomputed block's run in the backward makes its own)
+local function shared_kv(c, dtype)
+  local kv = c.kv
+  if kv and kv[1].dtype == dtype and not kv[1]:is_freed() and (kv.grad or not dm.grad_enabled())
+     and not dm.recomputing() then
+    return kv
+  end
+end
+
+--[[ A pass's lookup of x (prefix: the bytes before it) and its keys and values in dtype, made
+once for the pass's iterations, which read them (Engram:forward) and whose gradients meet in them:
+three of four iterations' products saved, forward and backward. They live in the caller's scope,
+as the pass's activations do. A recomputed block (model.recompute) makes its own instead. ]]
+function Engram:prepare(x, prefix, dtype)
+  local c = self:lookup(x, prefix)
+  if not shared_kv(c, dtype) then
+    c.kv = self:keys_values(c, dtype)
+    c.kv.grad = dm.grad_enabled()
+  end
+  return c
+end
+
 -- The lookup's tensors outlive the forward (the optimiser reads compact's
 -- gradient); the rest is dropped as it returns (dm.scope). state (optional):
 -- {e = the convolution's last inputs from the previous segment (nil: zeros)};
 -- given, the call returns the output and this segment's {e}, and with `at` the
 -- {e} after position `at` as well.
 function Engram:forward(u, x, prefix, state, at)
-  local B, T = u:size(1), u:size(2)
   local c = self:lookup(x, prefix)
   return dm.scope(function()
-    -- the rows in u's dtype (the table and its gradients stay f32)
-    local rows = c.in_order and c.compact or dm.embedding(c.inverse, c.compact)   -- in_order: already the lookups'
-    local e = nn.like(rows, u):reshape({B, T, self.n_sub * self.width})
-    local kx, vx = self.wk:forward(e), self.wv:forward(e)
+    local kv = shared_kv(c, u.dtype) or self:keys_values(c, u.dtype)
+    local kx, vx = kv[1], kv[2]
     local alpha = dm.engram_alpha(u, kx, {gain = self.alpha_gain and nn.like(self.alpha_gain, u)})
     local vt = vx * alpha:unsqueeze(-1)
     local conv = nn.like(self.conv, vt)

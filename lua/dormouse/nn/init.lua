@@ -207,9 +207,15 @@ dtype (the master itself when they agree; otherwise a cast on the tape, so
 that the gradient reaches the f32 master). Tensors of other dtypes (f64
 oracles) pass unchanged. ]]
 function Module:activation(x)
+  local dt = self:activation_dtype(x.dtype)
+  return dt == x.dtype and x or x:to(dt)
+end
+
+-- the dtype m:activation gives a tensor of dtype dt
+function Module:activation_dtype(dt)
   local cd = self.compute_dtype
-  if cd ~= "f32" and x.dtype == "f32" then return x:to(cd) end
-  return x
+  if cd ~= "f32" and dt == "f32" then return cd end
+  return dt
 end
 
 -- the current forward pass (nn.pass): the compute-dtype copies of the parameters it has read
@@ -333,6 +339,63 @@ function Module:project(x, w)
     return dm.linear(x:to(cd), as_dtype(w, cd)):to("f32")
   end
   return dm.linear(x, nn.like(w, x))
+end
+
+-- a number for each table it is shown (weak keys): a stack's tag names its layers by these
+local numbered = setmetatable({}, {__mode = "k"})
+local last_number = 0
+local function number_of(t)
+  if not numbered[t] then last_number = last_number + 1; numbered[t] = last_number end
+  return numbered[t]
+end
+
+--[[ nn.products(x, parts): the products of x [..., d_in] with several Linear layers that read it,
+a list in the parts' order. A part is a layer, or {layer, scale = s}: the product's columns times
+s [d_out] (a parameter). Each result is what layer:forward(x) gives (times s).
+A pass without grad over one row (generation's one-byte step, where a product costs a launch more
+than its work) makes them one product with the weights stacked, scales folded into their rows
+before the cast to the compute dtype (in f32, or f64): the stack is made once a pass (nn.pass_once: a decoder's bytes share it)
+and each result is a view of its columns (contiguous, at one row). Elsewhere, and for layers with a
+bias, one product a layer. ]]
+function nn.products(x, parts)
+  local layers, scales, stackable = {}, {}, not dm.grad_enabled() and x:numel() == x:size(x:dim()) and #parts > 1
+  for i, part in ipairs(parts) do
+    layers[i] = part[1] or part
+    scales[i] = part[1] and part.scale or nil
+    if layers[i].bias then stackable = false end
+  end
+  local out = {}
+  if not stackable then
+    for i, layer in ipairs(layers) do
+      local y = layer:forward(x)
+      out[i] = scales[i] and y * nn.like(scales[i], y) or y
+    end
+    return out
+  end
+  local cd = layers[1].compute_dtype
+  local dt = cd ~= "f32" and x.dtype == "f32" and cd or x.dtype
+  local tag = {"stack", dt}
+  for i, layer in ipairs(layers) do tag[#tag + 1] = number_of(layer) .. (scales[i] and "s" or "") end
+  local stack = nn.pass_once(layers[1].weight, table.concat(tag, " "), function()
+    local rows = {}
+    for i, layer in ipairs(layers) do
+      local w, scale = layer.weight, scales[i]
+      if scale then                                   -- folded in f32, or f64 where either is
+        local wide = (w.dtype == "f64" or scale.dtype == "f64") and "f64" or "f32"
+        w = w:to(wide) * scale:to(wide):unsqueeze(2)
+      end
+      rows[i] = w:to(dt)
+    end
+    return dm.cat(rows, 1)
+  end)
+  local y = dm.linear(x:to(dt), stack):to(x.dtype)
+  local at, last = 0, y:dim()
+  for i, layer in ipairs(layers) do
+    local n = layer.weight:size(1)
+    out[i] = y:narrow(last, at + 1, n)
+    at = at + n
+  end
+  return out
 end
 
 for _, layer in ipairs {"layers", "kda", "engram", "moe", "msa", "block"} do require("dormouse.nn." .. layer)(nn, dm) end

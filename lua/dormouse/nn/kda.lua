@@ -119,11 +119,14 @@ function KDA:forward(u, state, at)
   local function conv(x, name)
     return short_conv(x, self["conv_" .. name], state, carry, name, carry_at, at)
   end
-  local q = conv(self.wq:forward(u), "q"):reshape(heads):l2norm(1e-6) * dh ^ -0.5
-  local k = conv(self.wk:forward(u), "k"):reshape(heads):l2norm(1e-6)
-  local v = conv(self.wv:forward(u), "v"):reshape(heads)
-  local beta = self.wb:forward(u):to(self.A_log.dtype):sigmoid()
-  local f = self.wg2:forward(self.wg1:forward(u)):reshape(heads)
+  -- the products of u: one, with the weights stacked, in generation's one-byte step (nn.products)
+  local pq, pk, pv, pb, pg, po = table.unpack(nn.products(u, {self.wq, self.wk, self.wv, self.wb, self.wg1,
+                                                              self.wo1}))
+  local q = conv(pq, "q"):reshape(heads):l2norm(1e-6) * dh ^ -0.5
+  local k = conv(pk, "k"):reshape(heads):l2norm(1e-6)
+  local v = conv(pv, "v"):reshape(heads)
+  local beta = pb:to(self.A_log.dtype):sigmoid()
+  local f = self.wg2:forward(pg):reshape(heads)
   local g = dm.kda_gate(f, self.A_log, self.dt_bias, {kind = self.gate, lb = self.gate_lb})
   local o, final
   if carry_at then
@@ -131,7 +134,7 @@ function KDA:forward(u, state, at)
   else
     o, final = dm.kda(q, k, v, g, beta, {initial_state = state and state.S, output_final_state = true})
   end
-  local gate = self.wo2:forward(self.wo1:forward(u)):sigmoid()
+  local gate = self.wo2:forward(po):sigmoid()
   local out = self.wo:forward(self.o_norm:forward(o):reshape({B, T, H * dh}) * gate)
   if carry then carry.S = final end
   return out, carry, carry_at

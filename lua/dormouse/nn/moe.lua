@@ -128,11 +128,14 @@ function MoE:littlebit_flips()
   end)
 end
 
--- A new forward pass of the model: its routing counts start again.
+-- A new forward pass of the model: its routing counts start again (counting = false: a pass that
+-- counts nothing, generation's step, whose counts nothing reads; routing() then gives nil).
 -- update_balance (after the backward) ends the pass.
-function MoE:new_pass()
+function MoE:new_pass(counting)
   if dm.recomputing() then return end          -- a recompute around the whole pass: the forward's state stands
   self.qat_err, self.lb_flip, self.fp8_err, self.aux = nil, nil, nil, nil
+  self.uncounted = counting == false or nil
+  if self.uncounted then self.counts, self.drops = nil, nil; return end
   self.counts = dm.zeros({self.experts}, {dtype = "i64", device = self.lfb_bias.device})
   self.drops = self.capacity_factor and dm.zeros({self.experts}, {dtype = "i64", device = self.lfb_bias.device})
 end
@@ -278,24 +281,41 @@ local function padded_weight(w, h, pad, dim)
                       function(p) return padded(nn.like(p, h), pad, dim) end)
 end
 
--- W_write(routed + y_s), y_s = sd(h): through F + pad columns when pad > 0
+-- W_write(routed + y_s), y_s = sd(h): through F + pad columns when pad > 0 (without grad routed is
+-- added into y_s's first F columns in place, instead of padded and added: two launches fewer)
 local function write_out(self, routed, h, pad)
   if pad == 0 then return self.write:forward(routed + self.sd:forward(h)) end
   local shared = self:project(h, padded_weight(self.sd.weight, h, pad, 1))          -- [N, F + pad]
-  return self:project(padded(routed, pad) + shared, padded_weight(self.write.weight, h, pad))
+  local summed
+  if dm.grad_enabled() then summed = padded(routed, pad) + shared
+  else summed = shared; shared:narrow(2, 1, routed:size(2)):add_(routed) end
+  return self:project(summed, padded_weight(self.write.weight, h, pad))
+end
+
+--[[ The products of x [N, d] for the router and the shared expert (nn.products: one, stacked, in
+generation's one-byte step): {the router's scores (router_scores), sg x times scg, su x times scu}. ]]
+function MoE:products(x)
+  local shared = {{self.sg, scale = self.scg}, {self.su, scale = self.scu}}
+  if self.router_cosine or self.router_f32 then             -- a product of its own
+    local scores = self:router_scores(x)
+    return {scores, table.unpack(nn.products(x, shared))}
+  end
+  local out = nn.products(x, {self.router, shared[1], shared[2]})
+  out[1] = self:router_scores(x, out[1])
+  return out
 end
 
 -- The router's logits, in float32 (the master's dtype: f64 in a float64 twin): W_r u, its product in
--- the compute dtype or (router_dtype = f32) in f32; or, with router_cosine = s, s cos(u, w_e) from
--- the row and the router's rows at unit length, in f32.
+-- the compute dtype (`logits` when made already, MoE:products) or (router_dtype = f32) in f32; or,
+-- with router_cosine = s, s cos(u, w_e) from the row and the router's rows at unit length, in f32.
 local COSINE_EPS = 1e-6
-function MoE:router_scores(x)
+function MoE:router_scores(x, logits)
   local w = self.router.weight
   if self.router_cosine then
     return dm.linear(x:to(w.dtype):l2norm(COSINE_EPS), w:l2norm(COSINE_EPS)) * self.router_cosine
   end
   if self.router_f32 then return dm.linear(x:to(w.dtype), w) end
-  return self.router:forward(x):to(self.lfb_bias.dtype)
+  return (logits or self.router:forward(x)):to(self.lfb_bias.dtype)
 end
 
 -- The step's intermediates (routing, expert rows, the shared expert) are
@@ -305,7 +325,8 @@ function MoE:forward(u)
   local x = u:reshape({B * T, d})
   local W = self:compute_weights()
   local out, counts, drops, aux = dm.scope(function()
-    local scores = self:router_scores(x)
+    -- the router's and the shared expert's products of x (one, stacked, in generation's one-byte step)
+    local scores, gs, us = table.unpack(self:products(x))
     local idx, w, counts = dm.moe_route(scores, self.lfb_bias, self.top_k, self.router_form)
     local perm, offsets, inv = dm.moe_sort(idx, self.experts)
     local drops
@@ -313,13 +334,12 @@ function MoE:forward(u)
       w, drops = dm.moe_capacity(w, idx, inv, offsets, self.capacity_factor)
     end
     local routed = routed_experts(self, W, x, perm, offsets, inv, w)
-    local gs, us = self.sg:forward(x), self.su:forward(x)
-    local h = dm.silu_mul(gs * nn.like(self.scg, gs), us * nn.like(self.scu, us))
+    local h = dm.silu_mul(gs, us)
     local aux = self.aux_weight > 0 and dm.grad_enabled() and self:balance_term(scores, counts) or nil
     return write_out(self, routed, h, ffn_pad(self, x)), counts, drops, aux
   end)
   if aux then self.aux = self.aux and dm.keep(self.aux + aux) or dm.keep(aux) end   -- summed over the iterations
-  if not dm.recomputing() then                 -- summed over the step's iterations, each counted once
+  if not (dm.recomputing() or self.uncounted) then   -- summed over the step's iterations, each counted once
     -- without new_pass the first call's counts are the sum: kept out of the scope
     -- it returns to (a recomputed call's ends with it)
     if self.counts then self.counts:add_(counts) else self.counts = dm.keep(counts) end
