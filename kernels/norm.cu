@@ -1,6 +1,7 @@
 /*
 ** norm.cu — the row norms on CUDA (vm/ops/norm.h has the contracts):
-** rownorm (rmsnorm, l2norm), forward and backward.
+** rownorm (rmsnorm, l2norm), forward and backward, and add_rownorm (the
+** residual add before one).
 **
 ** Each row gets one warp: its lanes stride through the row (any strides; a
 ** row's first element is found through its leading dims) and combine by a
@@ -205,8 +206,81 @@ static void cuda_rownorm_bwd(int kind, dm_tensor *gx, dm_tensor *ggain, const dm
   });
 }
 
+/* ---- add_rownorm: s = h + y, x = s in y's dtype, u = rmsnorm(x) * gain --------------------------
+** One warp a row of contiguous rows. The bits are those of the ops it stands for: y cast to h's
+** dtype and added in h's compute type (the copy and binary kernels), s cast to y's dtype, and the
+** sum of squares taken over x's elements in the order rownorm's kernel would take them (V
+** neighbouring elements a lane where rownorm_vk would run on x, else one), so u and rstd are
+** rmsnorm's. The second pass reads s back (the lane wrote it). */
+template <int DH, int DY, int V>
+__global__ void add_rownorm_k(S_<DH> *s, S_<DY> *x, S_<DY> *u, C_<DY> *rstd, const S_<DH> *h, const S_<DY> *y,
+                              const S_<DY> *gain, int64_t rows, int64_t D, double eps) {
+  typedef C_<DY> C;
+  const int lane = threadIdx.x & 31;
+  DM_WARP_LOOP(r, rows) {
+    const int64_t o = r * D;
+    C ss = 0;
+    for (int64_t j = lane * V; j < D; j += 32 * V) {
+#pragma unroll
+      for (int i = 0; i < V; i++) {
+        const int64_t e = o + j + i;
+        S_<DH> sv = dt<DH>::store(dt<DH>::load(h[e]) + dt<DH>::load(dt<DH>::store(dt<DY>::load(y[e]))));
+        s[e] = sv;
+        S_<DY> xv = dt<DY>::store(dt<DH>::load(sv));
+        if (x) x[e] = xv;
+        C v = dt<DY>::load(xv);
+        ss += v * v;
+      }
+    }
+    ss = dm_warp_sum(ss);
+    C rs = (C)(1 / sqrt((double)ss / (double)D + eps));
+    for (int64_t j = lane * V; j < D; j += 32 * V) {
+#pragma unroll
+      for (int i = 0; i < V; i++) {
+        C v = dt<DY>::load(dt<DY>::store(dt<DH>::load(s[o + j + i])));
+        u[o + j + i] = dt<DY>::store(v * rs * (gain ? dt<DY>::load(gain[j + i]) : (C)1));
+      }
+    }
+    if (rstd && lane == 0) rstd[r] = rs;
+  }
+}
+
+template <int DH, int DY>
+static void launch_add_rownorm(dm_tensor *s, dm_tensor *x, dm_tensor *u, dm_tensor *rstd, const dm_tensor *h,
+                               const dm_tensor *y, const dm_tensor *gain, int64_t rows, int64_t D, double eps) {
+  constexpr int V = dm_vec16<DY>::V;
+  /* where rmsnorm of a fresh x would take its vector kernel (cuda_rownorm, row_vec_ld) */
+  bool vec = D % V == 0 && D >= 32 * V && (!gain || (gain->strides[0] == 1 && ((uintptr_t)dm_data(gain) & 15) == 0));
+  auto k = vec ? add_rownorm_k<DH, DY, V> : add_rownorm_k<DH, DY, 1>;
+  k<<<dm_row_blocks(rows), DM_THREADS, 0, dm_cuda_stream()>>>(
+      (S_<DH> *)dm_data(s), x ? (S_<DY> *)dm_data(x) : NULL, (S_<DY> *)dm_data(u),
+      rstd ? (C_<DY> *)dm_data(rstd) : NULL, (const S_<DH> *)dm_data(h), (const S_<DY> *)dm_data(y),
+      gain ? (const S_<DY> *)dm_data(gain) : NULL, rows, D, eps);
+  DM_CU_LAUNCHED();
+}
+
+static void cuda_add_rownorm(dm_tensor *s, dm_tensor *x, dm_tensor *u, dm_tensor *rstd, const dm_tensor *h,
+                             const dm_tensor *y, const dm_tensor *gain, double eps) {
+  int64_t rows = dm_row_count(u), D = u->shape[u->ndim - 1];
+  if (rows == 0 || D == 0) return;
+  if (h->dtype == y->dtype) {
+    dm_dispatch_float(y->dtype, "add_rownorm", [&](auto d) {
+      constexpr int DT = decltype(d)::value;
+      launch_add_rownorm<DT, DT>(s, x, u, rstd, h, y, gain, rows, D, eps);
+    });
+  } else if (h->dtype == DM_F32 && y->dtype == DM_BF16) {
+    launch_add_rownorm<DM_F32, DM_BF16>(s, x, u, rstd, h, y, gain, rows, D, eps);
+  } else if (h->dtype == DM_F32 && y->dtype == DM_F16) {
+    launch_add_rownorm<DM_F32, DM_F16>(s, x, u, rstd, h, y, gain, rows, D, eps);
+  } else {
+    dm_error("add_rmsnorm: on CUDA h and y share a dtype, or h is f32 and y bf16 or f16; got h %s and y %s",
+             dm_dtype_name(h->dtype), dm_dtype_name(y->dtype));
+  }
+}
+
 static const dm_kernel_entry kernels[] = {
   DM_KERNEL_ENTRY(rownorm, cuda_rownorm),
   DM_KERNEL_ENTRY(rownorm_bwd, cuda_rownorm_bwd),
+  DM_KERNEL_ENTRY(add_rownorm, cuda_add_rownorm),
 };
 DM_CUDA_KERNELS(kernels)

@@ -371,4 +371,42 @@ for _, shape in ipairs {{16, 2048, 64}, {8, 64, 5461}, {3, 5, 20}, {2, 33, 1}, {
   end
 end
 
+-- dm.add_rmsnorm on CUDA: the bits of the add, the casts and rmsnorm it stands for, forward and
+-- backward, on rows of the model's width (the vector order) and odd ones (a lane an element)
+do
+  local function run(fused, hdt, ydt, rows, D)
+    local h = dm.randn({rows, D}, {seed = 1, dtype = hdt}):cuda():requires_grad(true)
+    local y = dm.randn({rows, D}, {seed = 2, dtype = ydt}):cuda():requires_grad(true)
+    local gain = (dm.rand({D}, {seed = 3}) + 0.5):to(ydt):cuda():requires_grad(true)
+    local ws = dm.randn({rows, D}, {seed = 4, dtype = hdt}):cuda()
+    local wu = dm.randn({rows, D}, {seed = 5, dtype = ydt}):cuda()
+    return dm.scope(function()
+      local s, u
+      if fused then s, u = dm.add_rmsnorm(h, y, gain)
+      else
+        s = h + y:to(hdt)
+        u = dm.rmsnorm(s:to(ydt), gain)
+      end
+      ;((s * ws):sum():to("f64") + (u * wu):sum():to("f64")):backward()
+      local out = {}
+      for k, t in pairs {s = s:detach(), u = u:detach(), h = h.grad, y = y.grad, gain = gain.grad} do
+        out[k] = t:to("cpu")
+      end
+      return out
+    end)
+  end
+  for _, case in ipairs {{"f32", "bf16"}, {"f32", "f16"}, {"f32", "f32"}, {"f64", "f64"}} do
+    check(string.format("add_rmsnorm, h %s and y %s: the bits of the add, the casts and rmsnorm", case[1], case[2]),
+          function()
+      for _, shape in ipairs {{5, 7}, {3, 300}, {4, 2048}, {1, 2048}, {33, 1024}} do
+        local a, b = run(true, case[1], case[2], shape[1], shape[2]), run(false, case[1], case[2], shape[1], shape[2])
+        for _, k in ipairs {"s", "u", "h", "y", "gain"} do
+          assert(dm.allclose(a[k], b[k], {rtol = 0, atol = 0}),
+                 string.format("%s differs at [%d, %d]: %.3g", k, shape[1], shape[2], rel(a[k], b[k])))
+        end
+      end
+    end)
+  end
+end
+
 checks.finish()

@@ -163,3 +163,46 @@ describe("a b1 step in bf16 (meta device)", function()
     assert.is_true(casts > 0 and casts <= 96, casts .. " casts")
   end)
 end)
+
+describe("dm.add_rmsnorm: a residual add and the next branch's norm in one op", function()
+  local helpers = require "tests.lua.helpers"
+
+  -- the outputs and the leaves' gradients of fn(h, y, gain) under one loss: s and u weighted
+  local function run(fn, hdt, ydt, D)
+    local h = dm.randn({3, 5, D}, {seed = 1, dtype = hdt}):requires_grad(true)
+    local y = dm.randn({3, 5, D}, {seed = 2, dtype = ydt}):requires_grad(true)
+    local gain = (dm.rand({D}, {seed = 3}) + 0.5):to(ydt):requires_grad(true)
+    local ws, wu = dm.randn({3, 5, D}, {seed = 4, dtype = hdt}), dm.randn({3, 5, D}, {seed = 5, dtype = ydt})
+    return dm.scope(function()
+      local s, u = fn(h, y, gain)
+      ;((s * ws):sum():to("f64") + (u * wu):sum():to("f64")):backward()
+      return {s = s:detach(), u = u:detach(), h = h.grad, y = y.grad, gain = gain.grad}
+    end)
+  end
+
+  local function composite(h, y, gain)
+    local s = h + y:to(h.dtype)
+    return s, dm.rmsnorm(s:to(y.dtype), gain, {eps = 1e-6})
+  end
+
+  it("gives the bits of the add, the casts and rmsnorm, forward and backward", function()
+    for _, case in ipairs {{"f32", "f32"}, {"f64", "f64"}, {"f32", "bf16"}, {"f32", "f16"}} do
+      for _, D in ipairs {7, 64, 300} do
+        local fused = run(function(h, y, gain) return dm.add_rmsnorm(h, y, gain) end, case[1], case[2], D)
+        local plain = run(composite, case[1], case[2], D)
+        for _, k in ipairs {"s", "u", "h", "y", "gain"} do
+          assert.equal(plain[k].dtype, fused[k].dtype, k)
+          assert.is_true(dm.allclose(plain[k], fused[k], {rtol = 0, atol = 0}), string.format("%s, h %s, y %s, D %d", k, case[1], case[2], D))
+        end
+      end
+    end
+  end)
+
+  it("refuses h and y of two shapes, and a gain of another dtype or length, by name", function()
+    local h, y = dm.randn({2, 3}), dm.randn({2, 4})
+    helpers.has(helpers.err_of(dm.add_rmsnorm, h, y), "add_rmsnorm: h and y must be of one shape")
+    helpers.has(helpers.err_of(dm.add_rmsnorm, h, dm.randn({2, 3}), dm.ones({3}, {dtype = "f64"})),
+                "add_rmsnorm (gain and y)")
+    helpers.has(helpers.err_of(dm.add_rmsnorm, h, dm.randn({2, 3}), dm.ones({4})), "gain of shape [4] does not fit")
+  end)
+end)

@@ -1,6 +1,6 @@
 /*
-** cases_norm.c — the row norms (rmsnorm, l2norm) against plain loops in
-** double.
+** cases_norm.c — the row norms (rmsnorm, l2norm, add_rmsnorm) against plain
+** loops in double.
 **
 ** Values are multiples of 2^-10 (values.h). Shapes are awkward: odd row
 ** lengths and 1-D inputs, and rows wide enough for CUDA's vector kernels.
@@ -55,9 +55,27 @@ static void oracle_norm(dm_tensor *const *in, const dm_attrs *a, dm_tensor **ex,
 static void o_rms(dm_tensor *const *in, const dm_attrs *a, dm_tensor **ex) { oracle_norm(in, a, ex, true, in[1]); }
 static void o_l2(dm_tensor *const *in, const dm_attrs *a, dm_tensor **ex) { oracle_norm(in, a, ex, false, NULL); }
 
+/* add_rmsnorm: h and y of one shape, a gain */
+static void in_add_rms(h_rng *r, int k, dm_tensor **in, dm_attrs *a) {
+  norm_inputs(r, k, in, a, true);
+  in[2] = in[1];
+  in[1] = normal(r, in[0]->ndim, in[0]->shape, 0.75);
+}
+
+/* s = h + y, u = rmsnorm(s) * gain */
+static void o_add_rms(dm_tensor *const *in, const dm_attrs *a, dm_tensor **ex) {
+  const dm_tensor *h = in[0], *y = in[1];
+  dm_tensor *s = h_new(DM_F64, h->ndim, h->shape);
+  for (int64_t i = 0; i < dm_numel(h); i++) h_set(s, i, h_get(h, i) + h_get(y, i));
+  dm_tensor *args[2] = {s, in[2]};
+  oracle_norm(args, a, &ex[1], true, in[2]);
+  ex[0] = s;
+}
+
 static const dm_case cases[] = {
   {"rmsnorm", "gain, odd rows", in_rms_gain, o_rms, .trials = 12, .perf_trial = PERF + 1},
   {"rmsnorm", "no gain", in_rms_plain, o_rms, .trials = 8},
   {"l2norm", "odd rows", in_rms_plain, o_l2, .trials = 12},
+  {"add_rmsnorm", "gain, odd rows", in_add_rms, o_add_rms, .trials = 12, .perf_trial = PERF + 1},
 };
 DM_REGISTER_CASES(cases)

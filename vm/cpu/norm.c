@@ -1,6 +1,6 @@
 /*
 ** cpu/norm.c — the kernels of the row norms (norm.h): rownorm (rmsnorm,
-** l2norm), forward and backward.
+** l2norm), forward and backward, and add_rownorm (the residual add before one).
 **
 ** Every kernel takes operands of any strides: a row's first element is
 ** found through its leading dims (rows.h) and the row walked with its
@@ -183,8 +183,41 @@ static void cpu_rownorm_bwd(int kind, dm_tensor *gx, dm_tensor *ggain, const dm_
   free(u.scratch);
 }
 
+/* ---- add_rownorm: the add, the cast and rownorm of the ops it stands for, in turn ------------ */
+
+/* s = h + y as the binary add computes it after y's cast to h's dtype (cpu/elementwise.c: f32,
+** bf16 and f16 in float, f64 in double; casts as the copy's, dm_load and dm_store) */
+static void add_into(dm_tensor *s, const dm_tensor *h, const dm_tensor *y) {
+  dm_dtype hd = h->dtype, yd = y->dtype;
+  bool in_float = hd != DM_F64;
+  const char *ph = dm_data(h), *py = dm_data(y);
+  char *ps = dm_data(s), yh[8];
+  size_t hs = dm_dtype_size(hd), ys = dm_dtype_size(yd);
+  for (int64_t i = 0, n = dm_numel(s); i < n; i++) {
+    dm_store(hd, yh, dm_load(yd, py + i * ys));                 /* y's element in h's dtype */
+    double a = dm_load(hd, ph + i * hs), b = dm_load(hd, yh);
+    dm_store(hd, ps + i * hs, in_float ? (double)((float)a + (float)b) : a + b);
+  }
+}
+
+static void cpu_add_rownorm(dm_tensor *s, dm_tensor *x, dm_tensor *u, dm_tensor *rstd, const dm_tensor *h,
+                            const dm_tensor *y, const dm_tensor *gain, double eps) {
+  add_into(s, h, y);
+  dm_tensor *held = x;
+  if (!held) held = h->dtype == y->dtype ? s : dm_tensor_new(DM_CPU, y->dtype, s->ndim, s->shape);
+  if (held != s) {
+    size_t hs = dm_dtype_size(s->dtype), xs = dm_dtype_size(held->dtype);
+    const char *ps = dm_data(s);
+    char *px = dm_data(held);
+    for (int64_t i = 0, n = dm_numel(s); i < n; i++) dm_store(held->dtype, px + i * xs, dm_load(s->dtype, ps + i * hs));
+  }
+  cpu_rownorm(DM_NORM_RMS, u, rstd, held, gain, eps);
+  if (!x && held != s) dm_release(held);
+}
+
 static const dm_kernel_entry kernels[] = {
   DM_KERNEL_ENTRY(rownorm, cpu_rownorm),
   DM_KERNEL_ENTRY(rownorm_bwd, cpu_rownorm_bwd),
+  DM_KERNEL_ENTRY(add_rownorm, cpu_add_rownorm),
 };
 DM_REGISTER_KERNELS(DM_CPU, kernels)

@@ -4,6 +4,7 @@
 **
 **   rmsnorm(x, gain?; eps)         x / sqrt(mean(x^2) + eps) * gain over the last dim
 **   l2norm(x; eps)                 x / sqrt(sum(x^2) + eps) over the last dim
+**   add_rmsnorm(h, y, gain?; eps)  s = h + y, u = rmsnorm(s in y's dtype) * gain
 **
 ** Both are one forward and one backward over the "rownorm" kernels, their
 ** kind choosing what divides the sum of squares. The forward saves each
@@ -56,6 +57,68 @@ static void rownorm_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin)
   if (gain) gin[1] = gg;
 }
 
+/* ---- add_rmsnorm: s = h + y, u = rmsnorm(s in y's dtype) * gain ---------------------------
+** The block's residual add and the next branch's norm (nn.residual): one pass instead of the four
+** of y's cast, the add, s's cast and rmsnorm, with their bits. It saves s in y's dtype, what
+** rmsnorm would have saved; its backward is theirs: rmsnorm's kernel, the cast of its gradient to
+** h's dtype added to s's own, and that sum cast to y's dtype for y. */
+static void add_rownorm_forward(dm_ctx *c) {
+  const char *name = c->op->name;
+  dm_tensor *h = c->in[0], *y = c->in[1], *gain = c->in[2];
+  double eps = dm_attr(c, 0);
+  dm_check_float(name, "h", h);
+  dm_check_float(name, "y", y);
+  dm_check_device_equal(name, h, y);
+  char sh[128], sy[128];
+  if (h->ndim == 0 || !dm_same_shape(h, y))
+    dm_error("%s: h and y must be of one shape with at least 1 dim, got %s and %s", name,
+             dm_tensor_shape_str(h, sh, sizeof sh), dm_tensor_shape_str(y, sy, sizeof sy));
+  if (!(eps >= 0) || isinf(eps)) dm_error("%s: eps must be a finite number >= 0, got %g", name, eps);
+  if (gain) {
+    dm_check_dtype_equal("add_rmsnorm (gain and y)", gain, y);
+    if (gain->ndim != 1 || gain->shape[0] != h->shape[h->ndim - 1])
+      dm_error("%s: gain of shape %s does not fit h of shape %s (gain is [D], D the last dim of h)", name,
+               dm_tensor_shape_str(gain, sy, sizeof sy), dm_tensor_shape_str(h, sh, sizeof sh));
+  }
+  dm_tensor *hc = dm_contiguous(h), *yc = dm_contiguous(y);
+  dm_tensor *sum = dm_tensor_new(h->device, h->dtype, h->ndim, h->shape);
+  dm_tensor *u = dm_tensor_new(h->device, y->dtype, h->ndim, h->shape);
+  dm_tensor *x = NULL;                 /* s in y's dtype, kept for the backward */
+  if (c->node) x = h->dtype == y->dtype ? (dm_retain(sum), sum) : dm_tensor_new(h->device, y->dtype, h->ndim, h->shape);
+  dm_tensor *rstd = dm_row_stat(c, u);
+  DM_RUN(add_rownorm, h->device, sum, x, u, rstd, hc, yc, gain, eps);
+  dm_release(hc);
+  dm_release(yc);
+  if (x) { dm_save(c, x); dm_release(x); }
+  if (rstd) { dm_save(c, rstd); dm_release(rstd); }
+  if (gain) dm_save(c, gain);
+  c->out[0] = sum;
+  c->out[1] = u;
+}
+
+static void add_rownorm_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
+  dm_tensor *x = dm_saved(c, 0), *rstd = dm_saved(c, 1), *gain = dm_saved_opt(c, 2);
+  bool want_gain = gain && dm_needs_grad(c, 2);
+  dm_tensor *gx = dm_tensor_new(x->device, x->dtype, x->ndim, x->shape);
+  dm_tensor *gg = want_gain ? dm_new_grad(c, 2, x->device) : NULL;
+  const dm_plan_card *card = dm_plan_card_of(x->device);
+  if (card && gg) {
+    const int64_t D = x->shape[x->ndim - 1];
+    dm_plan_scratch(dm_colsum_scratch(D ? dm_numel(x) / D : 0, D, card->sm_count),
+                    "add_rmsnorm gain partials (kernels/norm.cu cuda_rownorm_bwd)");
+  }
+  DM_RUN(rownorm_bwd, x->device, DM_NORM_RMS, gx, gg, gout[1], x, gain, rstd);
+  dm_dtype hdt = dm_in_dtype(c, 0), ydt = dm_in_dtype(c, 1);
+  dm_tensor *gxh = gx->dtype == hdt ? (dm_retain(gx), gx) : dm_cast(gx, hdt);
+  dm_tensor *gs = dm_add(gout[0], gxh);            /* s's gradient: its own and the norm's, as autograd sums */
+  dm_release(gxh);
+  dm_release(gx);
+  if (dm_needs_grad(c, 1)) gin[1] = ydt == hdt ? (dm_retain(gs), gs) : dm_cast(gs, ydt);
+  if (dm_needs_grad(c, 0)) gin[0] = gs;
+  else dm_release(gs);
+  if (want_gain) gin[2] = gg;
+}
+
 static dm_op ops[] = {
   {.name = "rmsnorm", .doc = "x / sqrt(mean(x^2 over the last dim) + eps) * gain (gain [D], optional)",
    .args = "x [..., D], gain [D]", .lua = DM_LUA_METHOD,
@@ -64,6 +127,11 @@ static dm_op ops[] = {
   {.name = "l2norm", .doc = "x / sqrt(sum(x^2 over the last dim) + eps)",
    .args = "x [..., D]", .lua = DM_LUA_METHOD, .n_in = 1, .n_out = 1, .attrs = "eps~1e-6", .kind = DM_NORM_L2,
    .forward = rownorm_forward, .backward = rownorm_backward},
+  {.name = "add_rmsnorm", .doc = "s = h + y (in h's dtype), u = rmsnorm(s in y's dtype) * gain (gain [D], optional): "
+                                 "a residual add and the next norm, the bits of the add, the cast and rmsnorm",
+   .args = "h [..., D], y [..., D], gain [D]", .lua = DM_LUA_FN,
+   .n_in = 3, .n_out = 2, .attrs = "eps~1e-6", .optional = 4,
+   .forward = add_rownorm_forward, .backward = add_rownorm_backward},
 };
 DM_REGISTER_OPS(ops)
 
@@ -83,3 +151,11 @@ dm_tensor *dm_rmsnorm(dm_tensor *x, dm_tensor *gain, double eps) {
 }
 
 dm_tensor *dm_l2norm(dm_tensor *x, double eps) { return call1(&ops[1], 1, &x, 1, &eps); }
+
+dm_tensor *dm_add_rmsnorm(dm_tensor *h, dm_tensor *y, dm_tensor *gain, double eps, dm_tensor **u) {
+  dm_tensor *in[3] = {h, y, gain}, *out[DM_MAXOUT];
+  dm_attrs at = dm_attrs_of(1, &eps);
+  dm_call(&ops[2], 3, in, &at, out);
+  *u = out[1];
+  return out[0];
+}

@@ -48,21 +48,24 @@ end
 -- state after position `at` of the pass too (a verify pass of generation).
 function Block:forward(h, x, prefix, state, at)
   if self.engram then self.engram:lookup(x, prefix) end     -- the pass's rows, made outside the branch's scope
-  local a, ks, ks_at = nn.residual(h, self.rms1, function(u) return self.kda:forward(u, state, at) end)
+  if self.msa and state then
+    error("model.msa keeps no state across passes (no cache of past keys): it takes whole sequences, not " ..
+          "segments or streamed generation; set model.msa.top_k = 0 for those", 0)
+  end
+  -- each branch's residual add and the next branch's norm in one op (nn.residual's next); u: that norm's output
+  local last = self.engram and self.rms2 or self.rms3
+  local a, u, ks, ks_at = nn.residual(h, self.rms1, function(v) return self.kda:forward(v, state, at) end,
+                                      {next = self.msa and self.rms_msa or last})
   if self.msa then
-    if state then
-      error("model.msa keeps no state across passes (no cache of past keys): it takes whole sequences, not " ..
-            "segments or streamed generation; set model.msa.top_k = 0 for those", 0)
-    end
-    a = nn.residual(a, self.rms_msa, function(u) return self.msa:forward(u) end)
+    a, u = nn.residual(a, self.rms_msa, function(v) return self.msa:forward(v) end, {u = u, next = last})
   end
   local b, es, es_at = a, nil, nil
   if self.engram then
-    b, es, es_at = nn.residual(a, self.rms2, function(u)
-      return self.engram:forward(u, x, prefix, state and {e = state.e}, at)
-    end)
+    b, u, es, es_at = nn.residual(a, self.rms2, function(v)
+      return self.engram:forward(v, x, prefix, state and {e = state.e}, at)
+    end, {u = u, next = self.rms3})
   end
-  local out = nn.residual(b, self.rms3, function(u) return self.moe:forward(u) end)
+  local out = nn.residual(b, self.rms3, function(v) return self.moe:forward(v) end, {u = u})
   if not state then return out end
   ks.e = es and es.e
   if ks_at then ks_at.e = es_at and es_at.e end

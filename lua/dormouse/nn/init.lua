@@ -307,18 +307,32 @@ function nn.release_copies(copies)
   end
 end
 
---[[ h + fn(norm(h)): a pre-norm residual branch. The branch runs in the
-compute dtype from its norm's input (norm:activation) to its output, which is
-added back in h's dtype; its intermediates are dropped as it returns. More
-results of fn (a branch's carried state, and the state at a position inside
-the pass: tables of tensors) are returned as well, kept past the branch's
-scope. ]]
-function nn.residual(h, norm, fn)
+--[[ nn.residual(h, norm, fn[, opts]): h + fn(norm(h)), a pre-norm residual
+branch. The branch runs in the compute dtype from its norm's input
+(norm:activation) to its output, which is added back in h's dtype; its
+intermediates are dropped as it returns. More results of fn (a branch's
+carried state, and the state at a position inside the pass: tables of
+tensors) are returned as well, kept past the branch's scope.
+opts.u: norm(h), made already (by the branch before, below). opts.next: the
+norm of the branch after this one, whose input the sum is: the sum and that
+norm's output then come from one op (dm.add_rmsnorm, the bits of the add, the
+casts and the norm in one pass), and the call returns the sum, the next norm's
+output (that branch's opts.u), then fn's other results. ]]
+function nn.residual(h, norm, fn, opts)
+  local after = opts and opts.next
   local y, carried, carried_at = dm.scope(function()
-    local out, state, state_at = fn(norm:forward(norm:activation(h)))
-    return out:to(h.dtype), state, state_at
+    local out, state, state_at = fn(opts and opts.u or norm:forward(norm:activation(h)))
+    return after and out or out:to(h.dtype), state, state_at
   end)
-  return h + y, carried, carried_at
+  if not after then return h + y, carried, carried_at end
+  local s, u
+  if y.dtype == after:activation_dtype(h.dtype) then
+    s, u = dm.add_rmsnorm(h, y, nn.like(after.gain, y), after.eps)
+  else                                  -- a branch whose output is not in the norm's dtype: apart
+    s = h + y:to(h.dtype)
+    u = after:forward(after:activation(s))
+  end
+  return s, u, carried, carried_at
 end
 
 --[[ The cache a causal convolution would have returned after the first `at` positions of x
