@@ -326,17 +326,19 @@ function Dormouse:pass(x, prefix, opts)
     if self.cfg.recompute and dm.grad_enabled() then error("forward: state_at is for passes without grad", 0) end
     out.state_at = {}
   end
+  local chain = {}        -- the next iteration's first norm, made with this one's last add (Block:forward)
   for i = 1, self.max_iter do
     local h_in, at_state = h, nil
+    chain.next = i < self.max_iter and not self.loom_gate        -- (LOOM changes h between the iterations)
     if carried and self.cfg.recompute and dm.grad_enabled() then
       h, out.state[i] = recomputed_block(self, h, inputs, prefix, carried[i] or {})
     elseif carried then
-      h, out.state[i], at_state = self.block:forward(h, inputs, prefix, carried[i] or {}, at or nil)
+      h, out.state[i], at_state = self.block:forward(h, inputs, prefix, carried[i] or {}, at or nil, chain)
       if at then out.state_at[i] = at_state end
     elseif self.cfg.recompute then           -- the block's activations recomputed in the backward (dm.recompute)
       h = dm.recompute(function(hi) return self.block:forward(hi, inputs, prefix) end, h)
     else
-      h = self.block:forward(h, inputs, prefix)
+      h = self.block:forward(h, inputs, prefix, nil, nil, chain)
     end
     if self.loom_gate then h = loom(self, h_in, h, i) end
     sum_h = sum_h and sum_h + h or h

@@ -235,12 +235,13 @@ describe("the one-byte step's launches (b1's structure at small widths, bf16, on
     assert.are.equal(8 * iters + 2, calls.matmul)
     assert.is_nil(calls.cat)                             -- the write's padding: routed added in place, not padded
     assert.are.equal(iters, calls.add_)                  -- that sum alone: a step counts no routing
-    assert.are.equal(2 * iters, calls.add_rmsnorm)       -- KDA's and Engram's adds with the next norms
+    -- KDA's and Engram's adds with the next norms, and the experts' with the next iteration's
+    assert.are.equal(3 * iters - 1, calls.add_rmsnorm)
   end)
 
-  it("calls at most 196 ops that are not views (a new op in the step trips this; then say why here)", function()
+  it("calls at most 187 ops that are not views (a new op in the step trips this; then say why here)", function()
     local _, kernels = step_ops()
-    assert.is_true(kernels <= 196, "ops that are not views: " .. kernels)
+    assert.is_true(kernels <= 187, "ops that are not views: " .. kernels)
   end)
 end)
 

@@ -46,7 +46,11 @@ end
 -- of the KDA branch and {e} of Engram's convolution in one table (entries nil:
 -- zeros); given, the call returns h' and this segment's state, and with `at` the
 -- state after position `at` of the pass too (a verify pass of generation).
-function Block:forward(h, x, prefix, state, at)
+-- chain (optional, a table the iterations of a pass share): chain.u, rms1(h) made by the
+-- iteration before (its last add); chain.next, true when the next iteration's rms1 of this
+-- call's output is wanted, made with this call's last add and left in chain.u (else chain.u
+-- is cleared).
+function Block:forward(h, x, prefix, state, at, chain)
   if self.engram then self.engram:lookup(x, prefix) end     -- the pass's rows, made outside the branch's scope
   if self.msa and state then
     error("model.msa keeps no state across passes (no cache of past keys): it takes whole sequences, not " ..
@@ -55,7 +59,7 @@ function Block:forward(h, x, prefix, state, at)
   -- each branch's residual add and the next branch's norm in one op (nn.residual's next); u: that norm's output
   local last = self.engram and self.rms2 or self.rms3
   local a, u, ks, ks_at = nn.residual(h, self.rms1, function(v) return self.kda:forward(v, state, at) end,
-                                      {next = self.msa and self.rms_msa or last})
+                                      {u = chain and chain.u, next = self.msa and self.rms_msa or last})
   if self.msa then
     a, u = nn.residual(a, self.rms_msa, function(v) return self.msa:forward(v) end, {u = u, next = last})
   end
@@ -65,7 +69,9 @@ function Block:forward(h, x, prefix, state, at)
       return self.engram:forward(v, x, prefix, state and {e = state.e}, at)
     end, {u = u, next = self.rms3})
   end
-  local out = nn.residual(b, self.rms3, function(v) return self.moe:forward(v) end, {u = u})
+  local out, u_next = nn.residual(b, self.rms3, function(v) return self.moe:forward(v) end,
+                                  {u = u, next = chain and chain.next and self.rms1 or nil})
+  if chain then chain.u = u_next end
   if not state then return out end
   ks.e = es and es.e
   if ks_at then ks_at.e = es_at and es_at.e end
