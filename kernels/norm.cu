@@ -278,9 +278,84 @@ static void cuda_add_rownorm(dm_tensor *s, dm_tensor *x, dm_tensor *u, dm_tensor
   }
 }
 
+/* ---- add_rownorm_bwd: gs = g + gx, gy = gs in y's dtype -------------------------------------------
+** One warp a row of contiguous rows. gx is rownorm_bwd's, bit for bit: its row sum in the order of
+** rownorm_bwd_vk (V neighbouring elements a lane) where that kernel would run on x and gu, else of
+** rownorm_bwd_k, and the same expressions; it is rounded to x's dtype, widened and added to g as the
+** cast and the add would, and gs rounded to y's dtype as the cast would. */
+template <int DH, int DY, int V>
+__global__ void add_rownorm_bwd_k(S_<DH> *gs, S_<DY> *gy, const S_<DH> *g, const S_<DY> *gu, const S_<DY> *x,
+                                  const S_<DY> *gain, const C_<DY> *rstd, int64_t rows, int64_t D) {
+  typedef C_<DY> C;
+  const int lane = threadIdx.x & 31;
+  const double div = (double)D;
+  DM_WARP_LOOP(r, rows) {
+    const int64_t o = r * D;
+    C dot = 0;
+    for (int64_t j = lane * V; j < D; j += 32 * V) {
+#pragma unroll
+      for (int i = 0; i < V; i++) {
+        C gv = dt<DY>::load(gu[o + j + i]), xv = dt<DY>::load(x[o + j + i]);
+        C gn = gain ? dt<DY>::load(gain[j + i]) : (C)1;
+        dot += gv * gn * xv;
+      }
+    }
+    dot = dm_warp_sum(dot);
+    double rd = (double)rstd[r];
+    C rs = (C)rd, c = (C)(rd * rd * (double)dot / div);
+    for (int64_t j = lane * V; j < D; j += 32 * V) {
+#pragma unroll
+      for (int i = 0; i < V; i++) {
+        const int64_t e = o + j + i;
+        C gv = dt<DY>::load(gu[e]), xv = dt<DY>::load(x[e]);
+        C gn = gain ? dt<DY>::load(gain[j + i]) : (C)1;
+        S_<DY> gx = dt<DY>::store(rs * (gv * gn - xv * c));
+        S_<DH> sv = dt<DH>::store(dt<DH>::load(g[e]) + dt<DH>::load(dt<DH>::store(dt<DY>::load(gx))));
+        gs[e] = sv;
+        if (gy) gy[e] = dt<DY>::store(dt<DH>::load(sv));
+      }
+    }
+  }
+}
+
+template <int DH, int DY>
+static void launch_add_rownorm_bwd(dm_tensor *gs, dm_tensor *gy, const dm_tensor *g, const dm_tensor *gu,
+                                   const dm_tensor *x, const dm_tensor *gain, const dm_tensor *rstd, int64_t rows,
+                                   int64_t D) {
+  /* where rownorm_bwd on x and gu would take its vector kernel (cuda_rownorm_bwd) */
+  bool vec = row_vec_ld(x, sizeof(S_<DY>)) && row_vec_ld(gu, sizeof(S_<DY>)) &&
+             (!gain || (gain->strides[0] == 1 && ((uintptr_t)dm_data(gain) & 15) == 0));
+  auto k = vec ? add_rownorm_bwd_k<DH, DY, dm_vec16<DY>::V> : add_rownorm_bwd_k<DH, DY, 1>;
+  k<<<dm_row_blocks(rows), DM_THREADS, 0, dm_cuda_stream()>>>(
+      (S_<DH> *)dm_data(gs), gy ? (S_<DY> *)dm_data(gy) : NULL, (const S_<DH> *)dm_data(g),
+      (const S_<DY> *)dm_data(gu), (const S_<DY> *)dm_data(x), gain ? (const S_<DY> *)dm_data(gain) : NULL,
+      (const C_<DY> *)dm_data(rstd), rows, D);
+  DM_CU_LAUNCHED();
+}
+
+static void cuda_add_rownorm_bwd(dm_tensor *gs, dm_tensor *gy, const dm_tensor *g, const dm_tensor *gu,
+                                 const dm_tensor *x, const dm_tensor *gain, const dm_tensor *rstd) {
+  int64_t rows = dm_row_count(x), D = x->shape[x->ndim - 1];
+  if (rows == 0 || D == 0) return;
+  if (gs->dtype == x->dtype) {
+    dm_dispatch_float(x->dtype, "add_rownorm_bwd", [&](auto d) {
+      constexpr int DT = decltype(d)::value;
+      launch_add_rownorm_bwd<DT, DT>(gs, gy, g, gu, x, gain, rstd, rows, D);
+    });
+  } else if (gs->dtype == DM_F32 && x->dtype == DM_BF16) {
+    launch_add_rownorm_bwd<DM_F32, DM_BF16>(gs, gy, g, gu, x, gain, rstd, rows, D);
+  } else if (gs->dtype == DM_F32 && x->dtype == DM_F16) {
+    launch_add_rownorm_bwd<DM_F32, DM_F16>(gs, gy, g, gu, x, gain, rstd, rows, D);
+  } else {
+    dm_error("add_rmsnorm's backward: on CUDA h and y share a dtype, or h is f32 and y bf16 or f16; got h %s and y %s",
+             dm_dtype_name(gs->dtype), dm_dtype_name(x->dtype));
+  }
+}
+
 static const dm_kernel_entry kernels[] = {
   DM_KERNEL_ENTRY(rownorm, cuda_rownorm),
   DM_KERNEL_ENTRY(rownorm_bwd, cuda_rownorm_bwd),
   DM_KERNEL_ENTRY(add_rownorm, cuda_add_rownorm),
+  DM_KERNEL_ENTRY(add_rownorm_bwd, cuda_add_rownorm_bwd),
 };
 DM_CUDA_KERNELS(kernels)

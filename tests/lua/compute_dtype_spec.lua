@@ -168,14 +168,17 @@ describe("dm.add_rmsnorm: a residual add and the next branch's norm in one op", 
   local helpers = require "tests.lua.helpers"
 
   -- the outputs and the leaves' gradients of fn(h, y, gain) under one loss: s and u weighted
-  local function run(fn, hdt, ydt, D)
+  -- (through a transpose, with `strided`: gradients that reach the op as strided views)
+  local function run(fn, hdt, ydt, D, strided)
     local h = dm.randn({3, 5, D}, {seed = 1, dtype = hdt}):requires_grad(true)
     local y = dm.randn({3, 5, D}, {seed = 2, dtype = ydt}):requires_grad(true)
     local gain = (dm.rand({D}, {seed = 3}) + 0.5):to(ydt):requires_grad(true)
-    local ws, wu = dm.randn({3, 5, D}, {seed = 4, dtype = hdt}), dm.randn({3, 5, D}, {seed = 5, dtype = ydt})
+    local ws, wu = dm.randn({3, D, 5}, {seed = 4, dtype = hdt}), dm.randn({3, D, 5}, {seed = 5, dtype = ydt})
+    if not strided then ws, wu = ws:reshape({3, 5, D}), wu:reshape({3, 5, D}) end
+    local function view(t) return strided and t:transpose(2, 3) or t end
     return dm.scope(function()
       local s, u = fn(h, y, gain)
-      ;((s * ws):sum():to("f64") + (u * wu):sum():to("f64")):backward()
+      ;((view(s) * ws):sum():to("f64") + (view(u) * wu):sum():to("f64")):backward()
       return {s = s:detach(), u = u:detach(), h = h.grad, y = y.grad, gain = gain.grad}
     end)
   end
@@ -188,11 +191,14 @@ describe("dm.add_rmsnorm: a residual add and the next branch's norm in one op", 
   it("gives the bits of the add, the casts and rmsnorm, forward and backward", function()
     for _, case in ipairs {{"f32", "f32"}, {"f64", "f64"}, {"f32", "bf16"}, {"f32", "f16"}} do
       for _, D in ipairs {7, 64, 300} do
-        local fused = run(function(h, y, gain) return dm.add_rmsnorm(h, y, gain) end, case[1], case[2], D)
-        local plain = run(composite, case[1], case[2], D)
-        for _, k in ipairs {"s", "u", "h", "y", "gain"} do
-          assert.equal(plain[k].dtype, fused[k].dtype, k)
-          assert.is_true(dm.allclose(plain[k], fused[k], {rtol = 0, atol = 0}), string.format("%s, h %s, y %s, D %d", k, case[1], case[2], D))
+        for _, strided in ipairs {false, true} do
+          local fused = run(function(h, y, gain) return dm.add_rmsnorm(h, y, gain) end, case[1], case[2], D, strided)
+          local plain = run(composite, case[1], case[2], D, strided)
+          for _, k in ipairs {"s", "u", "h", "y", "gain"} do
+            assert.equal(plain[k].dtype, fused[k].dtype, k)
+            assert.is_true(dm.allclose(plain[k], fused[k], {rtol = 0, atol = 0}),
+                           string.format("%s, h %s, y %s, D %d%s", k, case[1], case[2], D, strided and ", strided" or ""))
+          end
         end
       end
     end

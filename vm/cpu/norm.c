@@ -215,9 +215,24 @@ static void cpu_add_rownorm(dm_tensor *s, dm_tensor *x, dm_tensor *u, dm_tensor 
   if (!x && held != s) dm_release(held);
 }
 
+static void cpu_add_rownorm_bwd(dm_tensor *gs, dm_tensor *gy, const dm_tensor *g, const dm_tensor *gu,
+                                const dm_tensor *x, const dm_tensor *gain, const dm_tensor *rstd) {
+  dm_tensor *gx = dm_tensor_new(DM_CPU, x->dtype, x->ndim, x->shape);
+  cpu_rownorm_bwd(DM_NORM_RMS, gx, NULL, gu, x, gain, rstd);
+  add_into(gs, g, gx);
+  dm_release(gx);
+  if (gy) {
+    size_t ss = dm_dtype_size(gs->dtype), ys = dm_dtype_size(gy->dtype);
+    const char *ps = dm_data(gs);
+    char *py = dm_data(gy);
+    for (int64_t i = 0, n = dm_numel(gs); i < n; i++) dm_store(gy->dtype, py + i * ys, dm_load(gs->dtype, ps + i * ss));
+  }
+}
+
 static const dm_kernel_entry kernels[] = {
   DM_KERNEL_ENTRY(rownorm, cpu_rownorm),
   DM_KERNEL_ENTRY(rownorm_bwd, cpu_rownorm_bwd),
   DM_KERNEL_ENTRY(add_rownorm, cpu_add_rownorm),
+  DM_KERNEL_ENTRY(add_rownorm_bwd, cpu_add_rownorm_bwd),
 };
 DM_REGISTER_KERNELS(DM_CPU, kernels)

@@ -96,27 +96,47 @@ static void add_rownorm_forward(dm_ctx *c) {
   c->out[1] = u;
 }
 
-static void add_rownorm_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
-  dm_tensor *x = dm_saved(c, 0), *rstd = dm_saved(c, 1), *gain = dm_saved_opt(c, 2);
-  bool want_gain = gain && dm_needs_grad(c, 2);
-  dm_tensor *gx = dm_tensor_new(x->device, x->dtype, x->ndim, x->shape);
-  dm_tensor *gg = want_gain ? dm_new_grad(c, 2, x->device) : NULL;
-  const dm_plan_card *card = dm_plan_card_of(x->device);
-  if (card && gg) {
-    const int64_t D = x->shape[x->ndim - 1];
-    dm_plan_scratch(dm_colsum_scratch(D ? dm_numel(x) / D : 0, D, card->sm_count),
-                    "add_rmsnorm gain partials (kernels/norm.cu cuda_rownorm_bwd)");
-  }
-  DM_RUN(rownorm_bwd, x->device, DM_NORM_RMS, gx, gg, gout[1], x, gain, rstd);
+/* the gradient of s and of y (gy NULL when not wanted) as the ops add_rmsnorm stands for give them:
+** rmsnorm's gradient, cast to h's dtype, added to s's own; that sum cast to y's dtype. One kernel
+** where the device has it and the gradients are contiguous, else those ops. */
+static dm_tensor *add_rownorm_grads(dm_ctx *c, dm_tensor *g, dm_tensor *gu, dm_tensor *x, dm_tensor *gain,
+                                    dm_tensor *rstd, dm_tensor **gy) {
   dm_dtype hdt = dm_in_dtype(c, 0), ydt = dm_in_dtype(c, 1);
+  bool want_y = dm_needs_grad(c, 1);
+  *gy = NULL;
+  if (dm_is_contiguous(g) && dm_is_contiguous(gu) && g->dtype == hdt && dm_kernel_find("add_rownorm_bwd", x->device)) {
+    dm_tensor *gs = dm_tensor_new(x->device, hdt, x->ndim, x->shape);
+    if (want_y) *gy = ydt == hdt ? (dm_retain(gs), gs) : dm_tensor_new(x->device, ydt, x->ndim, x->shape);
+    DM_RUN(add_rownorm_bwd, x->device, gs, *gy == gs ? NULL : *gy, g, gu, x, gain, rstd);
+    return gs;
+  }
+  dm_tensor *gx = dm_tensor_new(x->device, x->dtype, x->ndim, x->shape);
+  DM_RUN(rownorm_bwd, x->device, DM_NORM_RMS, gx, NULL, gu, x, gain, rstd);
   dm_tensor *gxh = gx->dtype == hdt ? (dm_retain(gx), gx) : dm_cast(gx, hdt);
-  dm_tensor *gs = dm_add(gout[0], gxh);            /* s's gradient: its own and the norm's, as autograd sums */
+  dm_tensor *gs = dm_add(g, gxh);                  /* s's gradient: its own and the norm's, as autograd sums */
   dm_release(gxh);
   dm_release(gx);
-  if (dm_needs_grad(c, 1)) gin[1] = ydt == hdt ? (dm_retain(gs), gs) : dm_cast(gs, ydt);
+  if (want_y) *gy = ydt == hdt ? (dm_retain(gs), gs) : dm_cast(gs, ydt);
+  return gs;
+}
+
+static void add_rownorm_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin) {
+  dm_tensor *x = dm_saved(c, 0), *rstd = dm_saved(c, 1), *gain = dm_saved_opt(c, 2);
+  if (gain && dm_needs_grad(c, 2)) {
+    dm_tensor *gg = dm_new_grad(c, 2, x->device);
+    const dm_plan_card *card = dm_plan_card_of(x->device);
+    if (card) {
+      const int64_t D = x->shape[x->ndim - 1];
+      dm_plan_scratch(dm_colsum_scratch(D ? dm_numel(x) / D : 0, D, card->sm_count),
+                      "add_rmsnorm gain partials (kernels/norm.cu cuda_rownorm_bwd)");
+    }
+    DM_RUN(rownorm_bwd, x->device, DM_NORM_RMS, NULL, gg, gout[1], x, gain, rstd);
+    gin[2] = gg;
+  }
+  dm_tensor *gy, *gs = add_rownorm_grads(c, gout[0], gout[1], x, gain, rstd, &gy);
+  if (gy) gin[1] = gy;
   if (dm_needs_grad(c, 0)) gin[0] = gs;
   else dm_release(gs);
-  if (want_gain) gin[2] = gg;
 }
 
 static dm_op ops[] = {

@@ -30,6 +30,14 @@ typedef void (*dm_rownorm_bwd_k)(int kind, dm_tensor *gx, dm_tensor *ggain, cons
 typedef void (*dm_add_rownorm_k)(dm_tensor *s, dm_tensor *x, dm_tensor *u, dm_tensor *rstd, const dm_tensor *h,
                                  const dm_tensor *y, const dm_tensor *gain, double eps);
 
+/* "add_rownorm_bwd": the backward of add_rownorm but the gain's gradient (rownorm_bwd gives that),
+** with the bits of the ops it stands for: gx = rmsnorm's gradient of x from gu, in x's dtype as
+** rownorm_bwd writes it; gs = g + gx in g's dtype (s's gradient: its own and the norm's); gy = gs in
+** y's dtype (NULL: not wanted). gs, gy, g and gu are contiguous; x, gain and rstd are what the
+** forward saved. */
+typedef void (*dm_add_rownorm_bwd_k)(dm_tensor *gs, dm_tensor *gy, const dm_tensor *g, const dm_tensor *gu,
+                                     const dm_tensor *x, const dm_tensor *gain, const dm_tensor *rstd);
+
 /* ---- the C API (vm/ops/norm.c): owned results, recorded when grad mode is on ---- */
 
 dm_tensor *dm_rmsnorm(dm_tensor *x, dm_tensor *gain, double eps);     /* gain may be NULL */
@@ -41,5 +49,6 @@ dm_tensor *dm_add_rmsnorm(dm_tensor *h, dm_tensor *y, dm_tensor *gain, double ep
 DM_KERNEL_TYPE(rownorm, dm_rownorm_k)
 DM_KERNEL_TYPE(rownorm_bwd, dm_rownorm_bwd_k)
 DM_KERNEL_TYPE(add_rownorm, dm_add_rownorm_k)
+DM_KERNEL_TYPE(add_rownorm_bwd, dm_add_rownorm_bwd_k)
 
 #endif
