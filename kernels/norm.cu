@@ -214,7 +214,7 @@ static void cuda_rownorm_bwd(int kind, dm_tensor *gx, dm_tensor *ggain, const dm
 ** rmsnorm's. The second pass reads s back (the lane wrote it). */
 template <int DH, int DY, int V>
 __global__ void add_rownorm_k(S_<DH> *s, S_<DY> *x, S_<DY> *u, C_<DY> *rstd, const S_<DH> *h, const S_<DY> *y,
-                              const S_<DY> *gain, int64_t rows, int64_t D, double eps) {
+                              const S_<DY> *gain, int64_t gs, int64_t rows, int64_t D, double eps) {
   typedef C_<DY> C;
   const int lane = threadIdx.x & 31;
   DM_WARP_LOOP(r, rows) {
@@ -238,7 +238,7 @@ __global__ void add_rownorm_k(S_<DH> *s, S_<DY> *x, S_<DY> *u, C_<DY> *rstd, con
 #pragma unroll
       for (int i = 0; i < V; i++) {
         C v = dt<DY>::load(dt<DY>::store(dt<DH>::load(s[o + j + i])));
-        u[o + j + i] = dt<DY>::store(v * rs * (gain ? dt<DY>::load(gain[j + i]) : (C)1));
+        u[o + j + i] = dt<DY>::store(v * rs * (gain ? dt<DY>::load(gain[(j + i) * gs]) : (C)1));
       }
     }
     if (rstd && lane == 0) rstd[r] = rs;
@@ -255,7 +255,7 @@ static void launch_add_rownorm(dm_tensor *s, dm_tensor *x, dm_tensor *u, dm_tens
   k<<<dm_row_blocks(rows), DM_THREADS, 0, dm_cuda_stream()>>>(
       (S_<DH> *)dm_data(s), x ? (S_<DY> *)dm_data(x) : NULL, (S_<DY> *)dm_data(u),
       rstd ? (C_<DY> *)dm_data(rstd) : NULL, (const S_<DH> *)dm_data(h), (const S_<DY> *)dm_data(y),
-      gain ? (const S_<DY> *)dm_data(gain) : NULL, rows, D, eps);
+      gain ? (const S_<DY> *)dm_data(gain) : NULL, gain ? gain->strides[0] : 0, rows, D, eps);
   DM_CU_LAUNCHED();
 }
 
@@ -278,6 +278,10 @@ static void cuda_add_rownorm(dm_tensor *s, dm_tensor *x, dm_tensor *u, dm_tensor
   }
 }
 
+/* a + b rounded once, never contracted with the product that made b */
+__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
+
 /* ---- add_rownorm_bwd: gs = g + gx, gy = gs in y's dtype -------------------------------------------
 ** One warp a row of contiguous rows. gx is rownorm_bwd's, bit for bit: its row sum in the order of
 ** rownorm_bwd_vk (V neighbouring elements a lane) where that kernel would run on x and gu, else of
@@ -285,7 +289,7 @@ static void cuda_add_rownorm(dm_tensor *s, dm_tensor *x, dm_tensor *u, dm_tensor
 ** cast and the add would, and gs rounded to y's dtype as the cast would. */
 template <int DH, int DY, int V>
 __global__ void add_rownorm_bwd_k(S_<DH> *gs, S_<DY> *gy, const S_<DH> *g, const S_<DY> *gu, const S_<DY> *x,
-                                  const S_<DY> *gain, const C_<DY> *rstd, int64_t rows, int64_t D) {
+                                  const S_<DY> *gain, int64_t gst, const C_<DY> *rstd, int64_t rows, int64_t D) {
   typedef C_<DY> C;
   const int lane = threadIdx.x & 31;
   const double div = (double)D;
@@ -296,7 +300,7 @@ __global__ void add_rownorm_bwd_k(S_<DH> *gs, S_<DY> *gy, const S_<DH> *g, const
 #pragma unroll
       for (int i = 0; i < V; i++) {
         C gv = dt<DY>::load(gu[o + j + i]), xv = dt<DY>::load(x[o + j + i]);
-        C gn = gain ? dt<DY>::load(gain[j + i]) : (C)1;
+        C gn = gain ? dt<DY>::load(gain[(j + i) * gst]) : (C)1;
         dot += gv * gn * xv;
       }
     }
@@ -308,9 +312,10 @@ __global__ void add_rownorm_bwd_k(S_<DH> *gs, S_<DY> *gy, const S_<DH> *g, const
       for (int i = 0; i < V; i++) {
         const int64_t e = o + j + i;
         C gv = dt<DY>::load(gu[e]), xv = dt<DY>::load(x[e]);
-        C gn = gain ? dt<DY>::load(gain[j + i]) : (C)1;
+        C gn = gain ? dt<DY>::load(gain[(j + i) * gst]) : (C)1;
         S_<DY> gx = dt<DY>::store(rs * (gv * gn - xv * c));
-        S_<DH> sv = dt<DH>::store(dt<DH>::load(g[e]) + dt<DH>::load(dt<DH>::store(dt<DY>::load(gx))));
+        /* rounded apart, as two kernels round it: no contraction of the product into the add */
+        S_<DH> sv = dt<DH>::store(add_rn(dt<DH>::load(g[e]), dt<DH>::load(dt<DH>::store(dt<DY>::load(gx)))));
         gs[e] = sv;
         if (gy) gy[e] = dt<DY>::store(dt<DH>::load(sv));
       }
@@ -329,7 +334,7 @@ static void launch_add_rownorm_bwd(dm_tensor *gs, dm_tensor *gy, const dm_tensor
   k<<<dm_row_blocks(rows), DM_THREADS, 0, dm_cuda_stream()>>>(
       (S_<DH> *)dm_data(gs), gy ? (S_<DY> *)dm_data(gy) : NULL, (const S_<DH> *)dm_data(g),
       (const S_<DY> *)dm_data(gu), (const S_<DY> *)dm_data(x), gain ? (const S_<DY> *)dm_data(gain) : NULL,
-      (const C_<DY> *)dm_data(rstd), rows, D);
+      gain ? gain->strides[0] : 0, (const C_<DY> *)dm_data(rstd), rows, D);
   DM_CU_LAUNCHED();
 }
 

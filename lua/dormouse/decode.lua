@@ -128,8 +128,9 @@ end
 --[[ One byte for every slot, block position k (0-based), from `state` and `prefix` (the slots'
 buffers, or what the byte before returned): the forward of the newest bytes, the next byte drawn
 into out[k] and made the newest. Returns the state after the byte and the prefix moved on by one
-byte, new tensors: the block copies the last of them into the buffers, so that a byte costs no
-copy of the state (Decoder:body). Nothing here waits for the device. ]]
+byte (new tensors, but for a model that reads no bytes before a row: its prefix as given); the
+block copies the last of them into the buffers, so that a byte costs no copy of the state
+(Decoder:body). Nothing here waits for the device. ]]
 function Decoder:one(k, state, prefix)
   local B, ctx = self.B, self.ctx
   return dm.scope(function()

@@ -64,19 +64,26 @@ local function first_bad_activation(r, step)
   if r.device ~= "cpu" then x, prefix = x:to(r.device), prefix:to(r.device) end
   local first
   local wrapped = {}
-  for _, m in ipairs(r.model:named_modules()) do
-    local mod, name = m.module, m.name ~= "" and m.name or "the model's output"
-    local own = rawget(mod, "forward")
-    wrapped[#wrapped + 1] = {mod, own}
-    local forward = mod.forward
-    mod.forward = function(self, ...)
-      local out = forward(self, ...)
-      if not first and dm.is_tensor(out) and train.first_nonfinite({[name] = out}) then first = name end
-      return out
+  -- each module's forward, and a norm's add_forward (the residual add before it and the norm in one
+  -- op: its norm's output is the second result)
+  local function wrap(mod, name, method, at)
+    local fn = mod[method]
+    if not fn then return end
+    wrapped[#wrapped + 1] = {mod, method, rawget(mod, method)}
+    mod[method] = function(self, ...)
+      local out = table.pack(fn(self, ...))
+      local t = out[at]
+      if not first and dm.is_tensor(t) and train.first_nonfinite({[name] = t}) then first = name end
+      return table.unpack(out, 1, out.n)
     end
   end
+  for _, m in ipairs(r.model:named_modules()) do
+    local name = m.name ~= "" and m.name or "the model's output"
+    wrap(m.module, name, "forward", 1)
+    if m.module.add_forward then wrap(m.module, name, "add_forward", 2) end
+  end
   pcall(dm.scope, function() dm.no_grad(function() r.model:forward(x, prefix) end) end)
-  for _, w in ipairs(wrapped) do w[1].forward = w[2] end
+  for _, w in ipairs(wrapped) do w[1][w[2]] = w[3] end
   return first and first .. " (an activation)"
 end
 

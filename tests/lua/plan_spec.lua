@@ -327,7 +327,7 @@ describe("the proposal", function()
 
   it("of b1 runs on the CPU, the table included (no test times it: speed lives in benchmarks)", function()
     local r = plan.report(config.load("experiments/b1.lua"), {memory = plan.parse_memory("40GiB")})
-    assert.is_true(r.peak > 15 * GiB and r.peak < 40 * GiB)        -- (about 20 GiB at its proposal)
+    assert.is_true(r.peak > 19 * GiB and r.peak < 40 * GiB)        -- (about 20 GiB at its proposal)
     assert.is_true(r.proposal.tokens > 8 * 1024)
   end)
 end)

@@ -303,8 +303,9 @@ function Engram:keys_values(c, dtype)
   return nn.products(e, {self.wk, self.wv})
 end
 
--- c's shared keys and values when a pass in dtype may read them: live, and made on the tape when
--- this pass records one (a recomputed block's run in the backward makes its own)
+-- c's shared keys and values (the pass's, Engram:prepare) when a pass in dtype may read them: live,
+-- and made on the tape when this pass records one (a recomputed block's run in the backward makes
+-- its own)
 local function shared_kv(c, dtype)
   local kv = c.kv
   if kv and kv[1].dtype == dtype and not kv[1]:is_freed() and (kv.grad or not dm.grad_enabled())
@@ -319,10 +320,8 @@ three of four iterations' products saved, forward and backward. They live in the
 as the pass's activations do. A recomputed block (model.recompute) makes its own instead. ]]
 function Engram:prepare(x, prefix, dtype)
   local c = self:lookup(x, prefix)
-  if not shared_kv(c, dtype) then
-    c.kv = self:keys_values(c, dtype)
-    c.kv.grad = dm.grad_enabled()
-  end
+  c.kv = self:keys_values(c, dtype)            -- afresh each pass: an earlier pass's may have had its backward
+  c.kv.grad = dm.grad_enabled()
   return c
 end
 

@@ -327,7 +327,7 @@ function nn.residual(h, norm, fn, opts)
   if not after then return h + y, carried, carried_at end
   local s, u
   if y.dtype == after:activation_dtype(h.dtype) then
-    s, u = dm.add_rmsnorm(h, y, nn.like(after.gain, y), after.eps)
+    s, u = after:add_forward(h, y)
   else                                  -- a branch whose output is not in the norm's dtype: apart
     s = h + y:to(h.dtype)
     u = after:forward(after:activation(s))

@@ -25,6 +25,8 @@ function RMSNorm:init(d, opts)
   self:param("gain", nn.init.ones({d}))
 end
 function RMSNorm:forward(x) return dm.rmsnorm(x, nn.like(self.gain, x), {eps = self.eps}) end
+-- h + y and the norm of that sum in y's dtype, in one op (dm.add_rmsnorm; nn.residual's next)
+function RMSNorm:add_forward(h, y) return dm.add_rmsnorm(h, y, nn.like(self.gain, y), self.eps) end
 nn.RMSNorm = RMSNorm
 
 local Embedding = nn.class("Embedding")
