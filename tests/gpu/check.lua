@@ -374,22 +374,30 @@ end
 -- dm.add_rmsnorm on CUDA: the bits of the add, the casts and rmsnorm it stands for, forward and
 -- backward, on rows of the model's width (the vector order) and odd ones (a lane an element)
 do
-  local function run(fused, hdt, ydt, rows, D)
+  -- gain_kind: nil (a gain), "none", or "strided" (every other element of a longer one)
+  local function run(fused, hdt, ydt, rows, D, gain_kind)
     local h = dm.randn({rows, D}, {seed = 1, dtype = hdt}):cuda():requires_grad(true)
     local y = dm.randn({rows, D}, {seed = 2, dtype = ydt}):cuda():requires_grad(true)
     local gain = (dm.rand({D}, {seed = 3}) + 0.5):to(ydt):cuda():requires_grad(true)
+    local g_in = gain
+    if gain_kind == "none" then g_in = nil
+    elseif gain_kind == "strided" then
+      local long = (dm.rand({2 * D}, {seed = 3}) + 0.5):to(ydt):cuda():requires_grad(true)
+      gain = long
+      g_in = long:reshape({D, 2}):narrow(2, 1, 1):reshape({D})
+    end
     local ws = dm.randn({rows, D}, {seed = 4, dtype = hdt}):cuda()
     local wu = dm.randn({rows, D}, {seed = 5, dtype = ydt}):cuda()
     return dm.scope(function()
       local s, u
-      if fused then s, u = dm.add_rmsnorm(h, y, gain)
+      if fused then s, u = dm.add_rmsnorm(h, y, g_in)
       else
         s = h + y:to(hdt)
-        u = dm.rmsnorm(s:to(ydt), gain)
+        u = dm.rmsnorm(s:to(ydt), g_in)
       end
       ;((s * ws):sum():to("f64") + (u * wu):sum():to("f64")):backward()
       local out = {}
-      for k, t in pairs {s = s:detach(), u = u:detach(), h = h.grad, y = y.grad, gain = gain.grad} do
+      for k, t in pairs {s = s:detach(), u = u:detach(), h = h.grad, y = y.grad, gain = g_in and gain.grad} do
         out[k] = t:to("cpu")
       end
       return out
@@ -399,10 +407,14 @@ do
     check(string.format("add_rmsnorm, h %s and y %s: the bits of the add, the casts and rmsnorm", case[1], case[2]),
           function()
       for _, shape in ipairs {{5, 7}, {3, 300}, {4, 2048}, {1, 2048}, {33, 1024}} do
-        local a, b = run(true, case[1], case[2], shape[1], shape[2]), run(false, case[1], case[2], shape[1], shape[2])
-        for _, k in ipairs {"s", "u", "h", "y", "gain"} do
-          assert(dm.allclose(a[k], b[k], {rtol = 0, atol = 0}),
-                 string.format("%s differs at [%d, %d]: %.3g", k, shape[1], shape[2], rel(a[k], b[k])))
+        for _, gk in ipairs {false, "none", "strided"} do
+          local a = run(true, case[1], case[2], shape[1], shape[2], gk or nil)
+          local b = run(false, case[1], case[2], shape[1], shape[2], gk or nil)
+          for _, k in ipairs {"s", "u", "h", "y", "gain"} do
+            assert((a[k] == nil) == (b[k] == nil) and (a[k] == nil or dm.allclose(a[k], b[k], {rtol = 0, atol = 0})),
+                   string.format("%s differs at [%d, %d]%s: %.3g", k, shape[1], shape[2], gk and ", gain " .. gk or "",
+                                 a[k] and b[k] and rel(a[k], b[k]) or 0))
+          end
         end
       end
     end)
