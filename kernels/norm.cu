@@ -1,6 +1,7 @@
 /*
 ** norm.cu — the row norms on CUDA (vm/ops/norm.h has the contracts):
-** rownorm (rmsnorm, l2norm), forward and backward, and add_rownorm (the
+** rownorm (rmsnorm, l2norm; a number in the gain's place when there is
+** none, l2norm's scale), forward and backward, and add_rownorm (the
 ** residual add before one).
 **
 ** Each row gets one warp: its lanes stride through the row (any strides; a
@@ -20,7 +21,7 @@ template <int DT> using C_ = typename dt<DT>::C;
 
 template <int DT>
 __global__ void rownorm_k(S_<DT> *y, C_<DT> *rstd, const S_<DT> *x, dm_lead Lx, int64_t xs, const S_<DT> *gain,
-                          int64_t gs, int64_t rows, int64_t D, double div, double eps) {
+                          int64_t gs, int64_t rows, int64_t D, double div, double eps, double scale) {
   typedef C_<DT> C;
   const int lane = threadIdx.x & 31;
   DM_WARP_LOOP(r, rows) {
@@ -33,7 +34,7 @@ __global__ void rownorm_k(S_<DT> *y, C_<DT> *rstd, const S_<DT> *x, dm_lead Lx, 
     ss = dm_warp_sum(ss);
     C rs = (C)(1 / sqrt((double)ss / div + eps));
     for (int64_t j = lane; j < D; j += 32) {
-      C g = gain ? dt<DT>::load(gain[j * gs]) : (C)1;
+      C g = gain ? dt<DT>::load(gain[j * gs]) : (C)scale;
       y[r * D + j] = dt<DT>::store(dt<DT>::load(xr[j * xs]) * rs * g);
     }
     if (rstd && lane == 0) rstd[r] = rs;
@@ -47,7 +48,7 @@ static double norm_div(int kind, int64_t D) { return kind == DM_NORM_RMS ? (doub
 ** contiguous bytes a load instead of 64. Each lane sums its own elements, then the warp. */
 template <int DT, int V>
 __global__ void rownorm_vk(S_<DT> *y, C_<DT> *rstd, const S_<DT> *x, int64_t ld, const S_<DT> *gain, int64_t rows,
-                           int64_t D, double div, double eps) {
+                           int64_t D, double div, double eps, double scale) {
   typedef C_<DT> C;
   const int lane = threadIdx.x & 31;
   DM_WARP_LOOP(r, rows) {
@@ -64,7 +65,7 @@ __global__ void rownorm_vk(S_<DT> *y, C_<DT> *rstd, const S_<DT> *x, int64_t ld,
       dm_vload16<DT, V>(v, xr + j);
       if (gain) dm_vload16<DT, V>(g, gain + j);
 #pragma unroll
-      for (int i = 0; i < V; i++) v[i] = v[i] * rs * (gain ? g[i] : (C)1);
+      for (int i = 0; i < V; i++) v[i] = v[i] * rs * (gain ? g[i] : (C)scale);
       dm_vstore16<DT, V>(y + r * D + j, v);
     }
     if (rstd && lane == 0) rstd[r] = rs;
@@ -74,7 +75,8 @@ __global__ void rownorm_vk(S_<DT> *y, C_<DT> *rstd, const S_<DT> *x, int64_t ld,
 /* gx of rownorm_bwd_k on vector rows: g and x rows at ld apart, gain contiguous */
 template <int DT, int V>
 __global__ void rownorm_bwd_vk(S_<DT> *gx, const S_<DT> *g, int64_t lg, const S_<DT> *x, int64_t lx,
-                               const S_<DT> *gain, const C_<DT> *rstd, int64_t rows, int64_t D, double div) {
+                               const S_<DT> *gain, const C_<DT> *rstd, int64_t rows, int64_t D, double div,
+                               double scale) {
   typedef C_<DT> C;
   const int lane = threadIdx.x & 31;
   DM_WARP_LOOP(r, rows) {
@@ -85,7 +87,7 @@ __global__ void rownorm_bwd_vk(S_<DT> *gx, const S_<DT> *g, int64_t lg, const S_
       dm_vload16<DT, V>(xv, xr + j);
       if (gain) dm_vload16<DT, V>(gn, gain + j);
 #pragma unroll
-      for (int i = 0; i < V; i++) dot += gv[i] * (gain ? gn[i] : (C)1) * xv[i];
+      for (int i = 0; i < V; i++) dot += gv[i] * (gain ? gn[i] : (C)scale) * xv[i];
     }
     dot = dm_warp_sum(dot);
     double rd = (double)rstd[r];
@@ -95,7 +97,7 @@ __global__ void rownorm_bwd_vk(S_<DT> *gx, const S_<DT> *g, int64_t lg, const S_
       dm_vload16<DT, V>(xv, xr + j);
       if (gain) dm_vload16<DT, V>(gn, gain + j);
 #pragma unroll
-      for (int i = 0; i < V; i++) gv[i] = rs * (gv[i] * (gain ? gn[i] : (C)1) - xv[i] * c);
+      for (int i = 0; i < V; i++) gv[i] = rs * (gv[i] * (gain ? gn[i] : (C)scale) - xv[i] * c);
       dm_vstore16<DT, V>(gx + r * D + j, gv);
     }
   }
@@ -113,7 +115,7 @@ static int64_t row_vec_ld(const dm_tensor *t, size_t esize) {
 }
 
 static void cuda_rownorm(int kind, dm_tensor *y, dm_tensor *rstd, const dm_tensor *x, const dm_tensor *gain,
-                         double eps) {
+                         double eps, double scale) {
   int64_t rows = dm_row_count(x), D = x->shape[x->ndim - 1];
   if (rows == 0) return;
   dm_lead Lx = dm_lead_of(x, x->ndim - 1);
@@ -123,14 +125,14 @@ static void cuda_rownorm(int kind, dm_tensor *y, dm_tensor *rstd, const dm_tenso
     if (ld && (!gain || (gain->strides[0] == 1 && ((uintptr_t)dm_data(gain) & 15) == 0))) {
       rownorm_vk<DT, dm_vec16<DT>::V><<<dm_row_blocks(rows), DM_THREADS, 0, dm_cuda_stream()>>>(
           (S_<DT> *)dm_data(y), rstd ? (C_<DT> *)dm_data(rstd) : NULL, (const S_<DT> *)dm_data(x), ld,
-          gain ? (const S_<DT> *)dm_data(gain) : NULL, rows, D, norm_div(kind, D), eps);
+          gain ? (const S_<DT> *)dm_data(gain) : NULL, rows, D, norm_div(kind, D), eps, scale);
       DM_CU_LAUNCHED();
       return;
     }
     rownorm_k<DT><<<dm_row_blocks(rows), DM_THREADS, 0, dm_cuda_stream()>>>(
         (S_<DT> *)dm_data(y), rstd ? (C_<DT> *)dm_data(rstd) : NULL, (const S_<DT> *)dm_data(x), Lx,
         x->strides[x->ndim - 1], gain ? (const S_<DT> *)dm_data(gain) : NULL, gain ? gain->strides[0] : 0, rows, D,
-        norm_div(kind, D), eps);
+        norm_div(kind, D), eps, scale);
     DM_CU_LAUNCHED();
   });
 }
@@ -139,21 +141,21 @@ static void cuda_rownorm(int kind, dm_tensor *y, dm_tensor *rstd, const dm_tenso
 template <int DT>
 __global__ void rownorm_bwd_k(S_<DT> *gx, const S_<DT> *g, dm_lead Lg, int64_t gst, const S_<DT> *x, dm_lead Lx,
                               int64_t xs, const S_<DT> *gain, int64_t gns, const C_<DT> *rstd, int64_t rows,
-                              int64_t D, double div) {
+                              int64_t D, double div, double scale) {
   typedef C_<DT> C;
   const int lane = threadIdx.x & 31;
   DM_WARP_LOOP(r, rows) {
     const S_<DT> *xr = x + dm_lead_off(Lx, r), *gr = g + dm_lead_off(Lg, r);
     C dot = 0;
     for (int64_t j = lane; j < D; j += 32) {
-      C gn = gain ? dt<DT>::load(gain[j * gns]) : (C)1;
+      C gn = gain ? dt<DT>::load(gain[j * gns]) : (C)scale;
       dot += dt<DT>::load(gr[j * gst]) * gn * dt<DT>::load(xr[j * xs]);
     }
     dot = dm_warp_sum(dot);
     double rd = (double)rstd[r];
     C rs = (C)rd, c = (C)(rd * rd * (double)dot / div);
     for (int64_t j = lane; j < D; j += 32) {
-      C gn = gain ? dt<DT>::load(gain[j * gns]) : (C)1;
+      C gn = gain ? dt<DT>::load(gain[j * gns]) : (C)scale;
       gx[r * D + j] = dt<DT>::store(rs * (dt<DT>::load(gr[j * gst]) * gn - dt<DT>::load(xr[j * xs]) * c));
     }
   }
@@ -177,7 +179,7 @@ template <int DT> struct put_strided {
 };
 
 static void cuda_rownorm_bwd(int kind, dm_tensor *gx, dm_tensor *ggain, const dm_tensor *g, const dm_tensor *x,
-                             const dm_tensor *gain, const dm_tensor *rstd) {
+                             const dm_tensor *gain, const dm_tensor *rstd, double scale) {
   int64_t rows = dm_row_count(x), D = x->shape[x->ndim - 1];
   dm_lead Lx = dm_lead_of(x, x->ndim - 1), Lg = dm_lead_of(g, g->ndim - 1);
   int64_t xs = x->strides[x->ndim - 1], gst = g->strides[g->ndim - 1];
@@ -190,12 +192,12 @@ static void cuda_rownorm_bwd(int kind, dm_tensor *gx, dm_tensor *ggain, const dm
     if (gx && rows > 0 && vec) {
       rownorm_bwd_vk<DT, dm_vec16<DT>::V><<<dm_row_blocks(rows), DM_THREADS, 0, dm_cuda_stream()>>>(
           (S_<DT> *)dm_data(gx), pg, lg, px, lx, gain ? (const S_<DT> *)dm_data(gain) : NULL, pr, rows, D,
-          norm_div(kind, D));
+          norm_div(kind, D), scale);
       DM_CU_LAUNCHED();
     } else if (gx && rows > 0) {
       rownorm_bwd_k<DT><<<dm_row_blocks(rows), DM_THREADS, 0, dm_cuda_stream()>>>(
           (S_<DT> *)dm_data(gx), pg, Lg, gst, px, Lx, xs, gain ? (const S_<DT> *)dm_data(gain) : NULL,
-          gain ? gain->strides[0] : 0, pr, rows, D, norm_div(kind, D));
+          gain ? gain->strides[0] : 0, pr, rows, D, norm_div(kind, D), scale);
       DM_CU_LAUNCHED();
     }
     if (ggain) {

@@ -421,4 +421,26 @@ do
   end
 end
 
+-- l2norm with a power-of-two scale on CUDA: the bits of the norm and then the product (KDA's q)
+check("l2norm's scale 0.125: the bits of l2norm then * 0.125, forward and backward, f32 and bf16", function()
+  for _, dt in ipairs {"f32", "bf16"} do
+    for _, shape in ipairs {{5, 7}, {6, 64}, {3, 300}, {64, 64}} do
+      local function run(inside)
+        local x = dm.randn(shape, {seed = 7, dtype = dt}):cuda():requires_grad(true)
+        local w = dm.randn(shape, {seed = 8, dtype = dt}):cuda()
+        return dm.scope(function()
+          local y = inside and x:l2norm(1e-6, 0.125) or x:l2norm(1e-6) * 0.125
+          ;(y * w):sum():to("f64"):backward()
+          return {y = y:detach():to("cpu"), x = x.grad:to("cpu")}
+        end)
+      end
+      local a, b = run(true), run(false)
+      for _, k in ipairs {"y", "x"} do
+        assert(dm.allclose(a[k], b[k], {rtol = 0, atol = 0}),
+               string.format("%s differs, %s [%d, %d]: %.3g", k, dt, shape[1], shape[2], rel(a[k], b[k])))
+      end
+    end
+  end
+end)
+
 checks.finish()

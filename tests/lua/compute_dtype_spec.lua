@@ -212,3 +212,38 @@ describe("dm.add_rmsnorm: a residual add and the next branch's norm in one op", 
     helpers.has(helpers.err_of(dm.add_rmsnorm, h, dm.randn({2, 3}), dm.ones({4})), "gain of shape [4] does not fit")
   end)
 end)
+
+describe("l2norm's scale", function()
+  -- y and x's gradient under a weighted sum of y
+  local function run(fn, dt, D)
+    local x = dm.randn({4, 3, D}, {seed = 7, dtype = dt}):requires_grad(true)
+    local w = dm.randn({4, 3, D}, {seed = 8, dtype = dt})
+    return dm.scope(function()
+      local y = fn(x)
+      ;(y * w):sum():to("f64"):backward()
+      return {y = y:detach(), x = x.grad}
+    end)
+  end
+
+  it("a power of two inside the norm gives the bits of the norm and then the product (q's dk^-1/2)", function()
+    for _, dt in ipairs {"f32", "f64", "bf16"} do
+      for _, D in ipairs {5, 64, 300} do
+        local inside = run(function(x) return x:l2norm(1e-6, 0.125) end, dt, D)
+        local after = run(function(x) return x:l2norm(1e-6) * 0.125 end, dt, D)
+        for _, k in ipairs {"y", "x"} do
+          assert.is_true(dm.allclose(inside[k], after[k], {rtol = 0, atol = 0}), string.format("%s, %s, D %d", k, dt, D))
+        end
+      end
+    end
+  end)
+
+  it("any other scale, to rounding; a scale that is not finite is refused by name", function()
+    local inside = run(function(x) return x:l2norm(1e-6, 0.3) end, "f64", 9)
+    local after = run(function(x) return x:l2norm(1e-6) * 0.3 end, "f64", 9)
+    assert.is_true(dm.allclose(inside.y, after.y, {rtol = 1e-14, atol = 1e-15}))
+    assert.is_true(dm.allclose(inside.x, after.x, {rtol = 1e-13, atol = 1e-14}))
+    require("tests.lua.helpers").has(require("tests.lua.helpers").err_of(function()
+      return dm.randn({2, 3}):l2norm(1e-6, 0 / 0)
+    end), "l2norm: scale must be a finite number")
+  end)
+end)

@@ -37,6 +37,14 @@ static void norm_inputs(h_rng *r, int k, dm_tensor **in, dm_attrs *a, bool gain)
 }
 
 static void in_rms_gain(h_rng *r, int k, dm_tensor **in, dm_attrs *a) { norm_inputs(r, k, in, a, true); }
+
+/* l2norm's: eps, and a scale (a power of two, or not) */
+static void in_l2(h_rng *r, int k, dm_tensor **in, dm_attrs *a) {
+  static const double scales[] = {1, 0.125, -0.5, 0.3};
+  norm_inputs(r, k, in, a, false);
+  double v[2] = {a->v[0], scales[k % 4 == 3 ? (k / 4) % 4 : k % 3]};
+  *a = dm_attrs_of(2, v);
+}
 static void in_rms_plain(h_rng *r, int k, dm_tensor **in, dm_attrs *a) { norm_inputs(r, k, in, a, false); }
 
 /* y = x / sqrt(sum(x^2) / div + eps) * gain along the last dim */
@@ -53,7 +61,10 @@ static void oracle_norm(dm_tensor *const *in, const dm_attrs *a, dm_tensor **ex,
 }
 
 static void o_rms(dm_tensor *const *in, const dm_attrs *a, dm_tensor **ex) { oracle_norm(in, a, ex, true, in[1]); }
-static void o_l2(dm_tensor *const *in, const dm_attrs *a, dm_tensor **ex) { oracle_norm(in, a, ex, false, NULL); }
+static void o_l2(dm_tensor *const *in, const dm_attrs *a, dm_tensor **ex) {
+  oracle_norm(in, a, ex, false, NULL);
+  for (int64_t i = 0; i < dm_numel(ex[0]); i++) h_set(ex[0], i, h_get(ex[0], i) * a->v[1]);
+}
 
 /* add_rmsnorm: h and y of one shape, a gain */
 static void in_add_rms(h_rng *r, int k, dm_tensor **in, dm_attrs *a) {
@@ -75,7 +86,7 @@ static void o_add_rms(dm_tensor *const *in, const dm_attrs *a, dm_tensor **ex) {
 static const dm_case cases[] = {
   {"rmsnorm", "gain, odd rows", in_rms_gain, o_rms, .trials = 12, .perf_trial = PERF + 1},
   {"rmsnorm", "no gain", in_rms_plain, o_rms, .trials = 8},
-  {"l2norm", "odd rows", in_rms_plain, o_l2, .trials = 12},
+  {"l2norm", "odd rows, scaled", in_l2, o_l2, .trials = 12},
   {"add_rmsnorm", "gain, odd rows", in_add_rms, o_add_rms, .trials = 12, .perf_trial = PERF + 1},
 };
 DM_REGISTER_CASES(cases)

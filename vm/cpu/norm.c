@@ -48,33 +48,33 @@ typedef struct rown {
   dm_dtype dt;
   int64_t d;                    /* row length */
   double div;                   /* D (rms) or 1 (l2) */
-  const char *gain;             /* a double 1.0 with stride 0 when there is no gain */
+  const char *gain;             /* scale_v (a double) with stride 0 when there is no gain */
   dm_dtype gdt;
   int64_t gs;
   bool fast;                    /* f32, unit stride everywhere */
   double *acc;                  /* the gain's gradient, when asked for (backward) */
-  void *scratch;                /* one block for acc and the fast path's ones */
+  void *scratch;                /* one block for acc and the fast path's row of scale */
+  double scale_v;               /* what stands in for the gain when there is none */
 } rown;
 
-static const double one = 1.0;
-
 /* one allocation for the scratch, so that running out of memory leaks nothing */
-static void rown_init(rown *u, int kind, const dm_tensor *x, const dm_tensor *gain, bool with_acc) {
+static void rown_init(rown *u, int kind, const dm_tensor *x, const dm_tensor *gain, double scale, bool with_acc) {
   memset(u, 0, sizeof *u);
+  u->scale_v = scale;
   u->kind = kind;
   u->dt = x->dtype;
   u->d = row_len(x);
   u->div = kind == DM_NORM_RMS ? (double)u->d : 1.0;
   if (gain) { u->gain = dm_data(gain); u->gdt = gain->dtype; u->gs = row_step(gain); }
-  else { u->gain = (const char *)&one; u->gdt = DM_F64; u->gs = 0; }
+  else { u->gain = (const char *)&u->scale_v; u->gdt = DM_F64; u->gs = 0; }
   u->fast = x->dtype == DM_F32 && row_step(x) == 4 && (!gain || u->gs == 4);
-  bool ones = u->fast && !gain;                  /* the fast path's gain when there is none */
+  bool ones = u->fast && !gain;                  /* the fast path's gain when there is none: scale's */
   size_t nacc = with_acc ? (size_t)u->d : 0, nones = ones ? (size_t)u->d : 0;
   if (with_acc || ones) u->scratch = dm_xcalloc(nacc * sizeof(double) + nones * sizeof(float), 1);
   u->acc = with_acc ? u->scratch : NULL;
   if (ones) {
     float *g = (float *)((double *)u->scratch + nacc);
-    for (int64_t j = 0; j < u->d; j++) g[j] = 1;
+    for (int64_t j = 0; j < u->d; j++) g[j] = (float)scale;
     u->gain = (const char *)g;
   }
 }
@@ -101,9 +101,9 @@ static void rownorm_row(const rown *u, char *y, int64_t ys, const char *x, int64
 }
 
 static void cpu_rownorm(int kind, dm_tensor *y, dm_tensor *rstd, const dm_tensor *x, const dm_tensor *gain,
-                        double eps) {
+                        double eps, double scale) {
   rown u;
-  rown_init(&u, kind, x, gain, false);
+  rown_init(&u, kind, x, gain, scale, false);
   int64_t rows = n_rows(x), xs = row_step(x), ys = row_step(y);
   for (int64_t r = 0; r < rows; r++) {
     double rs;
@@ -167,9 +167,9 @@ static void rownorm_bwd_row(const rown *u, char *gx, int64_t gxs, double *acc, c
 }
 
 static void cpu_rownorm_bwd(int kind, dm_tensor *gx, dm_tensor *ggain, const dm_tensor *g, const dm_tensor *x,
-                            const dm_tensor *gain, const dm_tensor *rstd) {
+                            const dm_tensor *gain, const dm_tensor *rstd, double scale) {
   rown u;
-  rown_init(&u, kind, x, gain, ggain != NULL);
+  rown_init(&u, kind, x, gain, scale, ggain != NULL);
   int64_t rows = n_rows(x), xs = row_step(x), gs = row_step(g), gxs = gx ? row_step(gx) : 0;
   bool fast = u.fast && gs == 4 && (!gx || gxs == 4);
   double *acc = u.acc;
@@ -211,14 +211,14 @@ static void cpu_add_rownorm(dm_tensor *s, dm_tensor *x, dm_tensor *u, dm_tensor 
     char *px = dm_data(held);
     for (int64_t i = 0, n = dm_numel(s); i < n; i++) dm_store(held->dtype, px + i * xs, dm_load(s->dtype, ps + i * hs));
   }
-  cpu_rownorm(DM_NORM_RMS, u, rstd, held, gain, eps);
+  cpu_rownorm(DM_NORM_RMS, u, rstd, held, gain, eps, 1.0);
   if (!x && held != s) dm_release(held);
 }
 
 static void cpu_add_rownorm_bwd(dm_tensor *gs, dm_tensor *gy, const dm_tensor *g, const dm_tensor *gu,
                                 const dm_tensor *x, const dm_tensor *gain, const dm_tensor *rstd) {
   dm_tensor *gx = dm_tensor_new(DM_CPU, x->dtype, x->ndim, x->shape);
-  cpu_rownorm_bwd(DM_NORM_RMS, gx, NULL, gu, x, gain, rstd);
+  cpu_rownorm_bwd(DM_NORM_RMS, gx, NULL, gu, x, gain, rstd, 1.0);
   add_into(gs, g, gx);
   dm_release(gx);
   if (gy) {

@@ -3,7 +3,7 @@
 ** backward kernel:
 **
 **   rmsnorm(x, gain?; eps)         x / sqrt(mean(x^2) + eps) * gain over the last dim
-**   l2norm(x; eps)                 x / sqrt(sum(x^2) + eps) over the last dim
+**   l2norm(x; eps, scale)          x / sqrt(sum(x^2) + eps) * scale over the last dim
 **   add_rmsnorm(h, y, gain?; eps)  s = h + y, u = rmsnorm(s in y's dtype) * gain
 **
 ** Both are one forward and one backward over the "rownorm" kernels, their
@@ -18,7 +18,9 @@
 #include "ops/norm.h"
 #include "ops/prims.h"      /* the gain's column sums' scratch */
 
-/* saved tensor i, or NULL when the forward saved fewer (an absent optional input, saved last) */
+/* what stands in for the gain when there is none: l2norm's scale (its second attribute), else 1 */
+static double norm_scale(const dm_ctx *c) { return c->op->kind == DM_NORM_L2 ? dm_attr(c, 1) : 1.0; }
+
 static void rownorm_forward(dm_ctx *c) {
   const char *name = c->op->name;
   dm_tensor *x = c->in[0], *gain = c->n_in > 1 ? c->in[1] : NULL;
@@ -26,6 +28,7 @@ static void rownorm_forward(dm_ctx *c) {
   dm_check_float(name, "x", x);
   if (x->ndim == 0) dm_error("%s: x must have at least 1 dim (the one normalised), got a 0-dim tensor", name);
   if (!(eps >= 0) || isinf(eps)) dm_error("%s: eps must be a finite number >= 0, got %g", name, eps);
+  if (!isfinite(norm_scale(c))) dm_error("%s: scale must be a finite number, got %g", name, norm_scale(c));
   if (gain) {
     char sx[128], sg[128];
     dm_check_dtype_equal(name, x, gain);
@@ -35,7 +38,7 @@ static void rownorm_forward(dm_ctx *c) {
   }
   dm_tensor *y = dm_tensor_new(x->device, x->dtype, x->ndim, x->shape);
   dm_tensor *rstd = dm_row_stat(c, x);
-  DM_RUN(rownorm, x->device, c->op->kind, y, rstd, x, gain, eps);
+  DM_RUN(rownorm, x->device, c->op->kind, y, rstd, x, gain, eps, norm_scale(c));
   dm_save(c, x);
   if (rstd) { dm_save(c, rstd); dm_release(rstd); }
   if (gain) dm_save(c, gain);
@@ -52,7 +55,7 @@ static void rownorm_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **gin)
     dm_plan_scratch(dm_colsum_scratch(D ? dm_numel(x) / D : 0, D, card->sm_count),
                     "rmsnorm gain partials (kernels/norm.cu cuda_rownorm_bwd)");
   }
-  DM_RUN(rownorm_bwd, x->device, c->op->kind, gx, gg, gout[0], x, gain, rstd);
+  DM_RUN(rownorm_bwd, x->device, c->op->kind, gx, gg, gout[0], x, gain, rstd, norm_scale(c));
   gin[0] = gx;
   if (gain) gin[1] = gg;
 }
@@ -111,7 +114,7 @@ static dm_tensor *add_rownorm_grads(dm_ctx *c, dm_tensor *g, dm_tensor *gu, dm_t
     return gs;
   }
   dm_tensor *gx = dm_tensor_new(x->device, x->dtype, x->ndim, x->shape);
-  DM_RUN(rownorm_bwd, x->device, DM_NORM_RMS, gx, NULL, gu, x, gain, rstd);
+  DM_RUN(rownorm_bwd, x->device, DM_NORM_RMS, gx, NULL, gu, x, gain, rstd, 1.0);
   dm_tensor *gxh = gx->dtype == hdt ? (dm_retain(gx), gx) : dm_cast(gx, hdt);
   dm_tensor *gs = dm_add(g, gxh);                  /* s's gradient: its own and the norm's, as autograd sums */
   dm_release(gxh);
@@ -130,7 +133,7 @@ static void add_rownorm_backward(dm_ctx *c, dm_tensor *const *gout, dm_tensor **
       dm_plan_scratch(dm_colsum_scratch(D ? dm_numel(x) / D : 0, D, card->sm_count),
                       "add_rmsnorm gain partials (kernels/norm.cu cuda_rownorm_bwd)");
     }
-    DM_RUN(rownorm_bwd, x->device, DM_NORM_RMS, NULL, gg, gout[1], x, gain, rstd);
+    DM_RUN(rownorm_bwd, x->device, DM_NORM_RMS, NULL, gg, gout[1], x, gain, rstd, 1.0);
     gin[2] = gg;
   }
   dm_tensor *gy, *gs = add_rownorm_grads(c, gout[0], gout[1], x, gain, rstd, &gy);
@@ -144,8 +147,8 @@ static dm_op ops[] = {
    .args = "x [..., D], gain [D]", .lua = DM_LUA_METHOD,
    .n_in = 2, .n_out = 1, .attrs = "eps~1e-6", .optional = 2, .kind = DM_NORM_RMS,
    .forward = rownorm_forward, .backward = rownorm_backward},
-  {.name = "l2norm", .doc = "x / sqrt(sum(x^2 over the last dim) + eps)",
-   .args = "x [..., D]", .lua = DM_LUA_METHOD, .n_in = 1, .n_out = 1, .attrs = "eps~1e-6", .kind = DM_NORM_L2,
+  {.name = "l2norm", .doc = "x / sqrt(sum(x^2 over the last dim) + eps) * scale",
+   .args = "x [..., D]", .lua = DM_LUA_METHOD, .n_in = 1, .n_out = 1, .attrs = "eps~1e-6,scale~1", .kind = DM_NORM_L2,
    .forward = rownorm_forward, .backward = rownorm_backward},
   {.name = "add_rmsnorm", .doc = "s = h + y (in h's dtype), u = rmsnorm(s in y's dtype) * gain (gain [D], optional): "
                                  "a residual add and the next norm, the bits of the add, the cast and rmsnorm",
@@ -170,7 +173,7 @@ dm_tensor *dm_rmsnorm(dm_tensor *x, dm_tensor *gain, double eps) {
   return call1(&ops[0], 2, in, 1, &eps);
 }
 
-dm_tensor *dm_l2norm(dm_tensor *x, double eps) { return call1(&ops[1], 1, &x, 1, &eps); }
+dm_tensor *dm_l2norm(dm_tensor *x, double eps) { return call1(&ops[1], 1, &x, 2, (double[]){eps, 1.0}); }
 
 dm_tensor *dm_add_rmsnorm(dm_tensor *h, dm_tensor *y, dm_tensor *gain, double eps, dm_tensor **u) {
   dm_tensor *in[3] = {h, y, gain}, *out[DM_MAXOUT];

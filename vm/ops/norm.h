@@ -14,13 +14,13 @@
 enum { DM_NORM_RMS, DM_NORM_L2 };
 
 /* "rownorm": y = x * rstd * gain, rstd = 1 / sqrt(sum(x^2) / div + eps) per row;
-** gain [D] or NULL; rstd [rows] or NULL (not recording). */
+** gain [D], or NULL: the number scale in its place; rstd [rows] or NULL (not recording). */
 typedef void (*dm_rownorm_k)(int kind, dm_tensor *y, dm_tensor *rstd, const dm_tensor *x,
-                             const dm_tensor *gain, double eps);
+                             const dm_tensor *gain, double eps, double scale);
 /* "rownorm_bwd": gx and ggain (either NULL when not wanted) from g; ggain is
-** reduced over rows in row order (deterministic) */
+** reduced over rows in row order (deterministic); scale as rownorm's */
 typedef void (*dm_rownorm_bwd_k)(int kind, dm_tensor *gx, dm_tensor *ggain, const dm_tensor *g,
-                                 const dm_tensor *x, const dm_tensor *gain, const dm_tensor *rstd);
+                                 const dm_tensor *x, const dm_tensor *gain, const dm_tensor *rstd, double scale);
 
 /* "add_rownorm": a residual add and the next norm in one pass, the same bits as the add, the
 ** cast and rmsnorm that it replaces: s = h + y in h's dtype (y's elements converted), x = s in

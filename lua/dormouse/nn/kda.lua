@@ -40,6 +40,10 @@ function KDA:init(d, heads, head_dim, opts)
   opts = opts or {}
   local hd = heads * head_dim
   self.heads, self.head_dim = heads, head_dim
+  -- q's scale dk^-1/2 inside its l2norm where it is a power of two (the bits of the norm and then the
+  -- product: a power of two scales without rounding), else a product of its own (q_scale 1)
+  local e = math.log(head_dim ^ -0.5, 2)
+  self.q_scale = e == math.floor(e) and head_dim ^ -0.5 or 1
   self.gate = opts.gate or schema.default("model.kda.gate")
   self.gate_lb = opts.gate_lb or schema.default("model.kda.gate_lb")
   self:child("wq", nn.Linear(d, hd))
@@ -122,7 +126,8 @@ function KDA:forward(u, state, at)
   -- the products of u: one, with the weights stacked, in generation's one-byte step (nn.products)
   local pq, pk, pv, pb, pg, po = table.unpack(nn.products(u, {self.wq, self.wk, self.wv, self.wb, self.wg1,
                                                               self.wo1}))
-  local q = conv(pq, "q"):reshape(heads):l2norm(1e-6) * dh ^ -0.5
+  local q = conv(pq, "q"):reshape(heads):l2norm(1e-6, self.q_scale)
+  if self.q_scale == 1 then q = q * dh ^ -0.5 end
   local k = conv(pk, "k"):reshape(heads):l2norm(1e-6)
   local v = conv(pv, "v"):reshape(heads)
   local beta = pb:to(self.A_log.dtype):sigmoid()
