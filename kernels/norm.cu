@@ -213,10 +213,11 @@ static void cuda_rownorm_bwd(int kind, dm_tensor *gx, dm_tensor *ggain, const dm
 ** dtype and added in h's compute type (the copy and binary kernels), s cast to y's dtype, and the
 ** sum of squares taken over x's elements in the order rownorm's kernel would take them (V
 ** neighbouring elements a lane where rownorm_vk would run on x, else one), so u and rstd are
-** rmsnorm's. The second pass reads s back (the lane wrote it). */
+** rmsnorm's. The second pass reads s back (the lane wrote it). scale (1) stands in for a missing gain
+** read at run time, as rownorm's kernels read theirs: the products then contract alike. */
 template <int DH, int DY, int V>
 __global__ void add_rownorm_k(S_<DH> *s, S_<DY> *x, S_<DY> *u, C_<DY> *rstd, const S_<DH> *h, const S_<DY> *y,
-                              const S_<DY> *gain, int64_t gs, int64_t rows, int64_t D, double eps) {
+                              const S_<DY> *gain, int64_t gs, int64_t rows, int64_t D, double eps, double scale) {
   typedef C_<DY> C;
   const int lane = threadIdx.x & 31;
   DM_WARP_LOOP(r, rows) {
@@ -240,7 +241,7 @@ __global__ void add_rownorm_k(S_<DH> *s, S_<DY> *x, S_<DY> *u, C_<DY> *rstd, con
 #pragma unroll
       for (int i = 0; i < V; i++) {
         C v = dt<DY>::load(dt<DY>::store(dt<DH>::load(s[o + j + i])));
-        u[o + j + i] = dt<DY>::store(v * rs * (gain ? dt<DY>::load(gain[(j + i) * gs]) : (C)1));
+        u[o + j + i] = dt<DY>::store(v * rs * (gain ? dt<DY>::load(gain[(j + i) * gs]) : (C)scale));
       }
     }
     if (rstd && lane == 0) rstd[r] = rs;
@@ -257,7 +258,7 @@ static void launch_add_rownorm(dm_tensor *s, dm_tensor *x, dm_tensor *u, dm_tens
   k<<<dm_row_blocks(rows), DM_THREADS, 0, dm_cuda_stream()>>>(
       (S_<DH> *)dm_data(s), x ? (S_<DY> *)dm_data(x) : NULL, (S_<DY> *)dm_data(u),
       rstd ? (C_<DY> *)dm_data(rstd) : NULL, (const S_<DH> *)dm_data(h), (const S_<DY> *)dm_data(y),
-      gain ? (const S_<DY> *)dm_data(gain) : NULL, gain ? gain->strides[0] : 0, rows, D, eps);
+      gain ? (const S_<DY> *)dm_data(gain) : NULL, gain ? gain->strides[0] : 0, rows, D, eps, 1.0);
   DM_CU_LAUNCHED();
 }
 
@@ -291,7 +292,8 @@ __device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(
 ** cast and the add would, and gs rounded to y's dtype as the cast would. */
 template <int DH, int DY, int V>
 __global__ void add_rownorm_bwd_k(S_<DH> *gs, S_<DY> *gy, const S_<DH> *g, const S_<DY> *gu, const S_<DY> *x,
-                                  const S_<DY> *gain, int64_t gst, const C_<DY> *rstd, int64_t rows, int64_t D) {
+                                  const S_<DY> *gain, int64_t gst, const C_<DY> *rstd, int64_t rows, int64_t D,
+                                  double scale) {
   typedef C_<DY> C;
   const int lane = threadIdx.x & 31;
   const double div = (double)D;
@@ -302,7 +304,7 @@ __global__ void add_rownorm_bwd_k(S_<DH> *gs, S_<DY> *gy, const S_<DH> *g, const
 #pragma unroll
       for (int i = 0; i < V; i++) {
         C gv = dt<DY>::load(gu[o + j + i]), xv = dt<DY>::load(x[o + j + i]);
-        C gn = gain ? dt<DY>::load(gain[(j + i) * gst]) : (C)1;
+        C gn = gain ? dt<DY>::load(gain[(j + i) * gst]) : (C)scale;
         dot += gv * gn * xv;
       }
     }
@@ -314,7 +316,7 @@ __global__ void add_rownorm_bwd_k(S_<DH> *gs, S_<DY> *gy, const S_<DH> *g, const
       for (int i = 0; i < V; i++) {
         const int64_t e = o + j + i;
         C gv = dt<DY>::load(gu[e]), xv = dt<DY>::load(x[e]);
-        C gn = gain ? dt<DY>::load(gain[(j + i) * gst]) : (C)1;
+        C gn = gain ? dt<DY>::load(gain[(j + i) * gst]) : (C)scale;
         S_<DY> gx = dt<DY>::store(rs * (gv * gn - xv * c));
         /* rounded apart, as two kernels round it: no contraction of the product into the add */
         S_<DH> sv = dt<DH>::store(add_rn(dt<DH>::load(g[e]), dt<DH>::load(dt<DH>::store(dt<DY>::load(gx)))));
@@ -336,7 +338,7 @@ static void launch_add_rownorm_bwd(dm_tensor *gs, dm_tensor *gy, const dm_tensor
   k<<<dm_row_blocks(rows), DM_THREADS, 0, dm_cuda_stream()>>>(
       (S_<DH> *)dm_data(gs), gy ? (S_<DY> *)dm_data(gy) : NULL, (const S_<DH> *)dm_data(g),
       (const S_<DY> *)dm_data(gu), (const S_<DY> *)dm_data(x), gain ? (const S_<DY> *)dm_data(gain) : NULL,
-      gain ? gain->strides[0] : 0, (const C_<DY> *)dm_data(rstd), rows, D);
+      gain ? gain->strides[0] : 0, (const C_<DY> *)dm_data(rstd), rows, D, 1.0);
   DM_CU_LAUNCHED();
 }
 
