@@ -247,3 +247,26 @@ describe("l2norm's scale", function()
     end), "l2norm: scale must be a finite number")
   end)
 end)
+
+describe("nn.residual's one op for the add and the next norm", function()
+  it("runs without grad over at most 4,096 rows only: training and large passes keep the four ops", function()
+    local config, train = require "dormouse.config", require "dormouse.train"
+    local cfg = config.load("experiments/tiny.lua", {})
+    local m = nn.build({device = "cpu", compute_dtype = "f32"}, train.build_model, cfg, ".")
+    local function calls(grad, B, T)
+      local x = dm.zeros({B, T + 1}, {dtype = "u8"})
+      local prefix = dm.zeros({B, m:context()}, {dtype = "u8"})
+      dm.profile.start()
+      dm.scope(function()
+        if grad then m:forward(x, prefix) else dm.no_grad(function() m:forward(x, prefix) end) end
+      end)
+      dm.autograd.clear()
+      local n = 0
+      for _, r in ipairs(dm.profile.stop()) do if r.name == "add_rmsnorm" then n = n + r.calls end end
+      return n
+    end
+    assert.equal(3 * cfg.model.max_iter - 1, calls(false, 2, 3))
+    assert.equal(0, calls(true, 2, 3))
+    assert.equal(0, calls(false, 2, 2049))           -- 4,098 rows
+  end)
+end)
