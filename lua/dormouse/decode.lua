@@ -121,7 +121,8 @@ end
 
 -- Free the tensors of `state` that neither `kept` (a tensor_set) nor the slots' buffers hold.
 function Decoder:free_state_but(state, kept)
-  local buffers = tensor_set(self.state)
+  self.buffer_set = self.buffer_set or tensor_set(self.state)        -- (the buffers never change)
+  local buffers = self.buffer_set
   segments.each(state, function(_, _, t) if not (kept[t] or buffers[t]) then t:free() end end)
 end
 
@@ -231,7 +232,7 @@ function Decoder:free()
   if self.graph then self.graph:free(); self.graph = nil end
   nn.release_copies(self.copies)
   segments.free(self.state)
-  self.state = nil
+  self.state, self.buffer_set = nil, nil
   for _, t in ipairs {self.x, self.prefix, self.seeds, self.counts, self.out, self.qlog} do t:free() end
 end
 
