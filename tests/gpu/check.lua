@@ -374,10 +374,20 @@ end
 -- dm.add_rmsnorm on CUDA: the bits of the add, the casts and rmsnorm it stands for, forward and
 -- backward, on rows of the model's width (the vector order) and odd ones (a lane an element)
 do
-  -- gain_kind: nil (a gain), "none", or "strided" (every other element of a longer one)
+  -- gain_kind: nil (a gain), "none", "strided" (every other element of a longer one), or "shifted"
+  -- (a gain, and h and y contiguous but one element into their storage: not on 16-byte boundaries)
+  -- the input [rows, D] and the leaf whose gradient holds its own
+  local function input(rows, D, seed, dt, shifted)
+    if not shifted then
+      local t = dm.randn({rows, D}, {seed = seed, dtype = dt}):cuda():requires_grad(true)
+      return t, t
+    end
+    local flat = dm.randn({rows * D + 1}, {seed = seed, dtype = dt}):cuda():requires_grad(true)
+    return flat:narrow(1, 2, rows * D):reshape({rows, D}), flat
+  end
   local function run(fused, hdt, ydt, rows, D, gain_kind)
-    local h = dm.randn({rows, D}, {seed = 1, dtype = hdt}):cuda():requires_grad(true)
-    local y = dm.randn({rows, D}, {seed = 2, dtype = ydt}):cuda():requires_grad(true)
+    local h, h_leaf = input(rows, D, 1, hdt, gain_kind == "shifted")
+    local y, y_leaf = input(rows, D, 2, ydt, gain_kind == "shifted")
     local gain = (dm.rand({D}, {seed = 3}) + 0.5):to(ydt):cuda():requires_grad(true)
     local g_in = gain
     if gain_kind == "none" then g_in = nil
@@ -397,7 +407,7 @@ do
       end
       ;((s * ws):sum():to("f64") + (u * wu):sum():to("f64")):backward()
       local out = {}
-      for k, t in pairs {s = s:detach(), u = u:detach(), h = h.grad, y = y.grad, gain = g_in and gain.grad} do
+      for k, t in pairs {s = s:detach(), u = u:detach(), h = h_leaf.grad, y = y_leaf.grad, gain = g_in and gain.grad} do
         out[k] = t:to("cpu")
       end
       return out
@@ -407,7 +417,7 @@ do
     check(string.format("add_rmsnorm, h %s and y %s: the bits of the add, the casts and rmsnorm", case[1], case[2]),
           function()
       for _, shape in ipairs {{5, 7}, {3, 300}, {4, 2048}, {1, 2048}, {33, 1024}} do
-        for _, gk in ipairs {false, "none", "strided"} do
+        for _, gk in ipairs {false, "none", "strided", "shifted"} do
           local a = run(true, case[1], case[2], shape[1], shape[2], gk or nil)
           local b = run(false, case[1], case[2], shape[1], shape[2], gk or nil)
           for _, k in ipairs {"s", "u", "h", "y", "gain"} do
