@@ -216,10 +216,12 @@ static void cuda_rownorm_bwd(int kind, dm_tensor *gx, dm_tensor *ggain, const dm
 ** rmsnorm's. The second pass reads s back (the lane wrote it). scale (1) stands in for a missing gain
 ** read at run time, as rownorm's kernels read theirs: the products then contract alike. With VL
 ** (every row 16-byte aligned) a lane's V elements move as whole 16-byte words: the same elements in
-** the same order, so the same bits, in a quarter to an eighth of the memory instructions. */
+** the same order, so the same bits. The loads stay 16-byte loads; in the unrolled main loop the
+** compiler splits some of the stores (f32 rows among them) into narrower ones. */
 
 /* N neighbouring storage elements through 16-byte words (p and out 16-byte aligned), or one by one */
 template <bool VL, typename S, int N> __device__ __forceinline__ void raw_load(S *out, const S *p) {
+  static_assert(!VL || N * sizeof(S) % 16 == 0, "raw_load: whole 16-byte words only");
   if (VL) {
 #pragma unroll
     for (int k = 0; k < (int)(N * sizeof(S) / 16); k++) ((uint4 *)out)[k] = ((const uint4 *)p)[k];
@@ -230,6 +232,7 @@ template <bool VL, typename S, int N> __device__ __forceinline__ void raw_load(S
 }
 
 template <bool VL, typename S, int N> __device__ __forceinline__ void raw_store(S *p, const S *in) {
+  static_assert(!VL || N * sizeof(S) % 16 == 0, "raw_store: whole 16-byte words only");
   if (VL) {
 #pragma unroll
     for (int k = 0; k < (int)(N * sizeof(S) / 16); k++) ((uint4 *)p)[k] = ((const uint4 *)in)[k];

@@ -422,7 +422,8 @@ do
           local b = run(false, case[1], case[2], shape[1], shape[2], gk or nil)
           for _, k in ipairs {"s", "u", "h", "y", "gain"} do
             assert((a[k] == nil) == (b[k] == nil) and (a[k] == nil or dm.allclose(a[k], b[k], {rtol = 0, atol = 0})),
-                   string.format("%s differs at [%d, %d]%s: %.3g", k, shape[1], shape[2], gk and ", gain " .. gk or "",
+                   string.format("%s differs at [%d, %d]%s: %.3g", k, shape[1], shape[2],
+                                 gk == "shifted" and ", inputs shifted" or gk and ", gain " .. gk or "",
                                  a[k] and b[k] and rel(a[k], b[k]) or 0))
           end
         end

@@ -316,16 +316,9 @@ tensors) are returned as well, kept past the branch's scope.
 opts.u: norm(h), made already (by the branch before, below). opts.next: the
 norm of the branch after this one, whose input the sum is: the call returns
 the sum, the next norm's output (that branch's opts.u), then fn's other
-results. Without grad over at most FUSED_ADD_NORM rows the sum and the norm
+results. Where the branch's output is in the norm's dtype the sum and the norm
 come from one op (dm.add_rmsnorm: the bits of the add, the casts and the norm
-in one pass); else from those ops. ]]
--- The most rows a pass makes nn.residual's sum and next norm one op for (a decoder's streams), and
--- only without grad: there the step is bound by launches. The op's kernels read element by element
--- (kernels/norm.cu), and on b1's training step (B 8 x T 1024, one H100) they took 8.0 ms where the
--- four ops they stand for took about 5.3 (the step was 2.8 ms slower); until they read in 16-byte
--- vectors, larger passes and training keep the four.
-local FUSED_ADD_NORM = 4096
-
+in one pass, forward and backward); else from those ops. ]]
 function nn.residual(h, norm, fn, opts)
   local after = opts and opts.next
   local y, carried, carried_at = dm.scope(function()
@@ -334,9 +327,9 @@ function nn.residual(h, norm, fn, opts)
   end)
   if not after then return h + y, carried, carried_at end
   local s, u
-  if y.dtype == after:activation_dtype(h.dtype) and not dm.grad_enabled() and h:numel() <= FUSED_ADD_NORM * h:size(-1) then
+  if y.dtype == after:activation_dtype(h.dtype) then
     s, u = after:add_forward(h, y)
-  else          -- training, a large pass, or a branch whose output is not in the norm's dtype: the ops apart
+  else          -- a branch whose output is not in the norm's dtype: the ops apart
     s = h + y:to(h.dtype)
     u = after:forward(after:activation(s))
   end
