@@ -33,7 +33,8 @@ return {
     load_active = {["model.moe.update_by_load"] = "active"},
     aux_3e3_load_share = {["model.moe.router_dtype"] = "f32", ["model.moe.aux_balance"] = 3e-3,
                           ["model.moe.update_by_load"] = "share"},
-    -- the one weight that kept the dead under 100 (aux_f32), with each expert's update by its share
+    -- the one weight that kept the dead under 100 (aux_f32), with each expert's update by its share: on seed 1
+    -- the first arm to meet the three balance targets (docs/training.md, "Balance at b1")
     aux_f32_load_share = {["model.moe.balance"] = "sign", ["model.moe.router_dtype"] = "f32",
                           ["model.moe.aux_balance"] = 1e-2, ["model.moe.update_by_load"] = "share"},
   },
