@@ -219,26 +219,16 @@ static void cuda_rownorm_bwd(int kind, dm_tensor *gx, dm_tensor *ggain, const dm
 ** the same order, so the same bits. The loads stay 16-byte loads; in the unrolled main loop the
 ** compiler splits some of the stores (f32 rows among them) into narrower ones. */
 
-/* N neighbouring storage elements through 16-byte words (p and out 16-byte aligned), or one by one */
-template <bool VL, typename S, int N> __device__ __forceinline__ void raw_load(S *out, const S *p) {
-  static_assert(!VL || N * sizeof(S) % 16 == 0, "raw_load: whole 16-byte words only");
+/* N neighbouring storage elements from src to dst (registers or memory) through 16-byte words
+** (both 16-byte aligned), or one by one */
+template <bool VL, typename S, int N> __device__ __forceinline__ void raw_copy(S *dst, const S *src) {
+  static_assert(!VL || N * sizeof(S) % 16 == 0, "raw_copy: whole 16-byte words only");
   if (VL) {
 #pragma unroll
-    for (int k = 0; k < (int)(N * sizeof(S) / 16); k++) ((uint4 *)out)[k] = ((const uint4 *)p)[k];
+    for (int k = 0; k < (int)(N * sizeof(S) / 16); k++) ((uint4 *)dst)[k] = ((const uint4 *)src)[k];
   } else {
 #pragma unroll
-    for (int i = 0; i < N; i++) out[i] = p[i];
-  }
-}
-
-template <bool VL, typename S, int N> __device__ __forceinline__ void raw_store(S *p, const S *in) {
-  static_assert(!VL || N * sizeof(S) % 16 == 0, "raw_store: whole 16-byte words only");
-  if (VL) {
-#pragma unroll
-    for (int k = 0; k < (int)(N * sizeof(S) / 16); k++) ((uint4 *)p)[k] = ((const uint4 *)in)[k];
-  } else {
-#pragma unroll
-    for (int i = 0; i < N; i++) p[i] = in[i];
+    for (int i = 0; i < N; i++) dst[i] = src[i];
   }
 }
 
@@ -253,8 +243,8 @@ __global__ void add_rownorm_k(S_<DH> *s, S_<DY> *x, S_<DY> *u, C_<DY> *rstd, con
     const int64_t o = r * D;
     C ss = 0;
     for (int64_t j = lane * V; j < D; j += 32 * V) {
-      raw_load<VL, S_<DH>, V>(hv, h + o + j);
-      raw_load<VL, S_<DY>, V>(yv, y + o + j);
+      raw_copy<VL, S_<DH>, V>(hv, h + o + j);
+      raw_copy<VL, S_<DY>, V>(yv, y + o + j);
 #pragma unroll
       for (int i = 0; i < V; i++) {
         sv[i] = dt<DH>::store(dt<DH>::load(hv[i]) + dt<DH>::load(dt<DH>::store(dt<DY>::load(yv[i]))));
@@ -262,21 +252,21 @@ __global__ void add_rownorm_k(S_<DH> *s, S_<DY> *x, S_<DY> *u, C_<DY> *rstd, con
         C v = dt<DY>::load(xv[i]);
         ss += v * v;
       }
-      raw_store<VL, S_<DH>, V>(s + o + j, sv);
-      if (x) raw_store<VL, S_<DY>, V>(x + o + j, xv);
+      raw_copy<VL, S_<DH>, V>(s + o + j, sv);
+      if (x) raw_copy<VL, S_<DY>, V>(x + o + j, xv);
     }
     ss = dm_warp_sum(ss);
     C rs = (C)(1 / sqrt((double)ss / (double)D + eps));
     for (int64_t j = lane * V; j < D; j += 32 * V) {
-      raw_load<VL, S_<DH>, V>(sv, s + o + j);
-      if (gain && VL) raw_load<VL, S_<DY>, V>(gv, gain + j);
+      raw_copy<VL, S_<DH>, V>(sv, s + o + j);
+      if (gain && VL) raw_copy<VL, S_<DY>, V>(gv, gain + j);
 #pragma unroll
       for (int i = 0; i < V; i++) {
         C v = dt<DY>::load(dt<DY>::store(dt<DH>::load(sv[i])));
         C g = gain ? dt<DY>::load(VL ? gv[i] : gain[(j + i) * gs]) : (C)scale;
         xv[i] = dt<DY>::store(v * rs * g);
       }
-      raw_store<VL, S_<DY>, V>(u + o + j, xv);
+      raw_copy<VL, S_<DY>, V>(u + o + j, xv);
     }
     if (rstd && lane == 0) rstd[r] = rs;
   }
@@ -340,9 +330,9 @@ __global__ void add_rownorm_bwd_k(S_<DH> *gs, S_<DY> *gy, const S_<DH> *g, const
     const int64_t o = r * D;
     C dot = 0;
     for (int64_t j = lane * V; j < D; j += 32 * V) {
-      raw_load<VL, S_<DY>, V>(uv, gu + o + j);
-      raw_load<VL, S_<DY>, V>(xv, x + o + j);
-      if (gain && VL) raw_load<VL, S_<DY>, V>(nv, gain + j);
+      raw_copy<VL, S_<DY>, V>(uv, gu + o + j);
+      raw_copy<VL, S_<DY>, V>(xv, x + o + j);
+      if (gain && VL) raw_copy<VL, S_<DY>, V>(nv, gain + j);
 #pragma unroll
       for (int i = 0; i < V; i++) {
         C gn = gain ? dt<DY>::load(VL ? nv[i] : gain[(j + i) * gst]) : (C)scale;
@@ -353,10 +343,10 @@ __global__ void add_rownorm_bwd_k(S_<DH> *gs, S_<DY> *gy, const S_<DH> *g, const
     double rd = (double)rstd[r];
     C rs = (C)rd, c = (C)(rd * rd * (double)dot / div);
     for (int64_t j = lane * V; j < D; j += 32 * V) {
-      raw_load<VL, S_<DY>, V>(uv, gu + o + j);
-      raw_load<VL, S_<DY>, V>(xv, x + o + j);
-      raw_load<VL, S_<DH>, V>(hv, g + o + j);
-      if (gain && VL) raw_load<VL, S_<DY>, V>(nv, gain + j);
+      raw_copy<VL, S_<DY>, V>(uv, gu + o + j);
+      raw_copy<VL, S_<DY>, V>(xv, x + o + j);
+      raw_copy<VL, S_<DH>, V>(hv, g + o + j);
+      if (gain && VL) raw_copy<VL, S_<DY>, V>(nv, gain + j);
 #pragma unroll
       for (int i = 0; i < V; i++) {
         C gn = gain ? dt<DY>::load(VL ? nv[i] : gain[(j + i) * gst]) : (C)scale;
@@ -365,8 +355,8 @@ __global__ void add_rownorm_bwd_k(S_<DH> *gs, S_<DY> *gy, const S_<DH> *g, const
         hv[i] = dt<DH>::store(add_rn(dt<DH>::load(hv[i]), dt<DH>::load(dt<DH>::store(dt<DY>::load(gx)))));
         uv[i] = dt<DY>::store(dt<DH>::load(hv[i]));
       }
-      raw_store<VL, S_<DH>, V>(gs + o + j, hv);
-      if (gy) raw_store<VL, S_<DY>, V>(gy + o + j, uv);
+      raw_copy<VL, S_<DH>, V>(gs + o + j, hv);
+      if (gy) raw_copy<VL, S_<DY>, V>(gy + o + j, uv);
     }
   }
 }
