@@ -7,8 +7,10 @@ replayed; µs a replay (the median of seven timings of 100 replays), and the gra
 
 ROWS (default 1) is the streams a pass: the MoE's assignments are ROWS x top_k. The parts: the
 routed experts' four ops (moe_route, moe_sort, moe_experts, moe_combine) alone and together, the
-whole MoE branch, one d x d product at one row, and one cast. DRY=1: the CPU, tiny, timed by the
-wall clock without graphs (the script itself).
+whole MoE branch; KDA's ops at one position (its short convolution with a cache, q's l2norm, the
+gate, the recurrence) and the whole KDA branch with a state; Engram's alpha; the row norms
+(add_rmsnorm, rmsnorm); one d x d product, one cast and one copy of a row (the floor of a node).
+DRY=1: the CPU, tiny, timed by the wall clock without graphs (the script itself).
 ]]
 local dm = require "dormouse"
 local nn = require "dormouse.nn"
@@ -61,6 +63,23 @@ local y_rows = dm.keep(dm.moe_experts(flat, perm, offsets, W.Ug, W.Uu, W.cg, W.c
 local wc = dm.keep(w:to(W.D.dtype))
 local lin = dm.keep(dm.randn({d, d}, {device = device, dtype = dt}))
 
+-- KDA's and Engram's inputs at one position a stream, as the decoder's step has them
+local kda, H, dk = model.block.kda, cfg.model.heads, cfg.model.head_dim
+local hd = H * dk
+local function rnd(shape, dtype) return dm.keep(dm.randn(shape, {device = device, dtype = dtype or dt})) end
+local conv_w = dm.keep(kda.conv_q:detach():to(dt))
+local conv_x, conv_cache = rnd({rows, 1, hd}), rnd({rows, conv_w:size(2) - 1, hd})
+local q_in = rnd({rows, 1, H, dk})
+local f_in = rnd({rows, 1, H, dk})
+local g_in = dm.keep(dm.kda_gate(f_in, kda.A_log, kda.dt_bias, {kind = kda.gate, lb = kda.gate_lb}))
+local beta = dm.keep(rnd({rows, 1, H}, "f32"):sigmoid())
+local S = rnd({rows, H, dk, dk}, "f32")
+local kda_state = {S = S, q = conv_cache, k = conv_cache, v = conv_cache}
+local h32 = rnd({1, rows, d}, "f32")
+local norm = model.block.rms1
+local engram = model.block.engram
+local alpha_gain = engram and engram.alpha_gain and dm.keep(engram.alpha_gain:detach():to(dt))
+
 local parts = {
   {"moe_route", function() dm.moe_route(logits, moe.lfb_bias, moe.top_k, moe.router_form) end},
   {"moe_sort", function() dm.moe_sort(idx, moe.experts) end},
@@ -72,14 +91,29 @@ local parts = {
     dm.moe_combine(dm.moe_experts(flat, p, o, W.Ug, W.Uu, W.cg, W.cu, W.D, moe.top_k, W.fp8), v, ww:to(W.D.dtype))
   end},
   {"the MoE branch (router to write)", function() moe:forward(x) end},
+  {"KDA: a short convolution with its cache", function()
+    dm.causal_conv1d(conv_x, conv_w, {silu = true, cache = conv_cache, return_cache = true})
+  end},
+  {"KDA: q's l2norm", function() q_in:l2norm(1e-6, kda.q_scale) end},
+  {"KDA: kda_gate", function() dm.kda_gate(f_in, kda.A_log, kda.dt_bias, {kind = kda.gate, lb = kda.gate_lb}) end},
+  {"KDA: kda, one position with a state", function()
+    dm.kda(q_in, q_in, q_in, g_in, beta, {initial_state = S, output_final_state = true})
+  end},
+  {"the KDA branch (products to W_o)", function() kda:forward(x, kda_state) end},
+  {"Engram: engram_alpha", engram and function() dm.engram_alpha(x, x, {gain = alpha_gain}) end},
+  {"add_rmsnorm (f32 stream, bf16 branch)", function() norm:add_forward(h32, x) end},
+  {"rmsnorm", function() norm:forward(x) end},
   {"a d x d product", function() dm.linear(flat, lin) end},
   {"a cast to f32", function() flat:to("f32") end},
+  {"a copy of the rows", function() flat:clone() end},
 }
 print(string.format("b1's decode parts at %d row%s (%s, %s), µs a replay of a captured graph", rows,
                     rows == 1 and "" or "s", DRY and "tiny, the CPU's wall clock" or "bf16", device))
-print(string.format("| %-34s | %9s | %5s |", "part", "µs", "nodes"))
+print(string.format("| %-40s | %9s | %5s |", "part", "µs", "nodes"))
 print("|---|---|---|")
 for _, p in ipairs(parts) do
+  if not p[2] then goto skip end                  -- a part the model lacks
   local us, nodes = time(p[2])
-  print(string.format("| %-34s | %9.1f | %5d |", p[1], us, nodes))
+  print(string.format("| %-40s | %9.1f | %5d |", p[1], us, nodes))
+  ::skip::
 end
