@@ -66,6 +66,7 @@ local lin = dm.keep(dm.randn({d, d}, {device = device, dtype = dt}))
 -- KDA's and Engram's inputs at one position a stream, as the decoder's step has them
 local kda, H, dk = model.block.kda, cfg.model.heads, cfg.model.head_dim
 local hd = H * dk
+local xs = dm.keep(x:reshape({rows, 1, d}))                  -- the streams as KDA's state has them: B rows, T 1
 local function rnd(shape, dtype) return dm.keep(dm.randn(shape, {device = device, dtype = dtype or dt})) end
 local conv_w = dm.keep(kda.conv_q:detach():to(dt))
 local conv_x, conv_cache = rnd({rows, 1, hd}), rnd({rows, conv_w:size(2) - 1, hd})
@@ -99,7 +100,7 @@ local parts = {
   {"KDA: kda, one position with a state", function()
     dm.kda(q_in, q_in, q_in, g_in, beta, {initial_state = S, output_final_state = true})
   end},
-  {"the KDA branch (products to W_o)", function() kda:forward(x, kda_state) end},
+  {"the KDA branch (products to W_o)", function() kda:forward(xs, kda_state) end},
   {"Engram: engram_alpha", engram and function() dm.engram_alpha(x, x, {gain = alpha_gain}) end},
   {"add_rmsnorm (f32 stream, bf16 branch)", function() norm:add_forward(h32, x) end},
   {"rmsnorm", function() norm:forward(x) end},
