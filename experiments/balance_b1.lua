@@ -37,6 +37,10 @@ return {
     -- the first arm to meet the three balance targets (docs/training.md, "Balance at b1")
     aux_f32_load_share = {["model.moe.balance"] = "sign", ["model.moe.router_dtype"] = "f32",
                           ["model.moe.aux_balance"] = 1e-2, ["model.moe.update_by_load"] = "share"},
+    -- the same with the router's product from bf16 operands, its f32 sums kept: the f32 product costs
+    -- b1 about 8% of its tokens/s (router_dtype = f32_sums)
+    aux_sums_load_share = {["model.moe.balance"] = "sign", ["model.moe.router_dtype"] = "f32_sums",
+                           ["model.moe.aux_balance"] = 1e-2, ["model.moe.update_by_load"] = "share"},
   },
   seeds = {1},
   set = {steps = 2000, ["schedule.warmup"] = 200, ["data.path"] = "corpora/english.txt.zst",

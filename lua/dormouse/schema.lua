@@ -278,8 +278,10 @@ local rows = {
       {"balance", enum {"sign", "proportional", "log"}, "sign", "the balancing step: gamma*sign(mean_load - load), " ..
        "gamma*(mean_load - load)/mean_load (proportional: in proportion to the load error), or " ..
        "gamma*log((mean_load + 1)/(load + 1)) (log: symmetric in the load's ratio to the mean)", tune = true},
-      {"router_dtype", enum {"compute", "f32"}, "compute", "the router's product: in the compute dtype " ..
-       "(its scores cast to f32), or in f32 from an f32 copy of its input", tune = true},
+      {"router_dtype", enum {"compute", "f32", "f32_sums"}, "compute", "the router's product: in the compute " ..
+       "dtype (its scores rounded to it, then cast to f32); f32: in f32 from an f32 copy of its input; " ..
+       "f32_sums: from the compute dtype's operands with its f32 sums kept, not rounded (the 16-bit " ..
+       "product's speed)", tune = true},
       {"router_std", optional(num{above = 0}), nil, "std of the router's weights at initialisation (nil = d^-1/2)", tune = true},
       {"router_cosine", optional(num{above = 0}), nil, "an arm: the router's logits s cos(u, w_e), the token's " ..
        "row and each expert's router row at unit length, so that the logits stay in [-s, s] and the balancing " ..

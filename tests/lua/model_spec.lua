@@ -384,6 +384,23 @@ describe("the balancing options", function()
     assert.equal("f32/f32", seen[1])               -- the router first, in f32
     assert.equal("f64/f64", seen[2])               -- the rest in the compute dtype
   end)
+
+  it("router_dtype = f32_sums: the product of the compute dtype's operands, its f32 sums not rounded", function()
+    local m = nn.MoE(8, {experts = 4, top_k = 1, rank = 2, shared_rank = 2, ffn = 4,
+                         router_dtype = "f32_sums"}):compute_in("bf16")
+    local x = dm.randn({5, 8}, {seed = 2}):to("bf16")
+    local want = dm.linear(x:to("f32"), m.router.weight:to("bf16"):to("f32"))   -- exact products, f32 sums
+    local got = dm.no_grad(function() return m:router_scores(x) end)
+    assert.equal("f32", got.dtype)
+    assert.is_true(dm.allclose(got, want, {rtol = 1e-6, atol = 1e-6}))
+    -- the compute dtype's product rounds them: the sums are what this option keeps
+    local rounded = dm.no_grad(function() return m.router:forward(x):to("f32") end)
+    assert.is_false(dm.allclose(rounded, want, {rtol = 1e-6, atol = 1e-6}))
+    -- the router learns through it: its gradient reaches the f32 master
+    local scores = m:router_scores(x)
+    scores:sum():backward()
+    assert.is_true(m.router.weight.grad:abs():sum():item() > 0)
+  end)
 end)
 
 describe("the structural options", function()
@@ -452,6 +469,7 @@ describe("the structural options", function()
   it("router = softmax: the top k of logits + bias, softmax gates, float32 against float64", function()
     grads_agree {"model.moe.router=softmax"}
     grads_agree {"model.moe.router=softmax", "model.moe.router_dtype=f32"}
+    grads_agree {"model.moe.router=softmax", "model.moe.router_dtype=f32_sums"}
     local x, prefix = tiny_batch()
     local soft = build("experiments/tiny.lua", {"model.moe.router=softmax"})
     local plain = build("experiments/tiny.lua", {"model.moe.router=sigmoid"})

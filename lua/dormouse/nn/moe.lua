@@ -29,6 +29,7 @@ function MoE:init(d, opts)
   self.capacity_factor = opts.capacity_factor     -- nil: dropless
   self.balance = opts.balance or schema.default("model.moe.balance")
   self.router_f32 = opts.router_dtype == "f32"
+  self.router_sums = opts.router_dtype == "f32_sums"
   self.router_cosine = opts.router_cosine       -- nil: the logits W_r u; s: s cos(u, w_e)
   self.router_form = opts.router or schema.default("model.moe.router")
   self.aux_weight = opts.aux_balance or schema.default("model.moe.aux_balance")
@@ -296,7 +297,7 @@ end
 generation's one-byte step): {the router's scores (router_scores), sg x times scg, su x times scu}. ]]
 function MoE:products(x)
   local shared = {{self.sg, scale = self.scg}, {self.su, scale = self.scu}}
-  if self.router_cosine or self.router_f32 then             -- a product of its own
+  if self.router_cosine or self.router_f32 or self.router_sums then   -- a product of its own
     local scores = self:router_scores(x)
     return {scores, table.unpack(nn.products(x, shared))}
   end
@@ -306,8 +307,9 @@ function MoE:products(x)
 end
 
 -- The router's logits, in float32 (the master's dtype: f64 in a float64 twin): W_r u, its product in
--- the compute dtype (`logits` when made already, MoE:products) or (router_dtype = f32) in f32; or,
--- with router_cosine = s, s cos(u, w_e) from the row and the router's rows at unit length, in f32.
+-- the compute dtype (`logits` when made already, MoE:products), or (router_dtype = f32) in f32, or
+-- (f32_sums) from the compute dtype's operands with the sums kept in f32; or, with router_cosine = s,
+-- s cos(u, w_e) from the row and the router's rows at unit length, in f32.
 local COSINE_EPS = 1e-6
 function MoE:router_scores(x, logits)
   local w = self.router.weight
@@ -315,6 +317,12 @@ function MoE:router_scores(x, logits)
     return dm.linear(x:to(w.dtype):l2norm(COSINE_EPS), w:l2norm(COSINE_EPS)) * self.router_cosine
   end
   if self.router_f32 then return dm.linear(x:to(w.dtype), w) end
+  if self.router_sums then
+    local cd = self.compute_dtype
+    local sixteen = cd == "bf16" or cd == "f16"
+    return dm.matmul(x:to(cd), self:compute(w), {transpose_b = true, out = sixteen and "f32" or nil})
+             :to(self.lfb_bias.dtype)
+  end
   return (logits or self.router:forward(x)):to(self.lfb_bias.dtype)
 end
 
