@@ -6,7 +6,7 @@ logits' margin where they first differ), seeded sampling repeats itself and equa
 the eager blocks', the device's byte draw is the CPU's, and many streams run; then b1's rate (random weights,
 bf16): bytes/s at batch 1 after a 4,096-byte prompt over 10,000 bytes
 (graph, and eager blocks over 1,000 for comparison), and 256 streams.
-  dormouse run tests/gpu/check_decode.lua [bench-only]
+  dormouse run tests/gpu/check_decode.lua [bench-only | checks-only]
 DRY=1 runs the tiny checks on the CPU (no graph there: blocks run eagerly), without b1.
 ]]
 local dm = require "dormouse"
@@ -23,6 +23,7 @@ if not DRY and not common.gpu_or_skip(dm.cuda, "check_decode") then return end
 local GPU = DRY and "cpu" or "cuda"
 local checks = common.checks("check_decode")
 local bench_only = arg and arg[1] == "bench-only"
+local checks_only = arg and arg[1] == "checks-only"
 
 local function build(experiment, dtype, sets)
   local cfg = config.load(experiment, sets or {})
@@ -169,7 +170,7 @@ if not bench_only then
   end
 end
 
-if DRY then corpus:close(); checks.finish(); return end
+if DRY or checks_only then corpus:close(); checks.finish(); return end
 
 -- b1's rates
 local b1 = build("experiments/b1.lua", "bf16")
