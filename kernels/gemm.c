@@ -16,6 +16,10 @@
 ** contiguous copy. A b shared by the whole batch against a's rows at one
 ** stride (x @ w of a linear layer) is one product of [batch * m, k] rows.
 **
+** A few rows (at most 8) of 16-bit inputs against a weight, generation's
+** products, go to kernels/rows_product.cu instead: reading the weight once at
+** the copy rate, which cuBLASLt's kernels for one row do not reach.
+**
 ** Types: bf16 and f16 in and out with fp32 accumulation (or out in f32: the
 ** sums kept), f32 (TF32 tensor cores when dm.cuda.tf32(true)), f64. The algorithm is chosen once per
 ** shape (dims, leading dims, batch strides, pointer alignment, dtype, TF32)
@@ -312,6 +316,7 @@ static void cuda_matmul(dm_tensor *out, dm_tensor *a, dm_tensor *b, bool ta, boo
     dm_fill(out, 0);
     return;
   }
+  if (dm_cuda_rows_product(out, a, b, ta, tb)) return;     /* a few rows against a weight */
   start();
   int64_t batch = 1;
   for (int d = 0; d < nb; d++) batch *= out->shape[d];

@@ -46,4 +46,9 @@ bool dm_cuda_take_device_error(dm_device_error *got);
 /* wait for the stream and raise what the device recorded meanwhile */
 void dm_cuda_sync_point(void);
 
+/* x [.., m, k] @ w[n, k]^T for a few rows (kernels/rows_product.cu): true if it ran, false where it
+** does not fit (then cuBLASLt takes the product) */
+bool dm_cuda_rows_product(struct dm_tensor *out, const struct dm_tensor *a, const struct dm_tensor *b, bool ta,
+                          bool tb);
+
 #endif

@@ -9,7 +9,7 @@ ROWS (default 1) is the streams a pass: the MoE's assignments are ROWS x top_k. 
 routed experts' four ops (moe_route, moe_sort, moe_experts, moe_combine) alone and together, the
 whole MoE branch; KDA's ops at one position (its short convolution with a cache, q's l2norm, the
 gate, the recurrence) and the whole KDA branch with a state; Engram's alpha; the row norms
-(add_rmsnorm, rmsnorm); one d x d product, one cast and one copy of a row (the floor of a node).
+(add_rmsnorm, rmsnorm); one d x d product and KDA's stacked one, one cast and one copy of a row (the floor of a node).
 DRY=1: the CPU, tiny, timed by the wall clock without graphs (the script itself).
 ]]
 local dm = require "dormouse"
@@ -62,6 +62,9 @@ local W = nn.holding(copies, function() return moe:compute_weights() end)
 local y_rows = dm.keep(dm.moe_experts(flat, perm, offsets, W.Ug, W.Uu, W.cg, W.cu, W.D, moe.top_k, W.fp8))
 local wc = dm.keep(w:to(W.D.dtype))
 local lin = dm.keep(dm.randn({d, d}, {device = device, dtype = dt}))
+-- KDA's six products of u stacked (nn.products: q, k, v, beta, the gate's and output gate's first factors)
+local kda_stack = dm.keep(dm.randn({3 * cfg.model.heads * cfg.model.head_dim + cfg.model.heads +
+                                    2 * cfg.model.head_dim, d}, {device = device, dtype = dt}))
 
 -- KDA's and Engram's inputs at one position a stream, as the decoder's step has them
 local kda, H, dk = model.block.kda, cfg.model.heads, cfg.model.head_dim
@@ -105,6 +108,7 @@ local parts = {
   {"add_rmsnorm (f32 stream, bf16 branch)", function() norm:add_forward(h32, x) end},
   {"rmsnorm", function() norm:forward(x) end},
   {"a d x d product", function() dm.linear(flat, lin) end},
+  {"KDA's stacked product (d x 6,304 at b1)", function() dm.linear(flat, kda_stack) end},
   {"a cast to f32", function() flat:to("f32") end},
   {"a copy of the rows", function() flat:clone() end},
 }

@@ -199,6 +199,19 @@ against_f64("matmul batched, transposed b", function(a, b) return dm.matmul(a, b
             {randn({6, 129, 256}, 18), randn({6, 100, 256}, 19)})
 against_f64("linear: [4, 100, 512] x w^T, w shared", function(x, w) return dm.linear(x, w) end,
             {randn({4, 100, 512}, 20), randn({384, 512}, 21)})
+-- generation's products, one row a stream: the rows kernel (kernels/rows_product.cu) in 16 bits
+for _, rows in ipairs {1, 3, 8} do
+  against_f64(string.format("linear of %d row(s): [1, %d, 2048] x [6304, 2048]^T (the rows kernel)", rows, rows),
+              function(x, w) return dm.linear(x, w) end, {randn({1, rows, 2048}, 40 + rows), randn({6304, 2048}, 44)})
+end
+check("the rows kernel's f32 sums (out = f32 from bf16) equal an f32 product of the same values", function()
+  local x, w = randn({1, 2, 2048}, 45):to("bf16"):cuda(), randn({1024, 2048}, 46):to("bf16"):cuda()
+  local got = dm.matmul(x, w, {transpose_b = true, out = "f32"})
+  local want = dm.linear(x:to("f32"), w:to("f32"))
+  assert(got.dtype == "f32")
+  local e = rel(got, want:to("f64"):cpu())
+  assert(e < 1e-6, string.format("relative error %.3g", e))
+end)
 grad_against_f64("linear [8, 64, 256] x [128, 256]^T", function(x)
   return dm.linear(x, randn({128, 256}, 22):to(x.dtype):to(x.device))
 end, randn({8, 64, 256}, 23))

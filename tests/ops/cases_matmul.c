@@ -132,6 +132,17 @@ static void in_large(h_rng *r, int t, dm_tensor **in, dm_attrs *a) {
   make(r, in, a, 1, (int64_t[]){2}, 0, NULL, 129, 257, 65, t & 3);
 }
 
+/* a few rows against a weight read transposed (a linear layer at generation's row a stream): on
+** CUDA in 16 bits the rows kernel (kernels/rows_product.cu) where k is a multiple of 8, cuBLASLt
+** where it is not (k = 12, 36); rows as [m, k], [1, m, k] and [m, 1, k] */
+static void in_rows(h_rng *r, int t, dm_tensor **in, dm_attrs *a) {
+  static const int64_t ks[] = {8, 64, 264, 520, 12, 36}, ns[] = {1, 7, 33, 130};
+  int64_t m = 1 + (int64_t)(h_next(r) % 8), k = ks[t % 6], n = ns[h_next(r) % 4];
+  int shape_of = t % 3;
+  if (shape_of == 0) make(r, in, a, 0, NULL, 0, NULL, m, k, n, 2);
+  else make(r, in, a, 1, (int64_t[]){shape_of == 1 ? 1 : m}, 0, NULL, shape_of == 1 ? m : 1, k, n, 2);
+}
+
 static const dm_case cases[] = {
   {"matmul", "2-D, each transpose", in_2d, oracle, .trials = 8, .f32_tol = F32_TOL},
   {"matmul", "batched [3]", in_batched, oracle, .trials = 8, .f32_tol = F32_TOL},
@@ -139,6 +150,7 @@ static const dm_case cases[] = {
   {"matmul", "batch pairs", in_mixed, oracle, .trials = 12, .f32_tol = F32_TOL},
   {"matmul", "size-1 and empty dims", in_ones, oracle, .trials = 16, .f32_tol = F32_TOL},
   {"matmul", "transposed views", in_views, oracle, .trials = 8, .f32_tol = F32_TOL},
+  {"matmul", "a few rows against a weight", in_rows, oracle, .trials = 18, .f32_tol = F32_TOL},
   {"matmul", "large", in_large, oracle, .trials = 4, .f32_tol = F32_TOL, .perf_trial = 7},
 };
 DM_REGISTER_CASES(cases)
