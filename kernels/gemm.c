@@ -304,6 +304,13 @@ static void run(const plan *p, dm_dtype dt, const void *x, const void *y, void *
 
 /* ---- the kernel ------------------------------------------------------------------------- */
 
+static int64_t rows_products, lt_products;      /* by path, since the start (dm_cuda_product_counts) */
+
+void dm_cuda_product_counts(int64_t *rows, int64_t *lt) {
+  *rows = rows_products;
+  *lt = lt_products;
+}
+
 static void cuda_matmul(dm_tensor *out, dm_tensor *a, dm_tensor *b, bool ta, bool tb) {
   int nd = out->ndim, nb = nd - 2;
   int64_t m = out->shape[nd - 2], n = out->shape[nd - 1];
@@ -316,7 +323,11 @@ static void cuda_matmul(dm_tensor *out, dm_tensor *a, dm_tensor *b, bool ta, boo
     dm_fill(out, 0);
     return;
   }
-  if (dm_cuda_rows_product(out, a, b, ta, tb)) return;     /* a few rows against a weight */
+  if (dm_cuda_rows_product(out, a, b, ta, tb)) {          /* a few rows against a weight */
+    rows_products++;
+    return;
+  }
+  lt_products++;
   start();
   int64_t batch = 1;
   for (int d = 0; d < nb; d++) batch *= out->shape[d];

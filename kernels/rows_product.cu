@@ -106,7 +106,8 @@ extern "C" bool dm_cuda_rows_product(dm_tensor *out, const dm_tensor *a, const d
   if (!row_stride(a, &m, &ldx) || m < 1 || m > ROWS_MAX || a->strides[a->ndim - 1] != 1 || b->strides[1] != 1)
     return false;
   int64_t ldw = b->strides[0];
-  if (k < WORD || k % WORD || ldx % WORD || ldw % WORD || n > INT_MAX || k > INT_MAX) return false;
+  /* (n and k well inside int: the loops step past them by a grid and by 256) */
+  if (k < WORD || k % WORD || ldx % WORD || ldw % WORD || n > (1 << 30) || k > (1 << 30)) return false;
   if (!dm_is_contiguous(out) || !on_words(dm_data(a)) || !on_words(dm_data(b))) return false;
   const uint16_t *x = (const uint16_t *)dm_data(a), *w = (const uint16_t *)dm_data(b);
   void *o = dm_data(out);

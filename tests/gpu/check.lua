@@ -204,6 +204,27 @@ for _, rows in ipairs {1, 3, 8} do
   against_f64(string.format("linear of %d row(s): [1, %d, 2048] x [6304, 2048]^T (the rows kernel)", rows, rows),
               function(x, w) return dm.linear(x, w) end, {randn({1, rows, 2048}, 40 + rows), randn({6304, 2048}, 44)})
 end
+check("the rows kernel: rows and weight narrowed, 20,000 columns, bf16 and f16, against f64; it ran", function()
+  local rows0, lt0 = core.product_paths()
+  local worst = {}
+  for _, dt in ipairs {"bf16", "f16"} do
+    -- {rows, k, n, extra columns of x, of w, first column}: views at a row stride past k, 16 bytes in
+    for i, c in ipairs {{1, 2048, 20000, 0, 0, 1}, {5, 264, 130, 24, 0, 9}, {8, 64, 33, 0, 16, 9}, {3, 520, 7, 8, 8, 1}} do
+      local m, k, n, xe, we, at = table.unpack(c)
+      local x = randn({m, k + xe}, 50 + i):to(dt):to("f64")
+      local w = randn({n, k + we}, 60 + i):to(dt):to("f64")
+      local want = dm.linear(x:narrow(2, at, k), w:narrow(2, at, k))
+      local got = dm.linear(x:to(dt):cuda():narrow(2, at, k), w:to(dt):cuda():narrow(2, at, k))
+      local e = rel(got, want)
+      worst[dt] = math.max(worst[dt] or 0, e)
+      assert(e <= 1e-2, string.format("%s, %d rows, k %d, n %d: relative error %.3g", dt, m, k, n, e))
+    end
+  end
+  local rows1, lt1 = core.product_paths()
+  assert(rows1 - rows0 == 8 and lt1 == lt0, string.format("rows kernel %d, cuBLASLt %d of 8 products",
+                                                          rows1 - rows0, lt1 - lt0))
+  return string.format("relative error bf16 %.2g, f16 %.2g", worst.bf16, worst.f16)
+end)
 check("the rows kernel's f32 sums (out = f32 from bf16) equal an f32 product of the same values", function()
   local x, w = randn({1, 2, 2048}, 45):to("bf16"):cuda(), randn({1024, 2048}, 46):to("bf16"):cuda()
   local got = dm.matmul(x, w, {transpose_b = true, out = "f32"})

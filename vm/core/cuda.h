@@ -64,6 +64,10 @@ void dm_cuda_marks_clear(void);
 double dm_cuda_bench_copy(size_t nbytes, int reps);
 double dm_cuda_bench_gemm(dm_dtype dt, int64_t m, int64_t n, int64_t k, int reps, bool classic);
 
+/* matrix products on the device since the start, by path: a few rows against a weight
+** (kernels/rows_product.cu) and cuBLASLt's (kernels/gemm.c) */
+void dm_cuda_product_counts(int64_t *rows, int64_t *lt);
+
 /* NCCL, loaded at run time (kernels/nccl.c): the collectives of a data-parallel job's device
 ** tensors, on the stream. dm_cuda_nccl_load finds the library (false, and why, when it cannot);
 ** rank 0 makes the unique id (dm_cuda_nccl_id), the caller hands it to every rank, and each
@@ -107,6 +111,7 @@ static inline double dm_cuda_bench_copy(size_t nbytes, int reps) {
 static inline double dm_cuda_bench_gemm(dm_dtype dt, int64_t m, int64_t n, int64_t k, int reps, bool classic) {
   (void)dt; (void)m; (void)n; (void)k; (void)reps; (void)classic; dm_cuda_init(); return 0;
 }
+static inline void dm_cuda_product_counts(int64_t *rows, int64_t *lt) { *rows = 0; *lt = 0; }
 #define DM_NCCL_ID_BYTES 128
 static inline bool dm_cuda_nccl_load(char *why, size_t n) {
   snprintf(why, n, "NCCL carries cuda tensors: %s", dm_cuda_unavailable_reason());
