@@ -17,8 +17,8 @@
 ** stride (x @ w of a linear layer) is one product of [batch * m, k] rows.
 **
 ** A few rows (at most 8) of 16-bit inputs against a weight, generation's
-** products, go to kernels/rows_product.cu instead: reading the weight once at
-** the copy rate, which cuBLASLt's kernels for one row do not reach.
+** products, go to kernels/rows_product.cu instead (with DM_ROWS_PRODUCT=1, until
+** its device checks have run): reading the weight once at the copy rate.
 **
 ** Types: bf16 and f16 in and out with fp32 accumulation (or out in f32: the
 ** sums kept), f32 (TF32 tensor cores when dm.cuda.tf32(true)), f64. The algorithm is chosen once per

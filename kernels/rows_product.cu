@@ -10,8 +10,11 @@
 ** dm_cuda_rows_product takes the product when it fits (gemm.c asks first):
 ** the inputs 16-bit, w a 2-D weight read transposed (a linear layer), k a
 ** multiple of 8, the rows and w's rows on 16-byte boundaries; else cuBLASLt.
+** It is off unless DM_ROWS_PRODUCT=1, until its device checks have run.
 */
 #include <limits.h>
+#include <stdlib.h>
+#include <string.h>
 #include "common.cuh"
 extern "C" {
 #include "internal.h"
@@ -99,7 +102,19 @@ static bool row_stride(const dm_tensor *x, int64_t *rows, int64_t *ld) {
   return true;
 }
 
+/* DM_ROWS_PRODUCT=1 turns the kernel on: off by default until its device checks
+** (tests/gpu/check.lua's rows kernel) and timings have run */
+static bool rows_kernel_on(void) {
+  static int on = -1;
+  if (on < 0) {
+    const char *s = getenv("DM_ROWS_PRODUCT");
+    on = s && *s && strcmp(s, "0") != 0;
+  }
+  return on;
+}
+
 extern "C" bool dm_cuda_rows_product(dm_tensor *out, const dm_tensor *a, const dm_tensor *b, bool ta, bool tb) {
+  if (!rows_kernel_on()) return false;
   dm_dtype dt = a->dtype, odt = out->dtype;
   if (ta || !tb || b->ndim != 2 || (dt != DM_BF16 && dt != DM_F16) || (odt != dt && odt != DM_F32)) return false;
   int64_t m, ldx, k = a->shape[a->ndim - 1], n = b->shape[0];

@@ -199,7 +199,8 @@ against_f64("matmul batched, transposed b", function(a, b) return dm.matmul(a, b
             {randn({6, 129, 256}, 18), randn({6, 100, 256}, 19)})
 against_f64("linear: [4, 100, 512] x w^T, w shared", function(x, w) return dm.linear(x, w) end,
             {randn({4, 100, 512}, 20), randn({384, 512}, 21)})
--- generation's products, one row a stream: the rows kernel (kernels/rows_product.cu) in 16 bits
+-- generation's products, one row a stream: the rows kernel (kernels/rows_product.cu) in 16 bits, on with
+-- DM_ROWS_PRODUCT=1 (`DM_ROWS_PRODUCT=1 dormouse run tests/gpu/check.lua`; without it they check cuBLASLt)
 for _, rows in ipairs {1, 3, 8} do
   against_f64(string.format("linear of %d row(s): [1, %d, 2048] x [6304, 2048]^T (the rows kernel)", rows, rows),
               function(x, w) return dm.linear(x, w) end, {randn({1, rows, 2048}, 40 + rows), randn({6304, 2048}, 44)})
@@ -221,8 +222,11 @@ check("the rows kernel: rows and weight narrowed, 20,000 columns, bf16 and f16, 
     end
   end
   local rows1, lt1 = core.product_paths()
-  assert(rows1 - rows0 == 8 and lt1 == lt0, string.format("rows kernel %d, cuBLASLt %d of 8 products",
-                                                          rows1 - rows0, lt1 - lt0))
+  local v = os.getenv("DM_ROWS_PRODUCT")
+  local on = v ~= nil and v ~= "" and v ~= "0"                   -- as kernels/rows_product.cu reads it
+  assert(rows1 - rows0 == (on and 8 or 0) and lt1 - lt0 == (on and 0 or 8),
+         string.format("rows kernel %d, cuBLASLt %d of 8 products (DM_ROWS_PRODUCT %s)", rows1 - rows0, lt1 - lt0,
+                       on and "on" or "off"))
   return string.format("relative error bf16 %.2g, f16 %.2g", worst.bf16, worst.f16)
 end)
 check("the rows kernel's f32 sums (out = f32 from bf16) equal an f32 product of the same values", function()
