@@ -9,7 +9,8 @@ ROWS (default 1) is the streams a pass: the MoE's assignments are ROWS x top_k. 
 routed experts' four ops (moe_route, moe_sort, moe_experts, moe_combine) alone and together, the
 whole MoE branch; KDA's ops at one position (its short convolution with a cache, q's l2norm, the
 gate, the recurrence) and the whole KDA branch with a state; Engram's alpha; the row norms
-(add_rmsnorm, rmsnorm); one d x d product and KDA's stacked one, one cast and one copy of a row (the floor of a node).
+(add_rmsnorm, rmsnorm); a d x d product and KDA's stacked one (d x 6,304); a cast and a copy of a
+row (the floor of a node).
 DRY=1: the CPU, tiny, timed by the wall clock without graphs (the script itself).
 ]]
 local dm = require "dormouse"

@@ -1,9 +1,10 @@
 --[[
 Generation on the GPU (dormouse.decode): the one-byte step's blocks captured
 as a CUDA graph give a full forward's greedy bytes (tiny, f32, 256 bytes; the
-first 64 in bf16 on 10 prompts, tiny trained 400 steps in bf16; random weights reported with the two best
-logits' margin where they first differ), seeded sampling repeats itself and equals
-the eager blocks', the device's byte draw is the CPU's, and many streams run; then b1's rate (random weights,
+first 64 in bf16 on 10 prompts, tiny trained 400 steps in bf16; random
+weights reported with the two best logits' margin where they first differ),
+seeded sampling repeats itself and equals the eager blocks', the device's
+byte draw is the CPU's, and many streams run; then b1's rate (random weights,
 bf16): bytes/s at batch 1 after a 4,096-byte prompt over 10,000 bytes
 (graph, and eager blocks over 1,000 for comparison), and 256 streams.
   dormouse run tests/gpu/check_decode.lua [bench-only | checks-only]

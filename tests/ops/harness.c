@@ -223,8 +223,8 @@ static bool case_test(const dm_case *c, const dm_op *op, h_rng *r, char *why, si
   return true;
 }
 
-/* loss = sum_k sum(out_k * w_k), in plain double over the outputs' values */
-/* sum(out * w) over the float outputs; *mag: the sum of its terms' magnitudes (its rounding's scale) */
+/* loss = sum_k sum(out_k * w_k), in plain double over the outputs' values; *mag: the sum of its
+** terms' magnitudes (the scale of its rounding) */
 static double loss_value(const dm_op *op, trial *t, dm_tensor *const *w, double *mag) {
   dm_tensor *out[DM_MAXOUT];
   dm_call(op, t->n_in, t->in, &t->a, out);
