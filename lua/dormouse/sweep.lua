@@ -43,8 +43,10 @@ An arm beats the control only when its mean final bpb_fin is lower by more
 than both spreads (the sample standard deviation over seeds of each); with
 one seed there is no spread and the verdict says so. When the runs route
 experts, the table also gives the busiest expert's share and the dead
-experts of each arm's last log window (means over seeds). The table goes to
-stdout and to runs/sweep-NAME/verdict.txt and verdict.json.
+experts of each arm's last log window, and the largest of each over the log
+windows past the warm-up (max busy, max dead: means over seeds of each run's
+largest). The table goes to stdout and to runs/sweep-NAME/verdict.txt and
+verdict.json.
 ]]
 local config = require "dormouse.config"
 local json = require "dormouse.json"
@@ -154,7 +156,7 @@ function sweep.table(results, names, seeds)
   local head = {string.format("%-14s %9s %9s", "arm", "mean", "spread")}
   for _, s in ipairs(seeds) do head[#head + 1] = string.format("%9s", "seed " .. s) end
   head[#head + 1] = string.format("%9s %9s %8s", "train", "tok/s", "peak MiB")
-  if routing then head[#head + 1] = string.format("%8s %6s", "busiest", "dead") end
+  if routing then head[#head + 1] = string.format("%8s %6s %8s %8s", "busiest", "dead", "max busy", "max dead") end
   for _, m in ipairs(measured) do head[#head + 1] = string.format("%12s", m) end
   head[#head + 1] = "  verdict"
   local lines = {table.concat(head, " ")}
@@ -168,7 +170,10 @@ function sweep.table(results, names, seeds)
                                   peak and string.format("%.0f", peak / MiB) or "-")
     if routing then
       local b, d = mean_of(r.busiest), mean_of(r.dead)
-      row[#row + 1] = string.format("%8s %6s", b and string.format("%.3f", b) or "-", d and string.format("%.1f", d) or "-")
+      local bmax, dmax = mean_of(r.busiest_max), mean_of(r.dead_max)
+      row[#row + 1] = string.format("%8s %6s %8s %8s", b and string.format("%.3f", b) or "-",
+                                    d and string.format("%.1f", d) or "-", bmax and string.format("%.3f", bmax) or "-",
+                                    dmax and string.format("%.1f", dmax) or "-")
     end
     for _, m in ipairs(measured) do
       local v = mean_of(r.measures and r.measures[m])
@@ -185,7 +190,8 @@ local function result_path(dir, arm, seed) return string.format("%s/%s-s%d", dir
 -- One run's figures, as its result file holds them
 local function result_of(s)
   return {bpb_fin = s.bpb_fin, train_bpb = s.train_bpb, tok_s = s.tok_s, mem_peak = s.mem_peak,
-          busiest = s.moe and s.moe.busiest, dead = s.moe and s.moe.dead, measures = s.measures, step = s.step}
+          busiest = s.moe and s.moe.busiest, dead = s.moe and s.moe.dead, measures = s.measures, step = s.step,
+          busiest_max = s.moe_worst and s.moe_worst.busiest, dead_max = s.moe_worst and s.moe_worst.dead}
 end
 
 local function read_result(path)
@@ -397,6 +403,10 @@ function sweep.run(spec)
       if one.busiest then                            -- the last log window's routing
         r.busiest, r.dead = r.busiest or {}, r.dead or {}
         r.busiest[i], r.dead[i] = one.busiest, one.dead
+      end
+      if one.busiest_max then                        -- the worst log window past the warm-up
+        r.busiest_max, r.dead_max = r.busiest_max or {}, r.dead_max or {}
+        r.busiest_max[i], r.dead_max[i] = one.busiest_max, one.dead_max
       end
     end
     r.mean, r.spread = stats(r.bpb)

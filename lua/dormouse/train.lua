@@ -794,13 +794,27 @@ local function steady_rate(records)
   return rates[(#rates + 1) // 2], peak, loss
 end
 
+-- The worst routing of any log window past step `from` (the warm-up): {busiest, dead}, the largest
+-- busiest share and the most experts without a row; nil when no such window routed
+local function worst_routing(records, from)
+  local worst
+  for _, r in ipairs(records) do
+    if r.kind == "log" and r.step > from and r.moe_busiest then
+      worst = worst or {busiest = 0, dead = 0}
+      worst.busiest, worst.dead = math.max(worst.busiest, r.moe_busiest), math.max(worst.dead, r.moe_dead)
+    end
+  end
+  return worst
+end
+
 --[[ Train from a resolved config. opts: resume = run dir, overwrite = bool,
 quiet = bool (no progress bar), silent = bool (nothing on stdout;
 the log file still gets every line), root = the folder holding models/, runs = the
 folder of run directories ("runs"), stop_at = a step after which the run
 stops as if killed (tests of resume). Returns a summary {step, bpb_fin,
 baselines, dir, model, device, periter, moe = the last log window's routing
-counters, tok_s = the median log window's tokens/s but the first, mem_peak =
+counters, moe_worst = {busiest, dead}: the largest of any log window past the warm-up (nil
+without routing), tok_s = the median log window's tokens/s but the first, mem_peak =
 the peak device memory in bytes, train_bpb = the last log window's training loss in bits a
 byte}. ]]
 local run_body
@@ -975,6 +989,7 @@ function run_body(self, cfg, opts)
   local tok_s, mem_peak, loss = steady_rate(self.records)
   return {step = self.step, bpb_fin = e and e.fin / instrument.LN2, baselines = self.baselines, dir = self.dir,
           model = self.model, device = self.device, periter = e and e.periter, moe = self.last_moe,
+          moe_worst = worst_routing(self.records, self.cfg.schedule.warmup),
           tok_s = tok_s, mem_peak = mem_peak, measures = e and e.measures,
           train_bpb = loss and loss / instrument.LN2, sample_prompt = self:sample_prompt(),
           first_eval = self.first_eval and {step = self.first_eval.step, bpb_fin = self.first_eval.fin / instrument.LN2,

@@ -36,6 +36,19 @@ describe("a sweep", function()
       assert.is_true(res[arm].train_bpb[1] > 0 and res[arm].train_bpb[2] > 0)
     end
     assert.is_true(res.control.train_bpb[1] < res.slow.train_bpb[1])
+    -- the worst routing of the log windows past the warm-up (step 2), as the run's metrics give it
+    local json = require "dormouse.json"
+    local busiest, dead = 0, 0
+    for line in io.lines(dir .. "/tiny-control-s1/metrics.jsonl") do
+      local rec = json.decode(line)
+      if rec.kind == "log" and rec.step > 2 then
+        busiest, dead = math.max(busiest, rec.moe_busiest), math.max(dead, rec.moe_dead)
+      end
+    end
+    assert.is_true(math.abs(busiest - res.control.busiest_max[1]) < 1e-6)   -- (the log's digits)
+    assert.are.equal(dead, res.control.dead_max[1])
+    assert.is_true(res.control.busiest_max[1] >= res.control.busiest[1])
+    os.execute("rm -rf '" .. dir .. "'")
   end)
 end)
 
@@ -218,21 +231,22 @@ describe("the sweep files in experiments/", function()
 end)
 
 describe("a one-seed sweep", function()
-  it("says it has no spread to judge by, and gives the routing of each arm's last log window", function()
+  it("says it has no spread to judge by, and gives the routing of each arm's last log window and its worst",
+     function()
     local res = {control = {mean = 2.0, spread = 0, bpb = {2.0}, busiest = {0.3}, dead = {2}},
                  a = {mean = 1.9, spread = 0, bpb = {1.9}, busiest = {0.1}, dead = {0}, tok_s = {1234.4},
-                      mem_peak = {3 * 1024 * 1024}, train_bpb = {1.25}}}
+                      mem_peak = {3 * 1024 * 1024}, train_bpb = {1.25}, busiest_max = {0.25}, dead_max = {7}}}
     sweep.verdicts(res, "control")
     assert.equal("one seed: lower by 0.1000, no spread to judge by", res.a.verdict)
     local text = sweep.table(res, {"control", "a"}, {1})
-    assert.truthy(text:find("busiest", 1, true), text)
-    assert.truthy(text:find("1.9000    1.2500      1234        3    0.100    0.0", 1, true), text)
-    assert.truthy(text:find("2.0000         -         -        -    0.300", 1, true), text)   -- no figures: a dash
+    assert.truthy(text:find("busiest   dead max busy max dead", 1, true), text)
+    assert.truthy(text:find("1.9000    1.2500      1234        3    0.100    0.0    0.250      7.0", 1, true), text)
+    assert.truthy(text:find("2.0000         -         -        -    0.300    2.0        -        -", 1, true), text)
     res.a.measures = {draft_accept = {0.25}}               -- an arm's own measure: a column, a dash elsewhere
     text = sweep.table(res, {"control", "a"}, {1})
-    assert.truthy(text:find("dead draft_accept", 1, true), text)
-    assert.truthy(text:find("0.0       0.2500  ", 1, true), text)
-    assert.truthy(text:find("2.0            -  ", 1, true), text)
+    assert.truthy(text:find("max dead draft_accept", 1, true), text)
+    assert.truthy(text:find("7.0       0.2500  ", 1, true), text)
+    assert.truthy(text:find("-            -   control", 1, true), text)
   end)
 end)
 
