@@ -412,8 +412,10 @@ end
 -- dm.add_rmsnorm on CUDA: the bits of the add, the casts and rmsnorm it stands for, forward and
 -- backward, on rows of the model's width (the vector order) and odd ones (a lane an element)
 do
-  -- gain_kind: nil (a gain), "none", "strided" (every other element of a longer one), or "shifted"
-  -- (a gain, and h and y contiguous but one element into their storage: not on 16-byte boundaries)
+  -- gain_kind: nil (a gain), "none", "strided" (every other element of a longer one), "shifted"
+  -- (a gain, and h and y contiguous but one element into their storage: not on 16-byte boundaries),
+  -- or "grad_shifted" (a gain, and the gradient reaching s one element into its storage, as cat's
+  -- backward hands it on: the backward's element-by-element order over whole vector rows)
   -- the input [rows, D] and the leaf whose gradient holds its own
   local function input(rows, D, seed, dt, shifted)
     if not shifted then
@@ -443,7 +445,13 @@ do
         s = h + y:to(hdt)
         u = dm.rmsnorm(s:to(ydt), g_in)
       end
-      ;((s * ws):sum():to("f64") + (u * wu):sum():to("f64")):backward()
+      local s_term = (s * ws):sum():to("f64")
+      if gain_kind == "grad_shifted" then                   -- s's gradient: a view one element in
+        local one = dm.zeros({1}, {dtype = hdt}):cuda()
+        local long = dm.cat({one, s:reshape({rows * D})})
+        s_term = (long * dm.cat({one, ws:reshape({rows * D})})):sum():to("f64")
+      end
+      ;(s_term + (u * wu):sum():to("f64")):backward()
       local out = {}
       for k, t in pairs {s = s:detach(), u = u:detach(), h = h_leaf.grad, y = y_leaf.grad, gain = g_in and gain.grad} do
         out[k] = t:to("cpu")
@@ -455,13 +463,14 @@ do
     check(string.format("add_rmsnorm, h %s and y %s: the bits of the add, the casts and rmsnorm", case[1], case[2]),
           function()
       for _, shape in ipairs {{5, 7}, {3, 300}, {4, 2048}, {1, 2048}, {33, 1024}} do
-        for _, gk in ipairs {false, "none", "strided", "shifted"} do
+        for _, gk in ipairs {false, "none", "strided", "shifted", "grad_shifted"} do
           local a = run(true, case[1], case[2], shape[1], shape[2], gk or nil)
           local b = run(false, case[1], case[2], shape[1], shape[2], gk or nil)
           for _, k in ipairs {"s", "u", "h", "y", "gain"} do
             assert((a[k] == nil) == (b[k] == nil) and (a[k] == nil or dm.allclose(a[k], b[k], {rtol = 0, atol = 0})),
                    string.format("%s differs at [%d, %d]%s: %.3g", k, shape[1], shape[2],
-                                 gk == "shifted" and ", inputs shifted" or gk and ", gain " .. gk or "",
+                                 gk == "shifted" and ", inputs shifted" or gk == "grad_shifted" and
+                                 ", s's gradient shifted" or gk and ", gain " .. gk or "",
                                  a[k] and b[k] and rel(a[k], b[k]) or 0))
           end
         end
