@@ -133,6 +133,19 @@ function instrument.log_line(r)
 end
 
 -- The eval line: window bytes, context, fin, bpb_fin (beside the n-gram baselines), periter, depths.
+-- The worst routing of the log records past step `from` (the warm-up): {busiest, dead}, the largest
+-- busiest share and the most experts without a row in any one log window; nil when none routed
+function instrument.worst_routing(records, from)
+  local worst
+  for _, r in ipairs(records) do
+    if r.kind == "log" and r.step > from and r.moe_busiest then
+      worst = worst or {busiest = 0, dead = 0}
+      worst.busiest, worst.dead = math.max(worst.busiest, r.moe_busiest), math.max(worst.dead, r.moe_dead)
+    end
+  end
+  return worst
+end
+
 -- Names in order with their numbers as numbers: correct@64 before correct@256 before correct@1024
 function instrument.natural_less(a, b)
   local function padded(s) return (s:gsub("%d+", function(d) return string.format("%020d", tonumber(d)) end)) end

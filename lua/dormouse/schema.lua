@@ -538,6 +538,13 @@ schema.checks = {
       end
     end
   end,
+  function(c)                                    -- the cosine router's logits are f32 whatever router_dtype says
+    local m = c.model.moe
+    if m and m.router_cosine and m.router_dtype ~= "compute" then
+      return ("model.moe.router_cosine takes its logits in f32 from unit rows: model.moe.router_dtype = %s " ..
+              "is not read with it; leave router_dtype at compute"):format(m.router_dtype)
+    end
+  end,
   function(c)                                    -- 8-bit table moments: the sparse Adam, tables on the device
     if c.optim.engram_moments ~= "8bit" then return nil end
     if c.model.engram and c.model.engram.ram then

@@ -45,7 +45,8 @@ one seed there is no spread and the verdict says so. When the runs route
 experts, the table also gives the busiest expert's share and the dead
 experts of each arm's last log window, and the largest of each over the log
 windows past the warm-up (max busy, max dead: means over seeds of each run's
-largest). The table goes to stdout and to runs/sweep-NAME/verdict.txt and
+largest; a dash when a seed's result file, from before these figures, lacks
+them). The table goes to stdout and to runs/sweep-NAME/verdict.txt and
 verdict.json.
 ]]
 local config = require "dormouse.config"
@@ -141,6 +142,14 @@ local function mean_of(list)
   return n > 0 and sum / n or nil
 end
 
+-- the mean of a list of n values, nil unless all n are there (a run read from an earlier result file
+-- may lack a figure added since: a mean of the others would pass for all seeds')
+local function mean_of_all(list, n)
+  local count = 0
+  for _ in pairs(list or {}) do count = count + 1 end
+  return count == n and mean_of(list) or nil
+end
+
 local MiB = 1024 * 1024
 
 function sweep.table(results, names, seeds)
@@ -170,7 +179,7 @@ function sweep.table(results, names, seeds)
                                   peak and string.format("%.0f", peak / MiB) or "-")
     if routing then
       local b, d = mean_of(r.busiest), mean_of(r.dead)
-      local bmax, dmax = mean_of(r.busiest_max), mean_of(r.dead_max)
+      local bmax, dmax = mean_of_all(r.busiest_max, #seeds), mean_of_all(r.dead_max, #seeds)
       row[#row + 1] = string.format("%8s %6s %8s %8s", b and string.format("%.3f", b) or "-",
                                     d and string.format("%.1f", d) or "-", bmax and string.format("%.3f", bmax) or "-",
                                     dmax and string.format("%.1f", dmax) or "-")

@@ -794,19 +794,6 @@ local function steady_rate(records)
   return rates[(#rates + 1) // 2], peak, loss
 end
 
--- The worst routing of any log window past step `from` (the warm-up): {busiest, dead}, the largest
--- busiest share and the most experts without a row; nil when no such window routed
-local function worst_routing(records, from)
-  local worst
-  for _, r in ipairs(records) do
-    if r.kind == "log" and r.step > from and r.moe_busiest then
-      worst = worst or {busiest = 0, dead = 0}
-      worst.busiest, worst.dead = math.max(worst.busiest, r.moe_busiest), math.max(worst.dead, r.moe_dead)
-    end
-  end
-  return worst
-end
-
 --[[ Train from a resolved config. opts: resume = run dir, overwrite = bool,
 quiet = bool (no progress bar), silent = bool (nothing on stdout;
 the log file still gets every line), root = the folder holding models/, runs = the
@@ -989,7 +976,7 @@ function run_body(self, cfg, opts)
   local tok_s, mem_peak, loss = steady_rate(self.records)
   return {step = self.step, bpb_fin = e and e.fin / instrument.LN2, baselines = self.baselines, dir = self.dir,
           model = self.model, device = self.device, periter = e and e.periter, moe = self.last_moe,
-          moe_worst = worst_routing(self.records, self.cfg.schedule.warmup),
+          moe_worst = instrument.worst_routing(self.records, self.cfg.schedule.warmup),
           tok_s = tok_s, mem_peak = mem_peak, measures = e and e.measures,
           train_bpb = loss and loss / instrument.LN2, sample_prompt = self:sample_prompt(),
           first_eval = self.first_eval and {step = self.first_eval.step, bpb_fin = self.first_eval.fin / instrument.LN2,

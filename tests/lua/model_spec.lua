@@ -396,6 +396,13 @@ describe("the balancing options", function()
     -- the compute dtype's product rounds them: the sums are what this option keeps
     local rounded = dm.no_grad(function() return m.router:forward(x):to("f32") end)
     assert.is_false(dm.allclose(rounded, want, {rtol = 1e-6, atol = 1e-6}))
+    -- in a float64 twin the product stays in f64 (as the compute dtype's router does)
+    local twin = nn.MoE(8, {experts = 4, top_k = 1, rank = 2, shared_rank = 2, ffn = 4,
+                            router_dtype = "f32_sums"}):cast("f64")
+    local x64 = dm.randn({5, 8}, {seed = 3, dtype = "f64"})
+    local s64 = dm.no_grad(function() return twin:router_scores(x64) end)
+    assert.equal("f64", s64.dtype)
+    assert.is_true(dm.allclose(s64, dm.linear(x64, twin.router.weight), {rtol = 1e-15, atol = 0}))
     -- the router learns through it: its gradient reaches the f32 master
     local scores = m:router_scores(x)
     scores:sum():backward()
@@ -446,6 +453,8 @@ describe("the structural options", function()
 
   it("router_cosine = s: logits s cos(u, w_e), in [-s, s], float32 against float64", function()
     grads_agree {"model.moe.router_cosine=10"}
+    refused({"model.moe.router_cosine=10", "model.moe.router_dtype=f32_sums"},   -- its logits are f32 anyway
+            "model.moe.router_cosine takes its logits in f32", "router_dtype = f32_sums is not read with it")
     local m = build("experiments/tiny.lua", {"model.moe.router_cosine=10"})
     local moe = m.block.moe
     local x = dm.randn({5, m.cfg.d}, {seed = 3}) * 40

@@ -128,6 +128,18 @@ describe("a run", function()
     assert.is_nil(instrument.moe_counters(nil))
   end)
 
+  it("gives the worst routing of the log windows past the warm-up", function()
+    local instrument = require "dormouse.instrument"
+    local records = {{kind = "log", step = 10, moe_busiest = 0.9, moe_dead = 60},      -- in the warm-up
+                     {kind = "eval", step = 20},
+                     {kind = "log", step = 20, moe_busiest = 0.2, moe_dead = 7},
+                     {kind = "log", step = 30, moe_busiest = 0.3, moe_dead = 4},
+                     {kind = "log", step = 40}}                                        -- no routing
+    assert.same({busiest = 0.3, dead = 7}, instrument.worst_routing(records, 10))
+    assert.same({busiest = 0.9, dead = 60}, instrument.worst_routing(records, 0))
+    assert.is_nil(instrument.worst_routing(records, 40))
+  end)
+
   it("watches the experts' use against the utilisation floor: flagged on the line, or stopped with a checkpoint",
      function()
     local instrument = require "dormouse.instrument"

@@ -317,11 +317,12 @@ function MoE:router_scores(x, logits)
     return dm.linear(x:to(w.dtype):l2norm(COSINE_EPS), w:l2norm(COSINE_EPS)) * self.router_cosine
   end
   if self.router_f32 then return dm.linear(x:to(w.dtype), w) end
-  if self.router_sums then
+  if self.router_sums then               -- in the dtype the product would take (nn.products'), sums in f32
     local cd = self.compute_dtype
-    local sixteen = cd == "bf16" or cd == "f16"
-    return dm.matmul(x:to(cd), self:compute(w), {transpose_b = true, out = sixteen and "f32" or nil})
-             :to(self.lfb_bias.dtype)
+    local dt = cd ~= "f32" and x.dtype == "f32" and cd or x.dtype
+    local sixteen = dt == "bf16" or dt == "f16"
+    local xd = x:to(dt)
+    return dm.matmul(xd, nn.like(w, xd), {transpose_b = true, out = sixteen and "f32" or nil}):to(self.lfb_bias.dtype)
   end
   return (logits or self.router:forward(x)):to(self.lfb_bias.dtype)
 end
