@@ -132,7 +132,6 @@ function instrument.log_line(r)
   return table.concat(parts, "  ")
 end
 
--- The eval line: window bytes, context, fin, bpb_fin (beside the n-gram baselines), periter, depths.
 -- The worst routing of the log records past step `from` (the warm-up): {busiest, dead}, the largest
 -- busiest share and the most experts without a row in any one log window; nil when none routed
 function instrument.worst_routing(records, from)
@@ -152,6 +151,7 @@ function instrument.natural_less(a, b)
   return padded(a) < padded(b)
 end
 
+-- The eval line: window bytes, context, fin, bpb_fin (beside the n-gram baselines), periter, depths.
 function instrument.eval_line(e, baselines)
   local parts = {
     string.format("eval %6d", e.step),
