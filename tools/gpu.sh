@@ -68,6 +68,8 @@ run() {
         [ $rc -ne 0 ] && ops_rc=1
       done
     fi
+    # the rows kernel (kernels/rows_product.cu), off by default until measured: its op cases with it on
+    DM_ROWS_PRODUCT=1 timeout 60 "$bin/ops" --device cuda --mode all --op matmul >>"$logs/ops.log" 2>&1 || ops_rc=1
     timeout 120 "$bin/dormouse" run tests/gpu/check.lua >"$logs/check.log" 2>&1
     check_rc=$?
     # the model's kernels at model-sized shapes, and their deferred and immediate errors
