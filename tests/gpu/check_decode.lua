@@ -145,9 +145,12 @@ if not bench_only then
     core.mkdirs(dir)
     local cfg = config.load("experiments/tiny.lua", {"steps=" .. steps, "dtype=bf16", "device=" .. GPU, "name=t16",
                                                      "eval.every=" .. steps, "checkpoint.every=" .. steps})
-    train.run(cfg, {runs = dir, quiet = true, silent = true, root = "."})
-    local model = require("dormouse.probe").load(dir .. "/t16", ".", {device = GPU})
-    core.remove_tree(dir)
+    local ok, model = pcall(function()
+      train.run(cfg, {runs = dir, quiet = true, silent = true, root = "."})
+      return require("dormouse.probe").load(dir .. "/t16", ".", {device = GPU})
+    end)
+    core.remove_tree(dir)                                    -- whether or not it trained
+    if not ok then error(model, 0) end
     return model
   end
   if not DRY then   -- (the CPU's experts take no bf16)
