@@ -10,7 +10,7 @@ routed experts' four ops (moe_route, moe_sort, moe_experts, moe_combine) alone a
 whole MoE branch; KDA's ops at one position (its short convolution with a cache, q's l2norm, the
 gate, the recurrence) and the whole KDA branch with a state; Engram's alpha; the row norms
 (add_rmsnorm, rmsnorm); a d x d product and KDA's stacked one (d x 6,304); a cast and a copy of a
-row (the floor of a node).
+row (the floor of a node); last, the model's one-byte step in eval mode from a prompt's state.
 DRY=1: the CPU, tiny, timed by the wall clock without graphs (the script itself).
 ]]
 local dm = require "dormouse"
@@ -123,3 +123,14 @@ for _, p in ipairs(parts) do
   print(string.format("| %-40s | %9.1f | %5d |", p[1], us, nodes))
   ::skip::
 end
+
+-- the model's one-byte step as the decoder runs it, without the draw and the prefix's move (last:
+-- the model in eval mode from here): ROWS
+-- streams, one byte each, the state a prompt left, the fin readout
+model:eval()
+local ctx = model:context()
+local function stream_bytes(n) return dm.keep(dm.zeros({rows, n}, {dtype = "u8", device = device})) end
+local state = dm.no_grad(function() return model:forward(stream_bytes(9), stream_bytes(ctx), {state = {}}).state end)
+local x1, prefix = stream_bytes(2), stream_bytes(ctx)
+local us, nodes = time(function() model:forward(x1, prefix, {state = state, readout = "fin"}) end)
+print(string.format("| %-40s | %9.1f | %5d |", "the model's one-byte step (no draw)", us, nodes))
