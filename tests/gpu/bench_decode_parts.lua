@@ -124,9 +124,8 @@ for _, p in ipairs(parts) do
   ::skip::
 end
 
--- the model's one-byte step as the decoder runs it, without the draw and the prefix's move (last:
--- the model in eval mode from here): ROWS
--- streams, one byte each, the state a prompt left, the fin readout
+-- last, the model in eval mode from here: its one-byte step as the decoder runs it (ROWS streams, one
+-- byte each, from the state a prompt left, the fin readout), without the draw and the prefix's move
 model:eval()
 local ctx = model:context()
 local function stream_bytes(n) return dm.keep(dm.zeros({rows, n}, {dtype = "u8", device = device})) end
