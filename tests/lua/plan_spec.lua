@@ -332,6 +332,23 @@ describe("the proposal", function()
   end)
 end)
 
+describe("tools/casts.lua", function()
+  it("counts the step's casts by where the model makes them, the parameters' copies among them", function()
+    local code, out = require("tests.lua.helpers").sh(string.format("'%s' run tools/casts.lua experiments/tiny.lua " ..
+                                                                    "dtype=bf16", arg[-1]))
+    assert.equal(0, code, out)
+    has(out, "experiments/tiny.lua: batch 4 x seq 64, compute bf16", "lua/dormouse/nn/init.lua:",
+        "f32 -> bf16", "in all:")
+    -- the parameters' copies (nn.pass_once): one a weight the step reads in bf16, tiny's 36 in one line
+    local copies = 0
+    for line in out:gmatch("[^\n]+") do
+      local calls = line:match("^%s*[%d.]+%s+(%d+)%s+lua/dormouse/nn/init.lua:%d+ %(.-%) f32 %-> bf16$")
+      if calls then copies = math.max(copies, tonumber(calls)) end
+    end
+    assert.equal(36, copies, out)
+  end)
+end)
+
 describe("dormouse plan", function()
   local bin = arg and arg[-1]
   local function dormouse(args)
