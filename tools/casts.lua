@@ -58,7 +58,7 @@ if not ok then error(err, 0) end
 local keys = {}
 for k in pairs(by_site) do keys[#keys + 1] = k end
 table.sort(keys, function(a, b) return by_site[a].bytes > by_site[b].bytes end)
-print(string.format("%s: batch %d x seq %d, compute %s; the casts of one step (forward, backward, optimisers)",
+print(string.format("%s: batch %d x seq %d, compute %s; the casts the Lua asks for in one training step",
                     file, cfg.batch, cfg.seq, cfg.dtype))
 print(string.format("%10s %6s  %s", "MB", "calls", "where, from -> to"))
 for _, k in ipairs(keys) do print(string.format("%10.1f %6d  %s", by_site[k].bytes / 1e6, by_site[k].calls, k)) end

@@ -337,7 +337,7 @@ describe("tools/casts.lua", function()
     local code, out = require("tests.lua.helpers").sh(string.format("'%s' run tools/casts.lua experiments/tiny.lua " ..
                                                                     "dtype=bf16", arg[-1]))
     assert.equal(0, code, out)
-    has(out, "experiments/tiny.lua: batch 4 x seq 64, compute bf16", "lua/dormouse/nn/init.lua:",
+    has(out, "experiments/tiny.lua: batch 4 x seq 64, compute bf16; the casts the Lua asks for", "lua/dormouse/nn/init.lua:",
         "f32 -> bf16", "in all:")
     -- the parameters' copies (nn.pass_once): one a weight the step reads in bf16, tiny's 36 in one line
     local copies = 0
